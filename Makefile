@@ -1,0 +1,40 @@
+# NexusFlow developer commands. Every target is idempotent.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.requirements.stamp
+
+.PHONY: venv db test demo chaos bench clean
+
+venv: $(STAMP)
+
+$(STAMP): requirements.txt
+	@command -v $(PYTHON) >/dev/null || { echo "make: $(PYTHON) not found"; exit 1; }
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@if ! pkg-config --exists libmariadb 2>/dev/null && ! pkg-config --exists mysqlclient 2>/dev/null; then \
+		echo "venv: installing the MariaDB client headers"; \
+		$$( [ "$$(id -u)" -eq 0 ] || echo sudo ) env DEBIAN_FRONTEND=noninteractive apt-get install -y libmariadb-dev pkg-config >/dev/null; \
+	fi
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	@touch $(STAMP)
+
+db: venv
+	@bash scripts/ensure_mariadb.sh
+	$(PY) manage.py migrate --noinput --verbosity 0
+	$(PY) manage.py migrate --noinput --verbosity 0 --database control
+
+test: venv db
+	@$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+demo: venv db
+	$(PY) manage.py demo $(DEMO_ARGS)
+
+chaos: venv db
+	$(PY) -m pytest -p no:cacheprovider -m chaos --run-chaos $(PYTEST_ARGS)
+
+bench: venv db
+	$(PY) -m pytest -p no:cacheprovider -m bench --run-bench $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) var

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class CutoverConfig(AppConfig):
+    name = "cutover"
+    verbose_name = "Cutover"

@@ -1,0 +1,23 @@
+"""The database clock (ARCHITECTURE.md section 6, "Time").
+
+Leases, deadlines and backoff compare against the database's clock, never the
+worker's, so skewed workers cannot steal or extend ownership.
+"""
+from __future__ import annotations
+
+import datetime as dt
+
+from django.db import connections
+
+
+def db_now(using: str = "default") -> dt.datetime:
+    """Return the database's current UTC time (microsecond precision, aware)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT UTC_TIMESTAMP(6)")
+        (value,) = cursor.fetchone()
+    return value.replace(tzinfo=dt.timezone.utc)
+
+
+def db_now_plus(seconds: float, using: str = "default") -> dt.datetime:
+    """Return the database clock plus ``seconds`` (may be negative)."""
+    return db_now(using) + dt.timedelta(seconds=seconds)

@@ -1,0 +1,71 @@
+"""Typed errors raised by kernel mechanisms.
+
+Every error carries a stable ``code`` so APIs and commands can report it
+without parsing messages.
+"""
+from __future__ import annotations
+
+
+class NexusError(Exception):
+    """Base class: ``code`` is stable and safe to show to callers."""
+
+    code = "nexus_error"
+
+    def __init__(self, message: str = "", *, code: str | None = None):
+        super().__init__(message or self.code)
+        if code:
+            self.code = code
+
+
+class InvalidIdentity(NexusError):
+    """A key or locator failed canonical validation (seed 003 "Identity rules")."""
+
+    code = "invalid_identity"
+
+
+class IllegalTransition(NexusError):
+    """A state change is not in the authority's transition table."""
+
+    code = "illegal_transition"
+
+
+class StaleVersion(NexusError):
+    """A compare-and-swap matched no row: state, version or fence moved."""
+
+    code = "stale_version"
+
+
+class FenceRejected(StaleVersion):
+    """A fenced write lost: the gate, epoch, lease or holder fence is not current."""
+
+    code = "fence_rejected"
+
+
+class MultipleRowsUpdated(NexusError):
+    """A compare-and-swap matched more than one row; the schema is broken."""
+
+    code = "cas_multiple_rows"
+
+
+class ImmutableRow(NexusError):
+    """``save()``/``delete()`` was called on a row that only a store may write."""
+
+    code = "immutable_row"
+
+
+class DigestProfileError(NexusError):
+    """A digest names an unknown, read-only or empty profile."""
+
+    code = "digest_profile_invalid"
+
+
+class LockOrderViolation(NexusError):
+    """A transaction acquired a lock class lower than one it already holds."""
+
+    code = "lock_order_violation"
+
+
+class RetryableConflict(NexusError):
+    """A ``FOR UPDATE NOWAIT`` read met a lock: retry later (HTTP 409)."""
+
+    code = "retryable_conflict"

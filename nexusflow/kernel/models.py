@@ -1,0 +1,49 @@
+"""Model bases that only stores can write (CONVENTIONS.md "Persistence").
+
+``GuardedModel.save()``/``delete()`` and queryset ``update()``/``delete()``
+raise :class:`ImmutableRow`. A store inserts through :func:`insert` and
+changes state only through :class:`nexusflow.kernel.store.CasStore`.
+"""
+from __future__ import annotations
+
+from django.db import models
+
+from .errors import ImmutableRow
+
+
+class GuardedQuerySet(models.QuerySet):
+    def update(self, **kwargs):
+        raise ImmutableRow(f"{self.model.__name__}: bulk update outside its store")
+
+    def delete(self):
+        raise ImmutableRow(f"{self.model.__name__}: delete outside its store")
+
+    def bulk_create(self, *args, **kwargs):
+        raise ImmutableRow(f"{self.model.__name__}: bulk_create outside its store")
+
+
+class GuardedModel(models.Model):
+    """A row written only through its app's store."""
+
+    objects = GuardedQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args, **kwargs):
+        if not (self._state.adding and getattr(self, "_nexus_store_insert", False)):
+            raise ImmutableRow(f"{type(self).__name__}.save() outside its store")
+        self._nexus_store_insert = False
+        kwargs["force_insert"] = True
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise ImmutableRow(f"{type(self).__name__}.delete() is not allowed")
+
+
+def insert(model_cls, **values):
+    """Insert one row of a :class:`GuardedModel` and return it."""
+    obj = model_cls(**values)
+    obj._nexus_store_insert = True
+    obj.save(using=model_cls.objects.db)
+    return obj

@@ -1,0 +1,115 @@
+"""The compare-and-swap store base (ARCHITECTURE.md section 6, "State changes").
+
+Every state change is one ``UPDATE ... SET state, version=version+1 ...
+WHERE id AND org_id AND state AND version [AND fences]`` whose rowcount is
+checked. Transition rules are checked first, before any SQL.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connections, router
+
+from . import locks
+from .errors import MultipleRowsUpdated, StaleVersion
+from .models import insert
+from .transitions import StateMachine
+
+
+class CasStore:
+    """Persistence for one stateful model.
+
+    Subclasses set ``model`` (a GuardedModel with ``id``, ``org_id``,
+    ``state`` and ``version`` columns), ``machine`` and ``lock_class``.
+    """
+
+    model: Any
+    machine: StateMachine
+    lock_class: locks.LockClass
+    stale_error: type[StaleVersion] = StaleVersion
+
+    # --- reads that lock -------------------------------------------------
+    @classmethod
+    def lock(cls, org_id: str, pk: int, *, nowait: bool = False):
+        """Lock and return one row by ``(org_id, id)``.
+
+        Raises:
+            Model.DoesNotExist: no such row in that org.
+            django.db.OperationalError: ``nowait`` and the row is locked.
+        """
+        locks.note(cls.lock_class, cls.db())
+        qs = cls.model.objects.select_for_update(nowait=nowait, of=("self",))
+        return qs.get(org_id=org_id, pk=pk)
+
+    @classmethod
+    def db(cls) -> str:
+        return router.db_for_write(cls.model)
+
+    # --- writes ----------------------------------------------------------
+    @classmethod
+    def create(cls, **values):
+        """Insert a row in one of the machine's initial states."""
+        cls.machine.assert_initial(values["state"])
+        values.setdefault("version", 1)
+        return insert(cls.model, **values)
+
+    @classmethod
+    def transition(
+        cls,
+        *,
+        org_id: str,
+        pk: int,
+        src: str,
+        dst: str,
+        version: int,
+        fences: dict[str, Any] | None = None,
+        set_fields: dict[str, Any] | None = None,
+    ) -> int:
+        """Move one row ``src -> dst`` if it still has ``version`` and ``fences``.
+
+        Args:
+            fences: extra ``column: expected value`` pairs compared in WHERE.
+            set_fields: extra ``column: new value`` pairs written with the state.
+
+        Returns:
+            The new version (``version + 1``).
+
+        Raises:
+            IllegalTransition: the pair is not listed (before SQL).
+            StaleVersion (or ``stale_error``): no row matched.
+            MultipleRowsUpdated: more than one row matched.
+        """
+        cls.machine.assert_transition(src, dst)
+        return cls._cas(org_id=org_id, pk=pk, src=src, dst=dst, version=version, fences=fences, set_fields=set_fields)
+
+    @classmethod
+    def touch(cls, *, org_id: str, pk: int, state: str, version: int,
+              fences: dict[str, Any] | None = None, set_fields: dict[str, Any] | None = None) -> int:
+        """Change non-state columns under the same CAS guard (state unchanged)."""
+        return cls._cas(org_id=org_id, pk=pk, src=state, dst=state, version=version, fences=fences, set_fields=set_fields)
+
+    @classmethod
+    def _cas(cls, *, org_id, pk, src, dst, version, fences, set_fields) -> int:
+        table = cls.model._meta.db_table
+        assignments = ["`state` = %s", "`version` = `version` + 1"]
+        params: list[Any] = [dst]
+        for column, value in (set_fields or {}).items():
+            assignments.append(f"`{column}` = %s")
+            params.append(value)
+        where = ["`id` = %s", "`org_id` = %s", "`state` = %s", "`version` = %s"]
+        params += [pk, org_id, src, version]
+        for column, value in (fences or {}).items():
+            if value is None:
+                where.append(f"`{column}` IS NULL")
+            else:
+                where.append(f"`{column}` = %s")
+                params.append(value)
+        sql = f"UPDATE `{table}` SET {', '.join(assignments)} WHERE {' AND '.join(where)}"
+        with connections[cls.db()].cursor() as cursor:
+            cursor.execute(sql, params)
+            count = cursor.rowcount
+        if count == 0:
+            raise cls.stale_error(f"{cls.machine.name} id={pk}: expected {src}@v{version}, row moved")
+        if count > 1:
+            raise MultipleRowsUpdated(f"{cls.machine.name} id={pk}: {count} rows matched")
+        return version + 1

@@ -1,0 +1,125 @@
+"""NexusFlow settings.
+
+Databases come from two URLs (ARCHITECTURE.md section 7):
+
+- ``NEXUS_DB_URL``: the main database (default
+  ``mysql://nexus:nexus@127.0.0.1:3306/nexusflow``);
+- ``NEXUS_CONTROL_DB_URL``: the ``control`` alias holding the cutover decision
+  journal and restore receipts (default: same server, database
+  ``nexusflow_control``).
+
+Both use InnoDB, READ COMMITTED, ``utf8mb4`` and the ``mysqlclient`` driver.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+SECRET_KEY = os.environ.get("NEXUS_SECRET_KEY", "nexusflow-local-development-only")
+DEBUG = os.environ.get("NEXUS_DEBUG", "0") == "1"
+ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver"]
+
+DEFAULT_DB_URL = "mysql://nexus:nexus@127.0.0.1:3306/nexusflow"
+
+
+def _database(url: str, *, test_name: str | None = None) -> dict:
+    config = dj_database_url.parse(url, conn_max_age=0)
+    config["OPTIONS"] = {
+        "charset": "utf8mb4",
+        "isolation_level": "read committed",
+        "init_command": "SET sql_mode='STRICT_TRANS_TABLES', innodb_lock_wait_timeout=20",
+    }
+    config["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"}
+    if test_name:
+        config["TEST"]["NAME"] = test_name
+    return config
+
+
+def _control_url(main_url: str) -> str:
+    head, _, _name = main_url.rpartition("/")
+    return f"{head}/{_name.split('?')[0]}_control"
+
+
+_main_url = os.environ.get("NEXUS_DB_URL", DEFAULT_DB_URL)
+_control = os.environ.get("NEXUS_CONTROL_DB_URL", _control_url(_main_url))
+DATABASES = {
+    "default": _database(_main_url),
+    "control": _database(_control),
+}
+DATABASE_ROUTERS = ["nexusflow.routers.ControlDatabaseRouter"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "django_q",
+    "nexusflow.records",
+    "nexusflow.flows",
+    "connectors",
+    "runtime_outbox",
+    "cutover",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+ROOT_URLCONF = "nexusflow.urls"
+WSGI_APPLICATION = "nexusflow.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+USE_TZ = True
+TIME_ZONE = "UTC"
+STATIC_URL = "static/"
+
+REST_FRAMEWORK = {
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_AUTHENTICATION_CLASSES": [],
+    "DEFAULT_PERMISSION_CLASSES": [],
+    "UNAUTHENTICATED_USER": None,
+    "EXCEPTION_HANDLER": "nexusflow.api_errors.exception_handler",
+}
+SPECTACULAR_SETTINGS = {"TITLE": "NexusFlow API", "VERSION": "2.0.0"}
+
+Q_CLUSTER = {"name": "nexusflow", "orm": "default", "workers": 1, "timeout": 60, "retry": 120}
+
+# Where L1 packs and tenant metadata live (ARCHITECTURE.md section 1).
+NEXUS_PACKS_DIR = Path(os.environ.get("NEXUS_PACKS_DIR", BASE_DIR / "packs"))
+NEXUS_METADATA_DIR = Path(os.environ.get("NEXUS_METADATA_DIR", BASE_DIR / "metadata"))
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("NEXUS_LOG_LEVEL", "WARNING")},
+}

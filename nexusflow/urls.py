@@ -1,0 +1,10 @@
+"""URL map: the ingress API, the REST API schema and the read-only admin."""
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/v2/", include("connectors.urls")),
+]

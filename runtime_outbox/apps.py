@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class RuntimeOutboxConfig(AppConfig):
+    name = "runtime_outbox"
+    verbose_name = "Runtime outbox"

@@ -1,0 +1,1 @@
+"""Schema only; state changes go through store.py."""
