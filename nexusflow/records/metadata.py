@@ -1,0 +1,121 @@
+"""Object and field metadata read from ``metadata/objects/*.object.json``.
+
+The metadata view is immutable once loaded and carries a v2 digest, so a
+compiled Flow plan can pin the exact view it was compiled against
+(seed 004 section 7.1, ``RuntimeMetadataView``).
+"""
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+
+from nexusflow.kernel import canonical_json
+from nexusflow.kernel.digests import digest_v2
+from nexusflow.kernel.errors import NexusError
+from nexusflow.kernel.identity import validate_key
+
+
+class UnknownObject(NexusError):
+    code = "unknown_object"
+
+
+class UnknownField(NexusError):
+    code = "unknown_field"
+
+
+class InvalidFieldValue(NexusError):
+    code = "invalid_field_value"
+
+
+@dataclass(frozen=True)
+class FieldDefinition:
+    name: str
+    type: str
+    max_length: int
+
+
+@dataclass(frozen=True)
+class MirrorFieldDefinition:
+    name: str
+    owner_pack: str
+    push_contract: str
+
+
+@dataclass(frozen=True)
+class ObjectDefinition:
+    name: str
+    key_prefix: str
+    fields: dict[str, FieldDefinition]
+    mirror_fields: dict[str, MirrorFieldDefinition]
+
+    def clean_value(self, field: str, value: object) -> str | None:
+        """Validate one field value against its definition.
+
+        Raises:
+            UnknownField: ``field`` is not defined on this object.
+            InvalidFieldValue: not text/None, or longer than ``max_length``.
+        """
+        definition = self.fields.get(field)
+        if definition is None:
+            raise UnknownField(f"{self.name}.{field} is not a defined field")
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise InvalidFieldValue(f"{self.name}.{field}: expected text")
+        if len(value) > definition.max_length:
+            raise InvalidFieldValue(f"{self.name}.{field}: longer than {definition.max_length}")
+        return value
+
+
+@dataclass(frozen=True)
+class MetadataView:
+    objects: dict[str, ObjectDefinition]
+    digest: str
+
+    def object(self, name: str) -> ObjectDefinition:
+        try:
+            return self.objects[name]
+        except KeyError:
+            raise UnknownObject(f"no object named {name!r} in the metadata view") from None
+
+
+def _parse(doc: dict) -> ObjectDefinition:
+    name = validate_key(doc["object"], field="object")
+    fields = {
+        f["name"]: FieldDefinition(validate_key(f["name"], field="field"), f.get("type", "text"), int(f.get("max_length", 255)))
+        for f in doc.get("fields", [])
+    }
+    mirrors = {
+        m["name"]: MirrorFieldDefinition(validate_key(m["name"], field="mirror_field"), m["owner_pack"], m["push_contract"])
+        for m in doc.get("mirror_fields", [])
+    }
+    return ObjectDefinition(name, doc.get("key_prefix", "a00"), fields, mirrors)
+
+
+def load_view(directory: Path) -> MetadataView:
+    """Load every ``*.object.json`` under ``directory/objects``.
+
+    Raises:
+        ValueError: duplicate object names or unreadable JSON.
+    """
+    objects: dict[str, ObjectDefinition] = {}
+    docs = []
+    for path in sorted((directory / "objects").glob("*.object.json")):
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        definition = _parse(doc)
+        if definition.name in objects:
+            raise ValueError(f"object {definition.name} defined twice ({path})")
+        objects[definition.name] = definition
+        docs.append(doc)
+    digest = digest_v2("records.metadata-view", [("objects", canonical_json.dumps(docs))]).hexdigest
+    return MetadataView(objects, digest)
+
+
+@functools.cache
+def current_view() -> MetadataView:
+    """The metadata view of this process (loaded once from settings)."""
+    return load_view(Path(settings.NEXUS_METADATA_DIR))

@@ -1,0 +1,128 @@
+"""Record use cases: create, update, mirror writeback, after-save hooks.
+
+Every function runs inside the caller's transaction (the application
+transaction of seed 003 "Runtime-owned result"); after-save hooks run in that
+same transaction, so a record change and the Flow runs it triggers commit or
+roll back together.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from django.db import transaction
+
+from nexusflow.kernel.scope import OrgScope
+
+from .metadata import InvalidFieldValue, UnknownField, current_view
+from .models import Record
+from .store import RecordStore
+
+
+@dataclass(frozen=True)
+class RecordChange:
+    """What one save changed: ``created`` and the names of changed fields."""
+
+    created: bool
+    changed_fields: frozenset[str]
+
+
+class AfterSaveHook(Protocol):
+    def __call__(self, *, org: OrgScope, record: Record, change: RecordChange) -> None: ...
+
+
+_AFTER_SAVE: list[Callable[..., None]] = []
+
+
+def register_after_save(hook: AfterSaveHook) -> None:
+    """Register a hook run in the saving transaction after each field change."""
+    if hook not in _AFTER_SAVE:
+        _AFTER_SAVE.append(hook)
+
+
+def _run_hooks(org: OrgScope, record: Record, change: RecordChange) -> None:
+    for hook in list(_AFTER_SAVE):
+        hook(org=org, record=record, change=change)
+
+
+def _require_atomic() -> None:
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("record services run inside the application transaction")
+
+
+def new_record_key(prefix: str) -> str:
+    """Mint an unguessable 18-character record key with the object's prefix."""
+    return (prefix + uuid.uuid4().hex)[:18]
+
+
+def record_create(*, org: OrgScope, object_name: str, values: dict[str, str | None]) -> Record:
+    """Insert a record of ``object_name`` and run after-save hooks.
+
+    Raises:
+        UnknownObject, UnknownField, InvalidFieldValue: values do not fit the metadata.
+    """
+    _require_atomic()
+    definition = current_view().object(object_name)
+    fields = {name: definition.clean_value(name, value) for name, value in values.items()}
+    record = RecordStore.create(
+        org_id=org.org_id, object_name=object_name, record_key=new_record_key(definition.key_prefix),
+        fields=fields, mirrors={},
+    )
+    _run_hooks(org, record, RecordChange(created=True, changed_fields=frozenset(fields)))
+    return record
+
+
+def record_lock(*, org: OrgScope, object_name: str, record_key: str, nowait: bool = False) -> Record:
+    """Lock and return a live record (business-record lock class first)."""
+    _require_atomic()
+    return RecordStore.lock(org.org_id, object_name, record_key, nowait=nowait)
+
+
+def record_update(*, org: OrgScope, record: Record, changes: dict[str, str | None]) -> RecordChange:
+    """Apply ``changes`` to a locked record; run hooks when something changed.
+
+    Returns:
+        The :class:`RecordChange`; ``changed_fields`` is empty for a no-op.
+
+    Raises:
+        UnknownField, InvalidFieldValue: a change does not fit the metadata.
+        StaleVersion: the record moved since it was locked (cannot happen
+            while the lock is held; kept as a guard).
+    """
+    _require_atomic()
+    definition = current_view().object(record.object_name)
+    cleaned = {name: definition.clean_value(name, value) for name, value in changes.items()}
+    changed = frozenset(name for name, value in cleaned.items() if record.fields.get(name) != value)
+    change = RecordChange(created=False, changed_fields=changed)
+    if not changed:
+        return change
+    RecordStore.write(record, fields={**record.fields, **cleaned})
+    _run_hooks(org, record, change)
+    return change
+
+
+def record_write_mirror(*, org: OrgScope, record: Record, field: str, value: str) -> bool:
+    """Write a compatibility mirror field on a locked record (seed 002 "After POST" step 3).
+
+    Mirror writes do not run after-save hooks: they record a remote identity,
+    they are not a business change.
+
+    Returns:
+        ``True`` if the mirror changed.
+
+    Raises:
+        UnknownField: ``field`` is not a mirror field of the object.
+        InvalidFieldValue: a different mirror value is already present.
+    """
+    _require_atomic()
+    definition = current_view().object(record.object_name)
+    if field not in definition.mirror_fields:
+        raise UnknownField(f"{record.object_name}.{field} is not a mirror field")
+    current = record.mirrors.get(field)
+    if current == value:
+        return False
+    if current is not None:
+        raise InvalidFieldValue(f"{record.object_name}.{field} already mirrors {current!r}")
+    RecordStore.write(record, mirrors={**record.mirrors, field: value})
+    return True

@@ -1,0 +1,52 @@
+"""The only writer of records.Record rows (version compare-and-swap)."""
+from __future__ import annotations
+
+from django.db import connection
+
+from nexusflow.kernel import canonical_json, locks
+from nexusflow.kernel.errors import MultipleRowsUpdated, StaleVersion
+from nexusflow.kernel.models import insert
+
+from .models import Record
+
+
+class RecordStore:
+    @staticmethod
+    def lock(org_id: str, object_name: str, record_key: str, *, nowait: bool = False) -> Record:
+        """Lock one live record (business-record lock class).
+
+        Raises:
+            Record.DoesNotExist: no such live record.
+        """
+        locks.note(locks.LockClass.BUSINESS_RECORD)
+        return Record.objects.select_for_update(nowait=nowait, of=("self",)).get(
+            org_id=org_id, object_name=object_name, record_key=record_key, is_deleted=False
+        )
+
+    @staticmethod
+    def create(**values) -> Record:
+        return insert(Record, **values)
+
+    @staticmethod
+    def write(record: Record, *, fields: dict | None = None, mirrors: dict | None = None) -> Record:
+        """Persist new ``fields``/``mirrors`` if ``record.version`` is still current.
+
+        Raises:
+            StaleVersion: the record moved since it was read.
+        """
+        new_fields = record.fields if fields is None else fields
+        new_mirrors = record.mirrors if mirrors is None else mirrors
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE records_record SET fields=%s, mirrors=%s, version=version+1, updated_at=UTC_TIMESTAMP(6) "
+                "WHERE id=%s AND org_id=%s AND version=%s AND is_deleted=0",
+                [canonical_json.dumps(new_fields).decode(), canonical_json.dumps(new_mirrors).decode(),
+                 record.pk, record.org_id, record.version],
+            )
+            count = cursor.rowcount
+        if count == 0:
+            raise StaleVersion(f"record {record.record_key}: version {record.version} is not current")
+        if count > 1:
+            raise MultipleRowsUpdated(f"record {record.record_key}: {count} rows")
+        record.fields, record.mirrors, record.version = new_fields, new_mirrors, record.version + 1
+        return record
