@@ -1,1 +1,383 @@
-"""Schema only; state changes go through store.py."""
+"""Connector V2 schema (seed 003 "Compressed durable model").
+
+Schema only. Rows are written by ``connectors/store.py``; stateful rows change
+only by compare-and-swap. Identity columns use binary collation.
+"""
+from django.db import models
+
+from nexusflow.kernel.identity import IdentityField
+from nexusflow.kernel.models import GuardedModel
+
+DIGEST = {"max_length": 64}
+PROFILE = {"max_length": 64}
+
+
+# --- Generations (immutable) ----------------------------------------------
+class PackGeneration(GuardedModel):
+    """One immutable L1 pack definition, addressed by its digest."""
+
+    pack_key = IdentityField(max_length=80)
+    owner_key = IdentityField(max_length=120, help_text="ConnectorOwnerKey: immutable pack lineage.")
+    version = models.CharField(max_length=40)
+    document = models.JSONField()
+    digest = IdentityField(**DIGEST)
+    profile_id = IdentityField(**PROFILE)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["pack_key", "digest"], name="pack_generation_uniq")]
+
+
+class ConnectorServiceConfigurationGeneration(GuardedModel):
+    """L2: the exhaustive ordered account set, routes, contracts and credentials."""
+
+    org_id = IdentityField(max_length=64)
+    generation = models.PositiveIntegerField()
+    document = models.JSONField()
+    digest = IdentityField(**DIGEST)
+    profile_id = IdentityField(**PROFILE)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["org_id", "generation"], name="service_config_generation_uniq"),
+            models.UniqueConstraint(fields=["org_id", "digest"], name="service_config_digest_uniq"),
+        ]
+
+
+class CredentialGeneration(GuardedModel):
+    """An immutable credential version reference; secret bytes are never stored."""
+
+    org_id = IdentityField(max_length=64)
+    account_key = IdentityField(max_length=80)
+    credential_ref = IdentityField(max_length=80)
+    secret_locator = models.CharField(max_length=255, help_text="env:NAME or file:PATH; resolved at use.")
+    digest = IdentityField(**DIGEST)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["org_id", "account_key", "credential_ref", "digest"], name="credential_generation_uniq"),
+        ]
+
+
+class CredentialGenerationDispatchGate(GuardedModel):
+    org_id = IdentityField(max_length=64)
+    credential_generation = models.OneToOneField(CredentialGeneration, on_delete=models.PROTECT)
+    state = models.CharField(max_length=16)
+    version = models.PositiveBigIntegerField(default=1)
+    fence_token = models.PositiveBigIntegerField(default=1)
+
+
+class ServingEpoch(GuardedModel):
+    org_id = IdentityField(max_length=64)
+    state = models.CharField(max_length=16)
+    version = models.PositiveBigIntegerField(default=1)
+    configuration = models.ForeignKey(ConnectorServiceConfigurationGeneration, on_delete=models.PROTECT)
+    document = models.JSONField(help_text="Frozen routes, ordering contracts, pack and credential generations.")
+    digest = IdentityField(**DIGEST)
+    profile_id = IdentityField(**PROFILE)
+    created_at = models.DateTimeField(auto_now_add=True)
+    activated_at = models.DateTimeField(null=True, blank=True)
+
+
+class AccountServingGate(GuardedModel):
+    org_id = IdentityField(max_length=64)
+    account_key = IdentityField(max_length=80)
+    pack_key = IdentityField(max_length=80)
+    state = models.CharField(max_length=16)
+    version = models.PositiveBigIntegerField(default=1)
+    fence_token = models.PositiveBigIntegerField(default=1)
+    epoch = models.ForeignKey(ServingEpoch, null=True, blank=True, on_delete=models.PROTECT)
+    epoch_digest = IdentityField(**DIGEST, blank=True, default="")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["org_id", "account_key"], name="account_gate_uniq")]
+
+
+class GateTransitionEvidence(GuardedModel):
+    """Append-only evidence for each gate transition (inventory, certificate refs)."""
+
+    org_id = IdentityField(max_length=64)
+    gate = models.ForeignKey(AccountServingGate, on_delete=models.PROTECT)
+    from_state = models.CharField(max_length=16)
+    to_state = models.CharField(max_length=16)
+    fence_token = models.PositiveBigIntegerField()
+    evidence = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+
+# --- Inbound facts --------------------------------------------------------
+class Receipt(GuardedModel):
+    """Immutable evidence of one accepted V2 admission."""
+
+    org_id = IdentityField(max_length=64)
+    epoch = models.ForeignKey(ServingEpoch, on_delete=models.PROTECT)
+    account_key = IdentityField(max_length=80)
+    channel = IdentityField(max_length=80)
+    route_key = IdentityField(max_length=80)
+    kind = models.CharField(max_length=16, default="transport")
+    body = models.BinaryField(help_text="The raw request body, byte-exact.")
+    body_digest = IdentityField(**DIGEST)
+    component_count = models.PositiveIntegerField()
+    quarantined_count = models.PositiveIntegerField()
+    received_at = models.DateTimeField(auto_now_add=True)
+
+
+class ReceiptAdmissionKey(GuardedModel):
+    """Sole transport-idempotency authority (seed 003 "Inbound facts")."""
+
+    org_id = IdentityField(max_length=64)
+    account_key = IdentityField(max_length=80)
+    channel = IdentityField(max_length=80)
+    transport_key = IdentityField(**DIGEST)
+    identity_digest = IdentityField(**DIGEST, help_text="Digest of the admitted items without volatile fields.")
+    profile_id = IdentityField(**PROFILE)
+    receipt = models.OneToOneField(Receipt, null=True, blank=True, on_delete=models.PROTECT)
+    v1_tombstone = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["org_id", "account_key", "channel", "transport_key"], name="admission_key_uniq"),
+        ]
+
+
+class Event(GuardedModel):
+    """Immutable normalized external event; no lease, retry or owner fields."""
+
+    org_id = IdentityField(max_length=64)
+    epoch = models.ForeignKey(ServingEpoch, on_delete=models.PROTECT)
+    account_key = IdentityField(max_length=80)
+    route_key = IdentityField(max_length=80)
+    canonical_kind = IdentityField(max_length=80)
+    source_event_key = IdentityField(max_length=160)
+    event_generation = IdentityField(max_length=80, default="live")
+    source_locator = IdentityField(max_length=160)
+    occurred_at_ms = models.BigIntegerField()
+    ordering_contract = models.CharField(max_length=32)
+    ordering_contract_digest = IdentityField(**DIGEST)
+    partition_key = IdentityField(**DIGEST)
+    partition = models.JSONField()
+    position = models.BinaryField(max_length=64, help_text="Fixed-width big-endian SourcePosition bytes.")
+    tie_breaker = models.CharField(max_length=80)
+    payload = models.JSONField()
+    payload_digest = IdentityField(**DIGEST)
+    receipt = models.ForeignKey(Receipt, on_delete=models.PROTECT)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["org_id", "account_key", "route_key", "source_event_key", "event_generation"], name="event_identity_uniq"
+            ),
+        ]
+
+
+class ReceiptComponent(GuardedModel):
+    """One deterministic item of a Receipt; no worker state."""
+
+    receipt = models.ForeignKey(Receipt, on_delete=models.PROTECT, related_name="components")
+    ordinal = models.PositiveIntegerField()
+    disposition = models.CharField(max_length=16, help_text="event | duplicate | quarantined")
+    reason_code = models.CharField(max_length=64, blank=True, default="")
+    item = models.JSONField(null=True)
+    event = models.ForeignKey(Event, null=True, blank=True, on_delete=models.PROTECT)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["receipt", "ordinal"], name="receipt_component_uniq")]
+
+
+class OrderingLane(GuardedModel):
+    """Sole mutable source-order claim guard (seed 003 "Durable source ordering")."""
+
+    org_id = IdentityField(max_length=64)
+    epoch = models.ForeignKey(ServingEpoch, on_delete=models.PROTECT)
+    account_key = IdentityField(max_length=80)
+    route_key = IdentityField(max_length=80)
+    partition_key = IdentityField(**DIGEST)
+    partition = models.JSONField()
+    state = models.CharField(max_length=16, default="open")
+    version = models.PositiveBigIntegerField(default=1)
+    high_water_position = models.BinaryField(max_length=64, null=True)
+    baseline_position = models.BinaryField(max_length=64, null=True)
+    baseline_origin = models.CharField(max_length=32, default="greenfield_empty")
+    active_execution_id = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["epoch", "route_key", "partition_key"], name="ordering_lane_uniq"),
+        ]
+
+
+class Projection(GuardedModel):
+    org_id = IdentityField(max_length=64)
+    event = models.OneToOneField(Event, on_delete=models.PROTECT)
+    route_key = IdentityField(max_length=80)
+    definition_digest = IdentityField(**DIGEST)
+    input_digest = IdentityField(**DIGEST)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+
+class Execution(GuardedModel):
+    org_id = IdentityField(max_length=64)
+    projection = models.ForeignKey(Projection, on_delete=models.PROTECT)
+    generation = models.PositiveIntegerField(default=1)
+    lane = models.ForeignKey(OrderingLane, null=True, blank=True, on_delete=models.PROTECT)
+    position = models.BinaryField(max_length=64)
+    state = models.CharField(max_length=24)
+    version = models.PositiveBigIntegerField(default=1)
+    reason_code = models.CharField(max_length=64, blank=True, default="")
+    command_id = IdentityField(**DIGEST, help_text="Runtime Command ID: stable across retries.")
+    execution_ref_digest = IdentityField(**DIGEST)
+    result_digest = IdentityField(**DIGEST, blank=True, default="")
+    runtime_receipt_id = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["projection", "generation"], name="execution_generation_uniq")]
+        indexes = [models.Index(fields=["state", "lane"], name="execution_state_lane_idx")]
+
+
+class ExecutionAttempt(GuardedModel):
+    """Append-only evidence of one claim; the lease is not an execution state."""
+
+    org_id = IdentityField(max_length=64)
+    execution = models.ForeignKey(Execution, on_delete=models.PROTECT, related_name="attempts")
+    attempt_number = models.PositiveIntegerField()
+    worker_id = models.CharField(max_length=120)
+    lease_token = IdentityField(max_length=64)
+    lease_expires_at = models.DateTimeField()
+    state = models.CharField(max_length=16, default="started", help_text="started | completed | expired")
+    version = models.PositiveBigIntegerField(default=1)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["execution", "attempt_number"], name="execution_attempt_uniq")]
+
+
+class OrderingDecision(GuardedModel):
+    """Append-only superseded decision for a lower or late source position."""
+
+    org_id = IdentityField(max_length=64)
+    lane = models.ForeignKey(OrderingLane, on_delete=models.PROTECT)
+    execution = models.OneToOneField(Execution, on_delete=models.PROTECT)
+    decision = models.CharField(max_length=16, default="superseded")
+    high_water_position = models.BinaryField(max_length=64, null=True)
+    winning_position = models.BinaryField(max_length=64, null=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+
+# --- Outbound facts -------------------------------------------------------
+class RemoteLink(GuardedModel):
+    """Proven external identity of one local owner slot (seed 002 "Link Key")."""
+
+    org_id = IdentityField(max_length=64)
+    link_key = IdentityField(**DIGEST)
+    owner_key = IdentityField(max_length=120)
+    action_slot_id = IdentityField(max_length=120)
+    action_type = IdentityField(max_length=40)
+    destination_slot_id = IdentityField(max_length=120)
+    source_object = IdentityField(max_length=80)
+    source_record_key = IdentityField(max_length=64)
+    remote_scope = IdentityField(max_length=80, help_text="Provider account scope of the remote id.")
+    remote_id = IdentityField(max_length=160)
+    live_remote_id = IdentityField(max_length=160, null=True, help_text="remote_id while not retired; NULL once retired.")
+    state = models.CharField(max_length=16)
+    version = models.PositiveBigIntegerField(default=1)
+    snapshot = models.JSONField(help_text="Frozen install/profile/action snapshots for drift validation.")
+    created_by_effect_id = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["org_id", "link_key"], name="remote_link_key_uniq"),
+            models.UniqueConstraint(
+                fields=["org_id", "owner_key", "destination_slot_id", "remote_scope", "live_remote_id"],
+                name="remote_link_locator_uniq",
+            ),
+        ]
+
+
+class RemoteEffect(GuardedModel):
+    """Sole lifecycle authority of one logical external effect."""
+
+    org_id = IdentityField(max_length=64)
+    command = models.OneToOneField("runtime_outbox.OutboundCommand", on_delete=models.PROTECT)
+    logical_effect_digest = IdentityField(**DIGEST)
+    account_key = IdentityField(max_length=80)
+    contract_key = IdentityField(max_length=80)
+    dispatch_lane = IdentityField(**DIGEST, help_text="The link_key: effects of one slot dispatch in order.")
+    lane_sequence = models.PositiveBigIntegerField()
+    state = models.CharField(max_length=24)
+    version = models.PositiveBigIntegerField(default=1)
+    reason_code = models.CharField(max_length=64, blank=True, default="")
+    attempt_count = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    remote_id = IdentityField(max_length=160, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["state", "next_attempt_at"], name="remote_effect_state_idx"),
+            models.Index(fields=["dispatch_lane", "lane_sequence"], name="remote_effect_lane_idx"),
+        ]
+
+
+class RemoteEffectAttempt(GuardedModel):
+    """Append-only request/response evidence; never the effect's state authority."""
+
+    org_id = IdentityField(max_length=64)
+    effect = models.ForeignKey(RemoteEffect, on_delete=models.PROTECT, related_name="attempts")
+    attempt_number = models.PositiveIntegerField()
+    operation = models.CharField(max_length=16, help_text="create | update")
+    method = models.CharField(max_length=8)
+    path = models.CharField(max_length=255)
+    request_body = models.BinaryField()
+    request_digest = IdentityField(**DIGEST)
+    idempotency_key = IdentityField(max_length=255, blank=True, default="")
+    state = models.CharField(max_length=16, default="started", help_text="started | confirmed | no_effect | uncertain")
+    version = models.PositiveBigIntegerField(default=1)
+    response_status = models.IntegerField(null=True, blank=True)
+    response_body = models.BinaryField(null=True)
+    error = models.CharField(max_length=255, blank=True, default="")
+    remote_id = IdentityField(max_length=160, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["effect", "attempt_number"], name="remote_effect_attempt_uniq")]
+
+
+class DispatchPermit(GuardedModel):
+    """One-shot authorization to cross the provider-I/O boundary once."""
+
+    org_id = IdentityField(max_length=64)
+    attempt = models.OneToOneField(RemoteEffectAttempt, on_delete=models.PROTECT)
+    gate = models.ForeignKey(AccountServingGate, on_delete=models.PROTECT)
+    credential_gate = models.ForeignKey(CredentialGenerationDispatchGate, on_delete=models.PROTECT)
+    state = models.CharField(max_length=16)
+    version = models.PositiveBigIntegerField(default=1)
+    holder_id = models.CharField(max_length=120)
+    holder_fence = IdentityField(max_length=64)
+    gate_fence_token = models.PositiveBigIntegerField()
+    credential_fence_token = models.PositiveBigIntegerField()
+    io_may_have_started_at = models.DateTimeField(null=True, blank=True)
+    closed_evidence = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["gate", "state"], name="dispatch_permit_open_idx")]
+
+
+class WorkerProcess(GuardedModel):
+    """A registered worker process: the holder identity Permits and leases name."""
+
+    worker_id = IdentityField(max_length=120, unique=True)
+    role = models.CharField(max_length=16)
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    process_start_ticks = models.PositiveBigIntegerField(help_text="/proc/<pid>/stat starttime: tells pid reuse apart.")
+    started_at = models.DateTimeField(auto_now_add=True)

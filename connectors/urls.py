@@ -1,3 +1,7 @@
 from django.urls import path
 
-urlpatterns: list = []
+from .api import IngressAdmitApi
+
+urlpatterns = [
+    path("ingress/<str:account_key>/<str:channel>/", IngressAdmitApi.as_view(), name="ingress-admit"),
+]

@@ -2,32 +2,30 @@
 
 ARCHITECTURE.md section 7: restoring the main database never rewrites the
 activation-versus-restore decision, so those models live on their own alias.
-Models opt in with ``nexus_database = "control"`` on their class.
+The set below is the whole list; migrations see historical models, so the
+router decides by ``(app_label, model_name)``, not by class attributes.
 """
 from __future__ import annotations
 
 CONTROL = "control"
+CONTROL_MODELS = frozenset({("cutover", "cutoverdecision")})
 
 
-def _wanted(model) -> str:
-    return getattr(model, "nexus_database", "default")
+def _db_of(app_label: str, model_name: str | None) -> str:
+    return CONTROL if (app_label, (model_name or "").lower()) in CONTROL_MODELS else "default"
 
 
 class ControlDatabaseRouter:
     def db_for_read(self, model, **hints):
-        return _wanted(model)
+        return _db_of(model._meta.app_label, model._meta.model_name)
 
     def db_for_write(self, model, **hints):
-        return _wanted(model)
+        return _db_of(model._meta.app_label, model._meta.model_name)
 
     def allow_relation(self, obj1, obj2, **hints):
-        return _wanted(type(obj1)) == _wanted(type(obj2))
+        return self.db_for_read(type(obj1)) == self.db_for_read(type(obj2))
 
     def allow_migrate(self, db, app_label, model_name=None, **hints):
-        model = hints.get("model")
-        if model is not None:
-            return _wanted(model) == db
-        if db == CONTROL:
-            # Only the cutover app carries control models; other apps stay off it.
-            return app_label == "cutover"
-        return True
+        if model_name is None:
+            return db == "default"
+        return _db_of(app_label, model_name) == db

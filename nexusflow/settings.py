@@ -123,3 +123,4 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("NEXUS_LOG_LEVEL", "WARNING")},
 }
+SILENCED_SYSTEM_CHECKS = ["models.W037"]  # django_q: MariaDB ignores conditional indexes

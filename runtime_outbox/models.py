@@ -1,1 +1,91 @@
-"""Schema only; state changes go through store.py."""
+"""Runtime-owned facts: results, outbound intents, their delivery and receipts.
+
+Seed 003 "Runtime-owned result" and "Outbound facts"; seed 000 (owner
+protection reads intents and receipts by owner, never Connector history).
+"""
+from django.db import models
+
+from nexusflow.kernel.identity import IdentityField
+from nexusflow.kernel.models import GuardedModel
+
+DIGEST = {"max_length": 64}
+
+
+class ApplicationResult(GuardedModel):
+    """Immutable outcome of one application command, addressed by command id + ref digest."""
+
+    org_id = IdentityField(max_length=64)
+    command_id = IdentityField(**DIGEST)
+    execution_ref_digest = IdentityField(**DIGEST)
+    profile_id = IdentityField(max_length=64)
+    outcome = models.CharField(max_length=16)
+    result = models.JSONField()
+    result_digest = IdentityField(**DIGEST)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["org_id", "command_id"], name="application_result_command_uniq")]
+
+
+class OutboundCommand(GuardedModel):
+    """Runtime's immutable outbound intent carrying its FrozenDispatchBinding."""
+
+    org_id = IdentityField(max_length=64)
+    app_installation_id = IdentityField(max_length=128)
+    runtime_capability_id = IdentityField(max_length=128)
+    binding_digest = IdentityField(max_length=128)
+    effect_root_id = IdentityField(**DIGEST)
+    effect_slot_id = IdentityField(max_length=120)
+    effect_generation_id = IdentityField(max_length=40)
+    idempotency_key = IdentityField(**DIGEST, unique=True)
+    profile_id = IdentityField(max_length=64)
+    account_key = IdentityField(max_length=80)
+    contract_key = IdentityField(max_length=80)
+    source_object = IdentityField(max_length=80)
+    source_record_key = IdentityField(max_length=64)
+    source_record_version = models.PositiveBigIntegerField()
+    link_key = IdentityField(**DIGEST)
+    request_fields = models.JSONField(help_text="Mapped provider body fields, frozen at authoring.")
+    frozen_binding = models.JSONField()
+    frozen_binding_digest = IdentityField(**DIGEST)
+    origin_flow_run_id = models.BigIntegerField(null=True, blank=True)
+    origin_dependency_key = IdentityField(max_length=80, null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["org_id", "app_installation_id", "runtime_capability_id", "effect_root_id", "effect_slot_id",
+                        "effect_generation_id"],
+                name="outbound_command_logical_effect_uniq",
+            ),
+        ]
+        indexes = [models.Index(fields=["org_id", "source_object", "source_record_key"], name="outbound_command_owner_idx")]
+
+
+class OutboxMessage(GuardedModel):
+    """Transport delivery of one OutboundCommand to Connector."""
+
+    org_id = IdentityField(max_length=64)
+    command = models.OneToOneField(OutboundCommand, on_delete=models.PROTECT)
+    state = models.CharField(max_length=16)
+    version = models.PositiveBigIntegerField(default=1)
+    delivery_attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["state", "next_attempt_at"], name="outbox_message_due_idx")]
+
+
+class IntentResultReceipt(GuardedModel):
+    """Completed result of one intent; the only completion fact Runtime readers use."""
+
+    org_id = IdentityField(max_length=64)
+    command = models.OneToOneField(OutboundCommand, on_delete=models.PROTECT)
+    outcome = models.CharField(max_length=16)
+    remote_id = IdentityField(max_length=160, blank=True, default="")
+    evidence = models.JSONField()
+    digest = IdentityField(**DIGEST)
+    created_at = models.DateTimeField(auto_now_add=True)

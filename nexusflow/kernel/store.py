@@ -38,7 +38,7 @@ class CasStore:
             django.db.OperationalError: ``nowait`` and the row is locked.
         """
         locks.note(cls.lock_class, cls.db())
-        qs = cls.model.objects.select_for_update(nowait=nowait, of=("self",))
+        qs = cls.model.objects.select_for_update(nowait=nowait)
         return qs.get(org_id=org_id, pk=pk)
 
     @classmethod

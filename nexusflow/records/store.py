@@ -19,7 +19,7 @@ class RecordStore:
             Record.DoesNotExist: no such live record.
         """
         locks.note(locks.LockClass.BUSINESS_RECORD)
-        return Record.objects.select_for_update(nowait=nowait, of=("self",)).get(
+        return Record.objects.select_for_update(nowait=nowait).get(
             org_id=org_id, object_name=object_name, record_key=record_key, is_deleted=False
         )
 

@@ -1,0 +1,73 @@
+"""Read-only support views for every Connector fact."""
+from django.contrib import admin
+
+from nexusflow.kernel.admin import ReadOnlyAdmin
+
+from . import models
+
+
+@admin.register(models.AccountServingGate)
+class AccountServingGateAdmin(ReadOnlyAdmin):
+    list_display = ("account_key", "org_id", "state", "fence_token", "epoch", "updated_at")
+    list_filter = ("state",)
+
+
+@admin.register(models.ServingEpoch)
+class ServingEpochAdmin(ReadOnlyAdmin):
+    list_display = ("id", "org_id", "state", "digest", "activated_at")
+    list_filter = ("state",)
+
+
+@admin.register(models.Receipt)
+class ReceiptAdmin(ReadOnlyAdmin):
+    list_display = ("id", "account_key", "channel", "route_key", "component_count", "quarantined_count", "received_at")
+    exclude = ("body",)
+
+
+@admin.register(models.ReceiptComponent)
+class ReceiptComponentAdmin(ReadOnlyAdmin):
+    list_display = ("receipt", "ordinal", "disposition", "reason_code", "event")
+    list_filter = ("disposition", "reason_code")
+
+
+@admin.register(models.Event)
+class EventAdmin(ReadOnlyAdmin):
+    list_display = ("id", "account_key", "canonical_kind", "source_event_key", "source_locator", "occurred_at_ms")
+    search_fields = ("source_event_key", "source_locator")
+
+
+@admin.register(models.Execution)
+class ExecutionAdmin(ReadOnlyAdmin):
+    list_display = ("id", "org_id", "state", "reason_code", "lane", "command_id", "updated_at")
+    list_filter = ("state", "reason_code")
+
+
+@admin.register(models.OrderingLane)
+class OrderingLaneAdmin(ReadOnlyAdmin):
+    list_display = ("id", "account_key", "route_key", "partition", "active_execution_id", "baseline_origin")
+
+
+@admin.register(models.RemoteEffect)
+class RemoteEffectAdmin(ReadOnlyAdmin):
+    list_display = ("id", "org_id", "contract_key", "state", "reason_code", "attempt_count", "remote_id", "updated_at")
+    list_filter = ("state", "reason_code")
+
+
+@admin.register(models.DispatchPermit)
+class DispatchPermitAdmin(ReadOnlyAdmin):
+    list_display = ("id", "attempt", "state", "holder_id", "io_may_have_started_at")
+    list_filter = ("state",)
+
+
+@admin.register(models.RemoteLink)
+class RemoteLinkAdmin(ReadOnlyAdmin):
+    list_display = ("id", "source_object", "source_record_key", "destination_slot_id", "remote_id", "state")
+    list_filter = ("state", "action_type")
+    search_fields = ("remote_id", "source_record_key")
+
+
+for model in (models.PackGeneration, models.ConnectorServiceConfigurationGeneration, models.CredentialGeneration,
+              models.CredentialGenerationDispatchGate, models.GateTransitionEvidence, models.ReceiptAdmissionKey,
+              models.Projection, models.ExecutionAttempt, models.OrderingDecision, models.RemoteEffectAttempt,
+              models.WorkerProcess):
+    admin.site.register(model, type(f"{model.__name__}Admin", (ReadOnlyAdmin,), {}))

@@ -1,0 +1,83 @@
+"""Ingress REST endpoint (ARCHITECTURE.md section 5, seed 003 "Inbound facts").
+
+``POST /api/v2/ingress/<account_key>/<channel>/`` takes the raw provider body.
+
+- 202 ``{"receipt_id": n}``: admitted now; 200 with the same id: a redelivery;
+- 401 ``signature_invalid`` / ``signature_stale`` / ``signature_missing``;
+- 400 ``malformed_body``; 404 ``unknown_ingress``; 409 ``admission_conflict``;
+- 503 ``not_serving`` / ``credential_unavailable`` with ``Retry-After``.
+
+Nothing is acknowledged before its Receipt commits.
+"""
+from __future__ import annotations
+
+import logging
+
+from django.db import DatabaseError
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import serializers, status
+from rest_framework.parsers import BaseParser
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from nexusflow.api_errors import error_response
+from nexusflow.kernel.errors import InvalidIdentity, NexusError
+
+from .inbound import AdmissionError, admit
+from .serving import CredentialUnavailable, NotServing
+from .signatures import SignatureError
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_SECONDS = "5"
+
+
+class RawBodyParser(BaseParser):
+    media_type = "*/*"
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        return stream.read() if stream is not None else b""
+
+
+class IngressAdmitApi(APIView):
+    """Admit one signed provider request exactly once."""
+
+    parser_classes = [RawBodyParser]
+    authentication_classes: list = []
+    permission_classes: list = []
+
+    class OutputSerializer(serializers.Serializer):
+        receipt_id = serializers.IntegerField()
+
+    @extend_schema(
+        request={"application/json": {"type": "string", "format": "binary"}},
+        responses={202: OutputSerializer, 200: OutputSerializer,
+                   400: OpenApiResponse(description="malformed_body"),
+                   401: OpenApiResponse(description="signature_invalid | signature_stale | signature_missing"),
+                   404: OpenApiResponse(description="unknown_ingress"),
+                   409: OpenApiResponse(description="admission_conflict"),
+                   503: OpenApiResponse(description="not_serving (Retry-After)")},
+    )
+    def post(self, request, account_key: str, channel: str):
+        body = request.body
+        try:
+            result = admit(account_key=account_key, channel=channel, method=request.method,
+                           url=request.build_absolute_uri(), body=body, headers=request.headers)
+        except SignatureError as exc:
+            return error_response(exc.code, str(exc), status.HTTP_401_UNAUTHORIZED)
+        except AdmissionError as exc:
+            return error_response(exc.code, str(exc), exc.http_status)
+        except InvalidIdentity as exc:
+            return error_response("malformed_body", str(exc), status.HTTP_400_BAD_REQUEST)
+        except (NotServing, CredentialUnavailable) as exc:
+            return error_response(exc.code, str(exc), status.HTTP_503_SERVICE_UNAVAILABLE,
+                                  headers={"Retry-After": RETRY_AFTER_SECONDS})
+        except NexusError as exc:
+            return error_response(exc.code, str(exc), status.HTTP_409_CONFLICT)
+        except DatabaseError as exc:
+            # Lock timeouts or a lost connection: nothing was acknowledged; the provider retries.
+            log.warning("ingress database error for %s/%s: %s", account_key, channel, exc)
+            return error_response("temporarily_unavailable", "retry later", status.HTTP_503_SERVICE_UNAVAILABLE,
+                                  headers={"Retry-After": RETRY_AFTER_SECONDS})
+        code = status.HTTP_202_ACCEPTED if result.created else status.HTTP_200_OK
+        return Response({"receipt_id": result.receipt_id}, status=code)

@@ -1,0 +1,247 @@
+"""Execution claim, Runtime hand-off and fenced completion (seed 003 "Durable source ordering").
+
+A worker calls :func:`execution_try_run_one`:
+
+1. claim (one transaction): lock AccountServingGate -> ServingEpoch ->
+   OrderingLane -> Executions; under ``latest_source_position`` pick the
+   greatest ready position, record every lower or late one as superseded
+   without calling Runtime, append an ExecutionAttempt with a lease;
+2. submit the command to Runtime (its own transaction; idempotent by
+   command id + ExecutionRef digest);
+3. complete (one transaction): lock lane -> execution -> attempt, verify the
+   fence, read the Runtime result receipt, mark ``completed`` and advance the
+   lane high-water.
+
+No transaction spans the Runtime call.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import secrets
+from dataclasses import dataclass
+
+from django.db import connection, transaction
+
+from nexusflow.kernel import failpoints, locks
+from nexusflow.kernel.clock import db_now
+from nexusflow.kernel.errors import StaleVersion
+from nexusflow.kernel.models import insert
+
+from .models import Event, Execution, ExecutionAttempt, OrderingDecision, OrderingLane, PackGeneration
+from .serving import NotServing, serving_lock
+from .store import ExecutionAttemptStore, ExecutionStore, OrderingLaneStore
+
+log = logging.getLogger(__name__)
+
+FP_AFTER_CLAIM = failpoints.declare("execution.after_claim")
+FP_AFTER_RESULT = failpoints.declare("execution.after_runtime_result")
+
+
+def lease_seconds() -> float:
+    return float(os.environ.get("NEXUS_EXECUTION_LEASE_SECONDS", "30"))
+
+
+@dataclass(frozen=True)
+class Claim:
+    org_id: str
+    execution_id: int
+    attempt_id: int
+    lease_token: str
+    lane_id: int | None
+
+
+def _candidate_lanes(limit: int = 20) -> list[int]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT e.lane_id FROM connectors_execution e JOIN connectors_orderinglane l ON l.id = e.lane_id "
+            "WHERE e.state = 'ready' GROUP BY e.lane_id ORDER BY MIN(e.id) LIMIT %s",
+            [limit],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _lease_expired(org_id: str, execution_id: int, now: dt.datetime) -> ExecutionAttempt | None:
+    attempt = ExecutionAttempt.objects.filter(org_id=org_id, execution_id=execution_id, state="started") \
+        .order_by("-attempt_number").first()
+    if attempt is None or attempt.lease_expires_at <= now:
+        return attempt or ExecutionAttempt(pk=None)
+    return None
+
+
+def execution_try_claim_one(*, worker_id: str) -> Claim | None:
+    """Claim the next claimable Execution of any lane, or return ``None``.
+
+    Raises nothing for contention: a lane another worker holds is skipped.
+    """
+    for lane_id in _candidate_lanes():
+        lane = OrderingLane.objects.filter(pk=lane_id).first()
+        if lane is None:
+            continue
+        try:
+            claim = _claim_in_lane(lane.org_id, lane.account_key, lane.pk, worker_id)
+        except (NotServing, StaleVersion) as exc:
+            log.info("claim skipped lane %s: %s", lane_id, exc)
+            continue
+        if claim is not None:
+            failpoints.hit(FP_AFTER_CLAIM)
+            return claim
+    return None
+
+
+def _claim_in_lane(org_id: str, account_key: str, lane_id: int, worker_id: str) -> Claim | None:
+    with transaction.atomic(durable=True):
+        ctx = serving_lock(org_id=org_id, account_key=account_key)
+        lane = OrderingLaneStore.lock(org_id, lane_id)
+        if lane.epoch_id != ctx.epoch.pk:
+            return None
+        now = db_now()
+        if lane.active_execution_id is not None:
+            stale = _lease_expired(org_id, lane.active_execution_id, now)
+            if stale is None:
+                return None  # the active claim still holds its lease
+            active = ExecutionStore.lock(org_id, lane.active_execution_id)
+            if stale.pk is not None:
+                ExecutionAttemptStore.transition(org_id=org_id, pk=stale.pk, src="started", dst="expired",
+                                                 version=stale.version)
+            if active.state == "ready":
+                # Same immutable identity is reacquired; a new attempt carries a new lease.
+                return _start_attempt(lane, active, worker_id, now, keep_active=True)
+            OrderingLaneStore.touch(org_id=org_id, pk=lane.pk, state=lane.state, version=lane.version,
+                                    set_fields={"active_execution_id": None})
+            lane = OrderingLaneStore.lock(org_id, lane_id)
+        locks.note(locks.LockClass.CONNECTOR_WORK)
+        ready = list(Execution.objects.select_for_update()
+                     .filter(org_id=org_id, lane_id=lane.pk, state="ready").order_by("id"))
+        if not ready:
+            return None
+        high_water = bytes(lane.high_water_position) if lane.high_water_position is not None else None
+        live = [e for e in ready if high_water is None or bytes(e.position) > high_water]
+        winner = max(live, key=lambda e: (bytes(e.position), e.pk)) if live else None
+        for execution in ready:
+            if execution is winner:
+                continue
+            ExecutionStore.transition(org_id=org_id, pk=execution.pk, src="ready", dst="superseded",
+                                      version=execution.version,
+                                      set_fields={"reason_code": "superseded_by_newer_position"})
+            insert(OrderingDecision, org_id=org_id, lane=lane, execution=execution, decision="superseded",
+                   high_water_position=high_water, winning_position=bytes(winner.position) if winner else None)
+        if winner is None:
+            return None
+        return _start_attempt(lane, winner, worker_id, now, keep_active=False)
+
+
+def _start_attempt(lane: OrderingLane, execution: Execution, worker_id: str, now: dt.datetime,
+                   *, keep_active: bool) -> Claim:
+    number = ExecutionAttempt.objects.filter(execution=execution).count() + 1
+    token = secrets.token_hex(16)
+    attempt = ExecutionAttemptStore.create(
+        org_id=execution.org_id, execution=execution, attempt_number=number, worker_id=worker_id,
+        lease_token=token, lease_expires_at=now + dt.timedelta(seconds=lease_seconds()), state="started")
+    if not keep_active:
+        OrderingLaneStore.touch(org_id=lane.org_id, pk=lane.pk, state=lane.state, version=lane.version,
+                                set_fields={"active_execution_id": execution.pk})
+    return Claim(execution.org_id, execution.pk, attempt.pk, token, lane.pk)
+
+
+def build_runtime_command(execution: Execution) -> dict:
+    """The V2 Runtime command for one Execution: route application block + event facts."""
+    event: Event = execution.projection.event
+    account = next(a for a in event.epoch.document["accounts"] if a["account_key"] == event.account_key)
+    pack = PackGeneration.objects.get(pk=account["pack_generation"]["id"])
+    route = next(r for r in pack.document["inbound_routes"] if r["route_key"] == event.route_key)
+    return {
+        "application": route["application"],
+        "owner_key": pack.owner_key,
+        "account_key": event.account_key,
+        "route_key": event.route_key,
+        "canonical_kind": event.canonical_kind,
+        "source_locator": event.source_locator,
+        "source_event_key": event.source_event_key,
+        "payload": event.payload,
+    }
+
+
+def execution_run(claim: Claim) -> bool:
+    """Submit the claimed Execution to Runtime and record its completion.
+
+    Returns:
+        ``True`` when this claim completed the Execution; ``False`` when its
+        fence was lost (another worker owns the Execution now).
+    """
+    from runtime_outbox.services import application_command_submit
+
+    execution = Execution.objects.select_related("projection__event__epoch").get(pk=claim.execution_id)
+    result = application_command_submit(
+        org_id=claim.org_id, command_id=execution.command_id, execution_ref_digest=execution.execution_ref_digest,
+        command=build_runtime_command(execution))
+    failpoints.hit(FP_AFTER_RESULT)
+    try:
+        execution_complete(claim, result_id=result.pk)
+    except StaleVersion as exc:
+        log.info("completion fenced for execution %s: %s", claim.execution_id, exc)
+        return False
+    return True
+
+
+def execution_complete(claim: Claim, *, result_id: int) -> None:
+    """Mark the Execution ``completed`` from the Runtime receipt and advance the lane.
+
+    Raises:
+        StaleVersion/FenceRejected: the attempt lost its lease or the lane moved.
+        ValueError: the Runtime receipt does not match the Execution.
+    """
+    from runtime_outbox.models import ApplicationResult
+
+    with transaction.atomic(durable=True):
+        lane = OrderingLaneStore.lock(claim.org_id, claim.lane_id) if claim.lane_id else None
+        execution = ExecutionStore.lock(claim.org_id, claim.execution_id)
+        attempt = ExecutionAttemptStore.lock(claim.org_id, claim.attempt_id)
+        if attempt.lease_token != claim.lease_token or attempt.state != "started":
+            raise StaleVersion(f"attempt {attempt.pk} is no longer the live claim")
+        if lane is not None and lane.active_execution_id != execution.pk:
+            raise StaleVersion(f"lane {lane.pk} no longer points at execution {execution.pk}")
+        result = ApplicationResult.objects.get(pk=result_id, org_id=claim.org_id)
+        if result.command_id != execution.command_id or result.execution_ref_digest != execution.execution_ref_digest:
+            raise ValueError("Runtime result does not match this execution")
+        ExecutionStore.transition(org_id=claim.org_id, pk=execution.pk, src="ready", dst="completed",
+                                  version=execution.version,
+                                  set_fields={"result_digest": result.result_digest, "runtime_receipt_id": result.pk})
+        ExecutionAttemptStore.transition(org_id=claim.org_id, pk=attempt.pk, src="started", dst="completed",
+                                         version=attempt.version, fences={"lease_token": claim.lease_token})
+        if lane is not None:
+            position = bytes(execution.position)
+            current = bytes(lane.high_water_position) if lane.high_water_position is not None else None
+            OrderingLaneStore.touch(org_id=claim.org_id, pk=lane.pk, state=lane.state, version=lane.version,
+                                    set_fields={"active_execution_id": None,
+                                                "high_water_position": max(position, current or position)})
+
+
+def execution_try_run_one(*, worker_id: str) -> bool:
+    """Claim and run one Execution. Returns ``True`` if work was done."""
+    claim = execution_try_claim_one(worker_id=worker_id)
+    if claim is None:
+        return False
+    execution_run(claim)
+    return True
+
+
+def execution_try_recover_one(*, worker_id: str) -> bool:
+    """Re-run one Execution whose lease expired while it was the lane's active claim."""
+    now = db_now()
+    stale = (ExecutionAttempt.objects.filter(state="started", lease_expires_at__lte=now, execution__state="ready")
+             .order_by("lease_expires_at").first())
+    if stale is None:
+        return False
+    execution = Execution.objects.get(pk=stale.execution_id)
+    if execution.lane_id is None:
+        return False
+    try:
+        claim = _claim_in_lane(execution.org_id, execution.lane.account_key, execution.lane_id, worker_id)
+    except (NotServing, StaleVersion):
+        return False
+    if claim is None:
+        return False
+    execution_run(claim)
+    return True

@@ -1,0 +1,53 @@
+"""RemoteLink reads and writes (seed 002 "Link Key", "Source Of Truth").
+
+The link is the only external-identity authority: inbound upserts find the
+local record through it, and PATCH goes through it, never through a record
+mirror field.
+"""
+from __future__ import annotations
+
+from nexusflow.kernel.digests import digest_v2
+
+from .models import RemoteLink
+from .store import RemoteLinkStore
+
+INBOUND_ACTION_TYPE = "InboundUpsert"
+PUSH_ACTION_TYPE = "PushToConnector"
+
+
+def link_key_for(*, owner_key: str, action_slot_id: str, action_type: str, source_object: str,
+                 source_record_key: str, destination_slot_id: str) -> str:
+    """Seed 002 ``link_key``: a profiled hash over the stable slot ids (64 hex chars)."""
+    return digest_v2("connectors.link-key", [
+        ("ConnectorOwnerKey", owner_key), ("ActionSlotId", action_slot_id), ("ActionType", action_type),
+        ("SourceObject", source_object), ("SourceRecordId", source_record_key),
+        ("DestinationSlotId", destination_slot_id)]).hexdigest
+
+
+def inbound_link_find(*, org_id: str, owner_key: str, destination_slot_id: str, remote_scope: str,
+                      remote_id: str) -> RemoteLink | None:
+    """The non-retired link holding ``remote_id`` in that slot, if any (byte-exact)."""
+    return RemoteLink.objects.filter(org_id=org_id, owner_key=owner_key, destination_slot_id=destination_slot_id,
+                                     remote_scope=remote_scope, live_remote_id=remote_id).first()
+
+
+def inbound_link_create(*, org_id: str, owner_key: str, route_key: str, destination_slot_id: str, source_object: str,
+                        source_record_key: str, remote_scope: str, remote_id: str) -> RemoteLink:
+    """Create the link of a record created from an inbound event.
+
+    Raises:
+        django.db.IntegrityError: a concurrent transaction linked the same
+            remote id first; the caller's transaction must roll back and retry.
+    """
+    key = link_key_for(owner_key=owner_key, action_slot_id=route_key, action_type=INBOUND_ACTION_TYPE,
+                       source_object=source_object, source_record_key=source_record_key,
+                       destination_slot_id=destination_slot_id)
+    return RemoteLinkStore.create(
+        org_id=org_id, link_key=key, owner_key=owner_key, action_slot_id=route_key, action_type=INBOUND_ACTION_TYPE,
+        destination_slot_id=destination_slot_id, source_object=source_object, source_record_key=source_record_key,
+        remote_scope=remote_scope, remote_id=remote_id, live_remote_id=remote_id, state="active",
+        snapshot={"direction": "inbound"})
+
+
+def link_for_key(*, org_id: str, link_key: str) -> RemoteLink | None:
+    return RemoteLink.objects.filter(org_id=org_id, link_key=link_key).first()

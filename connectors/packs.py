@@ -1,0 +1,104 @@
+"""L1 pack definitions read from ``packs/<pack_key>/pack.json`` (data only).
+
+A pack document names its inbound routes (channel, auth mechanism, item
+schema, ordering facts, application command) and its push contracts
+(paths, mapping, response id path, mirror field). L0 interprets only these
+generic shapes; provider names appear only in the pack data.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+
+from nexusflow.kernel import canonical_json
+from nexusflow.kernel.digests import digest_v2
+from nexusflow.kernel.errors import NexusError
+from nexusflow.kernel.identity import validate_key
+
+from .signatures import validate_config as validate_auth_config
+
+
+class PackError(NexusError):
+    code = "pack_invalid"
+
+
+@dataclass(frozen=True)
+class PackDocument:
+    pack_key: str
+    owner_key: str
+    version: str
+    document: dict
+    digest: str
+
+    def route(self, route_key: str) -> dict:
+        for route in self.document.get("inbound_routes", []):
+            if route["route_key"] == route_key:
+                return route
+        raise PackError(f"pack {self.pack_key} has no inbound route {route_key!r}")
+
+    def route_for_channel(self, channel: str, enabled: list[str]) -> dict | None:
+        for route in self.document.get("inbound_routes", []):
+            if route["channel"] == channel and route["route_key"] in enabled:
+                return route
+        return None
+
+    def push_contract(self, contract_key: str) -> dict:
+        for contract in self.document.get("push_contracts", []):
+            if contract["contract_key"] == contract_key:
+                return contract
+        raise PackError(f"pack {self.pack_key} has no push contract {contract_key!r}")
+
+    def callout_profile(self, profile_key: str) -> dict:
+        for profile in self.document.get("callout_profiles", []):
+            if profile["profile_key"] == profile_key:
+                return profile
+        raise PackError(f"pack {self.pack_key} has no callout profile {profile_key!r}")
+
+
+def _validate(doc: dict, path: Path) -> None:
+    for key in ("pack_key", "owner_key", "version"):
+        if key not in doc:
+            raise PackError(f"{path}: missing {key}")
+        validate_key(doc[key], field=key)
+    for route in doc.get("inbound_routes", []):
+        for key in ("route_key", "channel", "auth", "transport_key", "kinds", "source_event_key", "ordering", "application"):
+            if key not in route:
+                raise PackError(f"{path}: route {route.get('route_key')!r} missing {key}")
+        try:
+            validate_auth_config(route["auth"])
+        except ValueError as exc:
+            raise PackError(f"{path}: route {route['route_key']}: {exc}") from exc
+        if route["ordering"].get("contract") not in ("latest_source_position", "order_independent"):
+            raise PackError(f"{path}: route {route['route_key']}: unsupported ordering contract")
+    for contract in doc.get("push_contracts", []):
+        for key in ("contract_key", "action_slot_id", "destination_slot_id", "source_object", "callout_profile",
+                    "create", "update", "response_id_path", "mapping"):
+            if key not in contract:
+                raise PackError(f"{path}: push contract {contract.get('contract_key')!r} missing {key}")
+        if not contract["mapping"]:
+            raise PackError(f"{path}: push contract {contract['contract_key']} has an empty mapping")
+
+
+def load_pack(pack_key: str, packs_dir: Path | None = None) -> PackDocument:
+    """Read and validate one pack.
+
+    Raises:
+        PackError: missing file, unreadable JSON or an incomplete definition.
+    """
+    validate_key(pack_key, field="pack_key")
+    directory = Path(packs_dir or settings.NEXUS_PACKS_DIR)
+    path = directory / pack_key / "pack.json"
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PackError(f"no pack {pack_key!r} at {path}") from None
+    except json.JSONDecodeError as exc:
+        raise PackError(f"{path}: {exc}") from exc
+    _validate(doc, path)
+    if doc["pack_key"] != pack_key:
+        raise PackError(f"{path}: pack_key {doc['pack_key']!r} does not match its folder")
+    digest = digest_v2("connectors.pack-generation", [("document", canonical_json.dumps(doc))]).hexdigest
+    return PackDocument(doc["pack_key"], doc["owner_key"], doc["version"], doc, digest)

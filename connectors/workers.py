@@ -1,0 +1,51 @@
+"""Worker process identity: the holder that Permits and leases name.
+
+A Permit can be abandoned only with proof that its holder process is gone:
+on the same host, the pid no longer exists or now belongs to a process that
+started at another time (``/proc/<pid>/stat`` start ticks). A holder on another
+host cannot be proven gone from here and its Permit stays open.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+
+from nexusflow.kernel.models import insert
+
+from .models import WorkerProcess
+
+
+def _start_ticks(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    # Field 22 (starttime) follows the parenthesised command name.
+    fields = stat[stat.rindex(b")") + 2:].split()
+    return int(fields[19])
+
+
+def register_worker(role: str) -> str:
+    """Register this process and return its ``worker_id``."""
+    pid = os.getpid()
+    worker_id = f"{role}:{socket.gethostname()}:{pid}:{uuid.uuid4().hex[:8]}"
+    insert(WorkerProcess, worker_id=worker_id, role=role, host=socket.gethostname(), pid=pid,
+           process_start_ticks=_start_ticks(pid) or 0)
+    return worker_id
+
+
+def holder_termination_proof(worker_id: str) -> dict | None:
+    """Return evidence that the holder process is terminated, or ``None`` if unproven."""
+    worker = WorkerProcess.objects.filter(worker_id=worker_id).first()
+    if worker is None or worker.host != socket.gethostname():
+        return None
+    if worker.pid == os.getpid():
+        return None
+    ticks = _start_ticks(worker.pid)
+    if ticks is None:
+        return {"host": worker.host, "pid": worker.pid, "proof": "pid_absent"}
+    if ticks != worker.process_start_ticks:
+        return {"host": worker.host, "pid": worker.pid, "proof": "pid_reused", "start_ticks": ticks}
+    return None

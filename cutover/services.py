@@ -1,0 +1,142 @@
+"""Greenfield activation: the first ServingEpoch of a fresh install (seed 003 state machines).
+
+A fresh install has no V1. :func:`cutover_greenfield` still walks every gate
+through the seed states, with empty V1 inventories as evidence, and then
+activates the epoch and every gate in one transaction under the external
+CutoverDecision ``rollback_open -> activating_v2 -> v2_committed``. It is
+resumable: a crash at any step leaves states it can continue from.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db import transaction
+
+from connectors.models import AccountServingGate, ServingEpoch
+from connectors.serving import epoch_prepare, epoch_verify, gate_transition
+from connectors.store import AccountServingGateStore, ServingEpochStore
+from nexusflow.kernel import canonical_json, failpoints
+from nexusflow.kernel.clock import db_now
+from nexusflow.kernel.digests import digest_v2
+from nexusflow.kernel.errors import NexusError
+from nexusflow.kernel.models import insert
+from nexusflow.kernel.scope import OrgScope
+
+from .models import CutoverDecision, CutoverEvidence
+from .store import CutoverDecisionStore
+
+FP_BEFORE_ACTIVATION = failpoints.declare("cutover.before_activation")
+
+GREENFIELD_WALK = [
+    ("v1_serving", "halting_v1", "maintenance_barrier"),
+    ("halting_v1", "v1_stopped", "process_termination"),
+    ("v1_stopped", "v1_drained", "v1_shutdown_certificate"),
+    ("v1_drained", "v2_validating", "v1_restore_point"),
+]
+
+
+class CutoverRefused(NexusError):
+    code = "cutover_refused"
+
+
+@dataclass
+class GreenfieldReport:
+    epoch_id: int
+    epoch_digest: str
+    accounts: list[str]
+    decision: str
+    already_active: bool
+
+
+def _evidence(org: OrgScope, attempt_key: str, kind: str, account_key: str, payload: dict) -> dict:
+    existing = CutoverEvidence.objects.filter(org_id=org.org_id, attempt_key=attempt_key, kind=kind,
+                                              account_key=account_key).first()
+    if existing is None:
+        digest = digest_v2("cutover.evidence", [("kind", kind), ("payload", canonical_json.dumps(payload))]).hexdigest
+        existing = insert(CutoverEvidence, org_id=org.org_id, attempt_key=attempt_key, kind=kind,
+                          account_key=account_key, payload=payload, digest=digest)
+    return {"evidence_id": existing.pk, "kind": kind, "digest": existing.digest}
+
+
+def cutover_greenfield(*, org: OrgScope) -> GreenfieldReport:
+    """Activate the first ServingEpoch of ``org`` with empty V1 inventories.
+
+    Returns:
+        The report; ``already_active`` when the org was already serving V2.
+
+    Raises:
+        CutoverRefused: a gate is in a state a fresh install cannot be in, or
+            V2 already served under another epoch.
+        EpochVerificationFailed: the candidate failed owner verification.
+    """
+    gates = list(AccountServingGate.objects.filter(org_id=org.org_id).order_by("account_key"))
+    if not gates:
+        raise CutoverRefused(f"org {org.org_id} has no accounts; apply a connector configuration first")
+    if all(g.state == "v2_serving" for g in gates):
+        epoch = ServingEpoch.objects.get(pk=gates[0].epoch_id)
+        return GreenfieldReport(epoch.pk, epoch.digest, [g.account_key for g in gates], "v2_committed", True)
+    walkable = {"v1_serving", "halting_v1", "v1_stopped", "v1_drained", "v2_validating"}
+    bad = [f"{g.account_key}={g.state}" for g in gates if g.state not in walkable]
+    if bad:
+        raise CutoverRefused(f"greenfield activation needs fresh gates; found {', '.join(bad)}")
+
+    epoch = epoch_prepare(org=org)
+    epoch = epoch_verify(org=org, epoch_id=epoch.pk)
+    attempt_key = f"greenfield-{epoch.pk}"
+    decision = CutoverDecision.objects.filter(org_id=org.org_id, attempt_key=attempt_key).first()
+    if decision is None:
+        decision = CutoverDecisionStore.create(org_id=org.org_id, attempt_key=attempt_key, mode="greenfield",
+                                               state="rollback_open", epoch_id=epoch.pk, epoch_digest=epoch.digest)
+
+    empty_inventory = {"v1_process_generations": [], "v1_open_work": 0, "v1_unreconciled_effects": 0,
+                       "observed_at": db_now().isoformat(), "mode": "greenfield"}
+    for gate in gates:
+        for src, dst, kind in GREENFIELD_WALK:
+            with transaction.atomic(durable=True):
+                locked = AccountServingGateStore.lock_by_account(org.org_id, gate.account_key)
+                if locked.state != src:
+                    continue
+                proof = _evidence(org, attempt_key, kind, gate.account_key, empty_inventory)
+                gate_transition(gate=locked, dst=dst, evidence=proof)
+
+    if decision.state == "rollback_open":
+        with transaction.atomic(using="control", durable=True):
+            locked = CutoverDecisionStore.lock(org.org_id, decision.pk)
+            CutoverDecisionStore.transition(org_id=org.org_id, pk=locked.pk, src=locked.state, dst="activating_v2",
+                                            version=locked.version)
+        decision.refresh_from_db()
+    if decision.state not in ("activating_v2", "v2_committed"):
+        raise CutoverRefused(f"cutover decision is {decision.state}; activation cannot proceed")
+    failpoints.hit(FP_BEFORE_ACTIVATION)
+    _activate(org, epoch, attempt_key)
+    if decision.state == "activating_v2":
+        with transaction.atomic(using="control", durable=True):
+            locked = CutoverDecisionStore.lock(org.org_id, decision.pk)
+            CutoverDecisionStore.transition(org_id=org.org_id, pk=locked.pk, src="activating_v2", dst="v2_committed",
+                                            version=locked.version)
+    return GreenfieldReport(epoch.pk, epoch.digest, [g.account_key for g in gates], "v2_committed", False)
+
+
+def _activate(org: OrgScope, epoch: ServingEpoch, attempt_key: str) -> None:
+    """One transaction: every gate ``v2_validating -> v2_serving`` and the epoch ``verified -> active``."""
+    with transaction.atomic(durable=True):
+        gates = [AccountServingGateStore.lock_by_account(org.org_id, key) for key in
+                 AccountServingGate.objects.filter(org_id=org.org_id).order_by("account_key")
+                 .values_list("account_key", flat=True)]
+        locked_epoch = ServingEpochStore.lock(org.org_id, epoch.pk)
+        if locked_epoch.state == "active" and all(g.state == "v2_serving" and g.epoch_id == epoch.pk for g in gates):
+            return
+        if locked_epoch.state != "verified":
+            raise CutoverRefused(f"epoch {epoch.pk} is {locked_epoch.state}, not verified")
+        not_ready = [g.account_key for g in gates if g.state != "v2_validating"]
+        if not_ready:
+            raise CutoverRefused(f"gates not in v2_validating: {', '.join(not_ready)}")
+        accounts = {a["account_key"] for a in locked_epoch.document["accounts"]}
+        if accounts != {g.account_key for g in gates}:
+            raise CutoverRefused("the epoch's account set differs from the exhaustive gate set")
+        ServingEpochStore.transition(org_id=org.org_id, pk=epoch.pk, src="verified", dst="active",
+                                     version=locked_epoch.version, set_fields={"activated_at": db_now()})
+        locked_epoch.refresh_from_db()
+        proof = _evidence(org, attempt_key, "activation", "", {"epoch_id": epoch.pk, "epoch_digest": epoch.digest})
+        for gate in gates:
+            gate_transition(gate=gate, dst="v2_serving", evidence=proof, epoch=locked_epoch)

@@ -1,0 +1,15 @@
+"""Cutover state machines (seed 003 "Compressed durable model", CutoverDecision)."""
+from nexusflow.kernel.transitions import machine
+
+CUTOVER_DECISION = machine(
+    "cutover.CutoverDecision",
+    {
+        "rollback_open": {"activating_v2", "restoring_v1"},
+        "activating_v2": {"v2_committed"},
+        "restoring_v1": {"v1_restored"},
+        "v2_committed": set(),
+        "v1_restored": set(),
+    },
+    initial={"rollback_open"},
+    seed='Seed 003, "Compressed durable model" (external L2 CutoverDecision)',
+)

@@ -1,0 +1,45 @@
+"""Worker roles: each is a list of ``try_<verb>_one() -> bool`` units (CONVENTIONS.md "Workers")."""
+from __future__ import annotations
+
+from typing import Callable
+
+Unit = Callable[[], bool]
+
+
+def units_for(role: str, worker_id: str) -> list[tuple[str, Unit]]:
+    """Return the named work units of ``role`` in priority order.
+
+    Raises:
+        ValueError: unknown role.
+    """
+    if role == "connector":
+        from connectors.executions import execution_try_recover_one, execution_try_run_one
+
+        return [("execution.run", lambda: execution_try_run_one(worker_id=worker_id)),
+                ("execution.recover", lambda: execution_try_recover_one(worker_id=worker_id))]
+    if role == "runtime":
+        from runtime_outbox.services import outbox_try_deliver_one
+
+        return [("outbox.deliver", outbox_try_deliver_one)]
+    if role == "flow":
+        from nexusflow.flows.services import flow_try_recover_expired_one, flow_try_run_step_one, flow_try_wake_one
+
+        return [("flow.wake", flow_try_wake_one),
+                ("flow.step", lambda: flow_try_run_step_one(worker_id=worker_id)),
+                ("flow.recover", flow_try_recover_expired_one)]
+    if role == "egress":
+        from connectors.egress import (
+            effect_try_dispatch_one,
+            effect_try_finalize_one,
+            effect_try_reconcile_one,
+            permit_try_abandon_one,
+        )
+
+        return [("permit.abandon", permit_try_abandon_one),
+                ("effect.finalize", effect_try_finalize_one),
+                ("effect.reconcile", effect_try_reconcile_one),
+                ("effect.dispatch", lambda: effect_try_dispatch_one(worker_id=worker_id))]
+    raise ValueError(f"unknown worker role {role!r}")
+
+
+ROLES = ("connector", "runtime", "flow", "egress")

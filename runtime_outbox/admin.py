@@ -1,0 +1,31 @@
+"""Read-only support views for Runtime facts."""
+from django.contrib import admin
+
+from nexusflow.kernel.admin import ReadOnlyAdmin
+
+from . import models
+
+
+@admin.register(models.OutboundCommand)
+class OutboundCommandAdmin(ReadOnlyAdmin):
+    list_display = ("id", "org_id", "contract_key", "source_object", "source_record_key", "source_record_version",
+                    "created_at")
+    search_fields = ("source_record_key", "idempotency_key")
+
+
+@admin.register(models.ApplicationResult)
+class ApplicationResultAdmin(ReadOnlyAdmin):
+    list_display = ("id", "org_id", "command_id", "outcome", "created_at")
+    list_filter = ("outcome",)
+
+
+@admin.register(models.OutboxMessage)
+class OutboxMessageAdmin(ReadOnlyAdmin):
+    list_display = ("id", "command", "state", "delivery_attempts", "delivered_at")
+    list_filter = ("state",)
+
+
+@admin.register(models.IntentResultReceipt)
+class IntentResultReceiptAdmin(ReadOnlyAdmin):
+    list_display = ("id", "command", "outcome", "remote_id", "created_at")
+    list_filter = ("outcome",)

@@ -1,0 +1,76 @@
+"""Application command handlers (Runtime behaviour for admitted Connector executions).
+
+A handler runs inside the Runtime application transaction and returns
+``(outcome, result)`` where ``outcome`` is one of ``applied``, ``noop`` or
+``rejected``. Handlers are generic: the pack's route ``application`` block
+names the handler and parametrizes it.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from nexusflow.kernel.errors import NexusError
+from nexusflow.kernel.scope import OrgScope
+from nexusflow.records.metadata import InvalidFieldValue, UnknownField, UnknownObject
+from nexusflow.records.services import record_create, record_lock, record_update
+
+Handler = Callable[[OrgScope, dict], tuple[str, dict]]
+HANDLERS: dict[str, Handler] = {}
+
+
+class UnknownCommand(NexusError):
+    code = "unknown_application_command"
+
+
+def handler(name: str):
+    def register(fn: Handler) -> Handler:
+        HANDLERS[name] = fn
+        return fn
+    return register
+
+
+@handler("record_upsert_via_link")
+def record_upsert_via_link(org: OrgScope, command: dict) -> tuple[str, dict]:
+    """Upsert the local record that the inbound RemoteLink names for the source locator.
+
+    The link (owner pack, destination slot, provider account, remote id) is
+    the only way from a provider object to a local record; a missing link
+    creates the record and its link in this same transaction.
+    """
+    from connectors.links import inbound_link_create, inbound_link_find
+
+    app = command["application"]
+    object_name = app["object"]
+    changes: dict[str, str] = {}
+    if command["canonical_kind"] == "record.field_changed":
+        payload = command["payload"]
+        target = app["field_map"].get(payload.get(app["property_field"]))
+        if target is None:
+            return "noop", {"reason": "property_not_mapped", "property": payload.get(app["property_field"])}
+        changes[target] = payload.get(app["value_field"])
+    link = inbound_link_find(org_id=org.org_id, owner_key=command["owner_key"],
+                             destination_slot_id=app["destination_slot_id"], remote_scope=command["account_key"],
+                             remote_id=command["source_locator"])
+    try:
+        if link is None:
+            record = record_create(org=org, object_name=object_name, values=changes)
+            inbound_link_create(org_id=org.org_id, owner_key=command["owner_key"], route_key=command["route_key"],
+                                destination_slot_id=app["destination_slot_id"], source_object=object_name,
+                                source_record_key=record.record_key, remote_scope=command["account_key"],
+                                remote_id=command["source_locator"])
+            return "applied", {"record_key": record.record_key, "created": True, "changed": sorted(changes)}
+        record = record_lock(org=org, object_name=object_name, record_key=link.source_record_key)
+        change = record_update(org=org, record=record, changes=changes)
+    except (UnknownObject, UnknownField, InvalidFieldValue) as exc:
+        return "rejected", {"reason": exc.code, "detail": str(exc)}
+    if not change.changed_fields:
+        return "noop", {"record_key": record.record_key, "reason": "no_change"}
+    return "applied", {"record_key": record.record_key, "created": False, "changed": sorted(change.changed_fields)}
+
+
+def run(org: OrgScope, command: dict) -> tuple[str, dict]:
+    name = command.get("application", {}).get("command")
+    fn = HANDLERS.get(name)
+    if fn is None:
+        raise UnknownCommand(f"no application command {name!r}")
+    return fn(org, command)

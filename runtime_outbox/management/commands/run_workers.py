@@ -1,0 +1,81 @@
+"""``manage.py run_workers --role connector|runtime|flow|egress [--until-idle] [--once]``.
+
+A thin loop over the role's ``try_<verb>_one()`` units: run every unit until
+none has work, sleep with jitter when idle, exit cleanly on SIGTERM or
+Ctrl-C, log one structured line per unit of work.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import random
+import signal
+import sys
+import time
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError, close_old_connections
+
+from connectors.workers import register_worker
+from nexusflow.kernel.errors import NexusError
+from nexusflow.workers import ROLES, units_for
+
+log = logging.getLogger("nexusflow.workers")
+
+
+class Command(BaseCommand):
+    help = "Run NexusFlow workers of one or more roles."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--role", action="append", choices=[*ROLES, "all"], required=True,
+                            help="Role to run; repeat for several, or 'all'.")
+        parser.add_argument("--until-idle", action="store_true", help="Exit once no work is claimable.")
+        parser.add_argument("--idle-rounds", type=int, default=3,
+                            help="Consecutive empty rounds that count as idle (default 3).")
+        parser.add_argument("--once", action="store_true", help="Run one round and exit.")
+        parser.add_argument("--idle-sleep", type=float, default=0.2, help="Seconds to sleep when idle (jittered).")
+
+    def handle(self, *args, role, until_idle, idle_rounds, once, idle_sleep, **options):
+        roles = list(ROLES) if "all" in role else list(dict.fromkeys(role))
+        worker_id = register_worker("+".join(roles))
+        units = [u for r in roles for u in units_for(r, worker_id)]
+        stopping = {"flag": False}
+
+        def stop(signum, frame):
+            stopping["flag"] = True
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        self.stderr.write(json.dumps({"event": "worker.start", "worker_id": worker_id, "roles": roles}))
+        empty_rounds = 0
+        done = 0
+        while not stopping["flag"]:
+            did_work = False
+            for name, unit in units:
+                if stopping["flag"]:
+                    break
+                close_old_connections()
+                try:
+                    worked = unit()
+                except (NexusError, DatabaseError) as exc:
+                    log.warning(json.dumps({"event": "worker.unit_error", "unit": name, "error": str(exc)[:300]}))
+                    worked = False
+                except Exception:  # a bug in one unit must not stop the others; it is logged loudly
+                    log.exception(json.dumps({"event": "worker.unit_crash", "unit": name}))
+                    worked = False
+                if worked:
+                    did_work = True
+                    done += 1
+            if once:
+                break
+            if did_work:
+                empty_rounds = 0
+                continue
+            empty_rounds += 1
+            if until_idle and empty_rounds >= idle_rounds:
+                break
+            time.sleep(idle_sleep * (0.5 + random.random()))
+        self.stderr.write(json.dumps({"event": "worker.stop", "worker_id": worker_id, "units_done": done}))
+        sys.stderr.flush()
+        if not units:
+            raise CommandError("no work units for the selected roles")

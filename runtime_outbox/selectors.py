@@ -1,0 +1,19 @@
+"""Runtime reads: results, intents and receipts by owner (seed 000)."""
+from __future__ import annotations
+
+from .models import ApplicationResult, IntentResultReceipt, OutboundCommand
+
+
+def intent_result_receipt_for(*, org_id: str, command_id: int) -> IntentResultReceipt | None:
+    return IntentResultReceipt.objects.filter(org_id=org_id, command_id=command_id).first()
+
+
+def application_result_for(*, org_id: str, command_id: str) -> ApplicationResult | None:
+    return ApplicationResult.objects.filter(org_id=org_id, command_id=command_id).first()
+
+
+def pending_intents_for_record(*, org_id: str, source_object: str, source_record_key: str):
+    """Intents of one owner record without a completed result receipt."""
+    return (OutboundCommand.objects.filter(org_id=org_id, source_object=source_object,
+                                           source_record_key=source_record_key, intentresultreceipt__isnull=True)
+            .order_by("id"))

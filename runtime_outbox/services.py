@@ -1,0 +1,200 @@
+"""Runtime use cases: application results, outbound intents, outbox delivery, intent receipts.
+
+Seed 003 "Runtime-owned result" and "Outbound facts"; ARCHITECTURE.md
+section 4 (the single outbound effect model).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+from django.db import IntegrityError, transaction
+
+from nexusflow.kernel import canonical_json, failpoints
+from nexusflow.kernel.clock import db_now
+from nexusflow.kernel.digests import PROFILE_V2, digest_v2
+from nexusflow.kernel.errors import NexusError, StaleVersion
+from nexusflow.kernel.models import insert
+from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
+
+from . import commands
+from .models import ApplicationResult, IntentResultReceipt, OutboundCommand, OutboxMessage
+from .store import OutboxMessageStore
+from .transitions import INTENT_RESULT_OUTCOMES
+
+log = logging.getLogger(__name__)
+
+FP_AFTER_EFFECT_ACCEPT = failpoints.declare("outbox.after_effect_accept")
+
+
+class ResultMismatch(NexusError):
+    """The command id exists under another ExecutionRef digest: fail closed."""
+
+    code = "application_result_mismatch"
+
+
+class IntentMismatch(NexusError):
+    code = "outbound_intent_mismatch"
+
+
+# --- Application results ------------------------------------------------------
+def application_command_submit(*, org_id: str, command_id: str, execution_ref_digest: str,
+                               command: dict) -> ApplicationResult:
+    """Apply one application command exactly once and return its immutable result.
+
+    The record mutation, any Flow runs it triggers and the ApplicationResult
+    commit in one transaction. Submitting the same ``command_id`` and digest
+    again returns the stored result without re-applying.
+
+    Raises:
+        ResultMismatch: ``command_id`` is stored with a different ExecutionRef digest.
+        UnknownCommand: the route names an unknown application command.
+    """
+    org = OrgScope(org_id)
+    for _ in range(3):
+        existing = ApplicationResult.objects.filter(org_id=org_id, command_id=command_id).first()
+        if existing is not None:
+            if existing.execution_ref_digest != execution_ref_digest:
+                raise ResultMismatch(f"command {command_id} has no result for this ExecutionRef")
+            return existing
+        try:
+            with transaction.atomic(durable=True):
+                outcome, result = commands.run(org, command)
+                result_digest = digest_v2("runtime.application-result", [
+                    ("command_id", command_id), ("outcome", outcome), ("result", canonical_json.dumps(result))]).hexdigest
+                return insert(ApplicationResult, org_id=org_id, command_id=command_id,
+                              execution_ref_digest=execution_ref_digest, profile_id=PROFILE_V2, outcome=outcome,
+                              result=result, result_digest=result_digest)
+        except IntegrityError:
+            # Either the same command committed concurrently, or an inbound link
+            # race lost: re-read, and re-apply on top of the winner if needed.
+            continue
+    raise NexusError(f"command {command_id} could not be applied after retries", code="application_contention")
+
+
+# --- Outbound intents -----------------------------------------------------------
+def intent_idempotency_key(scope: TrustedRuntimeWorkScope, effect_root_id: str, effect_slot_id: str,
+                           effect_generation_id: str) -> str:
+    """``OutboundCommand.IdempotencyKey``: the digest of the logical-effect tuple."""
+    return digest_v2("runtime.outbound-command", [
+        ("org_id", scope.org_id), ("app_installation_id", scope.app_installation_id),
+        ("runtime_capability_id", scope.runtime_capability_id), ("binding_digest", scope.binding_digest),
+        ("effect_root_id", effect_root_id), ("effect_slot_id", effect_slot_id),
+        ("effect_generation_id", effect_generation_id)]).hexdigest
+
+
+def outbound_command_author(*, scope: TrustedRuntimeWorkScope, effect_root_id: str, effect_slot_id: str,
+                            effect_generation_id: str, contract_key: str, record,
+                            origin_flow_run_id: int | None, origin_dependency_key: str | None = None) -> OutboundCommand:
+    """Author (or return) the immutable OutboundCommand + outbox message in the caller's transaction.
+
+    ``record`` must already be locked by the caller (business lock first).
+    The FrozenDispatchBinding is frozen under the locked gate and its exact
+    active ServingEpoch.
+
+    Raises:
+        NotServing: the contract's account is not ``v2_serving``.
+        PushContractError: no unique account serves ``contract_key``, the
+            contract does not apply to the record's object, or the mapping
+            produces no body (fail closed before any POST).
+        IntentMismatch: the same logical effect exists with other facts.
+    """
+    from connectors.outbound import freeze_push_binding
+
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("outbound intents are authored inside the application transaction")
+    key = intent_idempotency_key(scope, effect_root_id, effect_slot_id, effect_generation_id)
+    existing = OutboundCommand.objects.filter(idempotency_key=key).first()
+    if existing is not None:
+        if (existing.org_id, existing.contract_key, existing.source_record_key) != (
+                scope.org_id, contract_key, record.record_key):
+            raise IntentMismatch(f"logical effect {key} exists with other facts")
+        return existing
+    binding = freeze_push_binding(org_id=scope.org_id, contract_key=contract_key, record=record,
+                                  intent_key=key)
+    command = insert(
+        OutboundCommand, org_id=scope.org_id, app_installation_id=scope.app_installation_id,
+        runtime_capability_id=scope.runtime_capability_id, binding_digest=scope.binding_digest,
+        effect_root_id=effect_root_id, effect_slot_id=effect_slot_id, effect_generation_id=effect_generation_id,
+        idempotency_key=key, profile_id=PROFILE_V2, account_key=binding["account_key"], contract_key=contract_key,
+        source_object=record.object_name, source_record_key=record.record_key,
+        source_record_version=record.version, link_key=binding["link_key"], request_fields=binding["request_fields"],
+        frozen_binding=binding,
+        frozen_binding_digest=digest_v2("runtime.frozen-dispatch-binding",
+                                        [("binding", canonical_json.dumps(binding))]).hexdigest,
+        origin_flow_run_id=origin_flow_run_id, origin_dependency_key=origin_dependency_key,
+    )
+    OutboxMessageStore.create(org_id=scope.org_id, command=command, state="pending")
+    return command
+
+
+# --- Outbox delivery ----------------------------------------------------------
+def outbox_try_deliver_one() -> bool:
+    """Deliver one due outbox message to Connector (outside any transaction).
+
+    Creates (or loads) the command's one RemoteEffect, then marks the message
+    delivered. A crash between the two redelivers onto the same effect.
+    Failures back off exponentially (capped at 60 s).
+    """
+    from connectors.outbound import remote_effect_accept
+
+    if transaction.get_connection().in_atomic_block:
+        raise RuntimeError("outbox draining runs outside any transaction")
+    now = db_now()
+    message = (OutboxMessage.objects.filter(state="pending")
+               .exclude(next_attempt_at__gt=now).order_by("id").select_related("command").first())
+    if message is None:
+        return False
+    try:
+        remote_effect_accept(command=message.command)
+    except NexusError as exc:
+        backoff = min(60, 2 ** min(message.delivery_attempts, 6))
+        log.warning("outbox delivery of command %s failed: %s", message.command_id, exc)
+        with transaction.atomic(durable=True):
+            try:
+                OutboxMessageStore.touch(org_id=message.org_id, pk=message.pk, state="pending", version=message.version,
+                                         set_fields={"delivery_attempts": message.delivery_attempts + 1,
+                                                     "next_attempt_at": now + dt.timedelta(seconds=backoff)})
+            except StaleVersion:
+                pass
+        return True
+    failpoints.hit(FP_AFTER_EFFECT_ACCEPT)
+    with transaction.atomic(durable=True):
+        try:
+            OutboxMessageStore.transition(org_id=message.org_id, pk=message.pk, src="pending", dst="delivered",
+                                          version=message.version, set_fields={"delivered_at": now})
+        except StaleVersion:
+            pass  # another relay delivered it; the effect is the same row
+    return True
+
+
+# --- Intent results --------------------------------------------------------------
+def intent_result_record(*, command: OutboundCommand, outcome: str, remote_id: str, evidence: dict) -> IntentResultReceipt:
+    """Record the completed result of an intent inside the caller's transaction and wake its Flow.
+
+    Idempotent: an equal receipt is returned; a different one raises.
+
+    Raises:
+        ValueError: ``outcome`` is not a completed intent outcome.
+        IntentMismatch: a different receipt exists for the command.
+    """
+    if outcome not in INTENT_RESULT_OUTCOMES:
+        raise ValueError(f"{outcome!r} is not an intent result outcome")
+    existing = IntentResultReceipt.objects.filter(command=command).first()
+    if existing is not None:
+        if (existing.outcome, existing.remote_id) != (outcome, remote_id):
+            raise IntentMismatch(f"command {command.pk} already completed as {existing.outcome}")
+        return existing
+    digest = digest_v2("runtime.intent-result", [
+        ("command_key", command.idempotency_key), ("outcome", outcome), ("remote_id", remote_id),
+        ("evidence", canonical_json.dumps(evidence))]).hexdigest
+    receipt = insert(IntentResultReceipt, org_id=command.org_id, command=command, outcome=outcome,
+                     remote_id=remote_id, evidence=evidence, digest=digest)
+    if command.origin_flow_run_id is not None:
+        from nexusflow.flows.services import flow_wake_signal_accept
+
+        scope = TrustedRuntimeWorkScope(command.org_id, command.app_installation_id, command.runtime_capability_id,
+                                        command.binding_digest)
+        flow_wake_signal_accept(scope=scope, flow_run_id=command.origin_flow_run_id,
+                                dependency_key=command.origin_dependency_key or str(command.pk), receipt_id=receipt.pk)
+    return receipt

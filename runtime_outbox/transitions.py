@@ -1,0 +1,16 @@
+"""Runtime state machines as data.
+
+OutboundCommand, ApplicationResult and IntentResultReceipt are immutable
+facts; only transport delivery of the outbox message has a lifecycle.
+"""
+from nexusflow.kernel.transitions import machine
+
+OUTBOX_MESSAGE = machine(
+    "runtime_outbox.OutboxMessage",
+    {"pending": {"delivered"}, "delivered": set()},
+    initial={"pending"},
+    seed='ARCHITECTURE.md section 4; seed 004 section 10.7',
+)
+
+APPLICATION_RESULT_OUTCOMES = frozenset({"applied", "noop", "rejected", "failed"})
+INTENT_RESULT_OUTCOMES = frozenset({"finalized", "no_effect", "quarantined"})
