@@ -67,6 +67,7 @@ INSTALLED_APPS = [
     "connectors",
     "runtime_outbox",
     "cutover",
+    "packs",
 ]
 
 MIDDLEWARE = [

@@ -1,0 +1,660 @@
+"""Loopback billing sandbox: a Stripe-like customers API for demos and tests.
+
+Endpoints (all JSON responses, ``Content-Type: application/json``):
+
+- ``POST /v1/customers`` -> 200 customer ``{"id": "cus_...", "object": "customer",
+  "email", "name", "created"}`` (``created`` in Unix seconds);
+- ``POST /v1/customers/{id}`` -> 200 updated customer, 404 ``resource_missing``;
+- ``GET /v1/customers/{id}`` -> 200 customer or 404;
+- ``GET /v1/customers[?email=&limit=&starting_after=]`` -> 200
+  ``{"object": "list", "data": [...], "has_more": bool, "url": "/v1/customers"}``,
+  newest first, ``limit`` 1-100 (default 10).
+
+POST parameters are ``email`` and ``name``, form-encoded (as the provider
+expects) or a JSON object; an empty string unsets a field; any other
+parameter is a 400 ``parameter_unknown``. Every ``/v1`` request needs
+``Authorization: Bearer <api key>`` (401 otherwise). Errors are shaped
+``{"error": {"type", "code"?, "message", "param"?}}``.
+
+``Idempotency-Key`` (1-255 characters) on a POST: the first executed result,
+status and body, is stored and replayed (header ``Idempotent-Replayed: true``)
+for later requests with the same key and parameters; the same key with other
+parameters or another path is a 400 ``idempotency_error``; a request whose
+key is still being executed gets 409 ``idempotency_key_in_use``. Requests
+rejected before execution (401, 400 validation, injected
+``fail_before_commit``) store nothing.
+
+Per customer the sandbox counts ``create_requests`` (create requests that
+created or replayed this customer) and ``update_requests`` (update requests
+that reached it, replays included).
+
+Test controls (no auth): ``GET /_sandbox/state`` ->
+``{"customers": [{"id", "email", "name", "create_requests", "update_requests"}],
+"requests": <API requests received, any path outside /_sandbox>}`` (customers oldest first);
+``POST /_sandbox/reset``; ``GET|POST /_sandbox/faults`` with any of
+``{"drop_response_after_commit": N}`` (the next N executed or replayed
+create/update requests are stored, then the connection is closed without a
+response), ``{"fail_before_commit": {"status": S, "count": N}}`` (the next N
+create/update requests get status S and are not executed) and
+``{"delay_seconds": X}`` (every create/update waits X seconds after claiming
+its idempotency key and before executing, until changed).
+
+Run as a process: ``python -m packs.billing.sandbox --port 0 --api-key KEY
+--port-file PATH`` writes the bound port to PATH once listening and serves
+until SIGTERM or SIGINT.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import math
+import os
+import re
+import secrets
+import signal
+import string
+import threading
+import time
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Sequence
+from urllib.parse import parse_qs, urlsplit
+
+logger = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+CUSTOMER_PARAMS: tuple[str, ...] = ("email", "name")
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+MAX_IDEMPOTENCY_KEY_LENGTH = 255
+MAX_DELAY_SECONDS = 60.0
+MAX_BODY_BYTES = 1_000_000
+DEFAULT_LIST_LIMIT = 10
+MAX_LIST_LIMIT = 100
+
+_CUSTOMER_PATH = re.compile(r"/v1/customers/([^/]+)")
+_ID_ALPHABET = string.ascii_letters + string.digits
+
+Params = dict[str, str | None]
+
+
+class _RequestRejected(Exception):
+    """A request error that maps to one HTTP response."""
+
+    def __init__(self, status: int, error: dict[str, Any]):
+        super().__init__(error.get("message", ""))
+        self.status = status
+        self.error = error
+
+
+@dataclass(slots=True)
+class _IdempotencyEntry:
+    fingerprint: tuple[Any, ...]
+    status: int | None = None  # None while the first request is executing
+    body: dict[str, Any] | None = None
+    customer_id: str | None = None
+
+
+@dataclass(slots=True)
+class _Faults:
+    drop_response_after_commit: int = 0
+    fail_status: int = 503
+    fail_count: int = 0
+    delay_seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "drop_response_after_commit": self.drop_response_after_commit,
+            "fail_before_commit": {"status": self.fail_status, "count": self.fail_count},
+            "delay_seconds": self.delay_seconds,
+        }
+
+
+@dataclass(slots=True)
+class _State:
+    """Everything the sandbox remembers; guarded by ``lock``."""
+
+    api_key: str
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    customers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    counters: dict[str, dict[str, int]] = field(default_factory=dict)
+    idempotency: dict[str, _IdempotencyEntry] = field(default_factory=dict)
+    faults: _Faults = field(default_factory=_Faults)
+    requests: int = 0
+
+    def reset(self) -> None:
+        with self.lock:
+            self.customers.clear()
+            self.counters.clear()
+            self.idempotency.clear()
+            self.faults = _Faults()
+            self.requests = 0
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "customers": [
+                    {
+                        "id": customer_id,
+                        "email": customer["email"],
+                        "name": customer["name"],
+                        "create_requests": self.counters[customer_id]["create_requests"],
+                        "update_requests": self.counters[customer_id]["update_requests"],
+                    }
+                    for customer_id, customer in self.customers.items()
+                ],
+                "requests": self.requests,
+            }
+
+    def apply_faults(self, spec: Any) -> dict[str, Any]:
+        """Validate and merge a faults document; return the faults now in force.
+
+        Raises:
+            _RequestRejected: 400 for an unknown key or an out-of-range value.
+        """
+        if not isinstance(spec, dict):
+            raise _RequestRejected(400, _invalid("faults must be a JSON object"))
+        unknown = sorted(set(spec) - {"drop_response_after_commit", "fail_before_commit", "delay_seconds"})
+        if unknown:
+            raise _RequestRejected(400, _invalid(f"unknown fault(s): {', '.join(unknown)}"))
+        with self.lock:
+            faults = dataclasses.replace(self.faults)
+            if "drop_response_after_commit" in spec:
+                faults.drop_response_after_commit = _count(spec["drop_response_after_commit"], "drop_response_after_commit")
+            if "fail_before_commit" in spec:
+                fail = spec["fail_before_commit"]
+                if not isinstance(fail, dict) or set(fail) - {"status", "count"} or "status" not in fail:
+                    raise _RequestRejected(400, _invalid("fail_before_commit must be {\"status\": S, \"count\": N}"))
+                status = fail["status"]
+                if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 599:
+                    raise _RequestRejected(400, _invalid("fail_before_commit.status must be an HTTP status 400-599"))
+                faults.fail_status = status
+                faults.fail_count = _count(fail.get("count", 1), "fail_before_commit.count")
+            if "delay_seconds" in spec:
+                delay = spec["delay_seconds"]
+                if (
+                    isinstance(delay, bool)
+                    or not isinstance(delay, (int, float))
+                    or not math.isfinite(delay)
+                    or not 0 <= delay <= MAX_DELAY_SECONDS
+                ):
+                    raise _RequestRejected(400, _invalid(f"delay_seconds must be 0-{MAX_DELAY_SECONDS:g}"))
+                faults.delay_seconds = float(delay)
+            self.faults = faults
+            return faults.as_dict()
+
+
+class BillingSandbox:
+    """An in-process sandbox server on ``127.0.0.1``, served from a daemon thread.
+
+    Usage::
+
+        with BillingSandbox("sk_test_123") as sandbox:
+            httpx.post(f"{sandbox.base_url}/v1/customers", ...)
+    """
+
+    def __init__(self, api_key: str, *, port: int = 0):
+        """Prepare a sandbox accepting ``Bearer api_key``; ``port`` 0 picks a free port.
+
+        Raises:
+            ValueError: an empty API key or a port outside 0-65535.
+        """
+        if not api_key:
+            raise ValueError("api_key must be non-empty")
+        if not 0 <= port <= 65535:
+            raise ValueError(f"port must be 0-65535, got {port}")
+        self._state = _State(api_key=api_key)
+        self._requested_port = port
+        self._server: _SandboxServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound TCP port. Raises RuntimeError when not started."""
+        if self._server is None:
+            raise RuntimeError("sandbox is not running")
+        return int(self._server.server_address[1])
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:<port>``, no trailing slash. Raises RuntimeError when not started."""
+        return f"http://{HOST}:{self.port}"
+
+    def start(self) -> str:
+        """Bind, serve in a background thread and return the base URL.
+
+        Raises:
+            RuntimeError: already started.
+            OSError: the port cannot be bound.
+        """
+        if self._server is not None:
+            raise RuntimeError("sandbox already started")
+        server = _SandboxServer((HOST, self._requested_port), _SandboxHandler, self._state)
+        thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="billing-sandbox", daemon=True
+        )
+        thread.start()
+        self._server, self._thread = server, thread
+        logger.info("billing sandbox listening on %s", self.base_url)
+        return self.base_url
+
+    def stop(self) -> None:
+        """Stop serving and close the listening socket; a no-op when not running."""
+        server, thread = self._server, self._thread
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        if thread is not None:
+            thread.join(timeout=5)
+        self._server, self._thread = None, None
+
+    def state(self) -> dict[str, Any]:
+        """Return the same document as ``GET /_sandbox/state``."""
+        return self._state.snapshot()
+
+    def reset(self) -> None:
+        """Forget customers, idempotency keys, faults and the request count."""
+        self._state.reset()
+
+    def set_faults(self, **faults: Any) -> dict[str, Any]:
+        """Merge faults as ``POST /_sandbox/faults`` does; return the faults in force.
+
+        Raises:
+            ValueError: an unknown fault or an out-of-range value.
+        """
+        try:
+            return self._state.apply_faults(faults)
+        except _RequestRejected as exc:
+            raise ValueError(exc.error["message"]) from exc
+
+    def __enter__(self) -> "BillingSandbox":
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+class _SandboxServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], state: _State):
+        super().__init__(address, handler)
+        self.state = state
+
+
+class _SandboxHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _SandboxServer
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:  # noqa: N802
+        self._dispatch("PUT")
+
+    def do_PATCH(self) -> None:  # noqa: N802
+        self._dispatch("PATCH")
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._dispatch("DELETE")
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
+        logger.debug("%s %s", self.address_string(), format % args)
+
+    def _dispatch(self, method: str) -> None:
+        state = self.server.state
+        split = urlsplit(self.path)
+        path = split.path
+        try:
+            body = self._read_body()
+            if path.startswith("/_sandbox/"):
+                self._control(method, path, body)
+                return
+            with state.lock:
+                state.requests += 1
+            if not path.startswith("/v1/"):
+                raise _RequestRejected(404, _unrecognized(method, path))
+            self._authenticate()
+            if method == "POST" and path == "/v1/customers":
+                self._write_customer(path, body, customer_id=None)
+            elif method == "POST" and (match := _CUSTOMER_PATH.fullmatch(path)):
+                self._write_customer(path, body, customer_id=match.group(1))
+            elif method == "GET" and path == "/v1/customers":
+                self._respond(200, self._list(parse_qs(split.query, keep_blank_values=True)))
+            elif method == "GET" and (match := _CUSTOMER_PATH.fullmatch(path)):
+                with state.lock:
+                    customer = state.customers.get(match.group(1))
+                    found = dict(customer) if customer is not None else None
+                if found is None:
+                    raise _RequestRejected(404, _missing(match.group(1)))
+                self._respond(200, found)
+            else:
+                raise _RequestRejected(404, _unrecognized(method, path))
+        except _RequestRejected as exc:
+            self._respond(exc.status, {"error": exc.error})
+        except Exception:
+            logger.exception("billing sandbox: unexpected error on %s %s", method, self.path)
+            self.close_connection = True
+            self._respond(500, {"error": {"type": "api_error", "message": "Unexpected sandbox error."}})
+
+    # -- /v1 -----------------------------------------------------------------
+
+    def _authenticate(self) -> None:
+        header = self.headers.get("Authorization")
+        if not header:
+            raise _RequestRejected(401, _invalid(
+                "You did not provide an API key. Provide it in the Authorization header as 'Bearer <key>'."))
+        scheme, _, key = header.partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(
+            key.encode("utf-8", "surrogateescape"), self.server.state.api_key.encode("utf-8")
+        ):
+            raise _RequestRejected(401, _invalid("Invalid API Key provided."))
+
+    def _write_customer(self, path: str, body: bytes, *, customer_id: str | None) -> None:
+        """Create (``customer_id`` None) or update a customer, honouring idempotency and faults."""
+        state = self.server.state
+        params = self._customer_params(body)
+        key = self._idempotency_key()
+        fingerprint = (path, tuple(sorted(params.items())))
+        counter = "create_requests" if customer_id is None else "update_requests"
+
+        response: tuple[int, dict[str, Any]] | None = None
+        drop = False
+        with state.lock:
+            if state.faults.fail_count > 0:
+                state.faults.fail_count -= 1
+                status = state.faults.fail_status
+                raise _RequestRejected(status, _injected(status))
+            if key is not None:
+                entry = state.idempotency.get(key)
+                if entry is not None:
+                    response = self._replay(entry, key, fingerprint, counter)
+                    drop = self._take_drop(state)
+                else:
+                    state.idempotency[key] = _IdempotencyEntry(fingerprint=fingerprint)
+        if response is not None:
+            status, payload = response
+            if drop:
+                self._drop()
+            else:
+                self._respond(status, payload, replayed=True)
+            return
+
+        try:
+            delay = state.faults.delay_seconds
+            if delay:
+                time.sleep(delay)
+            with state.lock:
+                status, payload, affected = self._execute(params, customer_id=customer_id)
+                if affected is not None:
+                    state.counters[affected][counter] += 1
+                entry = state.idempotency.get(key) if key is not None else None
+                if entry is not None and entry.status is None:  # absent only after a concurrent reset
+                    entry.status, entry.body, entry.customer_id = status, payload, affected
+                drop = self._take_drop(state)
+        except BaseException:
+            if key is not None:
+                with state.lock:
+                    entry = state.idempotency.get(key)
+                    if entry is not None and entry.status is None:
+                        del state.idempotency[key]
+            raise
+        if drop:
+            self._drop()
+        else:
+            self._respond(status, payload)
+
+    def _execute(self, params: Params, *, customer_id: str | None) -> tuple[int, dict[str, Any], str | None]:
+        """Perform a create/update under the state lock; return (status, body, customer id)."""
+        state = self.server.state
+        if customer_id is None:
+            customer_id = "cus_" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(14))
+            customer = {
+                "id": customer_id,
+                "object": "customer",
+                "email": params.get("email"),
+                "name": params.get("name"),
+                "created": int(time.time()),
+            }
+            state.customers[customer_id] = customer
+            state.counters[customer_id] = {"create_requests": 0, "update_requests": 0}
+            return 200, dict(customer), customer_id
+        customer = state.customers.get(customer_id)
+        if customer is None:
+            return 404, {"error": _missing(customer_id)}, None
+        customer.update(params)
+        return 200, dict(customer), customer_id
+
+    def _replay(
+        self, entry: _IdempotencyEntry, key: str, fingerprint: tuple[Any, ...], counter: str
+    ) -> tuple[int, dict[str, Any]]:
+        """Return the stored result for ``key`` (state lock held) or raise 409/400."""
+        state = self.server.state
+        if entry.status is None or entry.body is None:
+            raise _RequestRejected(409, {
+                "type": "invalid_request_error",
+                "code": "idempotency_key_in_use",
+                "message": "There is currently another in-progress request using this Idempotency Key "
+                           "(that probably means you submitted twice, and the other request is still going "
+                           "through). Please try again later.",
+            })
+        if entry.fingerprint != fingerprint:
+            raise _RequestRejected(400, {
+                "type": "idempotency_error",
+                "message": f"Keys for idempotent requests can only be used with the same parameters they were "
+                           f"first used with. Try using a key other than '{key}' if you meant to execute a "
+                           f"different request.",
+            })
+        if entry.customer_id is not None and entry.customer_id in state.counters:
+            state.counters[entry.customer_id][counter] += 1
+        return entry.status, entry.body
+
+    @staticmethod
+    def _take_drop(state: _State) -> bool:
+        if state.faults.drop_response_after_commit > 0:
+            state.faults.drop_response_after_commit -= 1
+            return True
+        return False
+
+    def _list(self, query: dict[str, list[str]]) -> dict[str, Any]:
+        unknown = sorted(set(query) - {"email", "limit", "starting_after"})
+        if unknown:
+            raise _RequestRejected(400, _unknown_param(unknown[0]))
+        limit_text = query.get("limit", [str(DEFAULT_LIST_LIMIT)])[-1]
+        if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_LIST_LIMIT:
+            raise _RequestRejected(400, _invalid(f"limit must be an integer 1-{MAX_LIST_LIMIT}", param="limit"))
+        limit = int(limit_text)
+        email = query.get("email", [None])[-1]
+        starting_after = query.get("starting_after", [None])[-1]
+        with self.server.state.lock:
+            newest_first = [dict(customer) for customer in reversed(self.server.state.customers.values())]
+        if email is not None:
+            newest_first = [customer for customer in newest_first if customer["email"] == email]
+        if starting_after is not None:
+            ids = [customer["id"] for customer in newest_first]
+            if starting_after not in ids:
+                raise _RequestRejected(400, _invalid(f"No such customer: '{starting_after}'", param="starting_after"))
+            newest_first = newest_first[ids.index(starting_after) + 1 :]
+        return {
+            "object": "list",
+            "data": newest_first[:limit],
+            "has_more": len(newest_first) > limit,
+            "url": "/v1/customers",
+        }
+
+    def _customer_params(self, body: bytes) -> Params:
+        content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if content_type == "application/json":
+            try:
+                raw = json.loads(body.decode("utf-8")) if body else {}
+            except ValueError as exc:
+                raise _RequestRejected(400, _invalid(f"Invalid JSON body: {exc}")) from exc
+            if not isinstance(raw, dict):
+                raise _RequestRejected(400, _invalid("The JSON body must be an object."))
+            pairs = list(raw.items())
+        elif content_type in ("application/x-www-form-urlencoded", ""):
+            try:
+                text = body.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _RequestRejected(400, _invalid("The request body is not valid UTF-8.")) from exc
+            parsed = parse_qs(text, keep_blank_values=True)
+            for name, values in parsed.items():
+                if len(values) > 1:
+                    raise _RequestRejected(400, _invalid(f"Parameter {name} was given more than once.", param=name))
+            pairs = [(name, values[0]) for name, values in parsed.items()]
+        else:
+            raise _RequestRejected(400, _invalid(f"Unsupported Content-Type {content_type!r}."))
+        params: Params = {}
+        for name, value in pairs:
+            if name not in CUSTOMER_PARAMS:
+                raise _RequestRejected(400, _unknown_param(name))
+            if value is not None and not isinstance(value, str):
+                raise _RequestRejected(400, _invalid(f"Invalid string: {value!r}", param=name))
+            params[name] = value or None
+        return params
+
+    def _idempotency_key(self) -> str | None:
+        key = self.headers.get(IDEMPOTENCY_HEADER)
+        if key is None:
+            return None
+        if not key or len(key) > MAX_IDEMPOTENCY_KEY_LENGTH:
+            raise _RequestRejected(400, _invalid(
+                f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY_LENGTH} characters.", param=IDEMPOTENCY_HEADER))
+        return key
+
+    # -- /_sandbox -------------------------------------------------------------
+
+    def _control(self, method: str, path: str, body: bytes) -> None:
+        state = self.server.state
+        if method == "GET" and path == "/_sandbox/state":
+            self._respond(200, state.snapshot())
+        elif method == "POST" and path == "/_sandbox/reset":
+            state.reset()
+            self._respond(200, {"reset": True})
+        elif method == "GET" and path == "/_sandbox/faults":
+            with state.lock:
+                faults = state.faults.as_dict()
+            self._respond(200, faults)
+        elif method == "POST" and path == "/_sandbox/faults":
+            try:
+                spec = json.loads(body.decode("utf-8")) if body else {}
+            except ValueError as exc:
+                raise _RequestRejected(400, _invalid(f"Invalid JSON body: {exc}")) from exc
+            self._respond(200, state.apply_faults(spec))
+        else:
+            raise _RequestRejected(404, _unrecognized(method, path))
+
+    # -- transport -------------------------------------------------------------
+
+    def _read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding"):
+            self.close_connection = True
+            raise _RequestRejected(411, _invalid("Send a Content-Length; chunked bodies are not supported."))
+        length_text = self.headers.get("Content-Length") or "0"
+        if not length_text.isdigit() or int(length_text) > MAX_BODY_BYTES:
+            self.close_connection = True
+            raise _RequestRejected(400, _invalid("Invalid or too large Content-Length."))
+        length = int(length_text)
+        return self.rfile.read(length) if length else b""
+
+    def _respond(self, status: int, payload: dict[str, Any], *, replayed: bool = False) -> None:
+        data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        self.send_response(status, _reason(status))
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Request-Id", "req_" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(14)))
+        if replayed:
+            self.send_header("Idempotent-Replayed", "true")
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _drop(self) -> None:
+        """Close the connection without writing a response (an ambiguous outcome)."""
+        self.close_connection = True
+        logger.info("billing sandbox: dropped the response to %s %s after commit", self.command, self.path)
+
+
+def _reason(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
+
+
+def _count(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _RequestRejected(400, _invalid(f"{name} must be a non-negative integer"))
+    return value
+
+
+def _invalid(message: str, *, param: str | None = None) -> dict[str, Any]:
+    error: dict[str, Any] = {"type": "invalid_request_error", "message": message}
+    if param is not None:
+        error["param"] = param
+    return error
+
+
+def _unknown_param(name: str) -> dict[str, Any]:
+    return {"type": "invalid_request_error", "code": "parameter_unknown", "param": name,
+            "message": f"Received unknown parameter: {name}"}
+
+
+def _missing(customer_id: str) -> dict[str, Any]:
+    return {"type": "invalid_request_error", "code": "resource_missing", "param": "id",
+            "message": f"No such customer: '{customer_id}'"}
+
+
+def _unrecognized(method: str, path: str) -> dict[str, Any]:
+    return {"type": "invalid_request_error", "message": f"Unrecognized request URL ({method}: {path})."}
+
+
+def _injected(status: int) -> dict[str, Any]:
+    kind = "rate_limit_error" if status == 429 else "api_error" if status >= 500 else "invalid_request_error"
+    return {"type": kind, "message": f"Injected failure before commit (HTTP {status}); nothing was performed."}
+
+
+def _write_port_file(path: Path, port: int) -> None:
+    """Write ``port`` to ``path`` atomically (write a sibling, then rename)."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(f"{port}\n", encoding="ascii")
+    os.replace(partial, path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve the sandbox as a process until SIGTERM/SIGINT; return the exit status."""
+    parser = argparse.ArgumentParser(description="Loopback billing customers API sandbox.")
+    parser.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1; 0 picks a free one")
+    parser.add_argument("--api-key", required=True, help="the bearer key clients must present")
+    parser.add_argument("--port-file", type=Path, help="write the bound port here once listening")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    sandbox = BillingSandbox(args.api_key, port=args.port)
+    sandbox.start()
+    if args.port_file is not None:
+        _write_port_file(args.port_file, sandbox.port)
+    try:
+        stop.wait()
+    finally:
+        sandbox.stop()
+        logger.info("billing sandbox stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

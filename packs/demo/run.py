@@ -1,0 +1,352 @@
+"""The demo: the main job end to end on the bundled provider input.
+
+Starts the billing sandbox, the web server and one worker process per role
+as real processes on 127.0.0.1, activates a fresh install with
+``cutover greenfield``, posts every delivery of a webhook file over HTTP
+signed like the provider, waits until no work is left, checks the
+invariants, prints a summary and stops every process it started.
+
+Each run uses its own databases (``<main>_demo`` and ``<main>_demo_control``),
+dropped and recreated, and a fresh sandbox, so no run sees another's state.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import MySQLdb
+from django.conf import settings
+from django.db import connections
+
+ROOT = Path(settings.BASE_DIR)
+SERVICE_FILE = ROOT / "packs" / "demo" / "service.json"
+WORKER_ROLES = ("connector", "connector", "runtime", "flow", "egress")
+IDLE_STABLE_SECONDS = 2.0
+STALL_TIMEOUT_SECONDS = 60.0
+TOTAL_TIMEOUT_SECONDS = 900.0
+
+
+class DemoError(Exception):
+    """The demo could not run (exit code 2); invariant failures exit 1 instead."""
+
+
+@dataclass
+class Processes:
+    procs: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
+
+    def start(self, name: str, argv: list[str], env: dict, log_dir: Path) -> subprocess.Popen:
+        log = open(log_dir / f"{name}.log", "ab")
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        self.procs.append((name, proc))
+        return proc
+
+    def stop_all(self) -> None:
+        for _name, proc in reversed(self.procs):
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 10
+        for _name, proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _db_url(cfg: dict, name: str) -> str:
+    return f"mysql://{cfg['USER']}:{cfg['PASSWORD']}@{cfg['HOST'] or '127.0.0.1'}:{cfg['PORT'] or 3306}/{name}"
+
+
+def _recreate_databases(cfg: dict, names: list[str]) -> None:
+    conn = MySQLdb.connect(host=cfg["HOST"] or "127.0.0.1", port=int(cfg["PORT"] or 3306), user=cfg["USER"],
+                           password=cfg["PASSWORD"])
+    try:
+        cursor = conn.cursor()
+        for name in names:
+            cursor.execute(f"DROP DATABASE IF EXISTS `{name}`")
+            cursor.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci")
+    finally:
+        conn.close()
+
+
+def _manage(args: list[str], env: dict) -> str:
+    proc = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise DemoError(f"manage.py {' '.join(args)} failed:\n{proc.stdout}{proc.stderr}")
+    return proc.stdout.strip()
+
+
+def _wait_http(url: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(url, timeout=1.0)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise DemoError(f"{url} did not answer within {timeout:.0f} s")
+
+
+def _use_database(main: str, control: str) -> None:
+    for alias, name in (("default", main), ("control", control)):
+        conn = connections[alias]
+        conn.close()
+        conn.settings_dict["NAME"] = name
+
+
+def _work_counts() -> dict[str, int]:
+    """Work not yet in a terminal or intentionally parked state, per authority."""
+    from connectors.models import DispatchPermit, Execution, RemoteEffect
+    from nexusflow.flows.selectors import flow_runs_nonterminal_count
+    from runtime_outbox.models import OutboxMessage
+
+    return {
+        "executions": Execution.objects.filter(state__in=("ready", "waiting_dependency")).count(),
+        "outbox": OutboxMessage.objects.filter(state="pending").count(),
+        "effects": RemoteEffect.objects.filter(state__in=("prepared", "dispatching", "remote_confirmed")).count(),
+        "permits": DispatchPermit.objects.filter(state__in=("granted", "sending")).count(),
+        "flow_runs": flow_runs_nonterminal_count(),
+    }
+
+
+def _progress_marker() -> tuple:
+    from connectors.models import Execution, RemoteEffect
+    from nexusflow.flows.models import FlowRun
+
+    return (Execution.objects.exclude(state="ready").count(), RemoteEffect.objects.exclude(state="prepared").count(),
+            FlowRun.objects.filter(state__in=("Succeeded", "TerminalFailed", "Quarantined", "Cancelled")).count(),
+            RemoteEffect.objects.filter(state="finalized").count())
+
+
+def _wait_idle(procs: Processes) -> dict[str, int]:
+    start = time.monotonic()
+    idle_since = None
+    last_marker, last_change = None, time.monotonic()
+    while True:
+        for name, proc in procs.procs:
+            if proc.poll() is not None:
+                raise DemoError(f"process {name} exited early with code {proc.returncode}")
+        counts = _work_counts()
+        marker = _progress_marker()
+        now = time.monotonic()
+        if marker != last_marker:
+            last_marker, last_change = marker, now
+        if sum(counts.values()) == 0:
+            idle_since = idle_since or now
+            if now - idle_since >= IDLE_STABLE_SECONDS:
+                return counts
+        else:
+            idle_since = None
+        if now - last_change > STALL_TIMEOUT_SECONDS or now - start > TOTAL_TIMEOUT_SECONDS:
+            return counts
+        time.sleep(0.3)
+
+
+def _local_state(service: dict) -> dict[str, dict[str, Any]]:
+    from connectors.models import RemoteLink
+    from nexusflow.records.models import Record
+
+    push = service["push"]
+    out: dict[str, dict[str, Any]] = {}
+    links = RemoteLink.objects.filter(owner_key=push["inbound_owner_key"],
+                                      destination_slot_id=push["inbound_destination_slot_id"], state="active")
+    records = {r.record_key: r for r in Record.objects.filter(object_name=push["object"], is_deleted=False)}
+    for link in links:
+        record = records.get(link.source_record_key)
+        if record is None:
+            continue
+        entry = {name: record.fields.get(name) for name in
+                 [push["email_field"], *push["name_fields"], push["stage_field"]]}
+        entry[push["mirror_field"]] = record.mirrors.get(push["mirror_field"])
+        entry["_record_key"] = record.record_key
+        out[link.remote_id] = entry
+    return out
+
+
+def _summary(service: dict, results: list, remote: dict, expected: dict, counts: dict) -> tuple[dict, list[str], dict]:
+    from connectors.models import Event, Execution, ReceiptComponent, RemoteEffect, RemoteLink
+
+    push = service["push"]
+    local = _local_state(service)
+    customers = remote["customers"]
+    push_links = RemoteLink.objects.filter(action_type="PushToConnector", state="active")
+    linked_ids = {link.remote_id: link.source_record_key for link in push_links}
+    duplicates = sum(1 for c in customers if c["id"] not in linked_ids)
+    summary = {
+        "deliveries": len(results),
+        "accepted": sum(1 for r in results if r.status == 202),
+        "redeliveries": sum(1 for r in results if r.status == 200),
+        "rejected": sum(1 for r in results if r.status is not None and 400 <= r.status < 500),
+        "events_admitted": Event.objects.count(),
+        "executions_completed": Execution.objects.filter(state="completed").count(),
+        "superseded": Execution.objects.filter(state="superseded").count(),
+        "quarantined": ReceiptComponent.objects.filter(disposition="quarantined").count(),
+        "remote_creates": len(customers),
+        "remote_updates": sum(c.get("update_requests", 0) for c in customers),
+        "duplicate_remote_creates": duplicates,
+        "uncertain_effects": RemoteEffect.objects.filter(state="uncertain").count(),
+        "nonterminal": sum(counts.values()),
+    }
+    failures: list[str] = []
+    for object_id, props in expected.items():
+        row = local.get(object_id)
+        if row is None:
+            failures.append(f"contact {object_id}: no local record")
+            continue
+        for prop, value in props.items():
+            if row.get(prop) != value:
+                failures.append(f"contact {object_id}: {prop}={row.get(prop)!r}, latest event says {value!r}")
+    extra = set(local) - set(expected)
+    if extra:
+        failures.append(f"unexpected local contacts: {sorted(extra)[:5]}")
+    by_id = {c["id"]: c for c in customers}
+    by_record = {}
+    for customer_id, record_key in linked_ids.items():
+        by_record.setdefault(record_key, []).append(customer_id)
+    for object_id, row in local.items():
+        linked = by_record.get(row["_record_key"], [])
+        if row.get(push["stage_field"]) == push["stage_value"]:
+            if len(linked) != 1:
+                failures.append(f"contact {object_id}: {len(linked)} remote customers, expected 1")
+                continue
+            customer = by_id.get(linked[0])
+            want_name = " ".join(v for v in (row.get(n) for n in push["name_fields"]) if v)
+            if customer is None:
+                failures.append(f"contact {object_id}: linked customer {linked[0]} missing remotely")
+            elif customer.get("email") != row.get(push["email_field"]) or customer.get("name") != want_name:
+                failures.append(f"contact {object_id}: remote {customer.get('email')!r}/{customer.get('name')!r} "
+                                f"!= local {row.get(push['email_field'])!r}/{want_name!r}")
+            if row.get(push["mirror_field"]) != linked[0]:
+                failures.append(f"contact {object_id}: mirror {row.get(push['mirror_field'])!r} != link {linked[0]}")
+    if duplicates:
+        failures.append(f"{duplicates} duplicate remote creates")
+    if summary["nonterminal"]:
+        failures.append(f"nonterminal work left: {counts}")
+    dump = {
+        "local": {oid: {k: v for k, v in row.items() if not k.startswith("_")} for oid, row in local.items()},
+        "remote": [{"id": c["id"], "email": c.get("email"), "name": c.get("name"),
+                    "create_requests": c.get("create_requests", 0)} for c in customers],
+    }
+    for oid, row in dump["local"].items():
+        row["billing_id"] = row.pop(push["mirror_field"], None)
+    return summary, failures, dump
+
+
+def _print_table(summary: dict, ok: bool, failures: list[str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="NexusFlow demo")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    for key, value in summary.items():
+        table.add_row(key, str(value))
+    table.add_row("invariants_ok", "yes" if ok else "NO")
+    console = Console(stderr=False)
+    console.print(table)
+    for failure in failures[:20]:
+        console.print(f"[red]invariant failed:[/red] {failure}")
+
+
+def run_demo(*, events: str | None, as_json: bool, dump_path: str | None, keep_logs: bool = True) -> int:
+    """Run the demo; return the process exit code (0 ok, 1 invariant failed, 2 could not run)."""
+    from packs.hubspot.fixtures.make_demo_webhooks import expected_final_state
+    from packs.hubspot.sender import deliver_all, load_deliveries
+
+    service = json.loads(SERVICE_FILE.read_text(encoding="utf-8"))
+    events_path = Path(events) if events else ROOT / service["events"]
+    try:
+        deliveries = load_deliveries(events_path)
+    except (OSError, ValueError) as exc:
+        print(f"demo: cannot read events file {events_path}: {exc}", file=sys.stderr)
+        return 2
+    cfg = settings.DATABASES["default"]
+    main_db, control_db = f"{cfg['NAME']}_demo", f"{cfg['NAME']}_demo_control"
+    run_dir = ROOT / "var" / "demo"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for old in run_dir.glob("*.log"):
+        old.unlink()
+    webhook_secret, api_key = secrets.token_hex(24), "sk_demo_" + secrets.token_hex(12)
+    env = {**os.environ, "NEXUS_DB_URL": _db_url(cfg, main_db), "NEXUS_CONTROL_DB_URL": _db_url(cfg, control_db),
+           "NEXUS_DEMO_WEBHOOK_SECRET": webhook_secret, "NEXUS_DEMO_BILLING_API_KEY": api_key,
+           "PYTHONUNBUFFERED": "1"}
+    env.pop("NEXUS_FAILPOINTS", None)
+    procs = Processes()
+    say = (lambda *a: print(*a, file=sys.stderr)) if as_json else print
+    try:
+        say(f"demo: recreating databases {main_db}, {control_db}")
+        _recreate_databases(cfg, [main_db, control_db])
+        _manage(["migrate", "--noinput", "-v0"], env)
+        _manage(["migrate", "--noinput", "-v0", "--database", "control"], env)
+        port_file = run_dir / "billing.port"
+        port_file.unlink(missing_ok=True)
+        procs.start("billing-sandbox", [sys.executable, "-m", "packs.billing.sandbox", "--port", "0",
+                                        "--api-key", api_key, "--port-file", str(port_file)], env, run_dir)
+        deadline = time.monotonic() + 20
+        while not port_file.exists() or not port_file.read_text().strip():
+            if time.monotonic() > deadline:
+                raise DemoError("the billing sandbox did not start")
+            time.sleep(0.1)
+        billing_url = f"http://127.0.0.1:{int(port_file.read_text())}"
+        config = json.loads(json.dumps({"accounts": service["accounts"]}).replace("{billing_base_url}", billing_url))
+        config_path = run_dir / "service.json"
+        config_path.write_text(json.dumps(config, indent=2), encoding="utf-8")
+        org = service["org_id"]
+        say("demo: " + _manage(["connector_config_apply", "--org", org, str(config_path)], env))
+        say("demo: " + _manage(["cutover", "greenfield", "--org", org], env))
+        say("demo: " + _manage(["flow_deploy", "--org", org, *[str(ROOT / f) for f in service["flows"]]], env))
+        web_port = _free_port()
+        procs.start("web", [sys.executable, "-m", "gunicorn", "nexusflow.wsgi:application", "--bind",
+                            f"127.0.0.1:{web_port}", "--workers", "2", "--threads", "4", "--timeout", "60"],
+                    env, run_dir)
+        for index, role in enumerate(WORKER_ROLES):
+            procs.start(f"worker-{role}-{index}", [sys.executable, "manage.py", "run_workers", "--role", role], env, run_dir)
+        base = f"http://127.0.0.1:{web_port}"
+        _wait_http(base + "/api/schema/")
+        ingress = service["ingress"]
+        url = f"{base}/api/v2/ingress/{ingress['account_key']}/{ingress['channel']}/"
+        say(f"demo: posting {len(deliveries)} deliveries to {url}")
+        results = deliver_all(deliveries, url=url, secret=webhook_secret.encode())
+        say("demo: waiting until no work is left")
+        _use_database(main_db, control_db)
+        counts = _wait_idle(procs)
+        remote = httpx.get(billing_url + "/_sandbox/state", timeout=5).json()
+        summary, failures, dump = _summary(service, results, remote, expected_final_state(deliveries), counts)
+    except DemoError as exc:
+        print(f"demo: {exc}\nlogs: {run_dir}", file=sys.stderr)
+        return 2
+    finally:
+        procs.stop_all()
+    ok = not failures
+    if dump_path:
+        Path(dump_path).write_text(json.dumps(dump, indent=2, ensure_ascii=False), encoding="utf-8")
+    if as_json:
+        for failure in failures:
+            print(f"invariant failed: {failure}", file=sys.stderr)
+        print(json.dumps({**summary, "invariants_ok": ok}))
+    else:
+        _print_table(summary, ok, failures)
+    return 0 if ok else 1

@@ -1,0 +1,160 @@
+"""Shared fixtures: a serving org with both demo packs on a real MariaDB.
+
+``serving_org`` applies an L2 configuration (webhook account + billing
+account pointing at an in-process billing sandbox), runs the greenfield
+cutover and deploys the demo Flow, exactly as an operator would.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from nexusflow.kernel.scope import OrgScope
+
+ROOT = Path(settings.BASE_DIR)
+WEBHOOK_SECRET = "test-webhook-secret"
+BILLING_KEY = "sk_test_nexus"
+ORG = "test-org"
+DEMO_FLOW = ROOT / "metadata" / "flows" / "Contact_Push_Customer_To_Billing.flow-meta.xml"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-chaos", action="store_true", help="run chaos soaks")
+    parser.addoption("--run-bench", action="store_true", help="run benchmarks")
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_chaos = pytest.mark.skip(reason="chaos soak: run with make chaos")
+    skip_bench = pytest.mark.skip(reason="benchmark: run with make bench")
+    for item in items:
+        if "chaos" in item.keywords and not config.getoption("--run-chaos"):
+            item.add_marker(skip_chaos)
+        if "bench" in item.keywords and not config.getoption("--run-bench"):
+            item.add_marker(skip_bench)
+
+
+@pytest.fixture(autouse=True)
+def _secrets(monkeypatch):
+    monkeypatch.setenv("NEXUS_TEST_WEBHOOK_SECRET", WEBHOOK_SECRET)
+    monkeypatch.setenv("NEXUS_TEST_BILLING_KEY", BILLING_KEY)
+
+
+@pytest.fixture
+def billing_sandbox():
+    from packs.billing.sandbox import BillingSandbox
+
+    sandbox = BillingSandbox(BILLING_KEY)
+    sandbox.start()
+    yield sandbox
+    sandbox.stop()
+
+
+def service_document(billing_url: str) -> dict:
+    return {"accounts": [
+        {"account_key": "crm-webhooks", "pack": "hubspot", "routes": ["contacts.webhook"],
+         "credentials": {"webhook_secret": "env:NEXUS_TEST_WEBHOOK_SECRET"}},
+        {"account_key": "billing-main", "pack": "billing", "push_contracts": ["billing.customer"],
+         "base_url": billing_url, "credentials": {"api_key": "env:NEXUS_TEST_BILLING_KEY"}},
+    ]}
+
+
+@dataclass
+class ServingOrg:
+    org: OrgScope
+    sandbox: object
+
+
+def make_serving_org(billing_url: str, *, deploy_flow: bool = True) -> OrgScope:
+    from connectors.serving import service_configuration_apply
+    from cutover.services import cutover_greenfield
+
+    org = OrgScope(ORG)
+    service_configuration_apply(org=org, document=service_document(billing_url))
+    cutover_greenfield(org=org)
+    if deploy_flow:
+        from django.core.management import call_command
+
+        call_command("flow_deploy", "--org", ORG, str(DEMO_FLOW), stdout=open(os.devnull, "w"))
+    return org
+
+
+@pytest.fixture
+def serving_org(billing_sandbox, django_db_blocker) -> ServingOrg:
+    return ServingOrg(make_serving_org(billing_sandbox.base_url), billing_sandbox)
+
+
+def hubspot_event(event_id: int, object_id: int, occurred_at: int, prop: str | None = None,
+                  value: str | None = None, attempt: int = 0, subscription_id: int | None = None) -> dict:
+    """A provider-shaped webhook event (creation when ``prop`` is None)."""
+    event = {"eventId": event_id, "subscriptionId": subscription_id or (101 if prop is None else 202),
+             "portalId": 62515, "appId": 54321, "occurredAt": occurred_at, "attemptNumber": attempt,
+             "objectId": object_id, "changeSource": "CRM_UI"}
+    if prop is None:
+        event.update({"subscriptionType": "contact.creation", "changeFlag": "NEW"})
+    else:
+        event.update({"subscriptionType": "contact.propertyChange", "propertyName": prop, "propertyValue": value})
+    return event
+
+
+def post_signed(client, events_or_body, *, sign: str = "valid", account="crm-webhooks", channel="webhooks"):
+    """POST a webhook body through the real ingress view, signed like the provider."""
+    from packs.hubspot.sender import Delivery, signed_headers, webhook_route
+
+    delivery = Delivery(events_or_body, sign)
+    url = f"http://testserver/api/v2/ingress/{account}/{channel}/"
+    headers = signed_headers(delivery, auth=webhook_route()["auth"], url=url, secret=WEBHOOK_SECRET.encode(),
+                             now_epoch_seconds=time.time())
+    return client.post(url, data=delivery.body_bytes(), content_type="application/json", headers=headers)
+
+
+def drain(*, worker_id: str = "test-worker", max_rounds: int = 2000, client=None) -> int:
+    """Run every worker unit in-process until none has work; return units done."""
+    from connectors.egress import (
+        effect_try_dispatch_one,
+        effect_try_finalize_one,
+        effect_try_reconcile_one,
+        permit_try_abandon_one,
+    )
+    from connectors.executions import execution_try_run_one
+    from nexusflow.flows.services import flow_try_run_step_one, flow_try_wake_one
+    from runtime_outbox.services import outbox_try_deliver_one
+
+    units = [lambda: execution_try_run_one(worker_id=worker_id), outbox_try_deliver_one, flow_try_wake_one,
+             lambda: flow_try_run_step_one(worker_id=worker_id), permit_try_abandon_one, effect_try_finalize_one,
+             effect_try_reconcile_one, lambda: effect_try_dispatch_one(worker_id=worker_id, client=client)]
+    done = 0
+    for _ in range(max_rounds):
+        worked = [unit() for unit in units]
+        done += sum(worked)
+        if not any(worked):
+            return done
+    raise AssertionError("work did not drain")
+
+
+def subprocess_env(**extra: str) -> dict:
+    """Environment for a child process that must use this test database."""
+    main = connection.settings_dict
+    url = f"mysql://{main['USER']}:{main['PASSWORD']}@{main['HOST'] or '127.0.0.1'}:{main['PORT'] or 3306}/{main['NAME']}"
+    from django.db import connections
+
+    ctl = connections["control"].settings_dict
+    ctl_url = f"mysql://{ctl['USER']}:{ctl['PASSWORD']}@{ctl['HOST'] or '127.0.0.1'}:{ctl['PORT'] or 3306}/{ctl['NAME']}"
+    return {**os.environ, "NEXUS_DB_URL": url, "NEXUS_CONTROL_DB_URL": ctl_url, "PYTHONUNBUFFERED": "1", **extra}
+
+
+def run_manage(args: list[str], env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def load_json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))

@@ -1,0 +1,116 @@
+"""CAS store, guarded models, lock order and failpoints against the real database."""
+import itertools
+import signal
+import subprocess
+import sys
+
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+
+from connectors import transitions as ct
+from connectors.models import AccountServingGate
+from connectors.store import AccountServingGateStore
+from cutover import transitions as cut
+from nexusflow.kernel import failpoints, locks
+from nexusflow.kernel.errors import FenceRejected, IllegalTransition, ImmutableRow, LockOrderViolation
+from nexusflow.kernel.transitions import REGISTRY
+from runtime_outbox import transitions as rt  # noqa: F401  (registers machines)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+MACHINES = [ct.ACCOUNT_SERVING_GATE, ct.SERVING_EPOCH, ct.CREDENTIAL_DISPATCH_GATE, ct.EXECUTION, ct.REMOTE_EFFECT,
+            ct.DISPATCH_PERMIT, ct.REMOTE_LINK, ct.EXECUTION_ATTEMPT, ct.REMOTE_EFFECT_ATTEMPT, cut.CUTOVER_DECISION,
+            REGISTRY["runtime_outbox.OutboxMessage"]]
+
+
+def _gate(state="v1_serving"):
+    gate = AccountServingGateStore.create(org_id="o1", account_key="acct", pack_key="p", state="v1_serving")
+    if state != "v1_serving":
+        with connection.cursor() as cursor:
+            cursor.execute("UPDATE connectors_accountservinggate SET state=%s WHERE id=%s", [state, gate.pk])
+    return AccountServingGate.objects.get(pk=gate.pk)
+
+
+GATE_PAIRS = list(itertools.product(sorted(ct.ACCOUNT_SERVING_GATE.states), repeat=2))
+
+
+@pytest.mark.parametrize("src,dst", GATE_PAIRS, ids=[f"{s}->{d}" for s, d in GATE_PAIRS])
+def test_every_gate_pair_is_accepted_only_if_listed(src, dst):
+    gate = _gate(src)
+    if ct.ACCOUNT_SERVING_GATE.allows(src, dst):
+        new_version = AccountServingGateStore.transition(org_id="o1", pk=gate.pk, src=src, dst=dst, version=gate.version)
+        assert AccountServingGate.objects.get(pk=gate.pk).state == dst
+        assert new_version == gate.version + 1
+    else:
+        with CaptureQueriesContext(connection) as queries:
+            with pytest.raises(IllegalTransition):
+                AccountServingGateStore.transition(org_id="o1", pk=gate.pk, src=src, dst=dst, version=gate.version)
+        assert len(queries) == 0
+        assert AccountServingGate.objects.get(pk=gate.pk).state == src
+
+
+@pytest.mark.parametrize("machine", MACHINES, ids=lambda m: m.name)
+def test_unlisted_pairs_are_rejected_for_every_machine(machine):
+    for src, dst in itertools.product(sorted(machine.states), repeat=2):
+        if machine.allows(src, dst):
+            machine.assert_transition(src, dst)
+        else:
+            with pytest.raises(IllegalTransition):
+                machine.assert_transition(src, dst)
+    reachable, frontier = set(machine.initial), list(machine.initial)
+    while frontier:
+        for nxt in machine.transitions[frontier.pop()]:
+            if nxt not in reachable:
+                reachable.add(nxt)
+                frontier.append(nxt)
+    assert reachable == set(machine.states), f"{machine.name}: unreachable {set(machine.states) - reachable}"
+
+
+def test_stale_version_and_wrong_org_are_fenced():
+    gate = _gate()
+    AccountServingGateStore.transition(org_id="o1", pk=gate.pk, src="v1_serving", dst="halting_v1", version=gate.version)
+    with pytest.raises(FenceRejected):
+        AccountServingGateStore.transition(org_id="o1", pk=gate.pk, src="halting_v1", dst="v1_stopped",
+                                           version=gate.version)
+    with pytest.raises(FenceRejected):
+        AccountServingGateStore.transition(org_id="other", pk=gate.pk, src="halting_v1", dst="v1_stopped",
+                                           version=gate.version + 1)
+    assert AccountServingGate.objects.get(pk=gate.pk).state == "halting_v1"
+
+
+def test_guarded_rows_refuse_orm_writes():
+    gate = _gate()
+    with pytest.raises(ImmutableRow):
+        gate.save()
+    with pytest.raises(ImmutableRow):
+        gate.delete()
+    with pytest.raises(ImmutableRow):
+        AccountServingGate.objects.filter(pk=gate.pk).update(state="v2_serving")
+    with pytest.raises(ImmutableRow):
+        AccountServingGate(org_id="o", account_key="k", pack_key="p", state="v1_serving").save()
+    assert AccountServingGate.objects.get(pk=gate.pk).state == "v1_serving"
+
+
+def test_lock_order_reversal_is_refused():
+    with transaction.atomic():
+        locks.note(locks.LockClass.BUSINESS_RECORD)
+        locks.note(locks.LockClass.SERVING_GATE)
+        locks.note(locks.LockClass.CONNECTOR_WORK)
+        with pytest.raises(LockOrderViolation):
+            locks.note(locks.LockClass.SERVING_GATE)
+    with transaction.atomic():
+        locks.note(locks.LockClass.BUSINESS_RECORD)  # a new transaction starts from the bottom again
+
+
+def test_failpoints_are_declared_and_kill_a_real_process():
+    with pytest.raises(KeyError):
+        failpoints.hit("no.such.failpoint")
+    import connectors.egress  # noqa: F401  (declares its failpoints)
+
+    failpoints.hit("permit.after_sending")  # inert when not armed
+    code = ("import nexusflow.kernel.failpoints as f; f.declare('test.point'); f.hit('test.point'); print('survived')")
+    proc = subprocess.run([sys.executable, "-c", code], env={"NEXUS_FAILPOINTS": "test.point", "PATH": "/usr/bin"},
+                          capture_output=True, text=True, cwd=str(__import__("django.conf").conf.settings.BASE_DIR))
+    assert proc.returncode == -signal.SIGKILL
+    assert "survived" not in proc.stdout
