@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 
 FP_AFTER_GRANT = failpoints.declare("permit.after_grant")
 FP_AFTER_SENDING = failpoints.declare("permit.after_sending")
+FP_AFTER_RESPONSE = failpoints.declare("permit.after_response")
 FP_AFTER_SETTLE = failpoints.declare("effect.after_settle")
 
 NONTERMINAL = ("prepared", "dispatching", "uncertain", "remote_confirmed")
@@ -449,9 +450,9 @@ def effect_try_reconcile_one() -> bool:
                 intent_result_record(command=effect.command, outcome="quarantined", remote_id="",
                                      evidence={"reason": "retry_exhausted", "attempts": locked.attempt_count})
             else:
+                # The backoff was served while uncertain; the exact repeat may go now.
                 RemoteEffectStore.transition(org_id=locked.org_id, pk=locked.pk, src="uncertain", dst="prepared",
-                                             version=locked.version,
-                                             set_fields={"next_attempt_at": now + _backoff(locked.attempt_count)})
+                                             version=locked.version, set_fields={"next_attempt_at": None})
         return True
     return False
 
@@ -464,6 +465,7 @@ def effect_try_dispatch_one(*, worker_id: str, client: httpx.Client | None = Non
     response = permit_send(grant, client=client)
     if response is None:
         return True
+    failpoints.hit(FP_AFTER_RESPONSE)
     try:
         permit_settle(grant, response)
     except StaleVersion as exc:

@@ -5,3 +5,11 @@ class FlowsConfig(AppConfig):
     name = "nexusflow.flows"
     label = "flows"
     verbose_name = "Flow Runtime V2"
+
+    def ready(self) -> None:
+        from nexusflow.records.services import register_after_save
+
+        from . import transitions  # noqa: F401  register the state machines
+        from .services import flow_trigger_on_record_saved
+
+        register_after_save(flow_trigger_on_record_saved)

@@ -1,1 +1,336 @@
-"""Schema only; state changes go through store.py."""
+"""Flow Runtime V2 schema (seed 004 sections 7.4, 8.4 and 10).
+
+Schema only: every row is a ``GuardedModel``; immutable rows are inserted by
+``store.py`` and stateful rows change only through its CAS stores. Every row
+carries the trusted ``org_id``; run-scoped Runtime rows also carry the rest of
+the ``TrustedRuntimeWorkScope``. Identity columns use binary collation.
+"""
+from django.db import models
+
+from nexusflow.kernel.identity import IdentityField
+from nexusflow.kernel.models import GuardedModel
+
+
+def OrgField():  # noqa: N802 - a column factory, read like a field class
+    return IdentityField(max_length=64)
+
+
+def DigestField(**kwargs):  # noqa: N802
+    return IdentityField(max_length=64, **kwargs)
+
+
+def ScopeField():  # noqa: N802
+    return IdentityField(max_length=128)
+
+
+class FlowActionCapabilityCatalog(GuardedModel):
+    """One sealed, immutable capability-catalog generation (seed 004 section 8.4)."""
+
+    org_id = OrgField()
+    app_installation_id = ScopeField()
+    runtime_capability_id = ScopeField()
+    binding_digest = DigestField()
+    binding = models.JSONField(help_text="The complete RuntimeWorkBinding the generation is bound to.")
+    generation_id = IdentityField(max_length=64)
+    contract_version = IdentityField(max_length=64)
+    digest_profile = IdentityField(max_length=64)
+    digest = DigestField()
+    entries = models.JSONField(help_text="Sorted entries with descriptor, entry digests and binding fingerprints.")
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["org_id", "app_installation_id", "runtime_capability_id", "binding_digest", "generation_id"],
+                name="flow_catalog_generation_uniq",
+            ),
+            # Target of the plan's composite catalog reference (migration 0002).
+            models.UniqueConstraint(
+                fields=["org_id", "app_installation_id", "runtime_capability_id", "binding_digest", "id", "digest"],
+                name="flow_catalog_composite_ref_uniq",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"catalog {self.generation_id} ({self.org_id})"
+
+
+class FlowExecutionPlan(GuardedModel):
+    """An immutable compiled plan (seed 004 section 7.4)."""
+
+    org_id = OrgField()
+    app_installation_id = ScopeField()
+    runtime_capability_id = ScopeField()
+    runtime_work_binding_digest = DigestField()
+    runtime_work_binding = models.JSONField()
+    plan_id = IdentityField(max_length=64)
+    flow_api_name = IdentityField(max_length=80)
+    flow_version = DigestField(help_text="Source version identity: the metadata digest.")
+    metadata_digest = DigestField()
+    compiler_version = IdentityField(max_length=32)
+    catalog = models.ForeignKey(FlowActionCapabilityCatalog, on_delete=models.PROTECT, related_name="plans")
+    catalog_digest = DigestField()
+    trigger_object_name = IdentityField(max_length=80)
+    trigger_binding_digest = DigestField()
+    metadata_view_digest = DigestField()
+    policy_version = IdentityField(max_length=32)
+    execution_profile = models.CharField(max_length=32)
+    digest_profile = IdentityField(max_length=64)
+    plan_digest = DigestField()
+    plan_payload = models.JSONField()
+    bound_summary = models.JSONField()
+    diagnostic_summary = models.TextField()
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["org_id", "plan_id"], name="flow_plan_id_uniq"),
+            models.UniqueConstraint(fields=["org_id", "plan_digest"], name="flow_plan_digest_uniq"),
+            models.UniqueConstraint(
+                fields=["org_id", "app_installation_id", "runtime_capability_id", "runtime_work_binding_digest",
+                        "flow_api_name", "metadata_digest", "compiler_version", "catalog",
+                        "trigger_binding_digest", "policy_version"],
+                name="flow_plan_input_tuple_uniq",
+            ),
+        ]
+        indexes = [models.Index(fields=["org_id", "trigger_object_name"], name="flow_plan_trigger_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.flow_api_name} {self.plan_id}"
+
+
+class FlowActivation(GuardedModel):
+    """Which plan a Flow version runs in an org; owns active/superseded (section 7.4)."""
+
+    org_id = OrgField()
+    flow_api_name = IdentityField(max_length=80)
+    plan = models.ForeignKey(FlowExecutionPlan, on_delete=models.PROTECT, related_name="activations")
+    state = models.CharField(max_length=16)
+    version = models.PositiveBigIntegerField(default=1)
+    # Equal to flow_api_name while active, NULL once superseded: at most one
+    # active activation per (org, flow) without a partial index.
+    active_slot = IdentityField(max_length=80, null=True)
+    created_at = models.DateTimeField()
+    superseded_at = models.DateTimeField(null=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["org_id", "active_slot"], name="flow_activation_one_active_uniq"),
+        ]
+        indexes = [models.Index(fields=["org_id", "state"], name="flow_activation_state_idx")]
+
+
+class FlowRun(GuardedModel):
+    """The Flow run root: the lifecycle authority (seed 004 sections 10.1 and 11.1)."""
+
+    org_id = OrgField()
+    app_installation_id = ScopeField()
+    runtime_capability_id = ScopeField()
+    binding_digest = DigestField()
+    plan = models.ForeignKey(FlowExecutionPlan, on_delete=models.PROTECT, related_name="runs")
+    plan_digest = DigestField()
+    execution_profile = models.CharField(max_length=32)
+    execution_owner = models.CharField(max_length=32)
+    state = models.CharField(max_length=24)
+    version = models.PositiveBigIntegerField(default=1, help_text="Root state version (CAS fence).")
+    ownership_epoch = models.PositiveIntegerField(default=1)
+    trigger_object_name = IdentityField(max_length=80)
+    record_key = IdentityField(max_length=64)
+    record_version = models.PositiveBigIntegerField()
+    current_step = models.ForeignKey("FlowStepExecution", null=True, on_delete=models.PROTECT, related_name="+")
+    current_checkpoint = models.ForeignKey("FlowCheckpoint", null=True, on_delete=models.PROTECT, related_name="+")
+    run_after = models.DateTimeField(null=True)
+    queue_class = models.CharField(max_length=32, default="default")
+    priority = models.SmallIntegerField(default=0)
+    terminal_cause_code = models.CharField(max_length=64, blank=True, default="")
+    # Cancel fence: set together with CancelRequested (section 10.1).
+    is_deleted = models.BooleanField(default=False)
+    delete_requested_at = models.DateTimeField(null=True)
+    started_at = models.DateTimeField(null=True)
+    completed_at = models.DateTimeField(null=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["org_id", "plan", "record_key", "record_version"],
+                                    name="flow_run_trigger_uniq"),
+        ]
+        indexes = [
+            models.Index(fields=["org_id", "state", "run_after", "queue_class", "id"], name="flow_run_claim_idx"),
+            models.Index(fields=["state", "run_after", "id"], name="flow_run_due_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.pk} ({self.org_id}) {self.state}"
+
+
+class FlowStepExecution(GuardedModel):
+    """One logical step invocation (seed 004 sections 10.2 and 11.2)."""
+
+    org_id = OrgField()
+    run = models.ForeignKey(FlowRun, on_delete=models.PROTECT, related_name="steps")
+    plan_step_key = IdentityField(max_length=120)
+    invocation_ordinal = models.PositiveIntegerField(default=1)
+    step_kind = models.CharField(max_length=32)
+    state = models.CharField(max_length=24)
+    version = models.PositiveBigIntegerField(default=1)
+    attempt_count = models.PositiveIntegerField(default=0)
+    lease_owner = models.CharField(max_length=128, null=True)
+    lease_token_digest = DigestField(null=True)
+    lease_expires_at = models.DateTimeField(null=True)
+    ownership_epoch = models.PositiveIntegerField(default=1)
+    run_after = models.DateTimeField(null=True)
+    queue_class = models.CharField(max_length=32, default="default")
+    failure_class = models.CharField(max_length=32, blank=True, default="")
+    input_checkpoint = models.ForeignKey("FlowCheckpoint", null=True, on_delete=models.PROTECT, related_name="+")
+    output_checkpoint = models.ForeignKey("FlowCheckpoint", null=True, on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["org_id", "run", "plan_step_key", "invocation_ordinal"],
+                                    name="flow_step_invocation_uniq"),
+        ]
+        indexes = [
+            models.Index(fields=["org_id", "state", "queue_class", "run_after", "id"], name="flow_step_claim_idx"),
+            models.Index(fields=["state", "lease_expires_at"], name="flow_step_lease_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"step {self.plan_step_key} of run {self.run_id} {self.state}"
+
+
+class FlowStepAttempt(GuardedModel):
+    """One fenced attempt at a step (seed 004 sections 10.3 and 11.3)."""
+
+    org_id = OrgField()
+    step = models.ForeignKey(FlowStepExecution, on_delete=models.PROTECT, related_name="attempts")
+    attempt_number = models.PositiveIntegerField()
+    state = models.CharField(max_length=24, help_text="Transaction outcome: Started, then one terminal outcome.")
+    version = models.PositiveBigIntegerField(default=1, help_text="AttemptStateVersion.")
+    lease_owner = models.CharField(max_length=128)
+    lease_token_digest = DigestField()
+    ownership_epoch = models.PositiveIntegerField()
+    root_state_version_at_claim = models.PositiveBigIntegerField()
+    retry_policy_digest = DigestField()
+    recovery_backoff_floor_ms = models.PositiveIntegerField()
+    plan_digest = DigestField()
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True)
+    failure_class = models.CharField(max_length=32, blank=True, default="")
+    safe_error_code = models.CharField(max_length=64, blank=True, default="")
+    retry_decision = models.CharField(max_length=16, default="none")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["org_id", "step", "attempt_number"], name="flow_attempt_number_uniq"),
+        ]
+
+
+class FlowCheckpoint(GuardedModel):
+    """Immutable resume snapshot committed with a step (seed 004 section 10.4)."""
+
+    org_id = OrgField()
+    run = models.ForeignKey(FlowRun, on_delete=models.PROTECT, related_name="checkpoints")
+    step = models.ForeignKey(FlowStepExecution, null=True, on_delete=models.PROTECT, related_name="checkpoints",
+                             help_text="NULL for the trigger snapshot the run starts from.")
+    sequence = models.PositiveIntegerField()
+    plan_cursor = IdentityField(max_length=120, null=True, help_text="Next compiled step key, NULL at the end.")
+    context_schema_version = models.PositiveSmallIntegerField(default=1)
+    context_payload = models.JSONField()
+    context_digest = DigestField()
+    created_by_attempt = models.ForeignKey(FlowStepAttempt, null=True, on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["org_id", "run", "sequence"], name="flow_checkpoint_sequence_uniq"),
+            models.UniqueConstraint(fields=["org_id", "step"], name="flow_checkpoint_step_uniq"),
+        ]
+
+
+class FlowDependency(GuardedModel):
+    """Why a step cannot continue yet (seed 004 sections 10.5 and 14)."""
+
+    org_id = OrgField()
+    app_installation_id = ScopeField()
+    runtime_capability_id = ScopeField()
+    binding_digest = DigestField()
+    run = models.ForeignKey(FlowRun, on_delete=models.PROTECT, related_name="dependencies")
+    step = models.ForeignKey(FlowStepExecution, on_delete=models.PROTECT, related_name="dependencies")
+    producer_kind = models.CharField(max_length=64)
+    dependency_key = IdentityField(max_length=128, help_text="Producer key, e.g. the Runtime intent id.")
+    condition_digest = DigestField()
+    expiry_policy = models.CharField(max_length=32)
+    state = models.CharField(max_length=16)
+    version = models.PositiveBigIntegerField(default=1)
+    deadline = models.DateTimeField()
+    resolved_at = models.DateTimeField(null=True)
+    resolution_receipt_id = models.BigIntegerField(null=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["org_id", "app_installation_id", "runtime_capability_id", "binding_digest", "step"],
+                name="flow_dependency_step_uniq",
+            ),
+        ]
+        indexes = [models.Index(fields=["org_id", "run", "dependency_key"], name="flow_dependency_key_idx")]
+
+
+class FlowWakeSignal(GuardedModel):
+    """Durable acceptance of a producer notification (seed 004 section 10.6).
+
+    ``flow_run_id`` is a plain column, not a foreign key: accepting a signal
+    inside a producer's transaction must not take a lock on the run row.
+    """
+
+    org_id = OrgField()
+    app_installation_id = ScopeField()
+    runtime_capability_id = ScopeField()
+    binding_digest = DigestField()
+    flow_run_id = models.BigIntegerField()
+    producer_kind = models.CharField(max_length=64)
+    dependency_key = IdentityField(max_length=128)
+    receipt_id = models.BigIntegerField(help_text="Producer-owned evidence: the intent result receipt.")
+    evidence_digest = DigestField()
+    state = models.CharField(max_length=16, help_text="unmatched -> consumed | expired.")
+    version = models.PositiveBigIntegerField(default=1)
+    received_at = models.DateTimeField()
+    consumed_at = models.DateTimeField(null=True)
+    dependency = models.ForeignKey(FlowDependency, null=True, on_delete=models.PROTECT, related_name="signals")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["org_id", "app_installation_id", "runtime_capability_id", "binding_digest",
+                        "flow_run_id", "dependency_key"],
+                name="flow_wake_signal_uniq",
+            ),
+        ]
+        indexes = [models.Index(fields=["state", "id"], name="flow_wake_signal_state_idx")]
+
+
+class FlowEffectLink(GuardedModel):
+    """Immutable lineage from an EffectSubmit step to its Runtime intent (seed 004 section 10.8)."""
+
+    org_id = OrgField()
+    app_installation_id = ScopeField()
+    runtime_capability_id = ScopeField()
+    binding_digest = DigestField()
+    run = models.ForeignKey(FlowRun, on_delete=models.PROTECT, related_name="effect_links")
+    step = models.ForeignKey(FlowStepExecution, on_delete=models.PROTECT, related_name="effect_links")
+    effect_owner_kind = models.CharField(max_length=64)
+    outbound_command_id = models.BigIntegerField()
+    effect_handoff_key = IdentityField(max_length=128)
+    submission_attempt = models.ForeignKey(FlowStepAttempt, on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["org_id", "step"], name="flow_effect_link_step_uniq"),
+            models.UniqueConstraint(fields=["org_id", "outbound_command_id"], name="flow_effect_link_command_uniq"),
+        ]

@@ -32,12 +32,9 @@ def note(lock_class: LockClass, using: str = "default") -> None:
     conn = connections[using]
     if not conn.in_atomic_block:
         raise RuntimeError("locking read outside a transaction")
-    outer = id(conn.atomic_blocks[0]) if conn.atomic_blocks else None
-    state = getattr(conn, "_nexus_lock_state", None)
-    if state is None or state[0] != outer:
-        state = (outer, 0)
-    if lock_class < state[1]:
-        raise LockOrderViolation(
-            f"lock class {LockClass(lock_class).name} requested after {LockClass(state[1]).name}"
-        )
-    conn._nexus_lock_state = (outer, max(state[1], int(lock_class)))
+    # The level lives on the outermost Atomic object, so it ends with the transaction.
+    outer = conn.atomic_blocks[0] if conn.atomic_blocks else conn
+    held = getattr(outer, "_nexus_lock_level", 0)
+    if lock_class < held:
+        raise LockOrderViolation(f"lock class {LockClass(lock_class).name} requested after {LockClass(held).name}")
+    outer._nexus_lock_level = max(held, int(lock_class))

@@ -1,0 +1,86 @@
+"""Read-only support views for every Flow Runtime model (CONVENTIONS.md "Admin")."""
+from django.contrib import admin
+
+from nexusflow.kernel.admin import ReadOnlyAdmin
+
+from .models import (
+    FlowActionCapabilityCatalog,
+    FlowActivation,
+    FlowCheckpoint,
+    FlowDependency,
+    FlowEffectLink,
+    FlowExecutionPlan,
+    FlowRun,
+    FlowStepAttempt,
+    FlowStepExecution,
+    FlowWakeSignal,
+)
+
+
+@admin.register(FlowActionCapabilityCatalog)
+class FlowActionCapabilityCatalogAdmin(ReadOnlyAdmin):
+    list_display = ("generation_id", "org_id", "app_installation_id", "runtime_capability_id", "digest", "created_at")
+    search_fields = ("generation_id", "digest")
+
+
+@admin.register(FlowExecutionPlan)
+class FlowExecutionPlanAdmin(ReadOnlyAdmin):
+    list_display = ("plan_id", "flow_api_name", "org_id", "execution_profile", "trigger_object_name", "created_at")
+    list_filter = ("execution_profile", "trigger_object_name")
+    search_fields = ("plan_id", "flow_api_name", "plan_digest")
+
+
+@admin.register(FlowActivation)
+class FlowActivationAdmin(ReadOnlyAdmin):
+    list_display = ("flow_api_name", "org_id", "plan", "state", "created_at", "superseded_at")
+    list_filter = ("state",)
+    search_fields = ("flow_api_name",)
+
+
+@admin.register(FlowRun)
+class FlowRunAdmin(ReadOnlyAdmin):
+    list_display = ("id", "org_id", "plan", "state", "trigger_object_name", "record_key", "record_version",
+                    "terminal_cause_code", "updated_at")
+    list_filter = ("state", "terminal_cause_code")
+    search_fields = ("record_key",)
+
+
+@admin.register(FlowStepExecution)
+class FlowStepExecutionAdmin(ReadOnlyAdmin):
+    list_display = ("id", "org_id", "run", "plan_step_key", "step_kind", "state", "attempt_count", "lease_owner",
+                    "lease_expires_at")
+    list_filter = ("state", "step_kind")
+    search_fields = ("plan_step_key",)
+
+
+@admin.register(FlowStepAttempt)
+class FlowStepAttemptAdmin(ReadOnlyAdmin):
+    list_display = ("id", "org_id", "step", "attempt_number", "state", "failure_class", "safe_error_code",
+                    "retry_decision", "started_at", "finished_at")
+    list_filter = ("state", "failure_class")
+
+
+@admin.register(FlowCheckpoint)
+class FlowCheckpointAdmin(ReadOnlyAdmin):
+    list_display = ("id", "org_id", "run", "sequence", "plan_cursor", "context_digest", "created_at")
+
+
+@admin.register(FlowDependency)
+class FlowDependencyAdmin(ReadOnlyAdmin):
+    list_display = ("id", "org_id", "run", "step", "producer_kind", "dependency_key", "state", "deadline")
+    list_filter = ("state", "producer_kind")
+    search_fields = ("dependency_key",)
+
+
+@admin.register(FlowWakeSignal)
+class FlowWakeSignalAdmin(ReadOnlyAdmin):
+    list_display = ("id", "org_id", "flow_run_id", "dependency_key", "receipt_id", "state", "received_at",
+                    "consumed_at")
+    list_filter = ("state",)
+    search_fields = ("dependency_key",)
+
+
+@admin.register(FlowEffectLink)
+class FlowEffectLinkAdmin(ReadOnlyAdmin):
+    list_display = ("id", "org_id", "run", "step", "effect_owner_kind", "outbound_command_id", "created_at")
+    search_fields = ("effect_handoff_key",)

@@ -1,0 +1,26 @@
+"""Shared file handling for the Flow management commands."""
+from __future__ import annotations
+
+from pathlib import Path
+
+FLOW_SUFFIX = ".flow-meta.xml"
+
+
+def flow_api_name_of(path: Path) -> str:
+    """``Foo.flow-meta.xml`` -> ``Foo``; any other name -> its stem before the first dot."""
+    name = path.name
+    if name.endswith(FLOW_SUFFIX):
+        return name[: -len(FLOW_SUFFIX)]
+    return name.split(".", 1)[0]
+
+
+def expand(paths: list[str]) -> list[Path]:
+    """Expand directories to their ``*.flow-meta.xml`` files, sorted; keep files as given."""
+    out: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            out.extend(sorted(p.glob(f"*{FLOW_SUFFIX}")))
+        else:
+            out.append(p)
+    return out

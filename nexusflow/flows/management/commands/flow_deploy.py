@@ -1,0 +1,56 @@
+"""``manage.py flow_deploy --org ORG PATH...``: compile, persist and activate Flows.
+
+Deploying the same file twice is a no-op. Exits 1 if any file fails to compile.
+"""
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError
+
+from nexusflow.flows.compiler import CompileError
+from nexusflow.flows.services import flow_deploy
+from nexusflow.kernel.errors import NexusError
+from nexusflow.kernel.scope import OrgScope
+
+from ._flowfiles import expand, flow_api_name_of
+
+
+class Command(BaseCommand):
+    help = "Compile Flow metadata files, persist their plans and activate them for one org."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--org", required=True, help="Trusted org id the plans are bound to.")
+        parser.add_argument("paths", nargs="+", help="*.flow-meta.xml files or directories holding them.")
+
+    def handle(self, *args, org: str, paths: list[str], **options):
+        try:
+            scope = OrgScope(org)
+        except NexusError as exc:
+            raise CommandError(f"invalid --org: {exc}", returncode=2) from exc
+        failed = 0
+        for path in expand(paths):
+            name = flow_api_name_of(path)
+            try:
+                source = path.read_bytes()
+            except OSError as exc:
+                self.stderr.write(f"{path}: cannot read: {exc.strerror}")
+                failed += 1
+                continue
+            try:
+                result = flow_deploy(org=scope, source=source, flow_api_name=name)
+            except CompileError as exc:
+                failed += 1
+                self.stderr.write(f"{path}: compile failed ({len(exc.diagnostics)} diagnostic(s))")
+                for diag in exc.diagnostics:
+                    self.stderr.write(f"  {diag}")
+                continue
+            except NexusError as exc:
+                failed += 1
+                self.stderr.write(f"{path}: {exc.code}: {exc}")
+                continue
+            plan = result.plan
+            status = "activated" if result.activated else "unchanged"
+            self.stdout.write(f"{name}: {status} plan_id={plan.plan_id} plan_digest={plan.plan_digest} "
+                              f"profile={plan.execution_profile} org={plan.org_id}")
+        if failed:
+            raise CommandError(f"{failed} flow file(s) failed to deploy; nothing was activated for them",
+                               returncode=1)

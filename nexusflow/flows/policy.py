@@ -1,0 +1,71 @@
+"""Runtime policy numbers for the Flow executor (seed 004 sections 12.3, 12.4 and 14.4).
+
+Each value is read from Django settings first, then the environment, then the
+default, at call time, so an operator (or a test) can shorten leases without
+a code change:
+
+- ``NEXUS_FLOW_LEASE_SECONDS`` (default 60): step lease length;
+- ``NEXUS_FLOW_RETRY_BASE_SECONDS`` (default 2): first retry / recovery floor;
+- ``NEXUS_FLOW_MAX_ATTEMPTS`` (default 5): attempts before a terminal failure;
+- ``NEXUS_FLOW_DEPENDENCY_DEADLINE_SECONDS`` (default 7 days).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+
+from django.conf import settings
+
+from nexusflow.kernel.digests import digest_v2
+
+RETRY_CAP_SECONDS = 300.0
+CLAIM_BATCH = 10
+JITTER_FRACTION = 0.1
+
+
+def _number(name: str, default: float) -> float:
+    value = getattr(settings, name, None)
+    if value is None:
+        value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return float(value)
+
+
+def lease_seconds() -> float:
+    return _number("NEXUS_FLOW_LEASE_SECONDS", 60.0)
+
+
+def retry_base_seconds() -> float:
+    return _number("NEXUS_FLOW_RETRY_BASE_SECONDS", 2.0)
+
+
+def max_attempts() -> int:
+    return int(_number("NEXUS_FLOW_MAX_ATTEMPTS", 5))
+
+
+def dependency_deadline_seconds() -> float:
+    return _number("NEXUS_FLOW_DEPENDENCY_DEADLINE_SECONDS", 7 * 24 * 3600.0)
+
+
+def retry_policy_digest() -> str:
+    """Digest of the retry policy selected at claim (immutable on the attempt)."""
+    return digest_v2("flows.retry-policy", [
+        ("base_ms", int(retry_base_seconds() * 1000)),
+        ("cap_ms", int(RETRY_CAP_SECONDS * 1000)),
+        ("max_attempts", max_attempts()),
+        ("jitter_permille", int(JITTER_FRACTION * 1000)),
+    ]).hexdigest
+
+
+def recovery_backoff_floor_ms(*, step_id: int, attempt_number: int) -> int:
+    """Deterministic jittered backoff floor for one attempt (seed 004 section 12.1 step 5).
+
+    ``base * 2**(n-1)``, capped, plus up to 10 % jitter derived from the step
+    id and attempt number, never below the ordinary retry floor.
+    """
+    base = retry_base_seconds() * 1000.0
+    floor = min(base * (2 ** max(attempt_number - 1, 0)), RETRY_CAP_SECONDS * 1000.0)
+    seed = hashlib.sha256(f"{step_id}:{attempt_number}".encode()).digest()
+    jitter = int.from_bytes(seed[:4], "big") / 0xFFFFFFFF * JITTER_FRACTION
+    return int(floor * (1.0 + jitter))

@@ -1,0 +1,54 @@
+"""Flow Runtime reads (no locks). Every read that names a row is scoped by org."""
+from __future__ import annotations
+
+from django.db.models import Count
+
+from nexusflow.kernel.scope import OrgScope
+
+from . import transitions as t
+from .models import FlowActivation, FlowCheckpoint, FlowRun, FlowStepAttempt, FlowStepExecution
+
+
+def flow_runs_nonterminal_count(*, org_id: str | None = None) -> int:
+    """Count runs not in a terminal or intentionally parked state.
+
+    A run ``Waiting`` on an effect completion counts as nonterminal.
+    """
+    qs = FlowRun.objects.exclude(state__in=t.FLOW_RUN.settled)
+    if org_id is not None:
+        qs = qs.filter(org_id=org_id)
+    return qs.count()
+
+
+def flow_run_summary() -> dict[str, int]:
+    """Return ``{state: count}`` over all runs, with every FlowRun state present."""
+    summary = {state: 0 for state in sorted(t.FLOW_RUN.states)}
+    for row in FlowRun.objects.values("state").annotate(n=Count("id")).order_by():
+        summary[row["state"]] = row["n"]
+    return summary
+
+
+def flow_run_get(*, org: OrgScope, run_id: int) -> FlowRun | None:
+    return FlowRun.objects.filter(org_id=org.org_id, pk=run_id).first()
+
+
+def flow_runs_for_record(*, org: OrgScope, object_name: str, record_key: str) -> list[FlowRun]:
+    return list(FlowRun.objects.filter(org_id=org.org_id, trigger_object_name=object_name,
+                                       record_key=record_key).order_by("id"))
+
+
+def flow_steps_of_run(*, org: OrgScope, run_id: int) -> list[FlowStepExecution]:
+    return list(FlowStepExecution.objects.filter(org_id=org.org_id, run_id=run_id).order_by("id"))
+
+
+def flow_attempts_of_step(*, org: OrgScope, step_id: int) -> list[FlowStepAttempt]:
+    return list(FlowStepAttempt.objects.filter(org_id=org.org_id, step_id=step_id).order_by("attempt_number"))
+
+
+def flow_checkpoints_of_run(*, org: OrgScope, run_id: int) -> list[FlowCheckpoint]:
+    return list(FlowCheckpoint.objects.filter(org_id=org.org_id, run_id=run_id).order_by("sequence"))
+
+
+def flow_activation_active(*, org: OrgScope, flow_api_name: str) -> FlowActivation | None:
+    return (FlowActivation.objects.filter(org_id=org.org_id, active_slot=flow_api_name)
+            .select_related("plan").first())

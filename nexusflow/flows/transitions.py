@@ -1,0 +1,144 @@
+"""Flow Runtime V2 state machines as data (seed 004 section 11).
+
+``manage.py state_graph flows.FlowRun`` prints any of them.
+"""
+from nexusflow.kernel.transitions import machine
+
+# --- FlowRun (seed 004 section 11.1) ----------------------------------------
+RUN_ACCEPTED = "Accepted"
+RUN_RUNNABLE = "Runnable"
+RUN_RUNNING = "Running"
+RUN_WAITING = "Waiting"
+RUN_SUCCEEDED = "Succeeded"
+RUN_TERMINAL_FAILED = "TerminalFailed"
+RUN_QUARANTINED = "Quarantined"
+RUN_CANCEL_REQUESTED = "CancelRequested"
+RUN_CANCELLED = "Cancelled"
+
+FLOW_RUN = machine(
+    "flows.FlowRun",
+    {
+        RUN_ACCEPTED: {RUN_RUNNABLE, RUN_CANCEL_REQUESTED},
+        RUN_RUNNABLE: {RUN_RUNNING, RUN_CANCEL_REQUESTED},
+        RUN_RUNNING: {RUN_RUNNABLE, RUN_WAITING, RUN_SUCCEEDED, RUN_TERMINAL_FAILED, RUN_QUARANTINED,
+                      RUN_CANCEL_REQUESTED},
+        RUN_WAITING: {RUN_RUNNABLE, RUN_TERMINAL_FAILED, RUN_QUARANTINED, RUN_CANCEL_REQUESTED},
+        RUN_CANCEL_REQUESTED: {RUN_CANCELLED},
+        RUN_SUCCEEDED: set(),
+        RUN_TERMINAL_FAILED: set(),
+        RUN_QUARANTINED: set(),
+        RUN_CANCELLED: set(),
+    },
+    initial={RUN_ACCEPTED},
+    seed='Seed 004, section 11.1 "FlowRun"',
+)
+
+# --- FlowStepExecution (seed 004 section 11.2) -------------------------------
+STEP_PENDING = "Pending"
+STEP_CLAIMED = "Claimed"
+STEP_RUNNING = "Running"
+STEP_WAITING = "Waiting"
+STEP_RETRY_SCHEDULED = "RetryScheduled"
+STEP_SUCCEEDED = "Succeeded"
+STEP_FAILED = "Failed"
+STEP_QUARANTINED = "Quarantined"
+STEP_CANCEL_REQUESTED = "CancelRequested"
+STEP_CANCELLED = "Cancelled"
+
+FLOW_STEP_EXECUTION = machine(
+    "flows.FlowStepExecution",
+    {
+        STEP_PENDING: {STEP_CLAIMED, STEP_CANCELLED},
+        STEP_RETRY_SCHEDULED: {STEP_CLAIMED, STEP_CANCELLED},
+        STEP_CLAIMED: {STEP_RUNNING, STEP_PENDING, STEP_RETRY_SCHEDULED, STEP_CANCEL_REQUESTED},
+        STEP_RUNNING: {STEP_SUCCEEDED, STEP_WAITING, STEP_RETRY_SCHEDULED, STEP_FAILED, STEP_QUARANTINED,
+                       STEP_CANCEL_REQUESTED},
+        STEP_WAITING: {STEP_CANCEL_REQUESTED, STEP_PENDING, STEP_FAILED, STEP_QUARANTINED},
+        STEP_CANCEL_REQUESTED: {STEP_CANCELLED},
+        STEP_SUCCEEDED: set(),
+        STEP_FAILED: set(),
+        STEP_QUARANTINED: set(),
+        STEP_CANCELLED: set(),
+    },
+    initial={STEP_PENDING},
+    seed='Seed 004, section 11.2 "FlowStepExecution"',
+)
+
+# --- FlowStepAttempt outcome (seed 004 section 11.3) --------------------------
+ATTEMPT_STARTED = "Started"
+ATTEMPT_COMMITTED = "Committed"
+ATTEMPT_ROLLED_BACK = "RolledBack"
+ATTEMPT_COMMIT_UNKNOWN = "CommitUnknown"
+ATTEMPT_ROLLBACK_UNKNOWN = "RollbackUnknown"
+ATTEMPT_PRE_TRANSACTION_FAILED = "PreTransactionFailed"
+ATTEMPT_FENCED = "Fenced"
+ATTEMPT_CANCELLED = "Cancelled"
+ATTEMPT_ABANDONED = "Abandoned"
+
+FLOW_STEP_ATTEMPT = machine(
+    "flows.FlowStepAttempt",
+    {
+        ATTEMPT_STARTED: {ATTEMPT_COMMITTED, ATTEMPT_ROLLED_BACK, ATTEMPT_COMMIT_UNKNOWN, ATTEMPT_ROLLBACK_UNKNOWN,
+                          ATTEMPT_PRE_TRANSACTION_FAILED, ATTEMPT_FENCED, ATTEMPT_CANCELLED, ATTEMPT_ABANDONED},
+        ATTEMPT_COMMITTED: set(),
+        ATTEMPT_ROLLED_BACK: set(),
+        ATTEMPT_COMMIT_UNKNOWN: set(),
+        ATTEMPT_ROLLBACK_UNKNOWN: set(),
+        ATTEMPT_PRE_TRANSACTION_FAILED: set(),
+        ATTEMPT_FENCED: set(),
+        ATTEMPT_CANCELLED: set(),
+        ATTEMPT_ABANDONED: set(),
+    },
+    initial={ATTEMPT_STARTED},
+    seed='Seed 004, section 11.3 "FlowStepAttempt outcome"',
+)
+
+# --- FlowDependency (seed 004 sections 10.5 and 14) ---------------------------
+DEP_WAITING = "waiting"
+DEP_SATISFIED = "satisfied"
+DEP_EXPIRED = "expired"
+DEP_REJECTED = "rejected"
+
+FLOW_DEPENDENCY = machine(
+    "flows.FlowDependency",
+    {
+        DEP_WAITING: {DEP_SATISFIED, DEP_EXPIRED, DEP_REJECTED},
+        DEP_SATISFIED: set(),
+        DEP_EXPIRED: set(),
+        DEP_REJECTED: set(),
+    },
+    initial={DEP_WAITING},
+    seed='Seed 004, sections 10.5 and 14 "FlowDependency"',
+)
+
+# --- FlowWakeSignal resolution (seed 004 section 10.6) ------------------------
+SIGNAL_UNMATCHED = "unmatched"
+SIGNAL_CONSUMED = "consumed"
+SIGNAL_EXPIRED = "expired"
+
+FLOW_WAKE_SIGNAL = machine(
+    "flows.FlowWakeSignal",
+    {
+        SIGNAL_UNMATCHED: {SIGNAL_CONSUMED, SIGNAL_EXPIRED},
+        SIGNAL_CONSUMED: set(),
+        SIGNAL_EXPIRED: set(),
+    },
+    initial={SIGNAL_UNMATCHED},
+    seed='Seed 004, section 10.6 "FlowWakeSignal" ResolutionState',
+)
+
+# --- FlowActivation (seed 004 section 7.4) ------------------------------------
+ACTIVATION_ACTIVE = "active"
+ACTIVATION_SUPERSEDED = "superseded"
+
+FLOW_ACTIVATION = machine(
+    "flows.FlowActivation",
+    {
+        ACTIVATION_ACTIVE: {ACTIVATION_SUPERSEDED},
+        ACTIVATION_SUPERSEDED: set(),
+    },
+    initial={ACTIVATION_ACTIVE},
+    seed='Seed 004, section 7.4 "Flow version activation binding"',
+)
+
+MACHINES = (FLOW_RUN, FLOW_STEP_EXECUTION, FLOW_STEP_ATTEMPT, FLOW_DEPENDENCY, FLOW_WAKE_SIGNAL, FLOW_ACTIVATION)
