@@ -1,0 +1,57 @@
+"""Crash tests: kill a real egress worker at a named failpoint and restart it (seed 003 "Transaction and crash rules")."""
+import signal
+
+import pytest
+from django.db import transaction
+
+from connectors.models import DispatchPermit, RemoteEffect, RemoteEffectAttempt, RemoteLink
+from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
+from nexusflow.records.models import Record
+from nexusflow.records.services import record_create
+from runtime_outbox.services import outbound_command_author, outbox_try_deliver_one
+from tests.conftest import ORG, make_serving_org, run_manage, subprocess_env
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
+
+
+def _push_one_contact():
+    scope = TrustedRuntimeWorkScope(ORG, "core", "flow-runtime", "test-binding")
+    with transaction.atomic():
+        record = record_create(org=OrgScope(ORG), object_name="Contact",
+                               values={"email": "kim@x.io", "firstname": "Kim", "lifecyclestage": "customer"})
+        outbound_command_author(scope=scope, effect_root_id="root-1", effect_slot_id="push", effect_generation_id="1",
+                                contract_key="billing.customer", record=record, origin_flow_run_id=None)
+    assert outbox_try_deliver_one()
+    return record
+
+
+@pytest.mark.parametrize("failpoint,requests_before_restart", [("permit.after_sending", 0),
+                                                               ("permit.after_response", 1)])
+def test_killed_egress_worker_never_creates_a_second_customer(billing_sandbox, failpoint, requests_before_restart):
+    make_serving_org(billing_sandbox.base_url, deploy_flow=False)
+    record = _push_one_contact()
+
+    crashed = run_manage(["run_workers", "--role", "egress"], subprocess_env(NEXUS_FAILPOINTS=failpoint), timeout=60)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    permit = DispatchPermit.objects.get()
+    assert permit.state == "sending" and permit.io_may_have_started_at is not None
+    assert RemoteEffect.objects.get().state == "dispatching"
+    assert billing_sandbox.state()["requests"] == requests_before_restart
+
+    restarted = run_manage(["run_workers", "--role", "egress", "--until-idle"], subprocess_env(), timeout=120)
+    assert restarted.returncode == 0, restarted.stderr
+
+    effect = RemoteEffect.objects.get()
+    assert effect.state == "finalized"
+    customers = billing_sandbox.state()["customers"]
+    assert len(customers) == 1
+    assert customers[0]["create_requests"] == requests_before_restart + 1
+    abandoned, returned = DispatchPermit.objects.order_by("id")
+    assert abandoned.state == "abandoned" and "pid_absent" in str(abandoned.closed_evidence)
+    assert returned.state == "returned"
+    first, second = RemoteEffectAttempt.objects.order_by("attempt_number")
+    assert first.state == "uncertain" and second.state == "confirmed"
+    assert first.idempotency_key == second.idempotency_key
+    assert bytes(first.request_body) == bytes(second.request_body)
+    assert RemoteLink.objects.get(action_type="PushToConnector").remote_id == customers[0]["id"]
+    assert Record.objects.get(pk=record.pk).mirrors["billing_id"] == customers[0]["id"]
