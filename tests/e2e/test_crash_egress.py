@@ -25,16 +25,21 @@ def _push_one_contact():
     return record
 
 
-@pytest.mark.parametrize("failpoint,requests_before_restart", [("permit.after_sending", 0),
-                                                               ("permit.after_response", 1)])
-def test_killed_egress_worker_never_creates_a_second_customer(billing_sandbox, failpoint, requests_before_restart):
+@pytest.mark.parametrize("failpoint,permit_state,requests_before_restart,first_attempt", [
+    ("permit.after_grant", "granted", 0, "no_effect"),
+    ("permit.after_sending", "sending", 0, "uncertain"),
+    ("permit.after_response", "sending", 1, "uncertain"),
+])
+def test_killed_egress_worker_never_creates_a_second_customer(billing_sandbox, failpoint, permit_state,
+                                                              requests_before_restart, first_attempt):
     make_serving_org(billing_sandbox.base_url, deploy_flow=False)
     record = _push_one_contact()
 
     crashed = run_manage(["run_workers", "--role", "egress"], subprocess_env(NEXUS_FAILPOINTS=failpoint), timeout=60)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
     permit = DispatchPermit.objects.get()
-    assert permit.state == "sending" and permit.io_may_have_started_at is not None
+    assert permit.state == permit_state
+    assert (permit.io_may_have_started_at is not None) == (permit_state == "sending")
     assert RemoteEffect.objects.get().state == "dispatching"
     assert billing_sandbox.state()["requests"] == requests_before_restart
 
@@ -50,7 +55,7 @@ def test_killed_egress_worker_never_creates_a_second_customer(billing_sandbox, f
     assert abandoned.state == "abandoned" and "pid_absent" in str(abandoned.closed_evidence)
     assert returned.state == "returned"
     first, second = RemoteEffectAttempt.objects.order_by("attempt_number")
-    assert first.state == "uncertain" and second.state == "confirmed"
+    assert first.state == first_attempt and second.state == "confirmed"
     assert first.idempotency_key == second.idempotency_key
     assert bytes(first.request_body) == bytes(second.request_body)
     assert RemoteLink.objects.get(action_type="PushToConnector").remote_id == customers[0]["id"]
