@@ -22,7 +22,10 @@ from .store import RemoteEffectStore
 
 
 class PushContractError(NexusError):
+    """The intent cannot be frozen: a definite refusal before any provider I/O."""
+
     code = "push_contract_invalid"
+    definite = True
 
 
 def _serving_account_for_contract(org_id: str, contract_key: str) -> str:

@@ -33,6 +33,8 @@ FINGERPRINT_ALGORITHM = "flows.binding-fingerprint.v1"
 
 ENTRY_KINDS = frozenset({"effect"})
 INPUT_SOURCES = frozenset({"string_literal", "trigger_record_id"})
+SOURCE_KEYS = ("action_type", "action_name", "owner_registration_id", "handler_ref", "handler_version", "kind",
+               "effect_family", "inputs", "capabilities")
 CAPABILITY_KEYS = (
     "execution_class", "transaction_policy", "replay_policy", "fanout_bound", "read_contract",
     "lock_plan_contract", "effect_owner", "idempotency_policy", "output_durability", "security_policy",
@@ -277,11 +279,7 @@ def catalog_snapshot_from_row(*, binding: RuntimeWorkBinding, row: FlowActionCap
         raise CatalogMismatch("catalog generation belongs to another work scope")
     source = {
         "contract_version": row.contract_version,
-        "entries": [
-            {**{k: e[k] for k in ("action_type", "action_name", "owner_registration_id", "handler_ref",
-                                  "handler_version", "kind", "effect_family", "inputs", "capabilities")}}
-            for e in row.entries
-        ],
+        "entries": [{k: e[k] for k in SOURCE_KEYS} for e in row.entries],
     }
     snapshot = catalog_build(binding=binding, source=source)
     if snapshot.digest != row.digest or snapshot.generation_id != row.generation_id:

@@ -255,7 +255,7 @@ class _Compiler:
         self.diags: list[Diagnostic] = []
         self.object_fields: set[str] | None = None
 
-    # -- helpers ------------------------------------------------------------
+    # -- diagnostics --------------------------------------------------------
     def diag(self, code: str, element: str | None = None, message: str = "") -> None:
         d = Diagnostic(code, element, message)
         if d not in self.diags:

@@ -38,3 +38,8 @@ RECOVERY_COMMIT_EVIDENCE = register(
     evidence="FlowCheckpoint(step) exists while the step is still Running under an expired lease",
     alert_after_seconds=0, remediation="invariant corruption: operator inspects the step; no automatic retry",
 ).code
+HANDLER_BINDING_MISMATCH = register(
+    "flow_handler_binding_mismatch", owner=OWNER,
+    evidence="FlowExecutionPlan.plan_payload step entry_digest/binding_fingerprint vs the running catalog.json entry",
+    alert_after_seconds=0, remediation="run a worker release that carries the plan's handler binding, or redeploy",
+).code

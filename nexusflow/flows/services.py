@@ -28,14 +28,14 @@ from django.db.models import Exists, F, Max, OuterRef, Q
 from nexusflow.kernel import canonical_json, failpoints
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import digest_json_v2, digest_v2
-from nexusflow.kernel.errors import FenceRejected, StaleVersion
+from nexusflow.kernel.errors import FenceRejected, NexusError, StaleVersion
 from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
 from nexusflow.records.metadata import current_view
 
 from . import policy, reasons
 from . import transitions as t
-from .binding import flow_runtime_binding, scope_of
+from .binding import RuntimeWorkBinding, flow_runtime_binding, scope_of
 from .catalog import catalog_current, catalog_seal
 from .compiler import (
     KIND_EFFECT_COMPLETION,
@@ -517,11 +517,34 @@ def effect_root_id_for(*, org_id: str, plan_id: str, run_id: int) -> str:
     return digest_v2("flows.effect-root", [("org_id", org_id), ("plan_id", plan_id), ("flow_run_id", run_id)]).hexdigest
 
 
+def _handler_binding_matches(plan: FlowExecutionPlan, step_def: dict[str, Any]) -> bool:
+    """Does this binary's catalog entry equal the one the plan pinned? (seed 004 section 8.4)."""
+    try:
+        binding = RuntimeWorkBinding(**plan.runtime_work_binding)
+        if binding.digest != plan.runtime_work_binding_digest:
+            return False
+        entry = catalog_current(binding=binding).entries.get(step_def["action_key"])
+    except NexusError:
+        return False
+    return (entry is not None and entry.entry_digest == step_def["entry_digest"]
+            and entry.binding_fingerprint == step_def["binding_fingerprint"])
+
+
 def _exec_effect_submit(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any]) -> str:
     from nexusflow.records.models import Record
     from nexusflow.records.services import record_lock
     from runtime_outbox.services import outbound_command_author
 
+    if not _handler_binding_matches(plan, step_def):
+        # Fail closed before any business lock or mutation; never dispatch through another handler.
+        with transaction.atomic(durable=True):
+            now = db_now()
+            run, _step, attempt = _lock_fenced(claim)
+            _commit_step(claim, plan, run, attempt, now, output={"failure": reasons.HANDLER_BINDING_MISMATCH},
+                         step_dst=t.STEP_QUARANTINED, root_dst=t.RUN_QUARANTINED, next_key=None,
+                         cause=reasons.HANDLER_BINDING_MISMATCH)
+            failpoints.hit(FP_BEFORE_COMMIT)
+        return "quarantined"
     identity = FlowRun.objects.only("org_id", "trigger_object_name", "record_key").get(
         org_id=claim.org_id, pk=claim.run_id)
     effect_root_id = effect_root_id_for(org_id=claim.org_id, plan_id=plan.plan_id, run_id=claim.run_id)
@@ -710,7 +733,8 @@ def _record_rollback(claim: StepClaim, exc: BaseException) -> None:
         with transaction.atomic(durable=True):
             now = db_now()
             _lock_fenced(claim)
-            exhausted = claim.attempt_number >= policy.max_attempts()
+            definite = bool(getattr(exc, "definite", False))
+            exhausted = definite or claim.attempt_number >= policy.max_attempts()
             FlowAttemptStore.transition(
                 org_id=claim.org_id, pk=claim.attempt_id, src=t.ATTEMPT_STARTED, dst=t.ATTEMPT_ROLLED_BACK,
                 version=claim.attempt_version, fences=_attempt_fences(claim),
@@ -727,7 +751,8 @@ def _record_rollback(claim: StepClaim, exc: BaseException) -> None:
                 FlowRunStore.transition(
                     org_id=claim.org_id, pk=claim.run_id, src=t.RUN_RUNNING, dst=t.RUN_TERMINAL_FAILED,
                     version=claim.root_version, fences=root_fences,
-                    set_fields={"terminal_cause_code": reasons.STEP_RETRY_EXHAUSTED, "completed_at": now,
+                    set_fields={"terminal_cause_code": code if definite else reasons.STEP_RETRY_EXHAUSTED,
+                                "completed_at": now,
                                 "updated_at": now},
                 )
                 return

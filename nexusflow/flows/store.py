@@ -53,17 +53,16 @@ def note_lifecycle_rank(rank: int, using: str = "default") -> None:
     conn = connections[using]
     if not conn.in_atomic_block:
         raise RuntimeError("locking read outside a transaction")
-    # The outermost real transaction (a test case's wrapping block is not one).
+    # The rank lives on the outermost real Atomic (not a test case's wrapping
+    # block), so it ends with the transaction.
     blocks = [b for b in conn.atomic_blocks if not getattr(b, "_from_testcase", False)]
-    outer = id(blocks[0]) if blocks else None
-    state = getattr(conn, "_nexus_flow_rank", None)
-    if state is None or state[0] != outer:
-        state = (outer, -1)
-    if rank < state[1]:
+    holder = (blocks or conn.atomic_blocks or [conn])[0]
+    held = getattr(holder, "_nexus_flow_rank", -1)
+    if rank < held:
         raise LockOrderViolation(
-            f"flow lifecycle lock {RANK_NAMES[rank]} requested after {RANK_NAMES[state[1]]} (seed 004 section 12)"
+            f"flow lifecycle lock {RANK_NAMES[rank]} requested after {RANK_NAMES[held]} (seed 004 section 12)"
         )
-    conn._nexus_flow_rank = (outer, max(state[1], rank))
+    holder._nexus_flow_rank = max(held, rank)
 
 
 def _adapt(values: dict[str, Any] | None, using: str) -> dict[str, Any] | None:
@@ -111,7 +110,7 @@ class FlowActivationStore(_FlowCasStore):
         """Lock the active activation of ``(org_id, flow_api_name)``, if any."""
         note_lifecycle_rank(cls.rank, cls.db())
         locks.note(cls.lock_class, cls.db())
-        return (FlowActivation.objects.select_for_update(of=("self",))
+        return (FlowActivation.objects.select_for_update()
                 .filter(org_id=org_id, active_slot=flow_api_name).first())
 
 

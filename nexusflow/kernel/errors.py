@@ -10,6 +10,8 @@ class NexusError(Exception):
     """Base class: ``code`` is stable and safe to show to callers."""
 
     code = "nexus_error"
+    #: True when retrying the same input can never succeed (a definite refusal).
+    definite = False
 
     def __init__(self, message: str = "", *, code: str | None = None):
         super().__init__(message or self.code)

@@ -1,6 +1,7 @@
 """Fixtures for the Flow Runtime tests: flows, plans and rows in any state."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -121,6 +122,18 @@ def run_until_idle(*, worker_id: str = "test-worker", max_rounds: int = 50) -> i
         if not any(worked):
             return done
     raise AssertionError("flow work did not drain")
+
+
+def wait_for_recovery(timeout: float = 10.0) -> None:
+    """Poll expired-lease recovery until it fences one attempt."""
+    from nexusflow.flows.services import flow_try_recover_expired_one
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if flow_try_recover_expired_one():
+            return
+        time.sleep(0.1)
+    raise AssertionError("no expired lease was recovered")
 
 
 # --- rows in arbitrary states (for transition-table tests) --------------------

@@ -11,8 +11,8 @@ from django.db import IntegrityError, transaction
 
 from nexusflow.flows import models as m
 from nexusflow.flows import transitions as t
-from nexusflow.flows.catalog import catalog_snapshot_from_row
 from nexusflow.flows.binding import flow_runtime_binding
+from nexusflow.flows.catalog import catalog_snapshot_from_row
 from nexusflow.flows.compiler import CompileError
 from nexusflow.flows.services import flow_deploy
 from nexusflow.flows.store import plan_insert

@@ -1,0 +1,174 @@
+"""EffectSubmit -> EffectCompletion against the real Runtime outbox (seed 004 sections 14 and 15).
+
+The org is configured like an operator would (connector configuration,
+greenfield cutover, ``flow_deploy`` of the demo Flow); the effect is authored
+by the real ``runtime_outbox.services.outbound_command_author`` and completed
+by the real ``intent_result_record`` producer.
+"""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+from django.db import connection, transaction
+
+from nexusflow.flows import transitions as t
+from nexusflow.flows.models import (
+    FlowCheckpoint,
+    FlowDependency,
+    FlowEffectLink,
+    FlowRun,
+    FlowStepAttempt,
+    FlowStepExecution,
+    FlowWakeSignal,
+)
+from nexusflow.flows.selectors import flow_runs_nonterminal_count
+from nexusflow.flows.services import effect_root_id_for, flow_try_run_step_one, flow_try_wake_one
+from runtime_outbox.models import IntentResultReceipt, OutboundCommand
+from runtime_outbox.services import intent_result_record
+from tests.conftest import ORG, ROOT, drain, make_serving_org, subprocess_env
+
+from .conftest import run_until_idle, save_record, wait_for_recovery
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
+
+SUBMIT = "submit:Push_Customer_To_Billing"
+COMPLETE = "complete:Push_Customer_To_Billing"
+
+
+@pytest.fixture
+def serving(billing_sandbox):
+    return make_serving_org(billing_sandbox.base_url)
+
+
+def _customer(org, **fields):
+    return save_record(org, {"email": "ann@example.com", "firstname": "Ann", "lastname": "Lee",
+                             "lifecyclestage": "customer", **fields})
+
+
+def _complete(command: OutboundCommand, outcome: str = "finalized") -> IntentResultReceipt:
+    with transaction.atomic():
+        return intent_result_record(command=command, outcome=outcome, remote_id="cus_test" if outcome == "finalized"
+                                    else "", evidence={"test": outcome})
+
+
+def _step(run, key):
+    return FlowStepExecution.objects.get(run=run, plan_step_key=key)
+
+
+def test_effect_end_to_end_with_the_real_runtime(serving, billing_sandbox):
+    record = _customer(serving)
+    save_record(serving, {"email": "bob@example.com", "lifecyclestage": "lead"})
+    run = FlowRun.objects.get(org_id=ORG)
+    drain()
+    run.refresh_from_db()
+    assert run.state == t.RUN_SUCCEEDED, run.terminal_cause_code
+    command = OutboundCommand.objects.get()
+    assert command.origin_flow_run_id == run.pk and command.effect_slot_id == SUBMIT
+    assert command.effect_root_id == effect_root_id_for(org_id=ORG, plan_id=run.plan.plan_id, run_id=run.pk)
+    assert (command.app_installation_id, command.runtime_capability_id, command.binding_digest) == (
+        run.app_installation_id, run.runtime_capability_id, run.binding_digest)
+    link = FlowEffectLink.objects.get()
+    assert (link.outbound_command_id, link.effect_handoff_key, link.step_id) == (
+        command.pk, command.idempotency_key, _step(run, SUBMIT).pk)
+    assert [c["email"] for c in billing_sandbox.state()["customers"]] == [record.fields["email"]]
+    completion = _step(run, COMPLETE)
+    assert completion.output_checkpoint.context_payload["output"]["outcome"] == "finalized"
+    assert [s.state for s in FlowStepExecution.objects.filter(run=run).order_by("id")] == [t.STEP_SUCCEEDED] * 3
+    assert flow_runs_nonterminal_count(org_id=ORG) == 0
+
+
+def test_wake_before_wait_consumes_the_signal_directly(serving):
+    _customer(serving)
+    assert flow_try_run_step_one(worker_id="w")  # EffectSubmit commits the intent
+    run = FlowRun.objects.get(org_id=ORG)
+    assert (run.state, run.current_step.plan_step_key) == (t.RUN_RUNNABLE, COMPLETE)
+    command = OutboundCommand.objects.get(origin_flow_run_id=run.pk)
+    receipt = _complete(command)  # the producer wakes before the Flow waits
+    wake = FlowWakeSignal.objects.get()
+    assert (wake.dependency_key, wake.receipt_id, wake.state) == (str(command.pk), receipt.pk, t.SIGNAL_UNMATCHED)
+    assert flow_try_wake_one() is False  # no dependency to resolve yet
+    assert flow_try_run_step_one(worker_id="w")  # completion finds the accepted signal
+    wake.refresh_from_db()
+    assert wake.state == t.SIGNAL_CONSUMED and not FlowDependency.objects.exists()
+    run_until_idle()
+    run.refresh_from_db()
+    assert run.state == t.RUN_SUCCEEDED
+    assert FlowCheckpoint.objects.filter(step=_step(run, COMPLETE)).count() == 1
+
+
+def test_wait_before_wake_resolves_through_the_dependency(serving):
+    _customer(serving)
+    assert flow_try_run_step_one(worker_id="w")
+    assert flow_try_run_step_one(worker_id="w")  # completion: nothing yet, wait durably
+    run = FlowRun.objects.get(org_id=ORG)
+    completion = _step(run, COMPLETE)
+    dependency = FlowDependency.objects.get()
+    command = OutboundCommand.objects.get(origin_flow_run_id=run.pk)
+    assert (run.state, completion.state, dependency.state) == (t.RUN_WAITING, t.STEP_WAITING, t.DEP_WAITING)
+    assert (dependency.step_id, dependency.dependency_key) == (completion.pk, str(command.pk))
+    assert (dependency.binding_digest, dependency.org_id) == (run.binding_digest, ORG)
+    assert flow_runs_nonterminal_count(org_id=ORG) == 1  # waiting on an effect counts
+    assert flow_try_run_step_one(worker_id="w") is False
+    receipt = _complete(command)
+    assert flow_try_wake_one() is True
+    dependency.refresh_from_db()
+    wake = FlowWakeSignal.objects.get()
+    assert (dependency.state, dependency.resolution_receipt_id) == (t.DEP_SATISFIED, receipt.pk)
+    assert (wake.state, wake.dependency_id) == (t.SIGNAL_CONSUMED, dependency.pk)
+    run.refresh_from_db()
+    assert (run.state, _step(run, COMPLETE).state) == (t.RUN_RUNNABLE, t.STEP_PENDING)
+    assert flow_try_wake_one() is False  # a duplicate wake is a no-op
+    run_until_idle()
+    run.refresh_from_db()
+    assert run.state == t.RUN_SUCCEEDED
+    attempts = FlowStepAttempt.objects.filter(step=completion).order_by("attempt_number")
+    assert [a.state for a in attempts] == [t.ATTEMPT_COMMITTED, t.ATTEMPT_COMMITTED]
+    assert OutboundCommand.objects.count() == 1  # completion never resubmits
+
+
+def test_no_effect_outcome_fails_the_run(serving):
+    _customer(serving)
+    assert flow_try_run_step_one(worker_id="w")
+    _complete(OutboundCommand.objects.get(), outcome="no_effect")
+    run_until_idle()
+    run = FlowRun.objects.get(org_id=ORG)
+    assert (run.state, run.terminal_cause_code) == (t.RUN_TERMINAL_FAILED, "flow_effect_no_effect")
+    assert _step(run, COMPLETE).state == t.STEP_FAILED
+
+
+def test_deleted_trigger_record_fails_the_submit_step(serving):
+    record = _customer(serving)
+    with connection.cursor() as cursor:  # the record is deleted before the step runs
+        cursor.execute("UPDATE records_record SET is_deleted = 1 WHERE id = %s", [record.pk])
+    run_until_idle()
+    run = FlowRun.objects.get(org_id=ORG)
+    assert (run.state, run.terminal_cause_code) == (t.RUN_TERMINAL_FAILED, "flow_trigger_record_deleted")
+    assert _step(run, SUBMIT).state == t.STEP_FAILED
+    assert not OutboundCommand.objects.exists() and not FlowEffectLink.objects.exists()
+
+
+def test_submit_killed_before_commit_authors_exactly_one_intent(serving, short_lease):
+    _customer(serving)
+    env = subprocess_env(NEXUS_FAILPOINTS="flow.step.before_commit", NEXUS_FLOW_LEASE_SECONDS="1",
+                         NEXUS_FLOW_RETRY_BASE_SECONDS="0")
+    code = "from nexusflow.flows.services import flow_try_run_step_one; flow_try_run_step_one(worker_id='doomed')"
+    proc = subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    run = FlowRun.objects.get(org_id=ORG)
+    submit = _step(run, SUBMIT)
+    assert submit.state == t.STEP_RUNNING and not OutboundCommand.objects.exists()
+    wait_for_recovery()
+    assert flow_try_run_step_one(worker_id="w")
+    command = OutboundCommand.objects.get()
+    _complete(command)
+    run_until_idle()
+    run.refresh_from_db()
+    assert run.state == t.RUN_SUCCEEDED
+    assert OutboundCommand.objects.count() == 1 and FlowEffectLink.objects.count() == 1
+    assert FlowCheckpoint.objects.filter(step=submit).count() == 1
+    assert [a.state for a in FlowStepAttempt.objects.filter(step=submit).order_by("attempt_number")] == [
+        t.ATTEMPT_FENCED, t.ATTEMPT_COMMITTED]
