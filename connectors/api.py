@@ -49,6 +49,9 @@ class IngressAdmitApi(APIView):
     class OutputSerializer(serializers.Serializer):
         receipt_id = serializers.IntegerField()
 
+        class Meta:
+            ref_name = "IngressReceipt"
+
     @extend_schema(
         request={"application/json": {"type": "string", "format": "binary"}},
         responses={202: OutputSerializer, 200: OutputSerializer,
@@ -69,8 +72,13 @@ class IngressAdmitApi(APIView):
             return error_response(exc.code, str(exc), exc.http_status)
         except InvalidIdentity as exc:
             return error_response("malformed_body", str(exc), status.HTTP_400_BAD_REQUEST)
-        except (NotServing, CredentialUnavailable) as exc:
-            return error_response(exc.code, str(exc), status.HTTP_503_SERVICE_UNAVAILABLE,
+        except NotServing as exc:
+            return error_response(exc.code, "the account is not admitting work now", status.HTTP_503_SERVICE_UNAVAILABLE,
+                                  headers={"Retry-After": RETRY_AFTER_SECONDS})
+        except CredentialUnavailable as exc:
+            # The detail names an internal secret locator: log it, never return it.
+            log.error("ingress credential unavailable for %s/%s: %s", account_key, channel, exc)
+            return error_response(exc.code, "the account's credential is unavailable", status.HTTP_503_SERVICE_UNAVAILABLE,
                                   headers={"Retry-After": RETRY_AFTER_SECONDS})
         except NexusError as exc:
             return error_response(exc.code, str(exc), status.HTTP_409_CONFLICT)
@@ -81,3 +89,27 @@ class IngressAdmitApi(APIView):
                                   headers={"Retry-After": RETRY_AFTER_SECONDS})
         code = status.HTTP_202_ACCEPTED if result.created else status.HTTP_200_OK
         return Response({"receipt_id": result.receipt_id}, status=code)
+
+
+class HealthApi(APIView):
+    """``GET /api/v2/health/``: 200 ``{"status": "ok"}`` when the database answers, else 503."""
+
+    authentication_classes: list = []
+    permission_classes: list = []
+
+    class OutputSerializer(serializers.Serializer):
+        status = serializers.CharField()
+
+        class Meta:
+            ref_name = "Health"
+
+    @extend_schema(responses={200: OutputSerializer, 503: OpenApiResponse(description="database_unavailable")})
+    def get(self, request):
+        from django.db import connection
+
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+        except DatabaseError:
+            return error_response("database_unavailable", "the database does not answer", status.HTTP_503_SERVICE_UNAVAILABLE)
+        return Response({"status": "ok"})

@@ -376,7 +376,7 @@ class WorkerProcess(GuardedModel):
     """A registered worker process: the holder identity Permits and leases name."""
 
     worker_id = IdentityField(max_length=120, unique=True)
-    role = models.CharField(max_length=16)
+    role = models.CharField(max_length=64, help_text="Roles joined by '+', e.g. connector+egress.")
     host = models.CharField(max_length=255)
     pid = models.PositiveIntegerField()
     process_start_ticks = models.PositiveBigIntegerField(help_text="/proc/<pid>/stat starttime: tells pid reuse apart.")

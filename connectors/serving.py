@@ -56,11 +56,20 @@ class CredentialUnavailable(NexusError):
 
 # --- L2 configuration -------------------------------------------------------
 def _validate_document(document: dict) -> list[dict]:
+    if not isinstance(document, dict):
+        raise ConfigurationError("the configuration must be a JSON object with an 'accounts' list")
     accounts = document.get("accounts")
     if not isinstance(accounts, list) or not accounts:
         raise ConfigurationError("the configuration needs a non-empty 'accounts' list")
     seen: set[str] = set()
-    for account in accounts:
+    for index, account in enumerate(accounts):
+        if not isinstance(account, dict):
+            raise ConfigurationError(f"accounts[{index}] must be an object")
+        for list_key in ("routes", "push_contracts"):
+            if not isinstance(account.get(list_key, []), list):
+                raise ConfigurationError(f"accounts[{index}].{list_key} must be a list")
+        if not isinstance(account.get("credentials", {}), dict):
+            raise ConfigurationError(f"accounts[{index}].credentials must be an object")
         key = validate_key(account.get("account_key"), field="account_key", max_length=80)
         if key in seen:
             raise ConfigurationError(f"account {key} is listed twice")

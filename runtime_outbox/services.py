@@ -8,7 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, OperationalError, transaction
 
 from nexusflow.kernel import canonical_json, failpoints
 from nexusflow.kernel.clock import db_now
@@ -51,7 +51,7 @@ def application_command_submit(*, org_id: str, command_id: str, execution_ref_di
         UnknownCommand: the route names an unknown application command.
     """
     org = OrgScope(org_id)
-    for _ in range(3):
+    for _ in range(5):
         existing = ApplicationResult.objects.filter(org_id=org_id, command_id=command_id).first()
         if existing is not None:
             if existing.execution_ref_digest != execution_ref_digest:
@@ -69,6 +69,11 @@ def application_command_submit(*, org_id: str, command_id: str, execution_ref_di
             # Either the same command committed concurrently, or an inbound link
             # race lost: re-read, and re-apply on top of the winner if needed.
             continue
+        except OperationalError as exc:
+            # A deadlock victim or lock-wait timeout rolled back entirely: retry it.
+            if exc.args and exc.args[0] in (1205, 1213):
+                continue
+            raise
     raise NexusError(f"command {command_id} could not be applied after retries", code="application_contention")
 
 

@@ -274,7 +274,8 @@ class _Compiler:
 
     def _run(self) -> CompiledPlan:
         if not isinstance(self.flow_api_name, str) or not NAME_RE.match(self.flow_api_name):
-            self.diag("invalid_flow_api_name", None, "flow API name must match [A-Za-z][A-Za-z0-9_]*")
+            self.diag("invalid_flow_api_name", None, "flow API name must start with a letter, use only letters, digits and '_', "
+                                                        "and be at most 80 characters")
         if self.catalog.binding.metadata_view_digest != self.view.digest:
             self.diag("binding_mismatch", None, "catalog generation is bound to another metadata view")
         self.abort_if_failed()

@@ -713,7 +713,8 @@ def flow_step_execute(*, claim: StepClaim) -> str:
         raise
     except Exception as exc:  # the step transaction rolled back; record it under the fence
         log.warning("flow step rolled back: %s", getattr(exc, "code", type(exc).__name__),
-                    extra={"org_id": claim.org_id, "run_id": claim.run_id, "step": claim.step_key}, exc_info=True)
+                    extra={"org_id": claim.org_id, "run_id": claim.run_id, "step": claim.step_key},
+                    exc_info=not isinstance(exc, NexusError))
         _record_rollback(claim, exc)
         return "rolled_back"
     failpoints.hit(FP_AFTER_COMMIT)

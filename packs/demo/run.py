@@ -165,6 +165,14 @@ def _wait_idle(procs: Processes) -> dict[str, int]:
         time.sleep(0.3)
 
 
+def _inbound_field_map(service: dict) -> dict[str, str]:
+    from connectors.packs import load_pack
+
+    account = next(a for a in service["accounts"] if a["account_key"] == service["ingress"]["account_key"])
+    route = load_pack(account["pack"]).route_for_channel(service["ingress"]["channel"], account["routes"])
+    return route["application"]["field_map"]
+
+
 def _local_state(service: dict) -> dict[str, dict[str, Any]]:
     from connectors.models import RemoteLink
     from nexusflow.records.models import Record
@@ -211,14 +219,16 @@ def _summary(service: dict, results: list, remote: dict, expected: dict, counts:
         "nonterminal": sum(counts.values()),
     }
     failures: list[str] = []
+    field_map = service["push"]["inbound_field_map"]
     for object_id, props in expected.items():
         row = local.get(object_id)
         if row is None:
             failures.append(f"contact {object_id}: no local record")
             continue
         for prop, value in props.items():
-            if row.get(prop) != value:
-                failures.append(f"contact {object_id}: {prop}={row.get(prop)!r}, latest event says {value!r}")
+            field = field_map.get(prop)
+            if field is not None and row.get(field) != value:
+                failures.append(f"contact {object_id}: {field}={row.get(field)!r}, latest event says {value!r}")
     extra = set(local) - set(expected)
     if extra:
         failures.append(f"unexpected local contacts: {sorted(extra)[:5]}")
@@ -277,6 +287,7 @@ def run_demo(*, events: str | None, as_json: bool, dump_path: str | None, keep_l
     from packs.hubspot.sender import deliver_all, load_deliveries
 
     service = json.loads(SERVICE_FILE.read_text(encoding="utf-8"))
+    service["push"]["inbound_field_map"] = _inbound_field_map(service)
     events_path = Path(events) if events else ROOT / service["events"]
     try:
         deliveries = load_deliveries(events_path)
@@ -325,7 +336,7 @@ def run_demo(*, events: str | None, as_json: bool, dump_path: str | None, keep_l
         for index, role in enumerate(WORKER_ROLES):
             procs.start(f"worker-{role}-{index}", [sys.executable, "manage.py", "run_workers", "--role", role], env, run_dir)
         base = f"http://127.0.0.1:{web_port}"
-        _wait_http(base + "/api/schema/")
+        _wait_http(base + "/api/v2/health/")
         ingress = service["ingress"]
         url = f"{base}/api/v2/ingress/{ingress['account_key']}/{ingress['channel']}/"
         say(f"demo: posting {len(deliveries)} deliveries to {url}")

@@ -9,11 +9,13 @@ from nexusflow.kernel.scope import OrgScope
 
 
 class Command(BaseCommand):
-    help = "Author the next immutable ConnectorServiceConfigurationGeneration from a JSON file."
+    help = ("Author the next immutable ConnectorServiceConfigurationGeneration from a JSON file: "
+            '{"accounts": [{"account_key", "pack", "routes": [...], "push_contracts": [...], "base_url", '
+            '"credentials": {"<ref>": "env:NAME" | "file:PATH"}}]}. Applying the latest document again is a no-op.')
 
     def add_arguments(self, parser):
-        parser.add_argument("file")
-        parser.add_argument("--org", required=True)
+        parser.add_argument("file", help="Path to the configuration JSON document.")
+        parser.add_argument("--org", required=True, help="Org id the configuration belongs to.")
 
     def handle(self, *args, file, org, **options):
         try:
