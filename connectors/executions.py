@@ -52,12 +52,16 @@ class Claim:
     lane_id: int | None
 
 
-def _candidate_lanes(limit: int = 20) -> list[int]:
+def _candidate_lanes(now: dt.datetime, limit: int = 20) -> list[int]:
+    """Lanes with ready work that no live lease holds, oldest work first (non-locking)."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT e.lane_id FROM connectors_execution e JOIN connectors_orderinglane l ON l.id = e.lane_id "
-            "WHERE e.state = 'ready' GROUP BY e.lane_id ORDER BY MIN(e.id) LIMIT %s",
-            [limit],
+            "WHERE e.state = 'ready' AND (l.active_execution_id IS NULL OR NOT EXISTS ("
+            " SELECT 1 FROM connectors_executionattempt a WHERE a.execution_id = l.active_execution_id"
+            " AND a.state = 'started' AND a.lease_expires_at > %s)) "
+            "GROUP BY e.lane_id ORDER BY MIN(e.id) LIMIT %s",
+            [now, limit],
         )
         return [row[0] for row in cursor.fetchall()]
 
@@ -75,7 +79,7 @@ def execution_try_claim_one(*, worker_id: str) -> Claim | None:
 
     Raises nothing for contention: a lane another worker holds is skipped.
     """
-    for lane_id in _candidate_lanes():
+    for lane_id in _candidate_lanes(db_now()):
         lane = OrderingLane.objects.filter(pk=lane_id).first()
         if lane is None:
             continue
