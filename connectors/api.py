@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from django.db import DatabaseError
+from django.db import DataError, DatabaseError
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers, status
 from rest_framework.parsers import BaseParser
@@ -82,6 +82,11 @@ class IngressAdmitApi(APIView):
                                   headers={"Retry-After": RETRY_AFTER_SECONDS})
         except NexusError as exc:
             return error_response(exc.code, str(exc), status.HTTP_409_CONFLICT)
+        except DataError as exc:
+            # A value that does not fit its column: the input is at fault, retrying cannot help.
+            log.warning("ingress data error for %s/%s: %s", account_key, channel, exc)
+            return error_response("malformed_body", "a value does not fit the route's schema",
+                                  status.HTTP_400_BAD_REQUEST)
         except DatabaseError as exc:
             # Lock timeouts or a lost connection: nothing was acknowledged; the provider retries.
             log.warning("ingress database error for %s/%s: %s", account_key, channel, exc)

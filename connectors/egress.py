@@ -57,7 +57,8 @@ FP_AFTER_RESPONSE = failpoints.declare("permit.after_response")
 FP_AFTER_SETTLE = failpoints.declare("effect.after_settle")
 
 NONTERMINAL = ("prepared", "dispatching", "uncertain", "remote_confirmed")
-MAX_ATTEMPTS = 8
+#: Ambiguous attempts allowed before an effect is quarantined for an operator.
+MAX_UNCERTAIN_ATTEMPTS = 10
 
 
 class EgressRefused(NexusError):
@@ -311,10 +312,16 @@ def permit_settle(grant: Grant, response: Response) -> str:
                 if link.state == "active":
                     RemoteLinkStore.transition(org_id=link.org_id, pk=link.pk, src="active", dst="suspended_drift",
                                                version=link.version)
-        elif response.connect_failed:
+        elif response.connect_failed or (status is not None and status in contract.get("not_performed_statuses", [])):
+            # Connection refused, or a status the contract declares as "not performed"
+            # (rate limited, idempotency key busy): proof of no effect, retry after backoff.
             new_state, attempt_state, reason = "prepared", "no_effect", ""
-        else:
+        elif status is None or status in contract.get("retryable_statuses", []):
+            # Timeout, reset, or a status that may follow a performed request: ambiguous.
             new_state, attempt_state, reason = "uncertain", "uncertain", ""
+        else:
+            # A status the contract does not classify: ambiguous and parked for an operator.
+            new_state, attempt_state, reason = "uncertain", "uncertain", "unclassified_response"
         RemoteEffectAttemptStore.transition(
             org_id=attempt.org_id, pk=attempt.pk, src="started", dst=attempt_state, version=attempt.version,
             set_fields={"response_status": status, "response_body": response.body, "error": response.error[:255],
@@ -438,13 +445,14 @@ def effect_try_reconcile_one() -> bool:
         _binding, _contract_doc, profile = _contract(effect)
         last = effect.attempts.order_by("-attempt_number").first()
         replay_safe = bool(profile.get("idempotency", {}).get("replay_safe")) and last is not None and last.idempotency_key
-        if not replay_safe:
-            continue
+        if not replay_safe or effect.reason_code in ("unclassified_response", "response_id_missing"):
+            continue  # parked: only an operator may resolve it
         with transaction.atomic(durable=True):
             locked = RemoteEffectStore.lock(effect.org_id, effect.pk)
             if locked.state != "uncertain":
                 continue
-            if locked.attempt_count >= MAX_ATTEMPTS:
+            uncertain = RemoteEffectAttempt.objects.filter(effect_id=locked.pk, state="uncertain").count()
+            if uncertain >= MAX_UNCERTAIN_ATTEMPTS:
                 RemoteEffectStore.transition(org_id=locked.org_id, pk=locked.pk, src="uncertain", dst="quarantined",
                                              version=locked.version, set_fields={"reason_code": "retry_exhausted"})
                 intent_result_record(command=effect.command, outcome="quarantined", remote_id="",

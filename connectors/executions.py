@@ -32,6 +32,7 @@ from nexusflow.kernel.models import insert
 from .models import Event, Execution, ExecutionAttempt, OrderingDecision, OrderingLane, PackGeneration
 from .serving import NotServing, serving_lock
 from .store import ExecutionAttemptStore, ExecutionStore, OrderingLaneStore
+from .workers import holder_termination_proof
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +68,17 @@ def _candidate_lanes(now: dt.datetime, limit: int = 20) -> list[int]:
 
 
 def _lease_expired(org_id: str, execution_id: int, now: dt.datetime) -> ExecutionAttempt | None:
+    """The active claim's attempt when it can be taken over, else ``None``.
+
+    A claim can be taken over when its lease expired or its holder process is
+    proven terminated (it can no longer commit anything).
+    """
     attempt = ExecutionAttempt.objects.filter(org_id=org_id, execution_id=execution_id, state="started") \
         .order_by("-attempt_number").first()
-    if attempt is None or attempt.lease_expires_at <= now:
-        return attempt or ExecutionAttempt(pk=None)
+    if attempt is None:
+        return ExecutionAttempt(pk=None)
+    if attempt.lease_expires_at <= now or holder_termination_proof(attempt.worker_id) is not None:
+        return attempt
     return None
 
 
@@ -232,20 +240,22 @@ def execution_try_run_one(*, worker_id: str) -> bool:
 
 
 def execution_try_recover_one(*, worker_id: str) -> bool:
-    """Re-run one Execution whose lease expired while it was the lane's active claim."""
+    """Re-run one Execution whose claim expired or whose holder process is proven gone."""
     now = db_now()
-    stale = (ExecutionAttempt.objects.filter(state="started", lease_expires_at__lte=now, execution__state="ready")
-             .order_by("lease_expires_at").first())
-    if stale is None:
-        return False
-    execution = Execution.objects.get(pk=stale.execution_id)
-    if execution.lane_id is None:
-        return False
-    try:
-        claim = _claim_in_lane(execution.org_id, execution.lane.account_key, execution.lane_id, worker_id)
-    except (NotServing, StaleVersion):
-        return False
-    if claim is None:
-        return False
-    execution_run(claim)
-    return True
+    started = (ExecutionAttempt.objects.filter(state="started", execution__state="ready")
+               .select_related("execution__lane").order_by("lease_expires_at")[:50])
+    for stale in started:
+        if stale.lease_expires_at > now and holder_termination_proof(stale.worker_id) is None:
+            continue
+        execution = stale.execution
+        if execution.lane_id is None:
+            continue
+        try:
+            claim = _claim_in_lane(execution.org_id, execution.lane.account_key, execution.lane_id, worker_id)
+        except (NotServing, StaleVersion):
+            continue
+        if claim is None:
+            continue
+        execution_run(claim)
+        return True
+    return False

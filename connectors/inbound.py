@@ -97,6 +97,33 @@ def _encode_position(values: list[int]) -> bytes:
     return b"".join(struct.pack(">Q", v + (1 << 63)) for v in values)
 
 
+def _reject_constant(name: str):
+    raise ValueError(f"non-finite number {name}")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError("number out of range")
+    return value
+
+
+def parse_body(body: bytes) -> Any:
+    """Parse a request body as strict, interoperable JSON.
+
+    Raises:
+        MalformedBody: not UTF-8, not JSON, NaN/Infinity or out-of-range
+            numbers, integers beyond the parser's digit limit, nesting too
+            deep, or strings that are not valid Unicode (lone surrogates).
+    """
+    try:
+        parsed = json.loads(body.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float)
+        canonical_json.dumps(parsed)  # every string must encode as UTF-8
+    except (UnicodeError, ValueError, RecursionError):
+        raise MalformedBody("the body is not strict UTF-8 JSON") from None
+    return parsed
+
+
 def _frame_key(parts: list[str]) -> str:
     return "/".join(f"{len(p)}:{p}" for p in parts)
 
@@ -132,16 +159,21 @@ def classify_items(route: dict, items: list) -> list[_Item]:
             continue
         try:
             item.kind = spec["canonical_kind"]
-            item.source_event_key = _frame_key([canonical_locator(raw[f], field=f) for f in route["source_event_key"]])
-            item.locator = canonical_locator(raw[route["source_locator"]], field="source_locator")
+            item.source_event_key = _frame_key([canonical_locator(raw[f], field=f, max_length=64)
+                                                for f in route["source_event_key"]])
+            if len(item.source_event_key) > 160:
+                raise InvalidIdentity("source event key longer than 160 characters")
+            item.locator = canonical_locator(raw[route["source_locator"]], field="source_locator", max_length=160)
             occurred = route["occurred_at"]
             item.occurred_at_ms = int(raw[occurred["field"]]) * (1000 if occurred.get("unit") == "s" else 1)
             ordering = route["ordering"]
-            item.partition = [None if raw.get(f) is None else canonical_locator(raw[f], field=f) for f in ordering["partition"]]
+            partition_fields = spec.get("partition", ordering["partition"])
+            item.partition = [None if raw.get(f) is None else canonical_locator(raw[f], field=f) for f in partition_fields]
             position_values = [raw[f] for f in ordering["position"]]
             if not all(_typed(v, "integer") and -(1 << 63) <= v < (1 << 63) for v in position_values):
                 raise InvalidIdentity("position fields must be 64-bit integers")
-            item.position = _encode_position(position_values)
+            # The SourceEventKey closes the order: equal positions still compare deterministically.
+            item.position = _encode_position(position_values) + b"\x00" + item.source_event_key.encode("utf-8")
             item.tie_breaker = str(raw.get(ordering["tie_breaker"], ""))
         except (InvalidIdentity, KeyError, TypeError, ValueError):
             item.reason = "item_identity_invalid"
@@ -205,10 +237,7 @@ def admit(*, account_key: str, channel: str, method: str, url: str, body: bytes,
     _gate, route, secret = _route_and_secret(org_id, account_key, channel)
     verify_request(route["auth"], secret=secret, method=method, url=url, body=body, headers=headers,
                    now_epoch_seconds=time.time() if now is None else now)
-    try:
-        parsed = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise MalformedBody("the body is not UTF-8 JSON") from None
+    parsed = parse_body(body)
     if not isinstance(parsed, list):
         raise MalformedBody("the body must be a JSON array of events")
     if not parsed:

@@ -23,3 +23,7 @@ register("response_id_missing", owner="connectors", evidence="RemoteEffectAttemp
          alert_after_seconds=600, remediation="operator reconciliation: the remote effect may exist")
 register("holder_abandoned", owner="connectors", evidence="DispatchPermit.closed_evidence",
          alert_after_seconds=600, remediation="automatic: idempotent repeat or reconciliation")
+register("unclassified_response", owner="connectors", evidence="RemoteEffectAttempt.response_status",
+         alert_after_seconds=600, remediation="operator reconciliation; classify the status in the pack contract")
+register("prior_create_unresolved", owner="connectors", evidence="quarantined RemoteEffect of the same link_key",
+         alert_after_seconds=600, remediation="resolve the earlier quarantined create, then author a new intent")

@@ -928,16 +928,26 @@ def flow_try_recover_expired_one() -> bool:
     for org_id, run_id, step_id, token_digest in candidates:
         if _recover(org_id=org_id, run_id=run_id, step_id=step_id, token_digest=token_digest):
             return True
+    # A holder proven terminated cannot commit either: recover it without waiting for the lease.
+    from connectors.workers import holder_termination_proof
+
+    live = (FlowStepExecution.objects.filter(state__in=(t.STEP_CLAIMED, t.STEP_RUNNING), lease_expires_at__gte=now)
+            .order_by("lease_expires_at", "id").values_list("org_id", "run_id", "id", "lease_token_digest", "lease_owner")
+            [: policy.CLAIM_BATCH])
+    for org_id, run_id, step_id, token_digest, owner in live:
+        if owner and holder_termination_proof(owner) is not None:
+            if _recover(org_id=org_id, run_id=run_id, step_id=step_id, token_digest=token_digest, holder_dead=True):
+                return True
     return False
 
 
-def _recover(*, org_id: str, run_id: int, step_id: int, token_digest: str) -> bool:
+def _recover(*, org_id: str, run_id: int, step_id: int, token_digest: str, holder_dead: bool = False) -> bool:
     with transaction.atomic(durable=True):
         now = db_now()
         run = FlowRunStore.lock(org_id, run_id)
         step = FlowStepStore.lock(org_id, step_id)
         if (step.state not in (t.STEP_CLAIMED, t.STEP_RUNNING) or step.lease_token_digest != token_digest
-                or step.lease_expires_at is None or step.lease_expires_at >= now):
+                or step.lease_expires_at is None or (step.lease_expires_at >= now and not holder_dead)):
             return False
         live = FlowStepAttempt.objects.filter(org_id=org_id, step_id=step.pk, state=t.ATTEMPT_STARTED,
                                               lease_token_digest=token_digest).first()

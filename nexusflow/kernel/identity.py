@@ -50,20 +50,22 @@ def validate_key(value: object, *, field: str = "key", max_length: int = DEFAULT
     return value
 
 
-def canonical_locator(value: object, *, field: str = "locator") -> str:
+def canonical_locator(value: object, *, field: str = "locator", max_length: int = DEFAULT_MAX_LENGTH) -> str:
     """Render an external locator (int or text) as its canonical key.
 
     Integers become their decimal form; text must already be canonical.
 
     Raises:
-        InvalidIdentity: booleans, floats, or a text value failing
-            :func:`validate_key`.
+        InvalidIdentity: booleans, floats, integers outside the signed/unsigned
+            64-bit range, or a text value failing :func:`validate_key`.
     """
     if isinstance(value, bool) or isinstance(value, float):
         raise InvalidIdentity(f"{field}: {type(value).__name__} is not a locator")
     if isinstance(value, int):
+        if not -(1 << 63) <= value < (1 << 64):
+            raise InvalidIdentity(f"{field}: integer outside the 64-bit range")
         return str(value)
-    return validate_key(value, field=field)
+    return validate_key(value, field=field, max_length=max_length)
 
 
 class IdentityField(models.CharField):
