@@ -1,0 +1,69 @@
+"""Kill a worker at each failpoint, restart it once with --until-idle: no duplicate, no stuck work."""
+import signal
+
+import pytest
+
+from connectors.models import Event, Execution, ExecutionAttempt, RemoteEffect
+from runtime_outbox.models import ApplicationResult, OutboxMessage
+from tests.adversarial.helpers import check_end_state, pending_work, run_parallel
+from tests.conftest import hubspot_event, post_signed, run_manage, subprocess_env
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
+
+BATCH = [hubspot_event(1, 901, 1000), hubspot_event(2, 901, 2000, "email", "ivy@x.io"),
+         hubspot_event(3, 901, 2500, "firstname", "Ivy"),
+         hubspot_event(4, 901, 3000, "lifecyclestage", "customer")]
+EXPECTED = {"901": {"email": "ivy@x.io", "firstname": "Ivy", "lifecyclestage": "customer"}}
+
+
+@pytest.mark.parametrize("failpoint", ["execution.after_claim", "execution.after_runtime_result"])
+def test_connector_killed_then_restarted_until_idle_converges(client, serving_org, failpoint):
+    assert post_signed(client, BATCH).status_code == 202
+    crashed = run_manage(["run_workers", "--role", "connector"], subprocess_env(NEXUS_FAILPOINTS=failpoint), timeout=60)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    # an operator restarts the worker (default lease); it must pick the orphaned claim up
+    restarted = run_manage(["run_workers", "--role", "connector", "--until-idle"], subprocess_env(), timeout=120)
+    assert restarted.returncode == 0, restarted.stderr[-2000:]
+    stuck = list(Execution.objects.filter(state="ready").values_list("id", "lane_id"))
+    assert not stuck, f"executions left ready after restart: {stuck}; attempts " + str(
+        list(ExecutionAttempt.objects.values_list("execution_id", "state", "worker_id")))
+    assert ApplicationResult.objects.count() == Execution.objects.filter(state="completed").count()
+
+
+@pytest.mark.parametrize("role,failpoint", [
+    ("connector", "execution.after_claim"),
+    ("connector", "execution.after_runtime_result"),
+    ("runtime", "outbox.after_effect_accept"),
+    ("flow", "flow.step.after_claim"),
+    ("flow", "flow.step.before_commit"),
+    ("flow", "flow.step.after_commit"),
+    ("egress", "permit.after_grant"),
+    ("egress", "permit.after_sending"),
+    ("egress", "permit.after_response"),
+    ("egress", "effect.after_settle"),
+])
+def test_kill_at_failpoint_full_pipeline_converges(client, serving_org, role, failpoint):
+    assert post_signed(client, BATCH).status_code == 202
+    env = subprocess_env(NEXUS_EXECUTION_LEASE_SECONDS="2", NEXUS_FLOW_LEASE_SECONDS="2")
+    order = ["connector", "flow", "runtime", "egress"]
+    # drive the pipeline up to the role under test, then kill it there
+    for _ in range(4):
+        for r in order:
+            if r == role:
+                break
+            run_manage(["run_workers", "--role", r, "--until-idle"], env, timeout=120)
+        crashed = run_manage(["run_workers", "--role", role], subprocess_env(
+            NEXUS_FAILPOINTS=failpoint, NEXUS_EXECUTION_LEASE_SECONDS="2", NEXUS_FLOW_LEASE_SECONDS="2"), timeout=60)
+        if crashed.returncode == -signal.SIGKILL:
+            break
+    else:
+        pytest.fail(f"{failpoint} was never reached")
+    import time
+    time.sleep(2.5)  # let short leases expire
+    run_parallel(env, {"connector": 1, "runtime": 1, "flow": 1, "egress": 1}, rounds=10)
+    assert not any(pending_work().values()), pending_work()
+    problems = check_end_state(EXPECTED, serving_org.sandbox)
+    assert not problems, problems
+    customers = serving_org.sandbox.state()["customers"]
+    assert len(customers) == 1
+    assert RemoteEffect.objects.filter(state="finalized").count() == RemoteEffect.objects.count()
