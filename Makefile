@@ -20,6 +20,7 @@ $(STAMP): requirements.txt
 
 db: venv
 	@bash scripts/ensure_mariadb.sh
+	@$(PY) scripts/create_databases.py
 	$(PY) manage.py migrate --noinput --verbosity 0
 	$(PY) manage.py migrate --noinput --verbosity 0 --database control
 
