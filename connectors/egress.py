@@ -88,10 +88,15 @@ def _contract(effect: RemoteEffect) -> tuple[dict, dict, dict]:
     return binding, contract, profile
 
 
-def _encode_body(contract: dict, fields: dict) -> tuple[bytes, str]:
+def _content_type(contract: dict) -> str:
+    return "application/x-www-form-urlencoded" if contract.get("body_encoding", "json") == "form" else "application/json"
+
+
+def _encode_body(contract: dict, fields: dict) -> bytes:
+    """The request bytes for ``fields``: sorted form encoding or canonical JSON, per the contract."""
     if contract.get("body_encoding", "json") == "form":
-        return urllib.parse.urlencode(sorted(fields.items())).encode("utf-8"), "application/x-www-form-urlencoded"
-    return canonical_json.dumps(fields), "application/json"
+        return urllib.parse.urlencode(sorted(fields.items())).encode("utf-8")
+    return canonical_json.dumps(fields)
 
 
 # --- candidates -------------------------------------------------------------
@@ -181,7 +186,7 @@ def _grant(effect: RemoteEffect, worker_id: str) -> Grant | None:
 def _plan_request(effect: RemoteEffect, binding: dict, contract: dict):
     """Decide create vs update from the RemoteLink (never from a mirror field)."""
     link = RemoteLink.objects.filter(org_id=effect.org_id, link_key=effect.dispatch_lane).first()
-    body, _ctype = _encode_body(contract, effect.command.request_fields)
+    body = _encode_body(contract, effect.command.request_fields)
     key = binding.get("provider_idempotency_key")
     if link is None:
         prior = RemoteEffect.objects.filter(org_id=effect.org_id, dispatch_lane=effect.dispatch_lane,
@@ -240,8 +245,7 @@ def permit_send(grant: Grant, *, client: httpx.Client | None = None) -> Response
     failpoints.hit(FP_AFTER_SENDING)
     attempt = RemoteEffectAttempt.objects.get(pk=grant.attempt_id)
     credential = CredentialGeneration.objects.get(pk=binding["credential_generation"]["id"])
-    _body, content_type = _encode_body(contract, {})
-    headers = {"Content-Type": content_type, "Accept": "application/json"}
+    headers = {"Content-Type": _content_type(contract), "Accept": "application/json"}
     if profile.get("auth", {}).get("kind") == "bearer":
         headers["Authorization"] = "Bearer " + resolve_secret(credential).decode("utf-8")
     if attempt.idempotency_key and profile.get("idempotency", {}).get("header"):

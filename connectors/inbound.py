@@ -199,7 +199,9 @@ def _route_and_secret(org_id: str, account_key: str, channel: str) -> tuple[Acco
         raise UnknownIngress(f"unknown account {account_key!r}")
     if gate.state != "v2_serving" or gate.epoch is None:
         raise NotServing(f"account {account_key} is {gate.state}")
-    account = next(a for a in gate.epoch.document["accounts"] if a["account_key"] == account_key)
+    account = next((a for a in gate.epoch.document["accounts"] if a["account_key"] == account_key), None)
+    if account is None:
+        raise NotServing(f"account {account_key} is not part of its serving epoch")
     pack = PackGeneration.objects.get(pk=account["pack_generation"]["id"])
     route = next((r for r in pack.document.get("inbound_routes", [])
                   if r["channel"] == channel and r["route_key"] in account["routes"]), None)
