@@ -1,0 +1,78 @@
+"""Every production V2 write locks the gate and its exact epoch (seed 003 "State machines", S003-RP-07).
+
+Admission, Execution claim, OutboundCommand authoring and DispatchPermit
+acquisition are each refused when the gate is not ``v2_serving`` or its
+epoch reference does not byte-match the active epoch; nothing is written.
+"""
+import pytest
+from django.db import connection, transaction
+
+from connectors.egress import permit_try_grant_one
+from connectors.executions import execution_try_claim_one
+from connectors.models import DispatchPermit, Event, ExecutionAttempt, Receipt
+from connectors.serving import NotServing
+from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
+from nexusflow.records.services import record_create
+from runtime_outbox.models import OutboundCommand
+from runtime_outbox.services import outbound_command_author, outbox_try_deliver_one
+from tests.conftest import ORG, hubspot_event, make_serving_org, post_signed
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
+
+BREAKS = {
+    "gate_halting": "UPDATE connectors_accountservinggate SET state = 'halting_v2'",
+    "epoch_digest_mismatch": "UPDATE connectors_accountservinggate SET epoch_digest = REPEAT('0', 64)",
+    "epoch_draining": "UPDATE connectors_servingepoch SET state = 'draining'",
+}
+
+
+def _break(kind):
+    with connection.cursor() as cursor:
+        cursor.execute(BREAKS[kind])
+
+
+def _author():
+    scope = TrustedRuntimeWorkScope(ORG, "core", "flow-runtime", "test-binding")
+    with transaction.atomic():
+        record = record_create(org=OrgScope(ORG), object_name="Contact",
+                               values={"email": "f@x.io", "lifecyclestage": "customer"})
+        return outbound_command_author(scope=scope, effect_root_id="r", effect_slot_id="s", effect_generation_id="1",
+                                       contract_key="billing.customer", record=record, origin_flow_run_id=None)
+
+
+@pytest.mark.parametrize("kind", sorted(BREAKS))
+def test_admission_is_refused(client, billing_sandbox, kind):
+    make_serving_org(billing_sandbox.base_url, deploy_flow=False)
+    _break(kind)
+    response = post_signed(client, [hubspot_event(1, 501, 1000)])
+    assert response.status_code == 503
+    assert Receipt.objects.count() == 0 and Event.objects.count() == 0
+
+
+@pytest.mark.parametrize("kind", sorted(BREAKS))
+def test_execution_claim_is_refused(client, billing_sandbox, kind):
+    make_serving_org(billing_sandbox.base_url, deploy_flow=False)
+    assert post_signed(client, [hubspot_event(1, 501, 1000)]).status_code == 202
+    _break(kind)
+    assert execution_try_claim_one(worker_id="w") is None
+    assert ExecutionAttempt.objects.count() == 0
+
+
+@pytest.mark.parametrize("kind", sorted(BREAKS))
+def test_outbound_authoring_is_refused(billing_sandbox, kind):
+    make_serving_org(billing_sandbox.base_url, deploy_flow=False)
+    _break(kind)
+    with pytest.raises(NotServing):
+        _author()
+    assert OutboundCommand.objects.count() == 0
+
+
+@pytest.mark.parametrize("kind", sorted(BREAKS))
+def test_permit_acquisition_is_refused(billing_sandbox, kind):
+    make_serving_org(billing_sandbox.base_url, deploy_flow=False)
+    _author()
+    assert outbox_try_deliver_one()
+    _break(kind)
+    assert permit_try_grant_one(worker_id="w") is None
+    assert DispatchPermit.objects.count() == 0
+    assert billing_sandbox.state()["requests"] == 0
