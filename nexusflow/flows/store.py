@@ -9,13 +9,10 @@ links); taking a lower-ranked lifecycle row after a higher one raises
 """
 from __future__ import annotations
 
-import datetime as dt
-from typing import Any
 
-from django.db import connections
 
 from nexusflow.kernel import locks
-from nexusflow.kernel.errors import FenceRejected, LockOrderViolation
+from nexusflow.kernel.errors import FenceRejected
 from nexusflow.kernel.models import insert
 from nexusflow.kernel.store import CasStore
 
@@ -33,83 +30,33 @@ from .models import (
     FlowWakeSignal,
 )
 
-# Seed 004 section 12 lifecycle sub-order.
+# Seed 004 section 12 lifecycle sub-order inside LockClass.FLOW_LIFECYCLE.
 RANK_ACTIVATION = 0
 RANK_ROOT = 1
 RANK_STEP = 2
 RANK_ATTEMPT = 3
 RANK_DEPENDENCY = 4
 RANK_SIGNAL = 5
-RANK_NAMES = {0: "activation", 1: "root", 2: "step", 3: "attempt", 4: "dependency", 5: "signal/link"}
 
 
-def note_lifecycle_rank(rank: int, using: str = "default") -> None:
-    """Record that this transaction is about to lock a lifecycle row of ``rank``.
-
-    Raises:
-        LockOrderViolation: a higher-ranked lifecycle row is already locked.
-        RuntimeError: called outside a transaction.
-    """
-    conn = connections[using]
-    if not conn.in_atomic_block:
-        raise RuntimeError("locking read outside a transaction")
-    # The rank lives on the outermost real Atomic (not a test case's wrapping
-    # block), so it ends with the transaction.
-    blocks = [b for b in conn.atomic_blocks if not getattr(b, "_from_testcase", False)]
-    holder = (blocks or conn.atomic_blocks or [conn])[0]
-    held = getattr(holder, "_nexus_flow_rank", -1)
-    if rank < held:
-        raise LockOrderViolation(
-            f"flow lifecycle lock {RANK_NAMES[rank]} requested after {RANK_NAMES[held]} (seed 004 section 12)"
-        )
-    holder._nexus_flow_rank = max(held, rank)
-
-
-def _adapt(values: dict[str, Any] | None, using: str) -> dict[str, Any] | None:
-    if not values:
-        return values
-    ops = connections[using].ops
-    return {k: (ops.adapt_datetimefield_value(v) if isinstance(v, dt.datetime) else v) for k, v in values.items()}
+def note_lifecycle_rank(rank: int, label: str, using: str = "default") -> None:
+    """Record a lifecycle lock at ``rank`` (see :func:`nexusflow.kernel.locks.note`)."""
+    locks.note(locks.LockClass.FLOW_LIFECYCLE, using, rank=rank, label=label)
 
 
 class _FlowCasStore(CasStore):
     lock_class = locks.LockClass.FLOW_LIFECYCLE
-    rank: int
-
-    @classmethod
-    def lock(cls, org_id: str, pk: int, *, nowait: bool = False):
-        """Lock one row by trusted ``(org_id, id)`` in lifecycle order.
-
-        Raises:
-            LockOrderViolation: a later lifecycle class is already locked.
-            Model.DoesNotExist: no such row in that org.
-        """
-        note_lifecycle_rank(cls.rank, cls.db())
-        return super().lock(org_id, pk, nowait=nowait)
-
-    @classmethod
-    def transition(cls, *, org_id, pk, src, dst, version, fences=None, set_fields=None) -> int:
-        db = cls.db()
-        return super().transition(org_id=org_id, pk=pk, src=src, dst=dst, version=version,
-                                  fences=_adapt(fences, db), set_fields=_adapt(set_fields, db))
-
-    @classmethod
-    def touch(cls, *, org_id, pk, state, version, fences=None, set_fields=None) -> int:
-        db = cls.db()
-        return super().touch(org_id=org_id, pk=pk, state=state, version=version,
-                             fences=_adapt(fences, db), set_fields=_adapt(set_fields, db))
 
 
 class FlowActivationStore(_FlowCasStore):
     model = FlowActivation
     machine = t.FLOW_ACTIVATION
-    rank = RANK_ACTIVATION
+    lock_rank, lock_label = RANK_ACTIVATION, "activation"
 
     @classmethod
     def lock_active(cls, org_id: str, flow_api_name: str) -> FlowActivation | None:
         """Lock the active activation of ``(org_id, flow_api_name)``, if any."""
-        note_lifecycle_rank(cls.rank, cls.db())
-        locks.note(cls.lock_class, cls.db())
+        note_lifecycle_rank(cls.lock_rank, cls.lock_label, cls.db())
         return (FlowActivation.objects.select_for_update()
                 .filter(org_id=org_id, active_slot=flow_api_name).first())
 
@@ -117,33 +64,33 @@ class FlowActivationStore(_FlowCasStore):
 class FlowRunStore(_FlowCasStore):
     model = FlowRun
     machine = t.FLOW_RUN
-    rank = RANK_ROOT
+    lock_rank, lock_label = RANK_ROOT, "root"
 
 
 class FlowStepStore(_FlowCasStore):
     model = FlowStepExecution
     machine = t.FLOW_STEP_EXECUTION
-    rank = RANK_STEP
+    lock_rank, lock_label = RANK_STEP, "step"
     stale_error = FenceRejected
 
 
 class FlowAttemptStore(_FlowCasStore):
     model = FlowStepAttempt
     machine = t.FLOW_STEP_ATTEMPT
-    rank = RANK_ATTEMPT
+    lock_rank, lock_label = RANK_ATTEMPT, "attempt"
     stale_error = FenceRejected
 
 
 class FlowDependencyStore(_FlowCasStore):
     model = FlowDependency
     machine = t.FLOW_DEPENDENCY
-    rank = RANK_DEPENDENCY
+    lock_rank, lock_label = RANK_DEPENDENCY, "dependency"
 
 
 class FlowWakeSignalStore(_FlowCasStore):
     model = FlowWakeSignal
     machine = t.FLOW_WAKE_SIGNAL
-    rank = RANK_SIGNAL
+    lock_rank, lock_label = RANK_SIGNAL, "signal"
 
 
 STORES: dict[str, type[_FlowCasStore]] = {
@@ -167,7 +114,7 @@ def checkpoint_insert(**values) -> FlowCheckpoint:
 
 
 def effect_link_insert(**values) -> FlowEffectLink:
-    note_lifecycle_rank(RANK_SIGNAL)
+    """Insert the submit step's effect link (an insert: no lock on any existing row)."""
     return insert(FlowEffectLink, **values)
 
 

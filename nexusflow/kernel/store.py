@@ -6,6 +6,7 @@ checked. Transition rules are checked first, before any SQL.
 """
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from django.db import connections, router
@@ -26,6 +27,9 @@ class CasStore:
     model: Any
     machine: StateMachine
     lock_class: locks.LockClass
+    #: Position inside the lock class's own sub-order; ``lock_label`` names it in errors.
+    lock_rank: int = 0
+    lock_label: str = ""
     stale_error: type[StaleVersion] = StaleVersion
 
     # --- reads that lock -------------------------------------------------
@@ -37,7 +41,7 @@ class CasStore:
             Model.DoesNotExist: no such row in that org.
             django.db.OperationalError: ``nowait`` and the row is locked.
         """
-        locks.note(cls.lock_class, cls.db())
+        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label)
         qs = cls.model.objects.select_for_update(nowait=nowait)
         return qs.get(org_id=org_id, pk=pk)
 
@@ -91,11 +95,17 @@ class CasStore:
     @classmethod
     def _cas(cls, *, org_id, pk, src, dst, version, fences, set_fields) -> int:
         table = cls.model._meta.db_table
+        ops = connections[cls.db()].ops
+
+        def adapt(value):
+            # Raw SQL bypasses field conversion: store datetimes as the backend expects.
+            return ops.adapt_datetimefield_value(value) if isinstance(value, dt.datetime) else value
+
         assignments = ["`state` = %s", "`version` = `version` + 1"]
         params: list[Any] = [dst]
         for column, value in (set_fields or {}).items():
             assignments.append(f"`{column}` = %s")
-            params.append(value)
+            params.append(adapt(value))
         where = ["`id` = %s", "`org_id` = %s", "`state` = %s", "`version` = %s"]
         params += [pk, org_id, src, version]
         for column, value in (fences or {}).items():
@@ -103,7 +113,7 @@ class CasStore:
                 where.append(f"`{column}` IS NULL")
             else:
                 where.append(f"`{column}` = %s")
-                params.append(value)
+                params.append(adapt(value))
         sql = f"UPDATE `{table}` SET {', '.join(assignments)} WHERE {' AND '.join(where)}"
         with connections[cls.db()].cursor() as cursor:
             cursor.execute(sql, params)

@@ -6,8 +6,6 @@ from django.db import connection, transaction
 
 from connectors.egress import (
     effect_try_dispatch_one,
-    effect_try_finalize_one,
-    effect_try_reconcile_one,
     permit_send,
     permit_try_grant_one,
 )
@@ -17,7 +15,7 @@ from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
 from nexusflow.records.services import record_create, record_lock, record_update
 from runtime_outbox.models import IntentResultReceipt, OutboundCommand
 from runtime_outbox.services import outbound_command_author, outbox_try_deliver_one
-from tests.conftest import ORG, make_serving_org
+from tests.conftest import ORG, drain, make_serving_org
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 
@@ -44,15 +42,6 @@ def _author(record_key, slot, **changes):
                                        origin_flow_run_id=None)
 
 
-def _drain():
-    units = [outbox_try_deliver_one, effect_try_finalize_one, effect_try_reconcile_one,
-             lambda: effect_try_dispatch_one(worker_id="t")]
-    for _ in range(200):
-        if not any([u() for u in units]):
-            return
-    raise AssertionError("egress did not drain")
-
-
 def _zero_backoff():
     with connection.cursor() as cursor:
         cursor.execute("UPDATE connectors_remoteeffect SET next_attempt_at = NULL")
@@ -61,7 +50,7 @@ def _zero_backoff():
 def test_first_push_creates_then_later_pushes_update_through_the_link(org, billing_sandbox):
     contact = _contact(email="ann@x.io", firstname="Ann", lastname="Lee", lifecyclestage="customer")
     _author(contact.record_key, "push-1")
-    _drain()
+    drain()
     customers = billing_sandbox.state()["customers"]
     assert [(c["email"], c["name"], c["create_requests"]) for c in customers] == [("ann@x.io", "Ann Lee", 1)]
     link = RemoteLink.objects.get(action_type="PushToConnector")
@@ -69,7 +58,7 @@ def test_first_push_creates_then_later_pushes_update_through_the_link(org, billi
     contact.refresh_from_db()
     assert contact.mirrors["billing_id"] == link.remote_id
     _author(contact.record_key, "push-2", lastname="Lee-Park")
-    _drain()
+    drain()
     customers = billing_sandbox.state()["customers"]
     assert len(customers) == 1
     assert customers[0]["name"] == "Ann Lee-Park" and customers[0]["update_requests"] == 1
@@ -87,12 +76,12 @@ def test_change_saved_while_create_in_flight_follows_as_update(org, billing_sand
     assert grant is not None
     # While the create is in flight, the later intent is not dispatchable.
     assert permit_try_grant_one(worker_id="t2") is None
-    _drain()
+    drain()
     assert billing_sandbox.state()["requests"] == 0  # neither the granted create nor the update went out
     from connectors.egress import permit_settle
 
     permit_settle(grant, permit_send(grant))
-    _drain()
+    drain()
     customers = billing_sandbox.state()["customers"]
     assert len(customers) == 1
     assert customers[0]["email"] == "bo@new.io" and customers[0]["create_requests"] == 1
@@ -108,7 +97,7 @@ def test_lost_response_is_repeated_byte_identically_under_the_same_key(org, bill
     effect = RemoteEffect.objects.get()
     assert effect.state == "uncertain"
     _zero_backoff()
-    _drain()
+    drain()
     effect.refresh_from_db()
     assert effect.state == "finalized"
     customers = billing_sandbox.state()["customers"]
@@ -123,12 +112,12 @@ def test_definite_refusal_is_terminal_no_effect(org, billing_sandbox):
     contact = _contact(email="di@x.io", firstname="Di", lifecyclestage="customer")
     command = _author(contact.record_key, "push-1")
     billing_sandbox.set_faults(fail_before_commit={"status": 400, "count": 1})
-    _drain()
+    drain()
     effect = RemoteEffect.objects.get()
     assert effect.state == "no_effect" and effect.reason_code == "definite_refusal"
     assert IntentResultReceipt.objects.get(command=command).outcome == "no_effect"
     _zero_backoff()
-    _drain()
+    drain()
     assert RemoteEffectAttempt.objects.count() == 1
     assert billing_sandbox.state()["customers"] == []
 

@@ -101,6 +101,10 @@ def test_lock_order_reversal_is_refused():
             locks.note(locks.LockClass.SERVING_GATE)
     with transaction.atomic():
         locks.note(locks.LockClass.BUSINESS_RECORD)  # a new transaction starts from the bottom again
+        locks.note(locks.LockClass.FLOW_LIFECYCLE, rank=3, label="attempt")
+        with pytest.raises(LockOrderViolation, match="attempt"):
+            locks.note(locks.LockClass.FLOW_LIFECYCLE, rank=1, label="root")
+        locks.note(locks.LockClass.SERVING_GATE)  # a later class follows any rank of an earlier one
 
 
 def test_failpoints_are_declared_and_kill_a_real_process():

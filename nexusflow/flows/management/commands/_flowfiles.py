@@ -24,3 +24,21 @@ def expand(paths: list[str]) -> list[Path]:
         else:
             out.append(p)
     return out
+
+
+def read_flow_files(paths: list[str], stderr) -> tuple[list[tuple[Path, str, bytes]], int]:
+    """Read every Flow file named by ``paths`` (directories expanded).
+
+    Returns:
+        ``([(path, flow_api_name, source_bytes), ...], unreadable_count)``;
+        each unreadable file is reported on ``stderr``.
+    """
+    files: list[tuple[Path, str, bytes]] = []
+    failed = 0
+    for path in expand(paths):
+        try:
+            files.append((path, flow_api_name_of(path), path.read_bytes()))
+        except OSError as exc:
+            stderr.write(f"{path}: cannot read: {exc.strerror}")
+            failed += 1
+    return files, failed

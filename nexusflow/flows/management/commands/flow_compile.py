@@ -17,7 +17,7 @@ from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.metadata import current_view
 
-from ._flowfiles import expand, flow_api_name_of
+from ._flowfiles import read_flow_files
 
 # Compile-only checks need some trusted org for the binding; this one is
 # never persisted and names no tenant.
@@ -41,15 +41,8 @@ class Command(BaseCommand):
             with transaction.atomic():
                 row = catalog_seal(snapshot=catalog_current(binding=binding))
             self.stdout.write(f"catalog {row.generation_id} digest={row.digest}")
-        failed = 0
-        for path in expand(paths):
-            name = flow_api_name_of(path)
-            try:
-                source = path.read_bytes()
-            except OSError as exc:
-                self.stderr.write(f"{path}: cannot read: {exc.strerror}")
-                failed += 1
-                continue
+        files, failed = read_flow_files(paths, self.stderr)
+        for path, name, source in files:
             try:
                 plan = flow_compile_check(source=source, flow_api_name=name, org=scope)
             except CompileError as exc:

@@ -11,7 +11,7 @@ from nexusflow.flows.services import flow_deploy
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.scope import OrgScope
 
-from ._flowfiles import expand, flow_api_name_of
+from ._flowfiles import read_flow_files
 
 
 class Command(BaseCommand):
@@ -26,15 +26,8 @@ class Command(BaseCommand):
             scope = OrgScope(org)
         except NexusError as exc:
             raise CommandError(f"invalid --org: {exc}", returncode=2) from exc
-        failed = 0
-        for path in expand(paths):
-            name = flow_api_name_of(path)
-            try:
-                source = path.read_bytes()
-            except OSError as exc:
-                self.stderr.write(f"{path}: cannot read: {exc.strerror}")
-                failed += 1
-                continue
+        files, failed = read_flow_files(paths, self.stderr)
+        for path, name, source in files:
             try:
                 result = flow_deploy(org=scope, source=source, flow_api_name=name)
             except CompileError as exc:
