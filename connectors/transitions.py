@@ -119,3 +119,55 @@ REMOTE_EFFECT_ATTEMPT = machine(
     initial={"started"},
     seed='Seed 003, "Outbound facts" (Attempt evidence is immutable once settled)',
 )
+
+# Seed 003 machines whose rows are built by the inbound-chain and activation
+# issues. The tables are fixed here so every reader and the pair tests see them
+# before the rows exist (tests/kernel/test_transition_pairs.py lists them as
+# "table only" until a store claims them).
+
+PROJECTION_WINDOW = machine(
+    "connectors.ProjectionWindow",
+    {"open": {"sealed", "quarantined"}, "sealed": set(), "quarantined": set()},
+    initial={"open"},
+    seed=SEED + ' (ProjectionWindow); "Inbound facts"',
+)
+
+EXECUTION_DEPENDENCY = machine(
+    "connectors.ExecutionDependency",
+    {"waiting": {"satisfied", "expired", "rejected"}, "satisfied": set(), "expired": set(), "rejected": set()},
+    initial={"waiting"},
+    seed=SEED + " (ExecutionDependency)",
+)
+
+SERVING_PUBLICATION_BARRIER_SET = machine(
+    "connectors.ServingPublicationBarrierSet",
+    {
+        "acquiring": {"held", "released"},
+        "held": {"activation_committed", "released"},
+        "activation_committed": {"released"},
+        "released": set(),
+    },
+    initial={"acquiring"},
+    seed=SEED + " (ServingPublicationBarrierSet)",
+)
+
+# Seed 002 "Create Attempt State" is not a second lifecycle: ARCHITECTURE.md
+# section 4 maps it onto RemoteEffect / DispatchPermit / RemoteLink. The table
+# is kept as data so the mapping can be checked edge by edge
+# (tests/kernel/test_push_attempt_projection.py) and shown by state_graph.
+PUSH_ATTEMPT_STATUS = machine(
+    "connectors.PushAttemptStatus",
+    {
+        "pending": {"processing", "terminal_failed"},
+        "processing": {"post_sent", "writeback_pending", "ambiguous_remote_effect", "terminal_failed", "pending"},
+        "post_sent": {"writeback_pending", "ambiguous_remote_effect", "terminal_failed"},
+        "ambiguous_remote_effect": {"writeback_pending"},
+        "writeback_pending": {"finalized", "terminal_failed"},
+        "finalized": set(),
+        "terminal_failed": {"superseded"},
+        "superseded": set(),
+    },
+    initial={"pending"},
+    seed='Seed 002, "Create Attempt State" (a status projection; ARCHITECTURE.md section 4)',
+    parked={"ambiguous_remote_effect"},
+)

@@ -42,6 +42,33 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_bench)
 
 
+_PAIR_COUNTS = pytest.StashKey[dict]()
+
+
+@pytest.fixture
+def pair_counts(request) -> dict:
+    """``{machine name: {"accepted": n, "rejected": m}}`` for the end-of-run summary."""
+    from collections import defaultdict
+
+    return request.config.stash.setdefault(_PAIR_COUNTS, defaultdict(dict))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    counts = config.stash.get(_PAIR_COUNTS, None)
+    if not counts:
+        return
+    terminalreporter.section("state machine transition pairs checked")
+    total = 0
+    for name in sorted(counts):
+        accepted = counts[name].get("accepted", 0)
+        rejected = counts[name].get("rejected", 0)
+        table_only = counts[name].get("table_only", 0)
+        total += accepted + rejected + table_only
+        listed = f"accepted by store {accepted:4}" if not table_only else f"listed (no store) {table_only:4}"
+        terminalreporter.write_line(f"{name:45} {listed}  rejected before SQL {rejected:4}")
+    terminalreporter.write_line(f"total pairs checked: {total}")
+
+
 @pytest.fixture(autouse=True)
 def _secrets(monkeypatch):
     monkeypatch.setenv("NEXUS_TEST_WEBHOOK_SECRET", WEBHOOK_SECRET)

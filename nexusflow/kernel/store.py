@@ -17,12 +17,26 @@ from .models import insert
 from .transitions import StateMachine
 
 
+#: ``{machine name: store}`` for every concrete store; one store per machine.
+STORES: dict[str, type["CasStore"]] = {}
+
+
 class CasStore:
     """Persistence for one stateful model.
 
     Subclasses set ``model`` (a GuardedModel with ``id``, ``org_id``,
     ``state`` and ``version`` columns), ``machine`` and ``lock_class``.
+    A subclass that sets both ``model`` and ``machine`` is registered in
+    :data:`STORES`; a second store for the same machine is refused.
     """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "model" in cls.__dict__ and "machine" in cls.__dict__:
+            name = cls.machine.name
+            if name in STORES and STORES[name] is not cls:
+                raise TypeError(f"{name} already has store {STORES[name].__qualname__}")
+            STORES[name] = cls
 
     model: Any
     machine: StateMachine
@@ -123,3 +137,11 @@ class CasStore:
         if count > 1:
             raise MultipleRowsUpdated(f"{cls.machine.name} id={pk}: {count} rows matched")
         return version + 1
+
+
+def load_all_stores() -> dict[str, type[CasStore]]:
+    """Return ``{machine name: store}``, importing each app's ``store`` module first."""
+    from .transitions import import_app_modules
+
+    import_app_modules("store")
+    return STORES

@@ -103,3 +103,24 @@ def machine(name: str, table: dict[str, set[str] | frozenset[str]], *, initial: 
         seed=seed,
         parked=frozenset(parked or ()),
     )
+
+
+def import_app_modules(suffix: str) -> None:
+    """Import ``<app>.<suffix>`` for every installed app that has one."""
+    import importlib
+
+    from django.apps import apps
+
+    for config in apps.get_app_configs():
+        module = f"{config.name}.{suffix}"
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+
+
+def load_all_machines() -> dict[str, StateMachine]:
+    """Return every registered machine, importing each app's ``transitions`` first."""
+    import_app_modules("transitions")
+    return REGISTRY

@@ -8,19 +8,9 @@ import pytest
 from django.conf import settings
 from django.db import transaction
 
-from nexusflow.flows import transitions as t
-from nexusflow.flows.models import (
-    FlowActivation,
-    FlowDependency,
-    FlowRun,
-    FlowStepAttempt,
-    FlowStepExecution,
-    FlowWakeSignal,
-)
-from nexusflow.flows.services import flow_plan_compile
-from nexusflow.kernel.clock import db_now
-from nexusflow.kernel.models import insert
 from nexusflow.kernel.scope import OrgScope
+
+from .rows import Rows
 
 ROOT = Path(settings.BASE_DIR)
 DEMO_FLOW = ROOT / "metadata" / "flows" / "Contact_Push_Customer_To_Billing.flow-meta.xml"
@@ -134,68 +124,6 @@ def wait_for_recovery(timeout: float = 10.0) -> None:
             return
         time.sleep(0.1)
     raise AssertionError("no expired lease was recovered")
-
-
-# --- rows in arbitrary states (for transition-table tests) --------------------
-class Rows:
-    """Insert Flow rows directly in a chosen state (bypassing the initial-state rule)."""
-
-    def __init__(self, org: OrgScope):
-        self.org = org
-        self._plan = None
-
-    @property
-    def plan(self):
-        if self._plan is None:
-            self._plan, _ = flow_plan_compile(org=self.org, source=decision_flow_xml(), flow_api_name="Decide_Only")
-        return self._plan
-
-    def run(self, state: str = t.RUN_RUNNABLE) -> FlowRun:
-        now = db_now()
-        plan = self.plan
-        return insert(
-            FlowRun, org_id=self.org.org_id, app_installation_id=plan.app_installation_id,
-            runtime_capability_id=plan.runtime_capability_id, binding_digest=plan.runtime_work_binding_digest,
-            plan=plan, plan_digest=plan.plan_digest, execution_profile=plan.execution_profile,
-            execution_owner="flow_runtime_v2", state=state, version=1, trigger_object_name=OBJECT,
-            record_key=f"rk{FlowRun.objects.count() + 1}", record_version=1, created_at=now, updated_at=now,
-        )
-
-    def step(self, state: str = t.STEP_PENDING, run: FlowRun | None = None) -> FlowStepExecution:
-        now = db_now()
-        run = run or self.run()
-        return insert(FlowStepExecution, org_id=self.org.org_id, run=run, plan_step_key="decide:Has_Email",
-                      step_kind="PureCompute", state=state, version=1, created_at=now, updated_at=now)
-
-    def attempt(self, state: str = t.ATTEMPT_STARTED) -> FlowStepAttempt:
-        now = db_now()
-        return insert(FlowStepAttempt, org_id=self.org.org_id, step=self.step(t.STEP_RUNNING), attempt_number=1,
-                      state=state, version=1, lease_owner="w", lease_token_digest="a" * 64, ownership_epoch=1,
-                      root_state_version_at_claim=1, retry_policy_digest="b" * 64, recovery_backoff_floor_ms=0,
-                      plan_digest=self.plan.plan_digest, started_at=now)
-
-    def dependency(self, state: str = t.DEP_WAITING) -> FlowDependency:
-        now = db_now()
-        step = self.step(t.STEP_WAITING)
-        run = step.run
-        return insert(FlowDependency, org_id=self.org.org_id, app_installation_id=run.app_installation_id,
-                      runtime_capability_id=run.runtime_capability_id, binding_digest=run.binding_digest, run=run,
-                      step=step, producer_kind="runtime.intent_result", dependency_key="42",
-                      condition_digest="c" * 64, expiry_policy="quarantine", state=state, version=1, deadline=now,
-                      created_at=now)
-
-    def signal(self, state: str = t.SIGNAL_UNMATCHED) -> FlowWakeSignal:
-        run = self.run(t.RUN_WAITING)
-        return insert(FlowWakeSignal, org_id=self.org.org_id, app_installation_id=run.app_installation_id,
-                      runtime_capability_id=run.runtime_capability_id, binding_digest=run.binding_digest,
-                      flow_run_id=run.pk, producer_kind="runtime.intent_result", dependency_key="42", receipt_id=7,
-                      evidence_digest="d" * 64, state=state, version=1, received_at=db_now())
-
-    def activation(self, state: str = t.ACTIVATION_ACTIVE) -> FlowActivation:
-        return insert(FlowActivation, org_id=self.org.org_id, flow_api_name=self.plan.flow_api_name, plan=self.plan,
-                      state=state, version=1,
-                      active_slot=self.plan.flow_api_name if state == t.ACTIVATION_ACTIVE else None,
-                      created_at=db_now())
 
 
 @pytest.fixture

@@ -1,28 +1,15 @@
 """``manage.py state_graph APP.MODEL [--format text|dot]``: print a state machine.
 
-Project-wide: imports every installed app's ``transitions`` module so each
+Project-wide: every installed app's ``transitions`` module is imported, so each
 machine registered with ``nexusflow.kernel.transitions.machine`` is known.
+``list`` prints every machine with the store that persists it.
 """
 from __future__ import annotations
 
-import importlib
-
-from django.apps import apps
 from django.core.management.base import BaseCommand, CommandError
 
-from nexusflow.kernel.transitions import REGISTRY
-
-
-def load_all_machines() -> dict:
-    """Import ``<app>.transitions`` for every installed app and return the registry."""
-    for config in apps.get_app_configs():
-        module = f"{config.name}.transitions"
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
-    return REGISTRY
+from nexusflow.kernel.store import load_all_stores
+from nexusflow.kernel.transitions import load_all_machines
 
 
 class Command(BaseCommand):
@@ -34,8 +21,12 @@ class Command(BaseCommand):
 
     def handle(self, *args, name: str, format: str, **options):
         registry = load_all_machines()
+        stores = load_all_stores()
         if name == "list":
-            self.stdout.write("\n".join(sorted(registry)))
+            for key in sorted(registry):
+                store = stores.get(key)
+                where = f"{store.__module__}.{store.__qualname__}" if store else "table only (no rows yet)"
+                self.stdout.write(f"{key}\t{len(registry[key].pairs())} transitions\t{where}")
             return
         machine = registry.get(name)
         if machine is None:
