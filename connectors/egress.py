@@ -148,6 +148,8 @@ def _grant(effect: RemoteEffect, worker_id: str) -> Grant | None:
             raise NotServing(f"effect {effect.pk} is bound to epoch {binding['epoch']['id']}, not the active one")
         credential_gate = None
         if binding.get("credential_generation"):
+            locks.note(locks.LockClass.SERVING_GATE, rank=CredentialDispatchGateStore.lock_rank,
+                       label=CredentialDispatchGateStore.lock_label)
             credential_gate = CredentialDispatchGateStore.model.objects.select_for_update().get(
                 org_id=effect.org_id, credential_generation_id=binding["credential_generation"]["id"])
             if credential_gate.state != "enabled":
@@ -231,7 +233,8 @@ def permit_send(grant: Grant, *, client: httpx.Client | None = None) -> Response
     binding, contract, profile = _contract(effect)
     with transaction.atomic(durable=True):
         permit = DispatchPermit.objects.get(pk=grant.permit_id, org_id=grant.org_id)
-        locks.note(locks.LockClass.SERVING_GATE)
+        locks.note(locks.LockClass.SERVING_GATE, rank=CredentialDispatchGateStore.lock_rank,
+                   label=CredentialDispatchGateStore.lock_label)
         credential_gate = CredentialGenerationDispatchGate.objects.select_for_update().get(
             pk=permit.credential_gate_id)
         if credential_gate.state != "enabled" or credential_gate.fence_token != permit.credential_fence_token:
@@ -290,9 +293,11 @@ def permit_settle(grant: Grant, response: Response) -> str:
     _binding, contract, _profile = _contract(effect)
     now = db_now()
     with transaction.atomic(durable=True):
-        effect = RemoteEffectStore.lock(grant.org_id, grant.effect_id)
-        permit = DispatchPermitStore.lock(grant.org_id, grant.permit_id)
-        attempt = RemoteEffectAttemptStore.lock(grant.org_id, grant.attempt_id)
+        effect, permit, attempt = locks.acquire([
+            locks.store_resource(RemoteEffectStore, grant.org_id, grant.effect_id),
+            locks.store_resource(DispatchPermitStore, grant.org_id, grant.permit_id),
+            locks.store_resource(RemoteEffectAttemptStore, grant.org_id, grant.attempt_id),
+        ])
         if permit.state != "sending" or permit.holder_fence != grant.holder_fence or effect.state != "dispatching":
             raise StaleVersion(f"permit {permit.pk} is {permit.state}; effect {effect.pk} is {effect.state}")
         evidence = {"response_status": response.status, "response_body": response.body, "error": response.error}
@@ -417,9 +422,11 @@ def permit_try_abandon_one() -> bool:
             continue
         attempt = RemoteEffectAttempt.objects.get(pk=permit.attempt_id)
         with transaction.atomic(durable=True):
-            effect = RemoteEffectStore.lock(permit.org_id, attempt.effect_id)
-            locked = DispatchPermitStore.lock(permit.org_id, permit.pk)
-            attempt = RemoteEffectAttemptStore.lock(permit.org_id, attempt.pk)
+            effect, locked, attempt = locks.acquire([
+                locks.store_resource(RemoteEffectStore, permit.org_id, attempt.effect_id),
+                locks.store_resource(DispatchPermitStore, permit.org_id, permit.pk),
+                locks.store_resource(RemoteEffectAttemptStore, permit.org_id, attempt.pk),
+            ])
             if locked.state not in ("granted", "sending") or effect.state != "dispatching":
                 continue
             was_sending = locked.state == "sending"

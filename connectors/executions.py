@@ -123,7 +123,7 @@ def _claim_in_lane(org_id: str, account_key: str, lane_id: int, worker_id: str) 
             OrderingLaneStore.touch(org_id=org_id, pk=lane.pk, state=lane.state, version=lane.version,
                                     set_fields={"active_execution_id": None})
             lane = OrderingLaneStore.lock(org_id, lane_id)
-        locks.note(locks.LockClass.CONNECTOR_WORK)
+        locks.note(locks.LockClass.CONNECTOR_WORK, rank=ExecutionStore.lock_rank, label=ExecutionStore.lock_label)
         ready = list(Execution.objects.select_for_update()
                      .filter(org_id=org_id, lane_id=lane.pk, state="ready").order_by("id"))
         if not ready:
@@ -207,9 +207,12 @@ def execution_complete(claim: Claim, *, result_id: int) -> None:
     from runtime_outbox.models import ApplicationResult
 
     with transaction.atomic(durable=True):
-        lane = OrderingLaneStore.lock(claim.org_id, claim.lane_id) if claim.lane_id else None
-        execution = ExecutionStore.lock(claim.org_id, claim.execution_id)
-        attempt = ExecutionAttemptStore.lock(claim.org_id, claim.attempt_id)
+        declared = [locks.store_resource(ExecutionStore, claim.org_id, claim.execution_id),
+                    locks.store_resource(ExecutionAttemptStore, claim.org_id, claim.attempt_id)]
+        if claim.lane_id:
+            declared.append(locks.store_resource(OrderingLaneStore, claim.org_id, claim.lane_id))
+        execution, attempt, *lane_rows = locks.acquire(declared)
+        lane = lane_rows[0] if lane_rows else None
         if attempt.lease_token != claim.lease_token or attempt.state != "started":
             raise StaleVersion(f"attempt {attempt.pk} is no longer the live claim")
         if lane is not None and lane.active_execution_id != execution.pk:

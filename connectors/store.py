@@ -1,14 +1,22 @@
 """Connector CAS stores: the only writers of connector rows (ARCHITECTURE.md section 6).
 
-Lock classes: gates, epochs and credential gates are ``SERVING_GATE``;
-lanes, executions, effects and permits are ``CONNECTOR_WORK``, and inside
-that class rows are taken in the order OrderingLane -> Projection ->
-Execution -> RemoteEffect -> DispatchPermit.
+Lock classes (ARCHITECTURE.md section 6): gates, epochs and credential
+gates are ``SERVING_GATE`` in the sub-order AccountServingGate -> its exact
+ServingEpoch -> CredentialGenerationDispatchGate; lanes, executions, effects
+and permits are ``CONNECTOR_WORK`` in the sub-order OrderingLane ->
+Projection/Window -> Execution -> ExecutionAttempt -> RemoteEffect ->
+DispatchPermit -> RemoteEffectAttempt -> RemoteLink. The ranks below encode
+both; :mod:`nexusflow.kernel.locks` refuses a reversal.
 """
 from __future__ import annotations
 
 from nexusflow.kernel.errors import FenceRejected
 from nexusflow.kernel.locks import LockClass
+
+# Sub-order ranks inside SERVING_GATE and CONNECTOR_WORK.
+RANK_GATE, RANK_EPOCH, RANK_CREDENTIAL_GATE = 0, 1, 2
+RANK_LANE, RANK_PROJECTION, RANK_EXECUTION, RANK_EXECUTION_ATTEMPT = 0, 1, 2, 3
+RANK_EFFECT, RANK_PERMIT, RANK_EFFECT_ATTEMPT, RANK_LINK = 4, 5, 6, 7
 from nexusflow.kernel.store import CasStore
 
 from . import models, transitions
@@ -18,13 +26,14 @@ class AccountServingGateStore(CasStore):
     model = models.AccountServingGate
     machine = transitions.ACCOUNT_SERVING_GATE
     lock_class = LockClass.SERVING_GATE
+    lock_rank, lock_label = RANK_GATE, "gate"
     stale_error = FenceRejected
 
     @classmethod
     def lock_by_account(cls, org_id: str, account_key: str) -> models.AccountServingGate:
         from nexusflow.kernel import locks
 
-        locks.note(cls.lock_class)
+        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label)
         return cls.model.objects.select_for_update().get(org_id=org_id, account_key=account_key)
 
 
@@ -32,6 +41,7 @@ class ServingEpochStore(CasStore):
     model = models.ServingEpoch
     machine = transitions.SERVING_EPOCH
     lock_class = LockClass.SERVING_GATE
+    lock_rank, lock_label = RANK_EPOCH, "epoch"
     stale_error = FenceRejected
 
 
@@ -39,6 +49,7 @@ class CredentialDispatchGateStore(CasStore):
     model = models.CredentialGenerationDispatchGate
     machine = transitions.CREDENTIAL_DISPATCH_GATE
     lock_class = LockClass.SERVING_GATE
+    lock_rank, lock_label = RANK_CREDENTIAL_GATE, "credential gate"
     stale_error = FenceRejected
 
 
@@ -46,6 +57,7 @@ class OrderingLaneStore(CasStore):
     model = models.OrderingLane
     machine = transitions.ORDERING_LANE
     lock_class = LockClass.CONNECTOR_WORK
+    lock_rank, lock_label = RANK_LANE, "lane"
     stale_error = FenceRejected
 
 
@@ -53,12 +65,14 @@ class ExecutionStore(CasStore):
     model = models.Execution
     machine = transitions.EXECUTION
     lock_class = LockClass.CONNECTOR_WORK
+    lock_rank, lock_label = RANK_EXECUTION, "execution"
 
 
 class ExecutionAttemptStore(CasStore):
     model = models.ExecutionAttempt
     machine = transitions.EXECUTION_ATTEMPT
     lock_class = LockClass.CONNECTOR_WORK
+    lock_rank, lock_label = RANK_EXECUTION_ATTEMPT, "execution attempt"
     stale_error = FenceRejected
 
 
@@ -66,18 +80,21 @@ class RemoteEffectStore(CasStore):
     model = models.RemoteEffect
     machine = transitions.REMOTE_EFFECT
     lock_class = LockClass.CONNECTOR_WORK
+    lock_rank, lock_label = RANK_EFFECT, "effect"
 
 
 class RemoteEffectAttemptStore(CasStore):
     model = models.RemoteEffectAttempt
     machine = transitions.REMOTE_EFFECT_ATTEMPT
     lock_class = LockClass.CONNECTOR_WORK
+    lock_rank, lock_label = RANK_EFFECT_ATTEMPT, "effect attempt"
 
 
 class DispatchPermitStore(CasStore):
     model = models.DispatchPermit
     machine = transitions.DISPATCH_PERMIT
     lock_class = LockClass.CONNECTOR_WORK
+    lock_rank, lock_label = RANK_PERMIT, "permit"
     stale_error = FenceRejected
 
 
@@ -85,3 +102,4 @@ class RemoteLinkStore(CasStore):
     model = models.RemoteLink
     machine = transitions.REMOTE_LINK
     lock_class = LockClass.CONNECTOR_WORK
+    lock_rank, lock_label = RANK_LINK, "link"

@@ -114,6 +114,8 @@ SPECTACULAR_SETTINGS = {"TITLE": "NexusFlow API", "VERSION": "2.0.0"}
 Q_CLUSTER = {"name": "nexusflow", "orm": "default", "workers": 1, "timeout": 60, "retry": 120}
 
 # Where L1 packs and tenant metadata live (ARCHITECTURE.md section 1).
+# Lock-order reversals (nexusflow.kernel.locks): "raise" in tests and debug, "log" in production.
+NEXUS_LOCK_ORDER = os.environ.get("NEXUS_LOCK_ORDER", "raise" if DEBUG else "log")
 NEXUS_PACKS_DIR = Path(os.environ.get("NEXUS_PACKS_DIR", BASE_DIR / "packs"))
 NEXUS_METADATA_DIR = Path(os.environ.get("NEXUS_METADATA_DIR", BASE_DIR / "metadata"))
 

@@ -27,6 +27,11 @@ ORG = "test-org"
 DEMO_FLOW = ROOT / "metadata" / "flows" / "Contact_Push_Customer_To_Billing.flow-meta.xml"
 
 
+def pytest_configure(config):
+    # A lock-order reversal is a programming error: tests raise it (production logs it).
+    settings.NEXUS_LOCK_ORDER = "raise"
+
+
 def pytest_addoption(parser):
     parser.addoption("--run-chaos", action="store_true", help="run chaos soaks")
     parser.addoption("--run-bench", action="store_true", help="run benchmarks")
@@ -175,7 +180,8 @@ def subprocess_env(**extra: str) -> dict:
 
     ctl = connections["control"].settings_dict
     ctl_url = f"mysql://{ctl['USER']}:{ctl['PASSWORD']}@{ctl['HOST'] or '127.0.0.1'}:{ctl['PORT'] or 3306}/{ctl['NAME']}"
-    return {**os.environ, "NEXUS_DB_URL": url, "NEXUS_CONTROL_DB_URL": ctl_url, "PYTHONUNBUFFERED": "1", **extra}
+    return {**os.environ, "NEXUS_DB_URL": url, "NEXUS_CONTROL_DB_URL": ctl_url, "PYTHONUNBUFFERED": "1",
+            "NEXUS_LOCK_ORDER": "raise", **extra}
 
 
 def run_manage(args: list[str], env: dict, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -1,19 +1,42 @@
-"""The one lock order (ARCHITECTURE.md section 6, "Lock order").
+"""The one lock order (ARCHITECTURE.md section 6 "Lock order"; seed 004 sections 13.1-13.2).
 
-Stores call :func:`note` before each locking read. The order is
-``(lock class, rank)``: the platform classes below, and inside one class an
-owner's sub-order (for example seed 004 section 12: Flow root -> steps ->
-attempts -> dependencies -> signals). A transaction that asks for a lower
-position after a higher one raises :class:`LockOrderViolation` instead of
-risking a deadlock in reverse order.
+Every transaction locks rows in one total order, whichever apps it touches:
+``(lock class, rank, resource key)``. The classes are the platform order
+below; ``rank`` is an owner's sub-order inside its class (Flow root -> steps
+-> attempts -> dependencies -> signals; gate -> epoch -> credential gate;
+lane -> projection/window -> execution -> effect -> permit); the resource key
+orders rows of the same kind.
+
+Two ways in:
+
+- :func:`acquire` takes a declared resource set, sorts it with the one
+  comparator and locks it in that order (use it whenever a transaction knows
+  several rows up front);
+- :func:`note` is called by every single-row locking read (``CasStore.lock``)
+  and refuses a position lower than one already held.
+
+A reversal is a programming error. With ``settings.NEXUS_LOCK_ORDER ==
+"raise"`` (tests, ``NEXUS_DEBUG=1``) it raises :class:`LockOrderViolation`;
+otherwise (production) it is logged at ERROR with the stack and counted, and
+the lock proceeds, because refusing would turn a latent deadlock risk into a
+certain outage.
 """
 from __future__ import annotations
 
 import enum
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
 
+from django.conf import settings
 from django.db import connections
 
 from .errors import LockOrderViolation
+
+log = logging.getLogger("nexusflow.locks")
+
+#: Version of the comparator below; a change is a persistence decision (seed 004 section 13.1).
+ORDERING_VERSION = 1
 
 
 class LockClass(enum.IntEnum):
@@ -25,10 +48,22 @@ class LockClass(enum.IntEnum):
     RUNTIME = 6
 
 
+#: Reversals seen while running in log mode (for the operator's metrics page).
+violations_logged = 0
+
+
 def _transaction_holder(conn):
     """The outermost real Atomic of the connection (a test case's wrapping block is skipped)."""
     blocks = [b for b in conn.atomic_blocks if not getattr(b, "_from_testcase", False)]
     return (blocks or conn.atomic_blocks or [conn])[0]
+
+
+def _refuse(message: str) -> None:
+    global violations_logged
+    if getattr(settings, "NEXUS_LOCK_ORDER", "log") == "raise":
+        raise LockOrderViolation(message)
+    violations_logged += 1
+    log.error("lock order violation: %s", message, stack_info=True)
 
 
 def note(lock_class: LockClass, using: str = "default", *, rank: int = 0, label: str = "") -> None:
@@ -36,11 +71,13 @@ def note(lock_class: LockClass, using: str = "default", *, rank: int = 0, label:
 
     Args:
         lock_class: the platform lock class.
+        using: database alias of the transaction.
         rank: position inside the class's own sub-order (0 when it has none).
         label: name of the locked row kind, for the error message.
 
     Raises:
-        LockOrderViolation: a higher position is already held in this transaction.
+        LockOrderViolation: a higher position is already held in this
+            transaction and the order mode is ``raise``.
         RuntimeError: called outside a transaction (a lock would be released at once).
     """
     conn = connections[using]
@@ -51,9 +88,73 @@ def note(lock_class: LockClass, using: str = "default", *, rank: int = 0, label:
     held = getattr(holder, "_nexus_lock_position", (0, 0, ""))
     wanted = (int(lock_class), rank, label)
     if wanted[:2] < held[:2]:
-        raise LockOrderViolation(
-            f"lock {LockClass(lock_class).name}/{label or rank} requested after "
-            f"{LockClass(held[0]).name}/{held[2] or held[1]}"
-        )
+        _refuse(f"lock {LockClass(lock_class).name}/{label or rank} requested after "
+                f"{LockClass(held[0]).name}/{held[2] or held[1]}")
+        return
     if wanted[:2] > held[:2]:
         holder._nexus_lock_position = wanted
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One row to lock, declared before any lock is taken (seed 004 section 13.2).
+
+    Attributes:
+        lock_class / rank / label: the row kind's position in the one order.
+        namespace: object or namespace identity, e.g. ``"connectors.RemoteEffect"``.
+        key: stable identity inside the namespace (org id, then the row key).
+        partition: optional partition identity.
+        using: database alias whose transaction holds the lock.
+        locker: ``locker() -> row`` takes the lock; it runs inside the transaction.
+    """
+
+    lock_class: LockClass
+    rank: int
+    namespace: str
+    key: tuple[Any, ...]
+    locker: Callable[[], Any] = field(compare=False, hash=False, repr=False)
+    partition: str = ""
+    label: str = ""
+    using: str = "default"
+
+    def sort_key(self) -> tuple:
+        """The one comparator: class, rank, namespace, key, partition, all byte-exact."""
+        return (int(self.lock_class), self.rank, self.namespace.encode("utf-8"),
+                tuple(_key_bytes(part) for part in self.key), self.partition.encode("utf-8"), ORDERING_VERSION)
+
+
+def _key_bytes(part: Any) -> tuple[int, bytes]:
+    # Integers sort numerically, text byte-wise (utf8mb4_bin); a type tag keeps mixed keys total.
+    if isinstance(part, bool) or not isinstance(part, (int, str, bytes)):
+        raise TypeError(f"resource key part {part!r} is not int, str or bytes")
+    if isinstance(part, int):
+        return (0, part.to_bytes(9, "big", signed=True))
+    return (1, part.encode("utf-8") if isinstance(part, str) else bytes(part))
+
+
+def store_resource(store, org_id: str, pk: int, *, nowait: bool = False) -> Resource:
+    """Declare the row ``(org_id, pk)`` of a CAS store (``store.lock`` takes the lock)."""
+    model = store.model
+    return Resource(store.lock_class, store.lock_rank, f"{model._meta.app_label}.{model.__name__}",
+                    (org_id, int(pk)), lambda: store.lock(org_id, pk, nowait=nowait), label=store.lock_label,
+                    using=store.db())
+
+
+def acquire(resources: Iterable[Resource]) -> list[Any]:
+    """Lock every declared resource in the one canonical order; return rows in declaration order.
+
+    Duplicates are locked once. Must run inside ``transaction.atomic``; the
+    usual :func:`note` check still applies against locks already held.
+
+    Raises:
+        LockOrderViolation: the set starts below a position already held
+            (mode ``raise``).
+        Model.DoesNotExist / django.db.OperationalError: as the lockers raise.
+    """
+    declared = list(resources)
+    rows: dict[tuple, Any] = {}
+    for resource in sorted(declared, key=Resource.sort_key):
+        if resource.sort_key() not in rows:
+            note(resource.lock_class, resource.using, rank=resource.rank, label=resource.label)
+            rows[resource.sort_key()] = resource.locker()
+    return [rows[r.sort_key()] for r in declared]
