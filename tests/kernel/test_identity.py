@@ -32,3 +32,84 @@ def test_validation_never_normalizes(value):
         assert validate_key(value) == value
     except InvalidIdentity:
         pass
+
+
+# --- identity is compared byte for byte everywhere ------------------------------
+import ast  # noqa: E402
+import re  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from django.apps import apps  # noqa: E402
+from django.conf import settings  # noqa: E402
+from django.db import connections, models, router  # noqa: E402
+
+from nexusflow.kernel.identity import IdentityField  # noqa: E402
+
+ROOT = Path(settings.BASE_DIR)
+L0 = ["connectors", "runtime_outbox", "cutover", "nexusflow"]
+IDENTITY_APPS = {"connectors", "runtime_outbox", "cutover", "flows", "records"}
+FOLDING_LOOKUPS = re.compile(r"__(iexact|icontains|istartswith|iendswith|iregex)\b")
+FOLDING_FUNCTIONS = {"Lower", "Upper", "Trim", "LTrim", "RTrim"}
+FOLDING_SQL = re.compile(r"\b(TRIM|LTRIM|RTRIM|LOWER|UPPER|LCASE|UCASE)\s*\(|COLLATE\s+\w+_ci\b", re.IGNORECASE)
+
+
+def query_time_folding(source: str) -> list[str]:
+    """Return the query-time TRIM / case-folding uses in one module's source."""
+    found = [f"lookup __{m.group(1)}" for m in FOLDING_LOOKUPS.finditer(source)]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+            if name in FOLDING_FUNCTIONS:
+                found.append(f"function {name}()")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and FOLDING_SQL.search(node.value):
+            found.append(f"SQL {FOLDING_SQL.search(node.value).group(0)!r}")
+    return found
+
+
+def test_the_folding_check_catches_each_form():
+    assert query_time_folding("Model.objects.filter(key__iexact=k)") == ["lookup __iexact"]
+    assert query_time_folding("from django.db.models.functions import Lower\nq.annotate(k=Lower('key'))") == [
+        "function Lower()"]
+    assert query_time_folding("cursor.execute('SELECT id FROM t WHERE TRIM(k) = %s', [k])") == ["SQL 'TRIM('"]
+    assert query_time_folding("cursor.execute('SELECT id FROM t WHERE k = %s COLLATE utf8mb4_general_ci', [k])") == [
+        "SQL 'COLLATE utf8mb4_general_ci'"]
+    assert query_time_folding("q.filter(key=k).order_by('key')") == []
+
+
+def test_no_query_time_trim_or_case_folding_in_l0():
+    offenders = {}
+    for top in L0:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            if "migrations" in path.parts:
+                continue
+            hits = query_time_folding(path.read_text(encoding="utf-8"))
+            if hits:
+                offenders[str(path.relative_to(ROOT))] = hits
+    assert offenders == {}
+
+
+def _identity_like(field) -> bool:
+    return field.name == "org_id" or field.name.endswith(("_key", "_id", "_digest", "_token")) or field.name == "digest"
+
+
+def test_identity_like_text_columns_are_identity_fields():
+    loose = [f"{m.__name__}.{f.name}" for m in apps.get_models() if m._meta.app_label in IDENTITY_APPS
+             for f in m._meta.concrete_fields
+             if isinstance(f, models.CharField) and not isinstance(f, IdentityField) and _identity_like(f)]
+    assert loose == []
+
+
+@pytest.mark.django_db(databases=["default", "control"])
+def test_identity_columns_have_binary_collation_in_the_database():
+    expected = {(router.db_for_write(m), m._meta.db_table, f.column) for m in apps.get_models()
+                if m._meta.app_label in IDENTITY_APPS
+                for f in m._meta.concrete_fields if isinstance(f, IdentityField)}
+    collations = {}
+    for alias in {e[0] for e in expected}:
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SELECT TABLE_NAME, COLUMN_NAME, COLLATION_NAME FROM information_schema.COLUMNS "
+                           "WHERE TABLE_SCHEMA = DATABASE()")
+            collations.update({(alias, t, c): coll for t, c, coll in cursor.fetchall()})
+    assert len(expected) > 50
+    wrong = {key: collations.get(key) for key in expected if collations.get(key) != "utf8mb4_bin"}
+    assert wrong == {}
