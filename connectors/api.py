@@ -24,6 +24,7 @@ from nexusflow.api_errors import error_response
 from nexusflow.kernel.errors import InvalidIdentity, NexusError
 
 from .inbound import AdmissionError, admit
+from .selectors import database_answers
 from .serving import CredentialUnavailable, NotServing
 from .signatures import SignatureError
 
@@ -110,11 +111,8 @@ class HealthApi(APIView):
 
     @extend_schema(responses={200: OutputSerializer, 503: OpenApiResponse(description="database_unavailable")})
     def get(self, request):
-        from django.db import connection
-
         try:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT 1")
+            database_answers()
         except DatabaseError:
             return error_response("database_unavailable", "the database does not answer", status.HTTP_503_SERVICE_UNAVAILABLE)
         return Response({"status": "ok"})

@@ -21,7 +21,7 @@ import urllib.parse
 from dataclasses import dataclass
 
 import httpx
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 
 from nexusflow.kernel import canonical_json, failpoints, locks
 from nexusflow.kernel.clock import db_now
@@ -39,6 +39,7 @@ from .models import (
     RemoteEffectAttempt,
     RemoteLink,
 )
+from .selectors import head_of_lane_prepared
 from .serving import NotServing, resolve_secret, serving_lock
 from .store import (
     CredentialDispatchGateStore,
@@ -100,20 +101,6 @@ def _encode_body(contract: dict, fields: dict) -> bytes:
 
 
 # --- candidates -------------------------------------------------------------
-def _head_of_lane_prepared(now: dt.datetime, limit: int = 10) -> list[int]:
-    placeholders = ", ".join(["%s"] * len(NONTERMINAL))
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT e.id FROM connectors_remoteeffect e WHERE e.state = 'prepared' "
-            f"AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= %s) AND NOT EXISTS ("
-            f" SELECT 1 FROM connectors_remoteeffect p WHERE p.org_id = e.org_id AND p.dispatch_lane = e.dispatch_lane"
-            f" AND p.state IN ({placeholders}) AND (p.lane_sequence < e.lane_sequence"
-            f" OR (p.lane_sequence = e.lane_sequence AND p.id < e.id))) ORDER BY e.id LIMIT %s",
-            [now, *NONTERMINAL, limit],
-        )
-        return [row[0] for row in cursor.fetchall()]
-
-
 def _is_head(effect: RemoteEffect) -> bool:
     earlier = RemoteEffect.objects.filter(org_id=effect.org_id, dispatch_lane=effect.dispatch_lane,
                                           state__in=NONTERMINAL).exclude(pk=effect.pk)
@@ -127,8 +114,8 @@ def _is_head(effect: RemoteEffect) -> bool:
 def permit_try_grant_one(*, worker_id: str) -> Grant | None:
     """Grant a DispatchPermit for the next dispatchable effect, or return ``None``."""
     now = db_now()
-    for effect_id in _head_of_lane_prepared(now):
-        effect = RemoteEffect.objects.select_related("command").get(pk=effect_id)
+    for org_id, effect_id in head_of_lane_prepared(now, NONTERMINAL):
+        effect = RemoteEffect.objects.select_related("command").get(org_id=org_id, pk=effect_id)
         try:
             grant = _grant(effect, worker_id)
         except (NotServing, StaleVersion) as exc:
@@ -229,14 +216,14 @@ def permit_send(grant: Grant, *, client: httpx.Client | None = None) -> Response
         The provider response, or ``None`` when this caller lost the one-shot
         transition (another caller sent, or the Permit was closed).
     """
-    effect = RemoteEffect.objects.select_related("command").get(pk=grant.effect_id)
+    effect = RemoteEffect.objects.select_related("command").get(org_id=grant.org_id, pk=grant.effect_id)
     binding, contract, profile = _contract(effect)
     with transaction.atomic(durable=True):
         permit = DispatchPermit.objects.get(pk=grant.permit_id, org_id=grant.org_id)
         locks.note(locks.LockClass.SERVING_GATE, rank=CredentialDispatchGateStore.lock_rank,
                    label=CredentialDispatchGateStore.lock_label)
         credential_gate = CredentialGenerationDispatchGate.objects.select_for_update().get(
-            pk=permit.credential_gate_id)
+            org_id=grant.org_id, pk=permit.credential_gate_id)
         if credential_gate.state != "enabled" or credential_gate.fence_token != permit.credential_fence_token:
             return None
         permit = DispatchPermitStore.lock(grant.org_id, grant.permit_id)
@@ -246,8 +233,8 @@ def permit_send(grant: Grant, *, client: httpx.Client | None = None) -> Response
                                        version=permit.version, fences={"holder_fence": grant.holder_fence},
                                        set_fields={"io_may_have_started_at": db_now()})
     failpoints.hit(FP_AFTER_SENDING)
-    attempt = RemoteEffectAttempt.objects.get(pk=grant.attempt_id)
-    credential = CredentialGeneration.objects.get(pk=binding["credential_generation"]["id"])
+    attempt = RemoteEffectAttempt.objects.get(org_id=grant.org_id, pk=grant.attempt_id)
+    credential = CredentialGeneration.objects.get(org_id=grant.org_id, pk=binding["credential_generation"]["id"])
     headers = {"Content-Type": _content_type(contract), "Accept": "application/json"}
     if profile.get("auth", {}).get("kind") == "bearer":
         headers["Authorization"] = "Bearer " + resolve_secret(credential).decode("utf-8")
@@ -289,7 +276,7 @@ def permit_settle(grant: Grant, response: Response) -> str:
     """
     from runtime_outbox.services import intent_result_record
 
-    effect = RemoteEffect.objects.select_related("command").get(pk=grant.effect_id)
+    effect = RemoteEffect.objects.select_related("command").get(org_id=grant.org_id, pk=grant.effect_id)
     _binding, contract, _profile = _contract(effect)
     now = db_now()
     with transaction.atomic(durable=True):
@@ -420,7 +407,7 @@ def permit_try_abandon_one() -> bool:
         proof = holder_termination_proof(permit.holder_id)
         if proof is None:
             continue
-        attempt = RemoteEffectAttempt.objects.get(pk=permit.attempt_id)
+        attempt = RemoteEffectAttempt.objects.get(org_id=permit.org_id, pk=permit.attempt_id)
         with transaction.atomic(durable=True):
             effect, locked, attempt = locks.acquire([
                 locks.store_resource(RemoteEffectStore, permit.org_id, attempt.effect_id),
@@ -462,7 +449,8 @@ def effect_try_reconcile_one() -> bool:
             locked = RemoteEffectStore.lock(effect.org_id, effect.pk)
             if locked.state != "uncertain":
                 continue
-            uncertain = RemoteEffectAttempt.objects.filter(effect_id=locked.pk, state="uncertain").count()
+            uncertain = RemoteEffectAttempt.objects.filter(org_id=locked.org_id, effect_id=locked.pk,
+                                                            state="uncertain").count()
             if uncertain >= MAX_UNCERTAIN_ATTEMPTS:
                 RemoteEffectStore.transition(org_id=locked.org_id, pk=locked.pk, src="uncertain", dst="quarantined",
                                              version=locked.version, set_fields={"reason_code": "retry_exhausted"})

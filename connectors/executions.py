@@ -22,7 +22,7 @@ import os
 import secrets
 from dataclasses import dataclass
 
-from django.db import connection, transaction
+from django.db import transaction
 
 from nexusflow.kernel import failpoints, locks
 from nexusflow.kernel.clock import db_now
@@ -30,6 +30,7 @@ from nexusflow.kernel.errors import StaleVersion
 from nexusflow.kernel.models import insert
 
 from .models import Event, Execution, ExecutionAttempt, OrderingDecision, OrderingLane, PackGeneration
+from .selectors import candidate_lanes
 from .serving import NotServing, serving_lock
 from .store import ExecutionAttemptStore, ExecutionStore, OrderingLaneStore
 from .workers import holder_termination_proof
@@ -53,20 +54,6 @@ class Claim:
     lane_id: int | None
 
 
-def _candidate_lanes(now: dt.datetime, limit: int = 20) -> list[int]:
-    """Lanes with ready work that no live lease holds, oldest work first (non-locking)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT e.lane_id FROM connectors_execution e JOIN connectors_orderinglane l ON l.id = e.lane_id "
-            "WHERE e.state = 'ready' AND (l.active_execution_id IS NULL OR NOT EXISTS ("
-            " SELECT 1 FROM connectors_executionattempt a WHERE a.execution_id = l.active_execution_id"
-            " AND a.state = 'started' AND a.lease_expires_at > %s)) "
-            "GROUP BY e.lane_id ORDER BY MIN(e.id) LIMIT %s",
-            [now, limit],
-        )
-        return [row[0] for row in cursor.fetchall()]
-
-
 def _lease_expired(org_id: str, execution_id: int, now: dt.datetime) -> ExecutionAttempt | None:
     """The active claim's attempt when it can be taken over, else ``None``.
 
@@ -87,8 +74,8 @@ def execution_try_claim_one(*, worker_id: str) -> Claim | None:
 
     Raises nothing for contention: a lane another worker holds is skipped.
     """
-    for lane_id in _candidate_lanes(db_now()):
-        lane = OrderingLane.objects.filter(pk=lane_id).first()
+    for org_id, lane_id in candidate_lanes(db_now()):
+        lane = OrderingLane.objects.filter(org_id=org_id, pk=lane_id).first()
         if lane is None:
             continue
         try:
@@ -184,7 +171,8 @@ def execution_run(claim: Claim) -> bool:
     """
     from runtime_outbox.services import application_command_submit
 
-    execution = Execution.objects.select_related("projection__event__epoch").get(pk=claim.execution_id)
+    execution = Execution.objects.select_related("projection__event__epoch").get(
+        org_id=claim.org_id, pk=claim.execution_id)
     result = application_command_submit(
         org_id=claim.org_id, command_id=execution.command_id, execution_ref_digest=execution.execution_ref_digest,
         command=build_runtime_command(execution))

@@ -210,7 +210,7 @@ def _route_and_secret(org_id: str, account_key: str, channel: str) -> tuple[Acco
     credential_ref = account["credentials"].get(route["credential_ref"])
     if credential_ref is None:
         raise CredentialUnavailable(f"account {account_key} has no credential {route['credential_ref']}")
-    secret = resolve_secret(CredentialGeneration.objects.get(pk=credential_ref["id"]))
+    secret = resolve_secret(CredentialGeneration.objects.get(org_id=org_id, pk=credential_ref["id"]))
     return gate, route, secret
 
 

@@ -262,7 +262,7 @@ def epoch_verify(*, org: OrgScope, epoch_id: int) -> ServingEpoch:
         ServingEpochStore.transition(org_id=org.org_id, pk=locked.pk, src=locked.state, dst=target, version=locked.version)
     if problems:
         raise EpochVerificationFailed("; ".join(problems))
-    return ServingEpoch.objects.get(pk=epoch.pk)
+    return ServingEpoch.objects.get(org_id=org.org_id, pk=epoch.pk)
 
 
 # --- Gates --------------------------------------------------------------------
@@ -283,7 +283,7 @@ def gate_transition(*, gate: AccountServingGate, dst: str, evidence: dict,
                                        version=gate.version, set_fields=set_fields)
     insert(GateTransitionEvidence, org_id=gate.org_id, gate=gate, from_state=gate.state, to_state=dst,
            fence_token=gate.fence_token + 1, evidence=evidence)
-    return AccountServingGate.objects.get(pk=gate.pk)
+    return AccountServingGate.objects.get(org_id=gate.org_id, pk=gate.pk)
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,7 @@ def cutover_greenfield(*, org: OrgScope) -> GreenfieldReport:
     if not gates:
         raise CutoverRefused(f"org {org.org_id} has no accounts; apply a connector configuration first")
     if all(g.state == "v2_serving" for g in gates):
-        epoch = ServingEpoch.objects.get(pk=gates[0].epoch_id)
+        epoch = ServingEpoch.objects.get(org_id=org.org_id, pk=gates[0].epoch_id)
         return GreenfieldReport(epoch.pk, epoch.digest, [g.account_key for g in gates], "v2_committed", True)
     walkable = {"v1_serving", "halting_v1", "v1_stopped", "v1_drained", "v2_validating"}
     bad = [f"{g.account_key}={g.state}" for g in gates if g.state not in walkable]

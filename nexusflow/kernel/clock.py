@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import datetime as dt
 
-from django.db import connections
+from .selectors import database_utc_timestamp
 
 
 def db_now(using: str = "default") -> dt.datetime:
     """Return the database's current UTC time (microsecond precision, aware)."""
-    with connections[using].cursor() as cursor:
-        cursor.execute("SELECT UTC_TIMESTAMP(6)")
-        (value,) = cursor.fetchone()
-    return value.replace(tzinfo=dt.timezone.utc)
+    return database_utc_timestamp(using).replace(tzinfo=dt.timezone.utc)
 
 
 def db_now_plus(seconds: float, using: str = "default") -> dt.datetime:

@@ -1,7 +1,8 @@
 """Model bases that only stores can write (CONVENTIONS.md "Persistence").
 
-``GuardedModel.save()``/``delete()`` and queryset ``update()``/``delete()``
-raise :class:`ImmutableRow`. A store inserts through :func:`insert` and
+``GuardedModel.save()``/``delete()`` and the queryset writers ``update()``,
+``delete()``, ``bulk_create()``, ``bulk_update()``, ``get_or_create()`` and
+``update_or_create()`` raise :class:`ImmutableRow`. A store inserts through :func:`insert` and
 changes state only through :class:`nexusflow.kernel.store.CasStore`.
 """
 from __future__ import annotations
@@ -12,6 +13,8 @@ from .errors import ImmutableRow
 
 
 class GuardedQuerySet(models.QuerySet):
+    """A queryset that reads but never writes: every ORM write path raises ImmutableRow."""
+
     def update(self, **kwargs):
         raise ImmutableRow(f"{self.model.__name__}: bulk update outside its store")
 
@@ -20,6 +23,16 @@ class GuardedQuerySet(models.QuerySet):
 
     def bulk_create(self, *args, **kwargs):
         raise ImmutableRow(f"{self.model.__name__}: bulk_create outside its store")
+
+    def bulk_update(self, *args, **kwargs):
+        raise ImmutableRow(f"{self.model.__name__}: bulk_update outside its store")
+
+    def get_or_create(self, *args, **kwargs):
+        # May insert: a store inserts through ``insert`` after its own existence check.
+        raise ImmutableRow(f"{self.model.__name__}: get_or_create outside its store")
+
+    def update_or_create(self, *args, **kwargs):
+        raise ImmutableRow(f"{self.model.__name__}: update_or_create outside its store")
 
 
 class GuardedModel(models.Model):

@@ -1,0 +1,468 @@
+"""Static and model checkers behind the build guardrails (ARCHITECTURE.md sections 1, 2 and 6).
+
+Each checker takes source text (or model classes) and returns a list of
+:class:`Violation`; the guardrail tests run them over the code base and the
+self-tests feed them deliberately broken snippets. Nothing here imports the
+code it checks, so a checker works on a snippet that does not exist on disk.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+
+ROOT = Path(settings.BASE_DIR)
+
+#: L0 code: the generic mechanism (ARCHITECTURE.md section 1).
+L0_DIRS = ("nexusflow", "connectors", "runtime_outbox", "cutover")
+
+
+@dataclass(frozen=True, order=True)
+class Violation:
+    """One broken rule at one place: ``path:line`` (1-based), the rule id and what was found."""
+
+    path: str
+    line: int
+    rule: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: [{self.rule}] {self.detail}"
+
+
+def relative(path: Path) -> str:
+    """``path`` relative to the repository root, with forward slashes."""
+    return path.resolve().relative_to(ROOT.resolve()).as_posix()
+
+
+def l0_files(suffixes: Iterable[str] = (".py",)) -> Iterator[Path]:
+    """Yield L0 files with one of ``suffixes``, sorted, never under ``migrations/``."""
+    wanted = set(suffixes)
+    for top in L0_DIRS:
+        for path in sorted((ROOT / top).rglob("*")):
+            if path.is_file() and path.suffix in wanted and "migrations" not in path.parts \
+                    and "__pycache__" not in path.parts:
+                yield path
+
+
+def project_python_files() -> Iterator[Path]:
+    """Yield every project ``*.py`` file, sorted, outside virtualenvs and caches."""
+    skip = {".venv", "venv", "__pycache__", ".git", "node_modules"}
+    for path in sorted(ROOT.rglob("*.py")):
+        if not skip.intersection(path.relative_to(ROOT).parts):
+            yield path
+
+
+# --- 1. L0 neutrality --------------------------------------------------------
+def word_pattern(word: str, *, case_sensitive: bool) -> re.Pattern:
+    """A pattern matching ``word`` as a whole word (``_`` and letters/digits are word characters)."""
+    return re.compile(r"(?<![A-Za-z0-9_])" + re.escape(word) + r"(?![A-Za-z0-9_])",
+                      0 if case_sensitive else re.IGNORECASE)
+
+
+def substring_pattern(word: str) -> re.Pattern:
+    """A case-insensitive pattern matching ``word`` anywhere (provider names inside identifiers)."""
+    return re.compile(re.escape(word), re.IGNORECASE)
+
+
+def check_neutrality(text: str, path: str, forbidden: dict[str, re.Pattern],
+                     exempt: Iterable[tuple[str, str]] = ()) -> list[Violation]:
+    """Report every line of ``text`` that names a forbidden L1/L2 literal.
+
+    Args:
+        text: the file's text.
+        path: the repository-relative path used in the report and to match ``exempt``.
+        forbidden: word -> compiled pattern (see :func:`word_pattern`, :func:`substring_pattern`).
+        exempt: ``(path, exact line text stripped)`` pairs allowed to name a literal; an
+            exemption covers only that one line of that one file.
+
+    Returns:
+        One violation per (line, word) hit, rule ``l0-neutrality``.
+    """
+    allowed = {line for p, line in exempt if p == path}
+    found = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip() in allowed:
+            continue
+        for word, pattern in forbidden.items():
+            if pattern.search(line):
+                found.append(Violation(path, number, "l0-neutrality", f"names {word!r}"))
+    return found
+
+
+# --- shared AST helpers ------------------------------------------------------
+def _chain(node: ast.AST) -> tuple[list[ast.Call], ast.AST]:
+    """Split ``a.b(...).c.d(...)`` into its calls (outermost first) and its root expression."""
+    calls: list[ast.Call] = []
+    while True:
+        if isinstance(node, ast.Call):
+            calls.append(node)
+            node = node.func
+        elif isinstance(node, ast.Attribute):
+            if isinstance(node.value, ast.Name) and node.attr == "objects":
+                return calls, node
+            node = node.value
+        elif isinstance(node, ast.Subscript):
+            node = node.value
+        else:
+            return calls, node
+
+
+def _assignments(tree: ast.AST) -> dict[ast.AST, dict[str, list[ast.AST]]]:
+    """Map each function (and the module) to ``name -> assigned values`` inside it."""
+    scopes: dict[ast.AST, dict[str, list[ast.AST]]] = {}
+
+    def visit(scope: ast.AST) -> None:
+        names: dict[str, list[ast.AST]] = {}
+        scopes[scope] = names
+        stack = list(ast.iter_child_nodes(scope))
+        while stack:
+            node = stack.pop()
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                visit(node)
+                continue
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    if isinstance(target, ast.Name):
+                        names.setdefault(target.id, []).append(node.value)
+            elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and isinstance(node.target, ast.Name) \
+                    and node.value is not None:
+                names.setdefault(node.target.id, []).append(node.value)
+            stack.extend(ast.iter_child_nodes(node))
+
+    visit(tree)
+    return scopes
+
+
+def _enclosing(tree: ast.AST) -> dict[ast.AST, ast.AST]:
+    """Map every node to its innermost enclosing function (or the module)."""
+    owner: dict[ast.AST, ast.AST] = {}
+
+    def walk(node: ast.AST, scope: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            owner[child] = scope
+            walk(child, child if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) else scope)
+
+    walk(tree, tree)
+    return owner
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """``id()`` of every docstring constant in ``tree``."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
+                out.add(id(first.value))
+    return out
+
+
+# --- 2. no unscoped read by id ------------------------------------------------
+#: Queryset methods whose keyword arguments select rows.
+READ_METHODS = frozenset({"get", "filter", "exclude", "get_or_create", "update_or_create", "in_bulk"})
+#: Keyword arguments of those methods that are not lookups.
+NON_LOOKUP_KWARGS = frozenset({"defaults", "create_defaults", "field_name", "id_list", "batch_size"})
+#: Lookups that constrain the tenant.
+ORG_LOOKUPS = frozenset({"org_id", "org_id__in", "org_id__exact"})
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the unscoped-read rule needs about one model: whether it is a tenant row, its FK columns."""
+
+    has_org: bool
+    fk_columns: frozenset[str]
+
+
+def model_facts(models: Iterable[type]) -> dict[str, ModelFacts]:
+    """``Model.__name__ -> ModelFacts`` for Django model classes (``org_id`` column, FK ``*_id`` columns)."""
+    facts = {}
+    for model in models:
+        columns = {f.attname for f in model._meta.concrete_fields}
+        fks = {f.attname for f in model._meta.concrete_fields if f.is_relation}
+        facts[model.__name__] = ModelFacts("org_id" in columns, frozenset(fks))
+    return facts
+
+
+def _dict_has_org(value: ast.AST) -> bool:
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "dict":
+        return any(k.arg in ORG_LOOKUPS for k in value.keywords)
+    if isinstance(value, ast.Dict):
+        return any(isinstance(k, ast.Constant) and k.value in ORG_LOOKUPS for k in value.keys)
+    return False
+
+
+def check_unscoped_reads(source: str, path: str, models: dict[str, ModelFacts]) -> list[Violation]:
+    """Report ORM reads that select a tenant row by id without constraining ``org_id``.
+
+    A call ``<chain>.get|filter|exclude|get_or_create|update_or_create|in_bulk(...)``
+    selects by id when a keyword lookup starts with ``pk``/``id`` or with an FK
+    column (``<fk>_id``) of the model, or when it is ``in_bulk``. It is scoped
+    when any call of the same chain, or of the local variable the chain starts
+    from, passes ``org_id``/``org_id__in`` as a keyword, as a ``Q(org_id=...)``
+    argument, or inside ``**kwargs`` built locally as ``dict(org_id=...)`` /
+    ``{"org_id": ...}`` (the trusted-scope filter of ARCHITECTURE.md section 6).
+    A chain rooted at ``Model.objects`` whose model has no ``org_id`` column is
+    not a tenant row and is skipped; a chain whose model cannot be named (a
+    related manager or a parameter) is checked with the FK columns of every model.
+
+    Args:
+        source: Python source text.
+        path: repository-relative path for the report.
+        models: :func:`model_facts` of the project's models.
+
+    Returns:
+        One violation per unscoped call, rule ``unscoped-read``.
+
+    Raises:
+        SyntaxError: ``source`` does not parse.
+    """
+    tree = ast.parse(source)
+    scopes = _assignments(tree)
+    owner = _enclosing(tree)
+    every_fk = frozenset().union(*(m.fk_columns for m in models.values())) if models else frozenset()
+    found = []
+
+    def lookup(name: str, node: ast.AST) -> list[ast.AST]:
+        scope = owner.get(node, tree)
+        while True:
+            if name in scopes.get(scope, {}):
+                return scopes[scope][name]
+            if scope is tree:
+                return []
+            scope = owner.get(scope, tree)
+
+    def call_scoped(call: ast.Call) -> bool:
+        for kw in call.keywords:
+            if kw.arg in ORG_LOOKUPS:
+                return True
+            if kw.arg is None:
+                if _dict_has_org(kw.value):
+                    return True
+                if isinstance(kw.value, ast.Name) and any(_dict_has_org(v) for v in lookup(kw.value.id, call)):
+                    return True
+        for arg in call.args:
+            for sub in ast.walk(arg):
+                if isinstance(sub, ast.Call) and any(k.arg in ORG_LOOKUPS for k in sub.keywords):
+                    return True
+        return False
+
+    def chain_facts(expr: ast.AST, seen: frozenset[str]) -> tuple[bool, str | None]:
+        """(scoped, model name or None) of the chain ``expr`` belongs to, following local names."""
+        calls, root = _chain(expr)
+        scoped = any(call_scoped(c) for c in calls)
+        if isinstance(root, ast.Attribute) and root.attr == "objects" and isinstance(root.value, ast.Name):
+            return scoped, root.value.id
+        if isinstance(root, ast.Name) and root.id not in seen:
+            values = lookup(root.id, expr)
+            if values:
+                results = [chain_facts(v, seen | {root.id}) for v in values]
+                return scoped or all(r[0] for r in results), results[0][1]
+        return scoped, None
+
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in READ_METHODS):
+            continue
+        scoped, model_name = chain_facts(node, frozenset())
+        facts = models.get(model_name) if model_name else None
+        if model_name and facts is None:
+            continue  # ``X.objects`` of something that is not a project model
+        if facts is not None and not facts.has_org:
+            continue  # not a tenant row: nothing to scope by
+        fk_columns = facts.fk_columns if facts is not None else every_fk
+        selectors = []
+        for kw in node.keywords:
+            if kw.arg is None or kw.arg in NON_LOOKUP_KWARGS:
+                continue
+            field = kw.arg.split("__", 1)[0]
+            if field in {"pk", "id"} or field in fk_columns:
+                selectors.append(kw.arg)
+        if node.func.attr == "in_bulk":
+            selectors.append("in_bulk")
+        if selectors and not scoped:
+            where = model_name or ast.unparse(node.func.value)[:40]
+            found.append(Violation(path, node.lineno, "unscoped-read",
+                                   f"{where}.{node.func.attr}({', '.join(selectors)}) without org_id"))
+    return found
+
+
+# --- 3. raw SQL only in stores and selectors ----------------------------------
+RAW_SQL_FILES = frozenset({"store.py", "selectors.py"})
+SQL_STATEMENT = re.compile(
+    r"\bSELECT\b[\s\S]*\bFROM\b|\bUPDATE\s+\S+\s+SET\b|\bINSERT\s+(?:IGNORE\s+)?INTO\b|\bDELETE\s+FROM\b"
+    r"|\bREPLACE\s+INTO\b"
+)
+RAW_METHODS = frozenset({"raw", "extra"})
+EXECUTE_METHODS = frozenset({"execute", "executemany", "callproc"})
+
+
+def _string_text(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else " ? " for v in node.values)
+    return None
+
+
+def check_raw_sql(source: str, path: str) -> list[Violation]:
+    """Report raw SQL in a module that is neither a ``store.py`` nor a ``selectors.py``.
+
+    Flags cursor ``.execute``/``.executemany``/``.callproc`` (on a name bound by
+    ``with ... .cursor() as NAME`` / ``NAME = ... .cursor()``, a name containing
+    ``cursor``, or a ``.cursor()`` call), queryset ``.raw(``/``.extra(``,
+    ``RawSQL(``, and string literals (docstrings excepted) that read as an
+    uppercase SQL statement: ``SELECT ... FROM``, ``UPDATE t SET``,
+    ``INSERT INTO``, ``DELETE FROM``, ``REPLACE INTO``.
+
+    Args:
+        source: Python source text.
+        path: repository-relative path; a ``store.py``/``selectors.py`` or a
+            ``migrations/`` file is allowed raw SQL and returns ``[]``.
+
+    Returns:
+        Violations with rule ``raw-sql``, one per offending node.
+
+    Raises:
+        SyntaxError: ``source`` does not parse.
+    """
+    parts = path.split("/")
+    if parts[-1] in RAW_SQL_FILES or "migrations" in parts:
+        return []
+    tree = ast.parse(source)
+    docstrings = _docstrings(tree)
+    cursors = {"cursor"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.withitem) and isinstance(node.optional_vars, ast.Name) \
+                and isinstance(node.context_expr, ast.Call) and isinstance(node.context_expr.func, ast.Attribute) \
+                and node.context_expr.func.attr == "cursor":
+            cursors.add(node.optional_vars.id)
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
+                and isinstance(node.value.func, ast.Attribute) and node.value.func.attr == "cursor":
+            cursors.update(t.id for t in node.targets if isinstance(t, ast.Name))
+
+    def is_cursor(expr: ast.AST) -> bool:
+        if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr == "cursor":
+            return True
+        name = expr.id if isinstance(expr, ast.Name) else expr.attr if isinstance(expr, ast.Attribute) else ""
+        return name in cursors or "cursor" in name.lower()
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute) and func.attr in EXECUTE_METHODS and is_cursor(func.value):
+                found.append(Violation(path, node.lineno, "raw-sql", f"cursor.{func.attr}()"))
+            elif isinstance(func, ast.Attribute) and func.attr in RAW_METHODS and (node.args or node.keywords):
+                found.append(Violation(path, node.lineno, "raw-sql", f".{func.attr}()"))
+            elif (isinstance(func, ast.Name) and func.id == "RawSQL") or \
+                    (isinstance(func, ast.Attribute) and func.attr == "RawSQL"):
+                found.append(Violation(path, node.lineno, "raw-sql", "RawSQL()"))
+        if id(node) in docstrings:
+            continue
+        text = _string_text(node)
+        if text is not None and SQL_STATEMENT.search(text):
+            if isinstance(node, ast.Constant) and any(
+                    isinstance(parent, ast.JoinedStr) and node in parent.values for parent in ast.walk(tree)):
+                continue  # reported once, as its f-string
+            found.append(Violation(path, node.lineno, "raw-sql", f"SQL literal {text[:40]!r}"))
+    return found
+
+
+# --- 4. one egress adapter -----------------------------------------------------
+HTTP_CLIENT_MODULES = frozenset({"requests", "httpx", "urllib.request", "http.client", "urllib3", "aiohttp"})
+
+
+def _is_http_client(module: str) -> bool:
+    return any(module == m or module.startswith(m + ".") for m in HTTP_CLIENT_MODULES)
+
+
+def check_http_imports(source: str, path: str) -> list[Violation]:
+    """Report every import of an HTTP client library.
+
+    Covers ``import requests``, ``import urllib.request``, ``from http import
+    client``, ``from urllib import request``, and ``importlib.import_module`` /
+    ``__import__`` with a constant name. ``urllib.parse`` and ``http.server``
+    are not clients. Which files may import a client is the caller's exemption.
+
+    Args:
+        source: Python source text.
+        path: repository-relative path for the report.
+
+    Returns:
+        Violations with rule ``http-import``.
+
+    Raises:
+        SyntaxError: ``source`` does not parse.
+    """
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        modules: list[str] = []
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            modules = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            if name in {"import_module", "__import__"}:
+                modules = [node.args[0].value]
+        hits = sorted({m for m in modules if _is_http_client(m)})
+        if hits:
+            found.append(Violation(path, node.lineno, "http-import", f"imports {hits[0]}"))
+    return found
+
+
+# --- 5. stateful models are guarded and have one CAS store --------------------
+def check_stateful_models(models: Iterable[type], stores: Iterable[type]) -> list[Violation]:
+    """Report stateful models that escape the kernel's write discipline (ARCHITECTURE.md section 6).
+
+    A model with a concrete ``state`` field must derive from
+    :class:`nexusflow.kernel.models.GuardedModel` and have exactly one
+    :class:`nexusflow.kernel.store.CasStore` subclass among ``stores`` whose
+    ``model`` is it and whose ``machine.name`` is ``"<app_label>.<Model>"``.
+
+    Args:
+        models: Django model classes to check (abstract ones are skipped).
+        stores: CasStore subclasses to match against.
+
+    Returns:
+        Violations with rule ``stateful-model``; ``path`` is the model label, ``line`` 0.
+    """
+    from nexusflow.kernel.models import GuardedModel
+
+    stores = list(stores)
+    found = []
+    for model in models:
+        if model._meta.abstract or "state" not in {f.name for f in model._meta.concrete_fields}:
+            continue
+        label = f"{model._meta.app_label}.{model.__name__}"
+        if not issubclass(model, GuardedModel):
+            found.append(Violation(label, 0, "stateful-model", "does not derive from GuardedModel"))
+        own = [s for s in stores if getattr(s, "model", None) is model]
+        if len(own) != 1:
+            found.append(Violation(label, 0, "stateful-model",
+                                   f"has {len(own)} CasStore subclasses ({', '.join(s.__name__ for s in own)})"))
+        for store in own:
+            name = getattr(getattr(store, "machine", None), "name", None)
+            if name != label:
+                found.append(Violation(label, 0, "stateful-model", f"{store.__name__}.machine.name is {name!r}"))
+    return found
+
+
+def all_subclasses(cls: type) -> list[type]:
+    """Every transitive subclass of ``cls`` defined in project code (not ``tests``) that sets its own ``model``."""
+    out, stack = [], list(cls.__subclasses__())
+    while stack:
+        sub = stack.pop()
+        stack.extend(sub.__subclasses__())
+        if "model" in vars(sub) and not sub.__module__.startswith("tests."):
+            out.append(sub)
+    return sorted(set(out), key=lambda s: (s.__module__, s.__qualname__))
