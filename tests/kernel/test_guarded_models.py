@@ -8,6 +8,8 @@ At runtime: a real row of every ``GuardedModel``, inserted through its store
 """
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 from django.apps import apps
 from django.db import models
@@ -20,7 +22,7 @@ import runtime_outbox.store  # noqa: F401  (registers its CasStore subclasses)
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.errors import ImmutableRow
 from nexusflow.kernel.models import GuardedModel, insert
-from nexusflow.kernel.store import CasStore
+from nexusflow.kernel.store import STORES, CasStore
 from tests.guardrails import all_subclasses, check_stateful_models
 
 GUARDED = sorted((m for m in apps.get_models() if issubclass(m, GuardedModel)), key=lambda m: m._meta.label)
@@ -66,9 +68,11 @@ def test_a_stateful_model_outside_the_kernel_discipline_is_caught():
         class Meta:
             app_label = "tests"
 
-    class WrongNameStore(CasStore):
-        model = GuardedThing
-        machine = connectors.store.AccountServingGateStore.machine
+    # Throwaway stores register in the kernel's store registry; keep them out of the real one.
+    with mock.patch.dict(STORES, {}, clear=True):
+        class WrongNameStore(CasStore):
+            model = GuardedThing
+            machine = connectors.store.AccountServingGateStore.machine
 
     found = {(v.path, v.detail) for v in check_stateful_models([LooseThing, GuardedThing, Stateless],
                                                                 [WrongNameStore])}
@@ -78,9 +82,16 @@ def test_a_stateful_model_outside_the_kernel_discipline_is_caught():
         ("tests.GuardedThing", "WrongNameStore.machine.name is 'connectors.AccountServingGate'"),
     }
 
-    class SecondStore(CasStore):
-        model = GuardedThing
-        machine = WrongNameStore.machine
+    with mock.patch.dict(STORES, {}, clear=True):
+        class SecondStore(CasStore):
+            model = GuardedThing
+            machine = WrongNameStore.machine
+
+        # The registry itself refuses a second store for one machine at import time.
+        with pytest.raises(TypeError, match="already has store"):
+            class ThirdStore(CasStore):
+                model = GuardedThing
+                machine = WrongNameStore.machine
 
     found = {v.detail for v in check_stateful_models([GuardedThing], [WrongNameStore, SecondStore])}
     assert "has 2 CasStore subclasses (WrongNameStore, SecondStore)" in found
