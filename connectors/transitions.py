@@ -171,3 +171,43 @@ PUSH_ATTEMPT_STATUS = machine(
     seed='Seed 002, "Create Attempt State" (a status projection; ARCHITECTURE.md section 4)',
     parked={"ambiguous_remote_effect"},
 )
+
+#: How each seed 002 create-attempt edge happens on the one effect model
+#: (ARCHITECTURE.md section 4). Each step is ``(machine, src, dst)``; ``src``
+#: ``None`` means the row is inserted in ``dst``. An edge with no steps is
+#: realized outside the row's lifecycle and says how in ``REALIZED_ELSEWHERE``.
+PUSH_ATTEMPT_REALIZATION: dict[tuple[str, str], tuple[tuple[str, str | None, str], ...]] = {
+    ("pending", "processing"): (("connectors.RemoteEffectAttempt", None, "started"),
+                                ("connectors.DispatchPermit", None, "granted"),
+                                ("connectors.RemoteEffect", "prepared", "dispatching")),
+    ("pending", "terminal_failed"): (("connectors.RemoteEffect", "prepared", "quarantined"),),
+    ("processing", "pending"): (("connectors.DispatchPermit", "granted", "abandoned"),
+                                ("connectors.RemoteEffect", "dispatching", "prepared")),
+    ("processing", "post_sent"): (("connectors.DispatchPermit", "granted", "sending"),),
+    ("processing", "writeback_pending"): (("connectors.DispatchPermit", "granted", "sending"),
+                                          ("connectors.DispatchPermit", "sending", "returned"),
+                                          ("connectors.RemoteEffect", "dispatching", "remote_confirmed")),
+    ("processing", "ambiguous_remote_effect"): (("connectors.DispatchPermit", "sending", "abandoned"),
+                                                ("connectors.RemoteEffect", "dispatching", "uncertain")),
+    ("processing", "terminal_failed"): (("connectors.DispatchPermit", "granted", "abandoned"),
+                                        ("connectors.RemoteEffect", "dispatching", "no_effect")),
+    ("post_sent", "writeback_pending"): (("connectors.DispatchPermit", "sending", "returned"),
+                                         ("connectors.RemoteEffect", "dispatching", "remote_confirmed")),
+    ("post_sent", "ambiguous_remote_effect"): (("connectors.DispatchPermit", "sending", "returned"),
+                                               ("connectors.RemoteEffect", "dispatching", "uncertain")),
+    ("post_sent", "terminal_failed"): (("connectors.DispatchPermit", "sending", "returned"),
+                                       ("connectors.RemoteEffect", "dispatching", "no_effect")),
+    ("ambiguous_remote_effect", "writeback_pending"): (("connectors.RemoteEffect", "uncertain", "remote_confirmed"),),
+    ("writeback_pending", "finalized"): (("connectors.RemoteLink", None, "active"),
+                                         ("connectors.RemoteEffect", "remote_confirmed", "finalized")),
+    ("writeback_pending", "terminal_failed"): (),
+    ("terminal_failed", "superseded"): (),
+}
+REALIZED_ELSEWHERE = {
+    ("writeback_pending", "terminal_failed"): (
+        "the remote identity is known, so the effect still finalizes; a mirror writeback that cannot be applied "
+        "is recorded as skipped on the link (seed 002 `finalized`: 'mirror is written or recorded as skipped')"),
+    ("terminal_failed", "superseded"): (
+        "a successor EffectGeneration authored by explicit operator intent after a proven terminal no_effect; "
+        "the old effect row never moves again"),
+}
