@@ -9,6 +9,7 @@ from django.conf import settings
 from django.db import transaction
 
 from nexusflow.flows import transitions as t
+from nexusflow.flows.reasons import STEP_RETRY_EXHAUSTED
 from nexusflow.flows.models import (
     FlowActivation,
     FlowDependency,
@@ -137,6 +138,11 @@ def wait_for_recovery(timeout: float = 10.0) -> None:
 
 
 # --- rows in arbitrary states (for transition-table tests) --------------------
+def _reason(machine, state: str) -> str:
+    """A registered code for a state that needs one (the CHECK constraint refuses an empty one)."""
+    return STEP_RETRY_EXHAUSTED if state in machine.reason_required else ""
+
+
 class Rows:
     """Insert Flow rows directly in a chosen state (bypassing the initial-state rule)."""
 
@@ -159,13 +165,15 @@ class Rows:
             plan=plan, plan_digest=plan.plan_digest, execution_profile=plan.execution_profile,
             execution_owner="flow_runtime_v2", state=state, version=1, trigger_object_name=OBJECT,
             record_key=f"rk{FlowRun.objects.count() + 1}", record_version=1, created_at=now, updated_at=now,
+            reason_code=_reason(t.FLOW_RUN, state),
         )
 
     def step(self, state: str = t.STEP_PENDING, run: FlowRun | None = None) -> FlowStepExecution:
         now = db_now()
         run = run or self.run()
         return insert(FlowStepExecution, org_id=self.org.org_id, run=run, plan_step_key="decide:Has_Email",
-                      step_kind="PureCompute", state=state, version=1, created_at=now, updated_at=now)
+                      step_kind="PureCompute", state=state, version=1, created_at=now, updated_at=now,
+                      reason_code=_reason(t.FLOW_STEP_EXECUTION, state))
 
     def attempt(self, state: str = t.ATTEMPT_STARTED) -> FlowStepAttempt:
         now = db_now()
@@ -182,7 +190,7 @@ class Rows:
                       runtime_capability_id=run.runtime_capability_id, binding_digest=run.binding_digest, run=run,
                       step=step, producer_kind="runtime.intent_result", dependency_key="42",
                       condition_digest="c" * 64, expiry_policy="quarantine", state=state, version=1, deadline=now,
-                      created_at=now)
+                      created_at=now, reason_code=_reason(t.FLOW_DEPENDENCY, state))
 
     def signal(self, state: str = t.SIGNAL_UNMATCHED) -> FlowWakeSignal:
         run = self.run(t.RUN_WAITING)

@@ -8,6 +8,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from nexusflow.flows import transitions as t
+from nexusflow.flows.reasons import STEP_RETRY_EXHAUSTED
 from nexusflow.flows.store import STORES
 from nexusflow.kernel.errors import IllegalTransition, ImmutableRow
 
@@ -53,7 +54,9 @@ def test_pair_is_accepted_only_if_listed(rows, name, src, dst):
     store = STORES[name]
     row = getattr(rows, ROW_FACTORY[name])(src)
     if store.machine.allows(src, dst):
-        new_version = store.transition(org_id=row.org_id, pk=row.pk, src=src, dst=dst, version=row.version)
+        reason = {"reason_code": STEP_RETRY_EXHAUSTED} if dst in store.machine.reason_required else None
+        new_version = store.transition(org_id=row.org_id, pk=row.pk, src=src, dst=dst, version=row.version,
+                                       set_fields=reason)
         fresh = type(row).objects.get(pk=row.pk)
         assert (fresh.state, fresh.version) == (dst, row.version + 1) == (dst, new_version)
     else:

@@ -12,6 +12,7 @@ from connectors import transitions as ct
 from connectors.models import AccountServingGate
 from connectors.store import AccountServingGateStore
 from cutover import transitions as cut
+from cutover.reasons import CUTOVER_IN_PROGRESS
 from nexusflow.kernel import failpoints, locks
 from nexusflow.kernel.errors import FenceRejected, IllegalTransition, ImmutableRow, LockOrderViolation
 from nexusflow.kernel.transitions import REGISTRY
@@ -28,10 +29,13 @@ def _gate(state="v1_serving"):
     gate = AccountServingGateStore.create(org_id="o1", account_key="acct", pack_key="p", state="v1_serving")
     if state != "v1_serving":
         with connection.cursor() as cursor:
-            cursor.execute("UPDATE connectors_accountservinggate SET state=%s WHERE id=%s", [state, gate.pk])
+            reason = HALT if state in ct.ACCOUNT_SERVING_GATE.reason_required else ""
+            cursor.execute("UPDATE connectors_accountservinggate SET state=%s, reason_code=%s WHERE id=%s",
+                           [state, reason, gate.pk])
     return AccountServingGate.objects.get(pk=gate.pk)
 
 
+HALT = CUTOVER_IN_PROGRESS
 GATE_PAIRS = list(itertools.product(sorted(ct.ACCOUNT_SERVING_GATE.states), repeat=2))
 
 
@@ -39,7 +43,9 @@ GATE_PAIRS = list(itertools.product(sorted(ct.ACCOUNT_SERVING_GATE.states), repe
 def test_every_gate_pair_is_accepted_only_if_listed(src, dst):
     gate = _gate(src)
     if ct.ACCOUNT_SERVING_GATE.allows(src, dst):
-        new_version = AccountServingGateStore.transition(org_id="o1", pk=gate.pk, src=src, dst=dst, version=gate.version)
+        reason = HALT if dst in ct.ACCOUNT_SERVING_GATE.reason_required else ""
+        new_version = AccountServingGateStore.transition(org_id="o1", pk=gate.pk, src=src, dst=dst, version=gate.version,
+                                                         set_fields={"reason_code": reason})
         assert AccountServingGate.objects.get(pk=gate.pk).state == dst
         assert new_version == gate.version + 1
     else:
@@ -69,13 +75,15 @@ def test_unlisted_pairs_are_rejected_for_every_machine(machine):
 
 def test_stale_version_and_wrong_org_are_fenced():
     gate = _gate()
-    AccountServingGateStore.transition(org_id="o1", pk=gate.pk, src="v1_serving", dst="halting_v1", version=gate.version)
+    halt = {"reason_code": HALT}
+    AccountServingGateStore.transition(org_id="o1", pk=gate.pk, src="v1_serving", dst="halting_v1", version=gate.version,
+                                       set_fields=halt)
     with pytest.raises(FenceRejected):
         AccountServingGateStore.transition(org_id="o1", pk=gate.pk, src="halting_v1", dst="v1_stopped",
-                                           version=gate.version)
+                                           version=gate.version, set_fields=halt)
     with pytest.raises(FenceRejected):
         AccountServingGateStore.transition(org_id="other", pk=gate.pk, src="halting_v1", dst="v1_stopped",
-                                           version=gate.version + 1)
+                                           version=gate.version + 1, set_fields=halt)
     assert AccountServingGate.objects.get(pk=gate.pk).state == "halting_v1"
 
 
