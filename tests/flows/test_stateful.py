@@ -8,6 +8,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 
 from nexusflow.flows import transitions as t
 from nexusflow.flows.models import FlowRun
+from nexusflow.flows.reasons import STEP_RETRY_EXHAUSTED
 from nexusflow.flows.selectors import flow_runs_nonterminal_count
 from nexusflow.flows.store import FlowRunStore
 from nexusflow.kernel.errors import IllegalTransition, StaleVersion
@@ -15,6 +16,10 @@ from nexusflow.kernel.errors import IllegalTransition, StaleVersion
 pytestmark = pytest.mark.django_db
 
 STATES = sorted(t.FLOW_RUN.states)
+
+
+def _reason(dst: str) -> dict[str, str]:
+    return {"reason_code": STEP_RETRY_EXHAUSTED} if dst in t.FLOW_RUN.reason_required else {}
 
 
 def test_flow_run_random_sequences_follow_the_table(rows):
@@ -31,14 +36,14 @@ def test_flow_run_random_sequences_follow_the_table(rows):
                 return
             dst = data.draw(st.sampled_from(targets))
             self.version = FlowRunStore.transition(org_id=self.run.org_id, pk=self.run.pk, src=self.state, dst=dst,
-                                                   version=self.version)
+                                                   version=self.version, set_fields=_reason(dst))
             self.state = dst
 
         @rule(dst=st.sampled_from(STATES))
         def any_move(self, dst):
             if t.FLOW_RUN.allows(self.state, dst):
                 self.version = FlowRunStore.transition(org_id=self.run.org_id, pk=self.run.pk, src=self.state,
-                                                       dst=dst, version=self.version)
+                                                       dst=dst, version=self.version, set_fields=_reason(dst))
                 self.state = dst
             else:
                 with pytest.raises(IllegalTransition):
@@ -52,7 +57,7 @@ def test_flow_run_random_sequences_follow_the_table(rows):
                 return
             with pytest.raises(StaleVersion):
                 FlowRunStore.transition(org_id=self.run.org_id, pk=self.run.pk, src=self.state, dst=targets[0],
-                                        version=self.version + stale_by)
+                                        version=self.version + stale_by, set_fields=_reason(targets[0]))
 
         @rule()
         def other_org_is_fenced(self):
@@ -61,7 +66,7 @@ def test_flow_run_random_sequences_follow_the_table(rows):
                 return
             with pytest.raises(StaleVersion):
                 FlowRunStore.transition(org_id="flows-other-org", pk=self.run.pk, src=self.state, dst=targets[0],
-                                        version=self.version)
+                                        version=self.version, set_fields=_reason(targets[0]))
 
         @invariant()
         def row_matches_the_model(self):
