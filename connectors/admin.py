@@ -8,14 +8,14 @@ from . import models
 
 @admin.register(models.AccountServingGate)
 class AccountServingGateAdmin(ReadOnlyAdmin):
-    list_display = ("account_key", "org_id", "state", "fence_token", "epoch", "updated_at")
-    list_filter = ("state",)
+    list_display = ("account_key", "org_id", "state", "reason_code", "fence_token", "epoch", "updated_at")
+    list_filter = ("state", "reason_code")
 
 
 @admin.register(models.ServingEpoch)
 class ServingEpochAdmin(ReadOnlyAdmin):
-    list_display = ("id", "org_id", "state", "digest", "activated_at")
-    list_filter = ("state",)
+    list_display = ("id", "org_id", "state", "reason_code", "digest", "activated_at")
+    list_filter = ("state", "reason_code")
 
 
 @admin.register(models.Receipt)
@@ -59,15 +59,22 @@ class DispatchPermitAdmin(ReadOnlyAdmin):
     list_filter = ("state",)
 
 
+@admin.register(models.CredentialGenerationDispatchGate)
+class CredentialGenerationDispatchGateAdmin(ReadOnlyAdmin):
+    list_display = ("id", "org_id", "credential_generation", "state", "reason_code", "fence_token")
+    list_filter = ("state", "reason_code")
+
+
 @admin.register(models.RemoteLink)
 class RemoteLinkAdmin(ReadOnlyAdmin):
-    list_display = ("id", "source_object", "source_record_key", "destination_slot_id", "remote_id", "state")
-    list_filter = ("state", "action_type")
+    list_display = ("id", "source_object", "source_record_key", "destination_slot_id", "remote_id", "state",
+                    "reason_code")
+    list_filter = ("state", "reason_code", "action_type")
     search_fields = ("remote_id", "source_record_key")
 
 
 for model in (models.PackGeneration, models.ConnectorServiceConfigurationGeneration, models.CredentialGeneration,
-              models.CredentialGenerationDispatchGate, models.GateTransitionEvidence, models.ReceiptAdmissionKey,
+              models.GateTransitionEvidence, models.ReceiptAdmissionKey,
               models.Projection, models.ExecutionAttempt, models.OrderingDecision, models.RemoteEffectAttempt,
               models.WorkerProcess):
     admin.site.register(model, type(f"{model.__name__}Admin", (ReadOnlyAdmin,), {}))

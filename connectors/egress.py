@@ -29,6 +29,7 @@ from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.errors import NexusError, StaleVersion
 from nexusflow.kernel.scope import OrgScope
 
+from . import reasons
 from .links import PUSH_ACTION_TYPE
 from .models import (
     CredentialGeneration,
@@ -181,11 +182,11 @@ def _plan_request(effect: RemoteEffect, binding: dict, contract: dict):
         prior = RemoteEffect.objects.filter(org_id=effect.org_id, dispatch_lane=effect.dispatch_lane,
                                             state="quarantined").exclude(pk=effect.pk).exists()
         if prior:
-            _quarantine(effect, "prior_create_unresolved")
+            _quarantine(effect, reasons.PRIOR_CREATE_UNRESOLVED)
             return None
         return "create", contract["create"]["method"], contract["create"]["path"], body, key
     if link.state != "active":
-        _quarantine(effect, "link_not_patchable")
+        _quarantine(effect, reasons.LINK_NOT_PATCHABLE)
         return None
     path = contract["update"]["path"].replace("{remote_id}", urllib.parse.quote(link.remote_id, safe=""))
     return "update", contract["update"]["method"], path, body, key
@@ -292,7 +293,7 @@ def permit_settle(grant: Grant, response: Response) -> str:
         if status is not None and 200 <= status < 300:
             remote_id = _extract_id(response.body, contract["response_id_path"])
             if attempt.operation == "create" and remote_id is None:
-                new_state, attempt_state, reason = "uncertain", "uncertain", "response_id_missing"
+                new_state, attempt_state, reason = "uncertain", "uncertain", reasons.RESPONSE_ID_MISSING
             else:
                 if attempt.operation == "create":
                     _link_create(effect, contract, remote_id)
@@ -301,23 +302,24 @@ def permit_settle(grant: Grant, response: Response) -> str:
                 new_state, attempt_state, reason = "remote_confirmed", "confirmed", ""
                 evidence["remote_id"] = remote_id
         elif status is not None and status in contract.get("definite_refusal_statuses", []):
-            new_state, attempt_state, reason = "no_effect", "no_effect", "definite_refusal"
+            new_state, attempt_state, reason = "no_effect", "no_effect", reasons.DEFINITE_REFUSAL
             if attempt.operation == "update" and status == 404:
                 link = RemoteLinkStore.lock(effect.org_id, RemoteLink.objects.get(
                     org_id=effect.org_id, link_key=effect.dispatch_lane).pk)
                 if link.state == "active":
                     RemoteLinkStore.transition(org_id=link.org_id, pk=link.pk, src="active", dst="suspended_drift",
-                                               version=link.version)
+                                               version=link.version,
+                                               set_fields={"reason_code": reasons.REMOTE_NOT_FOUND})
         elif response.connect_failed or (status is not None and status in contract.get("not_performed_statuses", [])):
             # Connection refused, or a status the contract declares as "not performed"
             # (rate limited, idempotency key busy): proof of no effect, retry after backoff.
             new_state, attempt_state, reason = "prepared", "no_effect", ""
         elif status is None or status in contract.get("retryable_statuses", []):
             # Timeout, reset, or a status that may follow a performed request: ambiguous.
-            new_state, attempt_state, reason = "uncertain", "uncertain", ""
+            new_state, attempt_state, reason = "uncertain", "uncertain", reasons.RESPONSE_AMBIGUOUS
         else:
             # A status the contract does not classify: ambiguous and parked for an operator.
-            new_state, attempt_state, reason = "uncertain", "uncertain", "unclassified_response"
+            new_state, attempt_state, reason = "uncertain", "uncertain", reasons.UNCLASSIFIED_RESPONSE
         RemoteEffectAttemptStore.transition(
             org_id=attempt.org_id, pk=attempt.pk, src="started", dst=attempt_state, version=attempt.version,
             set_fields={"response_status": status, "response_body": response.body, "error": response.error[:255],
@@ -421,10 +423,10 @@ def permit_try_abandon_one() -> bool:
                                            version=locked.version, set_fields={"closed_evidence": json.dumps(proof)})
             RemoteEffectAttemptStore.transition(org_id=attempt.org_id, pk=attempt.pk, src="started",
                                                 dst="uncertain" if was_sending else "no_effect", version=attempt.version,
-                                                set_fields={"error": "holder_abandoned"})
+                                                set_fields={"error": reasons.HOLDER_ABANDONED})
             RemoteEffectStore.transition(org_id=effect.org_id, pk=effect.pk, src="dispatching",
                                          dst="uncertain" if was_sending else "prepared", version=effect.version,
-                                         set_fields={"reason_code": "holder_abandoned" if was_sending else ""})
+                                         set_fields={"reason_code": reasons.HOLDER_ABANDONED if was_sending else ""})
         return True
     return False
 
@@ -443,7 +445,7 @@ def effect_try_reconcile_one() -> bool:
         _binding, _contract_doc, profile = _contract(effect)
         last = effect.attempts.order_by("-attempt_number").first()
         replay_safe = bool(profile.get("idempotency", {}).get("replay_safe")) and last is not None and last.idempotency_key
-        if not replay_safe or effect.reason_code in ("unclassified_response", "response_id_missing"):
+        if not replay_safe or effect.reason_code in reasons.OPERATOR_ONLY_UNCERTAIN:
             continue  # parked: only an operator may resolve it
         with transaction.atomic(durable=True):
             locked = RemoteEffectStore.lock(effect.org_id, effect.pk)
@@ -453,13 +455,14 @@ def effect_try_reconcile_one() -> bool:
                                                             state="uncertain").count()
             if uncertain >= MAX_UNCERTAIN_ATTEMPTS:
                 RemoteEffectStore.transition(org_id=locked.org_id, pk=locked.pk, src="uncertain", dst="quarantined",
-                                             version=locked.version, set_fields={"reason_code": "retry_exhausted"})
+                                             version=locked.version, set_fields={"reason_code": reasons.RETRY_EXHAUSTED})
                 intent_result_record(command=effect.command, outcome="quarantined", remote_id="",
-                                     evidence={"reason": "retry_exhausted", "attempts": locked.attempt_count})
+                                     evidence={"reason": reasons.RETRY_EXHAUSTED, "attempts": locked.attempt_count})
             else:
                 # The backoff was served while uncertain; the exact repeat may go now.
                 RemoteEffectStore.transition(org_id=locked.org_id, pk=locked.pk, src="uncertain", dst="prepared",
-                                             version=locked.version, set_fields={"next_attempt_at": None})
+                                             version=locked.version,
+                                             set_fields={"next_attempt_at": None, "reason_code": ""})
         return True
     return False
 

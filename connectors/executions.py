@@ -29,6 +29,7 @@ from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.errors import StaleVersion
 from nexusflow.kernel.models import insert
 
+from . import reasons
 from .models import Event, Execution, ExecutionAttempt, OrderingDecision, OrderingLane, PackGeneration
 from .selectors import candidate_lanes
 from .serving import NotServing, serving_lock
@@ -123,7 +124,7 @@ def _claim_in_lane(org_id: str, account_key: str, lane_id: int, worker_id: str) 
                 continue
             ExecutionStore.transition(org_id=org_id, pk=execution.pk, src="ready", dst="superseded",
                                       version=execution.version,
-                                      set_fields={"reason_code": "superseded_by_newer_position"})
+                                      set_fields={"reason_code": reasons.SUPERSEDED_BY_NEWER_POSITION})
             insert(OrderingDecision, org_id=org_id, lane=lane, execution=execution, decision="superseded",
                    high_water_position=high_water, winning_position=bytes(winner.position) if winner else None)
         if winner is None:

@@ -20,7 +20,7 @@ from nexusflow.kernel.errors import InvalidIdentity, NexusError
 from nexusflow.kernel.identity import canonical_locator
 from nexusflow.kernel.models import insert
 
-from . import reasons as _reasons  # noqa: F401  (registers reason codes)
+from . import reasons
 from .models import (
     AccountServingGate,
     CredentialGeneration,
@@ -143,19 +143,19 @@ def classify_items(route: dict, items: list) -> list[_Item]:
         item = _Item(ordinal=ordinal, raw=raw)
         out.append(item)
         if not isinstance(raw, dict):
-            item.reason = "item_not_object"
+            item.reason = reasons.ITEM_NOT_OBJECT
             item.identity = canonical_json.dumps(raw)
             continue
         item.identity = canonical_json.dumps(_strip(raw, volatile))
         kind = raw.get(route["kind_field"], raw.get(route.get("kind_field_fallback", ""), None))
         spec = route["kinds"].get(kind) if isinstance(kind, str) else None
         if spec is None:
-            item.reason = "item_kind_unsupported"
+            item.reason = reasons.ITEM_KIND_UNSUPPORTED
             continue
         required = {**route.get("common_required", {}), **spec.get("required", {})}
         missing = [name for name, type_name in required.items() if not _typed(raw.get(name), type_name)]
         if missing:
-            item.reason = "item_schema_invalid"
+            item.reason = reasons.ITEM_SCHEMA_INVALID
             continue
         try:
             item.kind = spec["canonical_kind"]
@@ -176,7 +176,7 @@ def classify_items(route: dict, items: list) -> list[_Item]:
             item.position = _encode_position(position_values) + b"\x00" + item.source_event_key.encode("utf-8")
             item.tie_breaker = str(raw.get(ordering["tie_breaker"], ""))
         except (InvalidIdentity, KeyError, TypeError, ValueError):
-            item.reason = "item_identity_invalid"
+            item.reason = reasons.ITEM_IDENTITY_INVALID
             item.kind = ""
     return out
 

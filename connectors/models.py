@@ -6,7 +6,9 @@ only by compare-and-swap. Identity columns use binary collation.
 from django.db import models
 
 from nexusflow.kernel.identity import IdentityField
-from nexusflow.kernel.models import GuardedModel
+from nexusflow.kernel.models import GuardedModel, reason_code_constraint, reason_code_field
+
+from . import transitions
 
 DIGEST = {"max_length": 64}
 PROFILE = {"max_length": 64}
@@ -67,18 +69,26 @@ class CredentialGenerationDispatchGate(GuardedModel):
     state = models.CharField(max_length=16)
     version = models.PositiveBigIntegerField(default=1)
     fence_token = models.PositiveBigIntegerField(default=1)
+    reason_code = reason_code_field()
+
+    class Meta:
+        constraints = [reason_code_constraint(transitions.CREDENTIAL_DISPATCH_GATE, name="credential_gate_reason_chk")]
 
 
 class ServingEpoch(GuardedModel):
     org_id = IdentityField(max_length=64)
     state = models.CharField(max_length=16)
     version = models.PositiveBigIntegerField(default=1)
+    reason_code = reason_code_field()
     configuration = models.ForeignKey(ConnectorServiceConfigurationGeneration, on_delete=models.PROTECT)
     document = models.JSONField(help_text="Frozen routes, ordering contracts, pack and credential generations.")
     digest = IdentityField(**DIGEST)
     profile_id = IdentityField(**PROFILE)
     created_at = models.DateTimeField(auto_now_add=True)
     activated_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [reason_code_constraint(transitions.SERVING_EPOCH, name="serving_epoch_reason_chk")]
 
 
 class AccountServingGate(GuardedModel):
@@ -90,10 +100,14 @@ class AccountServingGate(GuardedModel):
     fence_token = models.PositiveBigIntegerField(default=1)
     epoch = models.ForeignKey(ServingEpoch, null=True, blank=True, on_delete=models.PROTECT)
     epoch_digest = IdentityField(**DIGEST, blank=True, default="")
+    reason_code = reason_code_field()
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["org_id", "account_key"], name="account_gate_uniq")]
+        constraints = [
+            models.UniqueConstraint(fields=["org_id", "account_key"], name="account_gate_uniq"),
+            reason_code_constraint(transitions.ACCOUNT_SERVING_GATE, name="account_gate_reason_chk"),
+        ]
 
 
 class GateTransitionEvidence(GuardedModel):
@@ -186,7 +200,12 @@ class ReceiptComponent(GuardedModel):
     event = models.ForeignKey(Event, null=True, blank=True, on_delete=models.PROTECT)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["receipt", "ordinal"], name="receipt_component_uniq")]
+        constraints = [
+            models.UniqueConstraint(fields=["receipt", "ordinal"], name="receipt_component_uniq"),
+            # A quarantined item always says why (seed 003 "Operational liveness and maintenance admission").
+            models.CheckConstraint(condition=~models.Q(disposition="quarantined") | ~models.Q(reason_code=""),
+                                   name="receipt_component_reason_chk"),
+        ]
 
 
 class OrderingLane(GuardedModel):
@@ -237,7 +256,10 @@ class Execution(GuardedModel):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["projection", "generation"], name="execution_generation_uniq")]
+        constraints = [
+            models.UniqueConstraint(fields=["projection", "generation"], name="execution_generation_uniq"),
+            reason_code_constraint(transitions.EXECUTION, name="execution_reason_chk"),
+        ]
         indexes = [models.Index(fields=["state", "lane"], name="execution_state_lane_idx")]
 
 
@@ -247,7 +269,7 @@ class ExecutionAttempt(GuardedModel):
     org_id = IdentityField(max_length=64)
     execution = models.ForeignKey(Execution, on_delete=models.PROTECT, related_name="attempts")
     attempt_number = models.PositiveIntegerField()
-    worker_id = models.CharField(max_length=120)
+    worker_id = IdentityField(max_length=120)
     lease_token = IdentityField(max_length=64)
     lease_expires_at = models.DateTimeField()
     state = models.CharField(max_length=16, default="started", help_text="started | completed | expired")
@@ -287,6 +309,7 @@ class RemoteLink(GuardedModel):
     live_remote_id = IdentityField(max_length=160, null=True, help_text="remote_id while not retired; NULL once retired.")
     state = models.CharField(max_length=16)
     version = models.PositiveBigIntegerField(default=1)
+    reason_code = reason_code_field()
     snapshot = models.JSONField(help_text="Frozen install/profile/action snapshots for drift validation.")
     created_by_effect_id = models.BigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -298,6 +321,7 @@ class RemoteLink(GuardedModel):
                 fields=["org_id", "owner_key", "destination_slot_id", "remote_scope", "live_remote_id"],
                 name="remote_link_locator_uniq",
             ),
+            reason_code_constraint(transitions.REMOTE_LINK, name="remote_link_reason_chk"),
         ]
 
 
@@ -321,6 +345,7 @@ class RemoteEffect(GuardedModel):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        constraints = [reason_code_constraint(transitions.REMOTE_EFFECT, name="remote_effect_reason_chk")]
         indexes = [
             models.Index(fields=["state", "next_attempt_at"], name="remote_effect_state_idx"),
             models.Index(fields=["dispatch_lane", "lane_sequence"], name="remote_effect_lane_idx"),
@@ -360,7 +385,7 @@ class DispatchPermit(GuardedModel):
     credential_gate = models.ForeignKey(CredentialGenerationDispatchGate, on_delete=models.PROTECT)
     state = models.CharField(max_length=16)
     version = models.PositiveBigIntegerField(default=1)
-    holder_id = models.CharField(max_length=120)
+    holder_id = IdentityField(max_length=120)
     holder_fence = IdentityField(max_length=64)
     gate_fence_token = models.PositiveBigIntegerField()
     credential_fence_token = models.PositiveBigIntegerField()

@@ -1,29 +1,75 @@
-"""Connector reason codes (closed set; see ``nexusflow.kernel.reasons``)."""
+"""Connector reason codes (closed set; see :mod:`nexusflow.kernel.reasons`).
+
+Which row carries which code (seed 003 "Operational liveness and maintenance
+admission"; the states are listed in ``connectors/transitions.py``):
+
+| row / state | codes |
+| --- | --- |
+| ReceiptComponent ``quarantined`` | ITEM_NOT_OBJECT, ITEM_KIND_UNSUPPORTED, ITEM_SCHEMA_INVALID, ITEM_IDENTITY_INVALID |
+| Execution ``superseded`` | SUPERSEDED_BY_NEWER_POSITION |
+| ServingEpoch ``rejected`` | EPOCH_OWNER_MISMATCH |
+| RemoteEffect ``uncertain`` | RESPONSE_AMBIGUOUS, RESPONSE_ID_MISSING, UNCLASSIFIED_RESPONSE, HOLDER_ABANDONED |
+| RemoteEffect ``no_effect`` | DEFINITE_REFUSAL |
+| RemoteEffect ``quarantined`` | RETRY_EXHAUSTED, LINK_NOT_PATCHABLE, PRIOR_CREATE_UNRESOLVED |
+| RemoteLink ``suspended_drift`` | REMOTE_NOT_FOUND |
+"""
 from nexusflow.kernel.reasons import register
 
-register("item_not_object", owner="connectors", evidence="ReceiptComponent where reason_code=item_not_object",
-         alert_after_seconds=86400, remediation="fix the sender; the rest of the batch was admitted")
-register("item_kind_unsupported", owner="connectors", evidence="ReceiptComponent where reason_code=item_kind_unsupported",
-         alert_after_seconds=86400, remediation="enable a route for the kind or ignore it")
-register("item_schema_invalid", owner="connectors", evidence="ReceiptComponent where reason_code=item_schema_invalid",
-         alert_after_seconds=86400, remediation="fix the sender; replay through an operator ReplayRequest")
-register("item_identity_invalid", owner="connectors", evidence="ReceiptComponent where reason_code=item_identity_invalid",
-         alert_after_seconds=86400, remediation="fix the sender; locators must be canonical")
-register("superseded_by_newer_position", owner="connectors", evidence="OrderingDecision by lane",
-         alert_after_seconds=0, remediation="none: a newer source position won")
-register("mapping_produced_no_body", owner="connectors", evidence="RemoteEffect.reason_code",
-         alert_after_seconds=3600, remediation="fix the pack mapping or the record, then author a new intent")
-register("link_not_patchable", owner="connectors", evidence="RemoteLink.state for the effect's link_key",
-         alert_after_seconds=3600, remediation="reconcile or retire the link")
-register("definite_refusal", owner="connectors", evidence="RemoteEffectAttempt.response_status",
-         alert_after_seconds=3600, remediation="fix the request cause and author a new intent")
-register("retry_exhausted", owner="connectors", evidence="RemoteEffectAttempt rows of the effect",
-         alert_after_seconds=3600, remediation="operator reconciliation of the uncertain effect")
-register("response_id_missing", owner="connectors", evidence="RemoteEffectAttempt.response_body",
-         alert_after_seconds=600, remediation="operator reconciliation: the remote effect may exist")
-register("holder_abandoned", owner="connectors", evidence="DispatchPermit.closed_evidence",
-         alert_after_seconds=600, remediation="automatic: idempotent repeat or reconciliation")
-register("unclassified_response", owner="connectors", evidence="RemoteEffectAttempt.response_status",
-         alert_after_seconds=600, remediation="operator reconciliation; classify the status in the pack contract")
-register("prior_create_unresolved", owner="connectors", evidence="quarantined RemoteEffect of the same link_key",
-         alert_after_seconds=600, remediation="resolve the earlier quarantined create, then author a new intent")
+OWNER = "connectors"
+_S = "connectors.selectors."
+
+# --- inbound items (ReceiptComponent) ------------------------------------------
+ITEM_NOT_OBJECT = register(
+    "item_not_object", owner=OWNER, evidence=_S + "receipt_components_quarantined",
+    alert_after_seconds=86400, remediations=("fix_sender_and_replay",))
+ITEM_KIND_UNSUPPORTED = register(
+    "item_kind_unsupported", owner=OWNER, evidence=_S + "receipt_components_quarantined",
+    alert_after_seconds=86400, remediations=("fix_sender_and_replay", "fix_pack_mapping"))
+ITEM_SCHEMA_INVALID = register(
+    "item_schema_invalid", owner=OWNER, evidence=_S + "receipt_components_quarantined",
+    alert_after_seconds=86400, remediations=("fix_sender_and_replay",))
+ITEM_IDENTITY_INVALID = register(
+    "item_identity_invalid", owner=OWNER, evidence=_S + "receipt_components_quarantined",
+    alert_after_seconds=86400, remediations=("fix_sender_and_replay",))
+
+# --- source ordering (Execution) -------------------------------------------------
+SUPERSEDED_BY_NEWER_POSITION = register(
+    "superseded_by_newer_position", owner=OWNER, evidence=_S + "ordering_decisions_superseded",
+    alert_after_seconds=0, remediations=("none",))
+
+# --- serving generations (ServingEpoch) -----------------------------------------
+EPOCH_OWNER_MISMATCH = register(
+    "epoch_owner_mismatch", owner=OWNER, evidence=_S + "serving_epochs_with_reason",
+    alert_after_seconds=3600, remediations=("reprepare_epoch",))
+
+# --- outbound effects (RemoteEffect, RemoteLink) ----------------------------------
+RESPONSE_AMBIGUOUS = register(
+    "response_ambiguous", owner=OWNER, evidence=_S + "remote_effect_attempts_for_reason",
+    alert_after_seconds=3600, remediations=("automatic_retry", "operator_reconcile"))
+RESPONSE_ID_MISSING = register(
+    "response_id_missing", owner=OWNER, evidence=_S + "remote_effect_attempts_for_reason",
+    alert_after_seconds=600, remediations=("operator_reconcile",))
+UNCLASSIFIED_RESPONSE = register(
+    "unclassified_response", owner=OWNER, evidence=_S + "remote_effect_attempts_for_reason",
+    alert_after_seconds=600, remediations=("operator_reconcile", "fix_pack_mapping"))
+HOLDER_ABANDONED = register(
+    "holder_abandoned", owner=OWNER, evidence=_S + "dispatch_permits_abandoned",
+    alert_after_seconds=600, remediations=("automatic_retry", "operator_reconcile"))
+DEFINITE_REFUSAL = register(
+    "definite_refusal", owner=OWNER, evidence=_S + "remote_effect_attempts_for_reason",
+    alert_after_seconds=3600, remediations=("reauthor_intent",))
+RETRY_EXHAUSTED = register(
+    "retry_exhausted", owner=OWNER, evidence=_S + "remote_effect_attempts_for_reason",
+    alert_after_seconds=3600, remediations=("operator_reconcile",))
+LINK_NOT_PATCHABLE = register(
+    "link_not_patchable", owner=OWNER, evidence=_S + "remote_links_of_effects_with_reason",
+    alert_after_seconds=3600, remediations=("relink_or_retire",))
+PRIOR_CREATE_UNRESOLVED = register(
+    "prior_create_unresolved", owner=OWNER, evidence=_S + "remote_effects_blocking_lane",
+    alert_after_seconds=600, remediations=("resolve_prior_create",))
+REMOTE_NOT_FOUND = register(
+    "remote_not_found", owner=OWNER, evidence=_S + "remote_links_with_reason",
+    alert_after_seconds=3600, remediations=("relink_or_retire",))
+
+#: Uncertain effects that only an operator may move on (the reconciler skips them).
+OPERATOR_ONLY_UNCERTAIN = frozenset({UNCLASSIFIED_RESPONSE, RESPONSE_ID_MISSING})

@@ -32,6 +32,7 @@ from .models import (
     PackGeneration,
     ServingEpoch,
 )
+from . import reasons
 from .packs import PackError, load_pack
 from .store import AccountServingGateStore, CredentialDispatchGateStore, ServingEpochStore
 
@@ -259,7 +260,8 @@ def epoch_verify(*, org: OrgScope, epoch_id: int) -> ServingEpoch:
     with transaction.atomic(durable=True):
         locked = ServingEpochStore.lock(org.org_id, epoch.pk)
         target = "rejected" if problems else "verified"
-        ServingEpochStore.transition(org_id=org.org_id, pk=locked.pk, src=locked.state, dst=target, version=locked.version)
+        ServingEpochStore.transition(org_id=org.org_id, pk=locked.pk, src=locked.state, dst=target, version=locked.version,
+                                     set_fields={"reason_code": reasons.EPOCH_OWNER_MISMATCH if problems else ""})
     if problems:
         raise EpochVerificationFailed("; ".join(problems))
     return ServingEpoch.objects.get(org_id=org.org_id, pk=epoch.pk)
@@ -267,16 +269,22 @@ def epoch_verify(*, org: OrgScope, epoch_id: int) -> ServingEpoch:
 
 # --- Gates --------------------------------------------------------------------
 def gate_transition(*, gate: AccountServingGate, dst: str, evidence: dict,
-                    epoch: ServingEpoch | None = None) -> AccountServingGate:
+                    epoch: ServingEpoch | None = None, reason_code: str = "") -> AccountServingGate:
     """Move a locked gate to ``dst``, bump its fence and append the evidence row.
 
-    Must run inside a transaction that locked ``gate``.
+    Must run inside a transaction that locked ``gate``. The gate stores
+    ``reason_code`` while it is not serving and clears it when it serves again.
+
+    Args:
+        reason_code: registered code of why the account stops serving; required
+            when ``dst`` is a non-serving state (``ACCOUNT_SERVING_GATE.reason_required``).
 
     Raises:
         IllegalTransition: not a listed gate transition.
+        ReasonRequired: ``dst`` is a non-serving state and ``reason_code`` is empty.
         FenceRejected: the gate moved since it was locked.
     """
-    set_fields = {"fence_token": gate.fence_token + 1}
+    set_fields = {"fence_token": gate.fence_token + 1, "reason_code": reason_code}
     if epoch is not None:
         set_fields.update({"epoch_id": epoch.pk, "epoch_digest": epoch.digest})
     AccountServingGateStore.transition(org_id=gate.org_id, pk=gate.pk, src=gate.state, dst=dst,

@@ -3,6 +3,20 @@
 ``Execution.superseded`` is the terminal form of the append-only superseded
 ordering decision of seed 003 "Durable source ordering": a lower or late
 source position is recorded as superseded without calling Runtime.
+
+States that store a reason code (``reason_required``; seed 003 "Operational
+liveness and maintenance admission"; codes in ``connectors/reasons.py`` and
+``cutover/reasons.py``):
+
+| machine | reason_required | why |
+| --- | --- | --- |
+| AccountServingGate | halting_v1, v1_stopped, v1_drained, v2_validating, halting_v2, v2_halted | every state in which the account serves neither protocol is a halt; the code is cleared on serving again |
+| ServingEpoch | rejected | a refused candidate |
+| CredentialGenerationDispatchGate | revoked | dispatch halted for the credential |
+| Execution | quarantined, superseded | halted, or decided without calling Runtime |
+| RemoteEffect | uncertain, no_effect, quarantined | parked, refused, halted |
+| RemoteLink | suspended_drift | PATCH authority halted |
+| OrderingLane, DispatchPermit, ExecutionAttempt, RemoteEffectAttempt | none | lane hand-off is not a halt; Permits and attempts are evidence, their RemoteEffect / Execution carries the code |
 """
 from nexusflow.kernel.transitions import machine
 
@@ -22,6 +36,7 @@ ACCOUNT_SERVING_GATE = machine(
     },
     initial={"v1_serving"},
     seed=SEED,
+    reason_required={"halting_v1", "v1_stopped", "v1_drained", "v2_validating", "halting_v2", "v2_halted"},
 )
 
 SERVING_EPOCH = machine(
@@ -36,6 +51,7 @@ SERVING_EPOCH = machine(
     },
     initial={"prepared"},
     seed=SEED,
+    reason_required={"rejected"},
 )
 
 CREDENTIAL_DISPATCH_GATE = machine(
@@ -44,6 +60,7 @@ CREDENTIAL_DISPATCH_GATE = machine(
     initial={"enabled"},
     seed=SEED,
     parked={"revoked"},
+    reason_required={"revoked"},
 )
 
 EXECUTION = machine(
@@ -57,6 +74,7 @@ EXECUTION = machine(
     },
     initial={"ready"},
     seed=SEED + ' and "Durable source ordering"',
+    reason_required={"quarantined", "superseded"},
 )
 
 ORDERING_LANE = machine(
@@ -80,6 +98,7 @@ REMOTE_EFFECT = machine(
     initial={"prepared"},
     seed=SEED,
     parked={"uncertain"},
+    reason_required={"uncertain", "no_effect", "quarantined"},
 )
 
 DISPATCH_PERMIT = machine(
@@ -104,6 +123,7 @@ REMOTE_LINK = machine(
     initial={"active"},
     seed='Seed 002, "Remote Link State"; seed 003 "State machines"',
     parked={"suspended_drift"},
+    reason_required={"suspended_drift"},
 )
 
 EXECUTION_ATTEMPT = machine(

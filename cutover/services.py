@@ -22,6 +22,7 @@ from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.models import insert
 from nexusflow.kernel.scope import OrgScope
 
+from . import reasons
 from .models import CutoverDecision, CutoverEvidence
 from .store import CutoverDecisionStore
 
@@ -97,7 +98,7 @@ def cutover_greenfield(*, org: OrgScope) -> GreenfieldReport:
                 if locked.state != src:
                     continue
                 proof = _evidence(org, attempt_key, kind, gate.account_key, empty_inventory)
-                gate_transition(gate=locked, dst=dst, evidence=proof)
+                gate_transition(gate=locked, dst=dst, evidence=proof, reason_code=reasons.CUTOVER_IN_PROGRESS)
 
     if decision.state == "rollback_open":
         with transaction.atomic(using="control", durable=True):

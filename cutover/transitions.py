@@ -1,4 +1,9 @@
-"""Cutover state machines (seed 003 "Compressed durable model", CutoverDecision)."""
+"""Cutover state machines (seed 003 "Compressed durable model", CutoverDecision).
+
+No CutoverDecision state needs a reason code (``reason_required``): the
+decision records which way the attempt went; the halted gates carry
+``cutover_in_progress`` (``cutover/reasons.py``).
+"""
 from nexusflow.kernel.transitions import machine
 
 CUTOVER_DECISION = machine(

@@ -2,6 +2,8 @@
 
 OutboundCommand, ApplicationResult and IntentResultReceipt are immutable
 facts; only transport delivery of the outbox message has a lifecycle.
+No state here needs a reason code (``reason_required``): a quarantined or
+no-effect intent receipt copies the RemoteEffect's code into its evidence.
 """
 from nexusflow.kernel.transitions import machine
 

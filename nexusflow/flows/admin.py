@@ -40,16 +40,16 @@ class FlowActivationAdmin(ReadOnlyAdmin):
 @admin.register(FlowRun)
 class FlowRunAdmin(ReadOnlyAdmin):
     list_display = ("id", "org_id", "plan", "state", "trigger_object_name", "record_key", "record_version",
-                    "terminal_cause_code", "updated_at")
-    list_filter = ("state", "terminal_cause_code")
+                    "reason_code", "updated_at")
+    list_filter = ("state", "reason_code")
     search_fields = ("record_key",)
 
 
 @admin.register(FlowStepExecution)
 class FlowStepExecutionAdmin(ReadOnlyAdmin):
-    list_display = ("id", "org_id", "run", "plan_step_key", "step_kind", "state", "attempt_count", "lease_owner",
-                    "lease_expires_at")
-    list_filter = ("state", "step_kind")
+    list_display = ("id", "org_id", "run", "plan_step_key", "step_kind", "state", "reason_code", "attempt_count",
+                    "lease_owner", "lease_expires_at")
+    list_filter = ("state", "reason_code", "step_kind")
     search_fields = ("plan_step_key",)
 
 
@@ -67,8 +67,9 @@ class FlowCheckpointAdmin(ReadOnlyAdmin):
 
 @admin.register(FlowDependency)
 class FlowDependencyAdmin(ReadOnlyAdmin):
-    list_display = ("id", "org_id", "run", "step", "producer_kind", "dependency_key", "state", "deadline")
-    list_filter = ("state", "producer_kind")
+    list_display = ("id", "org_id", "run", "step", "producer_kind", "dependency_key", "state", "reason_code",
+                    "deadline")
+    list_filter = ("state", "reason_code", "producer_kind")
     search_fields = ("dependency_key",)
 
 

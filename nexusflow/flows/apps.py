@@ -9,7 +9,7 @@ class FlowsConfig(AppConfig):
     def ready(self) -> None:
         from nexusflow.records.services import register_after_save
 
-        from . import transitions  # noqa: F401  register the state machines
+        from . import reasons, transitions  # noqa: F401  register the reason codes and state machines
         from .services import flow_trigger_on_record_saved
 
         register_after_save(flow_trigger_on_record_saved)

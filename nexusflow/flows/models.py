@@ -8,7 +8,9 @@ the ``TrustedRuntimeWorkScope``. Identity columns use binary collation.
 from django.db import models
 
 from nexusflow.kernel.identity import IdentityField
-from nexusflow.kernel.models import GuardedModel
+from nexusflow.kernel.models import GuardedModel, reason_code_constraint, reason_code_field
+
+from . import transitions
 
 
 def OrgField():  # noqa: N802 - a column factory, read like a field class
@@ -142,7 +144,8 @@ class FlowRun(GuardedModel):
     run_after = models.DateTimeField(null=True)
     queue_class = models.CharField(max_length=32, default="default")
     priority = models.SmallIntegerField(default=0)
-    terminal_cause_code = models.CharField(max_length=64, blank=True, default="")
+    # Seed 004's TerminalCauseCode: the closed reason a run failed or halted.
+    reason_code = reason_code_field()
     # Cancel fence: set together with CancelRequested (section 10.1).
     is_deleted = models.BooleanField(default=False)
     delete_requested_at = models.DateTimeField(null=True)
@@ -155,6 +158,7 @@ class FlowRun(GuardedModel):
         constraints = [
             models.UniqueConstraint(fields=["org_id", "plan", "record_key", "record_version"],
                                     name="flow_run_trigger_uniq"),
+            reason_code_constraint(transitions.FLOW_RUN, name="flow_run_reason_chk"),
         ]
         indexes = [
             models.Index(fields=["org_id", "state", "run_after", "queue_class", "id"], name="flow_run_claim_idx"),
@@ -183,6 +187,7 @@ class FlowStepExecution(GuardedModel):
     run_after = models.DateTimeField(null=True)
     queue_class = models.CharField(max_length=32, default="default")
     failure_class = models.CharField(max_length=32, blank=True, default="")
+    reason_code = reason_code_field()
     input_checkpoint = models.ForeignKey("FlowCheckpoint", null=True, on_delete=models.PROTECT, related_name="+")
     output_checkpoint = models.ForeignKey("FlowCheckpoint", null=True, on_delete=models.PROTECT, related_name="+")
     created_at = models.DateTimeField()
@@ -192,6 +197,7 @@ class FlowStepExecution(GuardedModel):
         constraints = [
             models.UniqueConstraint(fields=["org_id", "run", "plan_step_key", "invocation_ordinal"],
                                     name="flow_step_invocation_uniq"),
+            reason_code_constraint(transitions.FLOW_STEP_EXECUTION, name="flow_step_reason_chk"),
         ]
         indexes = [
             models.Index(fields=["org_id", "state", "queue_class", "run_after", "id"], name="flow_step_claim_idx"),
@@ -269,6 +275,7 @@ class FlowDependency(GuardedModel):
     deadline = models.DateTimeField()
     resolved_at = models.DateTimeField(null=True)
     resolution_receipt_id = models.BigIntegerField(null=True)
+    reason_code = reason_code_field()
     created_at = models.DateTimeField()
 
     class Meta:
@@ -277,6 +284,7 @@ class FlowDependency(GuardedModel):
                 fields=["org_id", "app_installation_id", "runtime_capability_id", "binding_digest", "step"],
                 name="flow_dependency_step_uniq",
             ),
+            reason_code_constraint(transitions.FLOW_DEPENDENCY, name="flow_dependency_reason_chk"),
         ]
         indexes = [models.Index(fields=["org_id", "run", "dependency_key"], name="flow_dependency_key_idx")]
 

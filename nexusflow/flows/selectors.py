@@ -1,12 +1,12 @@
 """Flow Runtime reads (no locks). Every read that names a row is scoped by org."""
 from __future__ import annotations
 
-from django.db.models import Count
+from django.db.models import Count, QuerySet
 
 from nexusflow.kernel.scope import OrgScope
 
 from . import transitions as t
-from .models import FlowActivation, FlowCheckpoint, FlowRun, FlowStepAttempt, FlowStepExecution
+from .models import FlowActivation, FlowCheckpoint, FlowEffectLink, FlowRun, FlowStepAttempt, FlowStepExecution
 
 
 def flow_runs_nonterminal_count(*, org_id: str | None = None) -> int:
@@ -52,3 +52,52 @@ def flow_checkpoints_of_run(*, org: OrgScope, run_id: int) -> list[FlowCheckpoin
 def flow_activation_active(*, org: OrgScope, flow_api_name: str) -> FlowActivation | None:
     return (FlowActivation.objects.filter(org_id=org.org_id, active_slot=flow_api_name)
             .select_related("plan").first())
+
+
+# --- reason-code evidence (nexusflow/flows/reasons.py) ---------------------------
+# Seed 003 "Operational liveness and maintenance admission": each takes the
+# trusted ``org_id`` and an optional ``reason_code`` and returns the rows an
+# operator reads as evidence.
+def _with_reason(qs: QuerySet, reason_code: str | None, field: str) -> QuerySet:
+    return qs.filter(**{field: reason_code}) if reason_code else qs.exclude(**{field: ""})
+
+
+def flow_runs_with_reason(*, org_id: str, reason_code: str | None = None,
+                          state: str | None = None) -> QuerySet[FlowRun]:
+    """Runs carrying a reason code, with their plan, newest first.
+
+    Args:
+        reason_code: only runs with this code (default: every run with one).
+        state: only runs in this state (``TerminalFailed`` or ``Quarantined``).
+    """
+    qs = FlowRun.objects.filter(org_id=org_id).select_related("plan")
+    if state is not None:
+        qs = qs.filter(state=state)
+    return _with_reason(qs, reason_code, "reason_code").order_by("-id")
+
+
+def flow_attempts_for_reason(*, org_id: str, reason_code: str | None = None,
+                             run_id: int | None = None) -> QuerySet[FlowStepAttempt]:
+    """Attempts of the steps carrying a reason code: ``safe_error_code``, ``failure_class``, outcome state."""
+    qs = FlowStepAttempt.objects.filter(org_id=org_id).select_related("step")
+    if run_id is not None:
+        qs = qs.filter(step__run_id=run_id)
+    return _with_reason(qs, reason_code, "step__reason_code").order_by("step_id", "attempt_number")
+
+
+def flow_effect_links_for_reason(*, org_id: str, reason_code: str | None = None,
+                                 run_id: int | None = None) -> QuerySet[FlowEffectLink]:
+    """Effect links of runs carrying a reason code; ``outbound_command_id`` names the Runtime intent and receipt."""
+    qs = FlowEffectLink.objects.filter(org_id=org_id).select_related("run")
+    if run_id is not None:
+        qs = qs.filter(run_id=run_id)
+    return _with_reason(qs, reason_code, "run__reason_code").order_by("-run_id", "id")
+
+
+def flow_checkpoints_for_reason(*, org_id: str, reason_code: str | None = None,
+                                run_id: int | None = None) -> QuerySet[FlowCheckpoint]:
+    """Checkpoints committed by steps carrying a reason code (commit evidence under an expired lease)."""
+    qs = FlowCheckpoint.objects.filter(org_id=org_id, step__isnull=False).select_related("step")
+    if run_id is not None:
+        qs = qs.filter(run_id=run_id)
+    return _with_reason(qs, reason_code, "step__reason_code").order_by("-run_id", "sequence")

@@ -463,7 +463,7 @@ def _commit_step(
         org_id=claim.org_id, pk=claim.step_id, src=t.STEP_RUNNING, dst=step_dst, version=claim.step_version,
         fences=_step_fences(claim),
         set_fields={"output_checkpoint_id": checkpoint.pk, "lease_expires_at": None, "updated_at": now,
-                    "failure_class": "terminal" if step_dst == t.STEP_FAILED else ""},
+                    "failure_class": "terminal" if step_dst == t.STEP_FAILED else "", "reason_code": cause},
     )
     current_step_id = claim.step_id
     if next_key is not None:
@@ -475,7 +475,7 @@ def _commit_step(
     root_fields: dict[str, Any] = {"current_step_id": current_step_id, "current_checkpoint_id": checkpoint.pk,
                                    "updated_at": now, "run_after": now}
     if root_dst in t.FLOW_RUN.terminal:
-        root_fields.update({"completed_at": now, "terminal_cause_code": cause})
+        root_fields.update({"completed_at": now, "reason_code": cause})
     FlowRunStore.transition(
         org_id=claim.org_id, pk=claim.run_id, src=t.RUN_RUNNING, dst=root_dst, version=claim.root_version,
         fences={"current_step_id": claim.step_id, "is_deleted": False, "delete_requested_at": None},
@@ -744,17 +744,18 @@ def _record_rollback(claim: StepClaim, exc: BaseException) -> None:
             )
             root_fences = {"current_step_id": claim.step_id, "is_deleted": False, "delete_requested_at": None}
             if exhausted:
+                # The handler's own code stays on the attempt (safe_error_code); the closed reason says why.
+                cause = reasons.STEP_DEFINITE_REFUSAL if definite else reasons.STEP_RETRY_EXHAUSTED
                 FlowStepStore.transition(
                     org_id=claim.org_id, pk=claim.step_id, src=t.STEP_RUNNING, dst=t.STEP_FAILED,
                     version=claim.step_version, fences=_step_fences(claim),
-                    set_fields={"failure_class": "terminal", "lease_expires_at": None, "updated_at": now},
+                    set_fields={"failure_class": "terminal", "lease_expires_at": None, "updated_at": now,
+                                "reason_code": cause},
                 )
                 FlowRunStore.transition(
                     org_id=claim.org_id, pk=claim.run_id, src=t.RUN_RUNNING, dst=t.RUN_TERMINAL_FAILED,
                     version=claim.root_version, fences=root_fences,
-                    set_fields={"terminal_cause_code": code if definite else reasons.STEP_RETRY_EXHAUSTED,
-                                "completed_at": now,
-                                "updated_at": now},
+                    set_fields={"reason_code": cause, "completed_at": now, "updated_at": now},
                 )
                 return
             floor = FlowStepAttempt.objects.values_list("recovery_backoff_floor_ms", flat=True).get(
@@ -971,11 +972,12 @@ def _recover(*, org_id: str, run_id: int, step_id: int, token_digest: str, holde
             )
             FlowStepStore.transition(
                 org_id=org_id, pk=step.pk, src=t.STEP_RUNNING, dst=t.STEP_QUARANTINED, version=step.version,
-                fences={"lease_token_digest": token_digest}, set_fields={"lease_expires_at": None, "updated_at": now},
+                fences={"lease_token_digest": token_digest},
+                set_fields={"lease_expires_at": None, "updated_at": now, "reason_code": reasons.RECOVERY_COMMIT_EVIDENCE},
             )
             FlowRunStore.transition(
                 org_id=org_id, pk=run.pk, src=t.RUN_RUNNING, dst=t.RUN_QUARANTINED, version=run.version,
-                fences=root_fences, set_fields={"terminal_cause_code": reasons.RECOVERY_COMMIT_EVIDENCE,
+                fences=root_fences, set_fields={"reason_code": reasons.RECOVERY_COMMIT_EVIDENCE,
                                                 "completed_at": now, "updated_at": now},
             )
             return True
@@ -991,11 +993,11 @@ def _recover(*, org_id: str, run_id: int, step_id: int, token_digest: str, holde
                 org_id=org_id, pk=step.pk, src=t.STEP_RUNNING, dst=t.STEP_FAILED, version=step.version,
                 fences={"lease_token_digest": token_digest},
                 set_fields={"failure_class": "terminal", "lease_owner": None, "lease_token_digest": None,
-                            "lease_expires_at": None, "updated_at": now},
+                            "lease_expires_at": None, "updated_at": now, "reason_code": reasons.LEASE_EXPIRY_EXHAUSTED},
             )
             FlowRunStore.transition(
                 org_id=org_id, pk=run.pk, src=t.RUN_RUNNING, dst=t.RUN_TERMINAL_FAILED, version=run.version,
-                fences=root_fences, set_fields={"terminal_cause_code": reasons.LEASE_EXPIRY_EXHAUSTED,
+                fences=root_fences, set_fields={"reason_code": reasons.LEASE_EXPIRY_EXHAUSTED,
                                                 "completed_at": now, "updated_at": now},
             )
             return True

@@ -1,6 +1,17 @@
 """Flow Runtime V2 state machines as data (seed 004 section 11).
 
 ``manage.py state_graph flows.FlowRun`` prints any of them.
+
+States that store a reason code (``reason_required``; seed 003 "Operational
+liveness and maintenance admission"; codes in ``nexusflow/flows/reasons.py``):
+
+| machine | reason_required | why |
+| --- | --- | --- |
+| FlowRun | TerminalFailed, Quarantined | ``reason_code`` is seed 004's TerminalCauseCode for a failed or halted run; Succeeded and Cancelled need none |
+| FlowStepExecution | Failed, Quarantined | the step that ended the run carries the same code |
+| FlowDependency | rejected | the producer's evidence was refused; ``expired`` is explained by its ``deadline`` |
+| FlowStepAttempt | none | attempt outcomes are evidence (``safe_error_code``); the step and run carry the code |
+| FlowWakeSignal, FlowActivation | none | no halted state |
 """
 from nexusflow.kernel.transitions import machine
 
@@ -31,6 +42,7 @@ FLOW_RUN = machine(
     },
     initial={RUN_ACCEPTED},
     seed='Seed 004, section 11.1 "FlowRun"',
+    reason_required={RUN_TERMINAL_FAILED, RUN_QUARANTINED},
 )
 
 # --- FlowStepExecution (seed 004 section 11.2) -------------------------------
@@ -62,6 +74,7 @@ FLOW_STEP_EXECUTION = machine(
     },
     initial={STEP_PENDING},
     seed='Seed 004, section 11.2 "FlowStepExecution"',
+    reason_required={STEP_FAILED, STEP_QUARANTINED},
 )
 
 # --- FlowStepAttempt outcome (seed 004 section 11.3) --------------------------
@@ -109,6 +122,7 @@ FLOW_DEPENDENCY = machine(
     },
     initial={DEP_WAITING},
     seed='Seed 004, sections 10.5 and 14 "FlowDependency"',
+    reason_required={DEP_REJECTED},
 )
 
 # --- FlowWakeSignal resolution (seed 004 section 10.6) ------------------------

@@ -31,6 +31,12 @@ class IllegalTransition(NexusError):
     code = "illegal_transition"
 
 
+class ReasonRequired(IllegalTransition):
+    """A halted, quarantined or refused state entered without its reason code."""
+
+    code = "reason_required"
+
+
 class StaleVersion(NexusError):
     """A compare-and-swap matched no row: state, version or fence moved."""
 

@@ -60,3 +60,22 @@ def insert(model_cls, **values):
     obj._nexus_store_insert = True
     obj.save(using=model_cls.objects.db)
     return obj
+
+
+def reason_code_field():
+    """The ``reason_code`` column: a registered code from ``<app>/reasons.py``, or empty."""
+    return models.CharField(max_length=64, blank=True, default="",
+                            help_text="Closed reason code (see the owning app's reasons.py); empty unless halted.")
+
+
+def reason_code_constraint(machine, *, name: str) -> models.CheckConstraint:
+    """A CHECK that rows in ``machine.reason_required`` states carry a non-empty ``reason_code``.
+
+    Args:
+        machine: the model's :class:`nexusflow.kernel.transitions.StateMachine`.
+        name: the constraint name (unique in the database).
+
+    Seed 003, "Operational liveness and maintenance admission".
+    """
+    return models.CheckConstraint(
+        condition=~models.Q(state__in=sorted(machine.reason_required)) | ~models.Q(reason_code=""), name=name)

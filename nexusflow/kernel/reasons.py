@@ -1,39 +1,200 @@
-"""Closed reason codes for halted, quarantined and rejected states.
+"""Closed reason codes for halted, quarantined and refused states.
 
-Each code names its owner, the query an operator runs for evidence, the alert
-deadline and the remediation allowed (ARCHITECTURE.md section 6).
+Seed 003, "Operational liveness and maintenance admission": every halted or
+quarantined reason has a closed reason code, an evidence query, an alert
+deadline, a responsible owner and an allowed remediation (ARCHITECTURE.md
+section 6, "Reason codes").
+
+- :data:`REMEDIATIONS` is the closed kernel registry of what an operator may
+  do; a remediation never relabels uncertainty, mutates an admitted
+  generation, reopens a terminal fact or invents an unlisted transition.
+- Each app registers its own codes in ``<app>/reasons.py`` with
+  :func:`register` and refers to them through the module's constants.
+- :func:`require` is the write-side check the CAS store runs before SQL.
 """
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+from django.utils.module_loading import import_string
 
 from .errors import NexusError
+
+_CODE = re.compile(r"^[a-z][a-z0-9_]{2,63}$")
+_DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
+
+
+class UnknownReasonCode(NexusError):
+    """A reason code that no owner registered."""
+
+    code = "unknown_reason_code"
+
+
+@dataclass(frozen=True, slots=True)
+class Remediation:
+    """One allowed operator remediation.
+
+    Attributes:
+        id: stable id referenced by :class:`ReasonCode.remediations`.
+        description: what the operator does, naming the command or endpoint
+            where one exists, or saying that none exists yet.
+    """
+
+    id: str
+    description: str
+
+
+#: The closed remediation registry. Adding an id is a kernel change.
+REMEDIATIONS: dict[str, Remediation] = {r.id: r for r in (
+    Remediation("none", "Nothing to do: the row records a decided, benign outcome; no alert is raised."),
+    Remediation(
+        "automatic_retry",
+        "The owning worker resolves the row itself (`manage.py run_workers --role ...`: egress repeats the exact "
+        "idempotent request or reconciles, flow retries the step); the operator acts only once the alert deadline "
+        "passes, by checking that the workers of that role run.",
+    ),
+    Remediation(
+        "operator_reconcile",
+        "Establish with the provider whether the remote effect exists and append authoritative reconciliation "
+        "evidence; the quarantined or uncertain row itself stays immutable. Not yet available: no reconciliation "
+        "command or endpoint exists yet, so the row stays parked.",
+    ),
+    Remediation(
+        "fix_sender_and_replay",
+        "Fix the sending system so every item is a well-formed, canonical event of an enabled kind, then have it "
+        "deliver again (a new transport key is admitted through POST /api/v2/ingress/<account>/<channel>/). "
+        "Operator replay of the admitted receipt (ReplayRequest) is not yet available.",
+    ),
+    Remediation(
+        "fix_pack_mapping",
+        "Correct the pack push contract or the L2 configuration, apply it as a new generation "
+        "(`manage.py connector_config_apply FILE --org ORG`) and activate it (`manage.py cutover`); the refused "
+        "fact stays terminal.",
+    ),
+    Remediation(
+        "reauthor_intent",
+        "Fix the cause named by the evidence (record data, provider-side refusal, worker release), then save the "
+        "source record again so a new Flow run authors a new intent; the refused or failed fact stays terminal.",
+    ),
+    Remediation(
+        "resolve_prior_create",
+        "Resolve the earlier quarantined create of the same link key first (operator_reconcile); only then can a "
+        "new intent for that slot dispatch. The later effect stays quarantined.",
+    ),
+    Remediation(
+        "relink_or_retire",
+        "Decide whether the remote object still exists: relink it or retire the RemoteLink so a new create may "
+        "run. Not yet available: no relink/retire command or endpoint exists yet.",
+    ),
+    Remediation(
+        "resume_cutover",
+        "Run the cutover procedure again (`manage.py cutover greenfield --org ORG`); it is idempotent and walks "
+        "every gate on from where it stopped, or refuses with the state that blocks it.",
+    ),
+    Remediation(
+        "reprepare_epoch",
+        "Restore the owner that changed (pack file, configuration or credential generation) or apply a new "
+        "configuration generation (`manage.py connector_config_apply`), then run `manage.py cutover greenfield` "
+        "so a new candidate epoch is prepared; the rejected epoch stays rejected.",
+    ),
+    Remediation(
+        "inspect_invariant",
+        "Invariant evidence contradicts the recorded state: an engineer inspects the rows named by the evidence "
+        "before anything else runs for that record; nothing is retried automatically.",
+    ),
+)}
 
 
 @dataclass(frozen=True, slots=True)
 class ReasonCode:
+    """One closed reason code.
+
+    Attributes:
+        code: the value stored in a row's ``reason_code`` column.
+        owner: app label of the owning app (the one that registers it).
+        evidence: dotted path of a selector in ``<owner app>.selectors``; it is
+            called as ``selector(org_id=..., reason_code=code)`` and returns the
+            org-scoped rows an operator reads as evidence.
+        alert_after_seconds: seconds a row may carry the code before it alerts;
+            ``0`` means benign (no alert).
+        remediations: non-empty tuple of ids from :data:`REMEDIATIONS`.
+    """
+
     code: str
     owner: str
     evidence: str
     alert_after_seconds: int
-    remediation: str
+    remediations: tuple[str, ...]
+
+    def evidence_selector(self) -> Callable[..., Any]:
+        """Import and return the evidence selector (``ImportError`` if the path is wrong)."""
+        return import_string(self.evidence)
 
 
 REASONS: dict[str, ReasonCode] = {}
 
 
-def register(code: str, *, owner: str, evidence: str, alert_after_seconds: int, remediation: str) -> ReasonCode:
-    reason = ReasonCode(code, owner, evidence, alert_after_seconds, remediation)
-    REASONS[code] = reason
-    return reason
+def register(code: str, *, owner: str, evidence: str, alert_after_seconds: int,
+             remediations: tuple[str, ...]) -> str:
+    """Register ``code`` for ``owner`` and return the code (for a module constant).
+
+    Args:
+        code: lower snake case, 3-64 characters.
+        owner: app label, e.g. ``"connectors"``.
+        evidence: dotted path of the evidence selector, ``<module>.selectors.<function>``.
+        alert_after_seconds: int >= 0; 0 = benign, no alert.
+        remediations: non-empty tuple of :data:`REMEDIATIONS` ids.
+
+    Raises:
+        ValueError: malformed field, unknown remediation, or ``code`` already
+            registered (by this or another owner).
+
+    Seed 003, "Operational liveness and maintenance admission".
+    """
+    if not _CODE.match(code):
+        raise ValueError(f"reason code {code!r} is not lower snake case of 3-64 characters")
+    if code in REASONS:
+        raise ValueError(f"reason code {code!r} is already registered by {REASONS[code].owner}")
+    if not owner or not owner.isidentifier():
+        raise ValueError(f"{code}: owner {owner!r} is not an app label")
+    if not _DOTTED.match(evidence) or ".selectors." not in evidence:
+        raise ValueError(f"{code}: evidence {evidence!r} is not a dotted path into a selectors module")
+    if isinstance(alert_after_seconds, bool) or not isinstance(alert_after_seconds, int) or alert_after_seconds < 0:
+        raise ValueError(f"{code}: alert_after_seconds must be an int >= 0")
+    if not isinstance(remediations, tuple) or not remediations:
+        raise ValueError(f"{code}: remediations must be a non-empty tuple")
+    unknown = [r for r in remediations if r not in REMEDIATIONS]
+    if unknown:
+        raise ValueError(f"{code}: unknown remediations {unknown}")
+    REASONS[code] = ReasonCode(code, owner, evidence, alert_after_seconds, remediations)
+    return code
 
 
 def require(code: str) -> str:
     """Return ``code`` if registered.
 
     Raises:
-        NexusError: unknown reason code (code ``unknown_reason_code``).
+        UnknownReasonCode: no owner registered ``code`` (code ``unknown_reason_code``).
     """
     if code not in REASONS:
-        raise NexusError(f"unknown reason code {code!r}", code="unknown_reason_code")
+        raise UnknownReasonCode(f"unknown reason code {code!r}")
     return code
+
+
+def load_all_reasons() -> dict[str, ReasonCode]:
+    """Import every installed app's ``reasons`` module and return :data:`REASONS`."""
+    import importlib
+
+    from django.apps import apps
+
+    for config in apps.get_app_configs():
+        module = f"{config.name}.reasons"
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+    return REASONS

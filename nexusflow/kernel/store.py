@@ -11,8 +11,8 @@ from typing import Any
 
 from django.db import connections, router
 
-from . import locks
-from .errors import MultipleRowsUpdated, StaleVersion
+from . import locks, reasons
+from .errors import MultipleRowsUpdated, ReasonRequired, StaleVersion
 from .models import insert
 from .transitions import StateMachine
 
@@ -66,8 +66,14 @@ class CasStore:
     # --- writes ----------------------------------------------------------
     @classmethod
     def create(cls, **values):
-        """Insert a row in one of the machine's initial states."""
+        """Insert a row in one of the machine's initial states.
+
+        Raises:
+            IllegalTransition: not an initial state.
+            ReasonRequired / UnknownReasonCode: see :meth:`assert_reason`.
+        """
         cls.machine.assert_initial(values["state"])
+        cls.assert_reason(values["state"], values)
         values.setdefault("version", 1)
         return insert(cls.model, **values)
 
@@ -94,16 +100,46 @@ class CasStore:
 
         Raises:
             IllegalTransition: the pair is not listed (before SQL).
+            ReasonRequired / UnknownReasonCode: see :meth:`assert_reason` (before SQL).
             StaleVersion (or ``stale_error``): no row matched.
             MultipleRowsUpdated: more than one row matched.
         """
         cls.machine.assert_transition(src, dst)
+        cls.assert_reason(dst, set_fields or {})
         return cls._cas(org_id=org_id, pk=pk, src=src, dst=dst, version=version, fences=fences, set_fields=set_fields)
+
+    @classmethod
+    def assert_reason(cls, state: str, fields: dict[str, Any]) -> None:
+        """Refuse a row in ``state`` whose ``fields`` lack the reason it needs.
+
+        Args:
+            state: the state being entered.
+            fields: the columns written with it (``set_fields`` or insert values).
+
+        Raises:
+            ReasonRequired: ``state`` is in the machine's ``reason_required`` and
+                ``fields["reason_code"]`` is missing or empty.
+            UnknownReasonCode: a non-empty ``reason_code`` nobody registered.
+
+        Seed 003, "Operational liveness and maintenance admission".
+        """
+        code = fields.get("reason_code", "")
+        if state in cls.machine.reason_required and not (isinstance(code, str) and code):
+            raise ReasonRequired(f"{cls.machine.name}: {state} needs a reason_code")
+        if code:
+            reasons.require(code)
 
     @classmethod
     def touch(cls, *, org_id: str, pk: int, state: str, version: int,
               fences: dict[str, Any] | None = None, set_fields: dict[str, Any] | None = None) -> int:
-        """Change non-state columns under the same CAS guard (state unchanged)."""
+        """Change non-state columns under the same CAS guard (state unchanged).
+
+        Raises:
+            ReasonRequired / UnknownReasonCode: ``set_fields`` clears or sets an
+                unregistered ``reason_code`` (see :meth:`assert_reason`).
+        """
+        if "reason_code" in (set_fields or {}):
+            cls.assert_reason(state, set_fields)
         return cls._cas(org_id=org_id, pk=pk, src=state, dst=state, version=version, fences=fences, set_fields=set_fields)
 
     @classmethod

@@ -24,6 +24,11 @@ class StateMachine:
         terminal: states with no outgoing transition.
         seed: the seed section the table implements.
         parked: non-terminal states that are intentionally parked for an operator.
+        reason_required: states whose rows must carry a registered, non-empty
+            ``reason_code`` (halted, quarantined, refused); the CAS store
+            refuses a move into one without it, before SQL, and the model has a
+            CHECK constraint (seed 003, "Operational liveness and maintenance
+            admission").
     """
 
     name: str
@@ -31,6 +36,7 @@ class StateMachine:
     initial: frozenset[str]
     seed: str
     parked: frozenset[str] = field(default_factory=frozenset)
+    reason_required: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
         states = set(self.transitions)
@@ -40,6 +46,8 @@ class StateMachine:
                 raise ValueError(f"{self.name}: {src} -> unknown states {sorted(unknown)}")
         if not self.initial <= states:
             raise ValueError(f"{self.name}: unknown initial states")
+        if not self.reason_required <= states:
+            raise ValueError(f"{self.name}: unknown reason_required states")
         REGISTRY[self.name] = self
 
     @property
@@ -94,7 +102,7 @@ class StateMachine:
 
 
 def machine(name: str, table: dict[str, set[str] | frozenset[str]], *, initial: set[str], seed: str,
-            parked: set[str] | None = None) -> StateMachine:
+            parked: set[str] | None = None, reason_required: set[str] | None = None) -> StateMachine:
     """Build and register a :class:`StateMachine` from a plain dict."""
     return StateMachine(
         name=name,
@@ -102,6 +110,7 @@ def machine(name: str, table: dict[str, set[str] | frozenset[str]], *, initial: 
         initial=frozenset(initial),
         seed=seed,
         parked=frozenset(parked or ()),
+        reason_required=frozenset(reason_required or ()),
     )
 
 

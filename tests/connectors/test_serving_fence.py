@@ -20,7 +20,7 @@ from tests.conftest import ORG, hubspot_event, make_serving_org, post_signed
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 
 BREAKS = {
-    "gate_halting": "UPDATE connectors_accountservinggate SET state = 'halting_v2'",
+    "gate_halting": "UPDATE connectors_accountservinggate SET state = 'halting_v2', reason_code = 'cutover_in_progress'",
     "epoch_digest_mismatch": "UPDATE connectors_accountservinggate SET epoch_digest = REPEAT('0', 64)",
     "epoch_draining": "UPDATE connectors_servingepoch SET state = 'draining'",
 }

@@ -6,7 +6,7 @@ the real ingress view; all workers then drain in-process against MariaDB.
 import pytest
 
 from connectors.models import Event, Execution, RemoteEffect, RemoteLink
-from nexusflow.flows.models import FlowRun
+from nexusflow.flows.models import FlowRun, FlowStepAttempt
 from nexusflow.records.models import Record
 from packs.hubspot.fixtures.make_demo_webhooks import OUTPUT_PATH, expected_final_state
 from packs.hubspot.sender import load_deliveries
@@ -51,7 +51,9 @@ def test_bundled_file_converges_to_latest_events_and_one_customer_each(client, s
     assert sum(c["update_requests"] for c in customers.values()) >= 8
     assert not RemoteEffect.objects.exclude(state="finalized").exists()
     failed = FlowRun.objects.exclude(state="Succeeded")
-    assert set(failed.values_list("terminal_cause_code", flat=True)) <= {"mapping_produced_no_body"}
+    assert set(failed.values_list("reason_code", flat=True)) <= {"flow_step_definite_refusal"}
+    refusals = FlowStepAttempt.objects.filter(step__run__in=failed, state="RolledBack")
+    assert set(refusals.values_list("safe_error_code", flat=True)) <= {"mapping_produced_no_body"}
     assert not Execution.objects.filter(state__in=("ready", "waiting_dependency")).exists()
 
 

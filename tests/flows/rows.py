@@ -10,6 +10,7 @@ from nexusflow.flows.models import (
     FlowStepExecution,
     FlowWakeSignal,
 )
+from nexusflow.flows.reasons import STEP_RETRY_EXHAUSTED
 from nexusflow.flows.services import flow_plan_compile
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.models import insert
@@ -24,6 +25,11 @@ ROW_FACTORY = {
     "flows.FlowWakeSignal": "signal",
     "flows.FlowActivation": "activation",
 }
+
+
+def _reason(machine, state: str) -> str:
+    """A registered code for a state that needs one (the CHECK constraint refuses an empty one)."""
+    return STEP_RETRY_EXHAUSTED if state in machine.reason_required else ""
 
 
 class Rows:
@@ -52,13 +58,15 @@ class Rows:
             plan=plan, plan_digest=plan.plan_digest, execution_profile=plan.execution_profile,
             execution_owner="flow_runtime_v2", state=state, version=1, trigger_object_name=OBJECT,
             record_key=f"rk{FlowRun.objects.count() + 1}", record_version=1, created_at=now, updated_at=now,
+            reason_code=_reason(t.FLOW_RUN, state),
         )
 
     def step(self, state: str = t.STEP_PENDING, run: FlowRun | None = None) -> FlowStepExecution:
         now = db_now()
         run = run or self.run()
         return insert(FlowStepExecution, org_id=self.org.org_id, run=run, plan_step_key="decide:Has_Email",
-                      step_kind="PureCompute", state=state, version=1, created_at=now, updated_at=now)
+                      step_kind="PureCompute", state=state, version=1, created_at=now, updated_at=now,
+                      reason_code=_reason(t.FLOW_STEP_EXECUTION, state))
 
     def attempt(self, state: str = t.ATTEMPT_STARTED) -> FlowStepAttempt:
         now = db_now()
@@ -75,7 +83,7 @@ class Rows:
                       runtime_capability_id=run.runtime_capability_id, binding_digest=run.binding_digest, run=run,
                       step=step, producer_kind="runtime.intent_result", dependency_key="42",
                       condition_digest="c" * 64, expiry_policy="quarantine", state=state, version=1, deadline=now,
-                      created_at=now)
+                      created_at=now, reason_code=_reason(t.FLOW_DEPENDENCY, state))
 
     def signal(self, state: str = t.SIGNAL_UNMATCHED) -> FlowWakeSignal:
         run = self.run(t.RUN_WAITING)

@@ -64,7 +64,7 @@ def test_effect_end_to_end_with_the_real_runtime(serving, billing_sandbox):
     run = FlowRun.objects.get(org_id=ORG)
     drain()
     run.refresh_from_db()
-    assert run.state == t.RUN_SUCCEEDED, run.terminal_cause_code
+    assert run.state == t.RUN_SUCCEEDED, run.reason_code
     command = OutboundCommand.objects.get()
     assert command.origin_flow_run_id == run.pk and command.effect_slot_id == SUBMIT
     assert command.effect_root_id == effect_root_id_for(org_id=ORG, plan_id=run.plan.plan_id, run_id=run.pk)
@@ -135,7 +135,7 @@ def test_no_effect_outcome_fails_the_run(serving):
     _complete(OutboundCommand.objects.get(), outcome="no_effect")
     run_until_idle()
     run = FlowRun.objects.get(org_id=ORG)
-    assert (run.state, run.terminal_cause_code) == (t.RUN_TERMINAL_FAILED, "flow_effect_no_effect")
+    assert (run.state, run.reason_code) == (t.RUN_TERMINAL_FAILED, "flow_effect_no_effect")
     assert _step(run, COMPLETE).state == t.STEP_FAILED
 
 
@@ -145,7 +145,7 @@ def test_deleted_trigger_record_fails_the_submit_step(serving):
         cursor.execute("UPDATE records_record SET is_deleted = 1 WHERE id = %s", [record.pk])
     run_until_idle()
     run = FlowRun.objects.get(org_id=ORG)
-    assert (run.state, run.terminal_cause_code) == (t.RUN_TERMINAL_FAILED, "flow_trigger_record_deleted")
+    assert (run.state, run.reason_code) == (t.RUN_TERMINAL_FAILED, "flow_trigger_record_deleted")
     assert _step(run, SUBMIT).state == t.STEP_FAILED
     assert not OutboundCommand.objects.exists() and not FlowEffectLink.objects.exists()
 

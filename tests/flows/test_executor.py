@@ -231,7 +231,7 @@ def test_a_rolled_back_step_is_retried_then_fails_terminally(org, decide_plan, m
     doomed = save_record(org, {"lifecyclestage": "customer"})
     run_until_idle()
     run = _run_of(org, doomed)
-    assert (run.state, run.terminal_cause_code) == (t.RUN_TERMINAL_FAILED, "flow_step_retry_exhausted")
+    assert (run.state, run.reason_code) == (t.RUN_TERMINAL_FAILED, "flow_step_retry_exhausted")
     assert list(FlowStepAttempt.objects.filter(step__run=run).values_list("state", flat=True)) == [
         t.ATTEMPT_ROLLED_BACK, t.ATTEMPT_ROLLED_BACK]
 
@@ -332,7 +332,7 @@ def test_handler_binding_mismatch_quarantines_before_any_effect(org, demo_source
     record = save_record(org, {"lifecyclestage": "customer", "email": "a@example.com"})
     assert flow_try_run_step_one(worker_id="w")
     run = _run_of(org, record)
-    assert (run.state, run.terminal_cause_code) == (t.RUN_QUARANTINED, "flow_handler_binding_mismatch")
+    assert (run.state, run.reason_code) == (t.RUN_QUARANTINED, "flow_handler_binding_mismatch")
     from runtime_outbox.models import OutboundCommand
 
     assert not OutboundCommand.objects.exists()

@@ -84,4 +84,9 @@ class RowBuilder:
             if self._flow_rows is None:
                 self._flow_rows = Rows(OrgScope(self.org_id))
             return getattr(self._flow_rows, ROW_FACTORY[name])(state)
-        return make(store.model, org_id=self.org_id, state=state, version=1)
+        extra = {}
+        if state in store.machine.reason_required:
+            from nexusflow.kernel.reasons import REASONS
+
+            extra["reason_code"] = sorted(REASONS)[0]  # the CHECK constraint wants a code here
+        return make(store.model, org_id=self.org_id, state=state, version=1, **extra)

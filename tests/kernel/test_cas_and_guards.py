@@ -8,6 +8,7 @@ from django.db import connection, transaction
 
 from connectors.models import AccountServingGate
 from connectors.store import AccountServingGateStore
+from cutover.reasons import CUTOVER_IN_PROGRESS
 from nexusflow.kernel import failpoints, locks
 from nexusflow.kernel.errors import FenceRejected, ImmutableRow, LockOrderViolation
 
@@ -17,19 +18,26 @@ def _gate(state="v1_serving"):
     gate = AccountServingGateStore.create(org_id="o1", account_key="acct", pack_key="p", state="v1_serving")
     if state != "v1_serving":
         with connection.cursor() as cursor:
-            cursor.execute("UPDATE connectors_accountservinggate SET state=%s WHERE id=%s", [state, gate.pk])
+            reason = HALT if state in ct.ACCOUNT_SERVING_GATE.reason_required else ""
+            cursor.execute("UPDATE connectors_accountservinggate SET state=%s, reason_code=%s WHERE id=%s",
+                           [state, reason, gate.pk])
     return AccountServingGate.objects.get(pk=gate.pk)
+
+
+HALT = CUTOVER_IN_PROGRESS
 
 
 def test_stale_version_and_wrong_org_are_fenced():
     gate = _gate()
-    AccountServingGateStore.transition(org_id="o1", pk=gate.pk, src="v1_serving", dst="halting_v1", version=gate.version)
+    halt = {"reason_code": HALT}
+    AccountServingGateStore.transition(org_id="o1", pk=gate.pk, src="v1_serving", dst="halting_v1", version=gate.version,
+                                       set_fields=halt)
     with pytest.raises(FenceRejected):
         AccountServingGateStore.transition(org_id="o1", pk=gate.pk, src="halting_v1", dst="v1_stopped",
-                                           version=gate.version)
+                                           version=gate.version, set_fields=halt)
     with pytest.raises(FenceRejected):
         AccountServingGateStore.transition(org_id="other", pk=gate.pk, src="halting_v1", dst="v1_stopped",
-                                           version=gate.version + 1)
+                                           version=gate.version + 1, set_fields=halt)
     assert AccountServingGate.objects.get(pk=gate.pk).state == "halting_v1"
 
 
