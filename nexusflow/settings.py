@@ -62,6 +62,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "django_q",
+    "nexusflow.kernel",
     "nexusflow.records",
     "nexusflow.flows",
     "connectors",

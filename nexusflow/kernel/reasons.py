@@ -186,15 +186,7 @@ def require(code: str) -> str:
 
 def load_all_reasons() -> dict[str, ReasonCode]:
     """Import every installed app's ``reasons`` module and return :data:`REASONS`."""
-    import importlib
+    from .transitions import import_app_modules
 
-    from django.apps import apps
-
-    for config in apps.get_app_configs():
-        module = f"{config.name}.reasons"
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
+    import_app_modules("reasons")
     return REASONS

@@ -84,6 +84,10 @@ class StateMachine:
 
     def to_text(self) -> str:
         lines = [f"{self.name}  ({self.seed})", f"initial: {', '.join(sorted(self.initial))}"]
+        if self.parked:
+            lines.append(f"parked for an operator: {', '.join(sorted(self.parked))}")
+        if self.reason_required:
+            lines.append(f"reason code required in: {', '.join(sorted(self.reason_required))}")
         for src in sorted(self.transitions):
             targets = ", ".join(sorted(self.transitions[src])) or "(terminal)"
             lines.append(f"  {src} -> {targets}")
@@ -93,8 +97,16 @@ class StateMachine:
         out = [f'digraph "{self.name}" {{', "  rankdir=LR;"]
         for state in sorted(self.initial):
             out.append(f'  "__start_{state}" [shape=point]; "__start_{state}" -> "{state}";')
-        for state in sorted(self.terminal):
-            out.append(f'  "{state}" [shape=doublecircle];')
+        for state in sorted(self.states):
+            attrs = []
+            if state in self.terminal:
+                attrs.append("shape=doublecircle")
+            if state in self.parked:
+                attrs.append("style=dashed")
+            if state in self.reason_required:
+                attrs.append('color=red, xlabel="reason code"')
+            if attrs:
+                out.append(f'  "{state}" [{", ".join(attrs)}];')
         for src, dst in self.pairs():
             out.append(f'  "{src}" -> "{dst}";')
         out.append("}")

@@ -131,24 +131,6 @@ def test_flow_compile_command(tmp_path):
     assert "xml_forbidden_declaration" in out.getvalue()
 
 
-def test_state_graph_command():
-    out = io.StringIO()
-    call_command("state_graph", "flows.FlowRun", stdout=out)
-    text = out.getvalue()
-    assert "Waiting -> CancelRequested, Quarantined, Runnable, TerminalFailed" in text
-    out = io.StringIO()
-    call_command("state_graph", "flows.FlowStepExecution", "--format", "dot", stdout=out)
-    assert '"Claimed" -> "Running";' in out.getvalue()
-    out = io.StringIO()
-    call_command("state_graph", "list", stdout=out)
-    names = out.getvalue().split()
-    assert {"flows.FlowRun", "flows.FlowStepExecution", "flows.FlowStepAttempt", "flows.FlowDependency"} <= set(names)
-    assert any(not n.startswith("flows.") for n in names), "machines of other apps are loaded too"
-    with pytest.raises(CommandError) as exc:
-        call_command("state_graph", "flows.Nope")
-    assert exc.value.returncode == 2
-
-
 def test_every_flow_model_has_a_read_only_admin(rf, admin_user):
     from nexusflow.kernel.admin import ReadOnlyAdmin
 

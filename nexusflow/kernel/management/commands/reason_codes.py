@@ -1,0 +1,73 @@
+"""``manage.py reason_codes``: the closed reason codes and their evidence (seed 003 "Operational liveness").
+
+``reason_codes`` lists every code with owner, alert deadline, remediations
+and evidence query; ``--format json`` prints the same as JSON;
+``reason_codes CODE --org ORG`` runs the code's evidence selector for one org
+and prints the rows. Exit codes: 0 ok, 2 unknown code or missing ``--org``.
+"""
+from __future__ import annotations
+
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+from django.forms.models import model_to_dict
+
+from nexusflow.kernel.identity import validate_key
+from nexusflow.kernel.errors import InvalidIdentity
+from nexusflow.kernel.reasons import REMEDIATIONS, load_all_reasons
+
+
+def _row(obj) -> dict:
+    if isinstance(obj, dict):
+        return obj
+    if hasattr(obj, "_meta"):
+        data = model_to_dict(obj)
+        data["id"] = obj.pk
+        return data
+    return {"value": obj}
+
+
+class Command(BaseCommand):
+    help = "List the closed reason codes, or show the evidence rows of one code for one org."
+
+    def add_arguments(self, parser):
+        parser.add_argument("code", nargs="?", help="a reason code: print its evidence rows for --org")
+        parser.add_argument("--org", help="org id whose evidence to read (required with CODE)")
+        parser.add_argument("--limit", type=int, default=50, help="most evidence rows printed (default 50)")
+        parser.add_argument("--format", choices=("text", "json"), default="text")
+
+    def handle(self, *args, code: str | None, org: str | None, limit: int, format: str, **options):
+        reasons = load_all_reasons()
+        if code is None:
+            entries = [{"code": r.code, "owner": r.owner, "alert_after_seconds": r.alert_after_seconds,
+                        "remediations": list(r.remediations), "evidence": r.evidence}
+                       for r in sorted(reasons.values(), key=lambda r: (r.owner, r.code))]
+            if format == "json":
+                self.stdout.write(json.dumps({"reasons": entries,
+                                              "remediations": {k: v.description for k, v in REMEDIATIONS.items()}},
+                                             indent=2))
+                return
+            for e in entries:
+                alert = f"alert after {e['alert_after_seconds']}s" if e["alert_after_seconds"] else "no alert"
+                self.stdout.write(f"{e['code']:36} {e['owner']:15} {alert:22} {', '.join(e['remediations'])}")
+                self.stdout.write(f"{'':36} evidence: {e['evidence']}")
+            return
+        reason = reasons.get(code)
+        if reason is None:
+            raise CommandError(f"unknown reason code {code!r}; `manage.py reason_codes` lists them", returncode=2)
+        if not org:
+            raise CommandError("--org is required to read evidence (evidence is always org-scoped)", returncode=2)
+        try:
+            validate_key(org, field="org")
+        except InvalidIdentity as exc:
+            raise CommandError(str(exc), returncode=2) from exc
+        rows = [_row(r) for r in list(reason.evidence_selector()(org_id=org, reason_code=code)[:limit])]
+        if format == "json":
+            self.stdout.write(json.dumps({"code": code, "org": org, "evidence": reason.evidence, "rows": rows},
+                                         indent=2, default=str))
+            return
+        self.stdout.write(f"{code} ({reason.owner}); evidence {reason.evidence}; {len(rows)} row(s) for {org}")
+        for remediation in reason.remediations:
+            self.stdout.write(f"  remediation {remediation}: {REMEDIATIONS[remediation].description}")
+        for row in rows:
+            self.stdout.write("  " + json.dumps(row, default=str, sort_keys=True))

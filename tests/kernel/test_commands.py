@@ -1,0 +1,63 @@
+"""Operator commands of the kernel: ``state_graph`` and ``reason_codes``."""
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from connectors.models import ServingEpoch
+from connectors.reasons import EPOCH_OWNER_MISMATCH
+from nexusflow.kernel.reasons import load_all_reasons
+
+from . import rows
+
+
+def _out(*args) -> str:
+    out = io.StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+def test_state_graph_prints_text_dot_and_the_list():
+    text = _out("state_graph", "flows.FlowRun")
+    assert "Waiting -> CancelRequested, Quarantined, Runnable, TerminalFailed" in text
+    assert "reason code required in: Quarantined, TerminalFailed" in text
+    dot = _out("state_graph", "connectors.RemoteEffect", "--format", "dot")
+    assert '"dispatching" -> "prepared";' in dot
+    assert '"uncertain" [style=dashed, color=red, xlabel="reason code"];' in dot
+    assert '"finalized" [shape=doublecircle];' in dot
+    listing = dict(line.split("\t")[::2] for line in _out("state_graph", "list").splitlines())
+    assert listing["connectors.ProjectionWindow"] == "table only (no rows yet)"
+    assert listing["flows.FlowRun"] == "nexusflow.flows.store.FlowRunStore"
+    assert listing["cutover.CutoverDecision"] == "cutover.store.CutoverDecisionStore"
+    with pytest.raises(CommandError) as exc:
+        call_command("state_graph", "flows.Nope")
+    assert exc.value.returncode == 2
+
+
+def test_reason_codes_lists_every_registered_code():
+    listed = json.loads(_out("reason_codes", "--format", "json"))
+    assert {r["code"] for r in listed["reasons"]} == set(load_all_reasons())
+    assert all(r["remediations"] and r["evidence"] for r in listed["reasons"])
+    assert set(listed["remediations"]) >= {rem for r in listed["reasons"] for rem in r["remediations"]}
+    assert EPOCH_OWNER_MISMATCH in _out("reason_codes")
+
+
+@pytest.mark.django_db
+def test_reason_codes_reads_the_evidence_of_one_org_only():
+    mine = rows.make(ServingEpoch, org_id="evidence-org", state="rejected", version=1,
+                     reason_code=EPOCH_OWNER_MISMATCH)
+    rows.make(ServingEpoch, org_id="other-org", state="rejected", version=1, reason_code=EPOCH_OWNER_MISMATCH)
+    shown = json.loads(_out("reason_codes", EPOCH_OWNER_MISMATCH, "--org", "evidence-org", "--format", "json"))
+    assert [r["id"] for r in shown["rows"]] == [mine.pk]
+    assert "1 row(s) for evidence-org" in _out("reason_codes", EPOCH_OWNER_MISMATCH, "--org", "evidence-org")
+
+
+@pytest.mark.parametrize("args", [["no_such_code", "--org", "o"], [EPOCH_OWNER_MISMATCH],
+                                  [EPOCH_OWNER_MISMATCH, "--org", " padded"]])
+def test_reason_codes_refuses_bad_input_with_exit_code_2(args):
+    with pytest.raises(CommandError) as exc:
+        call_command("reason_codes", *args)
+    assert exc.value.returncode == 2
