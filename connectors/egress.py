@@ -68,9 +68,9 @@ class EgressRefused(NexusError):
 @dataclass(frozen=True)
 class Grant:
     org_id: str
-    effect_id: int
-    attempt_id: int
-    permit_id: int
+    effect_id: RemoteEffect.Id
+    attempt_id: RemoteEffectAttempt.Id
+    permit_id: DispatchPermit.Id
     holder_fence: str
 
 
@@ -100,7 +100,7 @@ def _encode_body(contract: dict, fields: dict) -> bytes:
 
 
 # --- candidates -------------------------------------------------------------
-def _head_of_lane_prepared(now: dt.datetime, limit: int = 10) -> list[int]:
+def _head_of_lane_prepared(now: dt.datetime, limit: int = 10) -> list[RemoteEffect.Id]:
     placeholders = ", ".join(["%s"] * len(NONTERMINAL))
     with connection.cursor() as cursor:
         cursor.execute(
@@ -111,7 +111,7 @@ def _head_of_lane_prepared(now: dt.datetime, limit: int = 10) -> list[int]:
             f" OR (p.lane_sequence = e.lane_sequence AND p.id < e.id))) ORDER BY e.id LIMIT %s",
             [now, *NONTERMINAL, limit],
         )
-        return [row[0] for row in cursor.fetchall()]
+        return [RemoteEffect.Id(row[0]) for row in cursor.fetchall()]
 
 
 def _is_head(effect: RemoteEffect) -> bool:

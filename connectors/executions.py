@@ -27,6 +27,7 @@ from django.db import connection, transaction
 from nexusflow.kernel import failpoints, locks
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.errors import StaleVersion
+from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.models import insert
 
 from .models import Event, Execution, ExecutionAttempt, OrderingDecision, OrderingLane, PackGeneration
@@ -47,13 +48,13 @@ def lease_seconds() -> float:
 @dataclass(frozen=True)
 class Claim:
     org_id: str
-    execution_id: int
-    attempt_id: int
+    execution_id: Execution.Id
+    attempt_id: ExecutionAttempt.Id
     lease_token: str
-    lane_id: int | None
+    lane_id: OrderingLane.Id | None
 
 
-def _candidate_lanes(now: dt.datetime, limit: int = 20) -> list[int]:
+def _candidate_lanes(now: dt.datetime, limit: int = 20) -> list[OrderingLane.Id]:
     """Lanes with ready work that no live lease holds, oldest work first (non-locking)."""
     with connection.cursor() as cursor:
         cursor.execute(
@@ -64,7 +65,7 @@ def _candidate_lanes(now: dt.datetime, limit: int = 20) -> list[int]:
             "GROUP BY e.lane_id ORDER BY MIN(e.id) LIMIT %s",
             [now, limit],
         )
-        return [row[0] for row in cursor.fetchall()]
+        return [OrderingLane.Id(row[0]) for row in cursor.fetchall()]
 
 
 def _lease_expired(org_id: str, execution_id: int, now: dt.datetime) -> ExecutionAttempt | None:
@@ -200,11 +201,17 @@ def execution_run(claim: Claim) -> bool:
 def execution_complete(claim: Claim, *, result_id: int) -> None:
     """Mark the Execution ``completed`` from the Runtime receipt and advance the lane.
 
+    Args:
+        result_id: the Runtime ``ApplicationResult`` id (or a plain positive int).
+
     Raises:
+        InvalidIdentity: ``result_id`` is an id of another model (before SQL).
         StaleVersion/FenceRejected: the attempt lost its lease or the lane moved.
         ValueError: the Runtime receipt does not match the Execution.
     """
     from runtime_outbox.models import ApplicationResult
+
+    result_id = require_id(result_id, ApplicationResult, field="result_id")
 
     with transaction.atomic(durable=True):
         lane = OrderingLaneStore.lock(claim.org_id, claim.lane_id) if claim.lane_id else None
