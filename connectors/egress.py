@@ -70,9 +70,9 @@ class EgressRefused(NexusError):
 @dataclass(frozen=True)
 class Grant:
     org_id: str
-    effect_id: int
-    attempt_id: int
-    permit_id: int
+    effect_id: RemoteEffect.Id
+    attempt_id: RemoteEffectAttempt.Id
+    permit_id: DispatchPermit.Id
     holder_fence: str
 
 

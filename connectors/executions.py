@@ -27,6 +27,7 @@ from django.db import transaction
 from nexusflow.kernel import failpoints, locks
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.errors import StaleVersion
+from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.models import insert
 
 from . import reasons
@@ -49,10 +50,10 @@ def lease_seconds() -> float:
 @dataclass(frozen=True)
 class Claim:
     org_id: str
-    execution_id: int
-    attempt_id: int
+    execution_id: Execution.Id
+    attempt_id: ExecutionAttempt.Id
     lease_token: str
-    lane_id: int | None
+    lane_id: OrderingLane.Id | None
 
 
 def _lease_expired(org_id: str, execution_id: int, now: dt.datetime) -> ExecutionAttempt | None:
@@ -189,11 +190,17 @@ def execution_run(claim: Claim) -> bool:
 def execution_complete(claim: Claim, *, result_id: int) -> None:
     """Mark the Execution ``completed`` from the Runtime receipt and advance the lane.
 
+    Args:
+        result_id: the Runtime ``ApplicationResult`` id (or a plain positive int).
+
     Raises:
+        InvalidIdentity: ``result_id`` is an id of another model (before SQL).
         StaleVersion/FenceRejected: the attempt lost its lease or the lane moved.
         ValueError: the Runtime receipt does not match the Execution.
     """
     from runtime_outbox.models import ApplicationResult
+
+    result_id = require_id(result_id, ApplicationResult, field="result_id")
 
     with transaction.atomic(durable=True):
         declared = [locks.store_resource(ExecutionStore, claim.org_id, claim.execution_id),

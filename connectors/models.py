@@ -6,7 +6,7 @@ only by compare-and-swap. Identity columns use binary collation.
 from django.db import models
 
 from nexusflow.kernel.identity import IdentityField
-from nexusflow.kernel.models import GuardedModel, reason_code_constraint, reason_code_field
+from nexusflow.kernel.models import GuardedModel, TypedIdReference, reason_code_constraint, reason_code_field
 
 from . import transitions
 
@@ -222,7 +222,7 @@ class OrderingLane(GuardedModel):
     high_water_position = models.BinaryField(max_length=64, null=True)
     baseline_position = models.BinaryField(max_length=64, null=True)
     baseline_origin = models.CharField(max_length=32, default="greenfield_empty")
-    active_execution_id = models.BigIntegerField(null=True, blank=True)
+    active_execution_id = TypedIdReference(to="connectors.Execution", null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -251,7 +251,7 @@ class Execution(GuardedModel):
     command_id = IdentityField(**DIGEST, help_text="Runtime Command ID: stable across retries.")
     execution_ref_digest = IdentityField(**DIGEST)
     result_digest = IdentityField(**DIGEST, blank=True, default="")
-    runtime_receipt_id = models.BigIntegerField(null=True, blank=True)
+    runtime_receipt_id = TypedIdReference(to="runtime_outbox.ApplicationResult", null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -311,7 +311,7 @@ class RemoteLink(GuardedModel):
     version = models.PositiveBigIntegerField(default=1)
     reason_code = reason_code_field()
     snapshot = models.JSONField(help_text="Frozen install/profile/action snapshots for drift validation.")
-    created_by_effect_id = models.BigIntegerField(null=True, blank=True)
+    created_by_effect_id = TypedIdReference(to="connectors.RemoteEffect", null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -19,6 +19,7 @@ from django.db.models import QuerySet
 from .models import (
     DispatchPermit,
     OrderingDecision,
+    OrderingLane,
     ReceiptComponent,
     RemoteEffect,
     RemoteEffectAttempt,
@@ -113,7 +114,7 @@ def remote_effects_blocking_lane(*, org_id: str, reason_code: str | None = None)
             .exclude(pk__in=held.values("pk")).order_by("dispatch_lane", "lane_sequence", "id"))
 
 
-def candidate_lanes(now: dt.datetime, limit: int = 20) -> list[tuple[str, int]]:
+def candidate_lanes(now: dt.datetime, limit: int = 20) -> list[tuple[str, "OrderingLane.Id"]]:
     """Lanes with ready work that no live lease holds, oldest work first (non-locking).
 
     Args:
@@ -134,10 +135,11 @@ def candidate_lanes(now: dt.datetime, limit: int = 20) -> list[tuple[str, int]]:
             "GROUP BY l.org_id, e.lane_id ORDER BY MIN(e.id) LIMIT %s",
             [now, limit],
         )
-        return [(row[0], row[1]) for row in cursor.fetchall()]
+        return [(row[0], OrderingLane.Id(row[1])) for row in cursor.fetchall()]
 
 
-def head_of_lane_prepared(now: dt.datetime, nonterminal: tuple[str, ...], limit: int = 10) -> list[tuple[str, int]]:
+def head_of_lane_prepared(now: dt.datetime, nonterminal: tuple[str, ...],
+                          limit: int = 10) -> list[tuple[str, "RemoteEffect.Id"]]:
     """Prepared RemoteEffects that are due and first in their dispatch lane (non-locking).
 
     Args:
@@ -160,7 +162,7 @@ def head_of_lane_prepared(now: dt.datetime, nonterminal: tuple[str, ...], limit:
             f" OR (p.lane_sequence = e.lane_sequence AND p.id < e.id))) ORDER BY e.id LIMIT %s",
             [now, *nonterminal, limit],
         )
-        return [(row[0], row[1]) for row in cursor.fetchall()]
+        return [(row[0], RemoteEffect.Id(row[1])) for row in cursor.fetchall()]
 
 
 def database_answers(using: str = "default") -> None:

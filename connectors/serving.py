@@ -19,6 +19,7 @@ from django.db import transaction
 from nexusflow.kernel import canonical_json
 from nexusflow.kernel.digests import PROFILE_V2, digest_v2
 from nexusflow.kernel.errors import NexusError
+from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.models import insert
 from nexusflow.kernel.scope import OrgScope
@@ -27,7 +28,6 @@ from .models import (
     AccountServingGate,
     ConnectorServiceConfigurationGeneration,
     CredentialGeneration,
-    CredentialGenerationDispatchGate,
     GateTransitionEvidence,
     PackGeneration,
     ServingEpoch,
@@ -223,7 +223,7 @@ def epoch_prepare(*, org: OrgScope) -> ServingEpoch:
                                         document=document, digest=digest, profile_id=PROFILE_V2)
 
 
-def epoch_verify(*, org: OrgScope, epoch_id: int) -> ServingEpoch:
+def epoch_verify(*, org: OrgScope, epoch_id: ServingEpoch.Id | int) -> ServingEpoch:
     """Fresh-read every owner and compare it byte-for-byte with the candidate.
 
     Reads the pack files, the configuration generation and every credential
@@ -232,8 +232,10 @@ def epoch_verify(*, org: OrgScope, epoch_id: int) -> ServingEpoch:
     authoritative mismatch. A verified epoch is returned unchanged.
 
     Raises:
+        InvalidIdentity: ``epoch_id`` is an id of another model (before SQL).
         EpochVerificationFailed: the candidate was rejected (it stays rejected).
     """
+    epoch_id = require_id(epoch_id, ServingEpoch, field="epoch_id")
     epoch = ServingEpoch.objects.get(org_id=org.org_id, pk=epoch_id)
     if epoch.state in ("verified", "active"):
         return epoch

@@ -7,7 +7,7 @@ immutable and live with the data they certify.
 from django.db import models
 
 from nexusflow.kernel.identity import IdentityField
-from nexusflow.kernel.models import GuardedModel
+from nexusflow.kernel.models import GuardedModel, TypedIdReference
 
 
 class CutoverDecision(GuardedModel):
@@ -17,7 +17,7 @@ class CutoverDecision(GuardedModel):
     mode = models.CharField(max_length=16, help_text="greenfield | v1_upgrade")
     state = models.CharField(max_length=16)
     version = models.PositiveBigIntegerField(default=1)
-    epoch_id = models.BigIntegerField(null=True, blank=True)
+    epoch_id = TypedIdReference(to="connectors.ServingEpoch", null=True, blank=True)
     epoch_digest = IdentityField(max_length=64, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

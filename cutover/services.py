@@ -42,7 +42,7 @@ class CutoverRefused(NexusError):
 
 @dataclass
 class GreenfieldReport:
-    epoch_id: int
+    epoch_id: ServingEpoch.Id
     epoch_digest: str
     accounts: list[str]
     decision: str

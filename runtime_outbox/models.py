@@ -6,7 +6,7 @@ protection reads intents and receipts by owner, never Connector history).
 from django.db import models
 
 from nexusflow.kernel.identity import IdentityField
-from nexusflow.kernel.models import GuardedModel
+from nexusflow.kernel.models import GuardedModel, TypedIdReference
 
 DIGEST = {"max_length": 64}
 
@@ -48,7 +48,7 @@ class OutboundCommand(GuardedModel):
     request_fields = models.JSONField(help_text="Mapped provider body fields, frozen at authoring.")
     frozen_binding = models.JSONField()
     frozen_binding_digest = IdentityField(**DIGEST)
-    origin_flow_run_id = models.BigIntegerField(null=True, blank=True)
+    origin_flow_run_id = TypedIdReference(to="flows.FlowRun", null=True, blank=True)
     origin_dependency_key = IdentityField(max_length=80, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -1,10 +1,18 @@
 """Runtime reads: results, intents and receipts by owner (seed 000)."""
 from __future__ import annotations
 
+from nexusflow.kernel.ids import require_id
+
 from .models import ApplicationResult, IntentResultReceipt, OutboundCommand
 
 
-def intent_result_receipt_for(*, org_id: str, command_id: int) -> IntentResultReceipt | None:
+def intent_result_receipt_for(*, org_id: str, command_id: OutboundCommand.Id | int) -> IntentResultReceipt | None:
+    """Return the result receipt of the org's intent ``command_id``, or None.
+
+    Raises:
+        InvalidIdentity: ``command_id`` is not an OutboundCommand id (or a positive int).
+    """
+    command_id = require_id(command_id, OutboundCommand, field="command_id")
     return IntentResultReceipt.objects.filter(org_id=org_id, command_id=command_id).first()
 
 

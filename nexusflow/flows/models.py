@@ -8,7 +8,7 @@ the ``TrustedRuntimeWorkScope``. Identity columns use binary collation.
 from django.db import models
 
 from nexusflow.kernel.identity import IdentityField
-from nexusflow.kernel.models import GuardedModel, reason_code_constraint, reason_code_field
+from nexusflow.kernel.models import GuardedModel, TypedIdReference, reason_code_constraint, reason_code_field
 
 from . import transitions
 
@@ -274,7 +274,7 @@ class FlowDependency(GuardedModel):
     version = models.PositiveBigIntegerField(default=1)
     deadline = models.DateTimeField()
     resolved_at = models.DateTimeField(null=True)
-    resolution_receipt_id = models.BigIntegerField(null=True)
+    resolution_receipt_id = TypedIdReference(to="runtime_outbox.IntentResultReceipt", null=True)
     reason_code = reason_code_field()
     created_at = models.DateTimeField()
 
@@ -292,18 +292,19 @@ class FlowDependency(GuardedModel):
 class FlowWakeSignal(GuardedModel):
     """Durable acceptance of a producer notification (seed 004 section 10.6).
 
-    ``flow_run_id`` is a plain column, not a foreign key: accepting a signal
-    inside a producer's transaction must not take a lock on the run row.
+    ``flow_run_id`` is a typed id column, not a foreign key: accepting a
+    signal inside a producer's transaction must not take a lock on the run row.
     """
 
     org_id = OrgField()
     app_installation_id = ScopeField()
     runtime_capability_id = ScopeField()
     binding_digest = DigestField()
-    flow_run_id = models.BigIntegerField()
+    flow_run_id = TypedIdReference(to="flows.FlowRun")
     producer_kind = models.CharField(max_length=64)
     dependency_key = IdentityField(max_length=128)
-    receipt_id = models.BigIntegerField(help_text="Producer-owned evidence: the intent result receipt.")
+    receipt_id = TypedIdReference(to="runtime_outbox.IntentResultReceipt",
+                                  help_text="Producer-owned evidence: the intent result receipt.")
     evidence_digest = DigestField()
     state = models.CharField(max_length=16, help_text="unmatched -> consumed | expired.")
     version = models.PositiveBigIntegerField(default=1)
@@ -332,7 +333,7 @@ class FlowEffectLink(GuardedModel):
     run = models.ForeignKey(FlowRun, on_delete=models.PROTECT, related_name="effect_links")
     step = models.ForeignKey(FlowStepExecution, on_delete=models.PROTECT, related_name="effect_links")
     effect_owner_kind = models.CharField(max_length=64)
-    outbound_command_id = models.BigIntegerField()
+    outbound_command_id = TypedIdReference(to="runtime_outbox.OutboundCommand")
     effect_handoff_key = IdentityField(max_length=128)
     submission_attempt = models.ForeignKey(FlowStepAttempt, on_delete=models.PROTECT, related_name="+")
     created_at = models.DateTimeField()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from django.db.models import Count, QuerySet
 
+from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.scope import OrgScope
 
 from . import transitions as t
@@ -28,7 +29,13 @@ def flow_run_summary() -> dict[str, int]:
     return summary
 
 
-def flow_run_get(*, org: OrgScope, run_id: int) -> FlowRun | None:
+def flow_run_get(*, org: OrgScope, run_id: FlowRun.Id | int) -> FlowRun | None:
+    """Return the org's run ``run_id``, or None.
+
+    Raises:
+        InvalidIdentity: ``run_id`` is not a FlowRun id (or a positive int).
+    """
+    run_id = require_id(run_id, FlowRun, field="run_id")
     return FlowRun.objects.filter(org_id=org.org_id, pk=run_id).first()
 
 
@@ -37,15 +44,21 @@ def flow_runs_for_record(*, org: OrgScope, object_name: str, record_key: str) ->
                                        record_key=record_key).order_by("id"))
 
 
-def flow_steps_of_run(*, org: OrgScope, run_id: int) -> list[FlowStepExecution]:
+def flow_steps_of_run(*, org: OrgScope, run_id: FlowRun.Id | int) -> list[FlowStepExecution]:
+    """Return the run's steps in id order; ``InvalidIdentity`` as :func:`flow_run_get`."""
+    run_id = require_id(run_id, FlowRun, field="run_id")
     return list(FlowStepExecution.objects.filter(org_id=org.org_id, run_id=run_id).order_by("id"))
 
 
-def flow_attempts_of_step(*, org: OrgScope, step_id: int) -> list[FlowStepAttempt]:
+def flow_attempts_of_step(*, org: OrgScope, step_id: FlowStepExecution.Id | int) -> list[FlowStepAttempt]:
+    """Return the step's attempts by number; ``InvalidIdentity`` unless a step id."""
+    step_id = require_id(step_id, FlowStepExecution, field="step_id")
     return list(FlowStepAttempt.objects.filter(org_id=org.org_id, step_id=step_id).order_by("attempt_number"))
 
 
-def flow_checkpoints_of_run(*, org: OrgScope, run_id: int) -> list[FlowCheckpoint]:
+def flow_checkpoints_of_run(*, org: OrgScope, run_id: FlowRun.Id | int) -> list[FlowCheckpoint]:
+    """Return the run's checkpoints by sequence; ``InvalidIdentity`` unless a run id."""
+    run_id = require_id(run_id, FlowRun, field="run_id")
     return list(FlowCheckpoint.objects.filter(org_id=org.org_id, run_id=run_id).order_by("sequence"))
 
 

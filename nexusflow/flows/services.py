@@ -28,7 +28,8 @@ from django.db.models import Exists, F, Max, OuterRef, Q
 from nexusflow.kernel import canonical_json, failpoints
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import digest_json_v2, digest_v2
-from nexusflow.kernel.errors import FenceRejected, NexusError, StaleVersion
+from nexusflow.kernel.errors import FenceRejected, InvalidIdentity, NexusError, StaleVersion
+from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
 from nexusflow.records.metadata import current_view
@@ -291,11 +292,11 @@ class StepClaim:
     """What a worker holds after a confirmed claim. ``lease_token`` never leaves memory."""
 
     org_id: str
-    run_id: int
-    step_id: int
+    run_id: FlowRun.Id
+    step_id: FlowStepExecution.Id
     step_key: str
     step_kind: str
-    attempt_id: int
+    attempt_id: FlowStepAttempt.Id
     attempt_number: int
     lease_owner: str
     lease_token: str
@@ -512,8 +513,13 @@ def _exec_terminal(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str
     return "succeeded"
 
 
-def effect_root_id_for(*, org_id: str, plan_id: str, run_id: int) -> str:
-    """The deterministic effect root of one run's effects (v2 digest over org, plan, run)."""
+def effect_root_id_for(*, org_id: str, plan_id: str, run_id: FlowRun.Id | int) -> str:
+    """The deterministic effect root of one run's effects (v2 digest over org, plan, run).
+
+    Raises:
+        InvalidIdentity: ``run_id`` is not a FlowRun id (or a positive int).
+    """
+    run_id = require_id(run_id, FlowRun, field="run_id")
     return digest_v2("flows.effect-root", [("org_id", org_id), ("plan_id", plan_id), ("flow_run_id", run_id)]).hexdigest
 
 
@@ -795,7 +801,7 @@ def flow_try_run_step_one(*, worker_id: str) -> bool:
 # =============================================================================
 # Waits and wakes (seed 004 section 14)
 # =============================================================================
-def flow_wake_signal_accept(*, scope: TrustedRuntimeWorkScope, flow_run_id: int, dependency_key: str,
+def flow_wake_signal_accept(*, scope: TrustedRuntimeWorkScope, flow_run_id: FlowRun.Id | int, dependency_key: str,
                             receipt_id: int) -> None:
     """Durably accept a producer's wake for ``(scope, flow_run_id, dependency_key)``.
 
@@ -806,18 +812,25 @@ def flow_wake_signal_accept(*, scope: TrustedRuntimeWorkScope, flow_run_id: int,
 
     Args:
         scope: the producer's complete trusted Runtime work scope.
-        flow_run_id: the originating run (``OutboundCommand.origin_flow_run_id``).
+        flow_run_id: the originating run (``OutboundCommand.origin_flow_run_id``),
+            a ``FlowRun.Id`` or a plain positive int.
         dependency_key: the producer key, e.g. ``str(command.pk)``.
-        receipt_id: the producer's durable result receipt id.
+        receipt_id: the producer's durable ``IntentResultReceipt`` id (or a
+            plain positive int).
 
     Raises:
-        InvalidIdentity: ``dependency_key`` is not canonical.
-        WakeSignalRejected: no such run in that complete scope.
+        InvalidIdentity: ``dependency_key`` is not canonical, or
+            ``flow_run_id`` is an id of another model (before SQL).
+        WakeSignalRejected: no such run in that complete scope, or
+            ``receipt_id`` is not an IntentResultReceipt id.
         WakeSignalConflict: the key was accepted before with another receipt.
     """
     validate_key(dependency_key, field="dependency_key", max_length=128)
-    if isinstance(receipt_id, bool) or not isinstance(receipt_id, int):
-        raise WakeSignalRejected("receipt_id must be an integer")
+    flow_run_id = require_id(flow_run_id, FlowRun, field="flow_run_id")
+    try:
+        receipt_id = require_id(receipt_id, "runtime_outbox.IntentResultReceipt", field="receipt_id")
+    except InvalidIdentity as exc:
+        raise WakeSignalRejected(str(exc)) from exc
     scope_filter = dict(org_id=scope.org_id, app_installation_id=scope.app_installation_id,
                         runtime_capability_id=scope.runtime_capability_id, binding_digest=scope.binding_digest)
     if not FlowRun.objects.filter(pk=flow_run_id, **scope_filter).exists():

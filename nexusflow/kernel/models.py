@@ -4,12 +4,99 @@
 ``delete()``, ``bulk_create()``, ``bulk_update()``, ``get_or_create()`` and
 ``update_or_create()`` raise :class:`ImmutableRow`. A store inserts through :func:`insert` and
 changes state only through :class:`nexusflow.kernel.store.CasStore`.
+
+Every ``GuardedModel`` has a typed primary key (:class:`TypedIdField`): its
+``id``, and every foreign key column pointing at it, read back as the model's
+own id class (``Execution.Id``), see :mod:`nexusflow.kernel.ids`.
 """
 from __future__ import annotations
 
 from django.db import models
 
-from .errors import ImmutableRow
+from .errors import ImmutableRow, InvalidIdentity
+from .ids import TypedId, id_class_for, require_id
+
+
+class TypedIdField(models.BigAutoField):
+    """A ``BIGINT AUTO_INCREMENT`` primary key whose values are the model's id class.
+
+    Values read from the database (the row's pk, and foreign key columns that
+    target it, since Django applies the target field's converters to them) and
+    values cleaned by :meth:`to_python` are ``<Model>Id`` instances. Lookups
+    refuse an id of another model (``InvalidIdentity``) before SQL runs; the
+    column and its bound parameters stay plain integers.
+
+    Seed 003, "Identity rules".
+    """
+
+    description = "Typed big (8 byte) auto-incrementing primary key"
+    id_class: type[TypedId] | None = None
+
+    def contribute_to_class(self, cls, name, **kwargs):
+        super().contribute_to_class(cls, name, **kwargs)
+        if cls._meta.abstract:
+            return
+        self.id_class = id_class_for(cls)
+        if "Id" not in cls.__dict__:
+            cls.Id = self.id_class
+
+    def from_db_value(self, value, expression, connection):
+        return value if value is None else self.id_class(value)
+
+    def to_python(self, value):
+        value = super().to_python(value)
+        if value is None or isinstance(value, self.id_class):
+            return value
+        return self.id_class(value)
+
+    def get_prep_value(self, value):
+        if isinstance(value, TypedId) and self.id_class is not None and type(value) is not self.id_class:
+            raise InvalidIdentity(f"{self.model._meta.label}.{self.name}: expected a "
+                                  f"{self.id_class.__name__}, got {value!r}")
+        return super().get_prep_value(value)
+
+
+class TypedIdReference(models.BigIntegerField):
+    """A ``BIGINT`` column holding the typed id of a row another authority owns.
+
+    For references that deliberately carry no database foreign key (the row
+    lives in another authority's tables or in another database), e.g.
+    ``TypedIdReference(to="flows.FlowRun")``. Reads return ``FlowRunId``;
+    lookups, :func:`insert` and CAS fences/set fields refuse an id of another
+    model before SQL. The column type is unchanged from ``BigIntegerField``.
+
+    Seed 003, "Identity rules".
+    """
+
+    description = "Typed id of a row in another table (no database foreign key)"
+
+    def __init__(self, *args, to: str, **kwargs):
+        self.to = to
+        super().__init__(*args, **kwargs)
+
+    @property
+    def id_class(self) -> type[TypedId]:
+        return id_class_for(self.to)
+
+    def deconstruct(self):
+        name, path, args, kwargs = super().deconstruct()
+        kwargs["to"] = self.to
+        return name, path, args, kwargs
+
+    def from_db_value(self, value, expression, connection):
+        return value if value is None else self.id_class(value)
+
+    def to_python(self, value):
+        value = super().to_python(value)
+        if value is None or isinstance(value, self.id_class):
+            return value
+        return self.id_class(value)
+
+    def get_prep_value(self, value):
+        if isinstance(value, TypedId) and type(value) is not self.id_class:
+            raise InvalidIdentity(f"{self.model._meta.label}.{self.name}: expected a "
+                                  f"{self.id_class.__name__}, got {value!r}")
+        return super().get_prep_value(value)
 
 
 class GuardedQuerySet(models.QuerySet):
@@ -36,7 +123,9 @@ class GuardedQuerySet(models.QuerySet):
 
 
 class GuardedModel(models.Model):
-    """A row written only through its app's store."""
+    """A row written only through its app's store, identified by a typed id."""
+
+    id = TypedIdField(primary_key=True)
 
     objects = GuardedQuerySet.as_manager()
 
@@ -54,9 +143,47 @@ class GuardedModel(models.Model):
         raise ImmutableRow(f"{type(self).__name__}.delete() is not allowed")
 
 
+def typed_id_fields(model_cls) -> list[tuple[models.Field, type[TypedId]]]:
+    """List ``(field, id class)`` for the model's columns that hold a typed id.
+
+    That is its own ``TypedIdField`` primary key, every concrete foreign key
+    whose target is one, and every :class:`TypedIdReference`.
+    ``field.attname``/``field.column`` name the column.
+    """
+    out = []
+    for field in model_cls._meta.concrete_fields:
+        target = field.target_field if field.is_relation else field
+        if isinstance(target, TypedIdField) and target.id_class is not None:
+            out.append((field, target.id_class))
+        elif isinstance(field, TypedIdReference):
+            out.append((field, field.id_class))
+    return out
+
+
 def insert(model_cls, **values):
-    """Insert one row of a :class:`GuardedModel` and return it."""
+    """Insert one row of a :class:`GuardedModel` and return it.
+
+    Args:
+        model_cls: the GuardedModel class.
+        values: field values; foreign keys may be given as related objects or
+            as ``<field>_id`` values.
+
+    Returns:
+        The saved instance: its ``pk`` and every foreign key ``<field>_id``
+        hold the target model's typed id.
+
+    Raises:
+        InvalidIdentity: a foreign key, a typed reference or an explicit
+            ``id`` was given an id of another model, a bool or a non-positive int (before SQL).
+        ImmutableRow: ``model_cls`` is not written this way.
+
+    Seed 003, "Identity rules".
+    """
     obj = model_cls(**values)
+    for field, id_cls in typed_id_fields(model_cls):
+        value = getattr(obj, field.attname)
+        if value is not None:
+            setattr(obj, field.attname, require_id(value, id_cls, field=f"{model_cls.__name__}.{field.attname}"))
     obj._nexus_store_insert = True
     obj.save(using=model_cls.objects.db)
     return obj

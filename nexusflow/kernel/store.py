@@ -13,7 +13,8 @@ from django.db import connections, router
 
 from . import locks, reasons
 from .errors import MultipleRowsUpdated, ReasonRequired, StaleVersion
-from .models import insert
+from .ids import require_id, sql_param
+from .models import insert, typed_id_fields
 from .transitions import StateMachine
 
 
@@ -28,6 +29,12 @@ class CasStore:
     ``state`` and ``version`` columns), ``machine`` and ``lock_class``.
     A subclass that sets both ``model`` and ``machine`` is registered in
     :data:`STORES`; a second store for the same machine is refused.
+
+    Every method that takes a row id takes it typed: ``pk`` must be the
+    model's own id (``model.Id``) or a plain ``int`` from a boundary; an id
+    of another model raises :class:`InvalidIdentity` before any SQL (seed 003
+    "Identity rules"). Fences and set fields on foreign key columns are
+    checked the same way.
     """
 
     def __init_subclass__(cls, **kwargs):
@@ -51,10 +58,16 @@ class CasStore:
     def lock(cls, org_id: str, pk: int, *, nowait: bool = False):
         """Lock and return one row by ``(org_id, id)``.
 
+        Args:
+            pk: the row's ``model.Id`` (or a plain positive ``int``).
+
         Raises:
+            InvalidIdentity: ``pk`` is an id of another model, a bool or not a
+                positive int (before SQL).
             Model.DoesNotExist: no such row in that org.
             django.db.OperationalError: ``nowait`` and the row is locked.
         """
+        pk = require_id(pk, cls.model, field=f"{cls.model.__name__} pk")
         locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label)
         qs = cls.model.objects.select_for_update(nowait=nowait)
         return qs.get(org_id=org_id, pk=pk)
@@ -92,6 +105,7 @@ class CasStore:
         """Move one row ``src -> dst`` if it still has ``version`` and ``fences``.
 
         Args:
+            pk: the row's ``model.Id`` (or a plain positive ``int``).
             fences: extra ``column: expected value`` pairs compared in WHERE.
             set_fields: extra ``column: new value`` pairs written with the state.
 
@@ -99,11 +113,15 @@ class CasStore:
             The new version (``version + 1``).
 
         Raises:
+            InvalidIdentity: ``pk``, or a fence/set value on a foreign key
+                column, is an id of another model or not a positive int
+                (before SQL).
             IllegalTransition: the pair is not listed (before SQL).
             ReasonRequired / UnknownReasonCode: see :meth:`assert_reason` (before SQL).
             StaleVersion (or ``stale_error``): no row matched.
             MultipleRowsUpdated: more than one row matched.
         """
+        pk = require_id(pk, cls.model, field=f"{cls.model.__name__} pk")
         cls.machine.assert_transition(src, dst)
         cls.assert_reason(dst, set_fields or {})
         return cls._cas(org_id=org_id, pk=pk, src=src, dst=dst, version=version, fences=fences, set_fields=set_fields)
@@ -138,18 +156,38 @@ class CasStore:
             ReasonRequired / UnknownReasonCode: ``set_fields`` clears or sets an
                 unregistered ``reason_code`` (see :meth:`assert_reason`).
         """
+        pk = require_id(pk, cls.model, field=f"{cls.model.__name__} pk")
         if "reason_code" in (set_fields or {}):
             cls.assert_reason(state, set_fields)
         return cls._cas(org_id=org_id, pk=pk, src=state, dst=state, version=version, fences=fences, set_fields=set_fields)
 
     @classmethod
+    def _typed_columns(cls) -> dict[str, Any]:
+        """Map each column holding a typed id (pk and foreign keys) to its id class."""
+        cached = cls.__dict__.get("_typed_columns_cache")
+        if cached is None:
+            cached = {field.column: id_cls for field, id_cls in typed_id_fields(cls.model)}
+            cls._typed_columns_cache = cached
+        return cached
+
+    @classmethod
+    def _check_typed_values(cls, values: dict[str, Any] | None) -> None:
+        typed = cls._typed_columns()
+        for column, value in (values or {}).items():
+            if value is not None and column in typed:
+                require_id(value, typed[column], field=f"{cls.model.__name__}.{column}")
+
+    @classmethod
     def _cas(cls, *, org_id, pk, src, dst, version, fences, set_fields) -> int:
+        cls._check_typed_values(fences)
+        cls._check_typed_values(set_fields)
         table = cls.model._meta.db_table
         ops = connections[cls.db()].ops
 
         def adapt(value):
-            # Raw SQL bypasses field conversion: store datetimes as the backend expects.
-            return ops.adapt_datetimefield_value(value) if isinstance(value, dt.datetime) else value
+            # Raw SQL bypasses field conversion: store datetimes as the backend
+            # expects and bind typed ids as the integers they are.
+            return ops.adapt_datetimefield_value(value) if isinstance(value, dt.datetime) else sql_param(value)
 
         assignments = ["`state` = %s", "`version` = `version` + 1"]
         params: list[Any] = [dst]
@@ -157,7 +195,7 @@ class CasStore:
             assignments.append(f"`{column}` = %s")
             params.append(adapt(value))
         where = ["`id` = %s", "`org_id` = %s", "`state` = %s", "`version` = %s"]
-        params += [pk, org_id, src, version]
+        params += [int(pk), org_id, src, version]
         for column, value in (fences or {}).items():
             if value is None:
                 where.append(f"`{column}` IS NULL")

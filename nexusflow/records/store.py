@@ -41,7 +41,7 @@ class RecordStore:
                 "UPDATE records_record SET fields=%s, mirrors=%s, version=version+1, updated_at=UTC_TIMESTAMP(6) "
                 "WHERE id=%s AND org_id=%s AND version=%s AND is_deleted=0",
                 [canonical_json.dumps(new_fields).decode(), canonical_json.dumps(new_mirrors).decode(),
-                 record.pk, record.org_id, record.version],
+                 int(record.pk), record.org_id, record.version],
             )
             count = cursor.rowcount
         if count == 0:

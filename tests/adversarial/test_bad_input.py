@@ -4,7 +4,6 @@ import time
 
 import pytest
 
-from connectors.models import Event, Receipt
 from tests.conftest import WEBHOOK_SECRET, hubspot_event, post_signed
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])

@@ -3,8 +3,8 @@ import signal
 
 import pytest
 
-from connectors.models import Event, Execution, ExecutionAttempt, RemoteEffect
-from runtime_outbox.models import ApplicationResult, OutboxMessage
+from connectors.models import Execution, ExecutionAttempt, RemoteEffect
+from runtime_outbox.models import ApplicationResult
 from tests.adversarial.helpers import check_end_state, pending_work, run_parallel
 from tests.conftest import hubspot_event, post_signed, run_manage, subprocess_env
 

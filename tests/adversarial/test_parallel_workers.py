@@ -1,7 +1,7 @@
 """Many worker processes of each role at once on the bundled input: same end state as the oracle."""
 import pytest
 
-from connectors.models import Event, Execution, RemoteEffect
+from connectors.models import RemoteEffect
 from packs.hubspot.fixtures.make_demo_webhooks import OUTPUT_PATH, expected_final_state
 from packs.hubspot.sender import load_deliveries
 from tests.adversarial.helpers import check_end_state, pending_work, run_parallel

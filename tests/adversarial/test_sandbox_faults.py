@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from connectors.models import RemoteEffect, RemoteEffectAttempt
+from connectors.models import RemoteEffect
 from tests.adversarial.helpers import check_end_state
 from tests.conftest import drain, hubspot_event, post_signed
 

@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 
 from connectors.models import AccountServingGate
 from connectors.store import AccountServingGateStore
@@ -14,14 +14,10 @@ from nexusflow.kernel.errors import FenceRejected, ImmutableRow, LockOrderViolat
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-def _gate(state="v1_serving"):
+
+def _gate():
     gate = AccountServingGateStore.create(org_id="o1", account_key="acct", pack_key="p", state="v1_serving")
-    if state != "v1_serving":
-        with connection.cursor() as cursor:
-            reason = HALT if state in ct.ACCOUNT_SERVING_GATE.reason_required else ""
-            cursor.execute("UPDATE connectors_accountservinggate SET state=%s, reason_code=%s WHERE id=%s",
-                           [state, reason, gate.pk])
-    return AccountServingGate.objects.get(pk=gate.pk)
+    return AccountServingGate.objects.get(org_id="o1", pk=gate.pk)
 
 
 HALT = CUTOVER_IN_PROGRESS
