@@ -174,12 +174,25 @@ def insert(model_cls, **values):
 
     Raises:
         InvalidIdentity: a foreign key, a typed reference or an explicit
-            ``id`` was given an id of another model, a bool or a non-positive int (before SQL).
+            ``id`` was given an id of another model, a bool or a non-positive
+            int; or an identity column (:class:`IdentityField`) holds a
+            non-canonical key (surrounding whitespace, control characters,
+            invalid UTF-8, not NFC, over-length, or empty/null where the column
+            does not allow it). All before SQL.
         ImmutableRow: ``model_cls`` is not written this way.
 
-    Seed 003, "Identity rules".
+    Seed 003, "Identity rules": keys are validated before insert, then
+    compared byte for byte.
     """
+    from .identity import IdentityField, validate_key
+
     obj = model_cls(**values)
+    for field in model_cls._meta.concrete_fields:
+        if isinstance(field, IdentityField):
+            value = getattr(obj, field.attname)
+            if (value is None and field.null) or (value == "" and field.blank):
+                continue
+            validate_key(value, field=f"{model_cls.__name__}.{field.name}", max_length=field.max_length)
     for field, id_cls in typed_id_fields(model_cls):
         value = getattr(obj, field.attname)
         if value is not None:

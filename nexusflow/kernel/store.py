@@ -178,9 +178,31 @@ class CasStore:
                 require_id(value, typed[column], field=f"{cls.model.__name__}.{column}")
 
     @classmethod
+    def _check_identity_values(cls, values: dict[str, Any] | None) -> None:
+        """Validate every identity column written here, as :func:`insert` does (seed 003 "Identity rules")."""
+        from .identity import IdentityField, validate_key
+
+        for column, value in (values or {}).items():
+            field = cls._fields_by_column().get(column)
+            if field is None or not isinstance(field, IdentityField):
+                continue
+            if (value is None and field.null) or (value == "" and field.blank):
+                continue
+            validate_key(value, field=f"{cls.model.__name__}.{column}", max_length=field.max_length)
+
+    @classmethod
+    def _fields_by_column(cls) -> dict[str, Any]:
+        cached = cls.__dict__.get("_fields_by_column_cache")
+        if cached is None:
+            cached = {f.column: f for f in cls.model._meta.concrete_fields}
+            cls._fields_by_column_cache = cached
+        return cached
+
+    @classmethod
     def _cas(cls, *, org_id, pk, src, dst, version, fences, set_fields) -> int:
         cls._check_typed_values(fences)
         cls._check_typed_values(set_fields)
+        cls._check_identity_values(set_fields)
         table = cls.model._meta.db_table
         ops = connections[cls.db()].ops
 

@@ -113,3 +113,42 @@ def test_identity_columns_have_binary_collation_in_the_database():
     assert len(expected) > 50
     wrong = {key: collations.get(key) for key in expected if collations.get(key) != "utf8mb4_bin"}
     assert wrong == {}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("bad", [" acct", "acct ", "", "a\x00b", "e\u0301", "x" * 300])
+def test_insert_refuses_a_non_canonical_identity_before_sql(bad):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from connectors.models import AccountServingGate
+    from nexusflow.kernel.errors import InvalidIdentity
+    from nexusflow.kernel.models import insert
+
+    with CaptureQueriesContext(connection) as queries:
+        with pytest.raises(InvalidIdentity, match="AccountServingGate.account_key"):
+            insert(AccountServingGate, org_id="id-org", account_key=bad, pack_key="p", state="v1_serving")
+    assert len(queries) == 0
+    assert not AccountServingGate.objects.filter(org_id="id-org").exists()
+    gate = insert(AccountServingGate, org_id="id-org", account_key="acct", pack_key="p", state="v1_serving")
+    assert AccountServingGate.objects.get(org_id="id-org", pk=gate.pk).account_key == "acct"
+
+
+@pytest.mark.django_db
+def test_a_store_refuses_to_write_a_non_canonical_identity_before_sql():
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from connectors.models import DispatchPermit
+    from connectors.store import DispatchPermitStore
+    from nexusflow.kernel.errors import InvalidIdentity
+
+    from . import rows
+
+    permit = rows.make(DispatchPermit, org_id="id-org", state="granted", version=1)
+    with CaptureQueriesContext(connection) as queries:
+        with pytest.raises(InvalidIdentity, match="holder_id"):
+            DispatchPermitStore.touch(org_id="id-org", pk=permit.pk, state="granted", version=1,
+                                      set_fields={"holder_id": "worker-1 "})
+    assert len(queries) == 0
+    assert DispatchPermit.objects.get(org_id="id-org", pk=permit.pk).holder_id == permit.holder_id

@@ -23,6 +23,7 @@ from connectors.models import (
     Receipt,
     ServingEpoch,
 )
+from connectors.reasons import SUPERSEDED_BY_NEWER_POSITION
 from connectors.store import ExecutionStore, OrderingLaneStore
 from nexusflow.flows.models import FlowRun
 from nexusflow.flows.selectors import flow_run_get
@@ -187,10 +188,10 @@ def test_store_accepts_its_own_id_and_a_plain_int():
         locked = ExecutionStore.lock(ORG, int(execution.pk))
         assert type(locked.pk) is Execution.Id
     version = ExecutionStore.touch(org_id=ORG, pk=int(execution.pk), state="ready", version=1,
-                                   set_fields={"reason_code": "checked"})
+                                   set_fields={"reason_code": SUPERSEDED_BY_NEWER_POSITION})
     version = ExecutionStore.transition(org_id=ORG, pk=execution.pk, src="ready", dst="completed", version=version)
     row = Execution.objects.get(pk=execution.pk)
-    assert (row.state, row.version, row.reason_code) == ("completed", 3, "checked")
+    assert (row.state, row.version, row.reason_code) == ("completed", 3, SUPERSEDED_BY_NEWER_POSITION)
     assert version == 3
 
 
