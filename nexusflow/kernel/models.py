@@ -17,7 +17,26 @@ from .errors import ImmutableRow, InvalidIdentity
 from .ids import TypedId, id_class_for, require_id
 
 
-class TypedIdField(models.BigAutoField):
+class _TypedIdConversion:
+    """Read values as the field's ``id_class``; refuse another model's id in lookups, before SQL."""
+
+    def from_db_value(self, value, expression, connection):
+        return value if value is None else self.id_class(value)
+
+    def to_python(self, value):
+        value = super().to_python(value)
+        if value is None or isinstance(value, self.id_class):
+            return value
+        return self.id_class(value)
+
+    def get_prep_value(self, value):
+        if isinstance(value, TypedId) and self.id_class is not None and type(value) is not self.id_class:
+            raise InvalidIdentity(f"{self.model._meta.label}.{self.name}: expected a "
+                                  f"{self.id_class.__name__}, got {value!r}")
+        return super().get_prep_value(value)
+
+
+class TypedIdField(_TypedIdConversion, models.BigAutoField):
     """A ``BIGINT AUTO_INCREMENT`` primary key whose values are the model's id class.
 
     Values read from the database (the row's pk, and foreign key columns that
@@ -40,23 +59,9 @@ class TypedIdField(models.BigAutoField):
         if "Id" not in cls.__dict__:
             cls.Id = self.id_class
 
-    def from_db_value(self, value, expression, connection):
-        return value if value is None else self.id_class(value)
-
-    def to_python(self, value):
-        value = super().to_python(value)
-        if value is None or isinstance(value, self.id_class):
-            return value
-        return self.id_class(value)
-
-    def get_prep_value(self, value):
-        if isinstance(value, TypedId) and self.id_class is not None and type(value) is not self.id_class:
-            raise InvalidIdentity(f"{self.model._meta.label}.{self.name}: expected a "
-                                  f"{self.id_class.__name__}, got {value!r}")
-        return super().get_prep_value(value)
 
 
-class TypedIdReference(models.BigIntegerField):
+class TypedIdReference(_TypedIdConversion, models.BigIntegerField):
     """A ``BIGINT`` column holding the typed id of a row another authority owns.
 
     For references that deliberately carry no database foreign key (the row
@@ -83,20 +88,6 @@ class TypedIdReference(models.BigIntegerField):
         kwargs["to"] = self.to
         return name, path, args, kwargs
 
-    def from_db_value(self, value, expression, connection):
-        return value if value is None else self.id_class(value)
-
-    def to_python(self, value):
-        value = super().to_python(value)
-        if value is None or isinstance(value, self.id_class):
-            return value
-        return self.id_class(value)
-
-    def get_prep_value(self, value):
-        if isinstance(value, TypedId) and type(value) is not self.id_class:
-            raise InvalidIdentity(f"{self.model._meta.label}.{self.name}: expected a "
-                                  f"{self.id_class.__name__}, got {value!r}")
-        return super().get_prep_value(value)
 
 
 class GuardedQuerySet(models.QuerySet):
