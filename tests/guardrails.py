@@ -239,6 +239,8 @@ def check_unscoped_reads(source: str, path: str, models: dict[str, ModelFacts]) 
             scope = owner.get(scope, tree)
 
     def call_scoped(call: ast.Call) -> bool:
+        if isinstance(call.func, ast.Attribute) and call.func.attr == "exclude":
+            return False  # excluding one org scopes nothing
         for kw in call.keywords:
             if kw.arg in ORG_LOOKUPS:
                 return True
@@ -253,16 +255,23 @@ def check_unscoped_reads(source: str, path: str, models: dict[str, ModelFacts]) 
                     return True
         return False
 
-    def chain_facts(expr: ast.AST, seen: frozenset[str]) -> tuple[bool, str | None]:
-        """(scoped, model name or None) of the chain ``expr`` belongs to, following local names."""
+    def chain_facts(expr: ast.AST, seen: frozenset[str]) -> tuple[bool, str | None] | None:
+        """(scoped, model name or None) of the chain ``expr`` belongs to, following local names.
+
+        ``None`` for a chain rooted in a name already being followed: a
+        refinement such as ``qs = qs.filter(...)`` inherits the scope of the
+        other assignments of ``qs`` rather than counting as unscoped.
+        """
         calls, root = _chain(expr)
         scoped = any(call_scoped(c) for c in calls)
         if isinstance(root, ast.Attribute) and root.attr == "objects" and isinstance(root.value, ast.Name):
             return scoped, root.value.id
-        if isinstance(root, ast.Name) and root.id not in seen:
+        if isinstance(root, ast.Name):
+            if root.id in seen:
+                return None
             values = lookup(root.id, expr)
-            if values:
-                results = [chain_facts(v, seen | {root.id}) for v in values]
+            results = [r for r in (chain_facts(v, seen | {root.id}) for v in values) if r is not None]
+            if results:
                 return scoped or all(r[0] for r in results), results[0][1]
         return scoped, None
 
@@ -270,7 +279,7 @@ def check_unscoped_reads(source: str, path: str, models: dict[str, ModelFacts]) 
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 and node.func.attr in READ_METHODS):
             continue
-        scoped, model_name = chain_facts(node, frozenset())
+        scoped, model_name = chain_facts(node, frozenset()) or (False, None)
         facts = models.get(model_name) if model_name else None
         if model_name and facts is None:
             continue  # ``X.objects`` of something that is not a project model

@@ -102,6 +102,19 @@ def test_a_queryset_variable_is_followed_to_its_definition():
     assert _unscoped(broken.replace(".all()", ".filter(org_id=o)")) == []
 
 
+def test_a_refined_queryset_inherits_the_scope_of_its_definition():
+    refined = ("def f(o, e):\n    qs = RemoteEffectAttempt.objects.filter(org_id=o)\n"
+               "    if e:\n        qs = qs.filter(effect_id=e)\n    return qs\n")
+    assert _unscoped(refined) == []
+    assert _unscoped(refined.replace("filter(org_id=o)", "all()")) == [
+        (4, "RemoteEffectAttempt.filter(effect_id) without org_id")]
+
+
+def test_excluding_an_org_is_not_a_scope():
+    assert _unscoped("RemoteEffect.objects.exclude(org_id='x').get(pk=1)") == [
+        (1, "RemoteEffect.get(pk) without org_id")]
+
+
 # --- 3. raw SQL only in stores and selectors ---------------------------------------
 @pytest.mark.parametrize("path", list(l0_files()), ids=lambda p: relative(p))
 def test_raw_sql_lives_only_in_stores_and_selectors(path):
