@@ -14,6 +14,14 @@ from .errors import InvalidIdentity
 
 DEFAULT_MAX_LENGTH = 255
 
+#: Categories that render as nothing or are not characters: control (Cc),
+#: format (Cf: zero-width space, BOM, bidi overrides, soft hyphen, word
+#: joiner, tags), surrogate (Cs), private use (Co), unassigned and
+#: noncharacters (Cn), line and paragraph separators (Zl, Zp).
+_INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+#: Letters that render blank (Hangul fillers, Braille blank, combining grapheme joiner).
+_INVISIBLE_LETTERS = frozenset({"\u115f", "\u1160", "\u3164", "\uffa0", "\u2800", "\u034f"})
+
 
 def validate_key(value: object, *, field: str = "key", max_length: int = DEFAULT_MAX_LENGTH) -> str:
     """Return ``value`` unchanged when it is a canonical key, else raise.
@@ -25,7 +33,10 @@ def validate_key(value: object, *, field: str = "key", max_length: int = DEFAULT
 
     Raises:
         InvalidIdentity: ``None``, empty, surrounding whitespace, NUL or other
-            control characters, invalid UTF-8, non-NFC text, or over-length.
+            control characters, invisible characters (format, private-use,
+            unassigned, separators other than U+0020, blank letters), a
+            leading combining mark, invalid UTF-8, non-NFC text, or
+            over-length.
     """
     if value is None:
         raise InvalidIdentity(f"{field}: null is not a key")
@@ -43,8 +54,11 @@ def validate_key(value: object, *, field: str = "key", max_length: int = DEFAULT
     if len(value) > max_length:
         raise InvalidIdentity(f"{field}: longer than {max_length} characters")
     for ch in value:
-        if unicodedata.category(ch) in ("Cc", "Cs") or ch in ("\u2028", "\u2029"):
-            raise InvalidIdentity(f"{field}: control character U+{ord(ch):04X}")
+        category = unicodedata.category(ch)
+        if category in _INVISIBLE_CATEGORIES or ch in _INVISIBLE_LETTERS or (category == "Zs" and ch != " "):
+            raise InvalidIdentity(f"{field}: invisible or control character U+{ord(ch):04X} ({category})")
+    if unicodedata.category(value[0]).startswith("M"):
+        raise InvalidIdentity(f"{field}: starts with a combining mark U+{ord(value[0]):04X}")
     if unicodedata.normalize("NFC", value) != value:
         raise InvalidIdentity(f"{field}: not in Unicode NFC form")
     return value
@@ -69,9 +83,24 @@ def canonical_locator(value: object, *, field: str = "locator", max_length: int 
 
 
 class IdentityField(models.CharField):
-    """A ``VARCHAR`` with binary collation for byte-exact identity columns."""
+    """A ``VARCHAR`` with binary collation for byte-exact identity columns.
+
+    ``utf8mb4_bin`` is a PAD SPACE collation on MariaDB and TiDB: ``'k'`` and
+    ``'k '`` compare equal. Comparison stays byte-exact because no value with
+    surrounding whitespace can reach the column or a lookup: values are
+    validated on insert and store writes, and every lookup value is validated
+    here (:meth:`get_prep_value`), so ``filter(key="k ")`` raises
+    :class:`InvalidIdentity` instead of matching ``"k"``.
+    """
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("max_length", DEFAULT_MAX_LENGTH)
         kwargs.setdefault("db_collation", "utf8mb4_bin")
         super().__init__(*args, **kwargs)
+
+    def get_prep_value(self, value):
+        value = super().get_prep_value(value)
+        if value is None or (value == "" and self.blank):
+            return value
+        return validate_key(value, field=f"{self.model.__name__}.{self.name}" if hasattr(self, "model")
+                            else self.name, max_length=self.max_length)

@@ -112,6 +112,13 @@ class GuardedQuerySet(models.QuerySet):
     def update_or_create(self, *args, **kwargs):
         raise ImmutableRow(f"{self.model.__name__}: update_or_create outside its store")
 
+    # The private writers Django's own helpers call (reverse-FK add/remove, Model.save's update path).
+    def _update(self, values):
+        raise ImmutableRow(f"{self.model.__name__}: update outside its store")
+
+    def _raw_delete(self, using):
+        raise ImmutableRow(f"{self.model.__name__}: delete outside its store")
+
 
 class GuardedModel(models.Model):
     """A row written only through its app's store, identified by a typed id."""
@@ -122,13 +129,22 @@ class GuardedModel(models.Model):
 
     class Meta:
         abstract = True
+        # Django's internal writers (related managers, deletion) use the base
+        # manager; it is the guarded one too.
+        base_manager_name = "objects"
 
     def save(self, *args, **kwargs):
         if not (self._state.adding and getattr(self, "_nexus_store_insert", False)):
             raise ImmutableRow(f"{type(self).__name__}.save() outside its store")
-        self._nexus_store_insert = False
         kwargs["force_insert"] = True
         super().save(*args, **kwargs)
+
+    def save_base(self, *args, **kwargs):
+        # save_base is what save(), fixtures and deserializers reach: guard it too.
+        if not (self._state.adding and getattr(self, "_nexus_store_insert", False)):
+            raise ImmutableRow(f"{type(self).__name__}.save_base() outside its store")
+        self._nexus_store_insert = False
+        super().save_base(*args, **kwargs)
 
     def delete(self, *args, **kwargs):
         raise ImmutableRow(f"{type(self).__name__}.delete() is not allowed")
@@ -151,11 +167,14 @@ def typed_id_fields(model_cls) -> list[tuple[models.Field, type[TypedId]]]:
     return out
 
 
-def insert(model_cls, **values):
+def insert(model_cls, *, allow_any_state: bool = False, **values):
     """Insert one row of a :class:`GuardedModel` and return it.
 
     Args:
         model_cls: the GuardedModel class.
+        allow_any_state: insert a stateful row in a non-initial state; only
+            test fixtures that build rows in a chosen state pass it (a
+            guardrail test keeps it out of application code).
         values: field values; foreign keys may be given as related objects or
             as ``<field>_id`` values.
 
@@ -170,20 +189,33 @@ def insert(model_cls, **values):
             non-canonical key (surrounding whitespace, control characters,
             invalid UTF-8, not NFC, over-length, or empty/null where the column
             does not allow it). All before SQL.
+        IllegalTransition: a stateful row in a state that is not initial for
+            its machine (unless ``allow_any_state``).
+        ReasonRequired / UnknownReasonCode: a reason-required state without a
+            registered ``reason_code``, or an unregistered code.
         ImmutableRow: ``model_cls`` is not written this way.
 
     Seed 003, "Identity rules": keys are validated before insert, then
     compared byte for byte.
     """
     from .identity import IdentityField, validate_key
+    from .store import load_all_stores
 
+    store = load_all_stores().get(f"{model_cls._meta.app_label}.{model_cls.__name__}")
     obj = model_cls(**values)
+    if store is not None:
+        # The state the row will really have: the given one or the column default.
+        if not allow_any_state:
+            store.machine.assert_initial(obj.state)
+        store.assert_reason(obj.state, {"reason_code": getattr(obj, "reason_code", "")})
     for field in model_cls._meta.concrete_fields:
         if isinstance(field, IdentityField):
             value = getattr(obj, field.attname)
             if (value is None and field.null) or (value == "" and field.blank):
                 continue
-            validate_key(value, field=f"{model_cls.__name__}.{field.name}", max_length=field.max_length)
+            # bytes are decoded here: what is stored is exactly the validated text.
+            setattr(obj, field.attname,
+                    validate_key(value, field=f"{model_cls.__name__}.{field.name}", max_length=field.max_length))
     for field, id_cls in typed_id_fields(model_cls):
         value = getattr(obj, field.attname)
         if value is not None:

@@ -12,7 +12,8 @@ from typing import Any
 from django.db import connections, router
 
 from . import locks, reasons
-from .errors import MultipleRowsUpdated, ReasonRequired, StaleVersion
+from .errors import IllegalTransition, MultipleRowsUpdated, ReasonRequired, StaleVersion
+from .identity import validate_key
 from .ids import require_id, sql_param
 from .models import insert, typed_id_fields
 from .transitions import StateMachine
@@ -117,6 +118,9 @@ class CasStore:
                 column, is an id of another model or not a positive int
                 (before SQL).
             IllegalTransition: the pair is not listed (before SQL).
+            ValueError: ``version`` is not an int, or ``set_fields`` /
+                ``fences`` name an unknown column or one the CAS owns
+                (``id``, ``org_id``, ``state``, ``version``) (before SQL).
             ReasonRequired / UnknownReasonCode: see :meth:`assert_reason` (before SQL).
             StaleVersion (or ``stale_error``): no row matched.
             MultipleRowsUpdated: more than one row matched.
@@ -153,10 +157,14 @@ class CasStore:
         """Change non-state columns under the same CAS guard (state unchanged).
 
         Raises:
+            IllegalTransition: ``state`` is not one of the machine's states (before SQL).
+            ValueError / InvalidIdentity: as :meth:`transition` (before SQL).
             ReasonRequired / UnknownReasonCode: ``set_fields`` clears or sets an
                 unregistered ``reason_code`` (see :meth:`assert_reason`).
         """
         pk = require_id(pk, cls.model, field=f"{cls.model.__name__} pk")
+        if state not in cls.machine.states:
+            raise IllegalTransition(f"{cls.machine.name}: {state!r} is not a state")
         if "reason_code" in (set_fields or {}):
             cls.assert_reason(state, set_fields)
         return cls._cas(org_id=org_id, pk=pk, src=state, dst=state, version=version, fences=fences, set_fields=set_fields)
@@ -198,11 +206,34 @@ class CasStore:
             cls._fields_by_column_cache = cached
         return cached
 
+    #: Columns only the CAS itself writes or compares; never in ``set_fields`` or ``fences``.
+    CAS_COLUMNS = frozenset({"id", "org_id", "state", "version"})
+
+    @classmethod
+    def _check_columns(cls, values: dict[str, Any] | None, what: str) -> None:
+        """Refuse unknown columns (no SQL is built from them) and the CAS's own columns."""
+        columns = cls._fields_by_column()
+        for column in values or {}:
+            if column in cls.CAS_COLUMNS:
+                raise ValueError(f"{cls.model.__name__}: {what} cannot name {column!r}; the CAS owns it")
+            if column not in columns:
+                raise ValueError(f"{cls.model.__name__}: {what} names unknown column {column!r}")
+
+    @staticmethod
+    def _check_version(version: Any) -> None:
+        if type(version) is not int:  # "1abc" would be cast by MariaDB, 1.0 would return 2.0
+            raise ValueError(f"version must be an int, got {version!r}")
+
     @classmethod
     def _cas(cls, *, org_id, pk, src, dst, version, fences, set_fields) -> int:
+        cls._check_version(version)
+        cls._check_columns(set_fields, "set_fields")
+        cls._check_columns(fences, "fences")
+        validate_key(org_id, field=f"{cls.model.__name__}.org_id")
         cls._check_typed_values(fences)
         cls._check_typed_values(set_fields)
         cls._check_identity_values(set_fields)
+        cls._check_identity_values({k: v for k, v in (fences or {}).items() if v is not None})
         table = cls.model._meta.db_table
         ops = connections[cls.db()].ops
 

@@ -53,7 +53,7 @@ class Rows:
         now = db_now()
         plan = self.plan
         return insert(
-            FlowRun, org_id=self.org.org_id, app_installation_id=plan.app_installation_id,
+            FlowRun, allow_any_state=True, org_id=self.org.org_id, app_installation_id=plan.app_installation_id,
             runtime_capability_id=plan.runtime_capability_id, binding_digest=plan.runtime_work_binding_digest,
             plan=plan, plan_digest=plan.plan_digest, execution_profile=plan.execution_profile,
             execution_owner="flow_runtime_v2", state=state, version=1, trigger_object_name=OBJECT,
@@ -64,13 +64,13 @@ class Rows:
     def step(self, state: str = t.STEP_PENDING, run: FlowRun | None = None) -> FlowStepExecution:
         now = db_now()
         run = run or self.run()
-        return insert(FlowStepExecution, org_id=self.org.org_id, run=run, plan_step_key="decide:Has_Email",
+        return insert(FlowStepExecution, allow_any_state=True, org_id=self.org.org_id, run=run, plan_step_key="decide:Has_Email",
                       step_kind="PureCompute", state=state, version=1, created_at=now, updated_at=now,
                       reason_code=_reason(t.FLOW_STEP_EXECUTION, state))
 
     def attempt(self, state: str = t.ATTEMPT_STARTED) -> FlowStepAttempt:
         now = db_now()
-        return insert(FlowStepAttempt, org_id=self.org.org_id, step=self.step(t.STEP_RUNNING), attempt_number=1,
+        return insert(FlowStepAttempt, allow_any_state=True, org_id=self.org.org_id, step=self.step(t.STEP_RUNNING), attempt_number=1,
                       state=state, version=1, lease_owner="w", lease_token_digest="a" * 64, ownership_epoch=1,
                       root_state_version_at_claim=1, retry_policy_digest="b" * 64, recovery_backoff_floor_ms=0,
                       plan_digest=self.plan.plan_digest, started_at=now)
@@ -79,7 +79,7 @@ class Rows:
         now = db_now()
         step = self.step(t.STEP_WAITING)
         run = step.run
-        return insert(FlowDependency, org_id=self.org.org_id, app_installation_id=run.app_installation_id,
+        return insert(FlowDependency, allow_any_state=True, org_id=self.org.org_id, app_installation_id=run.app_installation_id,
                       runtime_capability_id=run.runtime_capability_id, binding_digest=run.binding_digest, run=run,
                       step=step, producer_kind="runtime.intent_result", dependency_key="42",
                       condition_digest="c" * 64, expiry_policy="quarantine", state=state, version=1, deadline=now,
@@ -87,13 +87,13 @@ class Rows:
 
     def signal(self, state: str = t.SIGNAL_UNMATCHED) -> FlowWakeSignal:
         run = self.run(t.RUN_WAITING)
-        return insert(FlowWakeSignal, org_id=self.org.org_id, app_installation_id=run.app_installation_id,
+        return insert(FlowWakeSignal, allow_any_state=True, org_id=self.org.org_id, app_installation_id=run.app_installation_id,
                       runtime_capability_id=run.runtime_capability_id, binding_digest=run.binding_digest,
                       flow_run_id=run.pk, producer_kind="runtime.intent_result", dependency_key="42", receipt_id=7,
                       evidence_digest="d" * 64, state=state, version=1, received_at=db_now())
 
     def activation(self, state: str = t.ACTIVATION_ACTIVE) -> FlowActivation:
-        return insert(FlowActivation, org_id=self.org.org_id, flow_api_name=self.plan.flow_api_name, plan=self.plan,
+        return insert(FlowActivation, allow_any_state=True, org_id=self.org.org_id, flow_api_name=self.plan.flow_api_name, plan=self.plan,
                       state=state, version=1,
                       active_slot=self.plan.flow_api_name if state == t.ACTIVATION_ACTIVE else None,
                       created_at=db_now())

@@ -42,7 +42,7 @@ def _execution(org_id: str = ORG) -> Execution:
     """Insert the minimal connector chain up to one ready Execution."""
     config = insert(ConnectorServiceConfigurationGeneration, org_id=org_id, generation=1, document={},
                     digest=DIGEST, profile_id="p")
-    epoch = insert(ServingEpoch, org_id=org_id, state="active", configuration=config, document={}, digest=DIGEST,
+    epoch = insert(ServingEpoch, allow_any_state=True, org_id=org_id, state="active", configuration=config, document={}, digest=DIGEST,
                    profile_id="p")
     receipt = insert(Receipt, org_id=org_id, epoch=epoch, account_key="acct", channel="webhooks", route_key="r",
                      body=b"{}", body_digest=DIGEST, component_count=1, quarantined_count=0)
