@@ -33,7 +33,6 @@ from . import reasons
 from .links import PUSH_ACTION_TYPE
 from .models import (
     CredentialGeneration,
-    CredentialGenerationDispatchGate,
     DispatchPermit,
     PackGeneration,
     RemoteEffect,
@@ -136,10 +135,8 @@ def _grant(effect: RemoteEffect, worker_id: str) -> Grant | None:
             raise NotServing(f"effect {effect.pk} is bound to epoch {binding['epoch']['id']}, not the active one")
         credential_gate = None
         if binding.get("credential_generation"):
-            locks.note(locks.LockClass.SERVING_GATE, rank=CredentialDispatchGateStore.lock_rank,
-                       label=CredentialDispatchGateStore.lock_label)
-            credential_gate = CredentialDispatchGateStore.model.objects.select_for_update().get(
-                org_id=effect.org_id, credential_generation_id=binding["credential_generation"]["id"])
+            credential_gate = CredentialDispatchGateStore.lock_where(
+                effect.org_id, credential_generation_id=binding["credential_generation"]["id"])
             if credential_gate.state != "enabled":
                 return None
         effect = RemoteEffectStore.lock(effect.org_id, effect.pk)
@@ -221,10 +218,7 @@ def permit_send(grant: Grant, *, client: httpx.Client | None = None) -> Response
     binding, contract, profile = _contract(effect)
     with transaction.atomic(durable=True):
         permit = DispatchPermit.objects.get(pk=grant.permit_id, org_id=grant.org_id)
-        locks.note(locks.LockClass.SERVING_GATE, rank=CredentialDispatchGateStore.lock_rank,
-                   label=CredentialDispatchGateStore.lock_label)
-        credential_gate = CredentialGenerationDispatchGate.objects.select_for_update().get(
-            org_id=grant.org_id, pk=permit.credential_gate_id)
+        credential_gate = CredentialDispatchGateStore.lock(grant.org_id, permit.credential_gate_id)
         if credential_gate.state != "enabled" or credential_gate.fence_token != permit.credential_fence_token:
             return None
         permit = DispatchPermitStore.lock(grant.org_id, grant.permit_id)

@@ -112,9 +112,7 @@ def _claim_in_lane(org_id: str, account_key: str, lane_id: int, worker_id: str) 
             OrderingLaneStore.touch(org_id=org_id, pk=lane.pk, state=lane.state, version=lane.version,
                                     set_fields={"active_execution_id": None})
             lane = OrderingLaneStore.lock(org_id, lane_id)
-        locks.note(locks.LockClass.CONNECTOR_WORK, rank=ExecutionStore.lock_rank, label=ExecutionStore.lock_label)
-        ready = list(Execution.objects.select_for_update()
-                     .filter(org_id=org_id, lane_id=lane.pk, state="ready").order_by("id"))
+        ready = ExecutionStore.lock_all(org_id, lane_id=lane.pk, state="ready")
         if not ready:
             return None
         high_water = bytes(lane.high_water_position) if lane.high_water_position is not None else None

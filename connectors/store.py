@@ -31,10 +31,7 @@ class AccountServingGateStore(CasStore):
 
     @classmethod
     def lock_by_account(cls, org_id: str, account_key: str) -> models.AccountServingGate:
-        from nexusflow.kernel import locks
-
-        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label)
-        return cls.model.objects.select_for_update().get(org_id=org_id, account_key=account_key)
+        return cls.lock_where(org_id, account_key=account_key)
 
 
 class ServingEpochStore(CasStore):

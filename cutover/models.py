@@ -31,7 +31,7 @@ class CutoverEvidence(GuardedModel):
 
     org_id = IdentityField(max_length=64)
     attempt_key = IdentityField(max_length=80)
-    kind = models.CharField(max_length=48, help_text="maintenance_barrier | process_termination | egress_isolation | "
+    kind = IdentityField(max_length=48, help_text="maintenance_barrier | process_termination | egress_isolation | "
                                                      "v1_shutdown_certificate | v1_restore_point | activation")
     account_key = IdentityField(max_length=80, blank=True, default="")
     payload = models.JSONField()

@@ -475,3 +475,40 @@ def all_subclasses(cls: type) -> list[type]:
         if "model" in vars(sub) and not sub.__module__.startswith("tests."):
             out.append(sub)
     return sorted(set(out), key=lambda s: (s.__module__, s.__qualname__))
+
+
+# --- 6. locks and state writes go through stores ---------------------------------
+def check_store_discipline(source: str, path: str) -> list[Violation]:
+    """Report lock and write shortcuts that bypass the stores (ARCHITECTURE.md section 6).
+
+    Outside ``store.py`` (and migrations):
+
+    - ``select_for_update`` is refused: a lock taken there would skip the
+      lock-order check (``CasStore.lock``, ``lock_where`` and ``lock_all`` note
+      their position first);
+    - ``insert(..., allow_any_state=...)`` is refused: only test fixtures may
+      insert a stateful row in a non-initial state;
+    - ``@transaction.atomic`` as a decorator is refused: one ``Atomic`` object
+      would be reused by every call, and entry points open their transaction
+      explicitly with ``transaction.atomic(durable=True)`` (CONVENTIONS.md).
+
+    Returns:
+        Violations with rule ``store-discipline``.
+    """
+    if path.endswith("/store.py") or path == "store.py" or "/migrations/" in path:
+        return []
+    tree = ast.parse(source)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "select_for_update":
+            found.append(Violation(path, node.lineno, "store-discipline", "select_for_update outside a store"))
+        elif isinstance(node, ast.Call) and any(k.arg == "allow_any_state" for k in node.keywords):
+            found.append(Violation(path, node.lineno, "store-discipline", "insert(allow_any_state=...) outside tests"))
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for deco in node.decorator_list:
+                target = deco.func if isinstance(deco, ast.Call) else deco
+                if isinstance(target, ast.Attribute) and target.attr == "atomic" or \
+                        isinstance(target, ast.Name) and target.id == "atomic":
+                    found.append(Violation(path, deco.lineno, "store-discipline",
+                                           f"@atomic decorator on {node.name}()"))
+    return found

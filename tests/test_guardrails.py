@@ -16,6 +16,7 @@ from tests.guardrails import (
     ROOT,
     check_http_imports,
     check_raw_sql,
+    check_store_discipline,
     check_unscoped_reads,
     l0_files,
     model_facts,
@@ -196,3 +197,32 @@ def test_an_http_client_import_is_caught(line, module):
 def test_parsing_and_serving_modules_are_not_http_clients():
     text = "import urllib.parse\nfrom http import HTTPStatus\nfrom http.server import ThreadingHTTPServer\n"
     assert check_http_imports(text, "connectors/signatures.py") == []
+
+
+# --- 6. locks and state writes go through stores --------------------------------------
+
+
+@pytest.mark.parametrize("path", list(l0_files()), ids=lambda p: relative(p))
+def test_locks_and_state_writes_go_through_stores(path):
+    violations = check_store_discipline(path.read_text(encoding="utf-8"), relative(path))
+    assert not violations, "\n".join(map(str, violations))
+
+
+@pytest.mark.parametrize("source,detail", [
+    ("def f(o):\n    return Execution.objects.select_for_update().filter(org_id=o)\n",
+     "select_for_update outside a store"),
+    ("def f():\n    return insert(RemoteEffect, allow_any_state=True, state='uncertain')\n",
+     "insert(allow_any_state=...) outside tests"),
+    ("from django.db import transaction\n@transaction.atomic\ndef f():\n    pass\n", "@atomic decorator on f()"),
+    ("from django.db.transaction import atomic\n@atomic(durable=True)\ndef f():\n    pass\n",
+     "@atomic decorator on f()"),
+])
+def test_store_discipline_breaches_are_caught(source, detail):
+    assert [v.detail for v in check_store_discipline(source, "connectors/services.py")] == [detail]
+    assert check_store_discipline(source, "connectors/store.py") == []
+
+
+def test_explicit_transactions_and_store_locks_pass():
+    fine = ("from django.db import transaction\ndef f(o, pk):\n    with transaction.atomic(durable=True):\n"
+            "        return ExecutionStore.lock(o, pk)\n")
+    assert check_store_discipline(fine, "connectors/services.py") == []

@@ -102,6 +102,8 @@ def _encode_value(value: FieldValue) -> bytes:
     if isinstance(value, bool):
         return b"\x04" + (b"\x01" if value else b"\x00")
     if isinstance(value, int):
+        if not -(1 << 63) <= value < (1 << 63):
+            raise DigestProfileError("integer outside the signed 64-bit range")
         return b"\x03" + struct.pack(">q", value)
     if isinstance(value, str):
         return b"\x01" + _frame(value.encode("utf-8"))
@@ -175,7 +177,14 @@ def verify_v2(stored: ProfiledDigest, domain: str, fields: Sequence[tuple[str, F
     """
     if stored.profile_id != PROFILE_V2:
         raise DigestProfileError(f"the V2 reader refuses a {stored.profile_id or 'legacy unprofiled'} digest")
-    return hmac.compare_digest(digest_v2(domain, fields).hexdigest, stored.hexdigest)
+    return _same_hex(digest_v2(domain, fields).hexdigest, stored.hexdigest)
+
+
+def _same_hex(computed: str, stored: str) -> bool:
+    """Constant-time comparison; a stored value that is not ASCII hex simply does not match."""
+    if not isinstance(stored, str) or not stored.isascii():
+        return False
+    return hmac.compare_digest(computed, stored)
 
 
 def _v1_value(value: FieldValue):
@@ -205,7 +214,7 @@ def verify_v1(stored: ProfiledDigest, domain: str, fields: Sequence[tuple[str, F
     """
     if stored.profile_id != PROFILE_V1:
         raise DigestProfileError(f"the V1 reader refuses a {stored.profile_id or 'legacy unprofiled'} digest")
-    return hmac.compare_digest(hashlib.sha256(encode_v1(domain, fields)).hexdigest(), stored.hexdigest)
+    return _same_hex(hashlib.sha256(encode_v1(domain, fields)).hexdigest(), stored.hexdigest)
 
 
 READERS = {PROFILE_V2: verify_v2, PROFILE_V1: verify_v1}

@@ -66,7 +66,8 @@ def _refuse(message: str) -> None:
     log.error("lock order violation: %s", message, stack_info=True)
 
 
-def note(lock_class: LockClass, using: str = "default", *, rank: int = 0, label: str = "") -> None:
+def note(lock_class: LockClass, using: str = "default", *, rank: int = 0, label: str = "",
+         key: tuple | None = None) -> None:
     """Record that the current transaction is about to lock rows at ``(lock_class, rank)``.
 
     Args:
@@ -74,10 +75,13 @@ def note(lock_class: LockClass, using: str = "default", *, rank: int = 0, label:
         using: database alias of the transaction.
         rank: position inside the class's own sub-order (0 when it has none).
         label: name of the locked row kind, for the error message.
+        key: the row's resource key, when one row is locked; inside one
+            ``(class, rank)`` keys must come in ascending order too.
 
     Raises:
-        LockOrderViolation: a higher position is already held in this
-            transaction and the order mode is ``raise``.
+        LockOrderViolation: a higher position (or, at the same position, a
+            higher key) is already held in this transaction and the order
+            mode is ``raise``.
         RuntimeError: called outside a transaction (a lock would be released at once).
     """
     conn = connections[using]
@@ -85,14 +89,21 @@ def note(lock_class: LockClass, using: str = "default", *, rank: int = 0, label:
         raise RuntimeError("locking read outside a transaction")
     # The position lives on the transaction's outermost Atomic, so it ends with it.
     holder = _transaction_holder(conn)
-    held = getattr(holder, "_nexus_lock_position", (0, 0, ""))
-    wanted = (int(lock_class), rank, label)
+    held = getattr(holder, "_nexus_lock_position", (0, 0, "", None))
+    wanted = (int(lock_class), rank, label, _sortable(key))
     if wanted[:2] < held[:2]:
         _refuse(f"lock {LockClass(lock_class).name}/{label or rank} requested after "
                 f"{LockClass(held[0]).name}/{held[2] or held[1]}")
         return
-    if wanted[:2] > held[:2]:
+    if wanted[:2] == held[:2] and wanted[3] is not None and held[3] is not None and wanted[3] < held[3]:
+        _refuse(f"lock {LockClass(lock_class).name}/{label or rank} key {key!r} requested after a higher key")
+        return
+    if wanted[:2] > held[:2] or wanted[3] is not None:
         holder._nexus_lock_position = wanted
+
+
+def _sortable(key: tuple | None):
+    return None if key is None else tuple(_key_bytes(part) for part in key)
 
 
 @dataclass(frozen=True)

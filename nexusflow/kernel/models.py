@@ -24,6 +24,9 @@ class _TypedIdConversion:
         return value if value is None else self.id_class(value)
 
     def to_python(self, value):
+        if isinstance(value, TypedId) and type(value) is not self.id_class:
+            raise InvalidIdentity(f"{self.model._meta.label}.{self.name}: expected a "
+                                  f"{self.id_class.__name__}, got {value!r}")
         value = super().to_python(value)
         if value is None or isinstance(value, self.id_class):
             return value
@@ -119,6 +122,13 @@ class GuardedQuerySet(models.QuerySet):
     def _raw_delete(self, using):
         raise ImmutableRow(f"{self.model.__name__}: delete outside its store")
 
+    def _insert(self, objs, *args, **kwargs):
+        # Reached by Model.save_base, also when called unbound (fixtures, deserializers):
+        # only rows handed over by ``insert`` may pass.
+        if not all(getattr(obj, "_nexus_store_insert", False) for obj in objs):
+            raise ImmutableRow(f"{self.model.__name__}: insert outside its store")
+        return super()._insert(objs, *args, **kwargs)
+
 
 class GuardedModel(models.Model):
     """A row written only through its app's store, identified by a typed id."""
@@ -143,8 +153,10 @@ class GuardedModel(models.Model):
         # save_base is what save(), fixtures and deserializers reach: guard it too.
         if not (self._state.adding and getattr(self, "_nexus_store_insert", False)):
             raise ImmutableRow(f"{type(self).__name__}.save_base() outside its store")
-        self._nexus_store_insert = False
-        super().save_base(*args, **kwargs)
+        try:
+            super().save_base(*args, **kwargs)
+        finally:
+            self._nexus_store_insert = False
 
     def delete(self, *args, **kwargs):
         raise ImmutableRow(f"{type(self).__name__}.delete() is not allowed")

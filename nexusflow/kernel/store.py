@@ -69,9 +69,35 @@ class CasStore:
             django.db.OperationalError: ``nowait`` and the row is locked.
         """
         pk = require_id(pk, cls.model, field=f"{cls.model.__name__} pk")
-        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label)
+        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label, key=(org_id, int(pk)))
         qs = cls.model.objects.select_for_update(nowait=nowait)
         return qs.get(org_id=org_id, pk=pk)
+
+    @classmethod
+    def lock_where(cls, org_id: str, *, nowait: bool = False, **filters):
+        """Lock and return the one row of ``org_id`` matching ``filters`` (a unique key).
+
+        Raises:
+            Model.DoesNotExist / MultipleObjectsReturned: as ``QuerySet.get``.
+            django.db.OperationalError: ``nowait`` and the row is locked.
+            LockOrderViolation: taken after a higher position (mode ``raise``).
+        """
+        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label)
+        return cls.model.objects.select_for_update(nowait=nowait).get(org_id=org_id, **filters)
+
+    @classmethod
+    def lock_all(cls, org_id: str, **filters) -> list:
+        """Lock and return every row of ``org_id`` matching ``filters``, in ascending id order.
+
+        Ascending id is the canonical key order inside one lock position, so
+        two transactions locking overlapping sets never wait on each other in
+        reverse.
+
+        Raises:
+            LockOrderViolation: taken after a higher position (mode ``raise``).
+        """
+        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label)
+        return list(cls.model.objects.select_for_update().filter(org_id=org_id, **filters).order_by("id"))
 
     @classmethod
     def db(cls) -> str:
@@ -109,6 +135,8 @@ class CasStore:
             pk: the row's ``model.Id`` (or a plain positive ``int``).
             fences: extra ``column: expected value`` pairs compared in WHERE.
             set_fields: extra ``column: new value`` pairs written with the state.
+                Leaving a reason-required state for one that is not clears
+                ``reason_code`` unless ``set_fields`` sets it.
 
         Returns:
             The new version (``version + 1``).
@@ -128,6 +156,12 @@ class CasStore:
         pk = require_id(pk, cls.model, field=f"{cls.model.__name__} pk")
         cls.machine.assert_transition(src, dst)
         cls.assert_reason(dst, set_fields or {})
+        required = cls.machine.reason_required
+        if src in required and dst not in required and "reason_code" not in (set_fields or {}) \
+                and "reason_code" in cls._fields_by_column():
+            # A row's reason code explains its current halt; leaving the halt clears it
+            # (the evidence rows keep the history).
+            set_fields = {**(set_fields or {}), "reason_code": ""}
         return cls._cas(org_id=org_id, pk=pk, src=src, dst=dst, version=version, fences=fences, set_fields=set_fields)
 
     @classmethod

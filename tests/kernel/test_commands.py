@@ -29,12 +29,14 @@ def test_state_graph_prints_text_dot_and_the_list():
     assert '"uncertain" [style=dashed, color=red, xlabel="reason code"];' in dot
     assert '"finalized" [shape=doublecircle];' in dot
     listing = dict(line.split("\t")[::2] for line in _out("state_graph", "list").splitlines())
-    assert listing["connectors.ProjectionWindow"] == "table only (no rows yet)"
+    assert listing["connectors.ProjectionWindow"] == "table only (no store yet)"
     assert listing["flows.FlowRun"] == "nexusflow.flows.store.FlowRunStore"
     assert listing["cutover.CutoverDecision"] == "cutover.store.CutoverDecisionStore"
     with pytest.raises(CommandError) as exc:
         call_command("state_graph", "flows.Nope")
     assert exc.value.returncode == 2
+    with pytest.raises(CommandError, match="did you mean connectors.RemoteEffect"):
+        call_command("state_graph", "RemoteEffect")
 
 
 def test_reason_codes_lists_every_registered_code():
@@ -50,14 +52,24 @@ def test_reason_codes_reads_the_evidence_of_one_org_only():
     mine = rows.make(ServingEpoch, org_id="evidence-org", state="rejected", version=1,
                      reason_code=EPOCH_OWNER_MISMATCH)
     rows.make(ServingEpoch, org_id="other-org", state="rejected", version=1, reason_code=EPOCH_OWNER_MISMATCH)
+    second = rows.make(ServingEpoch, org_id="evidence-org", state="rejected", version=1,
+                       reason_code=EPOCH_OWNER_MISMATCH)
     shown = json.loads(_out("reason_codes", EPOCH_OWNER_MISMATCH, "--org", "evidence-org", "--format", "json"))
-    assert [r["id"] for r in shown["rows"]] == [mine.pk]
-    assert "1 row(s) for evidence-org" in _out("reason_codes", EPOCH_OWNER_MISMATCH, "--org", "evidence-org")
+    assert sorted(r["id"] for r in shown["rows"]) == sorted([mine.pk, second.pk]) and shown["total"] == 2
+    assert "2 row(s) for evidence-org" in _out("reason_codes", EPOCH_OWNER_MISMATCH, "--org", "evidence-org")
+    assert "2 row(s), showing the first 1 (--limit) for evidence-org" in _out(
+        "reason_codes", EPOCH_OWNER_MISMATCH, "--org", "evidence-org", "--limit", "1")
 
 
 @pytest.mark.parametrize("args", [["no_such_code", "--org", "o"], [EPOCH_OWNER_MISMATCH],
-                                  [EPOCH_OWNER_MISMATCH, "--org", " padded"]])
+                                  [EPOCH_OWNER_MISMATCH, "--org", " padded"], ["--org", "o"]])
 def test_reason_codes_refuses_bad_input_with_exit_code_2(args):
     with pytest.raises(CommandError) as exc:
         call_command("reason_codes", *args)
     assert exc.value.returncode == 2
+
+
+@pytest.mark.parametrize("limit", ["-1", "0", "many"])
+def test_reason_codes_refuses_a_bad_limit(limit):
+    with pytest.raises(CommandError, match="limit"):
+        call_command("reason_codes", EPOCH_OWNER_MISMATCH, "--org", "o", "--limit", limit)

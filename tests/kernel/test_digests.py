@@ -175,3 +175,12 @@ def test_a_schema_fixes_field_order_and_refuses_missing_or_extra_fields():
         schema.digest({"account": "a", "channel": "webhooks"})
     with pytest.raises(DigestProfileError, match="unexpected"):
         schema.digest({**values, "extra": 1})
+
+
+def test_malformed_stored_hex_and_out_of_range_integers_fail_closed():
+    assert not verify(ProfiledDigest(PROFILE_V2, "é" * 64), "d", [("a", 1)])
+    assert not verify(ProfiledDigest(PROFILE_V1, "é" * 64), "d", [("a", 1)])
+    for bad in (1 << 63, -(1 << 63) - 1):
+        with pytest.raises(DigestProfileError):
+            digest_v2("d", [("a", bad)])
+    assert digest_v2("d", [("a", (1 << 63) - 1)]) != digest_v2("d", [("a", -(1 << 63))])

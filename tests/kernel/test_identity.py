@@ -152,3 +152,37 @@ def test_a_store_refuses_to_write_a_non_canonical_identity_before_sql():
                                       set_fields={"holder_id": "worker-1 "})
     assert len(queries) == 0
     assert DispatchPermit.objects.get(org_id="id-org", pk=permit.pk).holder_id == permit.holder_id
+
+
+def unique_text_columns_outside_identity(models_: list) -> list[str]:
+    """Text columns that take part in a uniqueness rule but are not identity fields."""
+    loose = []
+    for m in models_:
+        unique_sets = [c.fields for c in m._meta.constraints if isinstance(c, models.UniqueConstraint)]
+        unique_sets += [(f.name,) for f in m._meta.concrete_fields if f.unique and not f.primary_key]
+        for names in unique_sets:
+            for name in names:
+                field = m._meta.get_field(name)
+                if isinstance(field, models.CharField) and not isinstance(field, IdentityField):
+                    loose.append(f"{m.__name__}.{name}")
+    return sorted(set(loose))
+
+
+def test_text_columns_in_uniqueness_rules_are_identity_fields():
+    # A case-insensitive unique key would make two distinct keys one row (or refuse the second).
+    assert unique_text_columns_outside_identity(
+        [m for m in apps.get_models() if m._meta.app_label in IDENTITY_APPS]) == []
+
+
+def test_the_uniqueness_check_catches_a_plain_char_field():
+    from django.test.utils import isolate_apps
+
+    with isolate_apps("tests"):
+        class Loose(models.Model):
+            kind = models.CharField(max_length=8)
+
+            class Meta:
+                app_label = "tests"
+                constraints = [models.UniqueConstraint(fields=["kind"], name="loose_kind_uniq")]
+
+    assert unique_text_columns_outside_identity([Loose]) == ["Loose.kind"]

@@ -115,27 +115,34 @@ def _two_gates():
     return [rows.make(AccountServingGate, org_id=ORG, state="v1_serving", version=1) for _ in range(2)]
 
 
-def _contend(first, second, *, ordered: bool) -> list[BaseException]:
-    """Two threads lock the two gates in opposite declared orders, holding the first lock a moment."""
+def _contend(first, second, *, mode: str) -> list[BaseException]:
+    """Two threads lock the two gates in opposite declared orders, holding each lock a moment.
+
+    ``mode``: ``"raw"`` locks with plain ``select_for_update`` in declared
+    order (no order check: the database's own behaviour); ``"store"`` locks
+    through ``CasStore.lock`` in declared order; ``"acquire"`` hands the
+    declared set to :func:`locks.acquire`.
+    """
     errors: list[BaseException] = []
     barrier = threading.Barrier(2)
 
-    def declared(order):
-        def locker(pk):
-            def take():
+    def take(pk):
+        def locker():
+            if mode == "raw":
+                row = AccountServingGate.objects.select_for_update().get(org_id=ORG, pk=pk)
+            else:
                 row = AccountServingGateStore.lock(ORG, pk)
-                time.sleep(0.2)
-                return row
-            return take
-        return [locks.Resource(locks.LockClass.SERVING_GATE, 0, "gates", (ORG, pk), locker(pk), label="gate")
-                for pk in order]
+            time.sleep(0.2)
+            return row
+        return locker
 
     def worker(order):
         try:
             barrier.wait()
             with transaction.atomic():
-                resources = declared(order)
-                if ordered:
+                resources = [locks.Resource(locks.LockClass.SERVING_GATE, 0, "gates", (ORG, pk), take(pk),
+                                            label="gate") for pk in order]
+                if mode == "acquire":
                     locks.acquire(resources)
                 else:
                     for resource in resources:
@@ -157,10 +164,13 @@ def _contend(first, second, *, ordered: bool) -> list[BaseException]:
 @pytest.mark.django_db(transaction=True)
 def test_opposite_declarations_never_deadlock_through_acquire():
     first, second = _two_gates()
-    # Control: the same two transactions locking in declared order do deadlock,
-    # so the setup below is able to show a reversal.
-    unordered = _contend(first, second, ordered=False)
-    assert any(isinstance(e, OperationalError) and e.args[0] == 1213 for e in unordered), unordered
+    # Control: the database itself deadlocks on these two transactions, so the
+    # setup is able to show a reversal.
+    raw = _contend(first, second, mode="raw")
+    assert any(isinstance(e, OperationalError) and e.args[0] == 1213 for e in raw), raw
+    # Through the store, the descending declaration is refused before it can wait.
+    refused = _contend(first, second, mode="store")
+    assert len(refused) == 1 and isinstance(refused[0], LockOrderViolation), refused
     for _ in range(3):
-        assert _contend(first, second, ordered=True) == []
+        assert _contend(first, second, mode="acquire") == []
     assert connection.vendor == "mysql"

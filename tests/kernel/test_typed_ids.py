@@ -246,3 +246,12 @@ def test_selectors_refuse_an_id_of_another_kind():
             flow_run_get(org=OrgScope(ORG), run_id=execution.pk)
     assert len(queries) == 0
     assert flow_run_get(org=OrgScope(ORG), run_id=int(execution.pk)) is None
+
+
+def test_to_python_refuses_another_models_id():
+    from connectors.models import ServingEpoch as Epoch
+
+    field = AccountServingGate._meta.pk
+    with pytest.raises(InvalidIdentity):
+        field.to_python(Epoch.Id(12))
+    assert type(field.to_python(12)) is AccountServingGate.Id

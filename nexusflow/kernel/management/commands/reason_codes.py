@@ -2,8 +2,10 @@
 
 ``reason_codes`` lists every code with owner, alert deadline, remediations
 and evidence query; ``--format json`` prints the same as JSON;
-``reason_codes CODE --org ORG`` runs the code's evidence selector for one org
-and prints the rows. Exit codes: 0 ok, 2 unknown code or missing ``--org``.
+``reason_codes CODE --org ORG [--limit N]`` runs the code's evidence selector
+for one org and prints the total and the first N rows (default 50). Exit
+codes: 0 ok, 2 unknown code, missing ``--org``, ``--org`` without a code, or a
+bad ``--org``/``--limit``.
 """
 from __future__ import annotations
 
@@ -27,17 +29,32 @@ def _row(obj) -> dict:
     return {"value": obj}
 
 
+def _positive_int(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
 class Command(BaseCommand):
     help = "List the closed reason codes, or show the evidence rows of one code for one org."
 
     def add_arguments(self, parser):
         parser.add_argument("code", nargs="?", help="a reason code: print its evidence rows for --org")
         parser.add_argument("--org", help="org id whose evidence to read (required with CODE)")
-        parser.add_argument("--limit", type=int, default=50, help="most evidence rows printed (default 50)")
+        parser.add_argument("--limit", type=_positive_int, default=50, help="most evidence rows printed (default 50)")
         parser.add_argument("--format", choices=("text", "json"), default="text")
 
     def handle(self, *args, code: str | None, org: str | None, limit: int, format: str, **options):
         reasons = load_all_reasons()
+        if code is None and org:
+            raise CommandError("--org reads evidence: give a CODE too (`manage.py reason_codes CODE --org ORG`)",
+                               returncode=2)
         if code is None:
             entries = [{"code": r.code, "owner": r.owner, "alert_after_seconds": r.alert_after_seconds,
                         "remediations": list(r.remediations), "evidence": r.evidence}
@@ -61,12 +78,15 @@ class Command(BaseCommand):
             validate_key(org, field="org")
         except InvalidIdentity as exc:
             raise CommandError(str(exc), returncode=2) from exc
-        rows = [_row(r) for r in list(reason.evidence_selector()(org_id=org, reason_code=code)[:limit])]
+        found = reason.evidence_selector()(org_id=org, reason_code=code)
+        total = found.count() if hasattr(found, "count") and not isinstance(found, list) else len(found)
+        rows = [_row(r) for r in list(found[:limit])]
         if format == "json":
-            self.stdout.write(json.dumps({"code": code, "org": org, "evidence": reason.evidence, "rows": rows},
-                                         indent=2, default=str))
+            self.stdout.write(json.dumps({"code": code, "org": org, "evidence": reason.evidence, "total": total,
+                                          "rows": rows}, indent=2, default=str))
             return
-        self.stdout.write(f"{code} ({reason.owner}); evidence {reason.evidence}; {len(rows)} row(s) for {org}")
+        shown = f"{total} row(s)" if total == len(rows) else f"{total} row(s), showing the first {len(rows)} (--limit)"
+        self.stdout.write(f"{code} ({reason.owner}); evidence {reason.evidence}; {shown} for {org}")
         for remediation in reason.remediations:
             self.stdout.write(f"  remediation {remediation}: {REMEDIATIONS[remediation].description}")
         for row in rows:

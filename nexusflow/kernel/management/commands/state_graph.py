@@ -25,11 +25,13 @@ class Command(BaseCommand):
         if name == "list":
             for key in sorted(registry):
                 store = stores.get(key)
-                where = f"{store.__module__}.{store.__qualname__}" if store else "table only (no rows yet)"
-                self.stdout.write(f"{key}\t{len(registry[key].pairs())} transitions\t{where}")
+                where = f"{store.__module__}.{store.__qualname__}" if store else "table only (no store yet)"
+                count = len(registry[key].pairs())
+                self.stdout.write(f"{key}\t{count} transition{'' if count == 1 else 's'}\t{where}")
             return
         machine = registry.get(name)
         if machine is None:
-            known = ", ".join(sorted(registry)) or "(none)"
-            raise CommandError(f"unknown state machine {name!r}; known: {known}", returncode=2)
+            close = [k for k in sorted(registry) if k.split(".")[-1].lower() == name.split(".")[-1].lower()]
+            hint = f"did you mean {', '.join(close)}?" if close else "`manage.py state_graph list` names them all"
+            raise CommandError(f"unknown state machine {name!r}; {hint}", returncode=2)
         self.stdout.write(machine.to_dot() if format == "dot" else machine.to_text())
