@@ -1,13 +1,25 @@
+"""Canonical identity (seed 003 "Identity rules"): one validator, byte-exact columns, no folding."""
+import ast
+import re
+from pathlib import Path
+
 import pytest
+from django.apps import apps
+from django.conf import settings
+from django.db import connections, models, router
 from hypothesis import given
 from hypothesis import strategies as st
 
 from nexusflow.kernel.errors import InvalidIdentity
-from nexusflow.kernel.identity import canonical_locator, validate_key
+from nexusflow.kernel.identity import IdentityField, canonical_locator, validate_key
 
 
 @pytest.mark.parametrize("bad", [None, "", " a", "a ", "\ta", "a\x00b", "a\nb", "a\u2028b", b"\xff\xfe", "e\u0301",
-                                 "x" * 256, 1.5, True])
+                                 "x" * 256, 1.5, True,
+                                 # invisible: zero-width space, BOM, bidi override, NBSP inside, soft hyphen,
+                                 # Hangul filler, private use, noncharacter, leading combining mark
+                                 "a\u200bb", "\ufeffa", "a\u202eb", "a\u00a0b", "a\u00adb", "a\u3164",
+                                 "a\ue000", "a\uffff", "\u0301a"])
 def test_non_canonical_keys_are_rejected(bad):
     with pytest.raises(InvalidIdentity):
         validate_key(bad)
@@ -35,15 +47,8 @@ def test_validation_never_normalizes(value):
 
 
 # --- identity is compared byte for byte everywhere ------------------------------
-import ast  # noqa: E402
-import re  # noqa: E402
-from pathlib import Path  # noqa: E402
 
-from django.apps import apps  # noqa: E402
-from django.conf import settings  # noqa: E402
-from django.db import connections, models, router  # noqa: E402
 
-from nexusflow.kernel.identity import IdentityField  # noqa: E402
 
 ROOT = Path(settings.BASE_DIR)
 L0 = ["connectors", "runtime_outbox", "cutover", "nexusflow"]
