@@ -443,7 +443,10 @@ def effect_try_reconcile_one() -> bool:
             continue  # parked: only an operator may resolve it
         with transaction.atomic(durable=True):
             locked = RemoteEffectStore.lock(effect.org_id, effect.pk)
-            if locked.state != "uncertain":
+            if locked.state != "uncertain" or locked.version != effect.version:
+                # The decision above was read without the lock; if the effect moved
+                # since (another dispatch and settlement may have parked it again with
+                # an operator-only reason), it is decided afresh on a later round.
                 continue
             uncertain = RemoteEffectAttempt.objects.filter(org_id=locked.org_id, effect_id=locked.pk,
                                                             state="uncertain").count()

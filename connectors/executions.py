@@ -109,9 +109,11 @@ def _claim_in_lane(org_id: str, account_key: str, lane_id: int, worker_id: str) 
             if active.state == "ready":
                 # Same immutable identity is reacquired; a new attempt carries a new lease.
                 return _start_attempt(lane, active, worker_id, now, keep_active=True)
-            OrderingLaneStore.touch(org_id=org_id, pk=lane.pk, state=lane.state, version=lane.version,
-                                    set_fields={"active_execution_id": None})
-            lane = OrderingLaneStore.lock(org_id, lane_id)
+            # The lane is still locked by this transaction: keep the row in step
+            # instead of locking it again after the Execution (lane ranks first).
+            lane.version = OrderingLaneStore.touch(org_id=org_id, pk=lane.pk, state=lane.state,
+                                                   version=lane.version, set_fields={"active_execution_id": None})
+            lane.active_execution_id = None
         ready = ExecutionStore.lock_all(org_id, lane_id=lane.pk, state="ready")
         if not ready:
             return None

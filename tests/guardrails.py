@@ -478,6 +478,17 @@ def all_subclasses(cls: type) -> list[type]:
 
 
 # --- 6. locks and state writes go through stores ---------------------------------
+_WRITERS = frozenset({"update", "delete", "save", "save_base", "_update", "_raw_delete", "_insert", "bulk_create",
+                      "bulk_update", "create", "get_or_create", "update_or_create"})
+_SQL_QUERIES = frozenset({"UpdateQuery", "DeleteQuery", "InsertQuery"})
+
+
+def _base_class(node: ast.AST) -> str | None:
+    """``"QuerySet"``/``"Model"``/``"Manager"`` when ``node`` names Django's base class itself."""
+    name = getattr(node, "id", None) or getattr(node, "attr", None)
+    return name if name in {"QuerySet", "Model", "Manager", "BaseManager"} else None
+
+
 def check_store_discipline(source: str, path: str) -> list[Violation]:
     """Report lock and write shortcuts that bypass the stores (ARCHITECTURE.md section 6).
 
@@ -490,7 +501,10 @@ def check_store_discipline(source: str, path: str) -> list[Violation]:
       insert a stateful row in a non-initial state;
     - ``@transaction.atomic`` as a decorator is refused: one ``Atomic`` object
       would be reused by every call, and entry points open their transaction
-      explicitly with ``transaction.atomic(durable=True)`` (CONVENTIONS.md).
+      explicitly with ``transaction.atomic(durable=True)`` (CONVENTIONS.md);
+    - calling Django's base classes unbound (``models.QuerySet.update(qs)``,
+      ``models.Model.delete(obj)``), its SQL write query classes, or setting
+      the store-insert flag is refused: each skips the guarded overrides.
 
     Returns:
         Violations with rule ``store-discipline``.
@@ -500,7 +514,16 @@ def check_store_discipline(source: str, path: str) -> list[Violation]:
     tree = ast.parse(source)
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr == "select_for_update":
+        if isinstance(node, ast.Attribute) and node.attr in _WRITERS and _base_class(node.value):
+            found.append(Violation(path, node.lineno, "store-discipline",
+                                   f"unbound {_base_class(node.value)}.{node.attr} bypasses the guarded classes"))
+        elif (isinstance(node, (ast.Name, ast.Attribute)) and (getattr(node, "id", None) or node.attr) in _SQL_QUERIES
+              or isinstance(node, ast.ImportFrom) and any(a.name in _SQL_QUERIES for a in node.names)):
+            found.append(Violation(path, node.lineno, "store-discipline", "Django SQL write query class"))
+        elif isinstance(node, ast.Attribute) and node.attr == "_nexus_store_insert" and \
+                not path.endswith("nexusflow/kernel/models.py"):
+            found.append(Violation(path, node.lineno, "store-discipline", "store-insert flag outside kernel.models"))
+        elif isinstance(node, ast.Attribute) and node.attr == "select_for_update":
             found.append(Violation(path, node.lineno, "store-discipline", "select_for_update outside a store"))
         elif isinstance(node, ast.Call) and any(k.arg == "allow_any_state" for k in node.keywords):
             found.append(Violation(path, node.lineno, "store-discipline", "insert(allow_any_state=...) outside tests"))

@@ -216,6 +216,12 @@ def test_locks_and_state_writes_go_through_stores(path):
     ("from django.db import transaction\n@transaction.atomic\ndef f():\n    pass\n", "@atomic decorator on f()"),
     ("from django.db.transaction import atomic\n@atomic(durable=True)\ndef f():\n    pass\n",
      "@atomic decorator on f()"),
+    ("from django.db import models\ndef f(qs):\n    return models.QuerySet.update(qs, state='x')\n",
+     "unbound QuerySet.update bypasses the guarded classes"),
+    ("from django.db.models import Model\ndef f(o):\n    Model.delete(o)\n",
+     "unbound Model.delete bypasses the guarded classes"),
+    ("from django.db.models.sql import UpdateQuery\n", "Django SQL write query class"),
+    ("def f(o):\n    o._nexus_store_insert = True\n", "store-insert flag outside kernel.models"),
 ])
 def test_store_discipline_breaches_are_caught(source, detail):
     assert [v.detail for v in check_store_discipline(source, "connectors/services.py")] == [detail]

@@ -83,7 +83,10 @@ class CasStore:
             LockOrderViolation: taken after a higher position (mode ``raise``).
         """
         locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label)
-        return cls.model.objects.select_for_update(nowait=nowait).get(org_id=org_id, **filters)
+        row = cls.model.objects.select_for_update(nowait=nowait).get(org_id=org_id, **filters)
+        # The key is known only now: check it against rows of this kind already held.
+        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label, key=(org_id, int(row.pk)))
+        return row
 
     @classmethod
     def lock_all(cls, org_id: str, **filters) -> list:
@@ -97,7 +100,11 @@ class CasStore:
             LockOrderViolation: taken after a higher position (mode ``raise``).
         """
         locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label)
-        return list(cls.model.objects.select_for_update().filter(org_id=org_id, **filters).order_by("id"))
+        rows = list(cls.model.objects.select_for_update().filter(org_id=org_id, **filters).order_by("id"))
+        for row in rows[:1] + rows[-1:]:  # the lowest key against what is held, then the highest is held
+            locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label,
+                       key=(org_id, int(row.pk)))
+        return rows
 
     @classmethod
     def db(cls) -> str:
@@ -245,13 +252,22 @@ class CasStore:
 
     @classmethod
     def _check_columns(cls, values: dict[str, Any] | None, what: str) -> None:
-        """Refuse unknown columns (no SQL is built from them) and the CAS's own columns."""
+        """Refuse unknown columns (no SQL is built from them), the CAS's own columns and expressions."""
+        from django.db.models.expressions import Combinable
+
         columns = cls._fields_by_column()
-        for column in values or {}:
+        for column, value in (values or {}).items():
             if column in cls.CAS_COLUMNS:
                 raise ValueError(f"{cls.model.__name__}: {what} cannot name {column!r}; the CAS owns it")
             if column not in columns:
                 raise ValueError(f"{cls.model.__name__}: {what} names unknown column {column!r}")
+            if isinstance(value, Combinable) or hasattr(value, "resolve_expression"):
+                raise ValueError(f"{cls.model.__name__}: {what}[{column!r}] is an expression; pass a value")
+
+    @classmethod
+    def _touched_columns(cls) -> list[str]:
+        """``auto_now`` columns: the CAS stamps them with the database clock on every change."""
+        return [f.column for f in cls.model._meta.concrete_fields if getattr(f, "auto_now", False)]
 
     @staticmethod
     def _check_version(version: Any) -> None:
@@ -277,6 +293,7 @@ class CasStore:
             return ops.adapt_datetimefield_value(value) if isinstance(value, dt.datetime) else sql_param(value)
 
         assignments = ["`state` = %s", "`version` = `version` + 1"]
+        assignments += [f"`{c}` = UTC_TIMESTAMP(6)" for c in cls._touched_columns() if c not in (set_fields or {})]
         params: list[Any] = [dst]
         for column, value in (set_fields or {}).items():
             assignments.append(f"`{column}` = %s")

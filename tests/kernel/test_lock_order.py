@@ -174,3 +174,24 @@ def test_opposite_declarations_never_deadlock_through_acquire():
     for _ in range(3):
         assert _contend(first, second, mode="acquire") == []
     assert connection.vendor == "mysql"
+
+
+@pytest.mark.django_db
+def test_lock_where_and_lock_all_take_part_in_the_key_order():
+    low, high = (rows.make(RemoteEffectStore.model, org_id=ORG, state="prepared", version=1) for _ in range(2))
+    with transaction.atomic():
+        RemoteEffectStore.lock(ORG, high.pk)
+        with pytest.raises(LockOrderViolation, match="key"):
+            RemoteEffectStore.lock_where(ORG, pk=low.pk)
+    with transaction.atomic():
+        RemoteEffectStore.lock_where(ORG, pk=high.pk)
+        with pytest.raises(LockOrderViolation, match="key"):
+            RemoteEffectStore.lock(ORG, low.pk)
+    with transaction.atomic():
+        RemoteEffectStore.lock(ORG, high.pk)
+        with pytest.raises(LockOrderViolation, match="key"):
+            RemoteEffectStore.lock_all(ORG, state="prepared")
+    with transaction.atomic():
+        assert [r.pk for r in RemoteEffectStore.lock_all(ORG, state="prepared")] == [low.pk, high.pk]
+        with pytest.raises(LockOrderViolation, match="key"):
+            RemoteEffectStore.lock(ORG, low.pk)

@@ -165,3 +165,30 @@ def test_leaving_a_halt_clears_its_reason_code():
     CredentialDispatchGateStore.transition(org_id=ORG, pk=gate.pk, src="revoked", dst="enabled", version=1)
     row = CredentialGenerationDispatchGate.objects.get(org_id=ORG, pk=gate.pk)
     assert (row.state, row.reason_code) == ("enabled", "")
+
+
+def test_expressions_are_not_values():
+    from django.db.models import F, Value
+
+    epoch = _epoch()
+    for value in (F("digest"), Value("x")):
+        with pytest.raises(ValueError, match="expression"):
+            ServingEpochStore.touch(org_id=ORG, pk=epoch.pk, state="prepared", version=1,
+                                    set_fields={"digest": value})
+    _unchanged(epoch)
+
+
+def test_every_cas_stamps_auto_now_columns_from_the_database_clock():
+    from connectors.models import RemoteEffect
+    from connectors.store import RemoteEffectStore
+    from nexusflow.kernel.clock import db_now
+
+    effect = rows.make(RemoteEffect, org_id=ORG, state="prepared", version=1)
+    before = RemoteEffect.objects.get(org_id=ORG, pk=effect.pk).updated_at
+    with connection.cursor() as cursor:  # make the old stamp clearly older than the clock
+        cursor.execute("UPDATE connectors_remoteeffect SET updated_at = %s WHERE id = %s",
+                       ["2000-01-01 00:00:00", int(effect.pk)])
+    RemoteEffectStore.touch(org_id=ORG, pk=effect.pk, state="prepared", version=1)
+    stamped = RemoteEffect.objects.get(org_id=ORG, pk=effect.pk).updated_at
+    assert stamped.year > 2000 and abs((db_now() - stamped).total_seconds()) < 60
+    assert before is not None
