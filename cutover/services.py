@@ -121,9 +121,8 @@ def cutover_greenfield(*, org: OrgScope) -> GreenfieldReport:
 def _activate(org: OrgScope, epoch: ServingEpoch, attempt_key: str) -> None:
     """One transaction: every gate ``v2_validating -> v2_serving`` and the epoch ``verified -> active``."""
     with transaction.atomic(durable=True):
-        gates = [AccountServingGateStore.lock_by_account(org.org_id, key) for key in
-                 AccountServingGate.objects.filter(org_id=org.org_id).order_by("account_key")
-                 .values_list("account_key", flat=True)]
+        # Every gate of the org, in the canonical key order of the one lock order (ascending id).
+        gates = AccountServingGateStore.lock_all(org.org_id)
         locked_epoch = ServingEpochStore.lock(org.org_id, epoch.pk)
         if locked_epoch.state == "active" and all(g.state == "v2_serving" and g.epoch_id == epoch.pk for g in gates):
             return

@@ -197,7 +197,8 @@ def insert(model_cls, *, allow_any_state: bool = False, **values):
     Raises:
         InvalidIdentity: a foreign key, a typed reference or an explicit
             ``id`` was given an id of another model, a bool or a non-positive
-            int; or an identity column (:class:`IdentityField`) holds a
+            int; a parent row object of another org; or an identity column
+            (:class:`IdentityField`) holds a
             non-canonical key (surrounding whitespace, control characters,
             invalid UTF-8, not NFC, over-length, or empty/null where the column
             does not allow it). All before SQL.
@@ -215,6 +216,13 @@ def insert(model_cls, *, allow_any_state: bool = False, **values):
 
     store = load_all_stores().get(f"{model_cls._meta.app_label}.{model_cls.__name__}")
     obj = model_cls(**values)
+    org_id = getattr(obj, "org_id", None)
+    for name, value in values.items():
+        # A parent row handed over as an object must belong to the same org (trusted scope).
+        parent_org = getattr(value, "org_id", None) if isinstance(value, models.Model) else None
+        if org_id is not None and parent_org is not None and parent_org != org_id:
+            raise InvalidIdentity(f"{model_cls.__name__}.{name}: parent row of org {parent_org!r}, "
+                                  f"not {org_id!r}")
     if store is not None:
         # The state the row will really have: the given one or the column default.
         if not allow_any_state:

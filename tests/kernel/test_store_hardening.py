@@ -192,3 +192,10 @@ def test_every_cas_stamps_auto_now_columns_from_the_database_clock():
     stamped = RemoteEffect.objects.get(org_id=ORG, pk=effect.pk).updated_at
     assert stamped.year > 2000 and abs((db_now() - stamped).total_seconds()) < 60
     assert before is not None
+
+
+def test_a_parent_row_of_another_org_is_refused():
+    foreign = rows.make(ServingEpoch, org_id="other-org", state="active", version=1)
+    with pytest.raises(InvalidIdentity, match="other-org"):
+        insert(AccountServingGate, org_id=ORG, account_key="acct", pack_key="p", state="v1_serving", epoch=foreign)
+    assert not AccountServingGate.objects.filter(org_id=ORG).exists()
