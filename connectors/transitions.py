@@ -37,6 +37,8 @@ ACCOUNT_SERVING_GATE = machine(
     initial={"v1_serving"},
     seed=SEED,
     reason_required={"halting_v1", "v1_stopped", "v1_drained", "v2_validating", "halting_v2", "v2_halted"},
+    # The cutover coordinator halts and walks gates with its own codes.
+    reason_owners={"connectors", "cutover"},
 )
 
 SERVING_EPOCH = machine(

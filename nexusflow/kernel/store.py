@@ -181,7 +181,9 @@ class CasStore:
 
         Raises:
             ReasonRequired: ``state`` is in the machine's ``reason_required`` and
-                ``fields["reason_code"]`` is missing or empty.
+                ``fields["reason_code"]`` is missing or empty; or a code is
+                given for a state that is not halted, or the code's owner is
+                not one of the machine's ``reason_owners``.
             UnknownReasonCode: a non-empty ``reason_code`` nobody registered.
 
         Seed 003, "Operational liveness and maintenance admission".
@@ -191,6 +193,12 @@ class CasStore:
             raise ReasonRequired(f"{cls.machine.name}: {state} needs a reason_code")
         if code:
             reasons.require(code)
+            if state not in cls.machine.reason_required:
+                raise ReasonRequired(f"{cls.machine.name}: {state} is not halted; it carries no reason_code")
+            owner = reasons.REASONS[code].owner
+            if owner not in cls.machine.reason_owners:
+                raise ReasonRequired(f"{cls.machine.name}: {code} belongs to {owner}, not to "
+                                     f"{', '.join(sorted(cls.machine.reason_owners))}")
 
     @classmethod
     def touch(cls, *, org_id: str, pk: int, state: str, version: int,

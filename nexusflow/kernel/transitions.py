@@ -28,7 +28,9 @@ class StateMachine:
             ``reason_code`` (halted, quarantined, refused); the CAS store
             refuses a move into one without it, before SQL, and the model has a
             CHECK constraint (seed 003, "Operational liveness and maintenance
-            admission").
+            admission"). A row in any other state carries no code.
+        reason_owners: apps whose registered codes rows of this machine may
+            carry; by default only the machine's own app.
     """
 
     name: str
@@ -37,8 +39,11 @@ class StateMachine:
     seed: str
     parked: frozenset[str] = field(default_factory=frozenset)
     reason_required: frozenset[str] = field(default_factory=frozenset)
+    reason_owners: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
+        if not self.reason_owners:
+            object.__setattr__(self, "reason_owners", frozenset({self.name.split(".")[0]}))
         states = set(self.transitions)
         for src, targets in self.transitions.items():
             unknown = set(targets) - states
@@ -114,7 +119,8 @@ class StateMachine:
 
 
 def machine(name: str, table: dict[str, set[str] | frozenset[str]], *, initial: set[str], seed: str,
-            parked: set[str] | None = None, reason_required: set[str] | None = None) -> StateMachine:
+            parked: set[str] | None = None, reason_required: set[str] | None = None,
+            reason_owners: set[str] | None = None) -> StateMachine:
     """Build and register a :class:`StateMachine` from a plain dict."""
     return StateMachine(
         name=name,
@@ -123,6 +129,7 @@ def machine(name: str, table: dict[str, set[str] | frozenset[str]], *, initial: 
         seed=seed,
         parked=frozenset(parked or ()),
         reason_required=frozenset(reason_required or ()),
+        reason_owners=frozenset(reason_owners or ()),
     )
 
 

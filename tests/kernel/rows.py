@@ -86,7 +86,12 @@ class RowBuilder:
             return getattr(self._flow_rows, ROW_FACTORY[name])(state)
         extra = {}
         if state in store.machine.reason_required:
-            from nexusflow.kernel.reasons import REASONS
-
-            extra["reason_code"] = sorted(REASONS)[0]  # the CHECK constraint wants a code here
+            extra["reason_code"] = reason_for(store.machine)  # the CHECK constraint wants a code here
         return make(store.model, org_id=self.org_id, state=state, version=1, **extra)
+
+
+def reason_for(machine) -> str:
+    """A registered reason code that rows of ``machine`` may carry (owned by one of its reason owners)."""
+    from nexusflow.kernel.reasons import load_all_reasons
+
+    return next(code for code, reason in sorted(load_all_reasons().items()) if reason.owner in machine.reason_owners)

@@ -199,3 +199,24 @@ def test_a_parent_row_of_another_org_is_refused():
     with pytest.raises(InvalidIdentity, match="other-org"):
         insert(AccountServingGate, org_id=ORG, account_key="acct", pack_key="p", state="v1_serving", epoch=foreign)
     assert not AccountServingGate.objects.filter(org_id=ORG).exists()
+
+
+def test_a_reason_code_belongs_to_a_halt_of_its_own_machine():
+    from connectors.store import CredentialDispatchGateStore
+    from nexusflow.flows.reasons import STEP_RETRY_EXHAUSTED
+    from nexusflow.kernel.errors import ReasonRequired
+
+    gate = rows.make(CredentialGenerationDispatchGate, org_id=ORG, state="enabled", version=1)
+    with CaptureQueriesContext(connection) as queries:
+        with pytest.raises(ReasonRequired, match="not halted"):
+            CredentialDispatchGateStore.touch(org_id=ORG, pk=gate.pk, state="enabled", version=1,
+                                              set_fields={"reason_code": EPOCH_OWNER_MISMATCH})
+        with pytest.raises(ReasonRequired, match="belongs to flows"):
+            CredentialDispatchGateStore.transition(org_id=ORG, pk=gate.pk, src="enabled", dst="revoked", version=1,
+                                                   set_fields={"reason_code": STEP_RETRY_EXHAUSTED})
+    assert len(queries) == 0
+    with pytest.raises(ReasonRequired, match="not halted"):
+        insert(CredentialGenerationDispatchGate, org_id=ORG, state="enabled", reason_code=EPOCH_OWNER_MISMATCH,
+               credential_generation=gate.credential_generation)
+    row = CredentialGenerationDispatchGate.objects.get(org_id=ORG, pk=gate.pk)
+    assert (row.state, row.version, row.reason_code) == ("enabled", 1, "")

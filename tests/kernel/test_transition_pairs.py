@@ -13,7 +13,6 @@ from django.db import connections
 from django.test.utils import CaptureQueriesContext
 
 from nexusflow.kernel.errors import IllegalTransition
-from nexusflow.kernel.reasons import REASONS
 from nexusflow.kernel.store import load_all_stores
 from nexusflow.kernel.transitions import load_all_machines
 
@@ -39,8 +38,8 @@ STORED = sorted(name for name in MACHINES if name in STORES)
 
 def reason_fields(machine, dst: str) -> dict:
     """``set_fields`` a move into ``dst`` needs: a registered reason code where one is required."""
-    if dst in getattr(machine, "reason_required", frozenset()):
-        return {"reason_code": sorted(REASONS)[0]}
+    if dst in machine.reason_required:
+        return {"reason_code": rows.reason_for(machine)}
     return {}
 
 

@@ -187,11 +187,11 @@ def test_store_accepts_its_own_id_and_a_plain_int():
     with transaction.atomic():
         locked = ExecutionStore.lock(ORG, int(execution.pk))
         assert type(locked.pk) is Execution.Id
-    version = ExecutionStore.touch(org_id=ORG, pk=int(execution.pk), state="ready", version=1,
-                                   set_fields={"reason_code": SUPERSEDED_BY_NEWER_POSITION})
-    version = ExecutionStore.transition(org_id=ORG, pk=execution.pk, src="ready", dst="completed", version=version)
+    version = ExecutionStore.touch(org_id=ORG, pk=int(execution.pk), state="ready", version=1)
+    version = ExecutionStore.transition(org_id=ORG, pk=execution.pk, src="ready", dst="superseded", version=version,
+                                        set_fields={"reason_code": SUPERSEDED_BY_NEWER_POSITION})
     row = Execution.objects.get(pk=execution.pk)
-    assert (row.state, row.version, row.reason_code) == ("completed", 3, SUPERSEDED_BY_NEWER_POSITION)
+    assert (row.state, row.version, row.reason_code) == ("superseded", 3, SUPERSEDED_BY_NEWER_POSITION)
     assert version == 3
 
 
