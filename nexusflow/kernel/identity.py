@@ -98,9 +98,20 @@ class IdentityField(models.CharField):
         kwargs.setdefault("db_collation", "utf8mb4_bin")
         super().__init__(*args, **kwargs)
 
+    def canonical(self, value):
+        """Return ``value`` as the column stores it, or raise: the one rule for writes and lookups.
+
+        ``None`` passes where the column is nullable and ``""`` where it may be
+        blank; anything else must be a canonical key (bytes become their text).
+
+        Raises:
+            InvalidIdentity: see :func:`validate_key`.
+        """
+        if (value is None and self.null) or (value == "" and self.blank):
+            return value
+        name = f"{self.model.__name__}.{self.name}" if hasattr(self, "model") else self.name
+        return validate_key(value, field=name, max_length=self.max_length)
+
     def get_prep_value(self, value):
         value = super().get_prep_value(value)
-        if value is None or (value == "" and self.blank):
-            return value
-        return validate_key(value, field=f"{self.model.__name__}.{self.name}" if hasattr(self, "model")
-                            else self.name, max_length=self.max_length)
+        return value if value is None else self.canonical(value)

@@ -211,7 +211,7 @@ def insert(model_cls, *, allow_any_state: bool = False, **values):
     Seed 003, "Identity rules": keys are validated before insert, then
     compared byte for byte.
     """
-    from .identity import IdentityField, validate_key
+    from .identity import IdentityField
     from .store import load_all_stores
 
     store = load_all_stores().get(f"{model_cls._meta.app_label}.{model_cls.__name__}")
@@ -230,12 +230,8 @@ def insert(model_cls, *, allow_any_state: bool = False, **values):
         store.assert_reason(obj.state, {"reason_code": getattr(obj, "reason_code", "")})
     for field in model_cls._meta.concrete_fields:
         if isinstance(field, IdentityField):
-            value = getattr(obj, field.attname)
-            if (value is None and field.null) or (value == "" and field.blank):
-                continue
             # bytes are decoded here: what is stored is exactly the validated text.
-            setattr(obj, field.attname,
-                    validate_key(value, field=f"{model_cls.__name__}.{field.name}", max_length=field.max_length))
+            setattr(obj, field.attname, field.canonical(getattr(obj, field.attname)))
     for field, id_cls in typed_id_fields(model_cls):
         value = getattr(obj, field.attname)
         if value is not None:

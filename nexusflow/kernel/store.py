@@ -237,15 +237,12 @@ class CasStore:
     @classmethod
     def _check_identity_values(cls, values: dict[str, Any] | None) -> None:
         """Validate every identity column written here, as :func:`insert` does (seed 003 "Identity rules")."""
-        from .identity import IdentityField, validate_key
+        from .identity import IdentityField
 
         for column, value in (values or {}).items():
             field = cls._fields_by_column().get(column)
-            if field is None or not isinstance(field, IdentityField):
-                continue
-            if (value is None and field.null) or (value == "" and field.blank):
-                continue
-            validate_key(value, field=f"{cls.model.__name__}.{column}", max_length=field.max_length)
+            if isinstance(field, IdentityField):
+                field.canonical(value)
 
     @classmethod
     def _fields_by_column(cls) -> dict[str, Any]:
