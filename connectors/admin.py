@@ -47,6 +47,19 @@ class OrderingLaneAdmin(ReadOnlyAdmin):
     list_display = ("id", "account_key", "route_key", "partition", "active_execution_id", "baseline_origin")
 
 
+@admin.register(models.ProjectionWindow)
+class ProjectionWindowAdmin(ReadOnlyAdmin):
+    list_display = ("id", "org_id", "account_key", "route_key", "policy", "state", "reason_code", "member_count",
+                    "close_at", "opened_at")
+    list_filter = ("state", "policy", "reason_code")
+
+
+@admin.register(models.ExecutionDependency)
+class ExecutionDependencyAdmin(ReadOnlyAdmin):
+    list_display = ("id", "org_id", "execution", "requirement", "disposition", "state", "deadline_at", "created_at")
+    list_filter = ("state", "requirement", "disposition")
+
+
 @admin.register(models.RemoteEffect)
 class RemoteEffectAdmin(ReadOnlyAdmin):
     list_display = ("id", "org_id", "contract_key", "state", "reason_code", "attempt_count", "remote_id", "updated_at")

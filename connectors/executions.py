@@ -31,10 +31,20 @@ from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.models import insert
 
 from . import reasons
-from .models import Event, Execution, ExecutionAttempt, OrderingDecision, OrderingLane, PackGeneration
-from .selectors import candidate_lanes
+from .models import (
+    Event,
+    Execution,
+    ExecutionAttempt,
+    ExecutionDependency,
+    OrderingDecision,
+    OrderingLane,
+    PackGeneration,
+)
+from .ordering import expected_successor, sequence_floor, sequence_of
+from .selectors import candidate_lanes, dependencies_due, unlaned_executions_ready
 from .serving import NotServing, serving_lock
-from .store import ExecutionAttemptStore, ExecutionStore, OrderingLaneStore
+from .windows import window_members
+from .store import ExecutionAttemptStore, ExecutionDependencyStore, ExecutionStore, OrderingLaneStore
 from .workers import holder_termination_proof
 
 log = logging.getLogger(__name__)
@@ -72,11 +82,12 @@ def _lease_expired(org_id: str, execution_id: int, now: dt.datetime) -> Executio
 
 
 def execution_try_claim_one(*, worker_id: str) -> Claim | None:
-    """Claim the next claimable Execution of any lane, or return ``None``.
+    """Claim the next claimable Execution of any lane, or an ``order_independent`` one, or return ``None``.
 
     Raises nothing for contention: a lane another worker holds is skipped.
     """
-    for org_id, lane_id in candidate_lanes(db_now()):
+    now = db_now()
+    for org_id, lane_id in candidate_lanes(now):
         lane = OrderingLane.objects.filter(org_id=org_id, pk=lane_id).first()
         if lane is None:
             continue
@@ -88,15 +99,57 @@ def execution_try_claim_one(*, worker_id: str) -> Claim | None:
         if claim is not None:
             failpoints.hit(FP_AFTER_CLAIM)
             return claim
+    for org_id, execution_id in unlaned_executions_ready(now):
+        try:
+            claim = _claim_unlaned(org_id, execution_id, worker_id)
+        except (NotServing, StaleVersion) as exc:
+            log.info("claim skipped execution %s: %s", execution_id, exc)
+            continue
+        if claim is not None:
+            failpoints.hit(FP_AFTER_CLAIM)
+            return claim
     return None
+
+
+def _claim_unlaned(org_id: str, execution_id: int, worker_id: str) -> Claim | None:
+    """``order_independent`` bypasses the lane: the Execution row itself is the claim guard."""
+    account_key = Event.objects.filter(org_id=org_id, projection__execution__pk=execution_id) \
+        .values_list("account_key", flat=True).first()
+    if account_key is None:
+        return None
+    with transaction.atomic(durable=True):
+        ctx = serving_lock(org_id=org_id, account_key=account_key)
+        execution = ExecutionStore.lock(org_id, execution_id)
+        if execution.state != "ready" or execution.lane_id is not None:
+            return None
+        if execution.projection.event.epoch_id != ctx.epoch.pk:
+            return None
+        now = db_now()
+        stale = _lease_expired(org_id, execution.pk, now)
+        if stale is None:
+            return None
+        if stale.pk is not None:
+            ExecutionAttemptStore.transition(org_id=org_id, pk=stale.pk, src="started", dst="expired",
+                                             version=stale.version)
+        return _start_attempt(None, execution, worker_id, now, keep_active=True)
+
+
+def _supersede(lane: OrderingLane, execution: Execution, high_water: bytes | None, winner: Execution | None,
+               src: str = "ready") -> None:
+    ExecutionStore.transition(org_id=lane.org_id, pk=execution.pk, src=src, dst="superseded",
+                              version=execution.version,
+                              set_fields={"reason_code": reasons.SUPERSEDED_BY_NEWER_POSITION})
+    insert(OrderingDecision, org_id=lane.org_id, lane=lane, execution=execution, decision="superseded",
+           high_water_position=high_water, winning_position=bytes(winner.position) if winner else None)
 
 
 def _claim_in_lane(org_id: str, account_key: str, lane_id: int, worker_id: str) -> Claim | None:
     with transaction.atomic(durable=True):
         ctx = serving_lock(org_id=org_id, account_key=account_key)
         lane = OrderingLaneStore.lock(org_id, lane_id)
-        if lane.epoch_id != ctx.epoch.pk:
+        if lane.epoch_id != ctx.epoch.pk or lane.state != "open":
             return None
+        ordering = ctx.account["routes"][lane.route_key]["ordering"]
         now = db_now()
         if lane.active_execution_id is not None:
             stale = _lease_expired(org_id, lane.active_execution_id, now)
@@ -114,45 +167,168 @@ def _claim_in_lane(org_id: str, account_key: str, lane_id: int, worker_id: str) 
             lane.version = OrderingLaneStore.touch(org_id=org_id, pk=lane.pk, state=lane.state,
                                                    version=lane.version, set_fields={"active_execution_id": None})
             lane.active_execution_id = None
+        if ordering["contract"] == "strict_source_sequence":
+            return _claim_strict(ctx, lane, ordering, worker_id, now)
         ready = ExecutionStore.lock_all(org_id, lane_id=lane.pk, state="ready")
         if not ready:
             return None
+        settle = ordering.get("settle_seconds", 0)
+        if settle and max(e.created_at for e in ready) + dt.timedelta(seconds=settle) > now:
+            return None  # the settle window is still open: later positions may arrive
         high_water = bytes(lane.high_water_position) if lane.high_water_position is not None else None
         live = [e for e in ready if high_water is None or bytes(e.position) > high_water]
         winner = max(live, key=lambda e: (bytes(e.position), e.pk)) if live else None
         for execution in ready:
-            if execution is winner:
-                continue
-            ExecutionStore.transition(org_id=org_id, pk=execution.pk, src="ready", dst="superseded",
-                                      version=execution.version,
-                                      set_fields={"reason_code": reasons.SUPERSEDED_BY_NEWER_POSITION})
-            insert(OrderingDecision, org_id=org_id, lane=lane, execution=execution, decision="superseded",
-                   high_water_position=high_water, winning_position=bytes(winner.position) if winner else None)
+            if execution is not winner:
+                _supersede(lane, execution, high_water, winner)
         if winner is None:
             return None
         return _start_attempt(lane, winner, worker_id, now, keep_active=False)
 
 
-def _start_attempt(lane: OrderingLane, execution: Execution, worker_id: str, now: dt.datetime,
+def _claim_strict(ctx, lane: OrderingLane, ordering: dict, worker_id: str, now: dt.datetime) -> Claim | None:
+    """``strict_source_sequence``: claim only the exact successor; a gap waits without a lease.
+
+    Positions at or below the high-water are superseded. When the exact
+    successor is missing, the lowest waiting Execution gets one
+    ExecutionDependency with the frozen gap deadline and moves to
+    ``waiting_dependency``; it holds no attempt and no lease. A dependency
+    whose requirement the lane now meets is satisfied here, under the lane
+    lock, so it and its deadline expiry have one result.
+    """
+    org_id = lane.org_id
+    rows = ExecutionStore.lock_all(org_id, lane_id=lane.pk, state__in=("ready", "waiting_dependency"))
+    if not rows:
+        return None
+    deps = {d.execution_id: d for d in ExecutionDependencyStore.lock_all(
+        org_id, lane_id=lane.pk, execution_id__in=[e.pk for e in rows])}
+    high_water = bytes(lane.high_water_position) if lane.high_water_position is not None else None
+    hw_seq = sequence_of(high_water)
+    expected = expected_successor(ordering, high_water)
+    live: list[Execution] = []
+    for execution in rows:
+        seq = sequence_of(execution.position)
+        if hw_seq is not None and seq <= hw_seq:
+            dep = deps.get(execution.pk)
+            if dep is not None and dep.state == "waiting":
+                ExecutionDependencyStore.transition(org_id=org_id, pk=dep.pk, src="waiting", dst="rejected",
+                                                    version=dep.version)
+            if execution.state == "waiting_dependency":
+                ExecutionStore.transition(org_id=org_id, pk=execution.pk, src="waiting_dependency", dst="ready",
+                                          version=execution.version)
+                execution.version += 1
+            _supersede(lane, execution, high_water, None)
+        else:
+            live.append(execution)
+    if not live:
+        return None
+    live.sort(key=lambda e: (bytes(e.position), e.pk))
+    lowest = live[0]
+    dep = deps.get(lowest.pk)
+    released = dep is not None and dep.state == "expired" and dep.disposition == "skip"
+    if sequence_of(lowest.position) == expected or released:
+        if lowest.state == "waiting_dependency":
+            if dep.state == "waiting":
+                ExecutionDependencyStore.transition(org_id=org_id, pk=dep.pk, src="waiting", dst="satisfied",
+                                                    version=dep.version)
+            ExecutionStore.transition(org_id=org_id, pk=lowest.pk, src="waiting_dependency", dst="ready",
+                                      version=lowest.version)
+            lowest.version += 1
+        return _start_attempt(lane, lowest, worker_id, now, keep_active=False)
+    if lowest.state == "ready" and dep is None:
+        gap = ordering["gap"]
+        ExecutionDependencyStore.create(
+            org_id=org_id, execution=lowest, lane=lane, requirement="source_predecessor",
+            required_position=sequence_floor(sequence_of(lowest.position) - ordering["successor"]["step"]),
+            disposition=gap["disposition"], deadline_at=now + dt.timedelta(seconds=gap["deadline_seconds"]),
+            state="waiting")
+        ExecutionStore.transition(org_id=org_id, pk=lowest.pk, src="ready", dst="waiting_dependency",
+                                  version=lowest.version)
+    return None
+
+
+def dependency_try_expire_one() -> bool:
+    """Apply the frozen deadline disposition of one due ExecutionDependency.
+
+    One transaction locks gate -> epoch -> lane -> Execution -> dependency;
+    if the lane already reached the requirement the dependency is satisfied
+    instead, so satisfy and expire never both happen. ``quarantine`` parks the
+    Execution with ``source_sequence_gap``; ``skip`` releases it past the gap
+    (the claim then takes it as the lane's next Execution).
+
+    Returns:
+        ``True`` if a dependency was resolved.
+    """
+    for org_id, dep_id in dependencies_due(db_now()):
+        dep = ExecutionDependency.objects.filter(org_id=org_id, pk=dep_id).select_related("lane").first()
+        if dep is None or dep.lane is None:
+            continue
+        try:
+            with transaction.atomic(durable=True):
+                ctx = serving_lock(org_id=org_id, account_key=dep.lane.account_key)
+                lane = OrderingLaneStore.lock(org_id, dep.lane_id)
+                execution = ExecutionStore.lock(org_id, dep.execution_id)
+                locked = ExecutionDependencyStore.lock(org_id, dep.pk)
+                if locked.state != "waiting" or locked.deadline_at > db_now():
+                    continue
+                ordering = ctx.account["routes"][lane.route_key]["ordering"]
+                high_water = bytes(lane.high_water_position) if lane.high_water_position is not None else None
+                if sequence_of(execution.position) == expected_successor(ordering, high_water):
+                    ExecutionDependencyStore.transition(org_id=org_id, pk=locked.pk, src="waiting", dst="satisfied",
+                                                        version=locked.version)
+                    ExecutionStore.transition(org_id=org_id, pk=execution.pk, src="waiting_dependency", dst="ready",
+                                              version=execution.version)
+                    return True
+                ExecutionDependencyStore.transition(org_id=org_id, pk=locked.pk, src="waiting", dst="expired",
+                                                    version=locked.version)
+                if locked.disposition == "quarantine":
+                    ExecutionStore.transition(org_id=org_id, pk=execution.pk, src="waiting_dependency",
+                                              dst="quarantined", version=execution.version,
+                                              set_fields={"reason_code": reasons.SOURCE_SEQUENCE_GAP})
+                else:
+                    ExecutionStore.transition(org_id=org_id, pk=execution.pk, src="waiting_dependency", dst="ready",
+                                              version=execution.version)
+                    insert(OrderingDecision, org_id=org_id, lane=lane, execution=execution, decision="gap_skipped",
+                           high_water_position=high_water, winning_position=bytes(execution.position))
+                return True
+        except (NotServing, StaleVersion) as exc:
+            log.info("dependency %s not resolved: %s", dep_id, exc)
+    return False
+
+
+def _start_attempt(lane: OrderingLane | None, execution: Execution, worker_id: str, now: dt.datetime,
                    *, keep_active: bool) -> Claim:
     number = ExecutionAttempt.objects.filter(execution=execution).count() + 1
     token = secrets.token_hex(16)
     attempt = ExecutionAttemptStore.create(
         org_id=execution.org_id, execution=execution, attempt_number=number, worker_id=worker_id,
         lease_token=token, lease_expires_at=now + dt.timedelta(seconds=lease_seconds()), state="started")
-    if not keep_active:
+    if lane is not None and not keep_active:
         OrderingLaneStore.touch(org_id=lane.org_id, pk=lane.pk, state=lane.state, version=lane.version,
                                 set_fields={"active_execution_id": execution.pk})
-    return Claim(execution.org_id, execution.pk, attempt.pk, token, lane.pk)
+    return Claim(execution.org_id, execution.pk, attempt.pk, token, lane.pk if lane is not None else None)
+
+
+def _event_facts(event: Event) -> dict:
+    return {"canonical_kind": event.canonical_kind, "source_locator": event.source_locator,
+            "source_event_key": event.source_event_key, "payload": event.payload}
 
 
 def build_runtime_command(execution: Execution) -> dict:
-    """The V2 Runtime command for one Execution: route application block + event facts."""
+    """The V2 Runtime command for one Execution: route application block + event facts.
+
+    A window Execution of a ``settle``, ``batch`` or ``grouped`` window also
+    carries ``events``: every member's facts in SourcePosition order, which
+    Runtime applies in that order in one transaction.
+    """
     event: Event = execution.projection.event
     account = next(a for a in event.epoch.document["accounts"] if a["account_key"] == event.account_key)
     pack = PackGeneration.objects.get(pk=account["pack_generation"]["id"])
     route = next(r for r in pack.document["inbound_routes"] if r["route_key"] == event.route_key)
-    return {
+    extra = {}
+    if execution.window_id is not None and execution.window.policy != "latest":
+        extra["events"] = [_event_facts(member) for member in window_members(execution)]
+    return {**extra,
         "application": route["application"],
         "owner_key": pack.owner_key,
         "account_key": event.account_key,

@@ -7,7 +7,7 @@ only interprets those generic shapes.
 from __future__ import annotations
 
 import json
-import struct
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -18,9 +18,11 @@ from nexusflow.kernel import canonical_json, failpoints
 from nexusflow.kernel.digests import PROFILE_V2, digest_v2
 from nexusflow.kernel.errors import InvalidIdentity, NexusError
 from nexusflow.kernel.identity import canonical_locator
+from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.models import insert
 
 from . import reasons
+from .ordering import encode_position
 from .models import (
     AccountServingGate,
     CredentialGeneration,
@@ -36,7 +38,10 @@ from .models import (
 from .serving import CredentialUnavailable, NotServing, find_account_org, resolve_secret, serving_lock
 from .signatures import verify_request
 from .store import ExecutionStore, OrderingLaneStore
+from .windows import grouping_of, lock_open_windows, window_add_member, window_for_member
 
+FP_BEFORE_CHILDREN = failpoints.declare("admission.before_children")
+FP_BETWEEN_CHUNKS = failpoints.declare("admission.between_children_chunks")
 FP_AFTER_RECEIPT = failpoints.declare("admission.after_receipt_commit")
 
 
@@ -63,10 +68,11 @@ class AdmissionConflict(AdmissionError):
 
 @dataclass
 class AdmissionResult:
-    receipt_id: int
+    receipt_id: Receipt.Id | None
     created: bool
     events_created: int = 0
     quarantined: int = 0
+    already_accepted: bool = False
 
 
 @dataclass
@@ -90,11 +96,6 @@ _TYPES = {"integer": int, "string": str}
 def _typed(value: Any, type_name: str) -> bool:
     expected = _TYPES[type_name]
     return isinstance(value, expected) and not isinstance(value, bool)
-
-
-def _encode_position(values: list[int]) -> bytes:
-    """Fixed-width big-endian encoding whose byte order equals numeric order."""
-    return b"".join(struct.pack(">Q", v + (1 << 63)) for v in values)
 
 
 def _reject_constant(name: str):
@@ -167,14 +168,14 @@ def classify_items(route: dict, items: list) -> list[_Item]:
             occurred = route["occurred_at"]
             item.occurred_at_ms = int(raw[occurred["field"]]) * (1000 if occurred.get("unit") == "s" else 1)
             ordering = route["ordering"]
-            partition_fields = spec.get("partition", ordering["partition"])
+            partition_fields = spec.get("partition", ordering.get("partition", []))
             item.partition = [None if raw.get(f) is None else canonical_locator(raw[f], field=f) for f in partition_fields]
-            position_values = [raw[f] for f in ordering["position"]]
+            position_values = [raw[f] for f in ordering.get("position", [])]
             if not all(_typed(v, "integer") and -(1 << 63) <= v < (1 << 63) for v in position_values):
                 raise InvalidIdentity("position fields must be 64-bit integers")
             # The SourceEventKey closes the order: equal positions still compare deterministically.
-            item.position = _encode_position(position_values) + b"\x00" + item.source_event_key.encode("utf-8")
-            item.tie_breaker = str(raw.get(ordering["tie_breaker"], ""))
+            item.position = encode_position(position_values, item.source_event_key)
+            item.tie_breaker = str(raw.get(ordering.get("tie_breaker", ""), ""))
         except (InvalidIdentity, KeyError, TypeError, ValueError):
             item.reason = reasons.ITEM_IDENTITY_INVALID
             item.kind = ""
@@ -218,6 +219,14 @@ def admit(*, account_key: str, channel: str, method: str, url: str, body: bytes,
           headers: Mapping[str, str], now: float | None = None) -> AdmissionResult:
     """Authenticate and admit one provider request exactly once.
 
+    Two steps (seed 003 "Inbound facts"): one transaction reserves the
+    ReceiptAdmissionKey and the immutable Receipt under the locked gate and
+    exact active epoch; then :func:`receipt_materialize` adds the Components,
+    Events, Projections and Executions that are still missing, in chunks.
+    A crash between the two leaves a Receipt whose redelivery (or the
+    reconciler) materializes only the missing children, under the Receipt's
+    own epoch.
+
     Args:
         account_key, channel: from the ingress path.
         method, url: exactly as received (the signature covers them).
@@ -225,13 +234,15 @@ def admit(*, account_key: str, channel: str, method: str, url: str, body: bytes,
         headers: request headers (case-insensitive lookup).
 
     Returns:
-        ``AdmissionResult(receipt_id, created)``; ``created`` is False for a
-        redelivery that resolved the original Receipt.
+        ``AdmissionResult``: ``created`` is False for a redelivery that
+        resolved the original Receipt; ``already_accepted`` is True (and
+        ``receipt_id`` None) when a V1 acceptance tombstone holds the key.
 
     Raises:
         UnknownIngress (404), SignatureError subclasses (401), MalformedBody (400),
-        AdmissionConflict (409: same transport key, different content),
-        NotServing (503), CredentialUnavailable (503).
+        AdmissionConflict (409: same transport key, different content, or a
+        V1 tombstone with another payload digest), NotServing (503),
+        CredentialUnavailable (503).
     """
     org_id = find_account_org(account_key)
     if org_id is None:
@@ -239,6 +250,16 @@ def admit(*, account_key: str, channel: str, method: str, url: str, body: bytes,
     _gate, route, secret = _route_and_secret(org_id, account_key, channel)
     verify_request(route["auth"], secret=secret, method=method, url=url, body=body, headers=headers,
                    now_epoch_seconds=time.time() if now is None else now)
+    items = split_body(route, body)
+    return admit_items(org_id=org_id, account_key=account_key, channel=channel, route=route, body=body, items=items)
+
+
+def split_body(route: dict, body: bytes) -> list[_Item]:
+    """Parse a JSON-array body and classify its items under ``route``.
+
+    Raises:
+        MalformedBody: not strict JSON, not an array, empty or over ``max_items``.
+    """
     parsed = parse_body(body)
     if not isinstance(parsed, list):
         raise MalformedBody("the body must be a JSON array of events")
@@ -246,18 +267,33 @@ def admit(*, account_key: str, channel: str, method: str, url: str, body: bytes,
         raise MalformedBody("the body is an empty batch")
     if len(parsed) > route["body"].get("max_items", 100):
         raise MalformedBody(f"the batch has more than {route['body'].get('max_items', 100)} items")
-    items = classify_items(route, parsed)
+    return classify_items(route, parsed)
+
+
+def admit_items(*, org_id: str, account_key: str, channel: str, route: dict, body: bytes,
+                items: list[_Item]) -> AdmissionResult:
+    """Reserve the key and Receipt for already authenticated ``items``, then materialize them.
+
+    Raises:
+        AdmissionConflict, NotServing: as :func:`admit`.
+    """
     transport_key = transport_key_for(route, items)
     identity = identity_digest_for(items)
     for _ in range(3):
         try:
             result = _admit_locked(org_id, account_key, channel, route, body, items, transport_key, identity)
-            failpoints.hit(FP_AFTER_RECEIPT)
-            return result
+            break
         except IntegrityError:
             # A concurrent admission of the same key committed first: resolve it.
             continue
-    raise AdmissionConflict("concurrent admissions of this key did not settle")
+    else:
+        raise AdmissionConflict("concurrent admissions of this key did not settle")
+    if result.receipt_id is not None:
+        failpoints.hit(FP_BEFORE_CHILDREN)
+        created, quarantined = receipt_materialize(org_id=org_id, receipt_id=result.receipt_id)
+        result.events_created, result.quarantined = created, quarantined
+        failpoints.hit(FP_AFTER_RECEIPT)
+    return result
 
 
 def _admit_locked(org_id, account_key, channel, route, body, items, transport_key, identity) -> AdmissionResult:
@@ -266,39 +302,118 @@ def _admit_locked(org_id, account_key, channel, route, body, items, transport_ke
         existing = ReceiptAdmissionKey.objects.filter(
             org_id=org_id, account_key=account_key, channel=channel, transport_key=transport_key).first()
         if existing is not None:
-            if existing.identity_digest != identity or existing.receipt_id is None:
+            if existing.identity_digest != identity:
                 raise AdmissionConflict("this transport key was admitted with different content")
+            if existing.receipt_id is None:
+                # A V1 acceptance tombstone: already accepted, nothing materializes in V2.
+                return AdmissionResult(receipt_id=None, created=False, already_accepted=True)
             return AdmissionResult(receipt_id=existing.receipt_id, created=False)
-        epoch: ServingEpoch = ctx.epoch
         quarantined = sum(1 for i in items if i.reason)
-        receipt = insert(Receipt, org_id=org_id, epoch=epoch, account_key=account_key, channel=channel,
+        receipt = insert(Receipt, org_id=org_id, epoch=ctx.epoch, account_key=account_key, channel=channel,
                          route_key=route["route_key"], body=body,
                          body_digest=digest_v2("connectors.receipt-body", [("body", body)]).hexdigest,
                          component_count=len(items), quarantined_count=quarantined)
         insert(ReceiptAdmissionKey, org_id=org_id, account_key=account_key, channel=channel,
                transport_key=transport_key, identity_digest=identity, profile_id=PROFILE_V2, receipt=receipt)
-        account = ctx.account
-        ordering = account["routes"][route["route_key"]]
-        created = 0
-        for item in items:
-            if item.reason:
-                insert(ReceiptComponent, receipt=receipt, ordinal=item.ordinal, disposition="quarantined",
-                       reason_code=item.reason, item=item.raw)
-                continue
-            event = Event.objects.filter(org_id=org_id, account_key=account_key, route_key=route["route_key"],
-                                         source_event_key=item.source_event_key, event_generation="live").first()
-            if event is not None:
-                insert(ReceiptComponent, receipt=receipt, ordinal=item.ordinal, disposition="duplicate",
-                       item=item.raw, event=event)
-                continue
-            event = _materialize(org_id, account_key, epoch, route, account, ordering, receipt, item)
-            insert(ReceiptComponent, receipt=receipt, ordinal=item.ordinal, disposition="event", item=item.raw, event=event)
-            created += 1
-        return AdmissionResult(receipt_id=receipt.pk, created=True, events_created=created, quarantined=quarantined)
+        return AdmissionResult(receipt_id=receipt.pk, created=True)
 
 
-def _materialize(org_id, account_key, epoch, route, account, ordering, receipt, item: _Item) -> Event:
-    """Insert Event, Projection and its first Execution generation on its OrderingLane."""
+def frozen_route(epoch: ServingEpoch, account_key: str, route_key: str) -> tuple[dict, dict]:
+    """The account's frozen facts and the exact route definition of ``epoch``'s pack generation.
+
+    Raises:
+        NotServing: the account or route is not part of the epoch.
+    """
+    account = next((a for a in epoch.document["accounts"] if a["account_key"] == account_key), None)
+    if account is None or route_key not in account["routes"]:
+        raise NotServing(f"route {route_key} of account {account_key} is not part of epoch {epoch.pk}")
+    pack = PackGeneration.objects.get(pk=account["pack_generation"]["id"])
+    route = next(r for r in pack.document.get("inbound_routes", []) if r["route_key"] == route_key)
+    return account, route
+
+
+def _chunk_size() -> int:
+    return max(1, int(os.environ.get("NEXUS_ADMISSION_CHUNK", "50")))
+
+
+def receipt_materialize(*, org_id: str, receipt_id: Receipt.Id | int) -> tuple[int, int]:
+    """Materialize the Components (and Events, Projections, Executions) a Receipt still lacks.
+
+    Each chunk is one transaction that locks the gate and the exact active
+    epoch, requires it to be the Receipt's own epoch, and inserts only the
+    ordinals that do not exist yet; existing children are never rewritten.
+
+    Returns:
+        ``(events_created, quarantined)`` by this call.
+
+    Raises:
+        NotServing: the gate is not serving the Receipt's epoch (nothing is inserted).
+    """
+    receipt = Receipt.objects.get(org_id=org_id, pk=require_id(receipt_id, Receipt, field="receipt_id"))
+    _account, route = frozen_route(receipt.epoch, receipt.account_key, receipt.route_key)
+    items = _split_stored(route, bytes(receipt.body))
+    if len(items) != receipt.component_count:
+        raise AdmissionConflict(f"receipt {receipt.pk} no longer splits into {receipt.component_count} items")
+    created = quarantined = 0
+    while True:
+        with transaction.atomic(durable=True):
+            ctx = serving_lock(org_id=org_id, account_key=receipt.account_key)
+            if ctx.epoch.pk != receipt.epoch_id:
+                raise NotServing(f"receipt {receipt.pk} belongs to epoch {receipt.epoch_id}, not the serving one")
+            done = set(ReceiptComponent.objects.filter(receipt=receipt).values_list("ordinal", flat=True))
+            missing = [i for i in items if i.ordinal not in done][:_chunk_size()]
+            if not missing:
+                return created, quarantined
+            c, q = _materialize_items(org_id, receipt.account_key, ctx, route, receipt, missing)
+            created, quarantined = created + c, quarantined + q
+        failpoints.hit(FP_BETWEEN_CHUNKS)
+
+
+def _split_stored(route: dict, body: bytes) -> list[_Item]:
+    """Re-split a stored Receipt body exactly as admission did (deterministic)."""
+    splitter = route.get("body", {}).get("splitter")
+    if splitter is not None:
+        return STORED_SPLITTERS[splitter](route, body)
+    return split_body(route, body)
+
+
+#: Splitters of routes whose stored Receipt body is not a JSON array (stream ingress).
+STORED_SPLITTERS: dict[str, Any] = {}
+
+
+def _materialize_items(org_id, account_key, ctx, route, receipt, items: list[_Item]) -> tuple[int, int]:
+    epoch, account = ctx.epoch, ctx.account
+    ordering = account["routes"][route["route_key"]]
+    windows: dict[str, Any] = {}
+    if "window" in route:
+        keys = [grouping_of(route, i.raw, i.partition)[1] for i in items if not i.reason]
+        windows = lock_open_windows(org_id=org_id, epoch=epoch, route_key=route["route_key"], grouping_keys=keys)
+    created = quarantined = 0
+    for item in items:
+        if item.reason:
+            insert(ReceiptComponent, receipt=receipt, ordinal=item.ordinal, disposition="quarantined",
+                   reason_code=item.reason, item=item.raw)
+            quarantined += 1
+            continue
+        event = Event.objects.filter(org_id=org_id, account_key=account_key,
+                                     source_event_key=item.source_event_key, event_generation="live").first()
+        if event is not None:
+            insert(ReceiptComponent, receipt=receipt, ordinal=item.ordinal, disposition="duplicate",
+                   item=item.raw, event=event)
+            continue
+        event = _materialize(org_id, account_key, epoch, route, account, ordering, receipt, item, windows)
+        insert(ReceiptComponent, receipt=receipt, ordinal=item.ordinal, disposition="event", item=item.raw, event=event)
+        created += 1
+    return created, quarantined
+
+
+def _materialize(org_id, account_key, epoch, route, account, ordering, receipt, item: _Item,
+                 windows: dict | None = None) -> Event:
+    """Insert Event, Projection and its first Execution generation on its OrderingLane.
+
+    A windowed route's Projection joins the open window of its grouping key
+    instead; the window's seal mints the Execution (``connectors/windows.py``).
+    """
     payload_bytes = canonical_json.dumps(item.raw)
     partition_key = digest_v2("connectors.ordering-partition", [
         ("route_key", route["route_key"]), ("partition", canonical_json.dumps(item.partition))]).hexdigest
@@ -313,8 +428,6 @@ def _materialize(org_id, account_key, epoch, route, account, ordering, receipt, 
     definition_digest = digest_v2("connectors.route-definition", [
         ("pack_digest", account["pack_generation"]["digest"]), ("route_key", route["route_key"])]).hexdigest
     input_digest = event.payload_digest
-    projection = insert(Projection, org_id=org_id, event=event, route_key=route["route_key"],
-                        definition_digest=definition_digest, input_digest=input_digest)
     lane = None
     if ordering["ordering"]["contract"] != "order_independent":
         lane = OrderingLane.objects.filter(epoch=epoch, route_key=route["route_key"], partition_key=partition_key).first()
@@ -322,6 +435,16 @@ def _materialize(org_id, account_key, epoch, route, account, ordering, receipt, 
             lane = OrderingLaneStore.create(org_id=org_id, epoch=epoch, account_key=account_key,
                                             route_key=route["route_key"], partition_key=partition_key,
                                             partition=item.partition, state="open")
+    if "window" in route:
+        grouping, grouping_key = grouping_of(route, item.raw, item.partition)
+        window = window_for_member(org_id=org_id, epoch=epoch, account_key=account_key, route=route, lane=lane,
+                                   grouping=grouping, grouping_key=grouping_key, held=windows)
+        projection = insert(Projection, org_id=org_id, event=event, route_key=route["route_key"],
+                            definition_digest=definition_digest, input_digest=input_digest, window=window)
+        window_add_member(window, projection, epoch, account)
+        return event
+    projection = insert(Projection, org_id=org_id, event=event, route_key=route["route_key"],
+                        definition_digest=definition_digest, input_digest=input_digest)
     command_id = digest_v2("connectors.runtime-command", [
         ("org_id", org_id), ("projection_id", projection.pk), ("generation", 1)]).hexdigest
     execution_ref = digest_v2("connectors.execution-ref", [
@@ -331,3 +454,16 @@ def _materialize(org_id, account_key, epoch, route, account, ordering, receipt, 
     ExecutionStore.create(org_id=org_id, projection=projection, generation=1, lane=lane, position=item.position,
                           state="ready", command_id=command_id, execution_ref_digest=execution_ref)
     return event
+
+
+def receipt_try_reconcile_one() -> bool:
+    """Materialize the missing children of one Receipt (crash recovery). Returns ``True`` if it did work."""
+    from .selectors import receipts_missing_children
+
+    for org_id, receipt_id in receipts_missing_children():
+        try:
+            receipt_materialize(org_id=org_id, receipt_id=receipt_id)
+        except NotServing:
+            continue  # its epoch is not serving: it stays visible until the gate serves it again
+        return True
+    return False

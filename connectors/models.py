@@ -149,12 +149,20 @@ class ReceiptAdmissionKey(GuardedModel):
     identity_digest = IdentityField(**DIGEST, help_text="Digest of the admitted items without volatile fields.")
     profile_id = IdentityField(**PROFILE)
     receipt = models.OneToOneField(Receipt, null=True, blank=True, on_delete=models.PROTECT)
-    v1_tombstone = models.JSONField(null=True, blank=True)
+    v1_tombstone = models.JSONField(
+        null=True, blank=True,
+        help_text="Immutable V1 acceptance tombstone: the predecessor ref. identity_digest is its authorized "
+                  "payload digest. Never executable.")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["org_id", "account_key", "channel", "transport_key"], name="admission_key_uniq"),
+            # Exactly one target: a V2 Receipt or a V1 tombstone (seed 003 "Inbound facts").
+            models.CheckConstraint(
+                condition=(models.Q(receipt__isnull=False, v1_tombstone__isnull=True)
+                           | models.Q(receipt__isnull=True, v1_tombstone__isnull=False)),
+                name="admission_key_target_chk"),
         ]
 
 
@@ -184,7 +192,7 @@ class Event(GuardedModel):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["org_id", "account_key", "route_key", "source_event_key", "event_generation"], name="event_identity_uniq"
+                fields=["org_id", "account_key", "source_event_key", "event_generation"], name="event_identity_uniq"
             ),
         ]
 
@@ -230,12 +238,47 @@ class OrderingLane(GuardedModel):
         ]
 
 
+class ProjectionWindow(GuardedModel):
+    """One explicit window of a grouped, latest, batch or settle route (seed 003 "Inbound facts").
+
+    At most one ``open`` window per epoch, route and canonical grouping key:
+    ``open_key`` holds the grouping key while open and is NULL once sealed,
+    under a unique index. Input that races a seal lands in a successor window.
+    """
+
+    org_id = IdentityField(max_length=64)
+    epoch = models.ForeignKey(ServingEpoch, on_delete=models.PROTECT)
+    account_key = IdentityField(max_length=80)
+    route_key = IdentityField(max_length=80)
+    grouping_key = IdentityField(**DIGEST)
+    open_key = IdentityField(**DIGEST, null=True, blank=True, help_text="grouping_key while open; NULL once sealed.")
+    grouping = models.JSONField()
+    policy = models.CharField(max_length=16, help_text="grouped | latest | batch | settle")
+    close_policy = models.JSONField(help_text="Frozen close policy: close_after_seconds, max_items.")
+    lane = models.ForeignKey(OrderingLane, null=True, blank=True, on_delete=models.PROTECT)
+    state = models.CharField(max_length=16)
+    version = models.PositiveBigIntegerField(default=1)
+    reason_code = reason_code_field()
+    member_count = models.PositiveIntegerField(default=0)
+    close_at = models.DateTimeField(help_text="Database-clock time the window closes (immutable).")
+    opened_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["epoch", "route_key", "open_key"], name="projection_window_open_uniq"),
+            reason_code_constraint(transitions.PROJECTION_WINDOW, name="projection_window_reason_chk"),
+        ]
+        indexes = [models.Index(fields=["state", "close_at"], name="projection_window_close_idx")]
+
+
 class Projection(GuardedModel):
     org_id = IdentityField(max_length=64)
     event = models.OneToOneField(Event, on_delete=models.PROTECT)
     route_key = IdentityField(max_length=80)
     definition_digest = IdentityField(**DIGEST)
     input_digest = IdentityField(**DIGEST)
+    window = models.ForeignKey(ProjectionWindow, null=True, blank=True, on_delete=models.PROTECT,
+                               related_name="members")
     created_at = models.DateTimeField(auto_now_add=True)
 
 
@@ -252,6 +295,8 @@ class Execution(GuardedModel):
     execution_ref_digest = IdentityField(**DIGEST)
     result_digest = IdentityField(**DIGEST, blank=True, default="")
     runtime_receipt_id = TypedIdReference(to="runtime_outbox.ApplicationResult", null=True, blank=True)
+    window = models.OneToOneField(ProjectionWindow, null=True, blank=True, on_delete=models.PROTECT,
+                                  help_text="The sealed window this Execution applies (one per window).")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -278,6 +323,32 @@ class ExecutionAttempt(GuardedModel):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["execution", "attempt_number"], name="execution_attempt_uniq")]
+
+
+class ExecutionDependency(GuardedModel):
+    """A requirement an Execution waits on, with an immutable deadline (seed 003 "Inbound facts").
+
+    Waiting holds no worker lease: the Execution is ``waiting_dependency``
+    and no ExecutionAttempt is started. ``deadline_at``, ``requirement``,
+    ``required_position`` and ``disposition`` never change after insert.
+    """
+
+    org_id = IdentityField(max_length=64)
+    execution = models.ForeignKey(Execution, on_delete=models.PROTECT, related_name="dependencies")
+    lane = models.ForeignKey(OrderingLane, null=True, blank=True, on_delete=models.PROTECT)
+    requirement = IdentityField(max_length=32, help_text="source_predecessor: the lane must reach required_position.")
+    required_position = models.BinaryField(max_length=64)
+    disposition = models.CharField(max_length=16, help_text="Frozen deadline disposition: quarantine | skip.")
+    deadline_at = models.DateTimeField(help_text="Database-clock deadline, fixed at insert.")
+    state = models.CharField(max_length=16)
+    version = models.PositiveBigIntegerField(default=1)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["execution", "requirement"], name="execution_dependency_uniq"),
+        ]
+        indexes = [models.Index(fields=["state", "deadline_at"], name="execution_dependency_due_idx")]
 
 
 class OrderingDecision(GuardedModel):

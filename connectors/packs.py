@@ -18,7 +18,9 @@ from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.identity import validate_key
 
+from .ordering import validate_contract
 from .signatures import validate_config as validate_auth_config
+from .windows import validate_window
 
 
 class PackError(NexusError):
@@ -71,8 +73,12 @@ def _validate(doc: dict, path: Path) -> None:
             validate_auth_config(route["auth"])
         except ValueError as exc:
             raise PackError(f"{path}: route {route['route_key']}: {exc}") from exc
-        if route["ordering"].get("contract") not in ("latest_source_position", "order_independent"):
-            raise PackError(f"{path}: route {route['route_key']}: unsupported ordering contract")
+        try:
+            validate_contract(route["ordering"])
+            if "window" in route:
+                validate_window(route["window"])
+        except ValueError as exc:
+            raise PackError(f"{path}: route {route['route_key']}: {exc}") from exc
     for contract in doc.get("push_contracts", []):
         for key in ("contract_key", "action_slot_id", "destination_slot_id", "source_object", "callout_profile",
                     "create", "update", "response_id_path", "mapping"):

@@ -7,6 +7,7 @@ admission"; the states are listed in ``connectors/transitions.py``):
 | --- | --- |
 | ReceiptComponent ``quarantined`` | ITEM_NOT_OBJECT, ITEM_KIND_UNSUPPORTED, ITEM_SCHEMA_INVALID, ITEM_IDENTITY_INVALID |
 | Execution ``superseded`` | SUPERSEDED_BY_NEWER_POSITION |
+| Execution ``quarantined`` | SOURCE_SEQUENCE_GAP (strict gap past its frozen deadline, disposition ``quarantine``) |
 | ServingEpoch ``rejected`` | EPOCH_OWNER_MISMATCH |
 | RemoteEffect ``uncertain`` | RESPONSE_AMBIGUOUS, RESPONSE_ID_MISSING, UNCLASSIFIED_RESPONSE, HOLDER_ABANDONED |
 | RemoteEffect ``no_effect`` | DEFINITE_REFUSAL |
@@ -36,6 +37,10 @@ ITEM_IDENTITY_INVALID = register(
 SUPERSEDED_BY_NEWER_POSITION = register(
     "superseded_by_newer_position", owner=OWNER, evidence=_S + "ordering_decisions_superseded",
     alert_after_seconds=0, remediations=("none",))
+
+SOURCE_SEQUENCE_GAP = register(
+    "source_sequence_gap", owner=OWNER, evidence=_S + "executions_with_reason",
+    alert_after_seconds=0, remediations=("operator_reconcile", "fix_sender_and_replay"))
 
 # --- serving generations (ServingEpoch) -----------------------------------------
 EPOCH_OWNER_MISMATCH = register(

@@ -18,6 +18,10 @@ from django.db.models import QuerySet
 
 from .models import (
     DispatchPermit,
+    Execution,
+    ExecutionDependency,
+    ProjectionWindow,
+    Receipt,
     OrderingDecision,
     OrderingLane,
     ReceiptComponent,
@@ -173,3 +177,53 @@ def database_answers(using: str = "default") -> None:
     """
     with connections[using].cursor() as cursor:
         cursor.execute("SELECT 1")
+
+
+def receipts_missing_children(limit: int = 20) -> list[tuple[str, "Receipt.Id"]]:
+    """Receipts with fewer Components than items: a crash fell between Receipt and children (non-locking).
+
+    Children commit in ascending ordinal chunks, so a Receipt is complete
+    exactly when its last ordinal exists.
+
+    Returns:
+        ``[(org_id, receipt_id), ...]`` oldest first. Seed 003 "Inbound facts".
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT r.org_id, r.id FROM connectors_receipt r WHERE r.component_count > 0 AND NOT EXISTS ("
+            " SELECT 1 FROM connectors_receiptcomponent c WHERE c.receipt_id = r.id"
+            " AND c.ordinal = r.component_count - 1) ORDER BY r.id LIMIT %s", [limit])
+        return [(row[0], Receipt.Id(row[1])) for row in cursor.fetchall()]
+
+
+def windows_due(now: dt.datetime, limit: int = 20) -> list[tuple[str, "ProjectionWindow.Id"]]:
+    """Open ProjectionWindows whose ``close_at`` is not after ``now`` (the DB clock), oldest first."""
+    rows = (ProjectionWindow.objects.filter(state="open", close_at__lte=now)
+            .order_by("close_at", "id").values_list("org_id", "id")[:limit])
+    return [(org_id, ProjectionWindow.Id(pk)) for org_id, pk in rows]
+
+
+def dependencies_due(now: dt.datetime, limit: int = 20) -> list[tuple[str, "ExecutionDependency.Id"]]:
+    """Waiting ExecutionDependencies whose immutable deadline passed (non-locking), oldest first."""
+    rows = (ExecutionDependency.objects.filter(state="waiting", deadline_at__lte=now)
+            .order_by("deadline_at", "id").values_list("org_id", "id")[:limit])
+    return [(org_id, ExecutionDependency.Id(pk)) for org_id, pk in rows]
+
+
+def unlaned_executions_ready(now: dt.datetime, limit: int = 20) -> list[tuple[str, "Execution.Id"]]:
+    """Ready ``order_independent`` Executions (no lane) that no live lease holds, oldest first."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT e.org_id, e.id FROM connectors_execution e WHERE e.state = 'ready' AND e.lane_id IS NULL"
+            " AND NOT EXISTS (SELECT 1 FROM connectors_executionattempt a WHERE a.execution_id = e.id"
+            " AND a.state = 'started' AND a.lease_expires_at > %s) ORDER BY e.id LIMIT %s", [now, limit])
+        return [(row[0], Execution.Id(row[1])) for row in cursor.fetchall()]
+
+
+def executions_with_reason(*, org_id: str, reason_code: str | None = None,
+                           lane_id: int | None = None) -> QuerySet[Execution]:
+    """Executions carrying a reason code, with their dependencies' frozen deadlines, newest first."""
+    qs = Execution.objects.filter(org_id=org_id).prefetch_related("dependencies")
+    if lane_id is not None:
+        qs = qs.filter(lane_id=lane_id)
+    return _with_reason(qs, reason_code).order_by("-id")

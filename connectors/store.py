@@ -100,3 +100,28 @@ class RemoteLinkStore(CasStore):
     machine = transitions.REMOTE_LINK
     lock_class = LockClass.CONNECTOR_WORK
     lock_rank, lock_label = RANK_LINK, "link"
+
+
+# Sub-order ranks of the inbound-chain rows added after the first ranks were
+# fixed: a window locks after its lane and before Executions; a dependency
+# after its Execution and before ExecutionAttempts (ARCHITECTURE.md section 6,
+# "OrderingLane -> Projection/Window -> Execution").
+RANK_WINDOW, RANK_DEPENDENCY = 0.5, 2.5
+
+
+class ProjectionWindowStore(CasStore):
+    model = models.ProjectionWindow
+    machine = transitions.PROJECTION_WINDOW
+    lock_class = LockClass.CONNECTOR_WORK
+    lock_rank, lock_label = RANK_WINDOW, "window"
+    immutable_columns = frozenset({"grouping_key", "grouping", "policy", "close_policy", "close_at", "epoch_id",
+                                   "route_key", "account_key", "lane_id"})
+
+
+class ExecutionDependencyStore(CasStore):
+    model = models.ExecutionDependency
+    machine = transitions.EXECUTION_DEPENDENCY
+    lock_class = LockClass.CONNECTOR_WORK
+    lock_rank, lock_label = RANK_DEPENDENCY, "dependency"
+    immutable_columns = frozenset({"deadline_at", "requirement", "required_position", "disposition",
+                                   "execution_id", "lane_id"})

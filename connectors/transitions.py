@@ -14,9 +14,10 @@ liveness and maintenance admission"; codes in ``connectors/reasons.py`` and
 | ServingEpoch | rejected | a refused candidate |
 | CredentialGenerationDispatchGate | revoked | dispatch halted for the credential |
 | Execution | quarantined, superseded | halted, or decided without calling Runtime |
+| ProjectionWindow | quarantined | a window that cannot be applied |
 | RemoteEffect | uncertain, no_effect, quarantined | parked, refused, halted |
 | RemoteLink | suspended_drift | PATCH authority halted |
-| OrderingLane, DispatchPermit, ExecutionAttempt, RemoteEffectAttempt | none | lane hand-off is not a halt; Permits and attempts are evidence, their RemoteEffect / Execution carries the code |
+| OrderingLane, DispatchPermit, ExecutionAttempt, RemoteEffectAttempt, ExecutionDependency | none | lane hand-off is not a halt; Permits and attempts are evidence, their RemoteEffect / Execution carries the code |
 """
 from nexusflow.kernel.transitions import machine
 
@@ -142,16 +143,17 @@ REMOTE_EFFECT_ATTEMPT = machine(
     seed='Seed 003, "Outbound facts" (Attempt evidence is immutable once settled)',
 )
 
-# Seed 003 machines whose rows are built by the inbound-chain and activation
-# issues. The tables are fixed here so every reader and the pair tests see them
-# before the rows exist (tests/kernel/test_transition_pairs.py lists them as
-# "table only" until a store claims them).
+# ProjectionWindow and ExecutionDependency rows are written by
+# connectors/windows.py and connectors/ordering.py. The barrier set is fixed
+# here before its rows exist (tests/kernel/test_transition_pairs.py lists it as
+# "table only" until a store claims it).
 
 PROJECTION_WINDOW = machine(
     "connectors.ProjectionWindow",
     {"open": {"sealed", "quarantined"}, "sealed": set(), "quarantined": set()},
     initial={"open"},
     seed=SEED + ' (ProjectionWindow); "Inbound facts"',
+    reason_required={"quarantined"},
 )
 
 EXECUTION_DEPENDENCY = machine(

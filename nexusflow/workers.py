@@ -13,9 +13,14 @@ def units_for(role: str, worker_id: str) -> list[tuple[str, Unit]]:
         ValueError: unknown role.
     """
     if role == "connector":
-        from connectors.executions import execution_try_recover_one, execution_try_run_one
+        from connectors.executions import dependency_try_expire_one, execution_try_recover_one, execution_try_run_one
+        from connectors.inbound import receipt_try_reconcile_one
+        from connectors.windows import window_try_close_one
 
-        return [("execution.run", lambda: execution_try_run_one(worker_id=worker_id)),
+        return [("receipt.reconcile", receipt_try_reconcile_one),
+                ("window.close", window_try_close_one),
+                ("dependency.expire", dependency_try_expire_one),
+                ("execution.run", lambda: execution_try_run_one(worker_id=worker_id)),
                 ("execution.recover", lambda: execution_try_recover_one(worker_id=worker_id))]
     if role == "runtime":
         from runtime_outbox.services import outbox_try_deliver_one

@@ -69,8 +69,25 @@ def record_upsert_via_link(org: OrgScope, command: dict) -> tuple[str, dict]:
 
 
 def run(org: OrgScope, command: dict) -> tuple[str, dict]:
+    """Run one application command; a command with ``events`` applies each event in order.
+
+    A windowed Execution (seed 003 "Inbound facts", ProjectionWindow) carries
+    its members' facts in SourcePosition order; they apply in this one
+    transaction. The outcome is ``applied`` if any member applied, else
+    ``rejected`` if any was rejected, else ``noop``.
+    """
     name = command.get("application", {}).get("command")
     fn = HANDLERS.get(name)
     if fn is None:
         raise UnknownCommand(f"no application command {name!r}")
-    return fn(org, command)
+    members = command.get("events")
+    if members is None:
+        return fn(org, command)
+    base = {k: v for k, v in command.items() if k != "events"}
+    outcomes, results = [], []
+    for member in members:
+        outcome, result = fn(org, {**base, **member})
+        outcomes.append(outcome)
+        results.append({"source_event_key": member["source_event_key"], "outcome": outcome, "result": result})
+    overall = "applied" if "applied" in outcomes else "rejected" if "rejected" in outcomes else "noop"
+    return overall, {"members": results}

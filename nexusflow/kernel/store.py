@@ -254,6 +254,8 @@ class CasStore:
 
     #: Columns only the CAS itself writes or compares; never in ``set_fields`` or ``fences``.
     CAS_COLUMNS = frozenset({"id", "org_id", "state", "version"})
+    #: Columns fixed at insert (e.g. a frozen deadline): refused in ``set_fields``.
+    immutable_columns: frozenset[str] = frozenset()
 
     @classmethod
     def _check_columns(cls, values: dict[str, Any] | None, what: str) -> None:
@@ -266,6 +268,8 @@ class CasStore:
                 raise ValueError(f"{cls.model.__name__}: {what} cannot name {column!r}; the CAS owns it")
             if column not in columns:
                 raise ValueError(f"{cls.model.__name__}: {what} names unknown column {column!r}")
+            if what == "set_fields" and column in cls.immutable_columns:
+                raise ValueError(f"{cls.model.__name__}: {column!r} is fixed at insert and never changes")
             if isinstance(value, Combinable) or hasattr(value, "resolve_expression"):
                 raise ValueError(f"{cls.model.__name__}: {what}[{column!r}] is an expression; pass a value")
 

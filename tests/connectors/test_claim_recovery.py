@@ -17,10 +17,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_a_lane_whose_active_execution_waits_is_recovered_without_a_lock_reversal():
-    epoch = rows.make(ServingEpoch, org_id=ORG, state="active", version=1)
+    ordering = {"contract": "latest_source_position", "partition": [], "position": ["n"], "tie_breaker": "n",
+                "comparator_version": "1"}
+    epoch = rows.make(ServingEpoch, org_id=ORG, state="active", version=1, document={"accounts": [
+        {"account_key": "acct", "routes": {"r1": {"ordering": ordering}}}]})
     rows.make(AccountServingGate, org_id=ORG, account_key="acct", state="v2_serving", version=1, epoch=epoch,
               epoch_digest=epoch.digest)
-    lane = rows.make(OrderingLane, org_id=ORG, epoch=epoch, state="open", version=1)
+    lane = rows.make(OrderingLane, org_id=ORG, epoch=epoch, state="open", version=1, route_key="r1")
     waiting = rows.make(Execution, org_id=ORG, lane=lane, state="waiting_dependency", version=1,
                         position=b"\x01")
     ready = rows.make(Execution, org_id=ORG, lane=lane, state="ready", version=1, position=b"\x02")

@@ -127,6 +127,10 @@ def _row(model: type[GuardedModel], made: dict) -> GuardedModel:
                 or getattr(field, "auto_now", False) or field.name in {"state", "version"}:
             continue
         values[field.name] = _value(field, made)
+    from tests.kernel.rows import CHECK_DEFAULTS
+
+    for name, value in CHECK_DEFAULTS.get(model._meta.label, {}).items():
+        values.setdefault(name, value)
     store = next((s for s in _stores() if s.model is model), None)
     if store is not None:
         row = store.create(state=sorted(store.machine.initial)[0], **values)
