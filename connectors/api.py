@@ -3,6 +3,8 @@
 ``POST /api/v2/ingress/<account_key>/<channel>/`` takes the raw provider body.
 
 - 202 ``{"receipt_id": n}``: admitted now; 200 with the same id: a redelivery;
+- 200 ``{"receipt_id": null, "status": "already_accepted"}``: V1 accepted this
+  exact delivery before the upgrade (a tombstone); nothing runs again;
 - 401 ``signature_invalid`` / ``signature_stale`` / ``signature_missing``;
 - 400 ``malformed_body``; 404 ``unknown_ingress``; 409 ``admission_conflict``;
 - 503 ``not_serving`` / ``credential_unavailable`` with ``Retry-After``.
@@ -48,7 +50,8 @@ class IngressAdmitApi(APIView):
     permission_classes: list = []
 
     class OutputSerializer(serializers.Serializer):
-        receipt_id = serializers.IntegerField()
+        receipt_id = serializers.IntegerField(allow_null=True)
+        status = serializers.ChoiceField(choices=["admitted", "redelivered", "already_accepted"])
 
         class Meta:
             ref_name = "IngressReceipt"
@@ -93,8 +96,11 @@ class IngressAdmitApi(APIView):
             log.warning("ingress database error for %s/%s: %s", account_key, channel, exc)
             return error_response("temporarily_unavailable", "retry later", status.HTTP_503_SERVICE_UNAVAILABLE,
                                   headers={"Retry-After": RETRY_AFTER_SECONDS})
+        if result.already_accepted:
+            return Response({"receipt_id": None, "status": "already_accepted"}, status=status.HTTP_200_OK)
         code = status.HTTP_202_ACCEPTED if result.created else status.HTTP_200_OK
-        return Response({"receipt_id": result.receipt_id}, status=code)
+        return Response({"receipt_id": result.receipt_id, "status": "admitted" if result.created else "redelivered"},
+                        status=code)
 
 
 class HealthApi(APIView):

@@ -121,6 +121,9 @@ def remote_effects_blocking_lane(*, org_id: str, reason_code: str | None = None)
 def candidate_lanes(now: dt.datetime, limit: int = 20) -> list[tuple[str, "OrderingLane.Id"]]:
     """Lanes with ready work that no live lease holds, oldest work first (non-locking).
 
+    Ready work includes a waiting Execution whose dependency the lane's
+    high-water now meets (the claim satisfies it under the lane lock).
+
     Args:
         now: the database clock; a lease whose ``lease_expires_at`` is not after it is dead.
         limit: most lanes returned.
@@ -133,7 +136,10 @@ def candidate_lanes(now: dt.datetime, limit: int = 20) -> list[tuple[str, "Order
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT l.org_id, e.lane_id FROM connectors_execution e JOIN connectors_orderinglane l ON l.id = e.lane_id "
-            "WHERE e.state = 'ready' AND (l.active_execution_id IS NULL OR NOT EXISTS ("
+            "WHERE (e.state = 'ready' OR (e.state = 'waiting_dependency' AND EXISTS ("
+            " SELECT 1 FROM connectors_executiondependency d WHERE d.execution_id = e.id AND d.state = 'waiting'"
+            " AND l.high_water_position >= d.required_position)))"
+            " AND (l.active_execution_id IS NULL OR NOT EXISTS ("
             " SELECT 1 FROM connectors_executionattempt a WHERE a.execution_id = l.active_execution_id"
             " AND a.state = 'started' AND a.lease_expires_at > %s)) "
             "GROUP BY l.org_id, e.lane_id ORDER BY MIN(e.id) LIMIT %s",

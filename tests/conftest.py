@@ -156,11 +156,14 @@ def drain(*, worker_id: str = "test-worker", max_rounds: int = 2000, client=None
         effect_try_reconcile_one,
         permit_try_abandon_one,
     )
-    from connectors.executions import execution_try_run_one
+    from connectors.executions import dependency_try_expire_one, execution_try_run_one
+    from connectors.inbound import receipt_try_reconcile_one
+    from connectors.windows import window_try_close_one
     from nexusflow.flows.services import flow_try_run_step_one, flow_try_wake_one
     from runtime_outbox.services import outbox_try_deliver_one
 
-    units = [lambda: execution_try_run_one(worker_id=worker_id), outbox_try_deliver_one, flow_try_wake_one,
+    units = [receipt_try_reconcile_one, window_try_close_one, dependency_try_expire_one,
+             lambda: execution_try_run_one(worker_id=worker_id), outbox_try_deliver_one, flow_try_wake_one,
              lambda: flow_try_run_step_one(worker_id=worker_id), permit_try_abandon_one, effect_try_finalize_one,
              effect_try_reconcile_one, lambda: effect_try_dispatch_one(worker_id=worker_id, client=client)]
     done = 0

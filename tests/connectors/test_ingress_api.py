@@ -42,7 +42,7 @@ def test_admission_then_redelivery_resolves_the_same_receipt(client, org):
     events.reverse()
     again = post_signed(client, events)
     assert again.status_code == 200
-    assert again.json() == {"receipt_id": receipt_id}
+    assert again.json() == {"receipt_id": receipt_id, "status": "redelivered"}
     assert Receipt.objects.count() == 1
     assert ReceiptAdmissionKey.objects.count() == 1
     assert Event.objects.count() == 2

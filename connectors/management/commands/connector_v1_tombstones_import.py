@@ -1,0 +1,30 @@
+"""``manage.py connector_v1_tombstones_import --org ORG FILE``: import V1 acceptance tombstones."""
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from connectors.tombstones import TombstoneConflict, TombstoneImportError, v1_tombstones_import
+from nexusflow.kernel.errors import InvalidIdentity
+from nexusflow.kernel.scope import OrgScope
+
+
+class Command(BaseCommand):
+    help = ("Import V1 acceptance tombstones (seed 003 'Inbound facts') from a JSON file "
+            '{"tombstones": [{"account_key", "channel", "body": [...], "predecessor": {...}}]}. '
+            "Allowed only while the account gate is v1_drained or v2_validating; importing again is a no-op.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("file", help="Path to the tombstone JSON document.")
+        parser.add_argument("--org", required=True, help="Org id the tombstones belong to.")
+
+    def handle(self, *args, file, org, **options):
+        try:
+            with open(file, encoding="utf-8") as handle:
+                document = json.load(handle)
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CommandError(f"cannot read {file}: {exc}") from exc
+        try:
+            report = v1_tombstones_import(org=OrgScope(org), document=document)
+        except (TombstoneImportError, TombstoneConflict, InvalidIdentity) as exc:
+            raise CommandError(f"{exc.code}: {exc}") from exc
+        self.stdout.write(f"tombstones for {org}: {report.created} imported, {report.existing} already present")
