@@ -23,7 +23,6 @@ from nexusflow.kernel.models import insert
 from . import reasons
 from .models import (
     AccountServingGate,
-    CredentialGeneration,
     Event,
     OrderingLane,
     PackGeneration,
@@ -33,7 +32,7 @@ from .models import (
     ReceiptComponent,
     ServingEpoch,
 )
-from .serving import CredentialUnavailable, NotServing, find_account_org, resolve_secret, serving_lock
+from .serving import CredentialUnavailable, NotServing, find_account_org, resolve_frozen_secret, serving_lock
 from .signatures import verify_request
 from .store import ExecutionStore, OrderingLaneStore
 
@@ -210,7 +209,7 @@ def _route_and_secret(org_id: str, account_key: str, channel: str) -> tuple[Acco
     credential_ref = account["credentials"].get(route["credential_ref"])
     if credential_ref is None:
         raise CredentialUnavailable(f"account {account_key} has no credential {route['credential_ref']}")
-    secret = resolve_secret(CredentialGeneration.objects.get(org_id=org_id, pk=credential_ref["id"]))
+    secret = resolve_frozen_secret(org_id=org_id, frozen=credential_ref)
     return gate, route, secret
 
 
