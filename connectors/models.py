@@ -26,7 +26,7 @@ class PackGeneration(GuardedModel):
 
     pack_key = IdentityField(max_length=80)
     owner_key = IdentityField(max_length=120, help_text="ConnectorOwnerKey: immutable pack lineage.")
-    version = models.CharField(max_length=40)
+    version = IdentityField(max_length=40)
     document = models.JSONField()
     digest = IdentityField(**DIGEST, help_text="PackPayloadDigest of the canonical document.")
     installation_id = IdentityField(max_length=120, blank=True, default="",
