@@ -230,11 +230,12 @@ def epoch_digest_of(preimage: bytes) -> str:
 
 def first_difference(expected: EpochCandidate, stored: bytes) -> str:
     """Name the first preimage field where ``stored`` departs from ``expected`` (for messages)."""
-    offset = len(encode_v2(EPOCH_DOMAIN, []))
-    if stored[:offset] != encode_v2(EPOCH_DOMAIN, [])[:offset]:
+    prefix = encode_v2(EPOCH_DOMAIN, [])
+    if stored[:len(prefix)] != prefix:
         return "domain or profile prefix"
+    offset = len(prefix)
     for name, value in preimage_fields(expected):
-        chunk = encode_v2(EPOCH_DOMAIN, [(name, value)])[offset:]
+        chunk = encode_v2(EPOCH_DOMAIN, [(name, value)])[len(prefix):]
         if stored[offset:offset + len(chunk)] != chunk:
             return name
         offset += len(chunk)
