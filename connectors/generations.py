@@ -368,11 +368,11 @@ def credential_publish(*, org: OrgScope, document: dict) -> tuple[CredentialGene
     where = "credential"
     if not isinstance(document, dict):
         raise ConfigurationError("a credential document is a JSON object")
+    _check_org(document, org)
     unknown = sorted(set(document) - _CREDENTIAL_FIELDS)
     if unknown:
         raise ConfigurationError(f"unknown credential fields {unknown}; allowed: {sorted(_CREDENTIAL_FIELDS)}",
                                  code="unknown_field")
-    _check_org(document, org)
     ref = {"org_id": org.org_id,
            "account_key": validate_key(document.get("account_key"), field="account_key", max_length=80),
            "credential_ref": validate_key(document.get("credential_ref"), field="credential_ref", max_length=80),
@@ -646,11 +646,11 @@ def service_configuration_apply(*, org: OrgScope, document: object) -> Connector
     """
     if not isinstance(document, dict):
         raise ConfigurationError("the configuration must be a JSON object with an 'accounts' list")
+    _check_org(document, org)
     unknown = sorted(set(document) - _TOP_FIELDS)
     if unknown:
         raise ConfigurationError(f"unknown top-level fields {unknown}; allowed: {sorted(_TOP_FIELDS)}",
                                  code="unknown_field")
-    _check_org(document, org)
     accounts = document.get("accounts")
     if not isinstance(accounts, list) or not accounts:
         raise ConfigurationError("the configuration needs a non-empty 'accounts' list")
