@@ -2,8 +2,8 @@
 (seed 003 "Identity rules": "The V2 ServingEpoch preimage has one closed nested
 order"; "State machines": ServingEpoch ``prepared -> verified | rejected``).
 
-The preimage is the V2 digest profile's encoding (:func:`nexuscrm
-kernel.digests.encode_v2`: framed domain and profile id, then each field as
+The preimage is the V2 digest profile's encoding
+(:func:`nexusflow.kernel.digests.encode_v2`: framed domain and profile id, then each field as
 ``frame(name) || tagged value``; integers are fixed-width signed 64-bit
 big-endian, text and bytes are u32 length framed) of exactly these fields, in
 this order:

@@ -410,3 +410,23 @@ def test_a_digest_disagreement_is_refused_before_persistence(org):
                                               "version": SECRET_VERSION, "secret": {"from_env": "NEXUS_TEST_WEBHOOK_SECRET"},
                                               "transport": {"scheme": "bearer"}})
     assert CredentialGeneration.objects.filter(org_id=ORG).count() == 2
+
+
+def test_an_unavailable_owner_leaves_the_candidate_prepared(org, no_secret_reads, monkeypatch):
+    from django.db import OperationalError
+
+    from connectors import epoch as epoch_module
+    from connectors.epoch import EpochVerificationDeferred
+
+    candidate = epoch_prepare(org=org)
+
+    def unavailable(**kwargs):
+        raise OperationalError("owner database is restarting")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(epoch_module, "service_configuration_read", unavailable)
+        with pytest.raises(EpochVerificationDeferred):
+            epoch_verify(org=org, epoch_id=candidate.pk)
+    row = ServingEpoch.objects.get(org_id=ORG, pk=candidate.pk)
+    assert (row.state, row.version) == ("prepared", candidate.version)
+    assert epoch_verify(org=org, epoch_id=candidate.pk).state == "verified"
