@@ -86,6 +86,14 @@ class RemoteLinkAdmin(ReadOnlyAdmin):
     search_fields = ("remote_id", "source_record_key")
 
 
+@admin.register(models.CatalogBinding)
+class CatalogBindingAdmin(ReadOnlyAdmin):
+    list_display = ("pack_generation", "ordinal", "kind", "business_key", "owner_pack", "definition_version",
+                    "definition_digest")
+    list_filter = ("kind",)
+    search_fields = ("business_key", "row_id")
+
+
 for model in (models.PackGeneration, models.ConnectorServiceConfigurationGeneration, models.CredentialGeneration,
               models.GateTransitionEvidence, models.ReceiptAdmissionKey,
               models.Projection, models.ExecutionAttempt, models.OrderingDecision, models.RemoteEffectAttempt,

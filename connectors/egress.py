@@ -32,7 +32,6 @@ from nexusflow.kernel.scope import OrgScope
 from . import reasons
 from .links import PUSH_ACTION_TYPE
 from .models import (
-    CredentialGeneration,
     DispatchPermit,
     PackGeneration,
     RemoteEffect,
@@ -40,7 +39,7 @@ from .models import (
     RemoteLink,
 )
 from .selectors import head_of_lane_prepared
-from .serving import NotServing, resolve_secret, serving_lock
+from .serving import NotServing, resolve_frozen_secret, serving_lock
 from .store import (
     CredentialDispatchGateStore,
     DispatchPermitStore,
@@ -216,6 +215,10 @@ def permit_send(grant: Grant, *, client: httpx.Client | None = None) -> Response
     """
     effect = RemoteEffect.objects.select_related("command").get(org_id=grant.org_id, pk=grant.effect_id)
     binding, contract, profile = _contract(effect)
+    secret = None
+    if profile.get("auth", {}).get("kind") == "bearer":
+        # Resolved while the Permit is still provably pre-I/O: missing material blocks before ``sending``.
+        secret = resolve_frozen_secret(org_id=grant.org_id, frozen=binding["credential_generation"])
     with transaction.atomic(durable=True):
         permit = DispatchPermit.objects.get(pk=grant.permit_id, org_id=grant.org_id)
         credential_gate = CredentialDispatchGateStore.lock(grant.org_id, permit.credential_gate_id)
@@ -229,10 +232,9 @@ def permit_send(grant: Grant, *, client: httpx.Client | None = None) -> Response
                                        set_fields={"io_may_have_started_at": db_now()})
     failpoints.hit(FP_AFTER_SENDING)
     attempt = RemoteEffectAttempt.objects.get(org_id=grant.org_id, pk=grant.attempt_id)
-    credential = CredentialGeneration.objects.get(org_id=grant.org_id, pk=binding["credential_generation"]["id"])
     headers = {"Content-Type": _content_type(contract), "Accept": "application/json"}
-    if profile.get("auth", {}).get("kind") == "bearer":
-        headers["Authorization"] = "Bearer " + resolve_secret(credential).decode("utf-8")
+    if secret is not None:
+        headers["Authorization"] = "Bearer " + secret.decode("utf-8")
     if attempt.idempotency_key and profile.get("idempotency", {}).get("header"):
         headers[profile["idempotency"]["header"]] = attempt.idempotency_key
     url = binding["base_url"].rstrip("/") + attempt.path

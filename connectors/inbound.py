@@ -25,7 +25,6 @@ from . import reasons
 from .ordering import encode_position
 from .models import (
     AccountServingGate,
-    CredentialGeneration,
     Event,
     OrderingLane,
     PackGeneration,
@@ -35,7 +34,7 @@ from .models import (
     ReceiptComponent,
     ServingEpoch,
 )
-from .serving import CredentialUnavailable, NotServing, find_account_org, resolve_secret, serving_lock
+from .serving import CredentialUnavailable, NotServing, find_account_org, resolve_frozen_secret, serving_lock
 from .signatures import verify_request
 from .store import ExecutionStore, OrderingLaneStore
 from .windows import grouping_of, lock_open_windows, window_add_member, window_for_member
@@ -211,7 +210,7 @@ def _route_and_secret(org_id: str, account_key: str, channel: str) -> tuple[Acco
     credential_ref = account["credentials"].get(route["credential_ref"])
     if credential_ref is None:
         raise CredentialUnavailable(f"account {account_key} has no credential {route['credential_ref']}")
-    secret = resolve_secret(CredentialGeneration.objects.get(org_id=org_id, pk=credential_ref["id"]))
+    secret = resolve_frozen_secret(org_id=org_id, frozen=credential_ref)
     return gate, route, secret
 
 

@@ -16,22 +16,71 @@ PROFILE = {"max_length": 64}
 
 # --- Generations (immutable) ----------------------------------------------
 class PackGeneration(GuardedModel):
-    """One immutable L1 pack definition, addressed by its digest."""
+    """One immutable L1 pack definition generation (seed 003 "Existing foundations and schema ownership").
+
+    Published by ``manage.py connector_pack_publish``; unique by pack key and
+    version and by payload digest. ``digest`` is the pack owner's payload digest
+    of the canonical document; the owner receipt is rebuilt by
+    :func:`connectors.generations.pack_generation_read`, never stored.
+    """
 
     pack_key = IdentityField(max_length=80)
     owner_key = IdentityField(max_length=120, help_text="ConnectorOwnerKey: immutable pack lineage.")
-    version = models.CharField(max_length=40)
+    version = IdentityField(max_length=40)
     document = models.JSONField()
-    digest = IdentityField(**DIGEST)
+    digest = IdentityField(**DIGEST, help_text="PackPayloadDigest of the canonical document.")
+    installation_id = IdentityField(max_length=120, blank=True, default="",
+                                    help_text="PackInstallationID: owner key, version and payload digest prefix.")
     profile_id = IdentityField(**PROFILE)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["pack_key", "digest"], name="pack_generation_uniq")]
+        constraints = [
+            models.UniqueConstraint(fields=["pack_key", "digest"], name="pack_generation_uniq"),
+            models.UniqueConstraint(fields=["pack_key", "version"], name="pack_generation_version_uniq"),
+        ]
+
+
+class CatalogBinding(GuardedModel):
+    """One immutable Catalog binding of a pack generation (seed 003 "Ownership boundaries").
+
+    Kinds: ``inbound_route``, ``callout_profile``, ``field_mapping``,
+    ``push_contract``. Derived once at publication from the exact pack
+    generation; the binding-owner receipt is rebuilt by the owner reader.
+    """
+
+    pack_generation = models.ForeignKey(PackGeneration, on_delete=models.PROTECT, related_name="bindings")
+    ordinal = models.PositiveIntegerField()
+    row_id = IdentityField(**DIGEST, help_text="Derived binding row id.")
+    identity_digest = IdentityField(**DIGEST)
+    kind = IdentityField(max_length=32)
+    owner_pack = IdentityField(max_length=120)
+    installation_id = IdentityField(max_length=120)
+    payload_digest = IdentityField(**DIGEST, help_text="PackPayloadDigest of the owning generation.")
+    business_key = IdentityField(max_length=120)
+    definition_version = IdentityField(max_length=40)
+    credential_refs = models.BinaryField(help_text="Canonical CredentialRefs blob (sorted JSON list).")
+    runtime_command = IdentityField(max_length=80, blank=True, default="")
+    runtime_version = IdentityField(max_length=20, blank=True, default="")
+    definition = models.JSONField()
+    definition_digest = IdentityField(**DIGEST)
+    profile_id = IdentityField(**PROFILE)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["pack_generation", "ordinal"], name="catalog_binding_ordinal_uniq"),
+            models.UniqueConstraint(fields=["pack_generation", "kind", "business_key"], name="catalog_binding_key_uniq"),
+        ]
 
 
 class ConnectorServiceConfigurationGeneration(GuardedModel):
-    """L2: the exhaustive ordered account set, routes, contracts and credentials."""
+    """L2: the exhaustive ordered account set, routes, mappings and credential relation.
+
+    ``document`` is the owner's frozen form (accounts in order, exact pack
+    generation ids, enabled routes, push contracts, mapping selections and the
+    ``(account, CredentialRef) -> CredentialGeneration id`` relation); ``digest``
+    is the generation digest of its canonical bytes.
+    """
 
     org_id = IdentityField(max_length=64)
     generation = models.PositiveIntegerField()
@@ -48,18 +97,27 @@ class ConnectorServiceConfigurationGeneration(GuardedModel):
 
 
 class CredentialGeneration(GuardedModel):
-    """An immutable credential version reference; secret bytes are never stored."""
+    """An immutable credential generation: a secret-backend version reference, never secret bytes.
+
+    The secret lives at ``NEXUS_SECRETS_DIR/<org>/<account>/<credential_ref>/<secret_version>``
+    and is read only at use, by this exact version (seed 003 "Existing
+    foundations and schema ownership").
+    """
 
     org_id = IdentityField(max_length=64)
     account_key = IdentityField(max_length=80)
     credential_ref = IdentityField(max_length=80)
-    secret_locator = models.CharField(max_length=255, help_text="env:NAME or file:PATH; resolved at use.")
-    digest = IdentityField(**DIGEST)
+    secret_version = IdentityField(max_length=80, help_text="Immutable secret-backend version reference.")
+    transport = models.JSONField(default=dict, help_text="Non-secret transport configuration.")
+    transport_digest = IdentityField(**DIGEST)
+    digest = IdentityField(**DIGEST, help_text="Generation digest over identity, scope, version and transport digest.")
+    profile_id = IdentityField(**PROFILE)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["org_id", "account_key", "credential_ref", "digest"], name="credential_generation_uniq"),
+            models.UniqueConstraint(fields=["org_id", "account_key", "credential_ref", "secret_version"],
+                                    name="credential_generation_version_uniq"),
         ]
 
 
@@ -81,8 +139,12 @@ class ServingEpoch(GuardedModel):
     version = models.PositiveBigIntegerField(default=1)
     reason_code = reason_code_field()
     configuration = models.ForeignKey(ConnectorServiceConfigurationGeneration, on_delete=models.PROTECT)
-    document = models.JSONField(help_text="Frozen routes, ordering contracts, pack and credential generations.")
-    digest = IdentityField(**DIGEST)
+    document = models.JSONField(help_text="Reader index of the frozen routes, ordering contracts, pack and credential "
+                                          "generations; rebuilt and compared on verification.")
+    epoch_key = IdentityField(max_length=80, null=True, blank=True, unique=True,
+                              help_text="The epoch id named in the V2 preimage.")
+    preimage = models.BinaryField(default=b"", help_text="The exact V2 ServingEpoch preimage bytes.")
+    digest = IdentityField(**DIGEST, help_text="SHA-256 of the preimage.")
     profile_id = IdentityField(**PROFILE)
     created_at = models.DateTimeField(auto_now_add=True)
     activated_at = models.DateTimeField(null=True, blank=True)

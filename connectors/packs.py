@@ -15,7 +15,7 @@ from django.conf import settings
 
 from nexusflow.kernel import canonical_json
 from nexusflow.kernel.digests import digest_v2
-from nexusflow.kernel.errors import NexusError
+from nexusflow.kernel.errors import InvalidIdentity, NexusError
 from nexusflow.kernel.identity import validate_key
 
 from .ordering import validate_contract
@@ -60,7 +60,15 @@ class PackDocument:
         raise PackError(f"pack {self.pack_key} has no callout profile {profile_key!r}")
 
 
-def _validate(doc: dict, path: Path) -> None:
+def validate_pack_document(doc: dict, path: Path | str) -> None:
+    """Check that ``doc`` is a complete pack definition.
+
+    Raises:
+        PackError: a missing or non-canonical key, an incomplete route, callout
+            profile or push contract, or an unsupported auth or ordering contract.
+    """
+    if not isinstance(doc, dict):
+        raise PackError(f"{path}: a pack is a JSON object")
     for key in ("pack_key", "owner_key", "version"):
         if key not in doc:
             raise PackError(f"{path}: missing {key}")
@@ -86,6 +94,25 @@ def _validate(doc: dict, path: Path) -> None:
                 raise PackError(f"{path}: push contract {contract.get('contract_key')!r} missing {key}")
         if not contract["mapping"]:
             raise PackError(f"{path}: push contract {contract['contract_key']} has an empty mapping")
+    for profile in doc.get("callout_profiles", []):
+        if "profile_key" not in profile:
+            raise PackError(f"{path}: a callout profile has no profile_key")
+    profiles = {p["profile_key"] for p in doc.get("callout_profiles", [])}
+    for contract in doc.get("push_contracts", []):
+        if contract["callout_profile"] not in profiles:
+            raise PackError(f"{path}: push contract {contract['contract_key']} names unknown callout profile "
+                            f"{contract['callout_profile']!r}")
+    for kind, items, key in (("route", doc.get("inbound_routes", []), "route_key"),
+                             ("callout profile", doc.get("callout_profiles", []), "profile_key"),
+                             ("push contract", doc.get("push_contracts", []), "contract_key")):
+        names = [item[key] for item in items]
+        for name in names:
+            try:
+                validate_key(name, field=key, max_length=120)
+            except InvalidIdentity as exc:
+                raise PackError(f"{path}: {kind} {exc}") from None
+        if len(set(names)) != len(names):
+            raise PackError(f"{path}: a {kind} key is listed twice")
 
 
 def load_pack(pack_key: str, packs_dir: Path | None = None) -> PackDocument:
@@ -103,7 +130,7 @@ def load_pack(pack_key: str, packs_dir: Path | None = None) -> PackDocument:
         raise PackError(f"no pack {pack_key!r} at {path}") from None
     except json.JSONDecodeError as exc:
         raise PackError(f"{path}: {exc}") from exc
-    _validate(doc, path)
+    validate_pack_document(doc, path)
     if doc["pack_key"] != pack_key:
         raise PackError(f"{path}: pack_key {doc['pack_key']!r} does not match its folder")
     digest = digest_v2("connectors.pack-generation", [("document", canonical_json.dumps(doc))]).hexdigest

@@ -1,44 +1,26 @@
-"""Serving generations, gates and epochs (seed 003 "State machines", "Generation and replay").
+"""Serving gates and epochs (seed 003 "State machines", "Generation and replay").
 
-- :func:`service_configuration_apply` authors an immutable L2
-  ``ConnectorServiceConfigurationGeneration`` from a JSON document, with its
-  pack and credential generations;
-- :func:`epoch_prepare` / :func:`epoch_verify` build and externally verify a
-  ServingEpoch candidate from that exact generation;
+- generations are authored and read by their owners in
+  :mod:`connectors.generations` (:func:`service_configuration_apply` is
+  re-exported here);
+- :func:`epoch_prepare` / :func:`epoch_verify` (:mod:`connectors.epoch`) build
+  and externally verify a ServingEpoch candidate in the V2 preimage order;
+- :func:`resolve_secret` reads the exact secret version of a credential generation;
 - :func:`gate_transition` moves one AccountServingGate with evidence;
 - :func:`serving_lock` is the lock every production V2 write takes first.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
-from django.db import transaction
-
-from nexusflow.kernel import canonical_json
-from nexusflow.kernel.digests import PROFILE_V2, digest_v2
 from nexusflow.kernel.errors import NexusError
-from nexusflow.kernel.ids import require_id
-from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.models import insert
-from nexusflow.kernel.scope import OrgScope
 
-from .models import (
-    AccountServingGate,
-    ConnectorServiceConfigurationGeneration,
-    CredentialGeneration,
-    GateTransitionEvidence,
-    PackGeneration,
-    ServingEpoch,
-)
-from . import reasons
-from .packs import PackError, load_pack
-from .store import AccountServingGateStore, CredentialDispatchGateStore, ServingEpochStore
-
-
-class ConfigurationError(NexusError):
-    code = "configuration_invalid"
+from .models import AccountServingGate, CredentialGeneration, GateTransitionEvidence, ServingEpoch
+from . import secret_store
+from .epoch import EpochVerificationDeferred, EpochVerificationFailed, epoch_prepare, epoch_verify
+from .generations import ConfigurationError, service_configuration_apply
+from .store import AccountServingGateStore, ServingEpochStore
 
 
 class NotServing(NexusError):
@@ -47,226 +29,39 @@ class NotServing(NexusError):
     code = "not_serving"
 
 
-class EpochVerificationFailed(NexusError):
-    code = "epoch_verification_failed"
-
-
 class CredentialUnavailable(NexusError):
     code = "credential_unavailable"
 
 
-# --- L2 configuration -------------------------------------------------------
-def _validate_document(document: dict) -> list[dict]:
-    if not isinstance(document, dict):
-        raise ConfigurationError("the configuration must be a JSON object with an 'accounts' list")
-    accounts = document.get("accounts")
-    if not isinstance(accounts, list) or not accounts:
-        raise ConfigurationError("the configuration needs a non-empty 'accounts' list")
-    seen: set[str] = set()
-    for index, account in enumerate(accounts):
-        if not isinstance(account, dict):
-            raise ConfigurationError(f"accounts[{index}] must be an object")
-        for list_key in ("routes", "push_contracts"):
-            if not isinstance(account.get(list_key, []), list):
-                raise ConfigurationError(f"accounts[{index}].{list_key} must be a list")
-        if not isinstance(account.get("credentials", {}), dict):
-            raise ConfigurationError(f"accounts[{index}].credentials must be an object")
-        key = validate_key(account.get("account_key"), field="account_key", max_length=80)
-        if key in seen:
-            raise ConfigurationError(f"account {key} is listed twice")
-        seen.add(key)
-        try:
-            pack = load_pack(account.get("pack", ""))
-        except PackError as exc:
-            raise ConfigurationError(f"account {key}: {exc}") from exc
-        for route_key in account.get("routes", []):
-            pack.route(route_key)
-        for contract_key in account.get("push_contracts", []):
-            contract = pack.push_contract(contract_key)
-            if "base_url" not in account:
-                raise ConfigurationError(f"account {key}: push contract {contract_key} needs base_url")
-            pack.callout_profile(contract["callout_profile"])
-        credentials = account.get("credentials", {})
-        for ref, locator in credentials.items():
-            validate_key(ref, field="credential_ref", max_length=80)
-            if not isinstance(locator, str) or not locator.startswith(("env:", "file:")):
-                raise ConfigurationError(f"account {key}: credential {ref} must be env:NAME or file:PATH")
-    return accounts
-
-
-def service_configuration_apply(*, org: OrgScope, document: dict) -> ConnectorServiceConfigurationGeneration:
-    """Author the next immutable L2 configuration generation for ``org``.
-
-    Applying a document equal to the latest generation returns that generation.
-    New accounts get an AccountServingGate in ``v1_serving`` (a fresh install
-    then walks it through ``cutover greenfield``).
-
-    Raises:
-        ConfigurationError: unknown pack/route/contract, duplicate account,
-            or a malformed credential locator.
-    """
-    accounts = _validate_document(document)
-    with transaction.atomic(durable=True):
-        pack_refs, credential_refs = {}, {}
-        for account in accounts:
-            pack = load_pack(account["pack"])
-            generation, _ = _pack_generation(pack)
-            pack_refs[account["account_key"]] = {"id": generation.pk, "digest": generation.digest}
-            for ref, locator in sorted(account.get("credentials", {}).items()):
-                credential = _credential_generation(org, account["account_key"], ref, locator)
-                credential_refs.setdefault(account["account_key"], {})[ref] = {
-                    "id": credential.pk, "digest": credential.digest}
-        frozen = {"document": document, "packs": pack_refs, "credentials": credential_refs}
-        digest = digest_v2("connectors.service-configuration", [("frozen", canonical_json.dumps(frozen))]).hexdigest
-        latest = ConnectorServiceConfigurationGeneration.objects.filter(org_id=org.org_id).order_by("-generation").first()
-        if latest is not None and latest.digest == digest:
-            return latest
-        generation = insert(
-            ConnectorServiceConfigurationGeneration, org_id=org.org_id,
-            generation=(latest.generation + 1) if latest else 1, document=frozen, digest=digest, profile_id=PROFILE_V2,
-        )
-        for account in accounts:
-            if not AccountServingGate.objects.filter(org_id=org.org_id, account_key=account["account_key"]).exists():
-                AccountServingGateStore.create(
-                    org_id=org.org_id, account_key=account["account_key"], pack_key=account["pack"], state="v1_serving")
-        return generation
-
-
-def _pack_generation(pack) -> tuple[PackGeneration, bool]:
-    existing = PackGeneration.objects.filter(pack_key=pack.pack_key, digest=pack.digest).first()
-    if existing:
-        return existing, False
-    return insert(PackGeneration, pack_key=pack.pack_key, owner_key=pack.owner_key, version=pack.version,
-                  document=pack.document, digest=pack.digest, profile_id=PROFILE_V2), True
-
-
-def _credential_generation(org: OrgScope, account_key: str, ref: str, locator: str) -> CredentialGeneration:
-    digest = digest_v2("connectors.credential-generation", [
-        ("org_id", org.org_id), ("account_key", account_key), ("credential_ref", ref), ("locator", locator)]).hexdigest
-    existing = CredentialGeneration.objects.filter(
-        org_id=org.org_id, account_key=account_key, credential_ref=ref, digest=digest).first()
-    if existing:
-        return existing
-    credential = insert(CredentialGeneration, org_id=org.org_id, account_key=account_key, credential_ref=ref,
-                        secret_locator=locator, digest=digest)
-    CredentialDispatchGateStore.create(org_id=org.org_id, credential_generation=credential, state="enabled")
-    return credential
-
-
 def resolve_secret(credential: CredentialGeneration) -> bytes:
-    """Read the secret bytes a credential generation points to (never stored).
+    """Read the secret bytes of exactly this credential generation's version (never stored, never 'latest').
 
     Raises:
-        CredentialUnavailable: the environment variable or file is missing.
+        CredentialUnavailable: the exact version file is missing, unreadable or empty.
     """
-    kind, _, target = credential.secret_locator.partition(":")
-    if kind == "env":
-        value = os.environ.get(target)
-        if value is None:
-            raise CredentialUnavailable(f"environment variable {target} is not set")
-        return value.encode("utf-8")
     try:
-        return Path(target).read_bytes().rstrip(b"\r\n")
-    except OSError as exc:
-        raise CredentialUnavailable(f"cannot read credential file: {exc.strerror}") from None
+        return secret_store.secret_read(org_id=credential.org_id, account_key=credential.account_key,
+                                        credential_ref=credential.credential_ref,
+                                        secret_version=credential.secret_version)
+    except secret_store.SecretUnavailable as exc:
+        raise CredentialUnavailable(str(exc)) from None
 
 
-# --- ServingEpoch -----------------------------------------------------------
-def _epoch_document(generation: ConnectorServiceConfigurationGeneration) -> dict:
-    frozen = generation.document
-    accounts = []
-    for account in frozen["document"]["accounts"]:
-        key = account["account_key"]
-        pack = load_pack(account["pack"])
-        routes = {}
-        for route_key in account.get("routes", []):
-            ordering = pack.route(route_key)["ordering"]
-            routes[route_key] = {
-                "ordering": ordering,
-                "ordering_digest": digest_v2("connectors.ordering-contract",
-                                             [("ordering", canonical_json.dumps(ordering))]).hexdigest,
-            }
-        accounts.append({
-            "account_key": key,
-            "pack_key": pack.pack_key,
-            "owner_key": pack.owner_key,
-            "pack_generation": frozen["packs"][key],
-            "routes": routes,
-            "push_contracts": list(account.get("push_contracts", [])),
-            "base_url": account.get("base_url"),
-            "credentials": frozen["credentials"].get(key, {}),
-        })
-    return {"configuration": {"id": generation.pk, "generation": generation.generation, "digest": generation.digest},
-            "accounts": accounts}
+def resolve_frozen_secret(*, org_id: str, frozen: dict) -> bytes:
+    """Read the secret of the exact credential generation an epoch or dispatch binding froze.
 
-
-def epoch_digest(document: dict) -> str:
-    return digest_v2("connectors.serving-epoch", [("document", canonical_json.dumps(document))]).hexdigest
-
-
-def epoch_prepare(*, org: OrgScope) -> ServingEpoch:
-    """Create (or return) the ``prepared`` candidate for the latest configuration.
+    Args:
+        frozen: ``{"id", "digest", "secret_version"}`` as frozen in the epoch's reader index.
 
     Raises:
-        ConfigurationError: the org has no configuration generation.
+        CredentialUnavailable: the generation is gone, its digest or version
+            reference differs from the frozen one, or the exact version file is unreadable.
     """
-    generation = ConnectorServiceConfigurationGeneration.objects.filter(org_id=org.org_id).order_by("-generation").first()
-    if generation is None:
-        raise ConfigurationError(f"org {org.org_id} has no connector configuration; run connector_config_apply")
-    document = _epoch_document(generation)
-    digest = epoch_digest(document)
-    existing = ServingEpoch.objects.filter(org_id=org.org_id, digest=digest).exclude(state="rejected").first()
-    if existing:
-        return existing
-    with transaction.atomic(durable=True):
-        return ServingEpochStore.create(org_id=org.org_id, state="prepared", configuration=generation,
-                                        document=document, digest=digest, profile_id=PROFILE_V2)
-
-
-def epoch_verify(*, org: OrgScope, epoch_id: ServingEpoch.Id | int) -> ServingEpoch:
-    """Fresh-read every owner and compare it byte-for-byte with the candidate.
-
-    Reads the pack files, the configuration generation and every credential
-    generation again; rebuilds the epoch document under the candidate's own
-    profile; ``prepared -> verified`` on an exact match, ``-> rejected`` on an
-    authoritative mismatch. A verified epoch is returned unchanged.
-
-    Raises:
-        InvalidIdentity: ``epoch_id`` is an id of another model (before SQL).
-        EpochVerificationFailed: the candidate was rejected (it stays rejected).
-    """
-    epoch_id = require_id(epoch_id, ServingEpoch, field="epoch_id")
-    epoch = ServingEpoch.objects.get(org_id=org.org_id, pk=epoch_id)
-    if epoch.state in ("verified", "active"):
-        return epoch
-    problems: list[str] = []
-    if epoch.profile_id != PROFILE_V2:
-        problems.append(f"unsupported digest profile {epoch.profile_id!r}")
-    try:
-        rebuilt = _epoch_document(epoch.configuration)
-    except (PackError, KeyError) as exc:
-        problems.append(f"owner read failed: {exc}")
-        rebuilt = None
-    if rebuilt is not None:
-        for account in rebuilt["accounts"]:
-            current = PackGeneration.objects.filter(pk=account["pack_generation"]["id"]).first()
-            fresh = load_pack(account["pack_key"])
-            if current is None or current.digest != fresh.digest or current.digest != account["pack_generation"]["digest"]:
-                problems.append(f"pack {account['pack_key']} changed since the configuration was frozen")
-            for ref, cred in account["credentials"].items():
-                row = CredentialGeneration.objects.filter(pk=cred["id"], org_id=org.org_id).first()
-                if row is None or row.digest != cred["digest"] or row.account_key != account["account_key"]:
-                    problems.append(f"credential {account['account_key']}/{ref} does not match its generation")
-        if epoch_digest(rebuilt) != epoch.digest or rebuilt != epoch.document:
-            problems.append("rebuilt epoch document differs from the prepared candidate")
-    with transaction.atomic(durable=True):
-        locked = ServingEpochStore.lock(org.org_id, epoch.pk)
-        target = "rejected" if problems else "verified"
-        ServingEpochStore.transition(org_id=org.org_id, pk=locked.pk, src=locked.state, dst=target, version=locked.version,
-                                     set_fields={"reason_code": reasons.EPOCH_OWNER_MISMATCH if problems else ""})
-    if problems:
-        raise EpochVerificationFailed("; ".join(problems))
-    return ServingEpoch.objects.get(org_id=org.org_id, pk=epoch.pk)
+    credential = CredentialGeneration.objects.filter(org_id=org_id, pk=frozen["id"]).first()
+    if credential is None or credential.digest != frozen.get("digest") \
+            or credential.secret_version != frozen.get("secret_version"):
+        raise CredentialUnavailable(f"credential generation {frozen['id']} does not match its frozen reference")
+    return resolve_secret(credential)
 
 
 # --- Gates --------------------------------------------------------------------
@@ -342,7 +137,7 @@ def find_account_org(account_key: str) -> str | None:
 
 
 __all__ = [
-    "ConfigurationError", "CredentialUnavailable", "EpochVerificationFailed", "NotServing", "ServingContext",
-    "epoch_prepare", "epoch_verify", "find_account_org", "gate_transition", "resolve_secret",
+    "ConfigurationError", "CredentialUnavailable", "EpochVerificationDeferred", "EpochVerificationFailed", "NotServing", "ServingContext",
+    "epoch_prepare", "epoch_verify", "find_account_org", "gate_transition", "resolve_frozen_secret", "resolve_secret",
     "service_configuration_apply", "serving_lock",
 ]

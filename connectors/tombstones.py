@@ -30,8 +30,7 @@ from nexusflow.kernel.models import insert
 from nexusflow.kernel.scope import OrgScope
 
 from .inbound import MalformedBody, identity_digest_for, split_body, transport_key_for
-from .models import AccountServingGate, ConnectorServiceConfigurationGeneration, ReceiptAdmissionKey
-from .packs import PackError, load_pack
+from .models import AccountServingGate, ConnectorServiceConfigurationGeneration, PackGeneration, ReceiptAdmissionKey
 from .store import AccountServingGateStore
 
 #: Gate states in which V1 has drained and V2 does not admit yet.
@@ -53,17 +52,17 @@ class TombstoneImportReport:
 
 
 def _route(org_id: str, account_key: str, channel: str) -> dict:
+    """The enabled route of ``channel`` in the org's latest configuration generation (its exact pack generation)."""
     generation = (ConnectorServiceConfigurationGeneration.objects.filter(org_id=org_id)
                   .order_by("-generation").first())
     if generation is None:
         raise TombstoneImportError(f"org {org_id} has no connector configuration")
-    account = next((a for a in generation.document["document"]["accounts"] if a["account_key"] == account_key), None)
+    account = next((a for a in generation.document["accounts"] if a["account_key"] == account_key), None)
     if account is None:
         raise TombstoneImportError(f"account {account_key!r} is not in the configuration")
-    try:
-        route = load_pack(account["pack"]).route_for_channel(channel, account.get("routes", []))
-    except PackError as exc:
-        raise TombstoneImportError(str(exc)) from exc
+    pack = PackGeneration.objects.get(pk=account["pack_generation_id"])
+    route = next((r for r in pack.document.get("inbound_routes", [])
+                  if r["channel"] == channel and r["route_key"] in account.get("routes", [])), None)
     if route is None:
         raise TombstoneImportError(f"account {account_key} has no enabled route for channel {channel!r}")
     return route

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from django.db import transaction
 
 from connectors.models import AccountServingGate, ServingEpoch
+from connectors.epoch import epoch_recheck_for_activation
 from connectors.serving import epoch_prepare, epoch_verify, gate_transition
 from connectors.store import AccountServingGateStore, ServingEpochStore
 from nexusflow.kernel import canonical_json, failpoints
@@ -109,6 +110,10 @@ def cutover_greenfield(*, org: OrgScope) -> GreenfieldReport:
     if decision.state not in ("activating_v2", "v2_committed"):
         raise CutoverRefused(f"cutover decision is {decision.state}; activation cannot proceed")
     failpoints.hit(FP_BEFORE_ACTIVATION)
+    epoch = ServingEpoch.objects.get(org_id=org.org_id, pk=epoch.pk)
+    if epoch.state == "verified":
+        # "verified" is evidence at one point in time: reread every owner before the atomic activation.
+        epoch_recheck_for_activation(org=org, epoch=epoch)
     _activate(org, epoch, attempt_key)
     if decision.state == "activating_v2":
         with transaction.atomic(using="control", durable=True):

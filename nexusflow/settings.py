@@ -118,6 +118,8 @@ Q_CLUSTER = {"name": "nexusflow", "orm": "default", "workers": 1, "timeout": 60,
 # Lock-order reversals (nexusflow.kernel.locks): "raise" in tests and debug, "log" in production.
 NEXUS_LOCK_ORDER = os.environ.get("NEXUS_LOCK_ORDER", "raise" if DEBUG else "log")
 NEXUS_PACKS_DIR = Path(os.environ.get("NEXUS_PACKS_DIR", BASE_DIR / "packs"))
+#: Versioned local secret backend: <dir>/<org>/<account>/<credential_ref>/<version>, one file per version.
+NEXUS_SECRETS_DIR = Path(os.environ.get("NEXUS_SECRETS_DIR", BASE_DIR / "var" / "secrets"))
 NEXUS_METADATA_DIR = Path(os.environ.get("NEXUS_METADATA_DIR", BASE_DIR / "metadata"))
 
 LOGGING = {

@@ -74,6 +74,20 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.write_line(f"total pairs checked: {total}")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _secrets_dir(tmp_path_factory):
+    """One versioned secrets directory per test run, shared with child processes."""
+    path = tmp_path_factory.mktemp("secrets")
+    previous = os.environ.get("NEXUS_SECRETS_DIR")
+    settings.NEXUS_SECRETS_DIR = path
+    os.environ["NEXUS_SECRETS_DIR"] = str(path)
+    yield path
+    if previous is None:
+        os.environ.pop("NEXUS_SECRETS_DIR", None)
+    else:
+        os.environ["NEXUS_SECRETS_DIR"] = previous
+
+
 @pytest.fixture(autouse=True)
 def _secrets(monkeypatch):
     monkeypatch.setenv("NEXUS_TEST_WEBHOOK_SECRET", WEBHOOK_SECRET)
@@ -90,13 +104,40 @@ def billing_sandbox():
     sandbox.stop()
 
 
+SECRET_VERSION = "test-1"
+CREDENTIAL_DOCUMENTS = [
+    {"account_key": "crm-webhooks", "credential_ref": "webhook_secret", "version": SECRET_VERSION,
+     "secret": {"from_env": "NEXUS_TEST_WEBHOOK_SECRET"}},
+    {"account_key": "billing-main", "credential_ref": "api_key", "version": SECRET_VERSION,
+     "secret": {"from_env": "NEXUS_TEST_BILLING_KEY"}, "transport": {"scheme": "bearer"}},
+]
+
+
 def service_document(billing_url: str) -> dict:
     return {"accounts": [
         {"account_key": "crm-webhooks", "pack": "hubspot", "routes": ["contacts.webhook"],
-         "credentials": {"webhook_secret": "env:NEXUS_TEST_WEBHOOK_SECRET"}},
+         "credentials": {"webhook_secret": SECRET_VERSION}},
         {"account_key": "billing-main", "pack": "billing", "push_contracts": ["billing.customer"],
-         "base_url": billing_url, "credentials": {"api_key": "env:NEXUS_TEST_BILLING_KEY"}},
+         "base_url": billing_url, "credentials": {"api_key": SECRET_VERSION}},
     ]}
+
+
+def publish_owner_generations(org: OrgScope) -> None:
+    """Publish both bundled packs and the org's two credential versions, as an operator would."""
+    from connectors.generations import credential_publish, pack_publish_file
+
+    for pack in ("hubspot", "billing"):
+        pack_publish_file(Path(settings.NEXUS_PACKS_DIR) / pack / "pack.json")
+    for document in CREDENTIAL_DOCUMENTS:
+        credential_publish(org=org, document=document)
+
+
+def apply_service_configuration(org: OrgScope, billing_url: str):
+    """Publish the owner generations, then author the L2 configuration generation."""
+    from connectors.serving import service_configuration_apply
+
+    publish_owner_generations(org)
+    return service_configuration_apply(org=org, document=service_document(billing_url))
 
 
 @dataclass
@@ -106,11 +147,10 @@ class ServingOrg:
 
 
 def make_serving_org(billing_url: str, *, deploy_flow: bool = True) -> OrgScope:
-    from connectors.serving import service_configuration_apply
     from cutover.services import cutover_greenfield
 
     org = OrgScope(ORG)
-    service_configuration_apply(org=org, document=service_document(billing_url))
+    apply_service_configuration(org, billing_url)
     cutover_greenfield(org=org)
     if deploy_flow:
         from django.core.management import call_command

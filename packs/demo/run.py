@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -301,9 +302,11 @@ def run_demo(*, events: str | None, as_json: bool, dump_path: str | None, keep_l
     for old in run_dir.glob("*.log"):
         old.unlink()
     webhook_secret, api_key = secrets.token_hex(24), "sk_demo_" + secrets.token_hex(12)
+    secrets_dir = run_dir / "secrets"  # the demo's own versioned secret backend, recreated like its databases
+    shutil.rmtree(secrets_dir, ignore_errors=True)
     env = {**os.environ, "NEXUS_DB_URL": _db_url(cfg, main_db), "NEXUS_CONTROL_DB_URL": _db_url(cfg, control_db),
            "NEXUS_DEMO_WEBHOOK_SECRET": webhook_secret, "NEXUS_DEMO_BILLING_API_KEY": api_key,
-           "PYTHONUNBUFFERED": "1"}
+           "NEXUS_SECRETS_DIR": str(secrets_dir), "PYTHONUNBUFFERED": "1"}
     env.pop("NEXUS_FAILPOINTS", None)
     procs = Processes()
     say = (lambda *a: print(*a, file=sys.stderr)) if as_json else print
@@ -322,10 +325,15 @@ def run_demo(*, events: str | None, as_json: bool, dump_path: str | None, keep_l
                 raise DemoError("the billing sandbox did not start")
             time.sleep(0.1)
         billing_url = f"http://127.0.0.1:{int(port_file.read_text())}"
-        config = json.loads(json.dumps({"accounts": service["accounts"]}).replace("{billing_base_url}", billing_url))
+        config = json.loads(json.dumps({"org_id": service["org_id"], "accounts": service["accounts"]})
+                            .replace("{billing_base_url}", billing_url))
         config_path = run_dir / "service.json"
         config_path.write_text(json.dumps(config, indent=2), encoding="utf-8")
         org = service["org_id"]
+        say("demo: " + _manage(["connector_pack_publish", *[str(ROOT / p) for p in service["packs"]]], env))
+        credentials_path = run_dir / "credentials.json"
+        credentials_path.write_text(json.dumps(service["credential_generations"], indent=2), encoding="utf-8")
+        say("demo: " + _manage(["connector_credential_publish", "--org", org, str(credentials_path)], env))
         say("demo: " + _manage(["connector_config_apply", "--org", org, str(config_path)], env))
         say("demo: " + _manage(["cutover", "greenfield", "--org", org], env))
         say("demo: " + _manage(["flow_deploy", "--org", org, *[str(ROOT / f) for f in service["flows"]]], env))

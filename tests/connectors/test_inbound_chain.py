@@ -154,12 +154,11 @@ def test_v1_tombstone_answers_already_accepted_and_materializes_nothing(client, 
     from django.core.management import call_command
     from django.core.management.base import CommandError
 
-    from connectors.serving import service_configuration_apply
     from cutover.services import cutover_greenfield
-    from tests.conftest import service_document
+    from tests.conftest import apply_service_configuration
 
     org = OrgScope(ORG)
-    service_configuration_apply(org=org, document=service_document(billing_sandbox.base_url))
+    apply_service_configuration(org, billing_sandbox.base_url)
     tombstones = tmp_path / "tombstones.json"
     import json
 

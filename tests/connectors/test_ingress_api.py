@@ -17,12 +17,11 @@ def org(billing_sandbox):
 
 
 def test_ingress_answers_503_until_greenfield_activation(client, billing_sandbox):
-    from connectors.serving import service_configuration_apply
     from cutover.services import cutover_greenfield
     from nexusflow.kernel.scope import OrgScope
-    from tests.conftest import ORG, service_document
+    from tests.conftest import ORG, apply_service_configuration
 
-    service_configuration_apply(org=OrgScope(ORG), document=service_document(billing_sandbox.base_url))
+    apply_service_configuration(OrgScope(ORG), billing_sandbox.base_url)
     response = post_signed(client, [hubspot_event(1, 501, 1000)])
     assert response.status_code == 503
     assert response["Retry-After"]

@@ -3,7 +3,8 @@ import json
 
 import pytest
 
-from tests.conftest import ORG, hubspot_event, make_serving_org, post_signed, run_manage, subprocess_env
+from tests.conftest import (ORG, SECRET_VERSION, WEBHOOK_SECRET, hubspot_event, make_serving_org, post_signed,
+                            run_manage, subprocess_env)
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 
@@ -31,10 +32,17 @@ def test_health_endpoint(client):
     assert response.status_code == 200 and response.json() == {"status": "ok"}
 
 
-def test_unreadable_credential_is_503_without_naming_the_secret(client, billing_sandbox, monkeypatch):
+def test_unreadable_credential_is_503_without_naming_the_secret(client, billing_sandbox):
+    from connectors.secret_store import secret_path
+
     make_serving_org(billing_sandbox.base_url, deploy_flow=False)
-    monkeypatch.delenv("NEXUS_TEST_WEBHOOK_SECRET")
-    response = post_signed(client, [hubspot_event(1, 501, 1000)])
+    path = secret_path(org_id=ORG, account_key="crm-webhooks", credential_ref="webhook_secret",
+                       secret_version=SECRET_VERSION)
+    path.rename(path.with_name("moved-away"))  # the exact version is gone; no other version is used
+    try:
+        response = post_signed(client, [hubspot_event(1, 501, 1000)])
+    finally:
+        path.with_name("moved-away").rename(path)
     assert response.status_code == 503
     assert response.json()["error"] == "credential_unavailable"
-    assert "NEXUS_TEST" not in response.content.decode()
+    assert WEBHOOK_SECRET not in response.content.decode()

@@ -26,6 +26,7 @@ def use_variant(settings, monkeypatch, tmp_path: Path, mutate: Callable[[dict], 
     path = target / "hubspot" / "pack.json"
     document = json.loads(path.read_text(encoding="utf-8"))
     mutate(document["inbound_routes"][0])
+    document["version"] = f"{document['version']}-variant"
     path.write_text(json.dumps(document, indent=2), encoding="utf-8")
     settings.NEXUS_PACKS_DIR = target
     monkeypatch.setenv("NEXUS_PACKS_DIR", str(target))  # for worker subprocesses

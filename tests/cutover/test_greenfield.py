@@ -1,17 +1,16 @@
 """Greenfield activation (issue: walking slice item 5; seed 003 "State machines")."""
 import json
-import shutil
 import signal
 
 import pytest
-from django.test import override_settings
 
-from connectors.models import AccountServingGate, GateTransitionEvidence, ServingEpoch
-from connectors.serving import EpochVerificationFailed, service_configuration_apply
+from connectors.models import AccountServingGate, GateTransitionEvidence, PackGeneration, ServingEpoch
+from connectors.serving import EpochVerificationFailed, epoch_prepare
 from cutover.models import CutoverDecision, CutoverEvidence
 from cutover.services import CutoverRefused, cutover_greenfield
 from nexusflow.kernel.scope import OrgScope
-from tests.conftest import ORG, ROOT, run_manage, service_document, subprocess_env
+from tests.connectors.generation_helpers import tamper_row
+from tests.conftest import ORG, apply_service_configuration, run_manage, subprocess_env
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 
@@ -20,7 +19,7 @@ WALK = ["v1_serving", "halting_v1", "v1_stopped", "v1_drained", "v2_validating",
 
 def test_greenfield_walks_every_gate_and_activates_atomically():
     org = OrgScope(ORG)
-    service_configuration_apply(org=org, document=service_document("http://127.0.0.1:9"))
+    apply_service_configuration(org, "http://127.0.0.1:9")
     report = cutover_greenfield(org=org)
     epoch = ServingEpoch.objects.get()
     assert epoch.state == "active" and report.epoch_id == epoch.pk
@@ -34,18 +33,15 @@ def test_greenfield_walks_every_gate_and_activates_atomically():
     assert again.already_active and ServingEpoch.objects.count() == 1
 
 
-def test_a_pack_changed_after_configuration_rejects_the_epoch(tmp_path):
-    packs = tmp_path / "packs"
-    shutil.copytree(ROOT / "packs", packs, ignore=shutil.ignore_patterns("__pycache__"))
+def test_a_pack_changed_after_configuration_rejects_the_epoch():
+    """A pack generation whose stored document drifted after the configuration froze it rejects the epoch."""
     org = OrgScope(ORG)
-    with override_settings(NEXUS_PACKS_DIR=packs):
-        service_configuration_apply(org=org, document=service_document("http://127.0.0.1:9"))
-        pack_file = packs / "billing" / "pack.json"
-        doc = json.loads(pack_file.read_text())
-        doc["version"] = "9.9.9"
-        pack_file.write_text(json.dumps(doc))
-        with pytest.raises(EpochVerificationFailed):
-            cutover_greenfield(org=org)
+    apply_service_configuration(org, "http://127.0.0.1:9")
+    assert epoch_prepare(org=org).state == "prepared"
+    tamper_row(PackGeneration, PackGeneration.objects.get(pack_key="billing").pk,
+               document=json.dumps({**PackGeneration.objects.get(pack_key="billing").document, "version": "9.9.9"}))
+    with pytest.raises(EpochVerificationFailed):
+        cutover_greenfield(org=org)
     assert ServingEpoch.objects.get().state == "rejected"
     assert set(AccountServingGate.objects.values_list("state", flat=True)) == {"v1_serving"}
     assert not CutoverDecision.objects.exists()
@@ -57,7 +53,7 @@ def test_greenfield_refuses_an_org_without_configuration():
 
 
 def test_crash_before_activation_resumes_the_same_branch():
-    service_configuration_apply(org=OrgScope(ORG), document=service_document("http://127.0.0.1:9"))
+    apply_service_configuration(OrgScope(ORG), "http://127.0.0.1:9")
     crashed = run_manage(["cutover", "greenfield", "--org", ORG],
                          subprocess_env(NEXUS_FAILPOINTS="cutover.before_activation"))
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr

@@ -1,17 +1,19 @@
 """``manage.py connector_config_apply --org ORG FILE``: author an L2 configuration generation."""
-import json
-
 from django.core.management.base import BaseCommand, CommandError
 
-from connectors.serving import ConfigurationError, service_configuration_apply
-from nexusflow.kernel.errors import InvalidIdentity
+from connectors.generations import load_json_document, service_configuration_apply, service_configuration_read
+from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.scope import OrgScope
 
 
 class Command(BaseCommand):
     help = ("Author the next immutable ConnectorServiceConfigurationGeneration from a JSON file: "
-            '{"accounts": [{"account_key", "pack", "routes": [...], "push_contracts": [...], "base_url", '
-            '"credentials": {"<ref>": "env:NAME" | "file:PATH"}}]}. Applying the latest document again is a no-op.')
+            '{"org_id"?, "accounts": [{"account_key", "pack", "pack_version"?, "routes": [...], '
+            '"push_contracts": [...], "mappings"?: [...], "base_url"?, '
+            '"credentials": {"<credential_ref>": "<published secret version>"}}]}. '
+            "Packs must be published (connector_pack_publish) and credential versions published "
+            "(connector_credential_publish) first. Applying the latest document again is a no-op. "
+            "Exit 1 with 'CommandError: <code>: <message>' on bad input; nothing is written then.")
 
     def add_arguments(self, parser):
         parser.add_argument("file", help="Path to the configuration JSON document.")
@@ -19,12 +21,10 @@ class Command(BaseCommand):
 
     def handle(self, *args, file, org, **options):
         try:
-            with open(file, encoding="utf-8") as handle:
-                document = json.load(handle)
-        except (OSError, json.JSONDecodeError) as exc:
-            raise CommandError(f"cannot read {file}: {exc}") from exc
-        try:
-            generation = service_configuration_apply(org=OrgScope(org), document=document)
-        except (ConfigurationError, InvalidIdentity) as exc:
+            scope = OrgScope(org)
+            generation = service_configuration_apply(org=scope, document=load_json_document(file))
+            receipt = service_configuration_read(org=scope, generation_id=generation.pk).receipt
+        except NexusError as exc:
             raise CommandError(f"{exc.code}: {exc}") from exc
-        self.stdout.write(f"configuration generation {generation.generation} ({generation.digest[:16]}) for {org}")
+        self.stdout.write(f"configuration generation {generation.generation} (id {generation.pk}, digest "
+                          f"{generation.digest[:16]}, receipt {receipt.owner_digest[:16]}) for {org}")

@@ -1,9 +1,8 @@
 """``manage.py cutover greenfield --org ORG``: activate the first ServingEpoch."""
 from django.core.management.base import BaseCommand, CommandError
 
-from connectors.serving import EpochVerificationFailed
-from cutover.services import CutoverRefused, cutover_greenfield
-from nexusflow.kernel.errors import InvalidIdentity
+from cutover.services import cutover_greenfield
+from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.scope import OrgScope
 
 
@@ -17,7 +16,7 @@ class Command(BaseCommand):
     def handle(self, *args, procedure, org, **options):
         try:
             report = cutover_greenfield(org=OrgScope(org))
-        except (CutoverRefused, EpochVerificationFailed, InvalidIdentity) as exc:
+        except NexusError as exc:
             raise CommandError(f"{exc.code}: {exc}") from exc
         state = "already active" if report.already_active else "activated"
         self.stdout.write(f"epoch {report.epoch_id} {state} ({report.epoch_digest[:16]}); "
