@@ -47,6 +47,14 @@ class OrderingLaneAdmin(ReadOnlyAdmin):
     list_display = ("id", "account_key", "route_key", "partition", "active_execution_id", "baseline_origin")
 
 
+@admin.register(models.OrderingHandoff)
+class OrderingHandoffAdmin(ReadOnlyAdmin):
+    list_display = ("id", "org_id", "state", "reason_code", "predecessor_epoch", "successor_epoch", "account_key",
+                    "route_key", "predecessor_lane", "successor_lane", "created_at")
+    list_filter = ("state", "reason_code")
+    exclude = ("high_water_position",)
+
+
 @admin.register(models.RemoteEffect)
 class RemoteEffectAdmin(ReadOnlyAdmin):
     list_display = ("id", "org_id", "contract_key", "state", "reason_code", "attempt_count", "remote_id", "updated_at")

@@ -17,8 +17,10 @@ from django.db import connection, connections
 from django.db.models import QuerySet
 
 from .models import (
+    AccountServingGate,
     DispatchPermit,
     OrderingDecision,
+    OrderingHandoff,
     OrderingLane,
     ReceiptComponent,
     RemoteEffect,
@@ -173,3 +175,23 @@ def database_answers(using: str = "default") -> None:
     """
     with connections[using].cursor() as cursor:
         cursor.execute("SELECT 1")
+
+
+def gates_with_reason(*, org_id: str, reason_code: str | None = None) -> QuerySet[AccountServingGate]:
+    """AccountServingGates of ``org_id`` that carry a reason code (or ``reason_code``), by account key."""
+    return _with_reason(AccountServingGate.objects.filter(org_id=org_id), reason_code).order_by("account_key")
+
+
+def open_permits_of_halting_gates(*, org_id: str, reason_code: str | None = None) -> QuerySet[DispatchPermit]:
+    """Open (``granted`` / ``sending``) DispatchPermits that keep a gate of ``org_id`` in ``halting_v2``.
+
+    Args:
+        reason_code: only permits of gates carrying this code.
+    """
+    qs = DispatchPermit.objects.filter(org_id=org_id, state__in=("granted", "sending"), gate__state="halting_v2")
+    return _with_reason(qs, reason_code, "gate__reason_code").select_related("gate").order_by("id")
+
+
+def handoffs_with_reason(*, org_id: str, reason_code: str | None = None) -> QuerySet[OrderingHandoff]:
+    """OrderingHandoffs of ``org_id`` that carry a reason code (abandoned successors), newest first."""
+    return _with_reason(OrderingHandoff.objects.filter(org_id=org_id), reason_code).order_by("-id")
