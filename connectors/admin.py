@@ -49,9 +49,9 @@ class OrderingLaneAdmin(ReadOnlyAdmin):
 
 @admin.register(models.OrderingHandoff)
 class OrderingHandoffAdmin(ReadOnlyAdmin):
-    list_display = ("id", "org_id", "state", "reason_code", "predecessor_epoch", "successor_epoch", "account_key",
+    list_display = ("id", "org_id", "state", "predecessor_epoch", "successor_epoch", "account_key",
                     "route_key", "predecessor_lane", "successor_lane", "created_at")
-    list_filter = ("state", "reason_code")
+    list_filter = ("state",)
     exclude = ("high_water_position",)
 
 

@@ -522,8 +522,7 @@ def _handoff_one(org: OrgScope, predecessor_id, successor_id, lane_id, transitio
             for handoff in earlier:
                 if handoff.state == "frozen":
                     OrderingHandoffStore.transition(org_id=org_id, pk=handoff.pk, src="frozen", dst="abandoned",
-                                                    version=handoff.version,
-                                                    set_fields={"reason_code": reasons.SUCCESSOR_ABANDONED})
+                                                    version=handoff.version)
             cites = earlier[-1].pk if earlier else None
         successor_lane = None
         if ahead is not None:

@@ -259,16 +259,14 @@ class OrderingHandoff(GuardedModel):
                                         help_text="The abandoned successor's handoff this one derives from.")
     digest = IdentityField(**DIGEST)
     profile_id = IdentityField(**PROFILE)
-    state = models.CharField(max_length=16)
+    state = models.CharField(max_length=16, help_text="frozen | activated | abandoned")
     version = models.PositiveBigIntegerField(default=1)
-    reason_code = reason_code_field()
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["predecessor_epoch", "successor_epoch", "account_key", "route_key",
                                             "partition_key"], name="ordering_handoff_uniq"),
-            reason_code_constraint(transitions.ORDERING_HANDOFF, name="ordering_handoff_reason_chk"),
         ]
 
 

@@ -13,7 +13,6 @@ admission"; the states are listed in ``connectors/transitions.py``):
 | RemoteEffect ``quarantined`` | RETRY_EXHAUSTED, LINK_NOT_PATCHABLE, PRIOR_CREATE_UNRESOLVED |
 | RemoteLink ``suspended_drift`` | REMOTE_NOT_FOUND |
 | AccountServingGate ``halting_v2`` / ``v2_halted`` | HALTED_FOR_SUCCESSOR, HALT_WAITING_OPEN_PERMITS, HALT_WAITING_PREDECESSOR_WORK |
-| OrderingHandoff ``abandoned``, ServingEpoch ``rejected`` | SUCCESSOR_ABANDONED |
 """
 from nexusflow.kernel.reasons import register
 
@@ -86,6 +85,3 @@ HALT_WAITING_OPEN_PERMITS = register(
 HALT_WAITING_PREDECESSOR_WORK = register(
     "halt_waiting_predecessor_work", owner=OWNER, evidence=_S + "gates_with_reason",
     alert_after_seconds=600, remediations=("automatic_retry", "complete_successor_switch"))
-SUCCESSOR_ABANDONED = register(
-    "successor_abandoned", owner=OWNER, evidence=_S + "handoffs_with_reason",
-    alert_after_seconds=0, remediations=("none",))

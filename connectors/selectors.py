@@ -20,7 +20,6 @@ from .models import (
     AccountServingGate,
     DispatchPermit,
     OrderingDecision,
-    OrderingHandoff,
     OrderingLane,
     ReceiptComponent,
     RemoteEffect,
@@ -191,7 +190,3 @@ def open_permits_of_halting_gates(*, org_id: str, reason_code: str | None = None
     qs = DispatchPermit.objects.filter(org_id=org_id, state__in=("granted", "sending"), gate__state="halting_v2")
     return _with_reason(qs, reason_code, "gate__reason_code").select_related("gate").order_by("id")
 
-
-def handoffs_with_reason(*, org_id: str, reason_code: str | None = None) -> QuerySet[OrderingHandoff]:
-    """OrderingHandoffs of ``org_id`` that carry a reason code (abandoned successors), newest first."""
-    return _with_reason(OrderingHandoff.objects.filter(org_id=org_id), reason_code).order_by("-id")

@@ -16,8 +16,7 @@ liveness and maintenance admission"; codes in ``connectors/reasons.py`` and
 | Execution | quarantined, superseded | halted, or decided without calling Runtime |
 | RemoteEffect | uncertain, no_effect, quarantined | parked, refused, halted |
 | RemoteLink | suspended_drift | PATCH authority halted |
-| OrderingHandoff | abandoned | its successor candidate was replaced; a later handoff cites it |
-| OrderingLane, DispatchPermit, ExecutionAttempt, RemoteEffectAttempt | none | lane hand-off is not a halt; Permits and attempts are evidence, their RemoteEffect / Execution carries the code |
+| OrderingLane, OrderingHandoff, DispatchPermit, ExecutionAttempt, RemoteEffectAttempt | none | lane hand-off is not a halt; an abandoned handoff is cited by the handoff that replaces it; Permits and attempts are evidence, their RemoteEffect / Execution carries the code |
 """
 from nexusflow.kernel.transitions import machine
 
@@ -92,8 +91,6 @@ ORDERING_HANDOFF = machine(
     {"frozen": {"activated", "abandoned"}, "activated": set(), "abandoned": set()},
     initial={"frozen"},
     seed='Seed 003, "Durable source ordering" (OrderingHandoff) and "Generation and replay"',
-    # An abandoned handoff names why its successor was given up; the frozen high-water stays.
-    reason_required={"abandoned"},
 )
 
 REMOTE_EFFECT = machine(
