@@ -350,8 +350,9 @@ def test_successor_cannot_activate_with_a_predecessor_lane_that_was_not_handed_o
 
 
 # --- halting with an open DispatchPermit --------------------------------------------------------
-def _open_permit_on(gate: AccountServingGate) -> DispatchPermit:
-    effect = rows.make(RemoteEffect, org_id=ORG, state="dispatching", version=1, account_key=gate.account_key)
+def _open_permit_on(gate: AccountServingGate, *, effect_account: str | None = None) -> DispatchPermit:
+    effect = rows.make(RemoteEffect, org_id=ORG, state="dispatching", version=1,
+                       account_key=effect_account or gate.account_key)
     attempt = rows.make(RemoteEffectAttempt, org_id=ORG, effect=effect, attempt_number=1, state="started")
     return rows.make(DispatchPermit, org_id=ORG, attempt=attempt, gate=gate, state="granted", version=1)
 
@@ -376,6 +377,24 @@ def test_halting_with_an_open_permit_stays_halting_until_it_settles(org):
     evidence = GateTransitionEvidence.objects.filter(gate=billing).order_by("-id").first()
     assert (evidence.from_state, evidence.to_state) == ("halting_v2", "v2_halted")
     assert evidence.evidence["inventory"]["open_permits"] == 0
+
+
+def test_the_open_permit_set_of_the_gate_alone_keeps_it_halting(org, billing_sandbox, monkeypatch):
+    # The Permit is counted on the gate row it was granted under, whatever its effect's lifecycle says.
+    predecessor = ServingEpoch.objects.get(org_id=ORG, state="active")
+    billing = AccountServingGate.objects.get(org_id=ORG, account_key="billing-main")
+    permit = _open_permit_on(billing, effect_account="elsewhere")
+    halt_begin(org=org)
+    assert halt_try_complete(org=org).gates["billing-main"] == ("halting_v2", HALT_WAITING_OPEN_PERMITS)
+    successor = successor_epoch(org, billing_sandbox.base_url, monkeypatch)
+    with pytest.raises(HandoffRefused, match="v2_halted"):
+        handoff_stage(org=org, successor_id=successor.pk)
+    with pytest.raises(HandoffRefused, match="v2_halted"):
+        successor_activate(org=org, successor_id=successor.pk)
+    assert ServingEpoch.objects.get(pk=predecessor.pk).state == "active"
+    assert ServingEpoch.objects.get(pk=successor.pk).state == "verified"
+    DispatchPermitStore.transition(org_id=ORG, pk=permit.pk, src="granted", dst="abandoned", version=1)
+    assert halt_try_complete(org=org).all_halted
 
 
 def test_halt_is_refused_while_work_still_needs_a_serving_gate(client, org):
