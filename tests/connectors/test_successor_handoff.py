@@ -15,7 +15,7 @@ import time
 import pytest
 from django.db import connection, connections
 
-from connectors import handoff
+from connectors import handoff, reasons
 from connectors.executions import execution_run, execution_try_claim_one, execution_try_run_one
 from connectors.handoff import (
     HaltRefused,
@@ -567,3 +567,101 @@ def test_commands_report_clear_exit_codes(client, org, billing_sandbox, monkeypa
     activated = run_manage(["connector_activate_successor", "--org", ORG, "--successor", str(successor.pk)], env)
     assert activated.returncode == 0, activated.stderr
     assert gate_summary() == {("v2_serving", int(successor.pk))}
+
+
+# --- S003-RP-29: Permit acquisition racing v2_serving -> halting_v2 ----------------------------------
+def _prepared_push() -> RemoteEffect:
+    """One Runtime outbound intent for the billing account, accepted as a ``prepared`` RemoteEffect."""
+    from django.db import transaction
+
+    from nexusflow.kernel.scope import TrustedRuntimeWorkScope
+    from nexusflow.records.services import record_create
+    from runtime_outbox.services import outbound_command_author, outbox_try_deliver_one
+
+    with transaction.atomic():
+        record = record_create(org=OrgScope(ORG), object_name="Contact",
+                               values={"email": "ann@x.io", "firstname": "Ann", "lastname": "Lee",
+                                       "lifecyclestage": "customer"})
+        outbound_command_author(scope=TrustedRuntimeWorkScope(ORG, "core", "flow-runtime", "test-binding"),
+                                effect_root_id="root-" + record.record_key, effect_slot_id="push-1",
+                                effect_generation_id="1", contract_key="billing.customer", record=record,
+                                origin_flow_run_id=None)
+    assert outbox_try_deliver_one()
+    return RemoteEffect.objects.get(org_id=ORG, state="prepared")
+
+
+def test_permit_acquisition_racing_halt_commits_first_and_keeps_the_gate_halting(org, billing_sandbox, monkeypatch):
+    from connectors import egress
+
+    _prepared_push()
+    holding, release = threading.Event(), threading.Event()
+    real_serving_lock = egress.serving_lock
+
+    def paused_serving_lock(**kwargs):
+        ctx = real_serving_lock(**kwargs)
+        if threading.current_thread().name == "grant":
+            holding.set()
+            assert release.wait(60)
+        return ctx
+
+    monkeypatch.setattr(egress, "serving_lock", paused_serving_lock)
+    grant = Worker(lambda: egress.permit_try_grant_one(worker_id="holder"), "grant")
+    grant.start()
+    assert holding.wait(60)
+    halting = Worker(lambda: halt_begin(org=org), "halt")
+    halting.start()
+    assert halting.ready.wait(60)
+    wait_until_blocked_on(halting.connection_id, "connectors_accountservinggate")
+    release.set()
+    grant.join(60)
+    halting.join(60)
+
+    assert grant.error is None and grant.result is not None
+    assert halting.error is None and {g.state for g in gates()} == {"halting_v2"}
+    permit = DispatchPermit.objects.get(org_id=ORG)
+    billing = AccountServingGate.objects.get(org_id=ORG, account_key="billing-main")
+    assert permit.state == "granted" and permit.gate_fence_token < billing.fence_token
+    assert halt_try_complete(org=org).gates["billing-main"] == ("halting_v2", HALT_WAITING_OPEN_PERMITS)
+    # The paused holder still makes its one authorized call and settles while the gate is halting.
+    egress.permit_settle(grant.result, egress.permit_send(grant.result))
+    assert len(billing_sandbox.state()["customers"]) == 1
+    assert halt_try_complete(org=org).gates["billing-main"][0] == "halting_v2"
+    assert egress.effect_try_finalize_one()
+    assert halt_try_complete(org=org).all_halted
+    assert DispatchPermit.objects.get(org_id=ORG).state == "returned"
+
+
+def test_halt_racing_permit_acquisition_commits_first_and_the_acquisition_fails(org, billing_sandbox, monkeypatch):
+    from connectors import egress
+
+    effect = _prepared_push()
+    holding, release = threading.Event(), threading.Event()
+    real_lock_gate_set = handoff._lock_gate_set
+
+    def paused_lock_gate_set(scope):
+        locked = real_lock_gate_set(scope)
+        if threading.current_thread().name == "halt":
+            holding.set()
+            assert release.wait(60)
+        return locked
+
+    monkeypatch.setattr(handoff, "_lock_gate_set", paused_lock_gate_set)
+    # The prepared effect needs a serving gate to drain, so an operator halting now must force it.
+    halting = Worker(lambda: halt_begin(org=org, force=True), "halt")
+    halting.start()
+    assert holding.wait(60)
+    grant = Worker(lambda: egress.permit_try_grant_one(worker_id="holder"), "grant")
+    grant.start()
+    assert grant.ready.wait(60)
+    wait_until_blocked_on(grant.connection_id, "connectors_accountservinggate")
+    release.set()
+    halting.join(60)
+    grant.join(60)
+
+    assert halting.error is None and {g.state for g in gates()} == {"halting_v2"}
+    assert grant.error is None and grant.result is None
+    assert not DispatchPermit.objects.filter(org_id=ORG).exists()
+    assert RemoteEffect.objects.get(pk=effect.pk).state == "prepared"
+    assert billing_sandbox.state()["customers"] == []
+    report = halt_try_complete(org=org)
+    assert report.gates["billing-main"] == ("halting_v2", reasons.HALT_WAITING_PREDECESSOR_WORK)
