@@ -260,8 +260,10 @@ def halt_begin(*, org: OrgScope, force: bool = False) -> HaltReport:
     while halting. Gates already halting or halted are left as they are.
 
     Args:
-        force: halt even though serving-only work is pending (it then stays
-            pending until an abort resumes the predecessor).
+        force: halt even though serving-only work is pending. That work can
+            no longer drain (it needs a serving gate), so the gate stays
+            ``halting_v2`` until it reaches a terminal decision by other
+            means; the machine has no way back from ``halting_v2``.
 
     Returns:
         The gate states after the transaction.
@@ -494,6 +496,9 @@ def _handoff_one(org: OrgScope, predecessor_id, successor_id, lane_id, transitio
         lane = OrderingLaneStore.lock(org_id, lane_id)
         mine = OrderingHandoff.objects.filter(org_id=org_id, predecessor_epoch_id=predecessor.pk,
                                               successor_epoch_id=successor.pk, predecessor_lane_id=lane.pk).first()
+        if mine is not None and mine.state == "abandoned":
+            raise HandoffRefused(f"the handoff of lane {lane.pk} to epoch {successor.pk} was abandoned for a later "
+                                 "successor; verify a new successor instead")
         if mine is not None:
             return False
         if lane.active_execution_id is not None or Execution.objects.filter(

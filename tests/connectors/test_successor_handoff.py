@@ -447,6 +447,8 @@ def test_after_the_first_handoff_every_predecessor_resume_fails_and_recovery_goe
         predecessor_resume(org=org)
     with pytest.raises(HandoffRefused):
         successor_activate(org=org, successor_id=first.pk)
+    with pytest.raises(HandoffRefused, match="abandoned"):
+        handoff_stage(org=org, successor_id=first.pk)
     successor_activate(org=org, successor_id=second.pk)
     assert gate_summary() == {("v2_serving", int(second.pk))}
     assert OrderingLane.objects.get(org_id=ORG, epoch=second).baseline_position == frozen

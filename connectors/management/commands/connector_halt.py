@@ -17,7 +17,8 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--org", required=True, help="Org id whose exhaustive gate set to halt.")
         parser.add_argument("--force", action="store_true",
-                            help="Halt even though work that needs a serving gate is still pending.")
+                            help="Halt even though work that needs a serving gate is still pending; the gate then "
+                                 "stays halting_v2 until that work is terminal (there is no way back from halting_v2).")
 
     def handle(self, *args, org, force, **options):
         try:
