@@ -349,6 +349,25 @@ def test_successor_cannot_activate_with_a_predecessor_lane_that_was_not_handed_o
     assert gate_summary() == {("v2_halted", int(predecessor.pk))}
 
 
+def test_successor_cannot_activate_while_a_predecessor_fact_is_nonterminal(client, org, billing_sandbox, monkeypatch):
+    from connectors.models import Event, Projection
+
+    predecessor = serve_position_100(client)
+    halt(org)
+    successor = successor_epoch(org, billing_sandbox.base_url, monkeypatch)
+    handoff_stage(org=org, successor_id=successor.pk)
+    # A predecessor fact the halt inventory did not see (written behind the gate's back).
+    event = rows.make(Event, org_id=ORG, epoch=predecessor, account_key="crm-webhooks")
+    rows.make(Execution, org_id=ORG, projection=rows.make(Projection, org_id=ORG, event=event), state="ready",
+              version=1)
+    with pytest.raises(HandoffRefused, match="not terminal"):
+        successor_activate(org=org, successor_id=successor.pk)
+    assert ServingEpoch.objects.get(pk=predecessor.pk).state == "active"
+    assert ServingEpoch.objects.get(pk=successor.pk).state == "verified"
+    assert gate_summary() == {("v2_halted", int(predecessor.pk))}
+    assert OrderingHandoff.objects.get(org_id=ORG).state == "frozen"
+
+
 # --- halting with an open DispatchPermit --------------------------------------------------------
 def _open_permit_on(gate: AccountServingGate, *, effect_account: str | None = None) -> DispatchPermit:
     effect = rows.make(RemoteEffect, org_id=ORG, state="dispatching", version=1,
@@ -667,3 +686,18 @@ def test_halt_racing_permit_acquisition_commits_first_and_the_acquisition_fails(
     assert billing_sandbox.state()["customers"] == []
     report = halt_try_complete(org=org)
     assert report.gates["billing-main"] == ("halting_v2", reasons.HALT_WAITING_PREDECESSOR_WORK)
+
+
+def test_crash_inside_the_handoff_commits_nothing_and_the_predecessor_may_still_resume(
+        client, org, billing_sandbox, monkeypatch):
+    predecessor = serve_position_100(client)
+    halt(org)
+    successor = successor_epoch(org, billing_sandbox.base_url, monkeypatch)
+    crashed = run_manage(["connector_handoff", "--org", ORG, "--successor", str(successor.pk)],
+                         subprocess_env(NEXUS_FAILPOINTS="handoff.before_commit"))
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    assert not OrderingHandoff.objects.exists()
+    assert not OrderingLane.objects.filter(org_id=ORG, epoch=successor).exists()
+    assert OrderingLane.objects.get(org_id=ORG, epoch=predecessor).state == "open"
+    predecessor_resume(org=org)
+    assert gate_summary() == {("v2_serving", int(predecessor.pk))}
