@@ -58,6 +58,12 @@ class ProjectionWindowAdmin(ReadOnlyAdmin):
 class ExecutionDependencyAdmin(ReadOnlyAdmin):
     list_display = ("id", "org_id", "execution", "requirement", "disposition", "state", "deadline_at", "created_at")
     list_filter = ("state", "requirement", "disposition")
+@admin.register(models.OrderingHandoff)
+class OrderingHandoffAdmin(ReadOnlyAdmin):
+    list_display = ("id", "org_id", "state", "predecessor_epoch", "successor_epoch", "account_key",
+                    "route_key", "predecessor_lane", "successor_lane", "created_at")
+    list_filter = ("state",)
+    exclude = ("high_water_position",)
 
 
 @admin.register(models.RemoteEffect)

@@ -26,7 +26,7 @@ from django.db import transaction
 
 from nexusflow.kernel import failpoints, locks
 from nexusflow.kernel.clock import db_now
-from nexusflow.kernel.errors import StaleVersion
+from nexusflow.kernel.errors import FenceRejected, StaleVersion
 from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.models import insert
 
@@ -371,7 +371,8 @@ def execution_complete(claim: Claim, *, result_id: int) -> None:
 
     Raises:
         InvalidIdentity: ``result_id`` is an id of another model (before SQL).
-        StaleVersion/FenceRejected: the attempt lost its lease or the lane moved.
+        StaleVersion/FenceRejected: the attempt lost its lease, the lane moved or
+            the lane was handed off to a successor epoch (frozen).
         ValueError: the Runtime receipt does not match the Execution.
     """
     from runtime_outbox.models import ApplicationResult
@@ -389,6 +390,9 @@ def execution_complete(claim: Claim, *, result_id: int) -> None:
             raise StaleVersion(f"attempt {attempt.pk} is no longer the live claim")
         if lane is not None and lane.active_execution_id != execution.pk:
             raise StaleVersion(f"lane {lane.pk} no longer points at execution {execution.pk}")
+        if lane is not None and lane.state != "open":
+            # Seed 003 "Durable source ordering": no predecessor high-water advances after its OrderingHandoff.
+            raise FenceRejected(f"lane {lane.pk} is {lane.state}; its high-water is frozen")
         result = ApplicationResult.objects.get(pk=result_id, org_id=claim.org_id)
         if result.command_id != execution.command_id or result.execution_ref_digest != execution.execution_ref_digest:
             raise ValueError("Runtime result does not match this execution")

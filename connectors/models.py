@@ -331,6 +331,44 @@ class ProjectionWindow(GuardedModel):
             reason_code_constraint(transitions.PROJECTION_WINDOW, name="projection_window_reason_chk"),
         ]
         indexes = [models.Index(fields=["state", "close_at"], name="projection_window_close_idx")]
+class OrderingHandoff(GuardedModel):
+    """Frozen predecessor high-water that seeds one successor lane (seed 003 "Durable source ordering").
+
+    One row per predecessor epoch, successor epoch, route lineage (account and
+    route key) and predecessor partition. ``high_water_position`` is the
+    predecessor lane's final high-water, byte-exact (NULL when the lane never
+    completed a position); the successor lane's ``baseline_position`` equals
+    it. ``digest`` covers every frozen column; activation recomputes it.
+    """
+
+    org_id = IdentityField(max_length=64)
+    predecessor_epoch = models.ForeignKey(ServingEpoch, on_delete=models.PROTECT, related_name="handoffs_out")
+    successor_epoch = models.ForeignKey(ServingEpoch, on_delete=models.PROTECT, related_name="handoffs_in")
+    account_key = IdentityField(max_length=80)
+    route_key = IdentityField(max_length=80)
+    partition_key = IdentityField(**DIGEST)
+    partition = models.JSONField()
+    predecessor_lane = models.ForeignKey(OrderingLane, on_delete=models.PROTECT, related_name="handoffs_out")
+    successor_lane = models.ForeignKey(OrderingLane, null=True, blank=True, on_delete=models.PROTECT,
+                                       related_name="handoffs_in",
+                                       help_text="NULL when the successor does not enable the route.")
+    high_water_position = models.BinaryField(max_length=64, null=True)
+    ordering = models.JSONField(help_text="Frozen comparator and partition derivation of the route.")
+    ordering_digest = IdentityField(**DIGEST)
+    transition_class = models.CharField(max_length=32)
+    cites_handoff_id = TypedIdReference(to="connectors.OrderingHandoff", null=True, blank=True,
+                                        help_text="The abandoned successor's handoff this one derives from.")
+    digest = IdentityField(**DIGEST)
+    profile_id = IdentityField(**PROFILE)
+    state = models.CharField(max_length=16, help_text="frozen | activated | abandoned")
+    version = models.PositiveBigIntegerField(default=1)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["predecessor_epoch", "successor_epoch", "account_key", "route_key",
+                                            "partition_key"], name="ordering_handoff_uniq"),
+        ]
 
 
 class Projection(GuardedModel):

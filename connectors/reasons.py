@@ -13,6 +13,7 @@ admission"; the states are listed in ``connectors/transitions.py``):
 | RemoteEffect ``no_effect`` | DEFINITE_REFUSAL |
 | RemoteEffect ``quarantined`` | RETRY_EXHAUSTED, LINK_NOT_PATCHABLE, PRIOR_CREATE_UNRESOLVED |
 | RemoteLink ``suspended_drift`` | REMOTE_NOT_FOUND |
+| AccountServingGate ``halting_v2`` / ``v2_halted`` | HALTED_FOR_SUCCESSOR, HALT_WAITING_OPEN_PERMITS, HALT_WAITING_PREDECESSOR_WORK |
 """
 from nexusflow.kernel.reasons import register
 
@@ -78,3 +79,14 @@ REMOTE_NOT_FOUND = register(
 
 #: Uncertain effects that only an operator may move on (the reconciler skips them).
 OPERATOR_ONLY_UNCERTAIN = frozenset({UNCLASSIFIED_RESPONSE, RESPONSE_ID_MISSING})
+
+# --- halt and successor epochs (AccountServingGate, OrderingHandoff; connectors/handoff.py) ----------
+HALTED_FOR_SUCCESSOR = register(
+    "halted_for_successor", owner=OWNER, evidence=_S + "gates_with_reason",
+    alert_after_seconds=3600, remediations=("complete_successor_switch",))
+HALT_WAITING_OPEN_PERMITS = register(
+    "halt_waiting_open_permits", owner=OWNER, evidence=_S + "open_permits_of_halting_gates",
+    alert_after_seconds=600, remediations=("automatic_retry", "complete_successor_switch"))
+HALT_WAITING_PREDECESSOR_WORK = register(
+    "halt_waiting_predecessor_work", owner=OWNER, evidence=_S + "gates_with_reason",
+    alert_after_seconds=600, remediations=("automatic_retry", "complete_successor_switch"))

@@ -17,6 +17,7 @@ from django.db import connection, connections
 from django.db.models import QuerySet
 
 from .models import (
+    AccountServingGate,
     DispatchPermit,
     Execution,
     ExecutionDependency,
@@ -233,3 +234,17 @@ def executions_with_reason(*, org_id: str, reason_code: str | None = None,
     if lane_id is not None:
         qs = qs.filter(lane_id=lane_id)
     return _with_reason(qs, reason_code).order_by("-id")
+def gates_with_reason(*, org_id: str, reason_code: str | None = None) -> QuerySet[AccountServingGate]:
+    """AccountServingGates of ``org_id`` that carry a reason code (or ``reason_code``), by account key."""
+    return _with_reason(AccountServingGate.objects.filter(org_id=org_id), reason_code).order_by("account_key")
+
+
+def open_permits_of_halting_gates(*, org_id: str, reason_code: str | None = None) -> QuerySet[DispatchPermit]:
+    """Open (``granted`` / ``sending``) DispatchPermits that keep a gate of ``org_id`` in ``halting_v2``.
+
+    Args:
+        reason_code: only permits of gates carrying this code.
+    """
+    qs = DispatchPermit.objects.filter(org_id=org_id, state__in=("granted", "sending"), gate__state="halting_v2")
+    return _with_reason(qs, reason_code, "gate__reason_code").select_related("gate").order_by("id")
+

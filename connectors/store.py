@@ -5,7 +5,7 @@ gates are ``SERVING_GATE`` in the sub-order AccountServingGate -> its exact
 ServingEpoch -> CredentialGenerationDispatchGate; lanes, executions, effects
 and permits are ``CONNECTOR_WORK`` in the sub-order OrderingLane ->
 Projection/Window -> Execution -> ExecutionAttempt -> RemoteEffect ->
-DispatchPermit -> RemoteEffectAttempt -> RemoteLink. The ranks below encode
+DispatchPermit -> RemoteEffectAttempt -> RemoteLink -> OrderingHandoff. The ranks below encode
 both; :mod:`nexusflow.kernel.locks` refuses a reversal.
 """
 from __future__ import annotations
@@ -17,6 +17,8 @@ from nexusflow.kernel.locks import LockClass
 RANK_GATE, RANK_EPOCH, RANK_CREDENTIAL_GATE = 0, 1, 2
 RANK_LANE, RANK_PROJECTION, RANK_EXECUTION, RANK_EXECUTION_ATTEMPT = 0, 1, 2, 3
 RANK_EFFECT, RANK_PERMIT, RANK_EFFECT_ATTEMPT, RANK_LINK = 4, 5, 6, 7
+# OrderingHandoff rows are locked after the lanes they join (predecessor and successor lanes).
+RANK_HANDOFF = 8
 from nexusflow.kernel.store import CasStore
 
 from . import models, transitions
@@ -125,3 +127,9 @@ class ExecutionDependencyStore(CasStore):
     lock_rank, lock_label = RANK_DEPENDENCY, "dependency"
     immutable_columns = frozenset({"deadline_at", "requirement", "required_position", "disposition",
                                    "execution_id", "lane_id"})
+class OrderingHandoffStore(CasStore):
+    model = models.OrderingHandoff
+    machine = transitions.ORDERING_HANDOFF
+    lock_class = LockClass.CONNECTOR_WORK
+    lock_rank, lock_label = RANK_HANDOFF, "handoff"
+    stale_error = FenceRejected

@@ -17,7 +17,7 @@ liveness and maintenance admission"; codes in ``connectors/reasons.py`` and
 | ProjectionWindow | quarantined | a window that cannot be applied |
 | RemoteEffect | uncertain, no_effect, quarantined | parked, refused, halted |
 | RemoteLink | suspended_drift | PATCH authority halted |
-| OrderingLane, DispatchPermit, ExecutionAttempt, RemoteEffectAttempt, ExecutionDependency | none | lane hand-off is not a halt; Permits and attempts are evidence, their RemoteEffect / Execution carries the code |
+| OrderingLane, OrderingHandoff, DispatchPermit, ExecutionAttempt, RemoteEffectAttempt, ExecutionDependency | none | lane hand-off is not a halt; an abandoned handoff is cited by the handoff that replaces it; Permits and attempts are evidence, their RemoteEffect / Execution carries the code |
 """
 from nexusflow.kernel.transitions import machine
 
@@ -85,6 +85,13 @@ ORDERING_LANE = machine(
     {"open": {"handed_off"}, "handed_off": set()},
     initial={"open"},
     seed='Seed 003, "Durable source ordering"',
+)
+
+ORDERING_HANDOFF = machine(
+    "connectors.OrderingHandoff",
+    {"frozen": {"activated", "abandoned"}, "activated": set(), "abandoned": set()},
+    initial={"frozen"},
+    seed='Seed 003, "Durable source ordering" (OrderingHandoff) and "Generation and replay"',
 )
 
 REMOTE_EFFECT = machine(

@@ -101,6 +101,13 @@ REMEDIATIONS: dict[str, Remediation] = {r.id: r for r in (
         "so a new candidate epoch is prepared; the rejected epoch stays rejected.",
     ),
     Remediation(
+        "complete_successor_switch",
+        "Finish the planned successor ServingEpoch switch: `manage.py connector_halt --org ORG` until every gate is "
+        "v2_halted, then `manage.py connector_handoff --org ORG --successor EPOCH` and `manage.py "
+        "connector_activate_successor --org ORG --successor EPOCH`. Only while no OrderingHandoff exists, `manage.py "
+        "connector_resume --org ORG` returns every gate to the predecessor epoch instead.",
+    ),
+    Remediation(
         "inspect_invariant",
         "Invariant evidence contradicts the recorded state: an engineer inspects the rows named by the evidence "
         "before anything else runs for that record; nothing is retried automatically.",

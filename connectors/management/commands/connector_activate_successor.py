@@ -1,0 +1,33 @@
+"""``manage.py connector_activate_successor --org ORG --successor EPOCH``: atomic successor activation."""
+from django.core.management.base import BaseCommand
+
+from connectors.handoff import REQUIRES_DRAIN, HandoffRefused, successor_activate
+from nexusflow.kernel.errors import InvalidIdentity
+from nexusflow.kernel.scope import OrgScope
+
+from ._handoff_common import command_error
+from .connector_handoff import read_evidence
+
+
+class Command(BaseCommand):
+    help = ("In one transaction: byte-compare every OrderingHandoff with its lanes, predecessor active -> "
+            "draining, successor verified -> active, every gate v2_halted -> v2_serving on the successor "
+            "(seed 003 'Generation and replay'). Repeatable. Exit codes: 0 active; 1 bad input; 3 refused.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("--org", required=True, help="Org id.")
+        parser.add_argument("--successor", required=True, type=int, help="Id of the verified successor ServingEpoch.")
+        parser.add_argument("--transition-class", default=REQUIRES_DRAIN,
+                            help="Successor transition class; only requires_drain is supported.")
+        parser.add_argument("--compatibility-evidence", help="JSON file; recorded nowhere, enables nothing.")
+
+    def handle(self, *args, org, successor, transition_class, compatibility_evidence, **options):
+        evidence = read_evidence(compatibility_evidence)
+        try:
+            report = successor_activate(org=OrgScope(org), successor_id=successor, transition_class=transition_class,
+                                        compatibility_evidence=evidence)
+        except (HandoffRefused, InvalidIdentity) as exc:
+            raise command_error(exc) from exc
+        state = "already active" if report.already_active else f"activated after epoch {report.predecessor_epoch_id}"
+        self.stdout.write(f"epoch {report.successor_epoch_id} {state} ({report.successor_digest[:16]}); "
+                          f"accounts: {', '.join(report.accounts)}; handoffs: {report.handoffs}")
