@@ -32,6 +32,7 @@ from nexusflow.kernel.models import insert
 
 from . import reasons
 from .models import Event, Execution, ExecutionAttempt, OrderingDecision, OrderingLane, PackGeneration
+from .replay import replay_command_facts
 from .selectors import candidate_lanes
 from .serving import NotServing, serving_lock
 from .store import ExecutionAttemptStore, ExecutionStore, OrderingLaneStore
@@ -152,7 +153,7 @@ def build_runtime_command(execution: Execution) -> dict:
     account = next(a for a in event.epoch.document["accounts"] if a["account_key"] == event.account_key)
     pack = PackGeneration.objects.get(pk=account["pack_generation"]["id"])
     route = next(r for r in pack.document["inbound_routes"] if r["route_key"] == event.route_key)
-    return {
+    command = {
         "application": route["application"],
         "owner_key": pack.owner_key,
         "account_key": event.account_key,
@@ -162,6 +163,9 @@ def build_runtime_command(execution: Execution) -> dict:
         "source_event_key": event.source_event_key,
         "payload": event.payload,
     }
+    # A replay Execution carries its frozen external-effect mode (seed 003 "Replay and external effects").
+    command.update(replay_command_facts(event))
+    return command
 
 
 def execution_run(claim: Claim) -> bool:
