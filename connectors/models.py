@@ -216,7 +216,8 @@ class ReplayRequest(GuardedModel):
     source_event_key = IdentityField(max_length=160)
     reason = models.CharField(max_length=500)
     principal = IdentityField(max_length=150, help_text="The authenticated operator who authorized the replay.")
-    external_effects = models.CharField(max_length=32, help_text="Only suppress_external_effects is valid.")
+    external_effects = models.CharField(max_length=32, default="suppress_external_effects",
+                                        help_text="Only suppress_external_effects is valid.")
     request_digest = IdentityField(**DIGEST)
     profile_id = IdentityField(**PROFILE)
     receipt = models.OneToOneField(Receipt, on_delete=models.PROTECT, related_name="replay_request")

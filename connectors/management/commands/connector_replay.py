@@ -25,7 +25,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--org", required=True, help="Org id of the account.")
-        parser.add_argument("--account", required=True, help="Account key.")
+        parser.add_argument("--account", required=True, help="The connector account key.")
         parser.add_argument("--replay-id", required=True, help="Stable ReplayRequest ID (the replay EventGeneration).")
         parser.add_argument("--event", type=int, help="Id of the terminal predecessor Event.")
         parser.add_argument("--reason", help="Why the replay is authorized.")
