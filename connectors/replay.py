@@ -358,8 +358,9 @@ def replay_materialize(*, org: OrgScope, account_key: str, replay_id: str) -> Re
         if request is None:
             raise ReplayNotFound(f"account {account_key} has no replay {replay_id}")
         if request.target_epoch_id != ctx.epoch.pk or request.target_epoch_digest != ctx.epoch.digest:
-            raise ReplayTargetNotServing(f"replay {replay_id} targets epoch {request.target_epoch_id}; "
-                                         f"the account serves epoch {ctx.epoch.pk}")
+            raise ReplayTargetNotServing(f"replay {replay_id} targets epoch {request.target_epoch_id}; the account "
+                                         f"serves epoch {ctx.epoch.pk}; the stored target never changes: "
+                                         "authorize a new ReplayRequest ID to replay under the serving epoch")
         receipt = Receipt.objects.get(org_id=org.org_id, pk=request.receipt_id)
         predecessor = Event.objects.get(org_id=org.org_id, pk=request.predecessor_event_id)
         body = bytes(receipt.body)
@@ -421,8 +422,10 @@ def _ensure_execution(ctx: ServingContext, request: ReplayRequest, event: Event,
                             definition_digest=definition_digest, input_digest=event.payload_digest)
     elif (projection.definition_digest, projection.input_digest) != (definition_digest, event.payload_digest):
         raise ReplayMismatch(f"replay {request.replay_id}: the stored Projection does not match the target epoch")
+    # The replay id and mode are part of the Runtime command identity too (seed 003 "Replay and external effects").
     command_id = digest_v2("connectors.runtime-command", [
-        ("org_id", request.org_id), ("projection_id", projection.pk), ("generation", 1)]).hexdigest
+        ("org_id", request.org_id), ("projection_id", projection.pk), ("generation", 1),
+        ("replay_id", request.replay_id), ("external_effects", request.external_effects)]).hexdigest
     execution_ref = replay_execution_ref(
         command_id=command_id, projection_id=projection.pk, pack_generation_id=account["pack_generation"]["id"],
         epoch_digest=ctx.epoch.digest, definition_digest=definition_digest, input_digest=projection.input_digest,

@@ -23,7 +23,7 @@ from django.db import connection, connections, transaction
 from django.forms.models import model_to_dict
 
 from connectors import replay as replay_module
-from connectors.executions import execution_try_claim_one
+from connectors.executions import build_runtime_command, execution_try_claim_one
 from connectors.models import (
     AccountServingGate,
     Event,
@@ -301,6 +301,13 @@ def test_replay_execution_cannot_author_an_outbound_command(client, billing_sand
 
     replayed = Execution.objects.get(org_id=ORG, pk=result.execution_ids[0])
     assert replayed.state == "completed"  # the application change itself is applied
+    assert replayed.execution_ref_digest == replay_module.replay_execution_ref(
+        command_id=replayed.command_id, projection_id=replayed.projection_id,
+        pack_generation_id=next(a for a in replayed.projection.event.epoch.document["accounts"]
+                                if a["account_key"] == ACCOUNT)["pack_generation"]["id"],
+        epoch_digest=replayed.projection.event.epoch.digest, definition_digest=replayed.projection.definition_digest,
+        input_digest=replayed.projection.input_digest, replay_id="replay-1", external_effects=SUPPRESS_EXTERNAL_EFFECTS)
+    assert build_runtime_command(replayed)["external_effects"] == SUPPRESS_EXTERNAL_EFFECTS
     applied = ApplicationResult.objects.get(org_id=ORG, command_id=replayed.command_id)
     assert applied.outcome == "applied"
     write = ReplayRecordWrite.objects.get(org_id=ORG, command_id=replayed.command_id)
