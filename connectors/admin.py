@@ -105,3 +105,10 @@ for model in (models.PackGeneration, models.ConnectorServiceConfigurationGenerat
               models.Projection, models.ExecutionAttempt, models.OrderingDecision, models.RemoteEffectAttempt,
               models.WorkerProcess):
     admin.site.register(model, type(f"{model.__name__}Admin", (ReadOnlyAdmin,), {}))
+
+
+@admin.register(models.ReplayRequest)
+class ReplayRequestAdmin(ReadOnlyAdmin):
+    list_display = ("id", "org_id", "account_key", "replay_id", "target_epoch", "predecessor_event_id",
+                    "external_effects", "principal", "created_at")
+    search_fields = ("replay_id", "source_event_key")

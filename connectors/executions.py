@@ -41,6 +41,7 @@ from .models import (
     PackGeneration,
 )
 from .ordering import expected_successor, sequence_floor, sequence_of
+from .replay import replay_command_facts
 from .selectors import candidate_lanes, dependencies_due, unlaned_executions_ready
 from .serving import NotServing, serving_lock
 from .windows import window_members
@@ -325,10 +326,7 @@ def build_runtime_command(execution: Execution) -> dict:
     account = next(a for a in event.epoch.document["accounts"] if a["account_key"] == event.account_key)
     pack = PackGeneration.objects.get(pk=account["pack_generation"]["id"])
     route = next(r for r in pack.document["inbound_routes"] if r["route_key"] == event.route_key)
-    extra = {}
-    if execution.window_id is not None and execution.window.policy != "latest":
-        extra["events"] = [_event_facts(member) for member in window_members(execution)]
-    return {**extra,
+    command = {
         "application": route["application"],
         "owner_key": pack.owner_key,
         "account_key": event.account_key,
@@ -338,6 +336,11 @@ def build_runtime_command(execution: Execution) -> dict:
         "source_event_key": event.source_event_key,
         "payload": event.payload,
     }
+    # A replay Execution carries its frozen external-effect mode (seed 003 "Replay and external effects").
+    command.update(replay_command_facts(event))
+    if execution.window_id is not None and execution.window.policy != "latest":
+        command["events"] = [_event_facts(member) for member in window_members(execution)]
+    return command
 
 
 def execution_run(claim: Claim) -> bool:

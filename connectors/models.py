@@ -259,6 +259,48 @@ class Event(GuardedModel):
         ]
 
 
+class ReplayRequest(GuardedModel):
+    """Immutable operator authorization of one replay (seed 003 "Inbound facts", "Replay identity and predecessor").
+
+    Never an Event state and never claimable: it binds one target V2
+    ServingEpoch (id + digest), a disclosure-safe predecessor ref (protocol
+    version, predecessor Receipt/Event ids, original epoch id + digest,
+    payload and result digests), the reason, the authorizing principal and
+    the external-effect mode. Unique per account and ReplayRequest ID; its
+    replay Receipt is outside the transport namespace (no ReceiptAdmissionKey).
+    """
+
+    org_id = IdentityField(max_length=64)
+    account_key = IdentityField(max_length=80)
+    replay_id = IdentityField(max_length=80, help_text="Operator-chosen ReplayRequest ID; the replay EventGeneration.")
+    target_epoch = models.ForeignKey(ServingEpoch, on_delete=models.PROTECT, related_name="+")
+    target_epoch_digest = IdentityField(**DIGEST)
+    predecessor_protocol = models.CharField(max_length=8, help_text="Protocol version of the predecessor: v2.")
+    predecessor_receipt_id = TypedIdReference(to="connectors.Receipt")
+    predecessor_event_id = TypedIdReference(to="connectors.Event")
+    predecessor_epoch_id = TypedIdReference(to="connectors.ServingEpoch")
+    predecessor_epoch_digest = IdentityField(**DIGEST)
+    predecessor_payload_digest = IdentityField(**DIGEST)
+    predecessor_result_digest = IdentityField(**DIGEST, blank=True, default="")
+    route_key = IdentityField(max_length=80)
+    source_event_key = IdentityField(max_length=160)
+    reason = models.CharField(max_length=500)
+    principal = IdentityField(max_length=150, help_text="The authenticated operator who authorized the replay.")
+    external_effects = models.CharField(max_length=32, default="suppress_external_effects",
+                                        help_text="Only suppress_external_effects is valid.")
+    request_digest = IdentityField(**DIGEST)
+    profile_id = IdentityField(**PROFILE)
+    receipt = models.OneToOneField(Receipt, on_delete=models.PROTECT, related_name="replay_request")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["org_id", "account_key", "replay_id"], name="replay_request_uniq"),
+            models.CheckConstraint(condition=models.Q(external_effects="suppress_external_effects"),
+                                   name="replay_request_mode_chk"),
+        ]
+
+
 class ReceiptComponent(GuardedModel):
     """One deterministic item of a Receipt; no worker state."""
 

@@ -29,3 +29,9 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
 class IntentResultReceiptAdmin(ReadOnlyAdmin):
     list_display = ("id", "command", "outcome", "remote_id", "created_at")
     list_filter = ("outcome",)
+
+
+@admin.register(models.ReplayRecordWrite)
+class ReplayRecordWriteAdmin(ReadOnlyAdmin):
+    list_display = ("id", "org_id", "object_name", "record_key", "record_version", "command_id", "created_at")
+    search_fields = ("record_key", "command_id")

@@ -89,3 +89,28 @@ class IntentResultReceipt(GuardedModel):
     evidence = models.JSONField()
     digest = IdentityField(**DIGEST)
     created_at = models.DateTimeField(auto_now_add=True)
+
+
+class ReplayRecordWrite(GuardedModel):
+    """A record version written by an application command that runs with suppressed external effects.
+
+    Seed 003 "Replay and external effects": Runtime refuses OutboundCommand
+    authoring from a replay execution context. The Flows such a write
+    triggers run later, in their own transactions; this immutable row carries
+    the replay context to them: authoring for a FlowRun triggered by this
+    exact record version is refused.
+    """
+
+    org_id = IdentityField(max_length=64)
+    object_name = IdentityField(max_length=80)
+    record_key = IdentityField(max_length=64)
+    record_version = models.PositiveBigIntegerField()
+    command_id = IdentityField(**DIGEST, help_text="The replay application command that wrote the version.")
+    external_effects = models.CharField(max_length=32)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["org_id", "object_name", "record_key", "record_version"],
+                                    name="replay_record_write_uniq"),
+        ]

@@ -5,6 +5,7 @@ section 4 (the single outbound effect model).
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 
@@ -17,7 +18,7 @@ from nexusflow.kernel.errors import NexusError, StaleVersion
 from nexusflow.kernel.models import insert
 from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
 
-from . import commands
+from . import commands, replay_guard
 from .models import ApplicationResult, IntentResultReceipt, OutboundCommand, OutboxMessage
 from .store import OutboxMessageStore
 from .transitions import INTENT_RESULT_OUTCOMES
@@ -58,7 +59,7 @@ def application_command_submit(*, org_id: str, command_id: str, execution_ref_di
                 raise ResultMismatch(f"command {command_id} has no result for this ExecutionRef")
             return existing
         try:
-            with transaction.atomic(durable=True):
+            with transaction.atomic(durable=True), _execution_context(org_id, command_id, command):
                 outcome, result = commands.run(org, command)
                 result_digest = digest_v2("runtime.application-result", [
                     ("command_id", command_id), ("outcome", outcome), ("result", canonical_json.dumps(result))]).hexdigest
@@ -75,6 +76,19 @@ def application_command_submit(*, org_id: str, command_id: str, execution_ref_di
                 continue
             raise
     raise NexusError(f"command {command_id} could not be applied after retries", code="application_contention")
+
+
+def _execution_context(org_id: str, command_id: str, command: dict):
+    """The replay execution context when the command carries an external-effect mode (seed 003
+    "Replay and external effects"), else a no-op context.
+
+    Raises:
+        ReplayModeUnsupported: the command names a mode other than ``suppress_external_effects``.
+    """
+    if "external_effects" not in command:
+        return contextlib.nullcontext()
+    return replay_guard.suppressed_external_effects(org_id=org_id, command_id=command_id,
+                                                    mode=command["external_effects"])
 
 
 # --- Outbound intents -----------------------------------------------------------
@@ -103,11 +117,14 @@ def outbound_command_author(*, scope: TrustedRuntimeWorkScope, effect_root_id: s
             contract does not apply to the record's object, or the mapping
             produces no body (fail closed before any POST).
         IntentMismatch: the same logical effect exists with other facts.
+        ReplayOutboundRefused: the request comes from a replay execution
+            context (seed 003 "Replay and external effects").
     """
     from connectors.outbound import freeze_push_binding
 
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("outbound intents are authored inside the application transaction")
+    replay_guard.outbound_authoring_check(org_id=scope.org_id, origin_flow_run_id=origin_flow_run_id)
     key = intent_idempotency_key(scope, effect_root_id, effect_slot_id, effect_generation_id)
     existing = OutboundCommand.objects.filter(idempotency_key=key).first()
     if existing is not None:
