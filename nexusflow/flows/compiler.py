@@ -87,7 +87,7 @@ DIAGNOSTIC_FAMILIES = frozenset({
     "formula_syntax", "formula_reference", "formula_arity", "unknown_function", "unresolved_packaging_token",
     "recursive_subflow", "unknown_subflow", "subflow_rejected", "subflow_too_deep", "before_save_unsafe",
     "unsafe_atomic_request", "unsafe_profile_request", "invalid_profile_request", "unsupported_wait_event",
-    "invalid_loop",
+    "invalid_loop", "engine_unsupported",
 })
 
 SUPPORTED_PROCESS_TYPES = {"AutoLaunchedFlow"}
@@ -1370,10 +1370,7 @@ class _Compiler:
     def _plan(self, profile: str, steps: list[dict[str, Any]], edges: list[dict[str, str]]) -> CompiledPlan:
         binding = self.catalog.binding
         trigger = self.trigger
-        trigger_binding_digest = digest_v2("flows.trigger-binding", [
-            ("trigger", canonical_json.dumps(trigger)),
-            ("metadata_view_digest", self.view.digest),
-        ]).hexdigest
+        trigger_binding_digest = trigger_binding_digest_of(trigger, self.view.digest)
         subflow_digests = {n.data["flow"]: n.child.plan.plan_digest for n in self.nodes.values()
                            if n.child is not None and n.child.plan is not None and n.name in self.reachable}
         variables = {name: {"kind": kind, "data_type": body.get("dataType"),
@@ -1458,6 +1455,14 @@ class _Compiler:
             payload=payload, payload_digest=payload_digest, plan_digest=plan_digest,
             bound_summary=bound_summary, diagnostic_summary=summary, subflow_plan_digests=subflow_digests,
         )
+
+
+def trigger_binding_digest_of(trigger: dict[str, Any], metadata_view_digest: str) -> str:
+    """TriggerBindingDigest: the normalized trigger subscription and the view it was selected from (section 7.4)."""
+    return digest_v2("flows.trigger-binding", [
+        ("trigger", canonical_json.dumps(trigger)),
+        ("metadata_view_digest", metadata_view_digest),
+    ]).hexdigest
 
 
 def _all_step_nodes(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
