@@ -412,6 +412,12 @@ class _Compiler:
             self.analysis.plan = None
             self.analysis.profile = None
             self.analysis.cohort = COHORT_METADATA_ONLY
+            self.analysis.fan_out = "unproven"
+            # Estimated step boundaries of a rejected flow: one per executable element,
+            # two per external effect, plus the terminal step.
+            executable = [n for n in self.nodes.values() if n.kind not in REJECTED_ELEMENTS]
+            effects = sum(1 for n in executable if n.entry is not None and n.entry.kind == "effect")
+            self.analysis.steps = len(executable) + effects + 1 if executable else 0
         return self.analysis
 
     def _run(self) -> None:
