@@ -1339,7 +1339,8 @@ class _Compiler:
                               "a completion step has no matching submit")
                 if submit is not None and self._returns_to(s["key"], submit["key"], outgoing):
                     self.diag(f"invalid_effect_pair:{s['key']}", s.get("element"),
-                              "an edge path returns from the completion to its submit")
+                              "an edge path returns from the completion to its submit (an external effect "
+                              "inside a loop needs one effect per item, which this compiler does not plan)")
 
     @staticmethod
     def _returns_to(start: str, target: str, outgoing: dict[str, list[dict[str, str]]]) -> bool:
@@ -1461,6 +1462,14 @@ class _Compiler:
             payload=payload, payload_digest=payload_digest, plan_digest=plan_digest,
             bound_summary=bound_summary, diagnostic_summary=summary, subflow_plan_digests=subflow_digests,
         )
+
+
+def validate_effect_pairs(steps: list[dict[str, Any]], edges: list[dict[str, str]]) -> list[Diagnostic]:
+    """Section 7.5 plan validation on its own: the ``invalid_effect_pair`` findings of a step graph."""
+    checker = _Compiler.__new__(_Compiler)
+    checker.diags = []
+    checker._validate_effect_pairs(steps, edges)
+    return list(checker.diags)
 
 
 def trigger_binding_digest_of(trigger: dict[str, Any], metadata_view_digest: str) -> str:
