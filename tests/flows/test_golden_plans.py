@@ -92,6 +92,7 @@ def test_stable_step_keys_and_plan_digest_across_non_semantic_formatting(name):
     path = next(p for p in FILES if flow_api_name_of(p) == name)
     source = path.read_bytes()
     original = _golden_of(source, name, view, catalog, subflows)
+    assert original == json.loads(GOLDEN.read_text(encoding="utf-8"))[name]
     for variant in (reformat(source), reformat(source, indent="  ", reverse=False, move=-40),
                     reformat(reformat(source), indent="    ", move=7)):
         assert variant != source
