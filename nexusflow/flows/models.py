@@ -102,6 +102,8 @@ class FlowExecutionPlan(GuardedModel):
     trigger_object_name = IdentityField(max_length=80)
     trigger_binding_digest = DigestField()
     metadata_view_digest = DigestField()
+    # The RuntimeMetadataView artifact; the database also enforces (org_id, metadata_view_digest).
+    metadata_view = models.ForeignKey(FlowRuntimeMetadataView, on_delete=models.PROTECT, related_name="plans")
     policy_version = IdentityField(max_length=32)
     execution_profile = models.CharField(max_length=32)
     digest_profile = IdentityField(max_length=64)

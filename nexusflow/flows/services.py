@@ -164,7 +164,7 @@ def flow_plan_compile(*, org: OrgScope, source: bytes | str, flow_api_name: str,
     compiled = compile_flow(source=source, flow_api_name=flow_api_name, catalog=snapshot, view=view,
                             subflows=subflows, requested_profile=requested_profile)
     catalog_row = catalog_seal(snapshot=snapshot)
-    metadata_view_seal(org=org, view=view)
+    view_row = metadata_view_seal(org=org, view=view)
     existing = FlowExecutionPlan.objects.filter(org_id=org.org_id, plan_digest=compiled.plan_digest).first()
     if existing is None:
         try:
@@ -178,7 +178,8 @@ def flow_plan_compile(*, org: OrgScope, source: bytes | str, flow_api_name: str,
                     compiler_version=compiled.compiler_version, catalog=catalog_row,
                     catalog_digest=catalog_row.digest, trigger_object_name=compiled.trigger.get("object") or "-",
                     trigger_binding_digest=compiled.trigger_binding_digest,
-                    metadata_view_digest=compiled.metadata_view_digest, policy_version=compiled.policy_version,
+                    metadata_view_digest=compiled.metadata_view_digest, metadata_view=view_row,
+                    policy_version=compiled.policy_version,
                     execution_profile=compiled.execution_profile, digest_profile=compiled.digest_profile,
                     plan_digest=compiled.plan_digest, plan_payload=compiled.payload,
                     bound_summary=compiled.bound_summary, diagnostic_summary=compiled.diagnostic_summary,

@@ -7,6 +7,7 @@ before this migration get a view row holding an empty schema (the schema they
 were compiled against was not stored), marked ``{"backfilled": true}``.
 """
 
+import django.db.models.deletion
 import nexusflow.kernel.identity
 import nexusflow.kernel.models
 from django.db import migrations, models
@@ -33,6 +34,8 @@ def backfill_views(apps, schema_editor):
             org_id=org_id, view_digest=digest, digest_profile="nexuscrm.connector-digest-profile.v2",
             objects_payload={"backfilled": True}, created_at=timezone.now())])
     for plan in plan_model.objects.using(db).all():
+        view = view_model.objects.using(db).get(org_id=plan.org_id, view_digest=plan.metadata_view_digest)
+        plan_model.objects.using(db).filter(org_id=plan.org_id, pk=plan.pk).update(metadata_view_id=view.pk)
         activation_model.objects.using(db).filter(org_id=plan.org_id, plan_id=plan.pk).update(
             runtime_work_binding_digest=plan.runtime_work_binding_digest,
             trigger_binding_digest=plan.trigger_binding_digest)
@@ -73,6 +76,18 @@ class Migration(migrations.Migration):
                 'constraints': [models.UniqueConstraint(fields=('org_id', 'view_digest'), name='flow_metadata_view_uniq')],
             },
         ),
+        migrations.AddField(
+            model_name='flowexecutionplan',
+            name='metadata_view',
+            field=models.ForeignKey(null=True, on_delete=django.db.models.deletion.PROTECT, related_name='plans',
+                                    to='flows.flowruntimemetadataview'),
+        ),
         migrations.RunPython(backfill_views, migrations.RunPython.noop),
+        migrations.AlterField(
+            model_name='flowexecutionplan',
+            name='metadata_view',
+            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='plans',
+                                    to='flows.flowruntimemetadataview'),
+        ),
         migrations.RunSQL(FORWARD_FK, reverse_sql=BACKWARD_FK),
     ]
