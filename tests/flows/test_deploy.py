@@ -150,3 +150,13 @@ def test_created_at_comes_from_the_database_clock(org, demo_source):
     before = db_now()
     plan = flow_deploy(org=org, source=demo_source, flow_api_name="Contact_Push_Customer_To_Billing").plan
     assert plan.created_at >= before
+
+
+def test_flow_deploy_run_atomically_fails_with_the_blocker_and_writes_nothing(org):
+    err = io.StringIO()
+    with pytest.raises(CommandError) as exc:
+        call_command("flow_deploy", "--org", org.org_id, "--run-atomically", str(DEMO_FLOW), stderr=err)
+    assert exc.value.returncode == 1
+    assert "unsafe_atomic_request [Push_Customer_To_Billing (apex:PushToConnector: external_effect)]" in err.getvalue()
+    assert not m.FlowExecutionPlan.objects.filter(org_id=org.org_id).exists()
+    assert not m.FlowActivation.objects.filter(org_id=org.org_id).exists()
