@@ -4,23 +4,30 @@ from django.contrib import admin
 from nexusflow.kernel.admin import ReadOnlyAdmin
 
 from .models import (
-    FlowActionCapabilityCatalog,
+    FlowActionCatalogGeneration,
     FlowActivation,
     FlowCheckpoint,
     FlowDependency,
     FlowEffectLink,
     FlowExecutionPlan,
     FlowRun,
+    FlowRuntimeMetadataView,
     FlowStepAttempt,
     FlowStepExecution,
     FlowWakeSignal,
 )
 
 
-@admin.register(FlowActionCapabilityCatalog)
-class FlowActionCapabilityCatalogAdmin(ReadOnlyAdmin):
+@admin.register(FlowActionCatalogGeneration)
+class FlowActionCatalogGenerationAdmin(ReadOnlyAdmin):
     list_display = ("generation_id", "org_id", "app_installation_id", "runtime_capability_id", "digest", "created_at")
     search_fields = ("generation_id", "digest")
+
+
+@admin.register(FlowRuntimeMetadataView)
+class FlowRuntimeMetadataViewAdmin(ReadOnlyAdmin):
+    list_display = ("view_digest", "org_id", "created_at")
+    search_fields = ("view_digest",)
 
 
 @admin.register(FlowExecutionPlan)

@@ -25,8 +25,12 @@ def ScopeField():  # noqa: N802
     return IdentityField(max_length=128)
 
 
-class FlowActionCapabilityCatalog(GuardedModel):
-    """One sealed, immutable capability-catalog generation (seed 004 section 8.4)."""
+class FlowActionCatalogGeneration(GuardedModel):
+    """One sealed, immutable capability-catalog generation (seed 004 section 8.4).
+
+    Scoped by the complete RuntimeWorkBinding: ``(org_id, app_installation_id,
+    runtime_capability_id, binding_digest, generation_id)``.
+    """
 
     org_id = OrgField()
     app_installation_id = ScopeField()
@@ -57,6 +61,29 @@ class FlowActionCapabilityCatalog(GuardedModel):
         return f"catalog {self.generation_id} ({self.org_id})"
 
 
+class FlowRuntimeMetadataView(GuardedModel):
+    """An immutable, content-addressed RuntimeMetadataView artifact (seed 004 section 7.4).
+
+    A plan references its view through ``(org_id, metadata_view_digest)``
+    (enforced in the database, ``ON DELETE RESTRICT``), so in-flight runs keep
+    the exact view their plan was compiled against.
+    """
+
+    org_id = OrgField()
+    view_digest = DigestField()
+    digest_profile = IdentityField(max_length=64)
+    objects_payload = models.JSONField(help_text="Object and field schema of the view, as compiled against.")
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["org_id", "view_digest"], name="flow_metadata_view_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"view {self.view_digest[:12]} ({self.org_id})"
+
+
 class FlowExecutionPlan(GuardedModel):
     """An immutable compiled plan (seed 004 section 7.4)."""
 
@@ -70,11 +97,13 @@ class FlowExecutionPlan(GuardedModel):
     flow_version = DigestField(help_text="Source version identity: the metadata digest.")
     metadata_digest = DigestField()
     compiler_version = IdentityField(max_length=32)
-    catalog = models.ForeignKey(FlowActionCapabilityCatalog, on_delete=models.PROTECT, related_name="plans")
+    catalog = models.ForeignKey(FlowActionCatalogGeneration, on_delete=models.PROTECT, related_name="plans")
     catalog_digest = DigestField()
     trigger_object_name = IdentityField(max_length=80)
     trigger_binding_digest = DigestField()
     metadata_view_digest = DigestField()
+    # The RuntimeMetadataView artifact; the database also enforces (org_id, metadata_view_digest).
+    metadata_view = models.ForeignKey(FlowRuntimeMetadataView, on_delete=models.PROTECT, related_name="plans")
     policy_version = IdentityField(max_length=32)
     execution_profile = models.CharField(max_length=32)
     digest_profile = IdentityField(max_length=64)
@@ -107,6 +136,10 @@ class FlowActivation(GuardedModel):
     org_id = OrgField()
     flow_api_name = IdentityField(max_length=80)
     plan = models.ForeignKey(FlowExecutionPlan, on_delete=models.PROTECT, related_name="activations")
+    # The activation binding (section 7.4): valid only while the request-bound
+    # view yields this RuntimeWorkBinding digest and trigger binding digest.
+    runtime_work_binding_digest = DigestField(null=True)
+    trigger_binding_digest = DigestField(null=True)
     state = models.CharField(max_length=16)
     version = models.PositiveBigIntegerField(default=1)
     # Equal to flow_api_name while active, NULL once superseded: at most one

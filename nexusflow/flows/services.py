@@ -27,7 +27,7 @@ from django.db.models import Exists, F, Max, OuterRef, Q
 
 from nexusflow.kernel import canonical_json, failpoints
 from nexusflow.kernel.clock import db_now
-from nexusflow.kernel.digests import digest_json_v2, digest_v2
+from nexusflow.kernel.digests import PROFILE_V2, digest_json_v2, digest_v2
 from nexusflow.kernel.errors import FenceRejected, InvalidIdentity, NexusError, StaleVersion
 from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.identity import validate_key
@@ -37,7 +37,7 @@ from nexusflow.records.metadata import current_view
 from . import policy, reasons
 from . import transitions as t
 from .binding import RuntimeWorkBinding, flow_runtime_binding, scope_of
-from .catalog import catalog_current, catalog_seal
+from .catalog import CatalogMismatch, catalog_current, catalog_seal, catalog_snapshot_from_row
 from .compiler import (
     KIND_EFFECT_COMPLETION,
     KIND_EFFECT_SUBMIT,
@@ -46,9 +46,11 @@ from .compiler import (
     CompiledPlan,
     compile_flow,
     conditions_hold,
+    trigger_binding_digest_of,
     trigger_matches,
 )
-from .errors import FlowAdmissionRejected, PlanMismatch, WakeSignalConflict, WakeSignalRejected
+from .handlers import binary_supports, engine_support_diagnostics
+from .errors import ActivationRejected, FlowAdmissionRejected, PlanMismatch, WakeSignalConflict, WakeSignalRejected
 from .models import (
     FlowActivation,
     FlowCheckpoint,
@@ -56,6 +58,7 @@ from .models import (
     FlowEffectLink,
     FlowExecutionPlan,
     FlowRun,
+    FlowRuntimeMetadataView,
     FlowStepAttempt,
     FlowStepExecution,
     FlowWakeSignal,
@@ -69,6 +72,7 @@ from .store import (
     FlowWakeSignalStore,
     checkpoint_insert,
     effect_link_insert,
+    metadata_view_insert,
     plan_insert,
     wake_signal_insert,
 )
@@ -98,8 +102,12 @@ class DeployResult:
     activated: bool
 
 
-def flow_compile_check(*, source: bytes | str, flow_api_name: str, org: OrgScope) -> CompiledPlan:
+def flow_compile_check(*, source: bytes | str, flow_api_name: str, org: OrgScope,
+                       subflows: dict[str, bytes] | None = None, requested_profile: str | None = None) -> CompiledPlan:
     """Compile ``source`` for ``org`` against the shipped catalog without writing anything.
+
+    The same compiler call as :func:`flow_plan_compile` (seed 004 section 7.4:
+    activation and setup verification share one compiler contract).
 
     Raises:
         CompileError: the stable diagnostics of seed 004 section 7.2.
@@ -108,15 +116,40 @@ def flow_compile_check(*, source: bytes | str, flow_api_name: str, org: OrgScope
     view = current_view()
     binding = flow_runtime_binding(org_id=org.org_id, metadata_view_digest=view.digest)
     return compile_flow(source=source, flow_api_name=flow_api_name, catalog=catalog_current(binding=binding),
-                        view=view)
+                        view=view, subflows=subflows, requested_profile=requested_profile)
 
 
-def flow_plan_compile(*, org: OrgScope, source: bytes | str, flow_api_name: str) -> tuple[FlowExecutionPlan, bool]:
+def metadata_view_seal(*, org: OrgScope, view) -> FlowRuntimeMetadataView:
+    """Persist the content-addressed RuntimeMetadataView artifact of ``view`` for ``org`` (idempotent).
+
+    Runs in the caller's transaction (savepoint for the insert race).
+
+    Raises:
+        PlanMismatch: a row with that digest holds another schema.
+    """
+    payload = {name: {"fields": sorted(obj.fields)} for name, obj in sorted(view.objects.items())}
+    existing = FlowRuntimeMetadataView.objects.filter(org_id=org.org_id, view_digest=view.digest).first()
+    if existing is None:
+        try:
+            with transaction.atomic():
+                return metadata_view_insert(org_id=org.org_id, view_digest=view.digest, digest_profile=PROFILE_V2,
+                                            objects_payload=payload, created_at=db_now())
+        except IntegrityError:
+            existing = FlowRuntimeMetadataView.objects.get(org_id=org.org_id, view_digest=view.digest)
+    if existing.objects_payload != payload and not existing.objects_payload.get("backfilled"):
+        raise PlanMismatch(f"metadata view {view.digest} holds another schema")
+    return existing
+
+
+def flow_plan_compile(*, org: OrgScope, source: bytes | str, flow_api_name: str,
+                      subflows: dict[str, bytes] | None = None,
+                      requested_profile: str | None = None) -> tuple[FlowExecutionPlan, bool]:
     """Compile ``source`` and persist its immutable plan (idempotent).
 
-    Seals the catalog generation first (seed 004 section 8.4), then inserts
-    the ``FlowExecutionPlan`` or returns the existing row with the same plan
-    digest. Runs in the caller's transaction if there is one.
+    Seals the catalog generation and the RuntimeMetadataView artifact first
+    (seed 004 sections 7.4 and 8.4), then inserts the ``FlowExecutionPlan`` or
+    returns the existing row with the same plan digest. Runs in the caller's
+    transaction if there is one.
 
     Returns:
         ``(plan, created)``.
@@ -128,8 +161,10 @@ def flow_plan_compile(*, org: OrgScope, source: bytes | str, flow_api_name: str)
     view = current_view()
     binding = flow_runtime_binding(org_id=org.org_id, metadata_view_digest=view.digest)
     snapshot = catalog_current(binding=binding)
-    compiled = compile_flow(source=source, flow_api_name=flow_api_name, catalog=snapshot, view=view)
+    compiled = compile_flow(source=source, flow_api_name=flow_api_name, catalog=snapshot, view=view,
+                            subflows=subflows, requested_profile=requested_profile)
     catalog_row = catalog_seal(snapshot=snapshot)
+    view_row = metadata_view_seal(org=org, view=view)
     existing = FlowExecutionPlan.objects.filter(org_id=org.org_id, plan_digest=compiled.plan_digest).first()
     if existing is None:
         try:
@@ -141,9 +176,10 @@ def flow_plan_compile(*, org: OrgScope, source: bytes | str, flow_api_name: str)
                     plan_id=compiled.plan_id, flow_api_name=compiled.flow_api_name,
                     flow_version=compiled.metadata_digest, metadata_digest=compiled.metadata_digest,
                     compiler_version=compiled.compiler_version, catalog=catalog_row,
-                    catalog_digest=catalog_row.digest, trigger_object_name=compiled.trigger["object"],
+                    catalog_digest=catalog_row.digest, trigger_object_name=compiled.trigger.get("object") or "-",
                     trigger_binding_digest=compiled.trigger_binding_digest,
-                    metadata_view_digest=compiled.metadata_view_digest, policy_version=compiled.policy_version,
+                    metadata_view_digest=compiled.metadata_view_digest, metadata_view=view_row,
+                    policy_version=compiled.policy_version,
                     execution_profile=compiled.execution_profile, digest_profile=compiled.digest_profile,
                     plan_digest=compiled.plan_digest, plan_payload=compiled.payload,
                     bound_summary=compiled.bound_summary, diagnostic_summary=compiled.diagnostic_summary,
@@ -155,6 +191,21 @@ def flow_plan_compile(*, org: OrgScope, source: bytes | str, flow_api_name: str)
     if existing.catalog_id != catalog_row.pk or existing.catalog_digest != catalog_row.digest:
         raise PlanMismatch(f"plan {existing.plan_id} references another catalog generation")
     return existing, False
+
+
+def _persisted_snapshot(plan: FlowExecutionPlan):
+    """The sealed read view of ``plan``'s own catalog generation, verified against its scope.
+
+    Raises:
+        CatalogMismatch / InvalidIdentity: the scope or digest does not reproduce.
+    """
+    binding = RuntimeWorkBinding(**plan.runtime_work_binding)
+    if binding.digest != plan.runtime_work_binding_digest:
+        raise CatalogMismatch("plan binding does not reproduce its digest")
+    row = plan.catalog
+    if row.digest != plan.catalog_digest:
+        raise CatalogMismatch("plan pins another catalog digest")
+    return catalog_snapshot_from_row(binding=binding, row=row)
 
 
 def flow_activate(*, org: OrgScope, plan: FlowExecutionPlan) -> tuple[FlowActivation, bool]:
@@ -172,6 +223,9 @@ def flow_activate(*, org: OrgScope, plan: FlowExecutionPlan) -> tuple[FlowActiva
     """
     if plan.org_id != org.org_id:
         raise PlanMismatch("plan belongs to another org")
+    blockers = engine_support_diagnostics(plan.plan_payload, _persisted_snapshot(plan))
+    if blockers:
+        raise ActivationRejected(blockers)
     with transaction.atomic():
         current = FlowActivationStore.lock_active(org.org_id, plan.flow_api_name)
         if current is not None and current.plan_id == plan.pk:
@@ -185,18 +239,25 @@ def flow_activate(*, org: OrgScope, plan: FlowExecutionPlan) -> tuple[FlowActiva
         activation = FlowActivationStore.create(
             org_id=org.org_id, flow_api_name=plan.flow_api_name, plan=plan, state=t.ACTIVATION_ACTIVE,
             active_slot=plan.flow_api_name, created_at=now,
+            runtime_work_binding_digest=plan.runtime_work_binding_digest,
+            trigger_binding_digest=plan.trigger_binding_digest,
         )
         return activation, True
 
 
-def flow_deploy(*, org: OrgScope, source: bytes | str, flow_api_name: str) -> DeployResult:
+def flow_deploy(*, org: OrgScope, source: bytes | str, flow_api_name: str,
+                subflows: dict[str, bytes] | None = None, requested_profile: str | None = None) -> DeployResult:
     """Compile, persist and activate one Flow in one transaction (idempotent).
 
     Raises:
-        CompileError: compilation failed; nothing is activated.
+        CompileError: compilation failed (including an unsafe RunAtomically
+            request); nothing is written or activated.
+        ActivationRejected: the plan compiles but this engine generation
+            cannot run it (``engine_unsupported:*``); nothing is activated.
     """
     with transaction.atomic(durable=True):
-        plan, created = flow_plan_compile(org=org, source=source, flow_api_name=flow_api_name)
+        plan, created = flow_plan_compile(org=org, source=source, flow_api_name=flow_api_name, subflows=subflows,
+                                          requested_profile=requested_profile)
         activation, activated = flow_activate(org=org, plan=plan)
     return DeployResult(plan=plan, activation=activation, plan_created=created, activated=activated)
 
@@ -234,12 +295,17 @@ def flow_trigger_on_record_saved(*, org: OrgScope, record, change) -> None:
     )
     if not activations:
         return
-    expected = flow_runtime_binding(org_id=org.org_id, metadata_view_digest=current_view().digest).digest
+    view = current_view()  # the request-bound view: read once, at the start of this save
+    expected = flow_runtime_binding(org_id=org.org_id, metadata_view_digest=view.digest).digest
     for activation in activations:
         plan = activation.plan
-        if plan.org_id != org.org_id or plan.runtime_work_binding_digest != expected:
+        if (plan.org_id != org.org_id or activation.runtime_work_binding_digest != expected
+                or plan.runtime_work_binding_digest != expected
+                or activation.trigger_binding_digest != plan.trigger_binding_digest
+                or trigger_binding_digest_of(plan.plan_payload["trigger"], view.digest) != plan.trigger_binding_digest):
             raise FlowAdmissionRejected(
-                f"activation {activation.pk} of {plan.flow_api_name} is bound to another runtime binding; redeploy"
+                f"activation {activation.pk} of {plan.flow_api_name} is bound to another runtime binding or "
+                "trigger set; recompile and activate it for the current metadata view"
             )
         if trigger_matches(plan.plan_payload["trigger"], object_name=record.object_name, created=change.created,
                            fields=record.fields):
@@ -524,16 +590,17 @@ def effect_root_id_for(*, org_id: str, plan_id: str, run_id: FlowRun.Id | int) -
 
 
 def _handler_binding_matches(plan: FlowExecutionPlan, step_def: dict[str, Any]) -> bool:
-    """Does this binary's catalog entry equal the one the plan pinned? (seed 004 section 8.4)."""
+    """Does the persisted generation and this binary's handler equal what the plan pinned? (section 8.4).
+
+    Rebuilds the sealed read view from the plan's own ``FlowActionCatalogGeneration``
+    (scope and digest verified), never from the shipped catalog or another registry.
+    """
     try:
-        binding = RuntimeWorkBinding(**plan.runtime_work_binding)
-        if binding.digest != plan.runtime_work_binding_digest:
-            return False
-        entry = catalog_current(binding=binding).entries.get(step_def["action_key"])
+        entry = _persisted_snapshot(plan).entries.get(step_def["action_key"])
     except NexusError:
         return False
     return (entry is not None and entry.entry_digest == step_def["entry_digest"]
-            and entry.binding_fingerprint == step_def["binding_fingerprint"])
+            and entry.binding_fingerprint == step_def["binding_fingerprint"] and binary_supports(entry))
 
 
 def _exec_effect_submit(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any]) -> str:

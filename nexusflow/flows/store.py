@@ -18,13 +18,14 @@ from nexusflow.kernel.store import CasStore
 
 from . import transitions as t
 from .models import (
-    FlowActionCapabilityCatalog,
+    FlowActionCatalogGeneration,
     FlowActivation,
     FlowCheckpoint,
     FlowDependency,
     FlowEffectLink,
     FlowExecutionPlan,
     FlowRun,
+    FlowRuntimeMetadataView,
     FlowStepAttempt,
     FlowStepExecution,
     FlowWakeSignal,
@@ -101,8 +102,12 @@ STORES: dict[str, type[_FlowCasStore]] = {
 
 
 # --- immutable rows ---------------------------------------------------------
-def catalog_insert(**values) -> FlowActionCapabilityCatalog:
-    return insert(FlowActionCapabilityCatalog, **values)
+def catalog_insert(**values) -> FlowActionCatalogGeneration:
+    return insert(FlowActionCatalogGeneration, **values)
+
+
+def metadata_view_insert(**values) -> FlowRuntimeMetadataView:
+    return insert(FlowRuntimeMetadataView, **values)
 
 
 def plan_insert(**values) -> FlowExecutionPlan:

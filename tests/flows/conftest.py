@@ -21,7 +21,11 @@ OBJECT = "Contact"  # the demo metadata object (tests may name it; L0 code may n
 
 def decision_flow_xml(*, filter_value: str = "customer", record_trigger_type: str = "CreateAndUpdate",
                       extra_elements: str = "", start_target: str = "Has_Email") -> bytes:
-    """A record-triggered flow with one decision and no effect: decide -> end."""
+    """A record-triggered flow with one decision and no effect: decide -> end.
+
+    Without an effect it would prove Bounded Atomic; it requests Durable
+    Orchestration explicitly so the step executor runs its decision step.
+    """
     return f"""<?xml version="1.0" encoding="UTF-8"?>
 <Flow xmlns="http://soap.sforce.com/2006/04/metadata">
     <apiVersion>62.0</apiVersion>
@@ -45,6 +49,12 @@ def decision_flow_xml(*, filter_value: str = "customer", record_trigger_type: st
         </rules>
     </decisions>{extra_elements}
     <label>Decide Only</label>
+    <processMetadataValues>
+        <name>ExecutionProfile</name>
+        <value>
+            <stringValue>DurableOrchestration</stringValue>
+        </value>
+    </processMetadataValues>
     <processType>AutoLaunchedFlow</processType>
     <start>
         <locationX>50</locationX>

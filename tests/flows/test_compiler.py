@@ -42,8 +42,10 @@ def test_demo_flow_compiles_to_submit_completion_terminal(demo_source):
     assert submit["effect_family"] == "connector_push"
     assert len(submit["entry_digest"]) == 64 and len(submit["binding_fingerprint"]) == 64
     assert plan.execution_profile == "durable_orchestration"
-    assert plan.trigger == {"object": "Contact", "record_trigger_type": "CreateAndUpdate", "filter_logic": "and",
-                            "filters": [{"field": "lifecyclestage", "operator": "EqualTo", "value": "customer"}]}
+    assert plan.trigger["object"] == "Contact" and plan.trigger["trigger_type"] == "RecordAfterSave"
+    assert plan.trigger["record_trigger_type"] == "CreateAndUpdate" and plan.trigger["filter_logic"] == "and"
+    assert plan.trigger["filters"] == [{"field": "lifecyclestage", "operator": "EqualTo",
+                                        "value": {"kind": "stringValue", "value": "customer"}}]
     assert {"from": submit["key"], "to": complete["key"], "kind": "effect"} in plan.payload["edges"]
     assert plan.payload["entry_step"] == submit["key"]
 
@@ -93,11 +95,13 @@ def test_corpus_diagnostics_name_the_real_blockers():
             _compile(path.read_bytes(), path.name.removesuffix(".flow-meta.xml").split("__")[-1])
         except CompileError as exc:
             by_name[path.name.split("__")[-1]] = _codes(exc)
-    assert "unsupported_element:waits" in by_name["Wait_3_Days.flow-meta.xml"]
+    assert "unresolved_reference:Set_WaitingPeriodElapsed_to_True" in by_name["Wait_3_Days.flow-meta.xml"]
     assert "unsupported_element:screens" in by_name["AIM_SendCoreEmail.flow-meta.xml"]
-    assert "unsupported_trigger_type:RecordBeforeSave" in by_name["Breed_Name_Update_Flow.flow-meta.xml"]
     assert "unsupported_process_type:Workflow" in by_name["Animal_Object_Handler_Process.flow-meta.xml"]
-    assert "unsupported_element:subflows" in by_name["Animal_Animal_Create_Update_Trigger.flow-meta.xml"]
+    assert "unknown_subflow:Animal_Length_of_Stay_Calculation" in by_name[
+        "Animal_Animal_Create_Update_Trigger.flow-meta.xml"]
+    # Strict schema: objects outside this deployment's metadata view are named.
+    assert "unknown_object:Breed__c" in by_name["Breed_Name_Update_Flow.flow-meta.xml"]
 
 
 @pytest.mark.parametrize("payload", [
@@ -147,7 +151,8 @@ def test_decision_flow_compiles_and_graph_errors_are_diagnosed():
     plan = _compile(decision_flow_xml(), "Decide_Only")
     assert [(s["key"], s["kind"]) for s in plan.steps] == [("decide:Has_Email", KIND_PURE_COMPUTE),
                                                            ("end", KIND_TERMINAL)]
-    assert plan.steps[0]["rules"][0]["conditions"] == [{"field": "email", "operator": "IsNull", "value": False}]
+    assert plan.steps[0]["rules"][0]["conditions"] == [
+        {"left": "$Record.email", "operator": "IsNull", "right": {"kind": "booleanValue", "value": "false"}}]
 
     with pytest.raises(CompileError) as exc:
         _compile(decision_flow_xml(start_target="Nowhere"), "Decide_Only")
@@ -166,24 +171,28 @@ def test_decision_flow_compiles_and_graph_errors_are_diagnosed():
         _compile(unknown_field, "Decide_Only")
     assert "unknown_field:shoe_size" in _codes(exc.value)
 
-    prior = decision_flow_xml().replace(b"$Record.email", b"$Record__Prior.email")
+    prior = decision_flow_xml(record_trigger_type="Create").replace(b"$Record.email", b"$Record__Prior.email")
     with pytest.raises(CompileError) as exc:
         _compile(prior, "Decide_Only")
-    assert "unsupported_reference:$Record__Prior.email" in _codes(exc.value)
+    assert "unresolved_reference:$Record__Prior" in _codes(exc.value)  # a create has no prior record
 
 
 def test_unsupported_elements_and_start_shapes_are_diagnosed():
     loop = "\n    <loops><name>L</name><label>L</label></loops>"
     with pytest.raises(CompileError) as exc:
         _compile(decision_flow_xml(extra_elements=loop), "Decide_Only")
-    assert "unsupported_element:loops" in _codes(exc.value)
+    assert "invalid_loop:collection" in _codes(exc.value)
+    screen = "\n    <screens><name>Ask</name><label>Ask</label></screens>"
+    with pytest.raises(CompileError) as exc:
+        _compile(decision_flow_xml(extra_elements=screen), "Decide_Only")
+    assert "unsupported_element:screens" in _codes(exc.value)
     with pytest.raises(CompileError) as exc:
         _compile(decision_flow_xml(record_trigger_type="Delete"), "Decide_Only")
     assert "unsupported_record_trigger_type:Delete" in _codes(exc.value)
     before = decision_flow_xml().replace(b"RecordAfterSave", b"RecordBeforeSave")
-    with pytest.raises(CompileError) as exc:
+    with pytest.raises(CompileError) as exc:  # it asks for Durable Orchestration: impossible before save
         _compile(before, "Decide_Only")
-    assert "unsupported_trigger_type:RecordBeforeSave" in _codes(exc.value)
+    assert "unsafe_profile_request" in _codes(exc.value)
     custom_logic = decision_flow_xml().replace(b"<filterLogic>and</filterLogic>", b"<filterLogic>1 AND 2</filterLogic>")
     with pytest.raises(CompileError) as exc:
         _compile(custom_logic, "Decide_Only")
@@ -200,20 +209,26 @@ def test_non_bytes_input_never_escapes_as_another_exception():
         _compile(b"<Flow>" + b"<description>x</description>" * 200_000 + b"</Flow>")
 
 
+def _push_entry(source):
+    return next(e for e in source["entries"] if e["action_name"] == "PushToConnector")
+
+
 def test_catalog_conflict_rejects_the_whole_generation():
     view = current_view()
     binding = flow_runtime_binding(org_id=FLOW_ORG, metadata_view_digest=view.digest)
     source = catalog_source_load()
-    changed = {**source["entries"][0], "handler_version": "2"}
+    push = _push_entry(source)
+    changed = {**push, "handler_version": "2"}
     with pytest.raises(CatalogError):
-        catalog_build(binding=binding, source={**source, "entries": [source["entries"][0], changed]})
+        catalog_build(binding=binding, source={**source, "entries": [push, changed]})
     # Re-submitting a byte-identical entry is idempotent.
     same = catalog_build(binding=binding, source={**source, "entries": source["entries"] * 2})
     assert same.digest == catalog_current(binding=binding).digest
     # A handler implementation change changes the fingerprint, the generation and the plan identity.
-    bumped = catalog_build(binding=binding, source={**source, "entries": [changed]})
+    others = [e for e in source["entries"] if e is not push]
+    bumped = catalog_build(binding=binding, source={**source, "entries": others + [changed]})
     entry = bumped.entry("apex", "PushToConnector")
-    assert entry.binding_fingerprint != catalog_current(binding=binding).entry("apex", "PushToConnector").binding_fingerprint
+    assert entry.binding_fingerprint != same.entry("apex", "PushToConnector").binding_fingerprint
     assert bumped.generation_id != same.generation_id
     plan_a = compile_flow(source=DEMO_FLOW.read_bytes(), flow_api_name="Contact_Push_Customer_To_Billing",
                           catalog=same, view=view)

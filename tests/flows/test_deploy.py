@@ -32,7 +32,7 @@ def test_deploy_is_idempotent_and_pins_the_catalog(org, demo_source):
     assert not second.plan_created and not second.activated
     assert second.plan.pk == first.plan.pk and second.activation.pk == first.activation.pk
     assert m.FlowExecutionPlan.objects.filter(org_id=org.org_id).count() == 1
-    assert m.FlowActionCapabilityCatalog.objects.filter(org_id=org.org_id).count() == 1
+    assert m.FlowActionCatalogGeneration.objects.filter(org_id=org.org_id).count() == 1
     plan = first.plan
     catalog = plan.catalog
     assert plan.catalog_digest == catalog.digest
@@ -121,7 +121,7 @@ def test_flow_compile_command(tmp_path):
     out = io.StringIO()
     call_command("flow_compile", str(DEMO_FLOW), stdout=out)
     assert "submit:Push_Customer_To_Billing(EffectSubmit)" in out.getvalue()
-    assert not m.FlowExecutionPlan.objects.exists() and not m.FlowActionCapabilityCatalog.objects.exists()
+    assert not m.FlowExecutionPlan.objects.exists() and not m.FlowActionCatalogGeneration.objects.exists()
     bad = tmp_path / "Looping.flow-meta.xml"
     bad.write_bytes(b'<?xml version="1.0"?><!DOCTYPE x [<!ENTITY e "e">]><Flow/>')
     out = io.StringIO()
@@ -136,7 +136,7 @@ def test_every_flow_model_has_a_read_only_admin(rf, admin_user):
 
     request = rf.get("/admin/")
     request.user = admin_user
-    for model in (m.FlowActionCapabilityCatalog, m.FlowExecutionPlan, m.FlowActivation, m.FlowRun,
+    for model in (m.FlowActionCatalogGeneration, m.FlowExecutionPlan, m.FlowActivation, m.FlowRun,
                   m.FlowStepExecution, m.FlowStepAttempt, m.FlowCheckpoint, m.FlowDependency, m.FlowWakeSignal,
                   m.FlowEffectLink):
         model_admin = admin.site._registry[model]
@@ -150,3 +150,13 @@ def test_created_at_comes_from_the_database_clock(org, demo_source):
     before = db_now()
     plan = flow_deploy(org=org, source=demo_source, flow_api_name="Contact_Push_Customer_To_Billing").plan
     assert plan.created_at >= before
+
+
+def test_flow_deploy_run_atomically_fails_with_the_blocker_and_writes_nothing(org):
+    err = io.StringIO()
+    with pytest.raises(CommandError) as exc:
+        call_command("flow_deploy", "--org", org.org_id, "--run-atomically", str(DEMO_FLOW), stderr=err)
+    assert exc.value.returncode == 1
+    assert "unsafe_atomic_request [Push_Customer_To_Billing (apex:PushToConnector: external_effect)]" in err.getvalue()
+    assert not m.FlowExecutionPlan.objects.filter(org_id=org.org_id).exists()
+    assert not m.FlowActivation.objects.filter(org_id=org.org_id).exists()

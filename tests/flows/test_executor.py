@@ -325,9 +325,13 @@ def test_handler_binding_mismatch_quarantines_before_any_effect(org, demo_source
     from nexusflow.flows.catalog import catalog_build, catalog_source_load
 
     source = catalog_source_load()
-    other_release = {**source, "entries": [{**source["entries"][0], "handler_version": "99"}]}
-    with monkeypatch.context() as mp:  # the plan is compiled by a release with another handler version
+    other_release = {**source, "entries": [
+        {**e, "handler_version": "99"} if e["action_name"] == "PushToConnector" else e for e in source["entries"]]}
+    from nexusflow.flows import handlers
+
+    with monkeypatch.context() as mp:  # the plan is compiled and activated by a release with another handler version
         mp.setattr(services, "catalog_current", lambda *, binding: catalog_build(binding=binding, source=other_release))
+        mp.setitem(handlers.IN_BINARY_HANDLERS, "runtime_outbox.services.outbound_command_author", "99")
         flow_deploy(org=org, source=demo_source, flow_api_name="Contact_Push_Customer_To_Billing")
     record = save_record(org, {"lifecyclestage": "customer", "email": "a@example.com"})
     assert flow_try_run_step_one(worker_id="w")

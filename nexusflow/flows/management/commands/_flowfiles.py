@@ -3,15 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-FLOW_SUFFIX = ".flow-meta.xml"
-
-
-def flow_api_name_of(path: Path) -> str:
-    """``Foo.flow-meta.xml`` -> ``Foo``; any other name -> its stem before the first dot."""
-    name = path.name
-    if name.endswith(FLOW_SUFFIX):
-        return name[: -len(FLOW_SUFFIX)]
-    return name.split(".", 1)[0]
+from nexusflow.flows.inventory import FLOW_SUFFIX, flow_api_name_of  # noqa: F401  (one naming rule)
 
 
 def expand(paths: list[str]) -> list[Path]:

@@ -42,9 +42,10 @@ class Command(BaseCommand):
                 row = catalog_seal(snapshot=catalog_current(binding=binding))
             self.stdout.write(f"catalog {row.generation_id} digest={row.digest}")
         files, failed = read_flow_files(paths, self.stderr)
+        subflows = {name: source for _path, name, source in files}  # subflow elements resolve among these files
         for path, name, source in files:
             try:
-                plan = flow_compile_check(source=source, flow_api_name=name, org=scope)
+                plan = flow_compile_check(source=source, flow_api_name=name, org=scope, subflows=subflows)
             except CompileError as exc:
                 failed += 1
                 self.stdout.write(f"{name}: FAILED")

@@ -19,17 +19,21 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--org", required=True, help="Trusted org id the plans are bound to.")
+        parser.add_argument("--run-atomically", action="store_true",
+                            help="Request Bounded Atomic; the deploy fails with diagnostics when it cannot be proven.")
         parser.add_argument("paths", nargs="+", help="*.flow-meta.xml files or directories holding them.")
 
-    def handle(self, *args, org: str, paths: list[str], **options):
+    def handle(self, *args, org: str, paths: list[str], run_atomically: bool = False, **options):
         try:
             scope = OrgScope(org)
         except NexusError as exc:
             raise CommandError(f"invalid --org: {exc}", returncode=2) from exc
         files, failed = read_flow_files(paths, self.stderr)
+        subflows = {name: source for _path, name, source in files}  # subflow elements resolve among these files
         for path, name, source in files:
             try:
-                result = flow_deploy(org=scope, source=source, flow_api_name=name)
+                result = flow_deploy(org=scope, source=source, flow_api_name=name, subflows=subflows,
+                                     requested_profile="bounded_atomic" if run_atomically else None)
             except CompileError as exc:
                 failed += 1
                 self.stderr.write(f"{path}: compile failed ({len(exc.diagnostics)} diagnostic(s))")

@@ -1,0 +1,496 @@
+"""Formula and merge-field expressions of Flow metadata (seed 004 section 7.2 steps 1-2).
+
+:func:`parse_formula` turns an expression such as
+``IF(ISBLANK({!Prefix}), {!$Record.Name}, {!Prefix} + '-' + {!$Record.Name})``
+into a JSON AST; :func:`references` lists the merge fields it reads and
+:func:`evaluate` computes it against a resolver. :func:`parse_template`
+splits text-template bodies into literal text and merge fields.
+
+AST nodes (JSON lists): ``["lit", kind, text]`` (kind ``num``/``str``/``bool``/``null``),
+``["ref", "a.b.c"]``, ``["call", NAME, [args]]``, ``["bin", op, left, right]``,
+``["un", op, operand]``.
+
+Operators: ``+ - * / ^ &`` (``&`` and ``+`` on text concatenate), comparison
+``= == != <> < > <= >=``, logical ``&& || !``. Functions are the closed set
+:data:`FUNCTIONS`; any other name is a :class:`FormulaError` at compile time,
+never a runtime surprise. Numbers are ``Decimal``; ``NOW()`` and ``TODAY()``
+read the clock passed in by the caller (datetime arithmetic adds days).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any, Callable
+
+MAX_EXPRESSION_CHARS = 20_000
+MAX_DEPTH = 64
+
+
+class FormulaError(Exception):
+    """An expression cannot be parsed or names an unknown function; ``code`` is stable."""
+
+    def __init__(self, code: str, detail: str):
+        self.code, self.detail = code, detail
+        super().__init__(f"{code}: {detail}")
+
+
+class FormulaRuntimeError(Exception):
+    """Evaluation failed on a value (division by zero, wrong type)."""
+
+
+# name -> (min args, max args or None)
+FUNCTIONS: dict[str, tuple[int, int | None]] = {
+    # occurring in the corpus
+    "IF": (3, 3), "ISBLANK": (1, 1), "NOW": (0, 0), "ISNEW": (0, 0),
+    # common logical / null helpers
+    "AND": (1, None), "OR": (1, None), "NOT": (1, 1), "ISNULL": (1, 1), "BLANKVALUE": (2, 2),
+    "NULLVALUE": (2, 2), "CASE": (4, None), "ISCHANGED": (1, 1), "PRIORVALUE": (1, 1),
+    # text
+    "TEXT": (1, 1), "VALUE": (1, 1), "LEN": (1, 1), "UPPER": (1, 1), "LOWER": (1, 1), "TRIM": (1, 1),
+    "LEFT": (2, 2), "RIGHT": (2, 2), "MID": (3, 3), "CONTAINS": (2, 2), "BEGINS": (2, 2),
+    "SUBSTITUTE": (3, 3),
+    # numbers and dates
+    "ABS": (1, 1), "ROUND": (2, 2), "FLOOR": (1, 1), "CEILING": (1, 1), "MOD": (2, 2), "MAX": (1, None),
+    "MIN": (1, None), "TODAY": (0, 0), "DATEVALUE": (1, 1),
+}
+#: Functions whose value depends on the clock or the trigger context, not only on inputs.
+CONTEXT_FUNCTIONS = frozenset({"NOW", "TODAY", "ISNEW", "ISCHANGED", "PRIORVALUE"})
+
+_TOKEN = re.compile(r"""
+    (?P<ws>\s+)
+  | (?P<merge>\{!\s*[^{}]*?\s*\})
+  | (?P<num>\d+(?:\.\d+)?|\.\d+)
+  | (?P<str>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')
+  | (?P<op>&&|\|\||==|!=|<>|<=|>=|[-+*/^&=<>!(),])
+  | (?P<name>[A-Za-z_][A-Za-z0-9_]*)
+""", re.VERBOSE)
+_REF = re.compile(r"^\$?[A-Za-z_][A-Za-z0-9_]*(?:\.\$?[A-Za-z_][A-Za-z0-9_]*)*$")
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "'": "'", "\\": "\\"}
+
+
+@dataclass(frozen=True)
+class _Tok:
+    kind: str
+    text: str
+    pos: int
+
+
+def _tokens(source: str) -> list[_Tok]:
+    out: list[_Tok] = []
+    pos = 0
+    while pos < len(source):
+        m = _TOKEN.match(source, pos)
+        if m is None:
+            raise FormulaError("formula_syntax", f"unexpected character {source[pos]!r} at {pos}")
+        kind = m.lastgroup or ""
+        if kind != "ws":
+            out.append(_Tok(kind, m.group(), pos))
+        pos = m.end()
+    return out
+
+
+def _unquote(text: str) -> str:
+    body = text[1:-1]
+    return re.sub(r"\\(.)", lambda m: _ESCAPES.get(m.group(1), m.group(1)), body)
+
+
+def merge_reference(text: str) -> str:
+    """``{!a.b}`` -> ``a.b``.
+
+    Raises:
+        FormulaError: ``formula_reference`` when the path is not a dotted name.
+    """
+    ref = text[2:-1].strip()
+    if not _REF.match(ref):
+        raise FormulaError("formula_reference", f"invalid merge field {text!r}")
+    return ref
+
+
+# Binding powers: higher binds tighter.
+_BINARY = {"||": 10, "&&": 20, "=": 30, "==": 30, "!=": 30, "<>": 30, "<": 40, ">": 40, "<=": 40, ">=": 40,
+           "+": 50, "-": 50, "&": 50, "*": 60, "/": 60, "^": 70}
+
+
+class _Parser:
+    def __init__(self, tokens: list[_Tok]):
+        self.toks, self.i = tokens, 0
+
+    def peek(self) -> _Tok | None:
+        return self.toks[self.i] if self.i < len(self.toks) else None
+
+    def take(self) -> _Tok:
+        tok = self.peek()
+        if tok is None:
+            raise FormulaError("formula_syntax", "unexpected end of expression")
+        self.i += 1
+        return tok
+
+    def expect(self, text: str) -> None:
+        tok = self.take()
+        if tok.text != text:
+            raise FormulaError("formula_syntax", f"expected {text!r} at {tok.pos}, found {tok.text!r}")
+
+    def expr(self, min_bp: int = 0, depth: int = 0) -> list:
+        if depth > MAX_DEPTH:
+            raise FormulaError("formula_syntax", "expression nests too deeply")
+        left = self.prefix(depth)
+        while True:
+            tok = self.peek()
+            if tok is None or tok.kind != "op" or tok.text not in _BINARY:
+                return left
+            bp = _BINARY[tok.text]
+            if bp <= min_bp and not (tok.text == "^" and bp == min_bp):
+                return left
+            self.take()
+            right = self.expr(bp if tok.text != "^" else bp - 1, depth + 1)
+            op = {"==": "=", "<>": "!="}.get(tok.text, tok.text)
+            left = ["bin", op, left, right]
+
+    def prefix(self, depth: int) -> list:
+        tok = self.take()
+        if tok.kind == "num":
+            return ["lit", "num", tok.text]
+        if tok.kind == "str":
+            return ["lit", "str", _unquote(tok.text)]
+        if tok.kind == "merge":
+            return ["ref", merge_reference(tok.text)]
+        if tok.kind == "op" and tok.text == "(":
+            inner = self.expr(0, depth + 1)
+            self.expect(")")
+            return inner
+        if tok.kind == "op" and tok.text in ("-", "+", "!"):
+            return ["un", tok.text, self.expr(65, depth + 1)]
+        if tok.kind == "name":
+            upper = tok.text.upper()
+            nxt = self.peek()
+            if nxt is not None and nxt.text == "(":
+                self.take()
+                if upper not in FUNCTIONS:
+                    raise FormulaError("unknown_function", tok.text)
+                args: list = []
+                if self.peek() is not None and self.peek().text == ")":
+                    self.take()
+                else:
+                    while True:
+                        args.append(self.expr(0, depth + 1))
+                        sep = self.take()
+                        if sep.text == ")":
+                            break
+                        if sep.text != ",":
+                            raise FormulaError("formula_syntax", f"expected ',' or ')' at {sep.pos}")
+                lo, hi = FUNCTIONS[upper]
+                if len(args) < lo or (hi is not None and len(args) > hi):
+                    raise FormulaError("formula_arity", f"{upper} takes {lo}..{hi if hi is not None else 'n'} "
+                                                        f"arguments, got {len(args)}")
+                return ["call", upper, args]
+            if upper in ("TRUE", "FALSE"):
+                return ["lit", "bool", upper.lower()]
+            if upper == "NULL":
+                return ["lit", "null", ""]
+            raise FormulaError("formula_reference", f"bare name {tok.text!r}: references are written {{!{tok.text}}}")
+        raise FormulaError("formula_syntax", f"unexpected {tok.text!r} at {tok.pos}")
+
+
+def parse_formula(source: str) -> list:
+    """Parse one expression into its JSON AST.
+
+    Raises:
+        FormulaError: ``formula_syntax``, ``formula_reference``, ``formula_arity``
+            or ``unknown_function`` (detail: the function name as written).
+    """
+    if not isinstance(source, str) or not source.strip():
+        raise FormulaError("formula_syntax", "empty expression")
+    if len(source) > MAX_EXPRESSION_CHARS:
+        raise FormulaError("formula_syntax", f"longer than {MAX_EXPRESSION_CHARS} characters")
+    parser = _Parser(_tokens(source))
+    ast = parser.expr()
+    if parser.peek() is not None:
+        tok = parser.peek()
+        raise FormulaError("formula_syntax", f"unexpected {tok.text!r} at {tok.pos}")
+    return ast
+
+
+def parse_template(text: str) -> list:
+    """Split a text template into ``["text", s]`` and ``["ref", path]`` parts.
+
+    Raises:
+        FormulaError: ``formula_reference`` for a malformed merge field.
+    """
+    parts: list = []
+    pos = 0
+    for m in re.finditer(r"\{![^{}]*\}", text):
+        if m.start() > pos:
+            parts.append(["text", text[pos:m.start()]])
+        parts.append(["ref", merge_reference(m.group())])
+        pos = m.end()
+    if pos < len(text):
+        parts.append(["text", text[pos:]])
+    return parts
+
+
+def references(ast: list) -> list[str]:
+    """Every merge-field path an AST (or template parts list) reads, sorted, unique."""
+    found: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if not isinstance(node, list) or not node:
+            return
+        if node[0] == "ref":
+            found.add(node[1])
+        elif node[0] == "call":
+            for a in node[2]:
+                walk(a)
+        elif node[0] == "bin":
+            walk(node[2])
+            walk(node[3])
+        elif node[0] == "un":
+            walk(node[2])
+        elif all(isinstance(p, list) for p in node):
+            for p in node:
+                walk(p)
+
+    walk(ast)
+    return sorted(found)
+
+
+def functions_used(ast: list) -> list[str]:
+    """Function names an AST calls, sorted, unique."""
+    found: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, list) and node and node[0] == "call":
+            found.add(node[1])
+            for a in node[2]:
+                walk(a)
+        elif isinstance(node, list) and node and node[0] == "bin":
+            walk(node[2])
+            walk(node[3])
+        elif isinstance(node, list) and node and node[0] == "un":
+            walk(node[2])
+
+    walk(ast)
+    return sorted(found)
+
+
+# --- evaluation ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Env:
+    """What evaluation may read: a reference resolver, the clock and the trigger context."""
+
+    resolve: Callable[[str], Any]
+    now: dt.datetime | None = None
+    is_new: bool = False
+    prior: Callable[[str], Any] | None = None
+
+
+def _num(v: Any) -> Decimal:
+    if isinstance(v, bool) or v is None:
+        raise FormulaRuntimeError(f"expected a number, got {v!r}")
+    if isinstance(v, Decimal):
+        return v
+    try:
+        return Decimal(str(v))
+    except InvalidOperation:
+        raise FormulaRuntimeError(f"expected a number, got {v!r}") from None
+
+
+def _text(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, Decimal):
+        return format(v.normalize(), "f") if v == v.to_integral_value() else str(v)
+    return str(v)
+
+
+def _blank(v: Any) -> bool:
+    return v is None or (isinstance(v, str) and v == "")
+
+
+def _bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if v is None:
+        return False
+    raise FormulaRuntimeError(f"expected a boolean, got {v!r}")
+
+
+def _add(a: Any, b: Any) -> Any:
+    if isinstance(a, str) or isinstance(b, str):
+        return _text(a) + _text(b)
+    if a is None or b is None:
+        return None
+    if isinstance(a, (dt.datetime, dt.date)):
+        return a + dt.timedelta(days=float(_num(b)))
+    return _num(a) + _num(b)
+
+
+def _compare(op: str, a: Any, b: Any) -> bool:
+    if op == "=":
+        return _equal(a, b)
+    if op == "!=":
+        return not _equal(a, b)
+    if a is None or b is None:
+        return False
+    if not isinstance(a, (str, dt.date)):
+        a = _num(a)
+    if not isinstance(b, (str, dt.date)):
+        b = _num(b)
+    try:
+        return {"<": a < b, ">": a > b, "<=": a <= b, ">=": a >= b}[op]
+    except TypeError:
+        raise FormulaRuntimeError(f"cannot compare {a!r} and {b!r}") from None
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if _blank(a) and _blank(b):
+        return True
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b or a == b
+    if isinstance(a, (int, float, Decimal)) or isinstance(b, (int, float, Decimal)):
+        try:
+            return _num(a) == _num(b)
+        except FormulaRuntimeError:
+            return False
+    return a == b
+
+
+def evaluate(ast: list, env: Env) -> Any:
+    """Evaluate an AST; text is ``str``, numbers ``Decimal``, booleans ``bool``, null ``None``.
+
+    Raises:
+        FormulaRuntimeError: a value of the wrong type or a division by zero.
+    """
+    tag = ast[0]
+    if tag == "lit":
+        kind, text = ast[1], ast[2]
+        return {"num": lambda: Decimal(text), "str": lambda: text, "bool": lambda: text == "true",
+                "null": lambda: None}[kind]()
+    if tag == "ref":
+        return env.resolve(ast[1])
+    if tag == "un":
+        v = evaluate(ast[2], env)
+        if ast[1] == "!":
+            return not _bool(v)
+        return -_num(v) if ast[1] == "-" else _num(v)
+    if tag == "bin":
+        op = ast[1]
+        if op == "&&":
+            return _bool(evaluate(ast[2], env)) and _bool(evaluate(ast[3], env))
+        if op == "||":
+            return _bool(evaluate(ast[2], env)) or _bool(evaluate(ast[3], env))
+        a, b = evaluate(ast[2], env), evaluate(ast[3], env)
+        if op in ("=", "!=", "<", ">", "<=", ">="):
+            return _compare(op, a, b)
+        if op == "&":
+            return _text(a) + _text(b)
+        if op == "+":
+            return _add(a, b)
+        if a is None or b is None:
+            return None
+        if op == "-":
+            if isinstance(a, (dt.datetime, dt.date)):
+                return a - dt.timedelta(days=float(_num(b)))
+            return _num(a) - _num(b)
+        if op == "*":
+            return _num(a) * _num(b)
+        if op == "/":
+            if _num(b) == 0:
+                raise FormulaRuntimeError("division by zero")
+            return _num(a) / _num(b)
+        if op == "^":
+            return _num(a) ** int(_num(b))
+    if tag == "call":
+        return _call(ast[1], ast[2], env)
+    raise FormulaRuntimeError(f"unknown node {tag!r}")
+
+
+def _call(name: str, args: list, env: Env) -> Any:  # noqa: C901 - one table of small cases
+    ev = lambda i: evaluate(args[i], env)  # noqa: E731
+    if name == "IF":
+        return ev(1) if _bool(ev(0)) else ev(2)
+    if name == "AND":
+        return all(_bool(evaluate(a, env)) for a in args)
+    if name == "OR":
+        return any(_bool(evaluate(a, env)) for a in args)
+    if name == "NOT":
+        return not _bool(ev(0))
+    if name in ("ISBLANK", "ISNULL"):
+        return _blank(ev(0))
+    if name in ("BLANKVALUE", "NULLVALUE"):
+        v = ev(0)
+        return ev(1) if _blank(v) else v
+    if name == "CASE":
+        subject = ev(0)
+        pairs, default = args[1:-1], args[-1]
+        if len(pairs) % 2:
+            raise FormulaRuntimeError("CASE needs value/result pairs and a default")
+        for i in range(0, len(pairs), 2):
+            if _equal(subject, evaluate(pairs[i], env)):
+                return evaluate(pairs[i + 1], env)
+        return evaluate(default, env)
+    if name in ("NOW", "TODAY"):
+        if env.now is None:
+            raise FormulaRuntimeError(f"{name}() needs the run clock")
+        return env.now if name == "NOW" else env.now.date()
+    if name == "ISNEW":
+        return env.is_new
+    if name in ("ISCHANGED", "PRIORVALUE"):
+        if args[0][0] != "ref" or env.prior is None:
+            raise FormulaRuntimeError(f"{name} needs a field reference and the prior record")
+        prior = env.prior(args[0][1])
+        return prior if name == "PRIORVALUE" else not _equal(prior, ev(0))
+    if name == "TEXT":
+        return _text(ev(0))
+    if name == "VALUE":
+        return _num(ev(0))
+    if name == "LEN":
+        return Decimal(len(_text(ev(0))))
+    if name == "UPPER":
+        return _text(ev(0)).upper()
+    if name == "LOWER":
+        return _text(ev(0)).lower()
+    if name == "TRIM":
+        return _text(ev(0)).strip()
+    if name == "LEFT":
+        return _text(ev(0))[: max(int(_num(ev(1))), 0)]
+    if name == "RIGHT":
+        n = max(int(_num(ev(1))), 0)
+        return _text(ev(0))[-n:] if n else ""
+    if name == "MID":
+        start, n = max(int(_num(ev(1))), 1) - 1, max(int(_num(ev(2))), 0)
+        return _text(ev(0))[start:start + n]
+    if name == "CONTAINS":
+        return _text(ev(1)) in _text(ev(0))
+    if name == "BEGINS":
+        return _text(ev(0)).startswith(_text(ev(1)))
+    if name == "SUBSTITUTE":
+        return _text(ev(0)).replace(_text(ev(1)), _text(ev(2)))
+    if name == "ABS":
+        return abs(_num(ev(0)))
+    if name == "ROUND":
+        return round(_num(ev(0)), int(_num(ev(1))))
+    if name == "FLOOR":
+        return Decimal(int(_num(ev(0)).to_integral_value(rounding="ROUND_FLOOR")))
+    if name == "CEILING":
+        return Decimal(int(_num(ev(0)).to_integral_value(rounding="ROUND_CEILING")))
+    if name == "MOD":
+        d = _num(ev(1))
+        if d == 0:
+            raise FormulaRuntimeError("division by zero")
+        return _num(ev(0)) % d
+    if name in ("MAX", "MIN"):
+        values = [_num(evaluate(a, env)) for a in args]
+        return max(values) if name == "MAX" else min(values)
+    if name == "DATEVALUE":
+        v = ev(0)
+        if isinstance(v, dt.datetime):
+            return v.date()
+        try:
+            return dt.date.fromisoformat(_text(v))
+        except ValueError:
+            raise FormulaRuntimeError(f"not a date: {v!r}") from None
+    raise FormulaRuntimeError(f"no evaluator for {name}")

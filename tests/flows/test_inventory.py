@@ -1,0 +1,65 @@
+"""``manage.py flows inventory`` (seed 004 section 20.4) over the real corpus and over bad input."""
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from nexusflow.flows.compiler import PROFILES
+
+from .conftest import CORPUS, DEMO_FLOW
+
+FIXTURE = Path(__file__).with_name("fixtures") / "corpus_inventory.json"
+KEYS = ["file", "flow", "profile", "rejected", "reasons", "unknown_capabilities", "steps", "cohort"]
+pytestmark = pytest.mark.skipif(not CORPUS.is_dir(), reason="shared Flow corpus not present")
+
+
+def _inventory(*args: str) -> str:
+    out = io.StringIO()
+    call_command("flows", "inventory", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_corpus_inventory_matches_the_committed_fixture():
+    rows = json.loads(_inventory(str(CORPUS), "--json"))
+    assert rows == json.loads(FIXTURE.read_text(encoding="utf-8"))
+    files = sorted(p.name for p in CORPUS.glob("*.flow-meta.xml"))
+    assert [Path(r["file"]).name for r in rows] == files
+    for row in rows:
+        assert list(row) == KEYS
+        assert row["rejected"] == (row["profile"] is None)
+        assert row["profile"] is None or row["profile"] in PROFILES
+        assert row["rejected"] == bool(row["reasons"])  # a rejection always says why
+        assert all(set(r) == {"code", "element", "detail"} and r["code"] for r in row["reasons"])
+        assert 1 <= row["cohort"] <= 8 and row["steps"] >= 0
+    assert {r["profile"] for r in rows} >= set(PROFILES)
+
+
+def test_inventory_human_output_names_profile_proofs_and_reasons():
+    text = _inventory(str(CORPUS))
+    assert "Breed_Name_Update_Flow: embedded_before_save  cohort=3" in text
+    assert "Loop_Through_Adoption_Match_records=unknown" in text
+    assert "unsupported_element:screens [Setup_Email]" in text
+    assert text.rstrip().endswith("rejected")
+
+
+def test_unparsable_and_unreadable_files_are_rejections_not_crashes(tmp_path):
+    (tmp_path / "Broken.flow-meta.xml").write_bytes(b"<Flow><start></Flow>")
+    (tmp_path / "Entity.flow-meta.xml").write_bytes(b'<?xml version="1.0"?><!DOCTYPE x [<!ENTITY e "e">]><Flow/>')
+    (tmp_path / "Empty.flow-meta.xml").write_bytes(b"")
+    (tmp_path / "Binary.flow-meta.xml").write_bytes(bytes(range(256)))
+    (tmp_path / "Good.flow-meta.xml").write_bytes(DEMO_FLOW.read_bytes())
+    (tmp_path / "Folder.flow-meta.xml").mkdir()
+    rows = {r["flow"]: r for r in json.loads(_inventory(str(tmp_path), "--json"))}
+    assert rows["Broken"]["reasons"][0]["code"] == "xml_malformed"
+    assert rows["Entity"]["reasons"][0]["code"] == "xml_forbidden_declaration"
+    assert rows["Empty"]["rejected"] and rows["Binary"]["rejected"]
+    assert rows["Folder"]["reasons"][0]["code"] == "unreadable"
+    assert rows["Good"]["profile"] == "durable_orchestration" and rows["Good"]["cohort"] == 7
+    with pytest.raises(CommandError) as exc:
+        _inventory(str(tmp_path / "missing"))
+    assert exc.value.returncode == 2
