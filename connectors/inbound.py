@@ -148,6 +148,9 @@ def classify_items(route: dict, items: list) -> list[_Item]:
             continue
         item.identity = canonical_json.dumps(_strip(raw, volatile))
         kind = raw.get(route["kind_field"], raw.get(route.get("kind_field_fallback", ""), None))
+        if isinstance(kind, str) and kind.startswith(tuple(route.get("gap_kind_prefixes", ()))):
+            item.reason = reasons.SOURCE_GAP_REPORTED  # the source says changes were lost or skipped
+            continue
         spec = route["kinds"].get(kind) if isinstance(kind, str) else None
         if spec is None:
             item.reason = reasons.ITEM_KIND_UNSUPPORTED
@@ -205,8 +208,9 @@ def _route_and_secret(org_id: str, account_key: str, channel: str) -> tuple[Acco
     pack = PackGeneration.objects.get(pk=account["pack_generation"]["id"])
     route = next((r for r in pack.document.get("inbound_routes", [])
                   if r["channel"] == channel and r["route_key"] in account["routes"]), None)
-    if route is None:
-        raise UnknownIngress(f"account {account_key} has no enabled route for channel {channel!r}")
+    if route is None or route.get("delivery", "push") != "push":
+        # A pulled route is fetched with its credential (connectors/stream.py), never posted to.
+        raise UnknownIngress(f"account {account_key} has no enabled pushed route for channel {channel!r}")
     credential_ref = account["credentials"].get(route["credential_ref"])
     if credential_ref is None:
         raise CredentialUnavailable(f"account {account_key} has no credential {route['credential_ref']}")
@@ -246,8 +250,31 @@ def admit(*, account_key: str, channel: str, method: str, url: str, body: bytes,
         raise MalformedBody("the body is an empty batch")
     if len(parsed) > route["body"].get("max_items", 100):
         raise MalformedBody(f"the batch has more than {route['body'].get('max_items', 100)} items")
-    items = classify_items(route, parsed)
-    transport_key = transport_key_for(route, items)
+    return admit_items(org_id=org_id, account_key=account_key, channel=channel, route=route, body=body,
+                       raw_items=parsed)
+
+
+def admit_items(*, org_id: str, account_key: str, channel: str, route: dict, body: bytes, raw_items: list,
+                transport_key: str | None = None) -> AdmissionResult:
+    """Admit already-authenticated items of one channel exactly once (shared by pushed and pulled routes).
+
+    Args:
+        route: the pack route (from the account's serving epoch).
+        body: the bytes the Receipt keeps (the request body, or one pulled envelope).
+        raw_items: the parsed batch elements (one per ReceiptComponent).
+        transport_key: the route's transport key when the caller derives it
+            (a pulled envelope's opaque id); default: the sorted item identities.
+
+    Returns:
+        ``AdmissionResult``; ``created`` False when the key resolved an existing Receipt.
+
+    Raises:
+        AdmissionConflict (same key, other content), NotServing.
+
+    Seed 003 "Inbound facts" (ReceiptAdmissionKey, Receipt, ReceiptComponent, Event).
+    """
+    items = classify_items(route, raw_items)
+    transport_key = transport_key or transport_key_for(route, items)
     identity = identity_digest_for(items)
     for _ in range(3):
         try:

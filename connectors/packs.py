@@ -19,6 +19,7 @@ from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.identity import validate_key
 
 from .signatures import validate_config as validate_auth_config
+from .stream_routes import validate_ordering, validate_pull_route
 
 
 class PackError(NexusError):
@@ -68,11 +69,13 @@ def _validate(doc: dict, path: Path) -> None:
             if key not in route:
                 raise PackError(f"{path}: route {route.get('route_key')!r} missing {key}")
         try:
-            validate_auth_config(route["auth"])
+            if route.get("delivery", "push") == "pull":
+                validate_pull_route(route)
+            else:
+                validate_auth_config(route["auth"])
+            validate_ordering(route["ordering"])
         except ValueError as exc:
             raise PackError(f"{path}: route {route['route_key']}: {exc}") from exc
-        if route["ordering"].get("contract") not in ("latest_source_position", "order_independent"):
-            raise PackError(f"{path}: route {route['route_key']}: unsupported ordering contract")
     for contract in doc.get("push_contracts", []):
         for key in ("contract_key", "action_slot_id", "destination_slot_id", "source_object", "callout_profile",
                     "create", "update", "response_id_path", "mapping"):

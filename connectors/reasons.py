@@ -5,7 +5,7 @@ admission"; the states are listed in ``connectors/transitions.py``):
 
 | row / state | codes |
 | --- | --- |
-| ReceiptComponent ``quarantined`` | ITEM_NOT_OBJECT, ITEM_KIND_UNSUPPORTED, ITEM_SCHEMA_INVALID, ITEM_IDENTITY_INVALID |
+| ReceiptComponent ``quarantined`` | ITEM_NOT_OBJECT, ITEM_KIND_UNSUPPORTED, ITEM_SCHEMA_INVALID, ITEM_IDENTITY_INVALID, SOURCE_GAP_REPORTED |
 | Execution ``superseded`` | SUPERSEDED_BY_NEWER_POSITION |
 | ServingEpoch ``rejected`` | EPOCH_OWNER_MISMATCH |
 | RemoteEffect ``uncertain`` | RESPONSE_AMBIGUOUS, RESPONSE_ID_MISSING, UNCLASSIFIED_RESPONSE, HOLDER_ABANDONED |
@@ -31,6 +31,9 @@ ITEM_SCHEMA_INVALID = register(
 ITEM_IDENTITY_INVALID = register(
     "item_identity_invalid", owner=OWNER, evidence=_S + "receipt_components_quarantined",
     alert_after_seconds=86400, remediations=("fix_sender_and_replay",))
+SOURCE_GAP_REPORTED = register(
+    "source_gap_reported", owner=OWNER, evidence=_S + "receipt_components_quarantined",
+    alert_after_seconds=3600, remediations=("resync_from_source", "fix_sender_and_replay"))
 
 # --- source ordering (Execution) -------------------------------------------------
 SUPERSEDED_BY_NEWER_POSITION = register(

@@ -80,7 +80,8 @@ def _validate_document(document: dict) -> list[dict]:
         except PackError as exc:
             raise ConfigurationError(f"account {key}: {exc}") from exc
         for route_key in account.get("routes", []):
-            pack.route(route_key)
+            if pack.route(route_key).get("delivery") == "pull" and not account.get("base_url"):
+                raise ConfigurationError(f"account {key}: pulled route {route_key} needs base_url")
         for contract_key in account.get("push_contracts", []):
             contract = pack.push_contract(contract_key)
             if "base_url" not in account:

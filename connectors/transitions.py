@@ -17,6 +17,7 @@ liveness and maintenance admission"; codes in ``connectors/reasons.py`` and
 | RemoteEffect | uncertain, no_effect, quarantined | parked, refused, halted |
 | RemoteLink | suspended_drift | PATCH authority halted |
 | OrderingLane, DispatchPermit, ExecutionAttempt, RemoteEffectAttempt | none | lane hand-off is not a halt; Permits and attempts are evidence, their RemoteEffect / Execution carries the code |
+| StreamCursor | none | a stopped poller is an operator pause that keeps its position, not a halt |
 """
 from nexusflow.kernel.transitions import machine
 
@@ -84,6 +85,13 @@ ORDERING_LANE = machine(
     {"open": {"handed_off"}, "handed_off": set()},
     initial={"open"},
     seed='Seed 003, "Durable source ordering"',
+)
+
+STREAM_CURSOR = machine(
+    "connectors.StreamCursor",
+    {"active": {"stopped"}, "stopped": {"active"}},
+    initial={"active"},
+    seed='Seed 003, "ingress owner can stop pollers and streams without advancing its durable cursor"',
 )
 
 REMOTE_EFFECT = machine(

@@ -48,6 +48,10 @@ def record_upsert_via_link(org: OrgScope, command: dict) -> tuple[str, dict]:
         if target is None:
             return "noop", {"reason": "property_not_mapped", "property": payload.get(app["property_field"])}
         changes[target] = payload.get(app["value_field"])
+    values = command["payload"].get(app.get("values_field", ""))
+    if isinstance(values, dict):
+        # A change envelope carries several field values at once (route "values_field").
+        changes.update({app["field_map"][name]: value for name, value in values.items() if name in app["field_map"]})
     link = inbound_link_find(org_id=org.org_id, owner_key=command["owner_key"],
                              destination_slot_id=app["destination_slot_id"], remote_scope=command["account_key"],
                              remote_id=command["source_locator"])

@@ -101,6 +101,12 @@ REMEDIATIONS: dict[str, Remediation] = {r.id: r for r in (
         "so a new candidate epoch is prepared; the rejected epoch stays rejected.",
     ),
     Remediation(
+        "resync_from_source",
+        "The source reported that changes were lost or skipped (a gap item): read the current state of the named "
+        "records from the source and admit it as new input; the gap item stays quarantined as evidence. Not yet "
+        "available: no resync command or endpoint exists yet.",
+    ),
+    Remediation(
         "inspect_invariant",
         "Invariant evidence contradicts the recorded state: an engineer inspects the rows named by the evidence "
         "before anything else runs for that record; nothing is retried automatically.",
