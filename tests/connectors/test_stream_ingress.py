@@ -14,7 +14,7 @@ import threading
 import pytest
 from django.db import connection
 
-from connectors.models import Event, Receipt, ReceiptAdmissionKey, ReceiptComponent, StreamCursor
+from connectors.models import AccountServingGate, Event, Receipt, ReceiptAdmissionKey, ReceiptComponent, StreamCursor
 from connectors.stream import stream_cursor_set_state, stream_poll_once
 from connectors.stream_routes import encode_cursor
 from connectors.stream_transport import StreamFetchFailed
@@ -182,6 +182,18 @@ def test_poller_killed_between_receipt_commit_and_cursor_advance_restarts_exactl
     locators = sorted(Event.objects.filter(account_key=STREAM_ACCOUNT).values_list("source_locator", flat=True))
     assert locators == ["003K1", "003K1", "003K2", "003K3"]
     assert bytes(_cursor().cursor) == encode_cursor(ids[-1]) and _cursor().batches == 1
+    # Recovery never moves admitted work to another epoch: everything stays on the gate's one epoch.
+    epoch_id = AccountServingGate.objects.get(account_key=STREAM_ACCOUNT).epoch_id
+    assert set(Receipt.objects.filter(account_key=STREAM_ACCOUNT).values_list("epoch_id", flat=True)) == {epoch_id}
+    assert set(Event.objects.filter(account_key=STREAM_ACCOUNT).values_list("epoch_id", flat=True)) == {epoch_id}
+
+
+def test_the_stream_worker_role_polls_every_serving_pulled_route(stream_org):
+    ids = _publish_transaction(stream_org.stream, "tx-w", [["003W1"], ["003W2", "003W3"]])
+    worker = run_manage(["run_workers", "--role", "stream", "--until-idle"], subprocess_env(), timeout=120)
+    assert worker.returncode == 0, worker.stderr[-2000:]
+    assert Event.objects.filter(account_key=STREAM_ACCOUNT).count() == 3
+    assert bytes(_cursor().cursor) == encode_cursor(ids[-1])
 
 
 def test_the_poll_command_reports_bad_input_with_a_code_and_moves_nothing(stream_org):
