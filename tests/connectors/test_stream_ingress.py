@@ -80,7 +80,7 @@ def test_gap_events_quarantine_with_a_registered_reason_and_the_cursor_moves_pas
     assert bytes(_cursor().cursor) == encode_cursor(ids[-1])
 
 
-def test_redelivered_batch_resolves_every_existing_receipt_and_materializes_nothing_twice(stream_org):
+def test_transport_redelivery_of_a_pulled_batch_resolves_every_receipt_and_materializes_nothing_twice(stream_org):
     sandbox = stream_org.stream
     first = _publish_transaction(sandbox, "tx-r", [["003R1"], ["003R1", "003R2"]])
     assert stream_poll_once(stream_target()).receipts_created == 2
@@ -163,8 +163,13 @@ def test_stop_racing_an_inflight_batch_admits_it_but_does_not_advance_the_cursor
 
 
 @pytest.mark.parametrize("failpoint", ["stream.after_receipts_commit", "admission.after_receipt_commit"])
-def test_poller_killed_between_receipt_commit_and_cursor_advance_restarts_exactly_once(stream_org, failpoint):
-    """Crash a real poller process after (some of) a batch's Receipts committed and before the cursor moved."""
+def test_partial_batch_recovery_after_a_poller_crash_materializes_every_component_and_event_once(stream_org, failpoint):
+    """Crash a real poller process after (some of) a batch's Receipts committed and before the cursor moved.
+
+    Seed 003 "Required proof": transport redelivery and partial batch recovery materialize every Component
+    and live Event once without changing the original V2 epoch. ``admission.after_receipt_commit`` kills it
+    after the first envelope's Receipt (a partial batch), ``stream.after_receipts_commit`` after all of them.
+    """
     sandbox = stream_org.stream
     ids = _publish_transaction(sandbox, "tx-k", [["003K1"], ["003K1", "003K2"], ["003K3"]])
     crashed = run_manage(["connector_stream_poll", "--account", STREAM_ACCOUNT, "--once"],

@@ -176,7 +176,7 @@ def test_events_carry_the_ordering_facts_their_route_declares(driver):
         assert event.tie_breaker == str(item[ordering["tie_breaker"]])
 
 
-def test_both_packs_admit_through_the_same_l0_admission_functions(stream_org, client, monkeypatch):
+def test_two_structurally_different_packs_pass_through_the_same_l0_admission_model(stream_org, client, monkeypatch):
     """Pushed and pulled units reach one classify/admit path; no pack has a path of its own."""
     import connectors.inbound as inbound
 

@@ -39,7 +39,7 @@ class Command(BaseCommand):
     help = "Poll the pulled routes of one account into Receipts, advancing each durable cursor after commit."
 
     def add_arguments(self, parser):
-        parser.add_argument("--account", required=True, help="Account key of a v2_serving account.")
+        parser.add_argument("--account", required=True, help="The account key of a v2_serving account.")
         parser.add_argument("--route", help="Only this route key (default: every pulled route of the account).")
         parser.add_argument("--once", action="store_true", help="Poll one batch per route and exit.")
         parser.add_argument("--max-batches", type=int, default=0, help="Exit after N non-empty batches (0: no limit).")
