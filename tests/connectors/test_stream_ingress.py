@@ -214,3 +214,83 @@ def test_the_webhook_ingress_refuses_a_pulled_channel(stream_org, client):
     response = client.post(f"/api/v2/ingress/{STREAM_ACCOUNT}/contact-changes/", data=b"[]",
                            content_type="application/json")
     assert response.status_code == 404 and response.json()["error"] == "unknown_ingress"
+
+
+def test_concurrent_pollers_of_one_cursor_admit_each_envelope_once_and_advance_it_once(stream_org, monkeypatch):
+    """Two pollers fetch the same batch, admit it concurrently (real transactions), and race the advance."""
+    import connectors.stream as stream
+
+    ids = _publish_transaction(stream_org.stream, "tx-c", [["003C1"], ["003C1", "003C2"], ["003C3"]])
+    real_fetch = stream.fetch_batch
+    both_fetched = threading.Barrier(2, timeout=30)
+
+    def fetch_together(**kwargs):
+        batch = real_fetch(**kwargs)
+        both_fetched.wait()
+        return batch
+
+    monkeypatch.setattr(stream, "fetch_batch", fetch_together)
+    target = stream_target()
+    stream.stream_cursor_for(target)
+    results, errors = [], []
+
+    def poller():
+        try:
+            results.append(stream_poll_once(target))
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=poller) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert sorted(r.advanced for r in results) == [False, True]
+    assert sum(r.receipts_created for r in results) == len(ids)
+    assert sum(r.receipts_created + r.receipts_resolved for r in results) == 2 * len(ids)
+    assert Receipt.objects.filter(account_key=STREAM_ACCOUNT).count() == len(ids)
+    assert Event.objects.filter(account_key=STREAM_ACCOUNT).count() == 4
+    assert bytes(_cursor().cursor) == encode_cursor(ids[-1]) and _cursor().batches == 1
+
+
+def test_an_envelope_without_a_usable_header_is_kept_quarantined_and_the_stream_goes_on(stream_org):
+    broken = change_event(record_ids=["003B1"])
+    del broken["data"]["payload"]["ChangeEventHeader"]["transactionKey"]
+    unknown = change_event(change_type="MERGE", record_ids=["003B2"])
+    ids = stream_org.stream.publish([broken, unknown, change_event(record_ids=["003B3"], transaction_key="tx-b")])
+    result = stream_poll_once(stream_target())
+    assert (result.receipts_created, result.events_created, result.quarantined) == (3, 1, 2)
+    reasons = sorted(ReceiptComponent.objects.filter(receipt__account_key=STREAM_ACCOUNT, disposition="quarantined")
+                     .values_list("reason_code", flat=True))
+    assert reasons == ["item_kind_unsupported", "item_schema_invalid"]
+    assert bytes(_cursor().cursor) == encode_cursor(ids[-1])
+
+
+def test_pulled_changes_apply_to_local_records_once_through_the_runtime(stream_org):
+    """End to end: poll, redeliver, run the connector workers; each record is created once with its values."""
+    from nexusflow.records.models import Record
+    from runtime_outbox.models import ApplicationResult
+    from tests.conftest import drain
+
+    sandbox = stream_org.stream
+    sandbox.publish([
+        change_event(change_type="CREATE", record_ids=["003E1"], transaction_key="tx-e1",
+                     fields={"LastName": "Ada", "FirstName": "Lovelace"}),
+        change_event(change_type="CREATE", record_ids=["003E2"], transaction_key="tx-e2", fields={"LastName": "Bo"}),
+        change_event(change_type="UPDATE", record_ids=["003E1"], transaction_key="tx-e3", fields={"Email": "a@x.io"}),
+        change_event(change_type="UPDATE", record_ids=["003E2"], transaction_key="tx-e4", fields={"Email": "b@x.io"}),
+        change_event(change_type="DELETE", record_ids=["003E9"], transaction_key="tx-e5"),
+    ])
+    stream_poll_once(stream_target())
+    sandbox.set_faults(rewind=5, duplicate_delivery=1)
+    stream_poll_once(stream_target())
+    drain()
+    records = {r.fields.get("lastname"): r.fields for r in Record.objects.filter(org_id=stream_org.org.org_id)}
+    assert records == {"Ada": {"lastname": "Ada", "firstname": "Lovelace", "email": "a@x.io"},
+                       "Bo": {"lastname": "Bo", "email": "b@x.io"}}
+    assert Event.objects.filter(account_key=STREAM_ACCOUNT).count() == 5
+    outcomes = sorted(ApplicationResult.objects.filter(org_id=stream_org.org.org_id).values_list("outcome", flat=True))
+    assert outcomes == ["applied"] * 4 + ["noop"]  # the removal is recorded, not applied as an upsert
