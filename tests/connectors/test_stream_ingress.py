@@ -225,6 +225,7 @@ def test_concurrent_pollers_of_one_cursor_admit_each_envelope_once_and_advance_i
     both_fetched = threading.Barrier(2, timeout=30)
 
     def fetch_together(**kwargs):
+        assert not connection.in_atomic_block, "the fetch must not hold a transaction"
         batch = real_fetch(**kwargs)
         both_fetched.wait()
         return batch
@@ -294,3 +295,29 @@ def test_pulled_changes_apply_to_local_records_once_through_the_runtime(stream_o
     assert Event.objects.filter(account_key=STREAM_ACCOUNT).count() == 5
     outcomes = sorted(ApplicationResult.objects.filter(org_id=stream_org.org.org_id).values_list("outcome", flat=True))
     assert outcomes == ["applied"] * 4 + ["noop"]  # the removal is recorded, not applied as an upsert
+
+
+def test_sigterm_ends_a_running_poller_cleanly_at_its_committed_cursor(stream_org):
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+
+    ids = _publish_transaction(stream_org.stream, "tx-t", [["003T1"], ["003T2"]])
+    poller = subprocess.Popen([sys.executable, "manage.py", "connector_stream_poll", "--account", STREAM_ACCOUNT,
+                               "--idle-sleep", "0.2"], cwd=ROOT, env=subprocess_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not StreamCursor.objects.filter(
+                account_key=STREAM_ACCOUNT, batches__gte=1).exists():
+            time.sleep(0.2)
+        poller.send_signal(signal.SIGTERM)
+        _out, err = poller.communicate(timeout=60)
+    finally:
+        if poller.poll() is None:
+            poller.kill()
+    assert poller.returncode == 0, err[-2000:]
+    assert bytes(_cursor().cursor) == encode_cursor(ids[-1])
+    assert Receipt.objects.filter(account_key=STREAM_ACCOUNT).count() == len(ids)
