@@ -69,6 +69,8 @@ def _validate(doc: dict, path: Path) -> None:
             if key not in route:
                 raise PackError(f"{path}: route {route.get('route_key')!r} missing {key}")
         try:
+            if route.get("delivery", "push") not in ("push", "pull"):
+                raise ValueError("delivery must be 'push' (signed requests) or 'pull' (fetched from a stream)")
             if route.get("delivery", "push") == "pull":
                 validate_pull_route(route)
             else:

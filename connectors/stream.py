@@ -102,12 +102,15 @@ def pull_targets(*, account_key: str | None = None, route_key: str | None = None
     """Every pulled route of every ``v2_serving`` account (or of one account), in key order.
 
     Raises:
-        UnknownStream: ``account_key`` is given and has no such serving pulled route.
+        UnknownStream: ``account_key`` is given and has no such pulled route.
+        NotServing: ``account_key`` is given and its gate is not ``v2_serving``.
     """
     if account_key is not None:
         org_id = find_account_org(account_key)
         gates = list(AccountServingGate.objects.filter(org_id=org_id, account_key=account_key)
                      .select_related("epoch")) if org_id else []
+        if gates and gates[0].state != "v2_serving":
+            raise NotServing(f"account {account_key} gate is {gates[0].state}")
     else:
         gates = list(AccountServingGate.objects.filter(state="v2_serving").select_related("epoch")
                      .order_by("org_id", "account_key"))

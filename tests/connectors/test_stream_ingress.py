@@ -162,21 +162,23 @@ def test_stop_racing_an_inflight_batch_admits_it_but_does_not_advance_the_cursor
     assert bytes(_cursor().cursor) == encode_cursor(ids[-1])
 
 
-@pytest.mark.parametrize("failpoint", ["stream.after_receipts_commit", "admission.after_receipt_commit"])
-def test_partial_batch_recovery_after_a_poller_crash_materializes_every_component_and_event_once(stream_org, failpoint):
+@pytest.mark.parametrize("failpoint,committed", [("stream.after_fetch", 0), ("admission.after_receipt_commit", 1),
+                                                 ("stream.after_receipts_commit", 3)])
+def test_partial_batch_recovery_after_a_poller_crash_materializes_every_component_and_event_once(stream_org, failpoint,
+                                                                                               committed):
     """Crash a real poller process after (some of) a batch's Receipts committed and before the cursor moved.
 
     Seed 003 "Required proof": transport redelivery and partial batch recovery materialize every Component
     and live Event once without changing the original V2 epoch. ``admission.after_receipt_commit`` kills it
-    after the first envelope's Receipt (a partial batch), ``stream.after_receipts_commit`` after all of them.
+    after the first envelope's Receipt (a partial batch), ``stream.after_receipts_commit`` after all of them,
+    ``stream.after_fetch`` before any.
     """
     sandbox = stream_org.stream
     ids = _publish_transaction(sandbox, "tx-k", [["003K1"], ["003K1", "003K2"], ["003K3"]])
     crashed = run_manage(["connector_stream_poll", "--account", STREAM_ACCOUNT, "--once"],
                          subprocess_env(NEXUS_FAILPOINTS=failpoint), timeout=120)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
-    committed = Receipt.objects.filter(account_key=STREAM_ACCOUNT).count()
-    assert committed == (3 if failpoint == "stream.after_receipts_commit" else 1)
+    assert Receipt.objects.filter(account_key=STREAM_ACCOUNT).count() == committed
     assert _cursor().cursor is None and _cursor().batches == 0  # never ahead of what committed
     restarted = run_manage(["connector_stream_poll", "--account", STREAM_ACCOUNT, "--until-idle"],
                            subprocess_env(), timeout=120)
@@ -208,6 +210,26 @@ def test_the_poll_command_reports_bad_input_with_a_code_and_moves_nothing(stream
     failed = run_manage(["connector_stream_poll", "--account", STREAM_ACCOUNT, "--once"], subprocess_env())
     assert failed.returncode == 1 and "stream_fetch_failed" in failed.stderr
     assert _cursor().cursor is None
+
+
+def test_a_poll_of_an_account_that_does_not_serve_v2_is_refused_with_not_serving(stream_org):
+    from connectors.serving import gate_transition
+    from connectors.store import AccountServingGateStore
+    from django.db import transaction
+
+    with transaction.atomic(durable=True):
+        gate = AccountServingGateStore.lock_by_account(stream_org.org.org_id, STREAM_ACCOUNT)
+        gate_transition(gate=gate, dst="halting_v2", evidence={"test": "halt"}, reason_code=halt_reason())
+    refused = run_manage(["connector_stream_poll", "--account", STREAM_ACCOUNT, "--once"], subprocess_env())
+    assert refused.returncode == 1 and "not_serving" in refused.stderr
+    assert not StreamCursor.objects.filter(account_key=STREAM_ACCOUNT).exists()
+
+
+def halt_reason() -> str:
+    from connectors.transitions import ACCOUNT_SERVING_GATE
+    from tests.kernel.rows import reason_for
+
+    return reason_for(ACCOUNT_SERVING_GATE)
 
 
 def test_the_webhook_ingress_refuses_a_pulled_channel(stream_org, client):

@@ -21,6 +21,7 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections
 
+from connectors.serving import NotServing
 from connectors.stream import (
     POLL_ERRORS,
     UnknownStream,
@@ -56,7 +57,7 @@ class Command(BaseCommand):
             raise CommandError("--max-batches must be 0 or more")
         try:
             targets = pull_targets(account_key=account, route_key=route)
-        except UnknownStream as exc:
+        except (UnknownStream, NotServing) as exc:
             raise CommandError(f"{exc.code}: {exc}") from exc
         if stop or resume or status:
             for target in targets:
