@@ -8,6 +8,7 @@ on 127.0.0.1; every test runs on the real MariaDB.
 """
 from __future__ import annotations
 
+import json
 import signal
 import threading
 
@@ -121,7 +122,11 @@ def test_a_stopped_poller_fetches_nothing_and_keeps_its_cursor(stream_org):
     assert result.stopped and result.fetched == 0
     assert sandbox.state()["fetches"] == fetches
     assert bytes(_cursor().cursor) == encode_cursor(first[-1]) and _cursor().state == "stopped"
-    stream_cursor_set_state(stream_target(), state="active")
+    status = run_manage(["connector_stream_poll", "--account", STREAM_ACCOUNT, "--status"], subprocess_env())
+    assert json.loads(status.stdout) == {"account": STREAM_ACCOUNT, "route": "contacts.changes", "state": "stopped",
+                                         "cursor": str(first[-1]), "batches": 1}
+    resumed = run_manage(["connector_stream_poll", "--account", STREAM_ACCOUNT, "--resume"], subprocess_env())
+    assert resumed.returncode == 0 and json.loads(resumed.stdout)["state"] == "active"
     assert stream_poll_once(stream_target()).receipts_created == 1
 
 
