@@ -33,7 +33,7 @@ ITEM_IDENTITY_INVALID = register(
     alert_after_seconds=86400, remediations=("fix_sender_and_replay",))
 SOURCE_GAP_REPORTED = register(
     "source_gap_reported", owner=OWNER, evidence=_S + "receipt_components_quarantined",
-    alert_after_seconds=3600, remediations=("resync_from_source", "fix_sender_and_replay"))
+    alert_after_seconds=3600, remediations=("resync_from_source",))
 
 # --- source ordering (Execution) -------------------------------------------------
 SUPERSEDED_BY_NEWER_POSITION = register(
