@@ -100,6 +100,17 @@ class CatalogBindingAdmin(ReadOnlyAdmin):
     search_fields = ("business_key", "row_id")
 
 
+@admin.register(models.StreamCursor)
+class StreamCursorAdmin(ReadOnlyAdmin):
+    list_display = ("id", "org_id", "account_key", "route_key", "state", "cursor_text", "batches", "last_receipt_id",
+                    "updated_at")
+    list_filter = ("state",)
+
+    @admin.display(description="cursor")
+    def cursor_text(self, obj):
+        return bytes(obj.cursor).decode("utf-8", "replace") if obj.cursor is not None else "(start)"
+
+
 for model in (models.PackGeneration, models.ConnectorServiceConfigurationGeneration, models.CredentialGeneration,
               models.GateTransitionEvidence, models.ReceiptAdmissionKey,
               models.Projection, models.ExecutionAttempt, models.OrderingDecision, models.RemoteEffectAttempt,

@@ -539,8 +539,9 @@ def _freeze_account(org: OrgScope, index: int, account: object) -> dict:
     pack = pack_generation_read(int(_resolve_pack(account, where).pk))
     routes = _key_list(account, "routes", where)
     contracts = _key_list(account, "push_contracts", where)
+    pulled = False
     for route in routes:
-        pack.binding("inbound_route", route)
+        pulled = pulled or pack.binding("inbound_route", route).definition.get("delivery") == "pull"
     profiles = []
     for contract in contracts:
         profile = pack.binding("push_contract", contract).definition["callout_profile"]
@@ -569,7 +570,7 @@ def _freeze_account(org: OrgScope, index: int, account: object) -> dict:
         relation.append([ref, int(generation.pk)])
     frozen = {"account_key": key, "pack_key": pack.generation.pack_key, "pack_generation_id": int(pack.generation.pk),
               "routes": routes, "push_contracts": contracts, "callout_profiles": profiles, "mappings": mappings,
-              "base_url": _base_url(account, where, bool(contracts)), "credentials": relation}
+              "base_url": _base_url(account, where, bool(contracts) or pulled), "credentials": relation}
     return frozen
 
 

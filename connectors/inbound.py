@@ -148,6 +148,9 @@ def classify_items(route: dict, items: list) -> list[_Item]:
             continue
         item.identity = canonical_json.dumps(_strip(raw, volatile))
         kind = raw.get(route["kind_field"], raw.get(route.get("kind_field_fallback", ""), None))
+        if isinstance(kind, str) and kind.startswith(tuple(route.get("gap_kind_prefixes", ()))):
+            item.reason = reasons.SOURCE_GAP_REPORTED  # the source says changes were lost or skipped
+            continue
         spec = route["kinds"].get(kind) if isinstance(kind, str) else None
         if spec is None:
             item.reason = reasons.ITEM_KIND_UNSUPPORTED
@@ -205,8 +208,9 @@ def _route_and_secret(org_id: str, account_key: str, channel: str) -> tuple[Acco
     pack = PackGeneration.objects.get(pk=account["pack_generation"]["id"])
     route = next((r for r in pack.document.get("inbound_routes", [])
                   if r["channel"] == channel and r["route_key"] in account["routes"]), None)
-    if route is None:
-        raise UnknownIngress(f"account {account_key} has no enabled route for channel {channel!r}")
+    if route is None or route.get("delivery", "push") != "push":
+        # A pulled route is fetched with its credential (connectors/stream.py), never posted to.
+        raise UnknownIngress(f"account {account_key} has no enabled pushed route for channel {channel!r}")
     credential_ref = account["credentials"].get(route["credential_ref"])
     if credential_ref is None:
         raise CredentialUnavailable(f"account {account_key} has no credential {route['credential_ref']}")
@@ -249,12 +253,21 @@ def admit(*, account_key: str, channel: str, method: str, url: str, body: bytes,
     _gate, route, secret = _route_and_secret(org_id, account_key, channel)
     verify_request(route["auth"], secret=secret, method=method, url=url, body=body, headers=headers,
                    now_epoch_seconds=time.time() if now is None else now)
-    items = split_body(route, body)
-    return admit_items(org_id=org_id, account_key=account_key, channel=channel, route=route, body=body, items=items)
+    return admit_items(org_id=org_id, account_key=account_key, channel=channel, route=route, body=body,
+                       raw_items=parse_batch(route, body))
 
 
 def split_body(route: dict, body: bytes) -> list[_Item]:
     """Parse a JSON-array body and classify its items under ``route``.
+
+    Raises:
+        MalformedBody: as :func:`parse_batch`.
+    """
+    return classify_items(route, parse_batch(route, body))
+
+
+def parse_batch(route: dict, body: bytes) -> list:
+    """Parse a pushed JSON-array body into its raw batch elements.
 
     Raises:
         MalformedBody: not strict JSON, not an array, empty or over ``max_items``.
@@ -266,17 +279,32 @@ def split_body(route: dict, body: bytes) -> list[_Item]:
         raise MalformedBody("the body is an empty batch")
     if len(parsed) > route["body"].get("max_items", 100):
         raise MalformedBody(f"the batch has more than {route['body'].get('max_items', 100)} items")
-    return classify_items(route, parsed)
+    return parsed
 
 
-def admit_items(*, org_id: str, account_key: str, channel: str, route: dict, body: bytes,
-                items: list[_Item]) -> AdmissionResult:
-    """Reserve the key and Receipt for already authenticated ``items``, then materialize them.
+def admit_items(*, org_id: str, account_key: str, channel: str, route: dict, body: bytes, raw_items: list,
+                transport_key: str | None = None) -> AdmissionResult:
+    """Admit already-authenticated items of one channel exactly once (shared by pushed and pulled routes).
+
+    Reserves the key and Receipt, then materializes the children (see :func:`admit`).
+
+    Args:
+        route: the pack route (from the account's serving epoch).
+        body: the bytes the Receipt keeps (the request body, or one pulled envelope).
+        raw_items: the parsed batch elements (one per ReceiptComponent).
+        transport_key: the route's transport key when the caller derives it
+            (a pulled envelope's opaque id); default: the sorted item identities.
+
+    Returns:
+        ``AdmissionResult``; ``created`` False when the key resolved an existing Receipt.
 
     Raises:
-        AdmissionConflict, NotServing: as :func:`admit`.
+        AdmissionConflict (same key, other content), NotServing.
+
+    Seed 003 "Inbound facts" (ReceiptAdmissionKey, Receipt, ReceiptComponent, Event).
     """
-    transport_key = transport_key_for(route, items)
+    items = classify_items(route, raw_items)
+    transport_key = transport_key or transport_key_for(route, items)
     identity = identity_digest_for(items)
     for _ in range(3):
         try:
@@ -289,7 +317,8 @@ def admit_items(*, org_id: str, account_key: str, channel: str, route: dict, bod
         raise AdmissionConflict("concurrent admissions of this key did not settle")
     if result.receipt_id is not None:
         failpoints.hit(FP_BEFORE_CHILDREN)
-        created, quarantined = receipt_materialize(org_id=org_id, receipt_id=result.receipt_id)
+        created, quarantined = receipt_materialize(org_id=org_id, receipt_id=result.receipt_id,
+                                                   items=items if result.created else None)
         result.events_created, result.quarantined = created, quarantined
         failpoints.hit(FP_AFTER_RECEIPT)
     return result
@@ -335,12 +364,18 @@ def _chunk_size() -> int:
     return max(1, int(os.environ.get("NEXUS_ADMISSION_CHUNK", "50")))
 
 
-def receipt_materialize(*, org_id: str, receipt_id: Receipt.Id | int) -> tuple[int, int]:
+def receipt_materialize(*, org_id: str, receipt_id: Receipt.Id | int,
+                        items: list[_Item] | None = None) -> tuple[int, int]:
     """Materialize the Components (and Events, Projections, Executions) a Receipt still lacks.
 
     Each chunk is one transaction that locks the gate and the exact active
     epoch, requires it to be the Receipt's own epoch, and inserts only the
     ordinals that do not exist yet; existing children are never rewritten.
+
+    Args:
+        items: the classified items of this Receipt's own admission, when the
+            caller just classified its body (otherwise the stored body is
+            split again under the Receipt epoch's frozen route).
 
     Returns:
         ``(events_created, quarantined)`` by this call.
@@ -350,7 +385,8 @@ def receipt_materialize(*, org_id: str, receipt_id: Receipt.Id | int) -> tuple[i
     """
     receipt = Receipt.objects.get(org_id=org_id, pk=require_id(receipt_id, Receipt, field="receipt_id"))
     _account, route = frozen_route(receipt.epoch, receipt.account_key, receipt.route_key)
-    items = _split_stored(route, bytes(receipt.body))
+    if items is None:
+        items = _split_stored(route, bytes(receipt.body))
     if len(items) != receipt.component_count:
         raise AdmissionConflict(f"receipt {receipt.pk} no longer splits into {receipt.component_count} items")
     created = quarantined = 0
@@ -369,15 +405,15 @@ def receipt_materialize(*, org_id: str, receipt_id: Receipt.Id | int) -> tuple[i
 
 
 def _split_stored(route: dict, body: bytes) -> list[_Item]:
-    """Re-split a stored Receipt body exactly as admission did (deterministic)."""
-    splitter = route.get("body", {}).get("splitter")
-    if splitter is not None:
-        return STORED_SPLITTERS[splitter](route, body)
+    """Re-split a stored Receipt body exactly as admission did (deterministic).
+
+    A pulled route's Receipt keeps one envelope; a pushed route's keeps the request body.
+    """
+    if route.get("delivery") == "pull":
+        from .stream_routes import expand_envelope
+
+        return classify_items(route, expand_envelope(route, parse_body(body)))
     return split_body(route, body)
-
-
-#: Splitters of routes whose stored Receipt body is not a JSON array (stream ingress).
-STORED_SPLITTERS: dict[str, Any] = {}
 
 
 def _materialize_items(org_id, account_key, ctx, route, receipt, items: list[_Item]) -> tuple[int, int]:

@@ -320,6 +320,33 @@ class ReceiptComponent(GuardedModel):
         ]
 
 
+class StreamCursor(GuardedModel):
+    """Durable read position of one pulled route of one account (seed 003 "ingress owner ... durable cursor").
+
+    ``cursor`` is the opaque source position after the last batch whose
+    Receipts committed (canonical JSON bytes of the provider's value; NULL:
+    from the earliest retained event). It is never computed, only copied from
+    a fetch response, and it advances only after the Receipts of that batch
+    committed; ``stopped`` keeps it where it is.
+    """
+
+    org_id = IdentityField(max_length=64)
+    account_key = IdentityField(max_length=80)
+    route_key = IdentityField(max_length=80)
+    cursor = models.BinaryField(max_length=512, null=True, help_text="Opaque source position bytes; NULL: from the start.")
+    state = models.CharField(max_length=16, default="active")
+    version = models.PositiveBigIntegerField(default=1)
+    batches = models.PositiveBigIntegerField(default=0, help_text="Batches committed through this cursor.")
+    last_receipt_id = TypedIdReference(to="connectors.Receipt", null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["org_id", "account_key", "route_key"], name="stream_cursor_uniq"),
+        ]
+
+
 class OrderingLane(GuardedModel):
     """Sole mutable source-order claim guard (seed 003 "Durable source ordering")."""
 

@@ -20,6 +20,7 @@ from nexusflow.kernel.identity import validate_key
 
 from .ordering import validate_contract
 from .signatures import validate_config as validate_auth_config
+from .stream_routes import validate_pull_route
 from .windows import validate_window
 
 
@@ -78,7 +79,12 @@ def validate_pack_document(doc: dict, path: Path | str) -> None:
             if key not in route:
                 raise PackError(f"{path}: route {route.get('route_key')!r} missing {key}")
         try:
-            validate_auth_config(route["auth"])
+            if route.get("delivery", "push") not in ("push", "pull"):
+                raise ValueError("delivery must be 'push' (signed requests) or 'pull' (fetched from a stream)")
+            if route.get("delivery", "push") == "pull":
+                validate_pull_route(route)
+            else:
+                validate_auth_config(route["auth"])
         except ValueError as exc:
             raise PackError(f"{path}: route {route['route_key']}: {exc}") from exc
         try:

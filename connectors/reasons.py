@@ -5,7 +5,7 @@ admission"; the states are listed in ``connectors/transitions.py``):
 
 | row / state | codes |
 | --- | --- |
-| ReceiptComponent ``quarantined`` | ITEM_NOT_OBJECT, ITEM_KIND_UNSUPPORTED, ITEM_SCHEMA_INVALID, ITEM_IDENTITY_INVALID |
+| ReceiptComponent ``quarantined`` | ITEM_NOT_OBJECT, ITEM_KIND_UNSUPPORTED, ITEM_SCHEMA_INVALID, ITEM_IDENTITY_INVALID, SOURCE_GAP_REPORTED |
 | Execution ``superseded`` | SUPERSEDED_BY_NEWER_POSITION |
 | Execution ``quarantined`` | SOURCE_SEQUENCE_GAP (strict gap past its frozen deadline, disposition ``quarantine``) |
 | ServingEpoch ``rejected`` | EPOCH_OWNER_MISMATCH |
@@ -33,6 +33,9 @@ ITEM_SCHEMA_INVALID = register(
 ITEM_IDENTITY_INVALID = register(
     "item_identity_invalid", owner=OWNER, evidence=_S + "receipt_components_quarantined",
     alert_after_seconds=86400, remediations=("fix_sender_and_replay",))
+SOURCE_GAP_REPORTED = register(
+    "source_gap_reported", owner=OWNER, evidence=_S + "receipt_components_quarantined",
+    alert_after_seconds=3600, remediations=("resync_from_source",))
 
 # --- source ordering (Execution) -------------------------------------------------
 SUPERSEDED_BY_NEWER_POSITION = register(

@@ -2,7 +2,7 @@
 
 Lock classes (ARCHITECTURE.md section 6): gates, epochs and credential
 gates are ``SERVING_GATE`` in the sub-order AccountServingGate -> its exact
-ServingEpoch -> CredentialGenerationDispatchGate; lanes, executions, effects
+ServingEpoch -> CredentialGenerationDispatchGate -> StreamCursor; lanes, executions, effects
 and permits are ``CONNECTOR_WORK`` in the sub-order OrderingLane ->
 Projection/Window -> Execution -> ExecutionAttempt -> RemoteEffect ->
 DispatchPermit -> RemoteEffectAttempt -> RemoteLink -> OrderingHandoff. The ranks below encode
@@ -14,7 +14,7 @@ from nexusflow.kernel.errors import FenceRejected
 from nexusflow.kernel.locks import LockClass
 
 # Sub-order ranks inside SERVING_GATE and CONNECTOR_WORK.
-RANK_GATE, RANK_EPOCH, RANK_CREDENTIAL_GATE = 0, 1, 2
+RANK_GATE, RANK_EPOCH, RANK_CREDENTIAL_GATE, RANK_STREAM_CURSOR = 0, 1, 2, 3
 RANK_LANE, RANK_PROJECTION, RANK_EXECUTION, RANK_EXECUTION_ATTEMPT = 0, 1, 2, 3
 RANK_EFFECT, RANK_PERMIT, RANK_EFFECT_ATTEMPT, RANK_LINK = 4, 5, 6, 7
 # OrderingHandoff rows are locked after the lanes they join (predecessor and successor lanes).
@@ -49,6 +49,16 @@ class CredentialDispatchGateStore(CasStore):
     machine = transitions.CREDENTIAL_DISPATCH_GATE
     lock_class = LockClass.SERVING_GATE
     lock_rank, lock_label = RANK_CREDENTIAL_GATE, "credential gate"
+    stale_error = FenceRejected
+
+
+class StreamCursorStore(CasStore):
+    """A pulled route's durable cursor: an ingress owner, after the gate and epoch it admits under."""
+
+    model = models.StreamCursor
+    machine = transitions.STREAM_CURSOR
+    lock_class = LockClass.SERVING_GATE
+    lock_rank, lock_label = RANK_STREAM_CURSOR, "stream cursor"
     stale_error = FenceRejected
 
 

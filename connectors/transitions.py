@@ -18,6 +18,7 @@ liveness and maintenance admission"; codes in ``connectors/reasons.py`` and
 | RemoteEffect | uncertain, no_effect, quarantined | parked, refused, halted |
 | RemoteLink | suspended_drift | PATCH authority halted |
 | OrderingLane, OrderingHandoff, DispatchPermit, ExecutionAttempt, RemoteEffectAttempt, ExecutionDependency | none | lane hand-off is not a halt; an abandoned handoff is cited by the handoff that replaces it; Permits and attempts are evidence, their RemoteEffect / Execution carries the code |
+| StreamCursor | none | a stopped poller is an operator pause that keeps its position, not a halt |
 """
 from nexusflow.kernel.transitions import machine
 
@@ -92,6 +93,13 @@ ORDERING_HANDOFF = machine(
     {"frozen": {"activated", "abandoned"}, "activated": set(), "abandoned": set()},
     initial={"frozen"},
     seed='Seed 003, "Durable source ordering" (OrderingHandoff) and "Generation and replay"',
+)
+
+STREAM_CURSOR = machine(
+    "connectors.StreamCursor",
+    {"active": {"stopped"}, "stopped": {"active"}},
+    initial={"active"},
+    seed='Seed 003, "ingress owner can stop pollers and streams without advancing its durable cursor"',
 )
 
 REMOTE_EFFECT = machine(

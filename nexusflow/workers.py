@@ -44,7 +44,11 @@ def units_for(role: str, worker_id: str) -> list[tuple[str, Unit]]:
                 ("effect.finalize", effect_try_finalize_one),
                 ("effect.reconcile", effect_try_reconcile_one),
                 ("effect.dispatch", lambda: effect_try_dispatch_one(worker_id=worker_id))]
+    if role == "stream":
+        from connectors.stream import stream_try_poll_one
+
+        return [("stream.poll", stream_try_poll_one)]
     raise ValueError(f"unknown worker role {role!r}")
 
 
-ROLES = ("connector", "runtime", "flow", "egress")
+ROLES = ("connector", "runtime", "flow", "egress", "stream")

@@ -36,11 +36,19 @@ def record_upsert_via_link(org: OrgScope, command: dict) -> tuple[str, dict]:
     The link (owner pack, destination slot, provider account, remote id) is
     the only way from a provider object to a local record; a missing link
     creates the record and its link in this same transaction.
+
+    Application block keys: ``object``, ``destination_slot_id``, ``field_map``
+    (provider field -> local field); ``property_field`` / ``value_field`` (one
+    changed property per event) and/or ``values_field`` (an object of changed
+    values per event); ``noop_kinds`` (canonical kinds recorded as ``noop``).
     """
     from connectors.links import inbound_link_create, inbound_link_find
 
     app = command["application"]
     object_name = app["object"]
+    if command["canonical_kind"] in app.get("noop_kinds", ()):
+        # The route declares kinds this handler records but does not apply (e.g. removals).
+        return "noop", {"reason": "kind_not_applied", "kind": command["canonical_kind"]}
     changes: dict[str, str] = {}
     if command["canonical_kind"] == "record.field_changed":
         payload = command["payload"]
@@ -48,6 +56,10 @@ def record_upsert_via_link(org: OrgScope, command: dict) -> tuple[str, dict]:
         if target is None:
             return "noop", {"reason": "property_not_mapped", "property": payload.get(app["property_field"])}
         changes[target] = payload.get(app["value_field"])
+    values = command["payload"].get(app.get("values_field", ""))
+    if isinstance(values, dict):
+        # A change envelope carries several field values at once (route "values_field").
+        changes.update({app["field_map"][name]: value for name, value in values.items() if name in app["field_map"]})
     link = inbound_link_find(org_id=org.org_id, owner_key=command["owner_key"],
                              destination_slot_id=app["destination_slot_id"], remote_scope=command["account_key"],
                              remote_id=command["source_locator"])

@@ -33,6 +33,7 @@ UNSCOPED_READ_EXEMPT: frozenset[tuple[str, int]] = frozenset()
 #: Files that may import an HTTP client, each with its reason.
 HTTP_CLIENT_ALLOWED = {
     "connectors/egress.py": "the sole egress adapter (ARCHITECTURE.md section 2)",
+    "connectors/stream_transport.py": "the one read-only fetch of pulled routes; no transaction, no write",
     "packs/hubspot/sender.py": "L1 provider sandbox: sends provider-shaped webhooks to the ingress",
     "packs/demo/run.py": "L1 demo driver: plays the provider against a running web process",
 }

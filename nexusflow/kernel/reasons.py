@@ -108,6 +108,12 @@ REMEDIATIONS: dict[str, Remediation] = {r.id: r for r in (
         "connector_resume --org ORG` returns every gate to the predecessor epoch instead.",
     ),
     Remediation(
+        "resync_from_source",
+        "The source reported that changes were lost or skipped (a gap item): read the current state of the named "
+        "records from the source and admit it as new input; the gap item stays quarantined as evidence. Not yet "
+        "available: no resync command or endpoint exists yet.",
+    ),
+    Remediation(
         "inspect_invariant",
         "Invariant evidence contradicts the recorded state: an engineer inspects the rows named by the evidence "
         "before anything else runs for that record; nothing is retried automatically.",

@@ -24,7 +24,7 @@ def test_run_workers_accepts_all_roles_at_once():
     result = run_manage(["run_workers", "--role", "all", "--once"], subprocess_env())
     assert result.returncode == 0, result.stderr
     start = json.loads(result.stderr.splitlines()[0])
-    assert start["roles"] == ["connector", "runtime", "flow", "egress"]
+    assert start["roles"] == ["connector", "runtime", "flow", "egress", "stream"]
 
 
 def test_health_endpoint(client):
