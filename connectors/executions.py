@@ -190,7 +190,9 @@ def _claim_in_lane(org_id: str, account_key: str, lane_id: int, worker_id: str) 
 def _claim_strict(ctx, lane: OrderingLane, ordering: dict, worker_id: str, now: dt.datetime) -> Claim | None:
     """``strict_source_sequence``: claim only the exact successor; a gap waits without a lease.
 
-    Positions at or below the high-water are superseded. When the exact
+    Positions at or below the high-water (byte order: sequence, then
+    tie-breaker) are superseded; the items of one source operation share a
+    sequence number and run one after another in tie-breaker order. When the exact
     successor is missing, the lowest waiting Execution gets one
     ExecutionDependency with the frozen gap deadline and moves to
     ``waiting_dependency``; it holds no attempt and no lease. A dependency
@@ -208,8 +210,7 @@ def _claim_strict(ctx, lane: OrderingLane, ordering: dict, worker_id: str, now: 
     expected = expected_successor(ordering, high_water)
     live: list[Execution] = []
     for execution in rows:
-        seq = sequence_of(execution.position)
-        if hw_seq is not None and seq <= hw_seq:
+        if high_water is not None and bytes(execution.position) <= high_water:
             dep = deps.get(execution.pk)
             if dep is not None and dep.state == "waiting":
                 ExecutionDependencyStore.transition(org_id=org_id, pk=dep.pk, src="waiting", dst="rejected",
@@ -227,7 +228,10 @@ def _claim_strict(ctx, lane: OrderingLane, ordering: dict, worker_id: str, now: 
     lowest = live[0]
     dep = deps.get(lowest.pk)
     released = dep is not None and dep.state == "expired" and dep.disposition == "skip"
-    if sequence_of(lowest.position) == expected or released:
+    # Items of one source operation share a sequence number and differ by tie-breaker: a sibling of
+    # the last completed position (same sequence, higher bytes) is claimable like the exact successor.
+    seq = sequence_of(lowest.position)
+    if seq == expected or (hw_seq is not None and seq == hw_seq) or released:
         if lowest.state == "waiting_dependency":
             if dep.state == "waiting":
                 ExecutionDependencyStore.transition(org_id=org_id, pk=dep.pk, src="waiting", dst="satisfied",

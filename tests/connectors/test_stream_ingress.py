@@ -15,7 +15,15 @@ import threading
 import pytest
 from django.db import connection
 
-from connectors.models import AccountServingGate, Event, Receipt, ReceiptAdmissionKey, ReceiptComponent, StreamCursor
+from connectors.models import (
+    AccountServingGate,
+    Event,
+    Execution,
+    Receipt,
+    ReceiptAdmissionKey,
+    ReceiptComponent,
+    StreamCursor,
+)
 from connectors.stream import stream_cursor_set_state, stream_poll_once
 from connectors.stream_routes import encode_cursor
 from connectors.stream_transport import StreamFetchFailed
@@ -348,3 +356,32 @@ def test_sigterm_ends_a_running_poller_cleanly_at_its_committed_cursor(stream_or
     assert poller.returncode == 0, err[-2000:]
     assert bytes(_cursor().cursor) == encode_cursor(ids[-1])
     assert Receipt.objects.filter(account_key=STREAM_ACCOUNT).count() == len(ids)
+
+
+def test_a_transaction_of_several_changes_and_records_applies_every_item_in_sequence_order(stream_org):
+    """strict_source_sequence per transactionKey: sequence 1 (two records) then 2; a gap waits, nothing is lost."""
+    from nexusflow.records.models import Record
+    from runtime_outbox.models import ApplicationResult
+    from tests.conftest import drain
+
+    sandbox = stream_org.stream
+    sandbox.publish([
+        change_event(change_type="CREATE", record_ids=["003T1", "003T2"], transaction_key="tx-many", sequence=1,
+                     fields={"LastName": "Same"}),
+        change_event(change_type="UPDATE", record_ids=["003T1"], transaction_key="tx-many", sequence=3,
+                     fields={"Email": "three@x.io"}),
+    ])
+    stream_poll_once(stream_target())
+    drain()
+    # sequence 2 has not arrived: sequence 3 waits without a lease, both records of sequence 1 applied
+    assert Execution.objects.filter(projection__event__account_key=STREAM_ACCOUNT, state="waiting_dependency").count() == 1
+    assert Record.objects.filter(org_id=stream_org.org.org_id).count() == 2
+    sandbox.publish([change_event(change_type="UPDATE", record_ids=["003T2"], transaction_key="tx-many", sequence=2,
+                                  fields={"Email": "two@x.io"})])
+    stream_poll_once(stream_target())
+    drain()
+    emails = sorted(r.fields.get("email") for r in Record.objects.filter(org_id=stream_org.org.org_id))
+    assert emails == ["three@x.io", "two@x.io"]
+    states = set(Execution.objects.filter(projection__event__account_key=STREAM_ACCOUNT).values_list("state", flat=True))
+    assert states == {"completed"}
+    assert ApplicationResult.objects.filter(org_id=stream_org.org.org_id).count() == 4
