@@ -59,14 +59,15 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import parse_qs, urlsplit
 
+from packs.loopback import LoopbackSandbox, LoopbackServer
+
 logger = logging.getLogger(__name__)
 
-HOST = "127.0.0.1"
 CUSTOMER_PARAMS: tuple[str, ...] = ("email", "name")
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
@@ -187,7 +188,7 @@ class _State:
             return faults.as_dict()
 
 
-class BillingSandbox:
+class BillingSandbox(LoopbackSandbox):
     """An in-process sandbox server on ``127.0.0.1``, served from a daemon thread.
 
     Usage::
@@ -195,6 +196,9 @@ class BillingSandbox:
         with BillingSandbox("sk_test_123") as sandbox:
             httpx.post(f"{sandbox.base_url}/v1/customers", ...)
     """
+
+    handler_class: type[BaseHTTPRequestHandler]  # set below, once _SandboxHandler exists
+    thread_name = "billing-sandbox"
 
     def __init__(self, api_key: str, *, port: int = 0):
         """Prepare a sandbox accepting ``Bearer api_key``; ``port`` 0 picks a free port.
@@ -204,61 +208,7 @@ class BillingSandbox:
         """
         if not api_key:
             raise ValueError("api_key must be non-empty")
-        if not 0 <= port <= 65535:
-            raise ValueError(f"port must be 0-65535, got {port}")
-        self._state = _State(api_key=api_key)
-        self._requested_port = port
-        self._server: _SandboxServer | None = None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def port(self) -> int:
-        """The bound TCP port. Raises RuntimeError when not started."""
-        if self._server is None:
-            raise RuntimeError("sandbox is not running")
-        return int(self._server.server_address[1])
-
-    @property
-    def base_url(self) -> str:
-        """``http://127.0.0.1:<port>``, no trailing slash. Raises RuntimeError when not started."""
-        return f"http://{HOST}:{self.port}"
-
-    def start(self) -> str:
-        """Bind, serve in a background thread and return the base URL.
-
-        Raises:
-            RuntimeError: already started.
-            OSError: the port cannot be bound.
-        """
-        if self._server is not None:
-            raise RuntimeError("sandbox already started")
-        server = _SandboxServer((HOST, self._requested_port), _SandboxHandler, self._state)
-        thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="billing-sandbox", daemon=True
-        )
-        thread.start()
-        self._server, self._thread = server, thread
-        logger.info("billing sandbox listening on %s", self.base_url)
-        return self.base_url
-
-    def stop(self) -> None:
-        """Stop serving and close the listening socket; a no-op when not running."""
-        server, thread = self._server, self._thread
-        if server is None:
-            return
-        server.shutdown()
-        server.server_close()
-        if thread is not None:
-            thread.join(timeout=5)
-        self._server, self._thread = None, None
-
-    def state(self) -> dict[str, Any]:
-        """Return the same document as ``GET /_sandbox/state``."""
-        return self._state.snapshot()
-
-    def reset(self) -> None:
-        """Forget customers, idempotency keys, faults and the request count."""
-        self._state.reset()
+        super().__init__(_State(api_key=api_key), port=port)
 
     def set_faults(self, **faults: Any) -> dict[str, Any]:
         """Merge faults as ``POST /_sandbox/faults`` does; return the faults in force.
@@ -271,26 +221,11 @@ class BillingSandbox:
         except _RequestRejected as exc:
             raise ValueError(exc.error["message"]) from exc
 
-    def __enter__(self) -> "BillingSandbox":
-        self.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-
-class _SandboxServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], state: _State):
-        super().__init__(address, handler)
-        self.state = state
 
 
 class _SandboxHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    server: _SandboxServer
+    server: LoopbackServer
 
     def do_GET(self) -> None:  # noqa: N802 (http.server naming)
         self._dispatch("GET")
@@ -629,6 +564,9 @@ def _write_port_file(path: Path, port: int) -> None:
     partial = path.with_name(path.name + ".partial")
     partial.write_text(f"{port}\n", encoding="ascii")
     os.replace(partial, path)
+
+
+BillingSandbox.handler_class = _SandboxHandler
 
 
 def main(argv: Sequence[str] | None = None) -> int:

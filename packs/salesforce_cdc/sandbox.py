@@ -41,14 +41,15 @@ import signal
 import threading
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import parse_qs, urlsplit
 
+from packs.loopback import LoopbackSandbox, LoopbackServer
+
 logger = logging.getLogger(__name__)
 
-HOST = "127.0.0.1"
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 200
 MAX_BODY_BYTES = 5_000_000
@@ -168,7 +169,7 @@ def _count(value: Any, name: str) -> int:
     return value
 
 
-class StreamSandbox:
+class StreamSandbox(LoopbackSandbox):
     """An in-process stream sandbox on ``127.0.0.1``, served from a daemon thread.
 
     Usage::
@@ -176,6 +177,9 @@ class StreamSandbox:
         with StreamSandbox("token") as sandbox:
             sandbox.publish([change_event(...)])
     """
+
+    handler_class: type[BaseHTTPRequestHandler]  # set below, once _Handler exists
+    thread_name = "stream-sandbox"
 
     def __init__(self, token: str, *, port: int = 0):
         """Prepare a sandbox accepting ``Bearer token``; ``port`` 0 picks a free port.
@@ -185,50 +189,7 @@ class StreamSandbox:
         """
         if not token:
             raise ValueError("token must be non-empty")
-        if not 0 <= port <= 65535:
-            raise ValueError(f"port must be 0-65535, got {port}")
-        self._state = _State(token=token)
-        self._requested_port = port
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def port(self) -> int:
-        """The bound TCP port. Raises RuntimeError when not started."""
-        if self._server is None:
-            raise RuntimeError("sandbox is not running")
-        return int(self._server.server_address[1])
-
-    @property
-    def base_url(self) -> str:
-        """``http://127.0.0.1:<port>``, no trailing slash."""
-        return f"http://{HOST}:{self.port}"
-
-    def start(self) -> str:
-        """Bind, serve in a background thread and return the base URL.
-
-        Raises:
-            RuntimeError: already started.  OSError: the port cannot be bound.
-        """
-        if self._server is not None:
-            raise RuntimeError("sandbox already started")
-        server = _Server((HOST, self._requested_port), _Handler, self._state)
-        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
-                                  name="stream-sandbox", daemon=True)
-        thread.start()
-        self._server, self._thread = server, thread
-        return self.base_url
-
-    def stop(self) -> None:
-        """Stop serving and close the socket; a no-op when not running."""
-        server, thread = self._server, self._thread
-        if server is None:
-            return
-        server.shutdown()
-        server.server_close()
-        if thread is not None:
-            thread.join(timeout=5)
-        self._server, self._thread = None, None
+        super().__init__(_State(token=token), port=port)
 
     def publish(self, envelopes: dict[str, Any] | list[dict[str, Any]]) -> list[int]:
         """Append envelopes to the stream and return their assigned ``replayId`` values.
@@ -241,10 +202,6 @@ class StreamSandbox:
         except _Rejected as exc:
             raise ValueError(exc.message) from exc
 
-    def state(self) -> dict[str, Any]:
-        """Return the same document as ``GET /_sandbox/state``."""
-        return self._state.snapshot()
-
     def set_faults(self, **faults: Any) -> dict[str, Any]:
         """Merge faults as ``POST /_sandbox/faults`` does; return the faults in force.
 
@@ -256,30 +213,11 @@ class StreamSandbox:
         except _Rejected as exc:
             raise ValueError(exc.message) from exc
 
-    def reset(self) -> None:
-        """Forget events, faults and counters."""
-        self._state.reset()
-
-    def __enter__(self) -> "StreamSandbox":
-        self.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self, address, handler, state: _State):
-        super().__init__(address, handler)
-        self.state = state
 
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    server: _Server
+    server: LoopbackServer
 
     def do_GET(self) -> None:  # noqa: N802 (http.server naming)
         self._dispatch("GET")
@@ -359,6 +297,9 @@ def _json(body: bytes) -> Any:
         return json.loads(body.decode("utf-8") or "null")
     except (UnicodeError, ValueError):
         raise _Rejected(400, "JSON_PARSER_ERROR", "the body is not JSON") from None
+
+
+StreamSandbox.handler_class = _Handler
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,12 +1,11 @@
 """``manage.py connector_activate_successor --org ORG --successor EPOCH``: atomic successor activation."""
 from django.core.management.base import BaseCommand
 
-from connectors.handoff import REQUIRES_DRAIN, HandoffRefused, successor_activate
+from connectors.handoff import HandoffRefused, successor_activate
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.scope import OrgScope
 
-from ._handoff_common import command_error
-from .connector_handoff import read_evidence
+from ._handoff_common import add_successor_arguments, command_error, read_evidence
 
 
 class Command(BaseCommand):
@@ -15,11 +14,7 @@ class Command(BaseCommand):
             "(seed 003 'Generation and replay'). Repeatable. Exit codes: 0 active; 1 bad input; 3 refused.")
 
     def add_arguments(self, parser):
-        parser.add_argument("--org", required=True, help="Org id.")
-        parser.add_argument("--successor", required=True, type=int, help="Id of the verified successor ServingEpoch.")
-        parser.add_argument("--transition-class", default=REQUIRES_DRAIN,
-                            help="Successor transition class; only requires_drain is supported.")
-        parser.add_argument("--compatibility-evidence", help="JSON file; recorded nowhere, enables nothing.")
+        add_successor_arguments(parser)
 
     def handle(self, *args, org, successor, transition_class, compatibility_evidence, **options):
         evidence = read_evidence(compatibility_evidence)
