@@ -222,7 +222,6 @@ class BillingSandbox(LoopbackSandbox):
             raise ValueError(exc.error["message"]) from exc
 
 
-
 class _SandboxHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: LoopbackServer

@@ -214,7 +214,6 @@ class StreamSandbox(LoopbackSandbox):
             raise ValueError(exc.message) from exc
 
 
-
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: LoopbackServer
