@@ -240,15 +240,19 @@ def _claim_strict(ctx, lane: OrderingLane, ordering: dict, worker_id: str, now: 
                                       version=lowest.version)
             lowest.version += 1
         return _start_attempt(lane, lowest, worker_id, now, keep_active=False)
-    if lowest.state == "ready" and dep is None:
-        gap = ordering["gap"]
+    # A gap: every item of the waiting source operation (same sequence) waits on one frozen deadline.
+    gap = ordering["gap"]
+    deadline = next((deps[e.pk].deadline_at for e in live if sequence_of(e.position) == seq and e.pk in deps),
+                    now + dt.timedelta(seconds=gap["deadline_seconds"]))
+    for execution in live:
+        if sequence_of(execution.position) != seq or execution.state != "ready" or execution.pk in deps:
+            continue
         ExecutionDependencyStore.create(
-            org_id=org_id, execution=lowest, lane=lane, requirement="source_predecessor",
-            required_position=sequence_floor(sequence_of(lowest.position) - ordering["successor"]["step"]),
-            disposition=gap["disposition"], deadline_at=now + dt.timedelta(seconds=gap["deadline_seconds"]),
-            state="waiting")
-        ExecutionStore.transition(org_id=org_id, pk=lowest.pk, src="ready", dst="waiting_dependency",
-                                  version=lowest.version)
+            org_id=org_id, execution=execution, lane=lane, requirement="source_predecessor",
+            required_position=sequence_floor(seq - ordering["successor"]["step"]),
+            disposition=gap["disposition"], deadline_at=deadline, state="waiting")
+        ExecutionStore.transition(org_id=org_id, pk=execution.pk, src="ready", dst="waiting_dependency",
+                                  version=execution.version)
     return None
 
 

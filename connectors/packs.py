@@ -61,6 +61,17 @@ class PackDocument:
         raise PackError(f"pack {self.pack_key} has no callout profile {profile_key!r}")
 
 
+_TYPE_NAMES = {dict: "object", list: "array"}
+
+
+def _shape(doc: dict, path: Path | str) -> None:
+    """Each section is a list of objects: anything else is refused before it is read."""
+    for section in ("inbound_routes", "push_contracts", "callout_profiles"):
+        items = doc.get(section, [])
+        if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+            raise PackError(f"{path}: {section} must be a JSON array of objects")
+
+
 def validate_pack_document(doc: dict, path: Path | str) -> None:
     """Check that ``doc`` is a complete pack definition.
 
@@ -74,10 +85,16 @@ def validate_pack_document(doc: dict, path: Path | str) -> None:
         if key not in doc:
             raise PackError(f"{path}: missing {key}")
         validate_key(doc[key], field=key)
+    _shape(doc, path)
     for route in doc.get("inbound_routes", []):
         for key in ("route_key", "channel", "auth", "transport_key", "kinds", "source_event_key", "ordering", "application"):
             if key not in route:
                 raise PackError(f"{path}: route {route.get('route_key')!r} missing {key}")
+        for key, kind in (("kinds", dict), ("source_event_key", list), ("ordering", dict), ("application", dict)):
+            if not isinstance(route[key], kind):
+                raise PackError(f"{path}: route {route['route_key']!r}: {key} must be a JSON {_TYPE_NAMES[kind]}")
+        if not all(isinstance(spec, dict) for spec in route["kinds"].values()):
+            raise PackError(f"{path}: route {route['route_key']!r}: every kind is an object")
         try:
             if route.get("delivery", "push") not in ("push", "pull"):
                 raise ValueError("delivery must be 'push' (signed requests) or 'pull' (fetched from a stream)")
@@ -98,8 +115,8 @@ def validate_pack_document(doc: dict, path: Path | str) -> None:
                     "create", "update", "response_id_path", "mapping"):
             if key not in contract:
                 raise PackError(f"{path}: push contract {contract.get('contract_key')!r} missing {key}")
-        if not contract["mapping"]:
-            raise PackError(f"{path}: push contract {contract['contract_key']} has an empty mapping")
+        if not isinstance(contract["mapping"], (dict, list)) or not contract["mapping"]:
+            raise PackError(f"{path}: push contract {contract['contract_key']} has an empty or malformed mapping")
     for profile in doc.get("callout_profiles", []):
         if "profile_key" not in profile:
             raise PackError(f"{path}: a callout profile has no profile_key")

@@ -439,3 +439,22 @@ def test_runtime_commit_followed_by_response_loss_returns_the_original_result_an
     with pytest.raises(StaleVersion):
         execution_complete(claim, result_id=first.pk)
     assert Execution.objects.filter(projection=execution.projection).count() == 1
+
+
+def test_every_item_of_one_waiting_source_operation_shares_one_gap_deadline(client, billing_sandbox, settings,
+                                                                            monkeypatch, tmp_path):
+    variant_pack.use_variant(settings, monkeypatch, tmp_path, variant_pack.strict(deadline_seconds=1))
+    make_serving_org(billing_sandbox.base_url, deploy_flow=False)
+    post_signed(client, [hubspot_event(1, 810, 1000)])
+    _run_all()
+    # sequence 3 names two items (one source operation); sequence 2 never comes
+    post_signed(client, [hubspot_event(3, 810, 3000, "email", "a@x.io", subscription_id=202),
+                         hubspot_event(3, 810, 3000, "firstname", "A", subscription_id=303)])
+    _run_all()
+    dependencies = list(ExecutionDependency.objects.order_by("id"))
+    assert len(dependencies) == 2 and len({d.deadline_at for d in dependencies}) == 1
+    assert not ExecutionAttempt.objects.filter(state="started").exists()
+    time.sleep(1.2)
+    while dependency_try_expire_one():
+        pass
+    assert sorted(Execution.objects.values_list("state", flat=True)) == ["completed", "quarantined", "quarantined"]

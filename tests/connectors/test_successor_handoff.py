@@ -710,3 +710,44 @@ def test_crash_inside_the_handoff_commits_nothing_and_the_predecessor_may_still_
     assert OrderingLane.objects.get(org_id=ORG, epoch=predecessor).state == "open"
     predecessor_resume(org=org)
     assert gate_summary() == {("v2_serving", int(predecessor.pk))}
+
+
+def test_an_operator_rotates_a_credential_through_a_successor_epoch_with_the_commands(
+        client, org, billing_sandbox, monkeypatch, tmp_path):
+    """Credential rotation end to end as documented: publish, configure, prepare, halt, hand off, activate."""
+    import io
+    import json
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    predecessor = serve_position_100(client)
+    monkeypatch.setenv("NEXUS_TEST_WEBHOOK_SECRET_ROTATED", WEBHOOK_SECRET)
+    credentials = tmp_path / "credentials.json"
+    credentials.write_text(json.dumps({"account_key": "crm-webhooks", "credential_ref": "webhook_secret",
+                                       "version": "test-rotated",
+                                       "secret": {"from_env": "NEXUS_TEST_WEBHOOK_SECRET_ROTATED"}}))
+    document = service_document(billing_sandbox.base_url)
+    document["accounts"][0]["credentials"]["webhook_secret"] = "test-rotated"
+    config = tmp_path / "service.json"
+    config.write_text(json.dumps(document))
+    out = io.StringIO()
+    call_command("connector_credential_publish", "--org", ORG, str(credentials), stdout=out)
+    call_command("connector_config_apply", "--org", ORG, str(config), stdout=out)
+    prepared = io.StringIO()
+    call_command("connector_epoch_prepare", "--org", ORG, stdout=prepared)
+    successor = ServingEpoch.objects.get(org_id=ORG, state="verified")
+    assert prepared.getvalue().startswith(f"epoch {successor.pk} verified")
+    assert post_signed(client, [email_event(101, 101, "still-predecessor@x.io")]).status_code == 202  # not yet
+    run_all()
+    with pytest.raises(CommandError, match="every gate must be v2_halted"):
+        call_command("connector_handoff", "--org", ORG, "--successor", str(successor.pk), stdout=out)
+    call_command("connector_halt", "--org", ORG, stdout=out)
+    call_command("connector_handoff", "--org", ORG, "--successor", str(successor.pk), stdout=out)
+    call_command("connector_activate_successor", "--org", ORG, "--successor", str(successor.pk), stdout=out)
+    assert gate_summary() == {("v2_serving", int(successor.pk))}
+    assert ServingEpoch.objects.get(pk=predecessor.pk).state == "draining"
+    assert post_signed(client, [email_event(99, 99, "late@x.io")]).status_code == 202
+    assert post_signed(client, [email_event(102, 102, "rotated@x.io")]).status_code == 202
+    run_all()
+    assert Record.objects.get().fields["email"] == "rotated@x.io"
