@@ -246,6 +246,15 @@ def pack_publish_file(path: str | Path) -> tuple[PackGeneration, bool]:
         PackError: unreadable file or JSON, or an invalid definition.
         ConfigurationError: see :func:`pack_publish`.
     """
+    return pack_publish(document=pack_read_file(path), source=str(path))
+
+
+def pack_read_file(path: str | Path) -> dict:
+    """Read and validate one ``pack.json`` without writing anything.
+
+    Raises:
+        PackError: unreadable file or JSON, or an invalid definition.
+    """
     path = Path(path)
     try:
         document = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_no_duplicate_keys)
@@ -255,7 +264,8 @@ def pack_publish_file(path: str | Path) -> tuple[PackGeneration, bool]:
         raise PackError(f"{path}: {exc}") from None
     if not isinstance(document, dict):
         raise PackError(f"{path}: a pack is a JSON object")
-    return pack_publish(document=document, source=str(path))
+    validate_pack_document(document, path)
+    return document
 
 
 def pack_generation_read(pack_generation_id: int) -> PackRead:

@@ -104,6 +104,10 @@ class UnknownEpoch(HandoffRefused):
     code = "unknown_epoch"
 
 
+class UnknownOrg(HandoffRefused):
+    code = "unknown_org"
+
+
 # --- the cutover coordinator's hook ----------------------------------------------
 def coordinator_barriers(*, org: OrgScope, stage: str, successor: ServingEpoch | None = None) -> list[str]:
     """Return what blocks ``stage`` on the cutover coordinator's side (empty: nothing blocks).
@@ -231,7 +235,7 @@ class HaltReport:
 def _lock_gate_set(org: OrgScope) -> list[AccountServingGate]:
     gates = AccountServingGateStore.lock_all(org.org_id)
     if not gates:
-        raise HandoffRefused(f"org {org.org_id} has no accounts")
+        raise UnknownOrg(f"org {org.org_id} has no accounts")
     return gates
 
 
@@ -409,10 +413,11 @@ class HandoffReport:
     already: list[int] = field(default_factory=list)
 
 
-def _halted_set(org: OrgScope, gates: list[AccountServingGate]) -> ServingEpoch.Id:
+def _halted_set(org: OrgScope, gates: list[AccountServingGate],
+                error: type[HandoffRefused] = HandoffRefused) -> ServingEpoch.Id:
     not_halted = [f"{g.account_key}={g.state}" for g in gates if g.state != "v2_halted"]
     if not_halted:
-        raise HandoffRefused(f"every gate must be v2_halted first: {', '.join(not_halted)}")
+        raise error(f"every gate must be v2_halted first: {', '.join(not_halted)}")
     return _single_epoch(gates)
 
 
@@ -471,7 +476,7 @@ def handoff_stage(*, org: OrgScope, successor_id, transition_class: str = REQUIR
     gates = list(AccountServingGate.objects.filter(org_id=org.org_id))
     predecessor_id = _halted_set(org, gates) if gates else None
     if predecessor_id is None:
-        raise HandoffRefused(f"org {org.org_id} has no accounts")
+        raise UnknownOrg(f"org {org.org_id} has no accounts")
     report = HandoffReport(int(predecessor_id), int(successor_id))
     lane_ids = list(OrderingLane.objects.filter(org_id=org.org_id, epoch_id=predecessor_id)
                     .order_by("id").values_list("id", flat=True))
@@ -736,7 +741,7 @@ def predecessor_resume(*, org: OrgScope) -> ResumeReport:
     """
     with transaction.atomic(durable=True):
         gates = _lock_gate_set(org)
-        epoch = ServingEpochStore.lock(org.org_id, _halted_set(org, gates))
+        epoch = ServingEpochStore.lock(org.org_id, _halted_set(org, gates, ResumeRefused))
         if epoch.state != "active":
             raise HandoffRefused(f"epoch {epoch.pk} is {epoch.state}, not active")
         _refuse_if_blocked(org, "resume")
@@ -754,7 +759,7 @@ def predecessor_resume(*, org: OrgScope) -> ResumeReport:
 
 __all__ = [
     "ActivationReport", "HaltRefused", "HaltReport", "HandoffRefused", "HandoffReport", "OrderingContractChanged",
-    "PredecessorInventory", "REQUIRES_DRAIN", "ResumeRefused", "ResumeReport", "TransitionClassUnsupported",
+    "PredecessorInventory", "REQUIRES_DRAIN", "ResumeRefused", "UnknownOrg", "ResumeReport", "TransitionClassUnsupported",
     "UnknownEpoch", "coordinator_barriers", "halt_begin", "halt_try_complete", "handoff_stage", "predecessor_inventory",
     "predecessor_resume", "require_transition_class", "route_ordering_derivation", "successor_activate",
 ]

@@ -41,6 +41,7 @@ from nexusflow.kernel.scope import OrgScope
 from runtime_outbox.replay_guard import SUPPRESS_EXTERNAL_EFFECTS, ReplayModeUnsupported, require_replay_mode
 
 from .models import (
+    AccountServingGate,
     Event,
     Execution,
     OrderingLane,
@@ -268,6 +269,8 @@ def replay_submit(*, org: OrgScope, account_key: str, replay_id: str, predecesso
     """
     replay_id, reason, principal = _validate(replay_id, reason, principal, external_effects)
     account_key = validate_key(account_key, field="account_key", max_length=80)
+    if not AccountServingGate.objects.filter(org_id=org.org_id, account_key=account_key).exists():
+        raise ReplayUnknownAccount(f"unknown account {account_key!r}")
     request, created = _admit(org.org_id, account_key, replay_id, predecessor_event_id, reason, principal)
     failpoints.hit(FP_AFTER_ADMISSION)
     try:

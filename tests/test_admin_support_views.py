@@ -39,3 +39,14 @@ def test_operators_see_only_their_orgs(client):
     client.force_login(User.objects.create_superuser("root", password="pw"))
     response = client.get("/admin/connectors/accountservinggate/")
     assert response.status_code == 200 and b"b1" in response.content
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "control"])
+def test_an_operator_finds_the_support_views_on_the_admin_index(client):
+    operator = User.objects.create_user("op", password="pw", is_staff=True)
+    operator.groups.add(Group.objects.create(name="org:org-a"))
+    client.force_login(operator)
+    index = client.get("/admin/")
+    assert index.status_code == 200
+    assert b"/admin/connectors/accountservinggate/" in index.content
+    assert b"/admin/flows/" in index.content

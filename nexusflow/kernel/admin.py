@@ -34,6 +34,10 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     def has_view_permission(self, request, obj=None):
         return request.user.is_active and request.user.is_staff
 
+    def has_module_permission(self, request):
+        # Staff operators read every support view: the admin index lists them.
+        return request.user.is_active and request.user.is_staff
+
     def get_queryset(self, request):
         qs = super().get_queryset(request)
         orgs = operator_org_ids(request.user)

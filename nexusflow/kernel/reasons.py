@@ -65,13 +65,16 @@ REMEDIATIONS: dict[str, Remediation] = {r.id: r for r in (
     Remediation(
         "fix_sender_and_replay",
         "Fix the sending system so every item is a well-formed, canonical event of an enabled kind, then have it "
-        "deliver again (a new transport key is admitted through POST /api/v2/ingress/<account>/<channel>/). "
-        "Operator replay of the admitted receipt (ReplayRequest) is not yet available.",
+        "deliver again (a pushed route admits a new transport key through POST /api/v2/ingress/<account>/<channel>/; "
+        "a pulled route admits the source's corrected change through its stream). A terminal Event that must run "
+        "again is replayed by an operator (`manage.py connector_replay` or POST /api/v2/replays/), with external "
+        "effects suppressed.",
     ),
     Remediation(
         "fix_pack_mapping",
-        "Correct the pack push contract or the L2 configuration, apply it as a new generation "
-        "(`manage.py connector_config_apply FILE --org ORG`) and activate it (`manage.py cutover`); the refused "
+        "Correct the pack (`manage.py connector_pack_publish`) or the L2 configuration, apply it as a new generation "
+        "(`manage.py connector_config_apply --org ORG FILE`), prepare its epoch (`manage.py connector_epoch_prepare "
+        "--org ORG`) and switch to it (connector_halt, connector_handoff, connector_activate_successor); the refused "
         "fact stays terminal.",
     ),
     Remediation(

@@ -93,3 +93,25 @@ def test_config_apply_refuses_duplicate_json_keys(tmp_path):
     path = tmp_path / "service.json"
     path.write_text('{"accounts": [], "accounts": []}')
     _refused(["connector_config_apply", "--org", ORG, str(path)], "document_unreadable")
+
+
+@pytest.mark.parametrize("breakage", [
+    lambda d: d.update(inbound_routes="x"),
+    lambda d: d.update(push_contracts=["x"]),
+    lambda d: d["inbound_routes"][0].update(kinds="x"),
+])
+def test_a_malformed_pack_section_is_refused_with_a_code_and_a_bad_file_publishes_nothing(tmp_path, breakage):
+    import copy
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    good = ROOT / "packs" / "billing" / "pack.json"
+    document = json.loads((ROOT / "packs" / "hubspot" / "pack.json").read_text())
+    broken = copy.deepcopy(document)
+    breakage(broken)
+    bad = tmp_path / "pack.json"
+    bad.write_text(json.dumps(broken))
+    with pytest.raises(CommandError, match="^pack_invalid: "):
+        call_command("connector_pack_publish", str(good), str(bad))
+    assert not PackGeneration.objects.exists()

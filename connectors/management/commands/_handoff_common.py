@@ -8,7 +8,7 @@ import json
 
 from django.core.management.base import CommandError
 
-from connectors.handoff import REQUIRES_DRAIN, UnknownEpoch
+from connectors.handoff import REQUIRES_DRAIN, UnknownEpoch, UnknownOrg
 from nexusflow.kernel.errors import InvalidIdentity
 
 EXIT_BAD_INPUT, EXIT_REFUSED, EXIT_PENDING = 1, 3, 4
@@ -18,7 +18,7 @@ def command_error(exc: Exception) -> CommandError:
     """Map a service error to a CommandError carrying its stable code and exit code."""
     if isinstance(exc, InvalidIdentity):
         return CommandError(f"{exc.code}: {exc}", returncode=EXIT_BAD_INPUT)
-    if isinstance(exc, UnknownEpoch):
+    if isinstance(exc, (UnknownEpoch, UnknownOrg)):
         return CommandError(f"{exc.code}: {exc}", returncode=EXIT_BAD_INPUT)
     return CommandError(f"{getattr(exc, 'code', 'error')}: {exc}", returncode=EXIT_REFUSED)
 

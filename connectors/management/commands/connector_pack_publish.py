@@ -1,22 +1,27 @@
 """``manage.py connector_pack_publish PATH...``: publish immutable pack generations."""
 from django.core.management.base import BaseCommand, CommandError
 
-from connectors.generations import pack_generation_read, pack_publish_file
+from connectors.generations import pack_generation_read, pack_publish, pack_read_file
 from nexusflow.kernel.errors import NexusError
 
 
 class Command(BaseCommand):
     help = ("Publish each pack.json as an immutable PackGeneration with its Catalog bindings (inbound routes, "
             "callout profiles, field mappings, push contracts). The same bytes again are a no-op; other content "
-            "under a published pack key and version is refused (exit 1, 'CommandError: pack_version_conflict: ...').")
+            "under a published pack key and version is refused (exit 1, 'CommandError: pack_version_conflict: ...'). "
+            "Every file is read and validated before any is published: one bad file publishes nothing.")
 
     def add_arguments(self, parser):
         parser.add_argument("paths", nargs="+", help="pack.json files.")
 
     def handle(self, *args, paths, **options):
-        for path in paths:
+        try:
+            documents = [(path, pack_read_file(path)) for path in paths]
+        except NexusError as exc:
+            raise CommandError(f"{exc.code}: {exc}") from exc
+        for path, document in documents:
             try:
-                generation, created = pack_publish_file(path)
+                generation, created = pack_publish(document=document, source=str(path))
                 read = pack_generation_read(generation.pk)
             except NexusError as exc:
                 raise CommandError(f"{exc.code}: {exc}") from exc
