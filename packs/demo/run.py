@@ -240,6 +240,12 @@ def _summary(service: dict, results: list, remote: dict, expected: dict, counts:
     for object_id, row in local.items():
         linked = by_record.get(row["_record_key"], [])
         if row.get(push["stage_field"]) == push["stage_value"]:
+            pushable = row.get(push["email_field"]) or any(row.get(n) for n in push["name_fields"])
+            if not pushable:
+                # nothing to send: the push is refused before any request (mapping_produced_no_body)
+                if linked:
+                    failures.append(f"contact {object_id}: {len(linked)} remote customers for an empty push")
+                continue
             if len(linked) != 1:
                 failures.append(f"contact {object_id}: {len(linked)} remote customers, expected 1")
                 continue
@@ -247,7 +253,8 @@ def _summary(service: dict, results: list, remote: dict, expected: dict, counts:
             want_name = " ".join(v for v in (row.get(n) for n in push["name_fields"]) if v)
             if customer is None:
                 failures.append(f"contact {object_id}: linked customer {linked[0]} missing remotely")
-            elif customer.get("email") != row.get(push["email_field"]) or customer.get("name") != want_name:
+            elif (customer.get("email") or "") != (row.get(push["email_field"]) or "") \
+                    or (customer.get("name") or "") != want_name:
                 failures.append(f"contact {object_id}: remote {customer.get('email')!r}/{customer.get('name')!r} "
                                 f"!= local {row.get(push['email_field'])!r}/{want_name!r}")
             if row.get(push["mirror_field"]) != linked[0]:
