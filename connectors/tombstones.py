@@ -45,6 +45,12 @@ class TombstoneConflict(NexusError):
     code = "tombstone_conflict"
 
 
+class TombstoneGateState(NexusError):
+    """The gate is not in a state where V1 has drained and V2 does not admit yet."""
+
+    code = "tombstone_gate_state"
+
+
 @dataclass
 class TombstoneImportReport:
     created: int = 0
@@ -75,8 +81,9 @@ def v1_tombstones_import(*, org: OrgScope, document: dict) -> TombstoneImportRep
     requires it in ``v1_drained`` or ``v2_validating``.
 
     Raises:
-        TombstoneImportError: malformed file, unknown account/channel, a body
-            the route cannot split, or a gate outside the importable states.
+        TombstoneImportError: malformed file, unknown account/channel, or a
+            body the route cannot split.
+        TombstoneGateState: a gate outside the importable states.
         TombstoneConflict: the key exists with another payload digest,
             another predecessor, or as a V2 Receipt.
     """
@@ -102,7 +109,7 @@ def v1_tombstones_import(*, org: OrgScope, document: dict) -> TombstoneImportRep
             except AccountServingGate.DoesNotExist:
                 raise TombstoneImportError(f"account {account_key!r} has no gate") from None
             if gate.state not in IMPORTABLE_STATES:
-                raise TombstoneImportError(
+                raise TombstoneGateState(
                     f"account {account_key} is {gate.state}; tombstones import only in {', '.join(IMPORTABLE_STATES)}")
             existing = ReceiptAdmissionKey.objects.filter(org_id=org.org_id, account_key=account_key, channel=channel,
                                                           transport_key=transport_key).first()

@@ -165,7 +165,7 @@ def test_v1_tombstone_answers_already_accepted_and_materializes_nothing(client, 
     tombstones.write_text(json.dumps({"tombstones": [
         {"account_key": "crm-webhooks", "channel": "webhooks", "body": BATCH,
          "predecessor": {"protocol": "v1", "receipt_id": "v1-r-77", "work_item_ids": ["w1", "w2", "w3"]}}]}))
-    with pytest.raises(CommandError, match="tombstone_import_invalid.*v1_serving"):
+    with pytest.raises(CommandError, match="tombstone_gate_state.*v1_serving"):
         call_command("connector_v1_tombstones_import", "--org", ORG, str(tombstones))
     _walk_to_v1_drained(org, "crm-webhooks")
     call_command("connector_v1_tombstones_import", "--org", ORG, str(tombstones))

@@ -3,7 +3,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from connectors.tombstones import TombstoneConflict, TombstoneImportError, v1_tombstones_import
+from connectors.tombstones import TombstoneConflict, TombstoneGateState, TombstoneImportError, v1_tombstones_import
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.scope import OrgScope
 
@@ -11,7 +11,8 @@ from nexusflow.kernel.scope import OrgScope
 class Command(BaseCommand):
     help = ("Import V1 acceptance tombstones (seed 003 'Inbound facts') from a JSON file "
             '{"tombstones": [{"account_key", "channel", "body": [...], "predecessor": {...}}]}. '
-            "Allowed only while the account gate is v1_drained or v2_validating; importing again is a no-op.")
+            "Allowed only while the account gate is v1_drained or v2_validating; importing again is a no-op. "
+            "Exit codes: 0 done; 1 bad input; 3 refused (tombstone_gate_state, tombstone_conflict).")
 
     def add_arguments(self, parser):
         parser.add_argument("file", help="Path to the tombstone JSON document.")
@@ -22,9 +23,11 @@ class Command(BaseCommand):
             with open(file, encoding="utf-8") as handle:
                 document = json.load(handle)
         except (OSError, json.JSONDecodeError) as exc:
-            raise CommandError(f"cannot read {file}: {exc}") from exc
+            raise CommandError(f"document_unreadable: cannot read {file}: {exc}") from exc
         try:
             report = v1_tombstones_import(org=OrgScope(org), document=document)
-        except (TombstoneImportError, TombstoneConflict, InvalidIdentity) as exc:
+        except (TombstoneImportError, InvalidIdentity) as exc:
             raise CommandError(f"{exc.code}: {exc}") from exc
+        except (TombstoneGateState, TombstoneConflict) as exc:
+            raise CommandError(f"{exc.code}: {exc}", returncode=3) from exc
         self.stdout.write(f"tombstones for {org}: {report.created} imported, {report.existing} already present")
