@@ -7,6 +7,7 @@ only interprets those generic shapes.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -38,6 +39,8 @@ from .serving import CredentialUnavailable, NotServing, find_account_org, resolv
 from .signatures import verify_request
 from .store import ExecutionStore, OrderingLaneStore
 from .windows import grouping_of, lock_open_windows, window_add_member, window_for_member
+
+log = logging.getLogger(__name__)
 
 FP_BEFORE_CHILDREN = failpoints.declare("admission.before_children")
 FP_BETWEEN_CHUNKS = failpoints.declare("admission.between_children_chunks")
@@ -500,5 +503,9 @@ def receipt_try_reconcile_one() -> bool:
             receipt_materialize(org_id=org_id, receipt_id=receipt_id)
         except NotServing:
             continue  # its epoch is not serving: it stays visible until the gate serves it again
+        except AdmissionError as exc:
+            # One Receipt that cannot be split again must not stop recovery of every other one.
+            log.error("receipt %s cannot be materialized (%s): %s", receipt_id, exc.code, exc)
+            continue
         return True
     return False

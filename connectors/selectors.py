@@ -187,20 +187,38 @@ def database_answers(using: str = "default") -> None:
 
 
 def receipts_missing_children(limit: int = 20) -> list[tuple[str, "Receipt.Id"]]:
-    """Receipts with fewer Components than items: a crash fell between Receipt and children (non-locking).
+    """Transport Receipts with fewer Components than items whose gate serves their epoch (non-locking).
 
-    Children commit in ascending ordinal chunks, so a Receipt is complete
-    exactly when its last ordinal exists.
+    A crash fell between Receipt and children. Children commit in ascending
+    ordinal chunks, so a Receipt is complete exactly when its last ordinal
+    exists. Receipts whose gate does not serve their own epoch cannot be
+    materialized now and are left out, so they never fill the page ahead of
+    Receipts that can; replay Receipts materialize through their
+    ReplayRequest (``connectors/replay.py``), never here.
 
     Returns:
         ``[(org_id, receipt_id), ...]`` oldest first. Seed 003 "Inbound facts".
     """
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT r.org_id, r.id FROM connectors_receipt r WHERE r.component_count > 0 AND NOT EXISTS ("
+            "SELECT r.org_id, r.id FROM connectors_receipt r JOIN connectors_accountservinggate g"
+            " ON g.org_id = r.org_id AND g.account_key = r.account_key AND g.state = 'v2_serving'"
+            " AND g.epoch_id = r.epoch_id"
+            " WHERE r.kind <> 'replay' AND r.component_count > 0 AND NOT EXISTS ("
             " SELECT 1 FROM connectors_receiptcomponent c WHERE c.receipt_id = r.id"
             " AND c.ordinal = r.component_count - 1) ORDER BY r.id LIMIT %s", [limit])
         return [(row[0], Receipt.Id(row[1])) for row in cursor.fetchall()]
+
+
+def partial_receipts_count(*, org_id: str, account_key: str, epoch_id) -> int:
+    """Transport Receipts of one account and epoch that still lack children (a crash between the two steps)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT COUNT(*) FROM connectors_receipt r WHERE r.org_id = %s AND r.account_key = %s"
+            " AND r.epoch_id = %s AND r.kind <> 'replay' AND r.component_count > 0 AND NOT EXISTS ("
+            " SELECT 1 FROM connectors_receiptcomponent c WHERE c.receipt_id = r.id"
+            " AND c.ordinal = r.component_count - 1)", [org_id, account_key, int(epoch_id)])
+        return int(cursor.fetchone()[0])
 
 
 def windows_due(now: dt.datetime, limit: int = 20) -> list[tuple[str, "ProjectionWindow.Id"]]:

@@ -91,9 +91,12 @@ def v1_tombstones_import(*, org: OrgScope, document: dict) -> TombstoneImportRep
         channel = validate_key(entry.get("channel"), field="channel", max_length=80)
         route = _route(org.org_id, account_key, channel)
         try:
+            canonical_json.dumps(entry["predecessor"])  # stored as JSON: strict, finite, valid Unicode
             items = split_body(route, canonical_json.dumps(entry.get("body")))
         except MalformedBody as exc:
             raise TombstoneImportError(f"tombstones[{index}]: {exc}") from exc
+        except (ValueError, UnicodeError) as exc:  # NaN, infinities, lone surrogates
+            raise TombstoneImportError(f"tombstones[{index}]: not strict JSON ({exc})") from exc
         transport_key, identity = transport_key_for(route, items), identity_digest_for(items)
         tombstone = {"predecessor": entry["predecessor"], "route_key": route["route_key"]}
         with transaction.atomic(durable=True):

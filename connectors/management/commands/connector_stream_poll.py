@@ -30,6 +30,7 @@ from connectors.stream import (
     stream_cursor_set_state,
     stream_poll_once,
 )
+from nexusflow.kernel.errors import InvalidIdentity
 
 
 def _cursor_text(cursor) -> str | None:
@@ -57,7 +58,7 @@ class Command(BaseCommand):
             raise CommandError("--max-batches must be 0 or more")
         try:
             targets = pull_targets(account_key=account, route_key=route)
-        except (UnknownStream, NotServing) as exc:
+        except (UnknownStream, NotServing, InvalidIdentity) as exc:
             raise CommandError(f"{exc.code}: {exc}") from exc
         if stop or resume or status:
             for target in targets:
