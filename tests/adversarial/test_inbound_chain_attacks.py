@@ -802,3 +802,40 @@ def test_ingress_to_a_gate_outside_v2_serving_is_a_clean_503_and_writes_nothing(
     response = post_signed(client, BATCH3)
     assert response.status_code == 503 and response.json()["error"] == "not_serving"
     assert Receipt.objects.count() == 0 and ReceiptAdmissionKey.objects.count() == 0
+
+
+# === 5b. replay of a window member =================================================================
+def test_a_member_of_a_still_open_window_cannot_be_replayed(client, batch_window_org):
+    """Its application is still pending (the window has not sealed): the predecessor is not terminal."""
+    from connectors.replay import ReplayPredecessorNotTerminal, replay_submit
+
+    assert post_signed(client, [hubspot_event(1, 880, 1000, "email", "w@x.io")]).status_code == 202
+    member = Event.objects.get()
+    assert ProjectionWindow.objects.get().state == "open" and not Execution.objects.exists()
+    with pytest.raises(ReplayPredecessorNotTerminal):
+        replay_submit(org=batch_window_org, account_key=ACCOUNT, replay_id="replay-w", predecessor_event_id=member.pk,
+                      reason="r", principal="op", external_effects=SUPPRESS_EXTERNAL_EFFECTS)
+    assert ReplayRequest.objects.count() == 0 and Event.objects.count() == 1
+
+
+def test_a_member_of_a_sealed_window_replays_only_once_its_window_execution_is_terminal(client, batch_window_org):
+    from connectors.replay import ReplayPredecessorNotTerminal, replay_submit
+    from connectors.windows import seal
+    from connectors.serving import serving_lock
+
+    post_signed(client, [hubspot_event(1, 881, 1000), hubspot_event(2, 881, 2000, "email", "s@x.io")])
+    first = Event.objects.order_by("id").first()  # not the window's chosen (greatest) member
+    with transaction.atomic(durable=True):
+        ctx = serving_lock(org_id=ORG, account_key=ACCOUNT)
+        window = ProjectionWindow.objects.select_for_update().get()
+        seal(window, ctx.epoch, ctx.account)
+    submit = lambda rid: replay_submit(org=batch_window_org, account_key=ACCOUNT, replay_id=rid,  # noqa: E731
+                                       predecessor_event_id=first.pk, reason="r", principal="op",
+                                       external_effects=SUPPRESS_EXTERNAL_EFFECTS)
+    with pytest.raises(ReplayPredecessorNotTerminal):
+        submit("replay-early")
+    _run_all()
+    assert Execution.objects.get(window=window).state == "completed"
+    result = submit("replay-late")
+    assert result.materialized and result.request.predecessor_result_digest == \
+        Execution.objects.get(window=window).result_digest
