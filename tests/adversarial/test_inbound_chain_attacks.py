@@ -839,3 +839,59 @@ def test_a_member_of_a_sealed_window_replays_only_once_its_window_execution_is_t
     result = submit("replay-late")
     assert result.materialized and result.request.predecessor_result_digest == \
         Execution.objects.get(window=window).result_digest
+
+
+# === 8. a force-halted org must not starve the workers of every other org ==========================
+ORG2, ACCOUNT2 = "test-org-2", "crm-webhooks-2"
+
+
+def _second_serving_org() -> OrgScope:
+    from connectors.generations import credential_publish
+    from connectors.serving import service_configuration_apply
+    from cutover.services import cutover_greenfield
+
+    other = OrgScope(ORG2)
+    credential_publish(org=other, document={"account_key": ACCOUNT2, "credential_ref": "webhook_secret",
+                                            "version": "test-1", "secret": {"from_env": "NEXUS_TEST_WEBHOOK_SECRET"}})
+    service_configuration_apply(org=other, document={"accounts": [
+        {"account_key": ACCOUNT2, "pack": "hubspot", "routes": ["contacts.webhook"],
+         "credentials": {"webhook_secret": "test-1"}}]})
+    cutover_greenfield(org=other)
+    return other
+
+
+@pytest.mark.parametrize("variant", ["latest", "independent", "window", "strict"])
+def test_work_of_a_force_halted_org_does_not_starve_another_orgs_workers(client, billing_sandbox, settings,
+                                                                        monkeypatch, tmp_path, variant):
+    from connectors.handoff import halt_begin
+
+    mutate = {"latest": None, "independent": variant_pack.independent,
+              "window": variant_pack.window(policy="grouped", grouping=["objectId"], close_after_seconds=0,
+                                            max_items=50),
+              "strict": variant_pack.strict(deadline_seconds=1)}[variant]
+    if mutate is not None:
+        variant_pack.use_variant(settings, monkeypatch, tmp_path, mutate)
+    org = make_serving_org(billing_sandbox.base_url, deploy_flow=False)
+    _second_serving_org()
+    # 25 pieces of pending work (lanes, executions, windows or gap dependencies) in the first org
+    first = [hubspot_event(5 + k if variant == "strict" else 1000 + k, 4000 + k, 1000 + k, "email", f"{k}@x.io")
+             for k in range(25)]
+    assert post_signed(client, first).status_code == 202
+    if variant == "strict":
+        assert _run_all() == 0 and _run_all() == 0  # one pass visits a page of lanes; the next the rest
+        assert ExecutionDependency.objects.filter(org_id=ORG).count() == 25
+    halt_begin(org=org, force=True)  # their org stops serving: none of it can move now
+    second = [hubspot_event(5 if variant == "strict" else 1, 4900, 1000, "email", "other@x.io")]
+    assert post_signed(client, second, account=ACCOUNT2).status_code == 202
+    if variant == "window":
+        assert window_try_close_one() is True
+        assert ProjectionWindow.objects.get(org_id=ORG2).state == "sealed"
+    elif variant == "strict":
+        assert _run_all() == 0
+        time.sleep(1.2)
+        assert dependency_try_expire_one() is True
+        assert ExecutionDependency.objects.get(org_id=ORG2).state == "expired"
+    else:
+        claim = execution_try_claim_one(worker_id="w")
+        assert claim is not None and claim.org_id == ORG2
+    assert not Execution.objects.filter(org_id=ORG).exclude(state__in=("ready", "waiting_dependency")).exists()
