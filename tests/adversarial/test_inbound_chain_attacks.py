@@ -895,3 +895,99 @@ def test_work_of_a_force_halted_org_does_not_starve_another_orgs_workers(client,
         claim = execution_try_claim_one(worker_id="w")
         assert claim is not None and claim.org_id == ORG2
     assert not Execution.objects.filter(org_id=ORG).exclude(state__in=("ready", "waiting_dependency")).exists()
+
+
+# === 3b. windows on ordered lanes ===================================================================
+def _window_on(ordering_mutate, **spec):
+    def mutate(route: dict) -> None:
+        if ordering_mutate is not None:
+            ordering_mutate(route)
+        route["window"] = spec
+    return mutate
+
+
+def test_a_batch_window_on_a_latest_position_route_never_loses_an_earlier_windows_members(
+        client, billing_sandbox, settings, monkeypatch, tmp_path):
+    """Each batch window applies every member; a later window on the same lane must not supersede it."""
+    from connectors.packs import PackError
+
+    try:
+        variant_pack.use_variant(settings, monkeypatch, tmp_path,
+                                 _window_on(None, policy="batch", close_after_seconds=3600, max_items=2))
+        make_serving_org(billing_sandbox.base_url, deploy_flow=False)
+    except PackError:
+        return  # refusing the combination at publication is a defense too
+    assert post_signed(client, [hubspot_event(1, 890, 1000, "email", "a@x.io"),
+                                hubspot_event(2, 891, 500, "email", "b@x.io")]).status_code == 202
+    assert post_signed(client, [hubspot_event(3, 890, 2000, "email", "c@x.io"),
+                                hubspot_event(4, 892, 600, "email", "d@x.io")]).status_code == 202
+    assert ProjectionWindow.objects.filter(state="sealed").count() == 2
+    _run_all()
+    from nexusflow.records.models import Record
+
+    emails = sorted(r.fields.get("email") for r in Record.objects.all())
+    assert emails == ["b@x.io", "c@x.io", "d@x.io"], emails
+
+
+def test_a_latest_window_on_a_strict_route_does_not_strand_its_members(client, billing_sandbox, settings,
+                                                                       monkeypatch, tmp_path):
+    from connectors.packs import PackError
+
+    try:
+        variant_pack.use_variant(settings, monkeypatch, tmp_path,
+                                 _window_on(variant_pack.strict(deadline_seconds=1), policy="latest",
+                                            close_after_seconds=3600, max_items=3))
+        make_serving_org(billing_sandbox.base_url, deploy_flow=False)
+    except PackError:
+        return
+    assert post_signed(client, [hubspot_event(1, 893, 1000), hubspot_event(2, 893, 2000, "email", "2@x.io"),
+                                hubspot_event(3, 893, 3000, "email", "3@x.io")]).status_code == 202
+    assert ProjectionWindow.objects.get().state == "sealed"
+    _run_all()
+    time.sleep(1.2)
+    while dependency_try_expire_one():
+        pass
+    _run_all()
+    assert Execution.objects.get().state == "completed"
+
+
+def test_settle_windows_on_a_latest_position_lane_apply_the_newest_value(client, billing_sandbox, settings,
+                                                                        monkeypatch, tmp_path):
+    variant_pack.use_variant(settings, monkeypatch, tmp_path,
+                             _window_on(None, policy="settle", close_after_seconds=3600, max_items=2))
+    make_serving_org(billing_sandbox.base_url, deploy_flow=False)
+    post_signed(client, [hubspot_event(1, 894, 1000, "email", "1@x.io"), hubspot_event(2, 894, 2000, "email", "2@x.io")])
+    post_signed(client, [hubspot_event(4, 894, 4000, "email", "4@x.io"), hubspot_event(3, 894, 3000, "email", "3@x.io")])
+    assert ProjectionWindow.objects.filter(state="sealed").count() == 2
+    assert OrderingLane.objects.count() == 1
+    _run_all()
+    from nexusflow.records.models import Record
+
+    assert Record.objects.get().fields["email"] == "4@x.io"
+    assert set(Execution.objects.values_list("state", flat=True)) <= {"completed", "superseded"}
+    assert Execution.objects.filter(state="completed").count() >= 1
+
+
+def test_pack_validation_refuses_windows_that_do_not_fit_the_ordering_contract():
+    from connectors.ordering import validate_contract
+    from connectors.windows import validate_window, validate_window_ordering
+
+    latest = {"contract": "latest_source_position", "partition": ["objectId"], "position": ["eventId"],
+              "tie_breaker": "eventId", "comparator_version": "1"}
+    strict = dict(variant_pack.STRICT)
+    independent = dict(variant_pack.INDEPENDENT)
+    for ordering in (latest, strict, independent):
+        validate_contract(ordering)
+    ok = [({"policy": "latest", "close_after_seconds": 1}, latest), ({"policy": "settle", "close_after_seconds": 1},
+                                                                      latest)]
+    ok += [({"policy": p, "close_after_seconds": 1, **({"grouping": ["objectId"]} if p == "grouped" else {})},
+            independent) for p in ("latest", "settle", "batch", "grouped")]
+    for window, ordering in ok:
+        validate_window_ordering(validate_window(window), ordering)
+    refused = [({"policy": "batch", "close_after_seconds": 1}, latest),
+               ({"policy": "grouped", "grouping": ["objectId"], "close_after_seconds": 1}, latest),
+               ({"policy": "latest", "grouping": ["portalId"], "close_after_seconds": 1}, latest),
+               ({"policy": "latest", "close_after_seconds": 1}, strict)]
+    for window, ordering in refused:
+        with pytest.raises(ValueError):
+            validate_window_ordering(validate_window(window), ordering)
