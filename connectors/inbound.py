@@ -320,11 +320,19 @@ def admit_items(*, org_id: str, account_key: str, channel: str, route: dict, bod
         raise AdmissionConflict("concurrent admissions of this key did not settle")
     if result.receipt_id is not None:
         failpoints.hit(FP_BEFORE_CHILDREN)
-        created, quarantined = receipt_materialize(org_id=org_id, receipt_id=result.receipt_id,
-                                                   items=items if result.created else None)
-        result.events_created, result.quarantined = created, quarantined
+        if result.created or not _receipt_complete(org_id, result.receipt_id):
+            # A complete Receipt is a pure redelivery: it resolves even when its epoch was succeeded.
+            created, quarantined = receipt_materialize(org_id=org_id, receipt_id=result.receipt_id,
+                                                       items=items if result.created else None)
+            result.events_created, result.quarantined = created, quarantined
         failpoints.hit(FP_AFTER_RECEIPT)
     return result
+
+
+def _receipt_complete(org_id: str, receipt_id) -> bool:
+    """Every Component of the Receipt exists (children are never deleted, so this only turns True)."""
+    count = Receipt.objects.values_list("component_count", flat=True).get(org_id=org_id, pk=receipt_id)
+    return ReceiptComponent.objects.filter(receipt_id=receipt_id).count() >= count
 
 
 def _admit_locked(org_id, account_key, channel, route, body, items, transport_key, identity) -> AdmissionResult:

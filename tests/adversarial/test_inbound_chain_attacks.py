@@ -991,3 +991,60 @@ def test_pack_validation_refuses_windows_that_do_not_fit_the_ordering_contract()
     for window, ordering in refused:
         with pytest.raises(ValueError):
             validate_window_ordering(validate_window(window), ordering)
+
+
+# === 5c. redelivery after a successor epoch ========================================================
+def _switch_to_successor(org, billing_url, monkeypatch):
+    from connectors.handoff import halt_begin, halt_try_complete, handoff_stage, successor_activate
+    from tests.connectors.test_successor_handoff import successor_epoch
+
+    successor = successor_epoch(org, billing_url, monkeypatch)
+    halt_begin(org=org)
+    assert halt_try_complete(org=org).all_halted
+    handoff_stage(org=org, successor_id=successor.pk)
+    successor_activate(org=org, successor_id=successor.pk)
+    return successor
+
+
+def test_a_redelivery_of_a_predecessor_epoch_delivery_resolves_its_receipt_after_the_switch(
+        client, org, billing_sandbox, monkeypatch):
+    """Providers keep retrying for hours: a complete Receipt of the predecessor epoch answers 200, never 503."""
+    first = post_signed(client, BATCH3)
+    assert first.status_code == 202
+    _run_all()
+    successor = _switch_to_successor(org, billing_sandbox.base_url, monkeypatch)
+    again = post_signed(client, [dict(e, attemptNumber=5) for e in BATCH3])
+    assert (again.status_code, again.json()) == (200, {"receipt_id": first.json()["receipt_id"],
+                                                       "status": "redelivered"})
+    assert Receipt.objects.count() == 1 and Event.objects.count() == 3
+    assert not Event.objects.filter(epoch_id=successor.pk).exists()
+
+
+def test_a_stream_batch_admitted_before_the_switch_does_not_block_the_cursor_after_it(stream_org, monkeypatch):
+    """A poll that admitted its envelopes but did not advance its cursor refetches them under the successor."""
+    from connectors.handoff import halt_begin, halt_try_complete, handoff_stage, successor_activate
+    from connectors.serving import epoch_prepare, epoch_verify, service_configuration_apply
+    from connectors.stream import stream_poll_once
+    from tests.stream_support import stream_service_document
+
+    _publish(stream_org.stream, "S", 3)
+    with monkeypatch.context() as patch:  # the poll admits its batch, then loses the cursor advance
+        patch.setattr("connectors.stream.stream_cursor_advance", lambda *a, **k: False)
+        assert stream_poll_once(stream_target()).receipts_created == 3
+    drain()
+    from connectors.generations import credential_publish
+
+    credential_publish(org=stream_org.org, document={
+        "account_key": STREAM_ACCOUNT, "credential_ref": "stream_token", "version": "test-next",
+        "secret": {"from_env": "NEXUS_TEST_STREAM_TOKEN"}, "transport": {"scheme": "bearer"}})
+    document = stream_service_document(stream_org.billing.base_url, stream_org.stream.base_url)
+    document["accounts"][2]["credentials"]["stream_token"] = "test-next"
+    service_configuration_apply(org=stream_org.org, document=document)
+    successor = epoch_verify(org=stream_org.org, epoch_id=epoch_prepare(org=stream_org.org).pk)
+    halt_begin(org=stream_org.org)
+    assert halt_try_complete(org=stream_org.org).all_halted
+    handoff_stage(org=stream_org.org, successor_id=successor.pk)
+    successor_activate(org=stream_org.org, successor_id=successor.pk)
+    result = stream_poll_once(stream_target())  # must not raise not_serving forever
+    assert result.fetched == 3 and result.receipts_resolved == 3 and result.advanced
+    assert Receipt.objects.filter(account_key=STREAM_ACCOUNT).count() == 3
