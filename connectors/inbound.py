@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from django.db import IntegrityError, transaction
+from django.db import DataError, IntegrityError, transaction
 
 from nexusflow.kernel import canonical_json, failpoints
 from nexusflow.kernel.digests import PROFILE_V2, digest_v2
@@ -93,6 +93,8 @@ class _Item:
 
 
 _TYPES = {"integer": int, "string": str}
+#: ``Event.tie_breaker`` column width: a longer value is an identity fault of the item, not of the batch.
+_TIE_BREAKER_MAX = 80
 
 
 def _typed(value: Any, type_name: str) -> bool:
@@ -172,6 +174,8 @@ def classify_items(route: dict, items: list) -> list[_Item]:
             item.locator = canonical_locator(raw[route["source_locator"]], field="source_locator", max_length=160)
             occurred = route["occurred_at"]
             item.occurred_at_ms = int(raw[occurred["field"]]) * (1000 if occurred.get("unit") == "s" else 1)
+            if not -(1 << 63) <= item.occurred_at_ms < (1 << 63):
+                raise InvalidIdentity("occurrence time outside the 64-bit range")
             ordering = route["ordering"]
             partition_fields = spec.get("partition", ordering.get("partition", []))
             item.partition = [None if raw.get(f) is None else canonical_locator(raw[f], field=f) for f in partition_fields]
@@ -181,6 +185,8 @@ def classify_items(route: dict, items: list) -> list[_Item]:
             # The SourceEventKey closes the order: equal positions still compare deterministically.
             item.position = encode_position(position_values, item.source_event_key)
             item.tie_breaker = str(raw.get(ordering.get("tie_breaker", ""), ""))
+            if len(item.tie_breaker) > _TIE_BREAKER_MAX:
+                raise InvalidIdentity(f"tie-breaker longer than {_TIE_BREAKER_MAX} characters")
         except (InvalidIdentity, KeyError, TypeError, ValueError):
             item.reason = reasons.ITEM_IDENTITY_INVALID
             item.kind = ""
@@ -511,9 +517,10 @@ def receipt_try_reconcile_one() -> bool:
             receipt_materialize(org_id=org_id, receipt_id=receipt_id)
         except NotServing:
             continue  # its epoch is not serving: it stays visible until the gate serves it again
-        except AdmissionError as exc:
-            # One Receipt that cannot be split again must not stop recovery of every other one.
-            log.error("receipt %s cannot be materialized (%s): %s", receipt_id, exc.code, exc)
+        except (AdmissionError, DataError) as exc:
+            # One Receipt that cannot be split again (or whose item does not fit a column) must not
+            # stop recovery of every other one.
+            log.error("receipt %s cannot be materialized: %s", receipt_id, exc)
             continue
         return True
     return False

@@ -1048,3 +1048,45 @@ def test_a_stream_batch_admitted_before_the_switch_does_not_block_the_cursor_aft
     result = stream_poll_once(stream_target())  # must not raise not_serving forever
     assert result.fetched == 3 and result.receipts_resolved == 3 and result.advanced
     assert Receipt.objects.filter(account_key=STREAM_ACCOUNT).count() == 3
+
+
+# === 7b. values that pass the schema but not the columns ==============================================
+@pytest.mark.parametrize("bad", [{"occurredAt": 10 ** 20}, {"occurredAt": -(10 ** 20)}, {"tie": "t" * 81}])
+def test_an_item_whose_facts_do_not_fit_their_columns_is_quarantined_and_its_batch_admitted(
+        client, billing_sandbox, settings, monkeypatch, tmp_path, bad):
+    def mutate(route: dict) -> None:
+        variant_pack.strict()(route)
+        route["ordering"]["tie_breaker"] = "tie"
+    variant_pack.use_variant(settings, monkeypatch, tmp_path, mutate)
+    make_serving_org(billing_sandbox.base_url, deploy_flow=False)
+    good = [dict(hubspot_event(k, 960, 1000 + k, "email", f"{k}@x.io"), tie=str(k)) for k in (1, 2)]
+    poison = {**hubspot_event(3, 961, 1000, "email", "p@x.io"), "tie": "3", **bad}
+    response = post_signed(client, [good[0], poison, good[1]])
+    assert response.status_code == 202, response.content
+    receipt = Receipt.objects.get()
+    assert _one_component_per_ordinal(receipt.pk) == [0, 1, 2]
+    dispositions = dict(ReceiptComponent.objects.values_list("ordinal", "disposition"))
+    assert dispositions == {0: "event", 1: "quarantined", 2: "event"}
+    assert ReceiptComponent.objects.get(ordinal=1).reason_code == reasons.ITEM_IDENTITY_INVALID
+    assert receipt_try_reconcile_one() is False
+    assert _run_all() == 2
+
+
+def test_a_receipt_that_cannot_materialize_does_not_stop_the_reconciler_reaching_the_next(org, monkeypatch):
+    """Defense in depth: one Receipt failing with a column error is logged and skipped, not retried first forever."""
+    from django.db import DataError
+
+    from connectors import inbound
+
+    poisoned = _reserve_only([hubspot_event(1, 970, 1000, "email", "a@x.io")])
+    healthy = _reserve_only([hubspot_event(2, 971, 1000, "email", "b@x.io")])
+    real = inbound.receipt_materialize
+
+    def materialize(*, org_id, receipt_id, items=None):
+        if receipt_id == poisoned:
+            raise DataError("(1406, \"Data too long for column 'tie_breaker'\")")
+        return real(org_id=org_id, receipt_id=receipt_id, items=items)
+
+    monkeypatch.setattr(inbound, "receipt_materialize", materialize)
+    assert receipt_try_reconcile_one() is True
+    assert _one_component_per_ordinal(healthy) == [0] and _one_component_per_ordinal(poisoned) == []
