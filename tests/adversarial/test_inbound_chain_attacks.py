@@ -1090,3 +1090,54 @@ def test_a_receipt_that_cannot_materialize_does_not_stop_the_reconciler_reaching
     monkeypatch.setattr(inbound, "receipt_materialize", materialize)
     assert receipt_try_reconcile_one() is True
     assert _one_component_per_ordinal(healthy) == [0] and _one_component_per_ordinal(poisoned) == []
+
+
+# === 4b. a tombstone for a pulled route ================================================================
+def test_a_v1_tombstone_of_a_pulled_envelope_is_refused_or_matches_what_the_stream_serves(
+        billing_sandbox, cdc_sandbox, tmp_path):  # noqa: F811
+    """A tombstone imported with another transport key than the stream derives would let V2 apply it again."""
+    from connectors.stream import stream_poll_once
+    from packs.salesforce_cdc import change_event
+    from tests.conftest import CREDENTIAL_DOCUMENTS, ROOT, SECRET_VERSION
+    from tests.stream_support import STREAM_TOKEN, stream_service_document
+
+    import os
+
+    assert os.environ["NEXUS_TEST_STREAM_TOKEN"] == STREAM_TOKEN  # set by the cdc_sandbox fixture
+    service = tmp_path / "service.json"
+    service.write_text(json.dumps(stream_service_document(billing_sandbox.base_url, cdc_sandbox.base_url)))
+    credentials = tmp_path / "credentials.json"
+    credentials.write_text(json.dumps(CREDENTIAL_DOCUMENTS + [
+        {"account_key": STREAM_ACCOUNT, "credential_ref": "stream_token", "version": SECRET_VERSION,
+         "secret": {"from_env": "NEXUS_TEST_STREAM_TOKEN"}, "transport": {"scheme": "bearer"}}]))
+    with open(os.devnull, "w") as sink:
+        call_command("connector_pack_publish", *(str(ROOT / "packs" / k / "pack.json")
+                                                 for k in ("hubspot", "billing", "salesforce_cdc")), stdout=sink)
+        call_command("connector_credential_publish", "--org", ORG, str(credentials), stdout=sink)
+        call_command("connector_config_apply", "--org", ORG, str(service), stdout=sink)
+    for dst in ("halting_v1", "v1_stopped", "v1_drained"):
+        with transaction.atomic(durable=True):
+            gate = AccountServingGateStore.lock_by_account(ORG, STREAM_ACCOUNT)
+            gate_transition(gate=gate, dst=dst, evidence={"test": "v1 drained"}, reason_code="cutover_in_progress")
+    cdc_sandbox.publish([change_event(change_type="CREATE", record_ids=["003V1"], transaction_key="tx-v1",
+                                      sequence=1, fields={"LastName": "V1"})])
+    envelope = cdc_sandbox._state.events[0]  # exactly what V1 pulled and accepted
+    path = tmp_path / "tombstones.json"
+    imported = False
+    for body in (envelope, [envelope]):
+        path.write_text(json.dumps({"tombstones": [{"account_key": STREAM_ACCOUNT, "channel": "contact-changes",
+                                                    "body": body, "predecessor": {"protocol": "v1",
+                                                                                  "receipt_id": "v1-s-1"}}]}))
+        try:
+            call_command("connector_v1_tombstones_import", "--org", ORG, str(path))
+            imported = True
+        except CommandError as exc:
+            assert "tombstone_import_invalid" in str(exc)
+    from cutover.services import cutover_greenfield
+
+    cutover_greenfield(org=OrgScope(ORG))
+    result = stream_poll_once(stream_target())
+    assert result.fetched == 1 and result.advanced
+    if imported:  # V1 accepted this envelope: V2 must not admit it again
+        assert result.receipts_created == 0
+        assert Event.objects.filter(account_key=STREAM_ACCOUNT).count() == 0
