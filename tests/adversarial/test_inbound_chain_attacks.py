@@ -1141,3 +1141,75 @@ def test_a_v1_tombstone_of_a_pulled_envelope_is_refused_or_matches_what_the_stre
     if imported:  # V1 accepted this envelope: V2 must not admit it again
         assert result.receipts_created == 0
         assert Event.objects.filter(account_key=STREAM_ACCOUNT).count() == 0
+
+
+# === more races =======================================================================================
+def test_a_full_window_seals_inside_its_batch_and_the_rest_of_the_batch_opens_successors(
+        client, billing_sandbox, settings, monkeypatch, tmp_path):
+    variant_pack.use_variant(settings, monkeypatch, tmp_path,
+                             variant_pack.window(policy="batch", close_after_seconds=3600, max_items=3))
+    make_serving_org(billing_sandbox.base_url, deploy_flow=False)
+    assert post_signed(client, [hubspot_event(k, 990 + k, 1000 + k, "email", f"{k}@x.io")
+                                for k in range(1, 8)]).status_code == 202
+    windows = list(ProjectionWindow.objects.order_by("id"))
+    assert [(w.state, w.member_count) for w in windows] == [("sealed", 3), ("sealed", 3), ("open", 1)]
+    assert Execution.objects.count() == 2 and ProjectionWindow.objects.filter(state="open").count() == 1
+
+
+def test_overlapping_batch_and_reconciler_on_a_partial_receipt_create_each_event_once(client, org):
+    partial = _reserve_only(BATCH3)  # crashed before its children
+    overlapping = BATCH3[1:] + [hubspot_event(4, 701, 4000, "lastname", "L")]
+    results, errors = _threads(lambda: post_signed(Client(), overlapping).status_code, receipt_try_reconcile_one,
+                               lambda: post_signed(Client(), BATCH3).status_code)
+    assert not errors, errors
+    assert results[0] == 202 and results[2] == 200
+    assert Event.objects.count() == 4 and Event.objects.values("source_event_key").distinct().count() == 4
+    assert _one_component_per_ordinal(partial) == [0, 1, 2]
+    dispositions = ReceiptComponent.objects.values_list("disposition", flat=True)
+    assert sorted(dispositions) == ["duplicate", "duplicate", "event", "event", "event", "event"]
+
+
+def test_halt_racing_admissions_never_halts_over_a_partial_receipt(org):
+    from connectors.handoff import HaltRefused, halt_begin
+
+    def post(n):
+        return lambda: post_signed(Client(), [hubspot_event(100 * n + k, 600 + n, 1000 + k, "email", f"{k}@x.io")
+                                              for k in range(20)]).status_code
+
+    def halt():
+        try:
+            return halt_begin(org=org, force=True)
+        except HaltRefused as exc:
+            return exc
+
+    results, errors = _threads(post(1), post(2), post(3), halt)
+    assert not errors, errors
+    assert all(s in (202, 503) for s in results[:3]), results
+    for receipt in Receipt.objects.all():  # every Receipt is complete, or the gate still waits for it
+        complete = ReceiptComponent.objects.filter(receipt=receipt).count() == receipt.component_count
+        assert complete or AccountServingGate.objects.get(account_key=ACCOUNT).state != "v2_halted"
+    from connectors.handoff import halt_try_complete
+
+    report = halt_try_complete(org=org)
+    partial = [r.pk for r in Receipt.objects.all()
+               if ReceiptComponent.objects.filter(receipt=r).count() != r.component_count]
+    if partial:
+        assert report.gates[ACCOUNT][0] == "halting_v2"
+
+
+@pytest.mark.parametrize("argv", [
+    ["connector_replay", "--org", "", "--account", ACCOUNT, "--replay-id", "r", "--lookup"],
+    ["connector_replay", "--org", ORG, "--account", " x", "--replay-id", "r", "--lookup"],
+    ["connector_replay", "--org", ORG, "--account", ACCOUNT, "--replay-id", "\u200b", "--lookup"],
+    ["connector_replay", "--org", ORG, "--account", "nope", "--replay-id", "r", "--event", "1", "--reason", "x",
+     "--principal", "op"],
+    ["connector_stream_poll", "--account", ACCOUNT, "--route", "", "--status"],
+    ["connector_stream_poll", "--account", "x" * 300, "--status"],
+    ["connector_v1_tombstones_import", "--org", "", "/nonexistent.json"],
+])
+def test_odd_command_arguments_raise_a_command_error_with_a_code(org, argv):
+    from io import StringIO
+
+    with pytest.raises(CommandError) as raised:
+        call_command(*argv, stdout=StringIO(), stderr=StringIO())
+    assert str(raised.value).split(":")[0].strip() and raised.value.returncode != 0
