@@ -1213,3 +1213,11 @@ def test_odd_command_arguments_raise_a_command_error_with_a_code(org, argv):
     with pytest.raises(CommandError) as raised:
         call_command(*argv, stdout=StringIO(), stderr=StringIO())
     assert str(raised.value).split(":")[0].strip() and raised.value.returncode != 0
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf"])
+def test_a_bad_idle_sleep_is_refused_up_front(stream_org, value):
+    result = run_manage(["connector_stream_poll", "--account", STREAM_ACCOUNT, "--idle-sleep", value,
+                         "--max-batches", "1"], subprocess_env(), timeout=20)
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "--idle-sleep" in result.stderr

@@ -14,6 +14,7 @@ admission conflict (the cursor stays where it was in every case).
 from __future__ import annotations
 
 import json
+import math
 import random
 import signal
 import time
@@ -56,6 +57,8 @@ class Command(BaseCommand):
                **options):
         if max_batches < 0:
             raise CommandError("--max-batches must be 0 or more")
+        if not math.isfinite(idle_sleep) or idle_sleep < 0:
+            raise CommandError("--idle-sleep must be a finite number of seconds, 0 or more")
         try:
             targets = pull_targets(account_key=account, route_key=route)
         except (UnknownStream, NotServing, InvalidIdentity) as exc:
