@@ -34,7 +34,6 @@ from connectors.inbound import (
     _route_and_secret,
     classify_items,
     identity_digest_for,
-    receipt_materialize,
     receipt_try_reconcile_one,
     transport_key_for,
 )
