@@ -156,6 +156,9 @@ class PredecessorInventory:
         effects_needing_serving: RemoteEffects of the account in ``prepared`` / ``uncertain``.
         effects_in_flight: RemoteEffects of the account in ``dispatching`` / ``remote_confirmed``.
         open_permits: DispatchPermits of the gate in ``granted`` / ``sending``.
+        receipts: transport Receipts of the account's epoch still lacking children
+            (a crash between the two admission steps); only a serving gate
+            materializes them, so they must finish before the epoch stops serving.
     """
 
     executions: int
@@ -164,11 +167,12 @@ class PredecessorInventory:
     effects_needing_serving: int
     effects_in_flight: int
     open_permits: int
+    receipts: int = 0
 
     @property
     def needs_serving(self) -> int:
         """Work that can only drain while the gate still serves (it blocks :func:`halt_begin`)."""
-        return self.executions + self.windows + self.outbox_messages + self.effects_needing_serving
+        return self.executions + self.windows + self.outbox_messages + self.effects_needing_serving + self.receipts
 
     @property
     def drained(self) -> bool:
@@ -177,7 +181,8 @@ class PredecessorInventory:
     def as_evidence(self) -> dict:
         return {"executions": self.executions, "windows": self.windows, "outbox_messages": self.outbox_messages,
                 "effects_needing_serving": self.effects_needing_serving,
-                "effects_in_flight": self.effects_in_flight, "open_permits": self.open_permits}
+                "effects_in_flight": self.effects_in_flight, "open_permits": self.open_permits,
+                "receipts": self.receipts}
 
 
 def _open_windows(org_id: str, account_key: str, epoch_id) -> int:
@@ -204,6 +209,8 @@ def predecessor_inventory(gate: AccountServingGate) -> PredecessorInventory:
     """
     from runtime_outbox.models import OutboxMessage
 
+    from .selectors import partial_receipts_count
+
     org_id, account_key = gate.org_id, gate.account_key
     effects = RemoteEffect.objects.filter(org_id=org_id, account_key=account_key)
     return PredecessorInventory(
@@ -217,6 +224,8 @@ def predecessor_inventory(gate: AccountServingGate) -> PredecessorInventory:
         effects_in_flight=effects.filter(state__in=EFFECTS_IN_FLIGHT).count(),
         open_permits=DispatchPermit.objects.filter(org_id=org_id, gate_id=gate.pk,
                                                    state__in=OPEN_PERMIT_STATES).count(),
+        receipts=partial_receipts_count(org_id=org_id, account_key=account_key, epoch_id=gate.epoch_id)
+        if gate.epoch_id is not None else 0,
     )
 
 

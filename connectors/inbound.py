@@ -7,12 +7,13 @@ only interprets those generic shapes.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from django.db import IntegrityError, transaction
+from django.db import DataError, IntegrityError, transaction
 
 from nexusflow.kernel import canonical_json, failpoints
 from nexusflow.kernel.digests import PROFILE_V2, digest_v2
@@ -38,6 +39,8 @@ from .serving import CredentialUnavailable, NotServing, find_account_org, resolv
 from .signatures import verify_request
 from .store import ExecutionStore, OrderingLaneStore
 from .windows import grouping_of, lock_open_windows, window_add_member, window_for_member
+
+log = logging.getLogger(__name__)
 
 FP_BEFORE_CHILDREN = failpoints.declare("admission.before_children")
 FP_BETWEEN_CHUNKS = failpoints.declare("admission.between_children_chunks")
@@ -90,6 +93,8 @@ class _Item:
 
 
 _TYPES = {"integer": int, "string": str}
+#: ``Event.tie_breaker`` column width: a longer value is an identity fault of the item, not of the batch.
+_TIE_BREAKER_MAX = 80
 
 
 def _typed(value: Any, type_name: str) -> bool:
@@ -169,6 +174,8 @@ def classify_items(route: dict, items: list) -> list[_Item]:
             item.locator = canonical_locator(raw[route["source_locator"]], field="source_locator", max_length=160)
             occurred = route["occurred_at"]
             item.occurred_at_ms = int(raw[occurred["field"]]) * (1000 if occurred.get("unit") == "s" else 1)
+            if not -(1 << 63) <= item.occurred_at_ms < (1 << 63):
+                raise InvalidIdentity("occurrence time outside the 64-bit range")
             ordering = route["ordering"]
             partition_fields = spec.get("partition", ordering.get("partition", []))
             item.partition = [None if raw.get(f) is None else canonical_locator(raw[f], field=f) for f in partition_fields]
@@ -178,6 +185,8 @@ def classify_items(route: dict, items: list) -> list[_Item]:
             # The SourceEventKey closes the order: equal positions still compare deterministically.
             item.position = encode_position(position_values, item.source_event_key)
             item.tie_breaker = str(raw.get(ordering.get("tie_breaker", ""), ""))
+            if len(item.tie_breaker) > _TIE_BREAKER_MAX:
+                raise InvalidIdentity(f"tie-breaker longer than {_TIE_BREAKER_MAX} characters")
         except (InvalidIdentity, KeyError, TypeError, ValueError):
             item.reason = reasons.ITEM_IDENTITY_INVALID
             item.kind = ""
@@ -317,11 +326,19 @@ def admit_items(*, org_id: str, account_key: str, channel: str, route: dict, bod
         raise AdmissionConflict("concurrent admissions of this key did not settle")
     if result.receipt_id is not None:
         failpoints.hit(FP_BEFORE_CHILDREN)
-        created, quarantined = receipt_materialize(org_id=org_id, receipt_id=result.receipt_id,
-                                                   items=items if result.created else None)
-        result.events_created, result.quarantined = created, quarantined
+        if result.created or not _receipt_complete(org_id, result.receipt_id):
+            # A complete Receipt is a pure redelivery: it resolves even when its epoch was succeeded.
+            created, quarantined = receipt_materialize(org_id=org_id, receipt_id=result.receipt_id,
+                                                       items=items if result.created else None)
+            result.events_created, result.quarantined = created, quarantined
         failpoints.hit(FP_AFTER_RECEIPT)
     return result
+
+
+def _receipt_complete(org_id: str, receipt_id) -> bool:
+    """Every Component of the Receipt exists (children are never deleted, so this only turns True)."""
+    count = Receipt.objects.values_list("component_count", flat=True).get(org_id=org_id, pk=receipt_id)
+    return ReceiptComponent.objects.filter(receipt_id=receipt_id).count() >= count
 
 
 def _admit_locked(org_id, account_key, channel, route, body, items, transport_key, identity) -> AdmissionResult:
@@ -500,5 +517,10 @@ def receipt_try_reconcile_one() -> bool:
             receipt_materialize(org_id=org_id, receipt_id=receipt_id)
         except NotServing:
             continue  # its epoch is not serving: it stays visible until the gate serves it again
+        except (AdmissionError, DataError) as exc:
+            # One Receipt that cannot be split again (or whose item does not fit a column) must not
+            # stop recovery of every other one.
+            log.error("receipt %s cannot be materialized: %s", receipt_id, exc)
+            continue
         return True
     return False

@@ -98,8 +98,13 @@ def sequence_of(position: bytes | memoryview | None) -> int | None:
 
 
 def sequence_floor(sequence: int) -> bytes:
-    """The lowest SourcePosition bytes with this sequence number (a dependency's required position)."""
-    return struct.pack(">Q", sequence + _OFFSET)
+    """The lowest SourcePosition bytes with this sequence number (a dependency's required position).
+
+    A sequence below the 64-bit range (the predecessor of the lowest possible
+    position) clamps to the lowest encodable bytes: no source position
+    precedes it, so only the gap deadline can resolve such a dependency.
+    """
+    return struct.pack(">Q", max(sequence + _OFFSET, 0))
 
 
 def expected_successor(ordering: dict, high_water: bytes | None) -> int:

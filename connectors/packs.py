@@ -21,7 +21,7 @@ from nexusflow.kernel.identity import validate_key
 from .ordering import validate_contract
 from .signatures import validate_config as validate_auth_config
 from .stream_routes import validate_pull_route
-from .windows import validate_window
+from .windows import validate_window, validate_window_ordering
 
 
 class PackError(NexusError):
@@ -108,6 +108,7 @@ def validate_pack_document(doc: dict, path: Path | str) -> None:
             validate_contract(route["ordering"])
             if "window" in route:
                 validate_window(route["window"])
+                validate_window_ordering(route["window"], route["ordering"])
         except ValueError as exc:
             raise PackError(f"{path}: route {route['route_key']}: {exc}") from exc
     for contract in doc.get("push_contracts", []):

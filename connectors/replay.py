@@ -46,6 +46,7 @@ from .models import (
     Execution,
     OrderingLane,
     Projection,
+    ProjectionWindow,
     Receipt,
     ReceiptComponent,
     ReplayRequest,
@@ -210,6 +211,16 @@ def _predecessor_facts(org_id: str, account_key: str, predecessor_event_id) -> t
     if digest_v2("connectors.event-payload", [("payload", payload)]).hexdigest != event.payload_digest:
         raise ReplayMismatch(f"event {event.pk} payload does not match its authorized digest")
     executions = list(Execution.objects.filter(org_id=org_id, projection__event=event).order_by("generation"))
+    window_id = Projection.objects.filter(org_id=org_id, event=event).values_list("window_id", flat=True).first()
+    if window_id is not None:
+        # A window member is applied by its window's one Execution, minted only when the window seals.
+        window_state = ProjectionWindow.objects.values_list("state", flat=True).get(org_id=org_id, pk=window_id)
+        if window_state != "sealed":
+            raise ReplayPredecessorNotTerminal(f"event {event.pk} is a member of window {window_id}, which is still "
+                                               f"{window_state}; replay it once the window sealed and ran")
+        known = {e.pk for e in executions}
+        executions += [e for e in Execution.objects.filter(org_id=org_id, window_id=window_id).order_by("id")
+                       if e.pk not in known]
     open_work = [e for e in executions if e.state not in TERMINAL_EXECUTION_STATES]
     if open_work:
         raise ReplayPredecessorNotTerminal(f"event {event.pk} still has execution {open_work[0].pk} in "

@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as dt
 
 from django.db import connection, connections
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, QuerySet
 
 from .models import (
     AccountServingGate,
@@ -31,6 +31,20 @@ from .models import (
     RemoteLink,
     ServingEpoch,
 )
+
+#: Worker scans list only work whose account gate serves the work's own epoch
+#: (``row`` names the SQL alias carrying ``org_id``, ``account_key``, ``epoch_id``):
+#: the locking unit would refuse anything else, and refused rows must never fill
+#: a scan's page ahead of work that can move (one halted org starving the rest).
+_SERVING_GATE_JOIN = ("JOIN connectors_accountservinggate g ON g.org_id = {row}.org_id"
+                      " AND g.account_key = {row}.account_key AND g.state = 'v2_serving'"
+                      " AND g.epoch_id = {row}.epoch_id ")
+
+
+def _serving_gates(account_key_ref: str, epoch_ref: str):
+    """The gate that serves the outer row's account and epoch (for ``Exists``)."""
+    return AccountServingGate.objects.filter(org_id=OuterRef("org_id"), account_key=OuterRef(account_key_ref),
+                                             epoch_id=OuterRef(epoch_ref), state="v2_serving")
 
 
 def _with_reason(qs: QuerySet, reason_code: str | None, field: str = "reason_code") -> QuerySet:
@@ -129,6 +143,10 @@ def candidate_lanes(now: dt.datetime, limit: int = 20) -> list[tuple[str, "Order
         now: the database clock; a lease whose ``lease_expires_at`` is not after it is dead.
         limit: most lanes returned.
 
+    Only lanes whose account gate serves the lane's own epoch are listed: the
+    claim would refuse any other lane, and such lanes must not fill the page
+    ahead of lanes that can move.
+
     Returns:
         ``[(org_id, lane_id), ...]`` ordered by the lane's oldest ready Execution id.
 
@@ -137,7 +155,8 @@ def candidate_lanes(now: dt.datetime, limit: int = 20) -> list[tuple[str, "Order
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT l.org_id, e.lane_id FROM connectors_execution e JOIN connectors_orderinglane l ON l.id = e.lane_id "
-            "WHERE (e.state = 'ready' OR (e.state = 'waiting_dependency' AND EXISTS ("
+            f"{_SERVING_GATE_JOIN.format(row='l')}"
+            "WHERE l.state = 'open' AND (e.state = 'ready' OR (e.state = 'waiting_dependency' AND EXISTS ("
             " SELECT 1 FROM connectors_executiondependency d WHERE d.execution_id = e.id AND d.state = 'waiting'"
             " AND l.high_water_position >= d.required_position)))"
             " AND (l.active_execution_id IS NULL OR NOT EXISTS ("
@@ -187,41 +206,72 @@ def database_answers(using: str = "default") -> None:
 
 
 def receipts_missing_children(limit: int = 20) -> list[tuple[str, "Receipt.Id"]]:
-    """Receipts with fewer Components than items: a crash fell between Receipt and children (non-locking).
+    """Transport Receipts with fewer Components than items whose gate serves their epoch (non-locking).
 
-    Children commit in ascending ordinal chunks, so a Receipt is complete
-    exactly when its last ordinal exists.
+    A crash fell between Receipt and children. Children commit in ascending
+    ordinal chunks, so a Receipt is complete exactly when its last ordinal
+    exists. Receipts whose gate does not serve their own epoch cannot be
+    materialized now and are left out, so they never fill the page ahead of
+    Receipts that can; replay Receipts materialize through their
+    ReplayRequest (``connectors/replay.py``), never here.
 
     Returns:
         ``[(org_id, receipt_id), ...]`` oldest first. Seed 003 "Inbound facts".
     """
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT r.org_id, r.id FROM connectors_receipt r WHERE r.component_count > 0 AND NOT EXISTS ("
+            "SELECT r.org_id, r.id FROM connectors_receipt r "
+            f"{_SERVING_GATE_JOIN.format(row='r')}"
+            "WHERE r.kind <> 'replay' AND r.component_count > 0 AND NOT EXISTS ("
             " SELECT 1 FROM connectors_receiptcomponent c WHERE c.receipt_id = r.id"
             " AND c.ordinal = r.component_count - 1) ORDER BY r.id LIMIT %s", [limit])
         return [(row[0], Receipt.Id(row[1])) for row in cursor.fetchall()]
 
 
+def partial_receipts_count(*, org_id: str, account_key: str, epoch_id) -> int:
+    """Transport Receipts of one account and epoch that still lack children (a crash between the two steps)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT COUNT(*) FROM connectors_receipt r WHERE r.org_id = %s AND r.account_key = %s"
+            " AND r.epoch_id = %s AND r.kind <> 'replay' AND r.component_count > 0 AND NOT EXISTS ("
+            " SELECT 1 FROM connectors_receiptcomponent c WHERE c.receipt_id = r.id"
+            " AND c.ordinal = r.component_count - 1)", [org_id, account_key, int(epoch_id)])
+        return int(cursor.fetchone()[0])
+
+
 def windows_due(now: dt.datetime, limit: int = 20) -> list[tuple[str, "ProjectionWindow.Id"]]:
-    """Open ProjectionWindows whose ``close_at`` is not after ``now`` (the DB clock), oldest first."""
+    """Open ProjectionWindows whose ``close_at`` is not after ``now`` (the DB clock), oldest first.
+
+    Only windows whose account gate serves the window's epoch are listed (only those can seal).
+    """
     rows = (ProjectionWindow.objects.filter(state="open", close_at__lte=now)
+            .filter(Exists(_serving_gates("account_key", "epoch_id")))
             .order_by("close_at", "id").values_list("org_id", "id")[:limit])
     return [(org_id, ProjectionWindow.Id(pk)) for org_id, pk in rows]
 
 
 def dependencies_due(now: dt.datetime, limit: int = 20) -> list[tuple[str, "ExecutionDependency.Id"]]:
-    """Waiting ExecutionDependencies whose immutable deadline passed (non-locking), oldest first."""
+    """Waiting ExecutionDependencies whose immutable deadline passed (non-locking), oldest first.
+
+    Only dependencies whose lane's account gate serves the lane's epoch are listed.
+    """
     rows = (ExecutionDependency.objects.filter(state="waiting", deadline_at__lte=now)
+            .filter(Exists(_serving_gates("lane__account_key", "lane__epoch_id")))
             .order_by("deadline_at", "id").values_list("org_id", "id")[:limit])
     return [(org_id, ExecutionDependency.Id(pk)) for org_id, pk in rows]
 
 
 def unlaned_executions_ready(now: dt.datetime, limit: int = 20) -> list[tuple[str, "Execution.Id"]]:
-    """Ready ``order_independent`` Executions (no lane) that no live lease holds, oldest first."""
+    """Ready ``order_independent`` Executions (no lane) that no live lease holds, oldest first.
+
+    Only Executions whose Event's account gate serves the Event's epoch are listed.
+    """
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT e.org_id, e.id FROM connectors_execution e WHERE e.state = 'ready' AND e.lane_id IS NULL"
+            "SELECT e.org_id, e.id FROM connectors_execution e JOIN connectors_projection p ON p.id = e.projection_id"
+            " JOIN connectors_event ev ON ev.id = p.event_id "
+            f"{_SERVING_GATE_JOIN.format(row='ev')}"
+            "WHERE e.state = 'ready' AND e.lane_id IS NULL"
             " AND NOT EXISTS (SELECT 1 FROM connectors_executionattempt a WHERE a.execution_id = e.id"
             " AND a.state = 'started' AND a.lease_expires_at > %s) ORDER BY e.id LIMIT %s", [now, limit])
         return [(row[0], Execution.Id(row[1])) for row in cursor.fetchall()]

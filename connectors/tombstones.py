@@ -14,7 +14,10 @@ The import file is JSON::
                      "predecessor": {"protocol": "v1", "receipt_id": "...", "work_item_ids": [...]}}]}
 
 Transport key and payload digest are derived from ``body`` by the same
-route split as live admission, so both sides compare equal bytes.
+route split as live admission, so both sides compare equal bytes. For a
+pulled route (``delivery: pull``) ``body`` is the one envelope V1 pulled and
+accepted, keyed exactly as the stream poller keys it (its opaque id, one
+Receipt per envelope).
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.models import insert
 from nexusflow.kernel.scope import OrgScope
 
-from .inbound import MalformedBody, identity_digest_for, split_body, transport_key_for
+from .inbound import MalformedBody, classify_items, identity_digest_for, split_body, transport_key_for
 from .models import AccountServingGate, ConnectorServiceConfigurationGeneration, PackGeneration, ReceiptAdmissionKey
 from .store import AccountServingGateStore
 
@@ -74,6 +77,15 @@ def _route(org_id: str, account_key: str, channel: str) -> dict:
     return route
 
 
+def _pulled_identity(route: dict, envelope) -> tuple[str, list]:
+    """The transport key and classified items of one pulled envelope, as the stream poller derives them."""
+    from .stream_routes import envelope_transport_key, expand_envelope
+
+    if not isinstance(envelope, dict):
+        raise MalformedBody("a pulled route's tombstone body is the one envelope object V1 accepted")
+    return envelope_transport_key(route, envelope), classify_items(route, expand_envelope(route, envelope))
+
+
 def v1_tombstones_import(*, org: OrgScope, document: dict) -> TombstoneImportReport:
     """Import V1 acceptance tombstones for ``org`` (idempotent).
 
@@ -98,10 +110,18 @@ def v1_tombstones_import(*, org: OrgScope, document: dict) -> TombstoneImportRep
         channel = validate_key(entry.get("channel"), field="channel", max_length=80)
         route = _route(org.org_id, account_key, channel)
         try:
-            items = split_body(route, canonical_json.dumps(entry.get("body")))
+            canonical_json.dumps(entry["predecessor"])  # stored as JSON: strict, finite, valid Unicode
+            body = canonical_json.dumps(entry.get("body"))
+            if route.get("delivery") == "pull":
+                transport_key, items = _pulled_identity(route, entry.get("body"))
+            else:
+                items = split_body(route, body)
+                transport_key = transport_key_for(route, items)
         except MalformedBody as exc:
             raise TombstoneImportError(f"tombstones[{index}]: {exc}") from exc
-        transport_key, identity = transport_key_for(route, items), identity_digest_for(items)
+        except (ValueError, UnicodeError) as exc:  # NaN, infinities, lone surrogates
+            raise TombstoneImportError(f"tombstones[{index}]: not strict JSON ({exc})") from exc
+        identity = identity_digest_for(items)
         tombstone = {"predecessor": entry["predecessor"], "route_key": route["route_key"]}
         with transaction.atomic(durable=True):
             try:

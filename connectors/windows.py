@@ -62,6 +62,31 @@ def validate_window(window) -> dict:
     return window
 
 
+def validate_window_ordering(window: dict, ordering: dict) -> None:
+    """Check that a route's window fits its ordering contract (its window Execution takes one lane position).
+
+    - ``order_independent``: any policy (no lane);
+    - ``latest_source_position``: ``latest`` or ``settle`` grouped by the
+      ordering partition (no ``grouping`` fields): every member is then in the
+      window Execution's own lane, and a newer window of the lane may supersede
+      an older one. A ``batch`` / ``grouped`` window spans partitions, so a later
+      window on its lane would supersede members of other partitions unapplied;
+    - ``strict_source_sequence``: no window; the claim takes each exact
+      successor sequence, and a window Execution carries only one of them.
+
+    Raises:
+        ValueError: the combination is refused.
+    """
+    contract = ordering.get("contract")
+    if contract == "strict_source_sequence":
+        raise ValueError("a strict_source_sequence route cannot declare a window: its claim takes every exact "
+                         "successor sequence, and a window Execution carries only one position")
+    if contract == "latest_source_position" and (window["policy"] not in ("latest", "settle")
+                                                 or window.get("grouping")):
+        raise ValueError("a window on a latest_source_position route must be policy latest or settle grouped by "
+                         "the ordering partition (no grouping fields): its one Execution takes its lane's position")
+
+
 def grouping_of(route: dict, raw: dict, partition: list) -> tuple[list, str]:
     """The canonical grouping values and key of one admitted item."""
     window = route["window"]

@@ -55,7 +55,7 @@ def require_replay_mode(mode: object) -> str:
     Raises:
         ReplayModeUnsupported: any other value (including a missing one).
     """
-    if mode not in REPLAY_MODES:
+    if not isinstance(mode, str) or mode not in REPLAY_MODES:
         raise ReplayModeUnsupported(f"external-effect mode {mode!r} is not supported; only "
                                     f"{SUPPRESS_EXTERNAL_EFFECTS} may replay")
     return mode

@@ -14,6 +14,7 @@ admission conflict (the cursor stays where it was in every case).
 from __future__ import annotations
 
 import json
+import math
 import random
 import signal
 import time
@@ -30,6 +31,7 @@ from connectors.stream import (
     stream_cursor_set_state,
     stream_poll_once,
 )
+from nexusflow.kernel.errors import InvalidIdentity
 
 
 def _cursor_text(cursor) -> str | None:
@@ -55,9 +57,11 @@ class Command(BaseCommand):
                **options):
         if max_batches < 0:
             raise CommandError("--max-batches must be 0 or more")
+        if not math.isfinite(idle_sleep) or idle_sleep < 0:
+            raise CommandError("--idle-sleep must be a finite number of seconds, 0 or more")
         try:
             targets = pull_targets(account_key=account, route_key=route)
-        except (UnknownStream, NotServing) as exc:
+        except (UnknownStream, NotServing, InvalidIdentity) as exc:
             raise CommandError(f"{exc.code}: {exc}") from exc
         if stop or resume or status:
             for target in targets:

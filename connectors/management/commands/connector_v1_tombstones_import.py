@@ -1,8 +1,7 @@
 """``manage.py connector_v1_tombstones_import --org ORG FILE``: import V1 acceptance tombstones."""
-import json
-
 from django.core.management.base import BaseCommand, CommandError
 
+from connectors.inbound import MalformedBody, parse_body
 from connectors.tombstones import TombstoneConflict, TombstoneGateState, TombstoneImportError, v1_tombstones_import
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.scope import OrgScope
@@ -20,10 +19,12 @@ class Command(BaseCommand):
 
     def handle(self, *args, file, org, **options):
         try:
-            with open(file, encoding="utf-8") as handle:
-                document = json.load(handle)
-        except (OSError, json.JSONDecodeError) as exc:
+            with open(file, "rb") as handle:
+                document = parse_body(handle.read())
+        except OSError as exc:
             raise CommandError(f"document_unreadable: cannot read {file}: {exc}") from exc
+        except MalformedBody as exc:
+            raise CommandError(f"tombstone_import_invalid: {file} is not strict UTF-8 JSON") from exc
         try:
             report = v1_tombstones_import(org=OrgScope(org), document=document)
         except (TombstoneImportError, InvalidIdentity) as exc:
