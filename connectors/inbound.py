@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from django.conf import settings
 from django.db import DataError, IntegrityError, transaction
 
 from nexusflow.kernel import canonical_json, failpoints
@@ -378,7 +379,7 @@ def frozen_route(epoch: ServingEpoch, account_key: str, route_key: str) -> tuple
 
 
 def _chunk_size() -> int:
-    return max(1, int(os.environ.get("NEXUS_ADMISSION_CHUNK", "50")))
+    return settings.NEXUS_ADMISSION_CHUNK
 
 
 def receipt_materialize(*, org_id: str, receipt_id: Receipt.Id | int,

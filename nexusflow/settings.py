@@ -117,6 +117,23 @@ Q_CLUSTER = {"name": "nexusflow", "orm": "default", "workers": 1, "timeout": 60,
 # Where L1 packs and tenant metadata live (ARCHITECTURE.md section 1).
 # Lock-order reversals (nexusflow.kernel.locks): "raise" in tests and debug, "log" in production.
 NEXUS_LOCK_ORDER = os.environ.get("NEXUS_LOCK_ORDER", "raise" if DEBUG else "log")
+
+
+def _positive_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, str(default))
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(f"{name} must be a positive integer, got {raw!r}")
+    return value
+
+
+#: Components materialized per admission transaction (seed 003 "Inbound facts").
+NEXUS_ADMISSION_CHUNK = _positive_int("NEXUS_ADMISSION_CHUNK", 50)
 NEXUS_PACKS_DIR = Path(os.environ.get("NEXUS_PACKS_DIR", BASE_DIR / "packs"))
 #: Versioned local secret backend: <dir>/<org>/<account>/<credential_ref>/<version>, one file per version.
 NEXUS_SECRETS_DIR = Path(os.environ.get("NEXUS_SECRETS_DIR", BASE_DIR / "var" / "secrets"))

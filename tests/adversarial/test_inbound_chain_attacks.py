@@ -145,7 +145,7 @@ admit(account_key="crm-webhooks", channel="webhooks", method="POST", url=url, bo
 
 # === 1. two-step admission, materialization and the reconciler ==================================
 def test_redeliveries_and_reconcilers_racing_on_one_crashed_partial_receipt_materialize_each_item_once(
-        org, monkeypatch):
+        org, settings):
     batch = [hubspot_event(i, 900 + i % 4, 1000 + i, "email", f"e{i}@x.io") for i in range(1, 31)]
     env = subprocess_env(NEXUS_FAILPOINTS="admission.between_children_chunks", NEXUS_ADMISSION_CHUNK="1",
                          NEXUS_TEST_WEBHOOK_SECRET="test-webhook-secret")
@@ -153,7 +153,7 @@ def test_redeliveries_and_reconcilers_racing_on_one_crashed_partial_receipt_mate
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
     receipt = Receipt.objects.get()
     assert _one_component_per_ordinal(receipt.pk) == [0]
-    monkeypatch.setenv("NEXUS_ADMISSION_CHUNK", "1")  # many small chunks: the widest interleaving
+    settings.NEXUS_ADMISSION_CHUNK = 1  # many small chunks: the widest interleaving
 
     def redeliver():
         response = post_signed(Client(), [dict(e, attemptNumber=3) for e in batch])
@@ -172,8 +172,8 @@ def test_redeliveries_and_reconcilers_racing_on_one_crashed_partial_receipt_mate
 
 
 def test_a_full_batch_with_chunk_size_one_and_an_identical_concurrent_delivery_admits_every_item_once(
-        org, monkeypatch):
-    monkeypatch.setenv("NEXUS_ADMISSION_CHUNK", "1")
+        org, settings):
+    settings.NEXUS_ADMISSION_CHUNK = 1
     batch = [hubspot_event(i, 1000 + i % 9, 5000 + i, "firstname", f"n{i}") for i in range(1, 101)]  # max_items
 
     def post(attempt):

@@ -37,6 +37,8 @@ class Command(BaseCommand):
         raise CommandError(f"unknown subcommand {subcommand!r}", returncode=2)
 
     def _inventory(self, *, directory: str, json: bool, detail: bool, schema: str, **_options):
+        if detail and not json:
+            raise CommandError("--detail adds fields to the --json objects; use it with --json", returncode=2)
         try:
             rows = flow_inventory(directory, schema=schema)
         except NotADirectoryError:
