@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -492,9 +491,9 @@ def _materialize(org_id, account_key, epoch, route, account, ordering, receipt, 
         grouping, grouping_key = grouping_of(route, item.raw, item.partition)
         window = window_for_member(org_id=org_id, epoch=epoch, account_key=account_key, route=route, lane=lane,
                                    grouping=grouping, grouping_key=grouping_key, held=windows)
-        projection = insert(Projection, org_id=org_id, event=event, route_key=route["route_key"],
-                            definition_digest=definition_digest, input_digest=input_digest, window=window)
-        window_add_member(window, projection, epoch, account)
+        insert(Projection, org_id=org_id, event=event, route_key=route["route_key"],
+               definition_digest=definition_digest, input_digest=input_digest, window=window)
+        window_add_member(window, epoch, account)
         return event
     projection = insert(Projection, org_id=org_id, event=event, route_key=route["route_key"],
                         definition_digest=definition_digest, input_digest=input_digest)

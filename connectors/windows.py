@@ -132,7 +132,7 @@ def window_for_member(*, org_id: str, epoch, account_key: str, route: dict, lane
     return window
 
 
-def window_add_member(window: ProjectionWindow, projection: Projection, epoch, account: dict) -> ProjectionWindow:
+def window_add_member(window: ProjectionWindow, epoch, account: dict) -> ProjectionWindow:
     """Count a member in the locked open window; seal it when it is full."""
     count = window.member_count + 1
     window.version = ProjectionWindowStore.touch(org_id=window.org_id, pk=window.pk, state="open",
