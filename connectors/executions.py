@@ -38,8 +38,8 @@ from .models import (
     ExecutionDependency,
     OrderingDecision,
     OrderingLane,
-    PackGeneration,
 )
+from .inbound import frozen_route
 from .ordering import expected_successor, sequence_floor, sequence_of
 from .replay import replay_command_facts
 from .selectors import candidate_lanes, dependencies_due, unlaned_executions_ready
@@ -331,18 +331,13 @@ def build_runtime_command(execution: Execution) -> dict:
     Runtime applies in that order in one transaction.
     """
     event: Event = execution.projection.event
-    account = next(a for a in event.epoch.document["accounts"] if a["account_key"] == event.account_key)
-    pack = PackGeneration.objects.get(pk=account["pack_generation"]["id"])
-    route = next(r for r in pack.document["inbound_routes"] if r["route_key"] == event.route_key)
+    account, route = frozen_route(event.epoch, event.account_key, event.route_key)
     command = {
         "application": route["application"],
-        "owner_key": pack.owner_key,
+        "owner_key": account["owner_key"],
         "account_key": event.account_key,
         "route_key": event.route_key,
-        "canonical_kind": event.canonical_kind,
-        "source_locator": event.source_locator,
-        "source_event_key": event.source_event_key,
-        "payload": event.payload,
+        **_event_facts(event),
     }
     # A replay Execution carries its frozen external-effect mode (seed 003 "Replay and external effects").
     command.update(replay_command_facts(event))

@@ -153,10 +153,8 @@ def seal(window: ProjectionWindow, epoch, account: dict) -> Execution:
     failpoints.hit(FP_BEFORE_SEAL)
     ProjectionWindowStore.transition(org_id=window.org_id, pk=window.pk, src="open", dst="sealed",
                                      version=window.version, set_fields={"open_key": None})
-    members = list(Projection.objects.filter(org_id=window.org_id, window_id=window.pk).select_related("event"))
-    members.sort(key=lambda p: (bytes(p.event.position), p.pk))
-    chosen = members[-1]
-    applied = members[-1:] if window.policy == "latest" else members
+    applied = _applied_members(window)
+    chosen = applied[-1]
     input_digest = digest_v2("connectors.window-input", [
         ("window_id", window.pk), ("policy", window.policy),
         ("members", canonical_json.dumps([p.input_digest for p in applied]))]).hexdigest
@@ -171,14 +169,16 @@ def seal(window: ProjectionWindow, epoch, account: dict) -> Execution:
                                  execution_ref_digest=execution_ref, window=window)
 
 
+def _applied_members(window: ProjectionWindow) -> list[Projection]:
+    """The member Projections a window applies, in SourcePosition order (``latest``: only the greatest)."""
+    members = list(Projection.objects.filter(org_id=window.org_id, window_id=window.pk).select_related("event"))
+    members.sort(key=lambda p: (bytes(p.event.position), p.pk))
+    return members[-1:] if window.policy == "latest" else members
+
+
 def window_members(execution: Execution) -> list[Event]:
     """The events a window Execution applies, in SourcePosition order."""
-    window = execution.window
-    members = list(Projection.objects.filter(org_id=execution.org_id, window_id=window.pk).select_related("event"))
-    members.sort(key=lambda p: (bytes(p.event.position), p.pk))
-    if window.policy == "latest":
-        members = members[-1:]
-    return [p.event for p in members]
+    return [p.event for p in _applied_members(execution.window)]
 
 
 def window_try_close_one() -> bool:
