@@ -68,8 +68,16 @@ class OrderingHandoffAdmin(ReadOnlyAdmin):
 
 @admin.register(models.RemoteEffect)
 class RemoteEffectAdmin(ReadOnlyAdmin):
-    list_display = ("id", "org_id", "contract_key", "state", "reason_code", "attempt_count", "remote_id", "updated_at")
-    list_filter = ("state", "reason_code")
+    list_display = ("id", "org_id", "contract_key", "state", "reason_code", "dispatch_lane", "attempt_count",
+                    "remote_id", "updated_at")
+    list_filter = ("state", "reason_code", "dispatch_lane")
+    search_fields = ("link_key", "remote_id")
+
+
+@admin.register(models.RemoteEffectEvidence)
+class RemoteEffectEvidenceAdmin(ReadOnlyAdmin):
+    list_display = ("id", "org_id", "effect", "kind", "actor", "from_state", "to_state", "created_at")
+    list_filter = ("kind",)
 
 
 @admin.register(models.DispatchPermit)
@@ -113,8 +121,7 @@ class StreamCursorAdmin(ReadOnlyAdmin):
 
 for model in (models.PackGeneration, models.ConnectorServiceConfigurationGeneration, models.CredentialGeneration,
               models.GateTransitionEvidence, models.ReceiptAdmissionKey,
-              models.Projection, models.ExecutionAttempt, models.OrderingDecision, models.RemoteEffectAttempt,
-              models.WorkerProcess):
+              models.Projection, models.ExecutionAttempt, models.OrderingDecision, models.RemoteEffectAttempt):
     admin.site.register(model, type(f"{model.__name__}Admin", (ReadOnlyAdmin,), {}))
 
 
@@ -123,3 +130,11 @@ class ReplayRequestAdmin(ReadOnlyAdmin):
     list_display = ("id", "org_id", "account_key", "replay_id", "target_epoch", "predecessor_event_id",
                     "external_effects", "principal", "created_at")
     search_fields = ("replay_id", "source_event_key")
+
+
+@admin.register(models.WorkerProcess)
+class WorkerProcessAdmin(ReadOnlyAdmin):
+    """The holder registry: worker process generations and, once proven, their termination."""
+
+    list_display = ("worker_id", "role", "host", "pid", "started_at", "terminated_at")
+    list_filter = ("role", "host")

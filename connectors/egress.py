@@ -29,17 +29,18 @@ from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.errors import NexusError, StaleVersion
 from nexusflow.kernel.scope import OrgScope
 
-from . import reasons
+from . import outcomes, reasons
 from .links import PUSH_ACTION_TYPE
 from .models import (
     DispatchPermit,
     PackGeneration,
     RemoteEffect,
     RemoteEffectAttempt,
+    RemoteEffectEvidence,
     RemoteLink,
 )
 from .selectors import head_of_lane_prepared
-from .serving import NotServing, resolve_frozen_secret, serving_lock
+from .serving import CredentialUnavailable, NotServing, resolve_frozen_secret, serving_lock
 from .store import (
     CredentialDispatchGateStore,
     DispatchPermitStore,
@@ -47,7 +48,7 @@ from .store import (
     RemoteEffectStore,
     RemoteLinkStore,
 )
-from .workers import holder_termination_proof
+from .workers import holder_termination_proof, record_holder_termination
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +58,8 @@ FP_AFTER_RESPONSE = failpoints.declare("permit.after_response")
 FP_AFTER_SETTLE = failpoints.declare("effect.after_settle")
 
 NONTERMINAL = ("prepared", "dispatching", "uncertain", "remote_confirmed")
-#: Ambiguous attempts allowed before an effect is quarantined for an operator.
-MAX_UNCERTAIN_ATTEMPTS = 10
+#: The closed DispatchLane set (seed 002): a row with any other lane is never claimed or recovered.
+KNOWN_LANES = ("configured", "deferred_association")
 
 
 class EgressRefused(NexusError):
@@ -85,7 +86,25 @@ def _contract(effect: RemoteEffect) -> tuple[dict, dict, dict]:
         raise EgressRefused("frozen pack generation digest mismatch")
     contract = next(c for c in pack.document["push_contracts"] if c["contract_key"] == binding["contract_key"])
     profile = next(p for p in pack.document["callout_profiles"] if p["profile_key"] == contract["callout_profile"])
+    if "policy_digest" in binding and policy_digest(profile) != binding["policy_digest"]:
+        raise EgressRefused("frozen callout policy digest mismatch")
     return binding, contract, profile
+
+
+def policy_digest(profile: dict) -> str:
+    """The route/policy digest a FrozenDispatchBinding carries for its callout profile."""
+    return digest_v2("connectors.callout-policy", [("profile", canonical_json.dumps(profile))]).hexdigest
+
+
+def append_evidence(effect: RemoteEffect, *, kind: str, actor: str, to_state: str, detail: dict) -> RemoteEffectEvidence:
+    """Append one immutable reconciliation evidence row (inside the caller's transaction)."""
+    from nexusflow.kernel.models import insert
+
+    digest = digest_v2("connectors.effect-evidence", [
+        ("effect", str(effect.pk)), ("kind", kind), ("from", effect.state), ("to", to_state),
+        ("detail", canonical_json.dumps(detail))]).hexdigest
+    return insert(RemoteEffectEvidence, org_id=effect.org_id, effect=effect, kind=kind, actor=actor[:120],
+                  from_state=effect.state, to_state=to_state, detail=detail, digest=digest)
 
 
 def _content_type(contract: dict) -> str:
@@ -101,7 +120,7 @@ def _encode_body(contract: dict, fields: dict) -> bytes:
 
 # --- candidates -------------------------------------------------------------
 def _is_head(effect: RemoteEffect) -> bool:
-    earlier = RemoteEffect.objects.filter(org_id=effect.org_id, dispatch_lane=effect.dispatch_lane,
+    earlier = RemoteEffect.objects.filter(org_id=effect.org_id, link_key=effect.link_key,
                                           state__in=NONTERMINAL).exclude(pk=effect.pk)
     for other in earlier.only("lane_sequence", "id"):
         if (other.lane_sequence, other.pk) < (effect.lane_sequence, effect.pk):
@@ -110,20 +129,38 @@ def _is_head(effect: RemoteEffect) -> bool:
 
 
 # --- (1) grant -----------------------------------------------------------------
-def permit_try_grant_one(*, worker_id: str) -> Grant | None:
-    """Grant a DispatchPermit for the next dispatchable effect, or return ``None``."""
+def permit_try_grant_one(*, worker_id: str, lanes: tuple[str, ...] = KNOWN_LANES) -> Grant | None:
+    """Grant a DispatchPermit for the next dispatchable effect of ``lanes``, or return ``None``.
+
+    Args:
+        lanes: the DispatchLanes this claimant takes; values outside
+            :data:`KNOWN_LANES` are dropped, so an unknown lane is never claimed.
+
+    An effect whose frozen credential generation is revoked, or whose exact
+    secret version is unreadable, stays ``prepared`` and blocked: dispatch
+    never falls forward to a newer generation (seed 003 "Generation and replay").
+    """
+    lanes = tuple(lane for lane in lanes if lane in KNOWN_LANES)
     now = db_now()
-    for org_id, effect_id in head_of_lane_prepared(now, NONTERMINAL):
+    for org_id, effect_id in head_of_lane_prepared(now, NONTERMINAL, lanes):
         effect = RemoteEffect.objects.select_related("command").get(org_id=org_id, pk=effect_id)
         try:
+            _require_material(effect)
             grant = _grant(effect, worker_id)
-        except (NotServing, StaleVersion) as exc:
+        except (NotServing, StaleVersion, CredentialUnavailable) as exc:
             log.info("grant skipped effect %s: %s", effect_id, exc)
             continue
         if grant is not None:
             failpoints.hit(FP_AFTER_GRANT)
             return grant
     return None
+
+
+def _require_material(effect: RemoteEffect) -> None:
+    """Raise :class:`CredentialUnavailable` unless the frozen secret version is readable (bytes discarded)."""
+    binding, _contract_doc, profile = _contract(effect)
+    if profile.get("auth", {}).get("kind") == "bearer":
+        resolve_frozen_secret(org_id=effect.org_id, frozen=binding["credential_generation"])
 
 
 def _grant(effect: RemoteEffect, worker_id: str) -> Grant | None:
@@ -139,7 +176,7 @@ def _grant(effect: RemoteEffect, worker_id: str) -> Grant | None:
             if credential_gate.state != "enabled":
                 return None
         effect = RemoteEffectStore.lock(effect.org_id, effect.pk)
-        if effect.state != "prepared" or not _is_head(effect):
+        if effect.state != "prepared" or effect.dispatch_lane not in KNOWN_LANES or not _is_head(effect):
             return None
         previous = effect.attempts.order_by("-attempt_number").first()
         if previous is not None and previous.state == "uncertain":
@@ -171,11 +208,11 @@ def _grant(effect: RemoteEffect, worker_id: str) -> Grant | None:
 
 def _plan_request(effect: RemoteEffect, binding: dict, contract: dict):
     """Decide create vs update from the RemoteLink (never from a mirror field)."""
-    link = RemoteLink.objects.filter(org_id=effect.org_id, link_key=effect.dispatch_lane).first()
+    link = RemoteLink.objects.filter(org_id=effect.org_id, link_key=effect.link_key).first()
     body = _encode_body(contract, effect.command.request_fields)
     key = binding.get("provider_idempotency_key")
     if link is None:
-        prior = RemoteEffect.objects.filter(org_id=effect.org_id, dispatch_lane=effect.dispatch_lane,
+        prior = RemoteEffect.objects.filter(org_id=effect.org_id, link_key=effect.link_key,
                                             state="quarantined").exclude(pk=effect.pk).exists()
         if prior:
             _quarantine(effect, reasons.PRIOR_CREATE_UNRESOLVED)
@@ -218,7 +255,11 @@ def permit_send(grant: Grant, *, client: httpx.Client | None = None) -> Response
     secret = None
     if profile.get("auth", {}).get("kind") == "bearer":
         # Resolved while the Permit is still provably pre-I/O: missing material blocks before ``sending``.
-        secret = resolve_frozen_secret(org_id=grant.org_id, frozen=binding["credential_generation"])
+        try:
+            secret = resolve_frozen_secret(org_id=grant.org_id, frozen=binding["credential_generation"])
+        except CredentialUnavailable as exc:
+            _self_abandon_pre_io(grant, {"proof": "holder_released_before_sending", "why": exc.code})
+            return None
     with transaction.atomic(durable=True):
         permit = DispatchPermit.objects.get(pk=grant.permit_id, org_id=grant.org_id)
         credential_gate = CredentialDispatchGateStore.lock(grant.org_id, permit.credential_gate_id)
@@ -235,8 +276,9 @@ def permit_send(grant: Grant, *, client: httpx.Client | None = None) -> Response
     headers = {"Content-Type": _content_type(contract), "Accept": "application/json"}
     if secret is not None:
         headers["Authorization"] = "Bearer " + secret.decode("utf-8")
-    if attempt.idempotency_key and profile.get("idempotency", {}).get("header"):
-        headers[profile["idempotency"]["header"]] = attempt.idempotency_key
+    header = outcomes.policy(profile).idempotency_header
+    if attempt.idempotency_key and header:
+        headers[header] = attempt.idempotency_key
     url = binding["base_url"].rstrip("/") + attempt.path
     owned = client is None
     client = client or httpx.Client(timeout=float(profile.get("timeout_seconds", 10)))
@@ -250,6 +292,34 @@ def permit_send(grant: Grant, *, client: httpx.Client | None = None) -> Response
     finally:
         if owned:
             client.close()
+
+
+def _self_abandon_pre_io(grant: Grant, proof: dict) -> None:
+    """The holder itself closes its still-``granted`` Permit: it never sent, and never will.
+
+    Legal only for the holder (holder fence) and only from ``granted``:
+    the effect returns to ``prepared``, the Attempt records ``no_effect``.
+    """
+    with transaction.atomic(durable=True):
+        effect, permit, attempt = locks.acquire([
+            locks.store_resource(RemoteEffectStore, grant.org_id, grant.effect_id),
+            locks.store_resource(DispatchPermitStore, grant.org_id, grant.permit_id),
+            locks.store_resource(RemoteEffectAttemptStore, grant.org_id, grant.attempt_id),
+        ])
+        if permit.state != "granted" or permit.holder_fence != grant.holder_fence or effect.state != "dispatching":
+            return
+        _close_pre_io(effect, permit, attempt, proof=proof, error=proof.get("why", "released"))
+
+
+def _close_pre_io(effect: RemoteEffect, permit: DispatchPermit, attempt: RemoteEffectAttempt, *, proof: dict,
+                  error: str) -> None:
+    """Abandon a locked ``granted`` Permit with ``proof`` of no I/O; effect ``dispatching -> prepared``."""
+    DispatchPermitStore.transition(org_id=permit.org_id, pk=permit.pk, src="granted", dst="abandoned",
+                                   version=permit.version, set_fields={"closed_evidence": json.dumps(proof)})
+    RemoteEffectAttemptStore.transition(org_id=attempt.org_id, pk=attempt.pk, src="started", dst="no_effect",
+                                        version=attempt.version, set_fields={"error": error[:255]})
+    RemoteEffectStore.transition(org_id=effect.org_id, pk=effect.pk, src="dispatching", dst="prepared",
+                                 version=effect.version, set_fields={"reason_code": ""})
 
 
 # --- (3) settle -----------------------------------------------------------------
@@ -274,7 +344,7 @@ def permit_settle(grant: Grant, response: Response) -> str:
     from runtime_outbox.services import intent_result_record
 
     effect = RemoteEffect.objects.select_related("command").get(org_id=grant.org_id, pk=grant.effect_id)
-    _binding, contract, _profile = _contract(effect)
+    _binding, contract, profile = _contract(effect)
     now = db_now()
     with transaction.atomic(durable=True):
         effect, permit, attempt = locks.acquire([
@@ -286,7 +356,8 @@ def permit_settle(grant: Grant, response: Response) -> str:
             raise StaleVersion(f"permit {permit.pk} is {permit.state}; effect {effect.pk} is {effect.state}")
         evidence = {"response_status": response.status, "response_body": response.body, "error": response.error}
         status = response.status
-        if status is not None and 200 <= status < 300:
+        verdict = outcomes.classify(profile, status=status, connect_failed=response.connect_failed)
+        if verdict == outcomes.CONFIRMED:
             remote_id = _extract_id(response.body, contract["response_id_path"])
             if attempt.operation == "create" and remote_id is None:
                 new_state, attempt_state, reason = "uncertain", "uncertain", reasons.RESPONSE_ID_MISSING
@@ -294,27 +365,29 @@ def permit_settle(grant: Grant, response: Response) -> str:
                 if attempt.operation == "create":
                     _link_create(effect, contract, remote_id)
                 else:
-                    remote_id = RemoteLink.objects.get(org_id=effect.org_id, link_key=effect.dispatch_lane).remote_id
+                    remote_id = RemoteLink.objects.get(org_id=effect.org_id, link_key=effect.link_key).remote_id
                 new_state, attempt_state, reason = "remote_confirmed", "confirmed", ""
                 evidence["remote_id"] = remote_id
-        elif status is not None and status in contract.get("definite_refusal_statuses", []):
+        elif verdict == outcomes.REFUSED:
             new_state, attempt_state, reason = "no_effect", "no_effect", reasons.DEFINITE_REFUSAL
             if attempt.operation == "update" and status == 404:
                 link = RemoteLinkStore.lock(effect.org_id, RemoteLink.objects.get(
-                    org_id=effect.org_id, link_key=effect.dispatch_lane).pk)
+                    org_id=effect.org_id, link_key=effect.link_key).pk)
                 if link.state == "active":
                     RemoteLinkStore.transition(org_id=link.org_id, pk=link.pk, src="active", dst="suspended_drift",
                                                version=link.version,
                                                set_fields={"reason_code": reasons.REMOTE_NOT_FOUND})
-        elif response.connect_failed or (status is not None and status in contract.get("not_performed_statuses", [])):
-            # Connection refused, or a status the contract declares as "not performed"
-            # (rate limited, idempotency key busy): proof of no effect, retry after backoff.
-            new_state, attempt_state, reason = "prepared", "no_effect", ""
-        elif status is None or status in contract.get("retryable_statuses", []):
-            # Timeout, reset, or a status that may follow a performed request: ambiguous.
+        elif verdict == outcomes.NOT_PERFORMED:
+            # Proof of no effect: another Attempt only while the frozen policy has Attempts left.
+            attempt_state = "no_effect"
+            if effect.attempt_count < outcomes.policy(profile).max_attempts:
+                new_state, reason = "prepared", ""
+            else:
+                new_state, reason = "no_effect", reasons.RETRY_EXHAUSTED
+        elif verdict == outcomes.AMBIGUOUS:
             new_state, attempt_state, reason = "uncertain", "uncertain", reasons.RESPONSE_AMBIGUOUS
         else:
-            # A status the contract does not classify: ambiguous and parked for an operator.
+            # A status the profile does not classify: ambiguous and parked for an operator.
             new_state, attempt_state, reason = "uncertain", "uncertain", reasons.UNCLASSIFIED_RESPONSE
         RemoteEffectAttemptStore.transition(
             org_id=attempt.org_id, pk=attempt.pk, src="started", dst=attempt_state, version=attempt.version,
@@ -330,7 +403,7 @@ def permit_settle(grant: Grant, response: Response) -> str:
             set_fields={"closed_evidence": json.dumps({"status": status, "error": response.error[:200]})})
         if new_state == "no_effect":
             intent_result_record(command=effect.command, outcome="no_effect", remote_id="",
-                                 evidence={"status": status, "reason": reason})
+                                 evidence={"status": status, "reason": reason, "classified": verdict})
     failpoints.hit(FP_AFTER_SETTLE)
     return new_state
 
@@ -345,26 +418,31 @@ def _link_create(effect: RemoteEffect, contract: dict, remote_id: str) -> None:
     try:
         with transaction.atomic():
             RemoteLinkStore.create(
-                org_id=effect.org_id, link_key=effect.dispatch_lane, owner_key=binding["pack_generation"]["owner_key"],
+                org_id=effect.org_id, link_key=effect.link_key, owner_key=binding["pack_generation"]["owner_key"],
                 action_slot_id=contract["action_slot_id"], action_type=PUSH_ACTION_TYPE,
                 destination_slot_id=contract["destination_slot_id"], source_object=command.source_object,
                 source_record_key=command.source_record_key, remote_scope=effect.account_key, remote_id=remote_id,
                 live_remote_id=remote_id, state="active", snapshot=snapshot, created_by_effect_id=effect.pk)
     except IntegrityError:
-        existing = RemoteLink.objects.filter(org_id=effect.org_id, link_key=effect.dispatch_lane).first()
+        existing = RemoteLink.objects.filter(org_id=effect.org_id, link_key=effect.link_key).first()
         if existing is None or existing.remote_id != remote_id:
             raise EgressRefused(f"remote id {remote_id} conflicts with an existing link") from None
 
 
 # --- (4) finalize -------------------------------------------------------------------
-def effect_try_finalize_one() -> bool:
-    """Finalize one ``remote_confirmed`` effect: mirror writeback + Runtime receipt. Never calls the provider."""
+def effect_try_finalize_one(*, lanes: tuple[str, ...] = KNOWN_LANES) -> bool:
+    """Finalize one ``remote_confirmed`` effect of ``lanes``: mirror writeback + Runtime receipt.
+
+    Never calls the provider. An effect of an unknown DispatchLane is never taken.
+    """
     from nexusflow.records.metadata import InvalidFieldValue
     from nexusflow.records.models import Record
     from nexusflow.records.services import record_lock, record_write_mirror
     from runtime_outbox.services import intent_result_record
 
-    effect = RemoteEffect.objects.filter(state="remote_confirmed").select_related("command").order_by("id").first()
+    lanes = tuple(lane for lane in lanes if lane in KNOWN_LANES)
+    effect = (RemoteEffect.objects.filter(state="remote_confirmed", dispatch_lane__in=lanes)
+              .select_related("command").order_by("id").first())
     if effect is None:
         return False
     command = effect.command
@@ -395,16 +473,20 @@ def effect_try_finalize_one() -> bool:
 
 
 # --- recovery ---------------------------------------------------------------------------
-def permit_try_abandon_one() -> bool:
-    """Close one open Permit whose holder process is proven terminated.
+def permit_try_abandon_one(*, lanes: tuple[str, ...] = KNOWN_LANES) -> bool:
+    """Close one open Permit of an effect of ``lanes`` whose holder process is proven terminated.
 
     ``granted`` proves no I/O: effect back to ``prepared``. ``sending`` may
     have crossed the boundary: effect ``uncertain``.
     """
-    for permit in DispatchPermit.objects.filter(state__in=("granted", "sending")).order_by("id")[:50]:
+    lanes = tuple(lane for lane in lanes if lane in KNOWN_LANES)
+    for permit in DispatchPermit.objects.filter(state__in=("granted", "sending"),
+                                                attempt__effect__dispatch_lane__in=lanes).order_by("id")[:50]:
         proof = holder_termination_proof(permit.holder_id)
         if proof is None:
             continue
+        # The registry keeps the proof of this process generation's end; its egress ended with it.
+        proof = record_holder_termination(permit.holder_id, proof)
         attempt = RemoteEffectAttempt.objects.get(org_id=permit.org_id, pk=permit.attempt_id)
         with transaction.atomic(durable=True):
             effect, locked, attempt = locks.acquire([
@@ -427,7 +509,7 @@ def permit_try_abandon_one() -> bool:
     return False
 
 
-def effect_try_reconcile_one() -> bool:
+def effect_try_reconcile_one(*, lanes: tuple[str, ...] = KNOWN_LANES) -> bool:
     """Move one due ``uncertain`` effect on: exact idempotent repeat, or quarantine when exhausted.
 
     Only a frozen replay-safe idempotency contract allows ``uncertain ->
@@ -436,11 +518,14 @@ def effect_try_reconcile_one() -> bool:
     from runtime_outbox.services import intent_result_record
 
     now = db_now()
-    for effect in (RemoteEffect.objects.filter(state="uncertain").exclude(next_attempt_at__gt=now)
+    lanes = tuple(lane for lane in lanes if lane in KNOWN_LANES)
+    for effect in (RemoteEffect.objects.filter(state="uncertain", dispatch_lane__in=lanes)
+                   .exclude(next_attempt_at__gt=now)
                    .select_related("command").order_by("id")[:20]):
         _binding, _contract_doc, profile = _contract(effect)
+        rules = outcomes.policy(profile)
         last = effect.attempts.order_by("-attempt_number").first()
-        replay_safe = bool(profile.get("idempotency", {}).get("replay_safe")) and last is not None and last.idempotency_key
+        replay_safe = rules.replay_safe and last is not None and bool(last.idempotency_key)
         if not replay_safe or effect.reason_code in reasons.OPERATOR_ONLY_UNCERTAIN:
             continue  # parked: only an operator may resolve it
         with transaction.atomic(durable=True):
@@ -450,15 +535,18 @@ def effect_try_reconcile_one() -> bool:
                 # since (another dispatch and settlement may have parked it again with
                 # an operator-only reason), it is decided afresh on a later round.
                 continue
-            uncertain = RemoteEffectAttempt.objects.filter(org_id=locked.org_id, effect_id=locked.pk,
-                                                            state="uncertain").count()
-            if uncertain >= MAX_UNCERTAIN_ATTEMPTS:
+            if locked.attempt_count >= rules.max_attempts:
                 RemoteEffectStore.transition(org_id=locked.org_id, pk=locked.pk, src="uncertain", dst="quarantined",
                                              version=locked.version, set_fields={"reason_code": reasons.RETRY_EXHAUSTED})
                 intent_result_record(command=effect.command, outcome="quarantined", remote_id="",
                                      evidence={"reason": reasons.RETRY_EXHAUSTED, "attempts": locked.attempt_count})
             else:
-                # The backoff was served while uncertain; the exact repeat may go now.
+                # The backoff was served while uncertain; the exact repeat may go now. The
+                # uncertain Attempt stays as it is; the evidence row says why the effect moved.
+                append_evidence(locked, kind="exact_repeat", actor="reconciler", to_state="prepared",
+                                detail={"attempt_number": last.attempt_number,
+                                        "idempotency_key": last.idempotency_key,
+                                        "request_digest": last.request_digest})
                 RemoteEffectStore.transition(org_id=locked.org_id, pk=locked.pk, src="uncertain", dst="prepared",
                                              version=locked.version,
                                              set_fields={"next_attempt_at": None, "reason_code": ""})
@@ -466,9 +554,10 @@ def effect_try_reconcile_one() -> bool:
     return False
 
 
-def effect_try_dispatch_one(*, worker_id: str, client: httpx.Client | None = None) -> bool:
-    """Grant, send and settle one effect. Returns ``True`` if work was done."""
-    grant = permit_try_grant_one(worker_id=worker_id)
+def effect_try_dispatch_one(*, worker_id: str, client: httpx.Client | None = None,
+                            lanes: tuple[str, ...] = KNOWN_LANES) -> bool:
+    """Grant, send and settle one effect of ``lanes``. Returns ``True`` if work was done."""
+    grant = permit_try_grant_one(worker_id=worker_id, lanes=lanes)
     if grant is None:
         return False
     response = permit_send(grant, client=client)

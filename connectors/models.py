@@ -573,7 +573,10 @@ class RemoteEffect(GuardedModel):
     logical_effect_digest = IdentityField(**DIGEST)
     account_key = IdentityField(max_length=80)
     contract_key = IdentityField(max_length=80)
-    dispatch_lane = IdentityField(**DIGEST, help_text="The link_key: effects of one slot dispatch in order.")
+    link_key = IdentityField(**DIGEST, help_text="Seed 002 link_key: effects of one slot dispatch in order.")
+    dispatch_lane = models.CharField(
+        max_length=32, default="configured",
+        help_text="Seed 002 DispatchLane: configured | deferred_association; any other value is never claimed.")
     lane_sequence = models.PositiveBigIntegerField()
     state = models.CharField(max_length=24)
     version = models.PositiveBigIntegerField(default=1)
@@ -588,7 +591,7 @@ class RemoteEffect(GuardedModel):
         constraints = [reason_code_constraint(transitions.REMOTE_EFFECT, name="remote_effect_reason_chk")]
         indexes = [
             models.Index(fields=["state", "next_attempt_at"], name="remote_effect_state_idx"),
-            models.Index(fields=["dispatch_lane", "lane_sequence"], name="remote_effect_lane_idx"),
+            models.Index(fields=["org_id", "link_key", "lane_sequence"], name="remote_effect_slot_idx"),
         ]
 
 
@@ -614,6 +617,29 @@ class RemoteEffectAttempt(GuardedModel):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["effect", "attempt_number"], name="remote_effect_attempt_uniq")]
+
+
+class RemoteEffectEvidence(GuardedModel):
+    """Append-only reconciliation evidence of one RemoteEffect (seed 003 "Outbound facts").
+
+    Reconciliation appends a row and then moves the effect; it never rewrites
+    an Attempt or earlier evidence. ``kind``: ``operator_confirmed`` (remote
+    identity proven by an operator), ``operator_no_effect`` (an operator
+    proved the provider performed nothing), ``operator_quarantine``,
+    ``exact_repeat`` (the frozen idempotency contract released an uncertain
+    effect for a byte-identical repeat), ``credential_revoked`` (revocation
+    closed a pre-I/O Permit).
+    """
+
+    org_id = IdentityField(max_length=64)
+    effect = models.ForeignKey(RemoteEffect, on_delete=models.PROTECT, related_name="evidence")
+    kind = models.CharField(max_length=32)
+    actor = models.CharField(max_length=120, help_text="Operator name or worker id that recorded it.")
+    from_state = models.CharField(max_length=24)
+    to_state = models.CharField(max_length=24)
+    detail = models.JSONField()
+    digest = IdentityField(**DIGEST)
+    created_at = models.DateTimeField(auto_now_add=True)
 
 
 class DispatchPermit(GuardedModel):
@@ -646,3 +672,7 @@ class WorkerProcess(GuardedModel):
     pid = models.PositiveIntegerField()
     process_start_ticks = models.PositiveBigIntegerField(help_text="/proc/<pid>/stat starttime: tells pid reuse apart.")
     started_at = models.DateTimeField(auto_now_add=True)
+    terminated_at = models.DateTimeField(null=True, blank=True,
+                                         help_text="Set once, when termination of this process generation is proven.")
+    termination_proof = models.JSONField(null=True, blank=True,
+                                         help_text="The proof: pid absent or reused on this host; egress died with it.")

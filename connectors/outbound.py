@@ -15,6 +15,8 @@ from nexusflow.kernel import canonical_json
 from nexusflow.kernel.digests import PROFILE_V2, digest_v2
 from nexusflow.kernel.errors import NexusError
 
+from . import outcomes
+from .egress import policy_digest
 from .links import PUSH_ACTION_TYPE, link_key_for
 from .models import AccountServingGate, PackGeneration, RemoteEffect
 from .serving import NotServing, serving_lock
@@ -56,12 +58,16 @@ def render_request_fields(contract: dict, fields: dict) -> dict[str, str]:
     return body
 
 
-def freeze_push_binding(*, org_id: str, contract_key: str, record, intent_key: str) -> dict:
+def freeze_push_binding(*, org_id: str, contract_key: str, record, intent_key: str, effect_root_id: str = "",
+                        effect_generation_id: str = "", successor: dict | None = None) -> dict:
     """Lock the serving gate and epoch and freeze every dispatch fact for one intent.
 
     Args:
         record: the locked source record (``object_name``, ``record_key``, ``fields``).
         intent_key: the OutboundCommand idempotency key (64 hex chars).
+        effect_root_id / effect_generation_id: the logical-effect identity the binding also binds.
+        successor: for a successor EffectGeneration, the operator authorization and the
+            predecessor's command key and digest (seed 003 "Replay and external effects").
 
     Returns:
         The FrozenDispatchBinding dict: account, epoch id/digest, pack
@@ -95,8 +101,7 @@ def freeze_push_binding(*, org_id: str, contract_key: str, record, intent_key: s
     link_key = link_key_for(owner_key=pack.owner_key, action_slot_id=contract["action_slot_id"],
                             action_type=PUSH_ACTION_TYPE, source_object=record.object_name,
                             source_record_key=record.record_key, destination_slot_id=contract["destination_slot_id"])
-    idempotency = profile.get("idempotency") or {}
-    provider_key = ("nf-" + intent_key[:48]) if idempotency.get("replay_safe") else None
+    provider_key = ("nf-" + intent_key[:48]) if outcomes.policy(profile).replay_safe else None
     return {
         "account_key": account_key,
         "epoch": {"id": ctx.epoch.pk, "digest": ctx.epoch.digest},
@@ -110,8 +115,13 @@ def freeze_push_binding(*, org_id: str, contract_key: str, record, intent_key: s
         "request_fields": request_fields,
         "request_digest": digest_v2("connectors.push-request", [("fields", canonical_json.dumps(request_fields))]).hexdigest,
         "link_key": link_key,
+        "dispatch_lane": "configured",
+        "callout_profile": contract["callout_profile"],
+        "policy_digest": policy_digest(profile),
         "provider_idempotency_key": provider_key,
-        "effect_generation_predecessor": None,
+        "effect_root_id": effect_root_id,
+        "effect_generation_id": effect_generation_id,
+        "effect_generation_predecessor": successor,
     }
 
 
@@ -129,7 +139,8 @@ def remote_effect_accept(*, command) -> RemoteEffect:
                 existing = RemoteEffectStore.create(
                     org_id=command.org_id, command=command, logical_effect_digest=command.idempotency_key,
                     account_key=command.account_key, contract_key=command.contract_key,
-                    dispatch_lane=command.link_key, lane_sequence=command.source_record_version, state="prepared")
+                    link_key=command.link_key, dispatch_lane=command.frozen_binding.get("dispatch_lane", "configured"),
+                    lane_sequence=command.source_record_version, state="prepared")
         except IntegrityError:
             existing = RemoteEffect.objects.get(command=command)
     if existing.logical_effect_digest != command.idempotency_key or existing.org_id != command.org_id:

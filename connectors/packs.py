@@ -19,6 +19,7 @@ from nexusflow.kernel.errors import InvalidIdentity, NexusError
 from nexusflow.kernel.identity import validate_key
 
 from .ordering import validate_contract
+from .outcomes import validate_profile as validate_outcome_profile
 from .signatures import validate_config as validate_auth_config
 from .stream_routes import validate_pull_route
 from .windows import validate_window, validate_window_ordering
@@ -121,6 +122,10 @@ def validate_pack_document(doc: dict, path: Path | str) -> None:
     for profile in doc.get("callout_profiles", []):
         if "profile_key" not in profile:
             raise PackError(f"{path}: a callout profile has no profile_key")
+        try:
+            validate_outcome_profile(profile)
+        except ValueError as exc:
+            raise PackError(f"{path}: callout profile {profile['profile_key']!r}: {exc}") from exc
     profiles = {p["profile_key"] for p in doc.get("callout_profiles", [])}
     for contract in doc.get("push_contracts", []):
         if contract["callout_profile"] not in profiles:

@@ -10,8 +10,9 @@ admission"; the states are listed in ``connectors/transitions.py``):
 | Execution ``quarantined`` | SOURCE_SEQUENCE_GAP (strict gap past its frozen deadline, disposition ``quarantine``) |
 | ServingEpoch ``rejected`` | EPOCH_OWNER_MISMATCH |
 | RemoteEffect ``uncertain`` | RESPONSE_AMBIGUOUS, RESPONSE_ID_MISSING, UNCLASSIFIED_RESPONSE, HOLDER_ABANDONED |
-| RemoteEffect ``no_effect`` | DEFINITE_REFUSAL |
-| RemoteEffect ``quarantined`` | RETRY_EXHAUSTED, LINK_NOT_PATCHABLE, PRIOR_CREATE_UNRESOLVED |
+| RemoteEffect ``no_effect`` | DEFINITE_REFUSAL, RETRY_EXHAUSTED, OPERATOR_PROVED_NO_EFFECT |
+| RemoteEffect ``quarantined`` | RETRY_EXHAUSTED, LINK_NOT_PATCHABLE, PRIOR_CREATE_UNRESOLVED, OPERATOR_QUARANTINE |
+| CredentialGenerationDispatchGate ``revoked`` | CREDENTIAL_REVOKED |
 | RemoteLink ``suspended_drift`` | REMOTE_NOT_FOUND |
 | AccountServingGate ``halting_v2`` / ``v2_halted`` | HALTED_FOR_SUCCESSOR, HALT_WAITING_OPEN_PERMITS, HALT_WAITING_PREDECESSOR_WORK |
 """
@@ -79,6 +80,18 @@ PRIOR_CREATE_UNRESOLVED = register(
 REMOTE_NOT_FOUND = register(
     "remote_not_found", owner=OWNER, evidence=_S + "remote_links_with_reason",
     alert_after_seconds=3600, remediations=("relink_or_retire",))
+
+OPERATOR_PROVED_NO_EFFECT = register(
+    "operator_proved_no_effect", owner=OWNER, evidence=_S + "remote_effect_evidence_for_reason",
+    alert_after_seconds=86400, remediations=("authorize_successor_effect",))
+OPERATOR_QUARANTINE = register(
+    "operator_quarantine", owner=OWNER, evidence=_S + "remote_effect_evidence_for_reason",
+    alert_after_seconds=3600, remediations=("operator_reconcile",))
+
+# --- credential dispatch gates (CredentialGenerationDispatchGate; connectors/credentials.py) ----
+CREDENTIAL_REVOKED = register(
+    "credential_revoked", owner=OWNER, evidence=_S + "credential_gates_with_reason",
+    alert_after_seconds=3600, remediations=("reenable_credential_generation", "publish_credential_generation"))
 
 #: Uncertain effects that only an operator may move on (the reconciler skips them).
 OPERATOR_ONLY_UNCERTAIN = frozenset({UNCLASSIFIED_RESPONSE, RESPONSE_ID_MISSING})

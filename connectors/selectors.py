@@ -18,6 +18,7 @@ from django.db.models import Exists, OuterRef, QuerySet
 
 from .models import (
     AccountServingGate,
+    CredentialGenerationDispatchGate,
     DispatchPermit,
     Execution,
     ExecutionDependency,
@@ -28,6 +29,7 @@ from .models import (
     ReceiptComponent,
     RemoteEffect,
     RemoteEffectAttempt,
+    RemoteEffectEvidence,
     RemoteLink,
     ServingEpoch,
 )
@@ -106,6 +108,22 @@ def dispatch_permits_abandoned(*, org_id: str, reason_code: str | None = None,
     return _with_reason(qs, reason_code, "attempt__effect__reason_code").order_by("id")
 
 
+def remote_effect_evidence_for_reason(*, org_id: str, reason_code: str | None = None,
+                                      effect_id: int | None = None) -> QuerySet[RemoteEffectEvidence]:
+    """Appended reconciliation evidence of the effects carrying a reason code, oldest first."""
+    qs = RemoteEffectEvidence.objects.filter(org_id=org_id).select_related("effect")
+    if effect_id is not None:
+        qs = qs.filter(effect_id=effect_id)
+    return _with_reason(qs, reason_code, "effect__reason_code").order_by("effect_id", "id")
+
+
+def credential_gates_with_reason(*, org_id: str, reason_code: str | None = None
+                                 ) -> QuerySet[CredentialGenerationDispatchGate]:
+    """Credential dispatch gates of ``org_id`` carrying a reason code (revoked ones), by generation."""
+    qs = CredentialGenerationDispatchGate.objects.filter(org_id=org_id).select_related("credential_generation")
+    return _with_reason(qs, reason_code).order_by("credential_generation_id")
+
+
 def remote_links_with_reason(*, org_id: str, reason_code: str | None = None,
                              link_key: str | None = None) -> QuerySet[RemoteLink]:
     """Remote links carrying a reason code (e.g. ``suspended_drift``)."""
@@ -117,8 +135,8 @@ def remote_links_with_reason(*, org_id: str, reason_code: str | None = None,
 
 def remote_links_of_effects_with_reason(*, org_id: str, reason_code: str | None = None) -> QuerySet[RemoteLink]:
     """The links (by ``link_key``) of effects quarantined with ``reason_code``: why PATCH was refused."""
-    lanes = _with_reason(RemoteEffect.objects.filter(org_id=org_id), reason_code).values("dispatch_lane")
-    return RemoteLink.objects.filter(org_id=org_id, link_key__in=lanes).order_by("id")
+    slots = _with_reason(RemoteEffect.objects.filter(org_id=org_id), reason_code).values("link_key")
+    return RemoteLink.objects.filter(org_id=org_id, link_key__in=slots).order_by("id")
 
 
 def remote_effects_blocking_lane(*, org_id: str, reason_code: str | None = None) -> QuerySet[RemoteEffect]:
@@ -128,9 +146,9 @@ def remote_effects_blocking_lane(*, org_id: str, reason_code: str | None = None)
     link key, which must be resolved first.
     """
     held = _with_reason(RemoteEffect.objects.filter(org_id=org_id), reason_code)
-    blocked = held.values("dispatch_lane")
-    return (RemoteEffect.objects.filter(org_id=org_id, state="quarantined", dispatch_lane__in=blocked)
-            .exclude(pk__in=held.values("pk")).order_by("dispatch_lane", "lane_sequence", "id"))
+    blocked = held.values("link_key")
+    return (RemoteEffect.objects.filter(org_id=org_id, state="quarantined", link_key__in=blocked)
+            .exclude(pk__in=held.values("pk")).order_by("link_key", "lane_sequence", "id"))
 
 
 def candidate_lanes(now: dt.datetime, limit: int = 20) -> list[tuple[str, "OrderingLane.Id"]]:
@@ -168,29 +186,35 @@ def candidate_lanes(now: dt.datetime, limit: int = 20) -> list[tuple[str, "Order
         return [(row[0], OrderingLane.Id(row[1])) for row in cursor.fetchall()]
 
 
-def head_of_lane_prepared(now: dt.datetime, nonterminal: tuple[str, ...],
+def head_of_lane_prepared(now: dt.datetime, nonterminal: tuple[str, ...], lanes: tuple[str, ...],
                           limit: int = 10) -> list[tuple[str, "RemoteEffect.Id"]]:
-    """Prepared RemoteEffects that are due and first in their dispatch lane (non-locking).
+    """Prepared RemoteEffects of the claimable ``lanes`` that are due and first for their link_key (non-locking).
 
     Args:
         now: the database clock; an effect whose ``next_attempt_at`` is after it is not due.
-        nonterminal: the RemoteEffect states that still occupy a lane.
+        nonterminal: the RemoteEffect states that still occupy a slot.
+        lanes: the DispatchLane values this claimant may take (the lane is
+            applied in the SQL claim: a row of any other lane is never selected).
         limit: most effects returned.
 
     Returns:
         ``[(org_id, effect_id), ...]`` in id order.
 
-    Seed 002, "DispatchLane"; seed 003, "Outbound effects".
+    Seed 002, "Deferred Association Dispatch Lane"; seed 003, "Outbound facts".
     """
+    if not lanes:
+        return []
     placeholders = ", ".join(["%s"] * len(nonterminal))
+    lane_list = ", ".join(["%s"] * len(lanes))
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT e.org_id, e.id FROM connectors_remoteeffect e WHERE e.state = 'prepared' "
+            f"AND e.dispatch_lane IN ({lane_list}) "
             f"AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= %s) AND NOT EXISTS ("
-            f" SELECT 1 FROM connectors_remoteeffect p WHERE p.org_id = e.org_id AND p.dispatch_lane = e.dispatch_lane"
+            f" SELECT 1 FROM connectors_remoteeffect p WHERE p.org_id = e.org_id AND p.link_key = e.link_key"
             f" AND p.state IN ({placeholders}) AND (p.lane_sequence < e.lane_sequence"
             f" OR (p.lane_sequence = e.lane_sequence AND p.id < e.id))) ORDER BY e.id LIMIT %s",
-            [now, *nonterminal, limit],
+            [*lanes, now, *nonterminal, limit],
         )
         return [(row[0], RemoteEffect.Id(row[1])) for row in cursor.fetchall()]
 

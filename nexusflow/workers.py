@@ -32,18 +32,22 @@ def units_for(role: str, worker_id: str) -> list[tuple[str, Unit]]:
         return [("flow.wake", flow_try_wake_one),
                 ("flow.step", lambda: flow_try_run_step_one(worker_id=worker_id)),
                 ("flow.recover", flow_try_recover_expired_one)]
-    if role == "egress":
+    if role in ("egress", "egress-deferred"):
         from connectors.egress import (
+            KNOWN_LANES,
             effect_try_dispatch_one,
             effect_try_finalize_one,
             effect_try_reconcile_one,
             permit_try_abandon_one,
         )
 
-        return [("permit.abandon", permit_try_abandon_one),
-                ("effect.finalize", effect_try_finalize_one),
-                ("effect.reconcile", effect_try_reconcile_one),
-                ("effect.dispatch", lambda: effect_try_dispatch_one(worker_id=worker_id))]
+        # ``egress`` takes every known DispatchLane; ``egress-deferred`` is seed 002's narrow
+        # worker: only ``deferred_association`` rows, applied in each SQL claim.
+        lanes = KNOWN_LANES if role == "egress" else ("deferred_association",)
+        return [("permit.abandon", lambda: permit_try_abandon_one(lanes=lanes)),
+                ("effect.finalize", lambda: effect_try_finalize_one(lanes=lanes)),
+                ("effect.reconcile", lambda: effect_try_reconcile_one(lanes=lanes)),
+                ("effect.dispatch", lambda: effect_try_dispatch_one(worker_id=worker_id, lanes=lanes))]
     if role == "stream":
         from connectors.stream import stream_try_poll_one
 
@@ -51,4 +55,4 @@ def units_for(role: str, worker_id: str) -> list[tuple[str, Unit]]:
     raise ValueError(f"unknown worker role {role!r}")
 
 
-ROLES = ("connector", "runtime", "flow", "egress", "stream")
+ROLES = ("connector", "runtime", "flow", "egress", "egress-deferred", "stream")

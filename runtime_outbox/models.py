@@ -50,6 +50,11 @@ class OutboundCommand(GuardedModel):
     frozen_binding_digest = IdentityField(**DIGEST)
     origin_flow_run_id = TypedIdReference(to="flows.FlowRun", null=True, blank=True)
     origin_dependency_key = IdentityField(max_length=80, null=True, blank=True)
+    predecessor = models.OneToOneField(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="successor",
+        help_text="The terminal no_effect command this successor EffectGeneration follows (at most one successor).")
+    successor_authorization = models.JSONField(
+        null=True, blank=True, help_text="Operator business intent that minted this generation: actor, reason, time.")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

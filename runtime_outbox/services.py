@@ -104,7 +104,9 @@ def intent_idempotency_key(scope: TrustedRuntimeWorkScope, effect_root_id: str, 
 
 def outbound_command_author(*, scope: TrustedRuntimeWorkScope, effect_root_id: str, effect_slot_id: str,
                             effect_generation_id: str, contract_key: str, record,
-                            origin_flow_run_id: int | None, origin_dependency_key: str | None = None) -> OutboundCommand:
+                            origin_flow_run_id: int | None, origin_dependency_key: str | None = None,
+                            successor: dict | None = None, predecessor: OutboundCommand | None = None
+                            ) -> OutboundCommand:
     """Author (or return) the immutable OutboundCommand + outbox message in the caller's transaction.
 
     ``record`` must already be locked by the caller (business lock first).
@@ -133,7 +135,8 @@ def outbound_command_author(*, scope: TrustedRuntimeWorkScope, effect_root_id: s
             raise IntentMismatch(f"logical effect {key} exists with other facts")
         return existing
     binding = freeze_push_binding(org_id=scope.org_id, contract_key=contract_key, record=record,
-                                  intent_key=key)
+                                  intent_key=key, effect_root_id=effect_root_id,
+                                  effect_generation_id=effect_generation_id, successor=successor)
     command = insert(
         OutboundCommand, org_id=scope.org_id, app_installation_id=scope.app_installation_id,
         runtime_capability_id=scope.runtime_capability_id, binding_digest=scope.binding_digest,
@@ -145,8 +148,101 @@ def outbound_command_author(*, scope: TrustedRuntimeWorkScope, effect_root_id: s
         frozen_binding_digest=digest_v2("runtime.frozen-dispatch-binding",
                                         [("binding", canonical_json.dumps(binding))]).hexdigest,
         origin_flow_run_id=origin_flow_run_id, origin_dependency_key=origin_dependency_key,
+        predecessor=predecessor, successor_authorization=(successor or {}).get("authorization"),
     )
     OutboxMessageStore.create(org_id=scope.org_id, command=command, state="pending")
+    return command
+
+
+class SuccessorRefused(NexusError):
+    """A successor EffectGeneration was requested for a predecessor that is not proven terminal ``no_effect``."""
+
+    code = "successor_refused"
+
+
+#: Why a predecessor effect state refuses a successor (seed 003 "Replay and external effects").
+_SUCCESSOR_REFUSALS = {
+    None: ("predecessor_not_delivered", "the predecessor has no RemoteEffect yet; it resumes"),
+    "prepared": ("predecessor_in_flight", "the predecessor effect resumes; a new one is blocked"),
+    "dispatching": ("predecessor_in_flight", "the predecessor effect resumes; a new one is blocked"),
+    "uncertain": ("predecessor_uncertain", "reconcile the predecessor to confirmed or proven no_effect first"),
+    "remote_confirmed": ("predecessor_confirmed", "the predecessor effect occurred"),
+    "finalized": ("predecessor_confirmed", "the predecessor effect occurred"),
+    "quarantined": ("predecessor_not_proven_no_effect", "a quarantined effect is not proof of no effect"),
+}
+
+
+def outbound_command_author_successor(*, org_id: str, predecessor_command_id: int, actor: str,
+                                      reason: str) -> tuple[OutboundCommand, bool]:
+    """Mint the next EffectGenerationID for a predecessor proven terminal ``no_effect`` (operator intent).
+
+    Seed 003 "Replay and external effects": only a proven terminal
+    ``no_effect`` predecessor may authorize a successor, with explicit
+    predecessor linkage and a newly frozen dispatch binding. One transaction
+    locks the source record, then the gate and exact epoch (freezing), then
+    the predecessor RemoteEffect, then writes the command and its outbox
+    message. Asking again for the same predecessor returns the existing
+    successor (``created`` is ``False``).
+
+    Args:
+        org_id: the trusted org (from the operator's authentication).
+        predecessor_command_id: the OutboundCommand id of the predecessor.
+        actor / reason: who authorizes the new remote call and why (non-empty).
+
+    Returns:
+        ``(command, created)``.
+
+    Raises:
+        OutboundCommand.DoesNotExist: no such command in ``org_id``.
+        SuccessorRefused: the predecessor is not terminal ``no_effect``
+            (``predecessor_in_flight``, ``predecessor_uncertain``,
+            ``predecessor_confirmed``, ``predecessor_not_proven_no_effect``,
+            ``predecessor_not_delivered``), or actor/reason are empty.
+        NotServing / PushContractError: the binding cannot be frozen now.
+    """
+    if not actor.strip() or not reason.strip():
+        raise SuccessorRefused("a successor needs the authorizing actor and a reason", code="successor_unauthorized")
+    predecessor = OutboundCommand.objects.get(org_id=org_id, pk=predecessor_command_id)
+    existing = OutboundCommand.objects.filter(org_id=org_id, predecessor=predecessor).first()
+    if existing is not None:
+        return existing, False
+    scope = TrustedRuntimeWorkScope(predecessor.org_id, predecessor.app_installation_id,
+                                    predecessor.runtime_capability_id, predecessor.binding_digest)
+    try:
+        return _author_successor(org_id, scope, predecessor, actor, reason), True
+    except IntegrityError:
+        # A concurrent request minted the successor first: the same intent.
+        return OutboundCommand.objects.get(org_id=org_id, predecessor=predecessor), False
+
+
+def _author_successor(org_id: str, scope: TrustedRuntimeWorkScope, predecessor: OutboundCommand, actor: str,
+                      reason: str) -> OutboundCommand:
+    from connectors.models import RemoteEffect
+    from nexusflow.records.services import record_lock
+
+    with transaction.atomic(durable=True):
+        record = record_lock(org=OrgScope(org_id), object_name=predecessor.source_object,
+                             record_key=predecessor.source_record_key)
+        # ``no_effect`` is terminal: once read committed it cannot change, so the
+        # decision needs no lock on the effect row (any other state refuses).
+        effect = RemoteEffect.objects.filter(org_id=org_id, command=predecessor).first()
+        state = effect.state if effect is not None else None
+        if state != "no_effect":
+            code, why = _SUCCESSOR_REFUSALS[state]
+            raise SuccessorRefused(f"command {predecessor.pk}: {why}", code=code)
+        try:
+            number = int(predecessor.effect_generation_id)
+        except ValueError:
+            raise SuccessorRefused(f"effect generation {predecessor.effect_generation_id!r} is not a number",
+                                   code="successor_generation_invalid") from None
+        authorization = {"actor": actor.strip(), "reason": reason.strip(), "authorized_at": db_now().isoformat()}
+        successor = {"authorization": authorization, "predecessor_command_key": predecessor.idempotency_key,
+                     "predecessor_binding_digest": predecessor.frozen_binding_digest,
+                     "predecessor_effect_id": int(effect.pk)}
+        command = outbound_command_author(
+            scope=scope, effect_root_id=predecessor.effect_root_id, effect_slot_id=predecessor.effect_slot_id,
+            effect_generation_id=str(number + 1), contract_key=predecessor.contract_key, record=record,
+            origin_flow_run_id=None, successor=successor, predecessor=predecessor)
     return command
 
 

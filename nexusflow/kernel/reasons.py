@@ -58,9 +58,28 @@ REMEDIATIONS: dict[str, Remediation] = {r.id: r for r in (
     ),
     Remediation(
         "operator_reconcile",
-        "Establish with the provider whether the remote effect exists and append authoritative reconciliation "
-        "evidence; the quarantined or uncertain row itself stays immutable. Not yet available: no reconciliation "
-        "command or endpoint exists yet, so the row stays parked.",
+        "Establish with the provider whether the remote effect exists, then append the evidence: `manage.py "
+        "effects reconcile EFFECT --org ORG (--confirmed REMOTE_ID | --no-effect [--retry]) --actor A --note N` "
+        "(`manage.py effects show EFFECT --org ORG` lists the Attempts); or park it for good with `manage.py effects "
+        "quarantine`. Earlier Attempts and evidence stay immutable.",
+    ),
+    Remediation(
+        "authorize_successor_effect",
+        "The effect is proven to have had no remote effect. If the remote call is still wanted, an operator "
+        "authorizes a new EffectGeneration: `manage.py effects successor COMMAND --org ORG --actor A --reason R` "
+        "(refused unless the predecessor is terminal no_effect); the predecessor stays terminal.",
+    ),
+    Remediation(
+        "reenable_credential_generation",
+        "When the credential is trusted again, re-enable that exact generation: `manage.py "
+        "connector_credential_reenable --org ORG --generation ID --actor A` (a new fence; Permits granted before "
+        "revocation stay closed). Blocked effects then dispatch with their frozen generation.",
+    ),
+    Remediation(
+        "publish_credential_generation",
+        "Publish a new credential generation (`manage.py connector_credential_publish`), apply a configuration "
+        "that references it and switch epochs (see complete_successor_switch); effects frozen on the revoked "
+        "generation never fall forward: resolve them with `manage.py effects quarantine` or reconcile.",
     ),
     Remediation(
         "fix_sender_and_replay",

@@ -31,7 +31,9 @@ def _parked_uncertain_effect() -> RemoteEffect:
 
 
 def _replay_safe(monkeypatch):
-    monkeypatch.setattr(egress, "_contract", lambda effect: ({}, {}, {"idempotency": {"replay_safe": True}}))
+    profile = {"idempotency": {"replay_safe": True, "header": "Idempotency-Key"}, "retry": {"max_attempts": 10},
+               "outcomes": {}}
+    monkeypatch.setattr(egress, "_contract", lambda effect: ({}, {}, profile))
 
 
 def test_an_effect_that_moved_after_the_read_is_left_alone(monkeypatch):

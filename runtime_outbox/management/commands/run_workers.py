@@ -36,7 +36,7 @@ class Command(BaseCommand):
         parser.add_argument("--idle-sleep", type=float, default=0.2, help="Seconds to sleep when idle (jittered).")
 
     def handle(self, *args, role, until_idle, idle_rounds, once, idle_sleep, **options):
-        roles = list(ROLES) if "all" in role else list(dict.fromkeys(role))
+        roles = [r for r in ROLES if r != "egress-deferred"] if "all" in role else list(dict.fromkeys(role))
         worker_id = register_worker("+".join(roles))
         units = [u for r in roles for u in units_for(r, worker_id)]
         stopping = {"flag": False}

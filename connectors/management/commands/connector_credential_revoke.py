@@ -1,0 +1,28 @@
+"""``manage.py connector_credential_revoke --org ORG --generation ID --actor A``: revoke a CredentialGeneration for dispatch.
+
+Seed 003 "State machines" (CredentialGenerationDispatchGate); see :mod:`connectors.credentials`.
+Exit 0 done (also when already revoked), 1 refused.
+"""
+from django.core.management.base import BaseCommand, CommandError
+
+from connectors.credentials import credential_revoke
+from nexusflow.kernel.errors import NexusError
+
+
+class Command(BaseCommand):
+    help = __doc__.splitlines()[0]
+
+    def add_arguments(self, parser):
+        parser.add_argument("--org", required=True)
+        parser.add_argument("--generation", type=int, required=True, help="CredentialGeneration id.")
+        parser.add_argument("--actor", required=True, help="Who authorizes it.")
+        parser.add_argument("--note", default="", help="Why (kept with the closed Permits' evidence).")
+
+    def handle(self, *args, org, generation, actor, note, **options):
+        try:
+            change = credential_revoke(org_id=org, credential_generation_id=generation, actor=actor, note=note)
+        except NexusError as exc:
+            raise CommandError(f"{exc.code}: {exc}") from exc
+        self.stdout.write(f"credential generation {generation}: {'revoked' if change.changed else 'already revoked'} "
+                          f"(fence {change.fence_token}); closed granted permits: {list(change.closed_permits)}; "
+                          f"sending permits that will settle: {list(change.open_sending_permits)}")
