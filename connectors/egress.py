@@ -112,9 +112,14 @@ def _content_type(contract: dict) -> str:
 
 
 def _encode_body(contract: dict, fields: dict) -> bytes:
-    """The request bytes for ``fields``: sorted form encoding or canonical JSON, per the contract."""
+    """The request bytes for ``fields``: sorted form encoding or canonical JSON, per the contract.
+
+    A JSON contract with ``"body_wrap": KEY`` sends ``{KEY: fields}``.
+    """
     if contract.get("body_encoding", "json") == "form":
         return urllib.parse.urlencode(sorted(fields.items())).encode("utf-8")
+    if contract.get("body_wrap"):
+        return canonical_json.dumps({contract["body_wrap"]: fields})
     return canonical_json.dumps(fields)
 
 
