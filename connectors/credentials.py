@@ -23,12 +23,15 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
-from nexusflow.kernel import locks
+from nexusflow.kernel import failpoints, locks
 from nexusflow.kernel.errors import NexusError
 
 from . import reasons
 from .models import CredentialGeneration, CredentialGenerationDispatchGate, DispatchPermit, RemoteEffectAttempt
 from .store import CredentialDispatchGateStore, DispatchPermitStore, RemoteEffectAttemptStore, RemoteEffectStore
+
+
+FP_REVOKE_BEFORE_COMMIT = failpoints.declare("credential.revoke_before_commit")
 
 
 class CredentialGateError(NexusError):
@@ -99,6 +102,7 @@ def credential_revoke(*, org_id: str, credential_generation_id: int, actor: str,
             closed.append(int(locked.pk))
         sending = tuple(int(pk) for pk in DispatchPermit.objects.filter(
             org_id=org_id, credential_gate_id=gate.pk, state="sending").values_list("pk", flat=True))
+        failpoints.hit(FP_REVOKE_BEFORE_COMMIT)
     return GateChange(credential_generation_id, "revoked", fence, changed, tuple(closed), sending)
 
 

@@ -52,7 +52,9 @@ from .workers import holder_termination_proof, record_holder_termination
 
 log = logging.getLogger(__name__)
 
+FP_GRANT_BEFORE_COMMIT = failpoints.declare("permit.grant_before_commit")
 FP_AFTER_GRANT = failpoints.declare("permit.after_grant")
+FP_SENDING_BEFORE_COMMIT = failpoints.declare("permit.sending_before_commit")
 FP_AFTER_SENDING = failpoints.declare("permit.after_sending")
 FP_AFTER_RESPONSE = failpoints.declare("permit.after_response")
 FP_AFTER_SETTLE = failpoints.declare("effect.after_settle")
@@ -208,6 +210,7 @@ def _grant(effect: RemoteEffect, worker_id: str) -> Grant | None:
             credential_fence_token=credential_gate.fence_token)
         RemoteEffectStore.transition(org_id=effect.org_id, pk=effect.pk, src="prepared", dst="dispatching",
                                      version=effect.version, set_fields={"attempt_count": effect.attempt_count + 1})
+        failpoints.hit(FP_GRANT_BEFORE_COMMIT)
         return Grant(effect.org_id, effect.pk, attempt.pk, permit.pk, fence)
 
 
@@ -276,6 +279,7 @@ def permit_send(grant: Grant, *, client: httpx.Client | None = None) -> Response
         DispatchPermitStore.transition(org_id=grant.org_id, pk=permit.pk, src="granted", dst="sending",
                                        version=permit.version, fences={"holder_fence": grant.holder_fence},
                                        set_fields={"io_may_have_started_at": db_now()})
+        failpoints.hit(FP_SENDING_BEFORE_COMMIT)
     failpoints.hit(FP_AFTER_SENDING)
     attempt = RemoteEffectAttempt.objects.get(org_id=grant.org_id, pk=grant.attempt_id)
     headers = {"Content-Type": _content_type(contract), "Accept": "application/json"}

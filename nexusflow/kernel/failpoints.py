@@ -5,7 +5,11 @@ names it. The value is a comma-separated list of ``name`` or ``name=action``:
 
 - ``kill`` (default): the process sends itself SIGKILL, as a crash would;
 - ``pause``: the process writes ``<NEXUS_FAILPOINT_DIR>/<name>.<pid>`` and
-  sleeps until something kills it, so a test can kill it from outside.
+  sleeps until something kills it, so a test can kill it from outside;
+- ``hold``: the caller writes ``<NEXUS_FAILPOINT_DIR>/<name>.<pid>`` and waits
+  (at most 120 s, then ``TimeoutError``) until ``<...>.go`` exists, then
+  goes on: a race test holds a real transaction open at a named point
+  while a concurrent one queues behind its row locks, then releases it.
 
 Every name must be declared with :func:`declare` so a typo cannot silently
 disable a crash test.
@@ -45,6 +49,18 @@ def hit(name: str) -> None:
         raise KeyError(f"undeclared failpoint {name!r}")
     action = _armed().get(name)
     if action is None:
+        return
+    if action == "hold":
+        directory = Path(os.environ.get("NEXUS_FAILPOINT_DIR", "/tmp"))
+        directory.mkdir(parents=True, exist_ok=True)
+        marker = directory / f"{name}.{os.getpid()}"
+        go = marker.with_name(marker.name + ".go")
+        marker.write_text(str(os.getpid()))
+        deadline = time.monotonic() + 120
+        while not go.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"failpoint {name} was held for 120 s and never released")
+            time.sleep(0.02)
         return
     if action == "pause":
         directory = Path(os.environ.get("NEXUS_FAILPOINT_DIR", "/tmp"))

@@ -4,7 +4,7 @@ import signal
 import pytest
 from django.db import transaction
 
-from connectors.models import DispatchPermit, RemoteEffect, RemoteEffectAttempt, RemoteLink
+from connectors.models import DispatchPermit, RemoteEffect, RemoteEffectAttempt, RemoteLink, WorkerProcess
 from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
 from nexusflow.records.models import Record
 from nexusflow.records.services import record_create
@@ -53,6 +53,10 @@ def test_killed_egress_worker_never_creates_a_second_customer(billing_sandbox, f
     assert customers[0]["create_requests"] == requests_before_restart + 1
     abandoned, returned = DispatchPermit.objects.order_by("id")
     assert abandoned.state == "abandoned" and "pid_absent" in str(abandoned.closed_evidence)
+    # The holder registry keeps the proof that the killed process generation (and its egress) ended.
+    holder = WorkerProcess.objects.get(worker_id=abandoned.holder_id)
+    assert holder.terminated_at is not None and holder.termination_proof["egress"] == "closed_with_process"
+    assert abandoned.closed_evidence == holder.termination_proof
     assert returned.state == "returned"
     first, second = RemoteEffectAttempt.objects.order_by("attempt_number")
     assert first.state == first_attempt and second.state == "confirmed"

@@ -1,0 +1,53 @@
+"""Real concurrent transactions in tests: a thread with its own connection, and lock-wait detection."""
+from __future__ import annotations
+
+import threading
+import time
+
+from django.db import connection, connections
+
+
+def connection_id() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT CONNECTION_ID()")
+        return int(cursor.fetchone()[0])
+
+
+def wait_until_blocked_on(thread_connection_id: int, table: str, timeout: float = 60) -> None:
+    """Block until the connection ``thread_connection_id`` runs a locking read of ``table``.
+
+    The caller holds that row's lock in another transaction, so a connection
+    seen inside the statement is waiting for it (a connection sees its own
+    user's threads in PROCESSLIST without extra privileges). Fails after ``timeout``.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT INFO FROM information_schema.PROCESSLIST WHERE ID = %s", [thread_connection_id])
+            row = cursor.fetchone()
+        info = (row[0] or "") if row else ""
+        if table in info and "FOR UPDATE" in info:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"connection {thread_connection_id} never waited on a lock of {table}")
+
+
+class Worker(threading.Thread):
+    """Run ``fn`` on its own database connection; keep its result or exception."""
+
+    def __init__(self, fn, name: str):
+        super().__init__(name=name, daemon=True)
+        self.fn, self.result, self.error = fn, None, None
+        self.connection_id = None
+        self.ready = threading.Event()
+
+    def run(self):
+        try:
+            self.connection_id = connection_id()
+            self.ready.set()
+            self.result = self.fn()
+        except Exception as exc:  # noqa: BLE001 - the test inspects it
+            self.error = exc
+        finally:
+            self.ready.set()
+            connections.close_all()
