@@ -143,3 +143,20 @@ class OrderingHandoffStore(CasStore):
     lock_class = LockClass.CONNECTOR_WORK
     lock_rank, lock_label = RANK_HANDOFF, "handoff"
     stale_error = FenceRejected
+
+
+class WorkerProcessStore:
+    """The holder registry's one write after registration: the proven end of a process generation."""
+
+    @staticmethod
+    def record_termination(*, worker_id: str, proof: dict, at) -> bool:
+        """Set ``terminated_at`` and ``termination_proof`` once; ``False`` if already recorded or unknown."""
+        import json
+
+        from django.db import connections, router
+
+        with connections[router.db_for_write(models.WorkerProcess)].cursor() as cursor:
+            cursor.execute(
+                "UPDATE connectors_workerprocess SET terminated_at = %s, termination_proof = %s "
+                "WHERE worker_id = %s AND terminated_at IS NULL", [at, json.dumps(proof, sort_keys=True), worker_id])
+            return cursor.rowcount == 1

@@ -7,12 +7,11 @@ host cannot be proven gone from here and its Permit stays open.
 """
 from __future__ import annotations
 
-import json
 import os
 import socket
 import uuid
 
-from django.db import connections, router, transaction
+from django.db import transaction
 
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.models import insert
@@ -55,6 +54,7 @@ def holder_termination_proof(worker_id: str) -> dict | None:
     return None
 
 
+
 def record_holder_termination(worker_id: str, proof: dict) -> dict:
     """Record, once, the proof that worker process generation ``worker_id`` ended; return the recorded proof.
 
@@ -64,16 +64,10 @@ def record_holder_termination(worker_id: str, proof: dict) -> dict:
     sole egress adapter runs in the worker process, so its connections close
     when the process is gone (seed 003 "State machines", Permit abandonment).
     """
+    from .store import WorkerProcessStore
+
     proof = {**proof, "worker_id": worker_id, "egress": "closed_with_process"}
     with transaction.atomic():
-        with connection_for(WorkerProcess).cursor() as cursor:
-            cursor.execute(
-                "UPDATE connectors_workerprocess SET terminated_at = %s, termination_proof = %s "
-                "WHERE worker_id = %s AND terminated_at IS NULL", [db_now(), json.dumps(proof, sort_keys=True), worker_id])
+        WorkerProcessStore.record_termination(worker_id=worker_id, proof=proof, at=db_now())
         recorded = WorkerProcess.objects.filter(worker_id=worker_id).values_list("termination_proof", flat=True).first()
     return recorded or proof
-
-
-def connection_for(model):
-    """The connection that writes ``model``."""
-    return connections[router.db_for_write(model)]

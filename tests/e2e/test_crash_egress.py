@@ -2,7 +2,7 @@
 import signal
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
 from connectors.models import DispatchPermit, RemoteEffect, RemoteEffectAttempt, RemoteLink, WorkerProcess
 from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
@@ -64,3 +64,72 @@ def test_killed_egress_worker_never_creates_a_second_customer(billing_sandbox, f
     assert bytes(first.request_body) == bytes(second.request_body)
     assert RemoteLink.objects.get(action_type="PushToConnector").remote_id == customers[0]["id"]
     assert Record.objects.get(pk=record.pk).mirrors["billing_id"] == customers[0]["id"]
+
+
+@pytest.mark.parametrize("failpoint,effect_state", [
+    # Killed inside the acquisition transaction: nothing committed, the effect is still prepared.
+    ("permit.grant_before_commit", "prepared"),
+    # Killed inside the granted -> sending transaction: the Permit is still provably granted (pre-I/O).
+    ("permit.sending_before_commit", "dispatching"),
+])
+def test_a_worker_killed_before_its_transaction_commits_leaves_a_provably_pre_io_state(
+        billing_sandbox, failpoint, effect_state):
+    make_serving_org(billing_sandbox.base_url, deploy_flow=False)
+    _push_one_contact()
+
+    crashed = run_manage(["run_workers", "--role", "egress"], subprocess_env(NEXUS_FAILPOINTS=failpoint), timeout=60)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    assert RemoteEffect.objects.get().state == effect_state
+    permits = list(DispatchPermit.objects.all())
+    if effect_state == "prepared":
+        assert permits == [] and not RemoteEffectAttempt.objects.exists()  # directly reclaimable
+    else:
+        assert [(p.state, p.io_may_have_started_at) for p in permits] == [("granted", None)]
+    assert billing_sandbox.state()["requests"] == 0
+
+    restarted = run_manage(["run_workers", "--role", "egress", "--until-idle"], subprocess_env(), timeout=120)
+    assert restarted.returncode == 0, restarted.stderr
+    assert RemoteEffect.objects.get().state == "finalized"
+    assert [c["create_requests"] for c in billing_sandbox.state()["customers"]] == [1]
+    if effect_state == "dispatching":
+        abandoned = DispatchPermit.objects.order_by("id").first()
+        assert abandoned.state == "abandoned" and RemoteEffectAttempt.objects.order_by("id").first().state == "no_effect"
+
+
+def test_permit_age_alone_proves_nothing_while_the_holder_lives(billing_sandbox, tmp_path):
+    """A Permit is not a lease: a live (paused) holder keeps its ``sending`` Permit open however old it is;
+    only the proven end of that process generation lets recovery abandon it, as ``uncertain``."""
+    import subprocess
+    import sys
+    import time
+
+    from connectors.egress import permit_try_abandon_one
+    from connectors.handoff import halt_begin, halt_try_complete
+    from nexusflow.kernel.scope import OrgScope
+    from tests.conftest import ROOT
+
+    make_serving_org(billing_sandbox.base_url, deploy_flow=False)
+    _push_one_contact()
+    env = subprocess_env(NEXUS_FAILPOINTS="permit.after_sending=pause", NEXUS_FAILPOINT_DIR=str(tmp_path))
+    holder = subprocess.Popen([sys.executable, "manage.py", "run_workers", "--role", "egress"], cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob("permit.after_sending.*")):
+            assert time.monotonic() < deadline and holder.poll() is None, "the holder never reached sending"
+            time.sleep(0.05)
+        with connection.cursor() as cursor:  # age the Permit far past any plausible lease
+            cursor.execute("UPDATE connectors_dispatchpermit SET created_at = created_at - INTERVAL 30 DAY, "
+                           "io_may_have_started_at = io_may_have_started_at - INTERVAL 30 DAY")
+        assert permit_try_abandon_one() is False
+        assert DispatchPermit.objects.get().state == "sending"
+        halt_begin(org=OrgScope(ORG))
+        assert halt_try_complete(org=OrgScope(ORG)).gates["billing-main"][0] == "halting_v2"
+    finally:
+        holder.kill()
+        holder.wait(30)
+    assert permit_try_abandon_one() is True
+    assert DispatchPermit.objects.get().state == "abandoned"
+    assert RemoteEffect.objects.get().state == "uncertain"
+    assert billing_sandbox.state()["requests"] == 0
+    assert halt_try_complete(org=OrgScope(ORG)).gates["billing-main"][0] == "halting_v2"  # uncertain needs serving
