@@ -250,9 +250,13 @@ def _author_successor(org_id: str, scope: TrustedRuntimeWorkScope, predecessor: 
 def outbox_try_deliver_one() -> bool:
     """Deliver one due outbox message to Connector (outside any transaction).
 
-    Creates (or loads) the command's one RemoteEffect, then marks the message
-    delivered. A crash between the two redelivers onto the same effect.
-    Failures back off exponentially (capped at 60 s).
+    The relay first claims the message by counting the delivery attempt and
+    moving its next due time (exponential backoff, capped at 60 s) in its own
+    transaction; then it creates (or loads) the command's one RemoteEffect and
+    marks the message delivered. A crash between the two redelivers onto the
+    same effect; a message whose delivery keeps killing the relay backs off
+    instead of blocking every later message, and ``delivery_attempts`` counts
+    every try, crashed ones included.
     """
     from connectors.outbound import remote_effect_accept
 
@@ -260,29 +264,31 @@ def outbox_try_deliver_one() -> bool:
         raise RuntimeError("outbox draining runs outside any transaction")
     now = db_now()
     message = (OutboxMessage.objects.filter(state="pending")
-               .exclude(next_attempt_at__gt=now).order_by("id").select_related("command").first())
+               .exclude(next_attempt_at__gt=now).order_by("next_attempt_at", "id").select_related("command").first())
     if message is None:
         return False
+    backoff = min(60, 2 ** min(message.delivery_attempts, 6))
+    with transaction.atomic(durable=True):
+        try:
+            version = OutboxMessageStore.touch(
+                org_id=message.org_id, pk=message.pk, state="pending", version=message.version,
+                set_fields={"delivery_attempts": message.delivery_attempts + 1,
+                            "next_attempt_at": now + dt.timedelta(seconds=backoff)})
+        except StaleVersion:
+            return True  # another relay claimed or delivered it first
     try:
         remote_effect_accept(command=message.command)
     except NexusError as exc:
-        backoff = min(60, 2 ** min(message.delivery_attempts, 6))
-        log.warning("outbox delivery of command %s failed: %s", message.command_id, exc)
-        with transaction.atomic(durable=True):
-            try:
-                OutboxMessageStore.touch(org_id=message.org_id, pk=message.pk, state="pending", version=message.version,
-                                         set_fields={"delivery_attempts": message.delivery_attempts + 1,
-                                                     "next_attempt_at": now + dt.timedelta(seconds=backoff)})
-            except StaleVersion:
-                pass
+        log.warning("outbox delivery of command %s failed (attempt %s, next in %s s): %s", message.command_id,
+                    message.delivery_attempts + 1, backoff, exc)
         return True
     failpoints.hit(FP_AFTER_EFFECT_ACCEPT)
     with transaction.atomic(durable=True):
         try:
             OutboxMessageStore.transition(org_id=message.org_id, pk=message.pk, src="pending", dst="delivered",
-                                          version=message.version, set_fields={"delivered_at": now})
+                                          version=version, set_fields={"delivered_at": now})
         except StaleVersion:
-            pass  # another relay delivered it; the effect is the same row
+            pass  # another relay delivered it after our claim expired; the effect is the same row
     return True
 
 
