@@ -81,7 +81,8 @@ DEFAULT_ROUNDS = 3
 #: External web kills fire this many seconds (uniform, seeded) after the web (re)started.
 EXTERNAL_DELAY_RANGE = (0.5, 3.0)
 
-#: An armed process that has not died after this many seconds is re-armed with its next failpoint.
+#: An armed process that has not died after this many seconds *while its role had work* is re-armed
+#: with its next failpoint (waiting for upstream work does not count).
 ARM_TIMEOUT_SECONDS = 30.0
 #: After a kill the slot runs unarmed this long, so its role gets past the unit that killed it.
 COOLDOWN_SECONDS = 3.0
@@ -321,6 +322,7 @@ class _Slot:
     proc: subprocess.Popen | None = None
     arm: Arm | None = None
     started_at: float = 0.0
+    armed_busy: float = 0.0  # seconds the current arm waited while its role had work
     cooldown_until: float = 0.0
     log_offset: int = 0
     follow_ups: int = 0
@@ -334,8 +336,8 @@ class ChaosSupervisor:
     SIGKILL count a :class:`Kill` and restart it *unarmed*, so the role makes
     progress past the unit that killed it; after :data:`COOLDOWN_SECONDS`
     restart it with its next arm (a restart: the arm is an environment
-    variable). An arm not reached within :data:`ARM_TIMEOUT_SECONDS` is
-    recorded as unreached and replaced by the next one.
+    variable). An arm not reached within :data:`ARM_TIMEOUT_SECONDS` of its
+    role having work is recorded as unreached and replaced by the next one.
 
     Planned arms are used while posting is in progress, and afterwards only
     while :func:`coverage_failures` is non-empty; once the plan is exhausted and
@@ -401,7 +403,7 @@ class ChaosSupervisor:
         if slot.proc is not None:
             self.procs.procs[:] = [(n, p) for n, p in self.procs.procs if p is not slot.proc]
         slot.proc = self.procs.start(slot.log_name, slot.argv, env, self.run_dir)
-        slot.arm, slot.started_at = arm, time.monotonic()
+        slot.arm, slot.started_at, slot.armed_busy = arm, time.monotonic(), 0.0
         if arm is not None:
             self.arms_used.append(arm)
 
@@ -498,9 +500,34 @@ class ChaosSupervisor:
         self._start(slot, None)
         slot.cooldown_until = time.monotonic() + COOLDOWN_SECONDS
 
+    @staticmethod
+    def _role_has_work(slot: _Slot, *, posting: bool) -> bool:
+        """Whether ``slot``'s role has work it could be running now (approximate: cheap existence checks)."""
+        if slot.name == "web":
+            return posting
+        if slot.name == "connector":
+            from connectors.models import Execution
+
+            return Execution.objects.filter(state="ready").exists()
+        if slot.name == "runtime":
+            from runtime_outbox.models import OutboxMessage
+
+            return OutboxMessage.objects.filter(state="pending").exists()
+        if slot.name == "flow":
+            from nexusflow.flows.models import FlowRun
+
+            return FlowRun.objects.filter(state__in=("Accepted", "Runnable", "Running")).exists()
+        from connectors.models import RemoteEffect
+
+        return RemoteEffect.objects.filter(state__in=("prepared", "dispatching", "uncertain",
+                                                      "remote_confirmed")).exists()
+
     # -- one supervision round ----------------------------------------------------------
-    def tick(self, *, posting: bool) -> None:
+    def tick(self, *, posting: bool, elapsed: float = TICK_SECONDS) -> None:
         """Notice deaths, fire due external kills, arm cooled-down slots, replace timed-out arms.
+
+        ``elapsed`` is the time since the previous tick in seconds; it counts
+        against an arm's timeout while the slot's role has work.
 
         Raises:
             DemoError: a slot process exited other than by SIGKILL (a crash the
@@ -527,12 +554,15 @@ class ChaosSupervisor:
                         self._record(slot, pid, "gunicorn_waitpid")
                     self._replace(slot, None, kills_seen=len(pids))
                     slot.cooldown_until = time.monotonic() + COOLDOWN_SECONDS
-                elif arm is not None and now - slot.started_at > ARM_TIMEOUT_SECONDS:
+                elif arm is not None and slot.armed_busy > ARM_TIMEOUT_SECONDS:
                     if not self._replace(slot, None):
                         self.unreached.append(arm)
                         self.say(f"chaos: {slot.log_name} did not reach {arm.failpoint} in "
                                  f"{ARM_TIMEOUT_SECONDS:.0f} s; re-arming")
-                elif arm is None and now >= slot.cooldown_until and not self.disarmed:
+                elif arm is not None:
+                    if self._role_has_work(slot, posting=posting):
+                        slot.armed_busy += elapsed
+                elif now >= slot.cooldown_until and not self.disarmed:
                     following = self._next_arm(slot, posting=posting)
                     if following is not None and self._replace(slot, following):
                         slot.cooldown_until = time.monotonic() + COOLDOWN_SECONDS
@@ -573,9 +603,12 @@ class ChaosSupervisor:
         idle_since = None
         last_marker, last_change = None, time.monotonic()
         counts: dict[str, int] = {}
+        last_tick = time.monotonic()
         while True:
             posting = not poster.done.is_set()
-            self.tick(posting=posting)
+            tick_at = time.monotonic()
+            self.tick(posting=posting, elapsed=tick_at - last_tick)
+            last_tick = tick_at
             if poster.error:
                 raise DemoError(poster.error)
             now = time.monotonic()
@@ -636,6 +669,36 @@ def chaos_work_counts(base: Callable[[], dict[str, int]]) -> Callable[[], dict[s
         return {**base(), "uncertain_effects": RemoteEffect.objects.filter(state="uncertain").count()}
 
     return counts
+
+
+def abandoned_permits() -> list[dict[str, Any]]:
+    """Every abandoned DispatchPermit and what its abandonment proved, for ``--dump``.
+
+    Returns ``[{"permit_id": int, "was_sending": bool (I/O may have started),
+    "proof": "pid_absent" | "pid_reused" | None (the holder-termination proof),
+    "attempt_state": str, "effect_state": str, "next_attempt_same_request":
+    bool | None (the following Attempt of the effect sent the same bytes under
+    the same idempotency key; None when there is none)}]``, by permit id.
+    """
+    from connectors.models import DispatchPermit, RemoteEffectAttempt
+
+    out = []
+    for permit in DispatchPermit.objects.filter(state="abandoned").select_related("attempt__effect").order_by("id"):
+        evidence = permit.closed_evidence
+        if isinstance(evidence, str):
+            try:
+                evidence = json.loads(evidence)
+            except ValueError:
+                evidence = {}
+        attempt = permit.attempt
+        following = RemoteEffectAttempt.objects.filter(org_id=attempt.org_id, effect_id=attempt.effect_id,
+                                                       attempt_number=attempt.attempt_number + 1).first()
+        same = None if following is None else (following.idempotency_key == attempt.idempotency_key
+                                               and bytes(following.request_body) == bytes(attempt.request_body))
+        out.append({"permit_id": int(permit.pk), "was_sending": permit.io_may_have_started_at is not None,
+                    "proof": (evidence or {}).get("proof"), "attempt_state": attempt.state,
+                    "effect_state": attempt.effect.state, "next_attempt_same_request": same})
+    return out
 
 
 def chaos_failures(summary: dict[str, Any], kills: Sequence[Kill]) -> list[str]:

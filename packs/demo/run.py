@@ -420,11 +420,11 @@ def run_demo(*, events: str | None, as_json: bool, dump_path: str | None, keep_l
         remote = httpx.get(billing_url + "/_sandbox/state", timeout=5).json()
         summary, failures, dump = _summary(service, results, remote, expected_final_state(deliveries), counts)
         if supervisor is not None:
-            from packs.demo.chaos import chaos_failures
+            from packs.demo.chaos import abandoned_permits, chaos_failures
 
             summary.update(supervisor.report())
             failures += chaos_failures(summary, supervisor.kills)
-            dump["chaos"] = supervisor.dump()
+            dump["chaos"] = {**supervisor.dump(), "abandoned_permits": abandoned_permits()}
     except DemoError as exc:
         print(f"demo: {exc}\nlogs: {run_dir}", file=sys.stderr)
         return 2

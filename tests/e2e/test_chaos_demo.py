@@ -118,6 +118,17 @@ def test_chaos_demo_kills_every_role_and_keeps_the_demo_contract(tmp_path):
     # every kill is a verified death by SIGKILL of a real process
     assert all(k["how"] in ("returncode", "gunicorn_waitpid") and k["pid"] > 0 for k in kills)
     assert state["chaos"]["schedule"] == [a.as_dict() for a in chaos_schedule(CHAOS_SEED)]
+    # crash around the Permit boundary: a dead holder's Permit is abandoned only with a termination
+    # proof; `sending` abandonment is uncertain and repeated byte for byte under the same key,
+    # `granted` abandonment proves no I/O
+    permits = state["chaos"]["abandoned_permits"]
+    assert any(p["was_sending"] for p in permits), permits
+    for permit in permits:
+        assert permit["proof"] in ("pid_absent", "pid_reused"), permit
+        assert permit["attempt_state"] == ("uncertain" if permit["was_sending"] else "no_effect"), permit
+        assert permit["effect_state"] == "finalized", permit
+        if permit["was_sending"]:
+            assert permit["next_attempt_same_request"] is True, permit
     # one remote customer per pushed contact, and no remote customer without its contact
     linked = [row["billing_id"] for row in state["local"].values() if row["billing_id"]]
     assert len(linked) == len(set(linked)) == len(state["remote"])
