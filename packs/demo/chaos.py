@@ -27,7 +27,7 @@ gunicorn worker its master's own ``waitpid`` report (the arbiter logs
 ``Worker (pid:N) was sent SIGKILL!`` from ``os.WTERMSIG(status)``). After a
 death the slot restarts with its next arm, or unarmed when its plan is done.
 
-Posting runs in a thread (:class:`ResendingPoster`) that resends a delivery
+Posting runs in a thread (:class:`packs.demo.run.ResendingPoster`) that resends a delivery
 whose HTTP request failed (connection refused or reset, timeout, 5xx) with the
 same body, signed afresh, as the provider would. Once the input is posted and
 the minimum is met (:data:`MIN_KILLS` kills covering :data:`ROLE_GROUPS` and
@@ -47,14 +47,11 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
-
-import httpx
 
 #: Not a failpoint: the supervisor SIGKILLs the web process group from outside.
 EXTERNAL_KILL = "external.sigkill"
@@ -88,9 +85,6 @@ ARM_TIMEOUT_SECONDS = 30.0
 COOLDOWN_SECONDS = 3.0
 #: Follow-up arms per slot once the plan ran out and the contract is still unmet.
 MAX_FOLLOW_UPS = 6
-#: A delivery whose requests keep failing for this long stops the demo (exit 2).
-RESEND_DEADLINE_SECONDS = 120.0
-RESEND_WAIT_SECONDS = (0.2, 1.0)  # first wait, cap; doubled per failed request
 STOP_TIMEOUT_SECONDS = 20.0
 IDLE_STABLE_SECONDS = 2.0
 STALL_TIMEOUT_SECONDS = 90.0
@@ -226,91 +220,6 @@ def coverage_failures(kills: Sequence[Kill]) -> list[str]:
     if not any(k.failpoint == REQUIRED_FAILPOINT for k in kills):
         problems.append(f"chaos: no kill at {REQUIRED_FAILPOINT}")
     return problems
-
-
-# --- posting ------------------------------------------------------------------------
-class ResendingPoster(threading.Thread):
-    """Post every delivery in order, resending one whose HTTP request failed, as a provider does.
-
-    A request *failed* when it raised :class:`httpx.TransportError` (refused,
-    reset, timed out: the web process died or restarts) or was answered 5xx
-    other than 503; it is sent again with the same body, re-signed with a fresh
-    timestamp, after a wait doubling from 0.2 s to 1 s. 503 and 429 are retried
-    after ``Retry-After`` as :mod:`packs.hubspot.sender` does. After
-    :data:`RESEND_DEADLINE_SECONDS` of failures for one delivery the thread
-    stops with ``error`` set.
-
-    Attributes (read after ``done`` is set): ``results`` (one
-    :class:`packs.hubspot.sender.DeliveryResult` per delivery), ``resends``
-    (requests sent again after a failed one), ``error`` (``None`` or a message).
-    """
-
-    def __init__(self, deliveries: Sequence[Any], *, url: str, secret: bytes):
-        super().__init__(name="chaos-poster", daemon=True)
-        self.deliveries, self.url, self.secret = list(deliveries), url, secret
-        self.results: list[Any] = []
-        self.resends = 0
-        self.error: str | None = None
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        from packs.hubspot import webhook_route
-
-        auth = webhook_route()["auth"]
-        try:
-            with httpx.Client(timeout=10.0) as http:
-                for index, delivery in enumerate(self.deliveries):
-                    result = self._deliver(index, delivery, http, auth)
-                    if result is None:
-                        return
-                    self.results.append(result)
-        except Exception as exc:  # reported by the supervisor as a demo error, never swallowed
-            self.error = f"poster crashed: {type(exc).__name__}: {exc}"
-        finally:
-            self.done.set()
-
-    def _deliver(self, index: int, delivery: Any, http: httpx.Client, auth: dict):
-        from packs.hubspot.sender import (
-            MAX_TRIES,
-            RETRY_STATUSES,
-            DeliveryResult,
-            _json_or_none,
-            _retry_wait_seconds,
-            signed_headers,
-        )
-
-        body = delivery.body_bytes()
-        attempts = busy = 0
-        wait = RESEND_WAIT_SECONDS[0]
-        failing_since = None
-        while True:
-            attempts += 1
-            headers = {"Content-Type": "application/json"}
-            headers.update(signed_headers(delivery, auth=auth, url=self.url, secret=self.secret,
-                                          now_epoch_seconds=time.time()))
-            try:
-                response = http.post(self.url, content=body, headers=headers)
-            except httpx.TransportError as exc:
-                failure = f"{type(exc).__name__}: {exc}"
-            else:
-                if response.status_code in RETRY_STATUSES and busy + 1 < MAX_TRIES:
-                    busy += 1
-                    time.sleep(_retry_wait_seconds(response.headers.get("Retry-After")))
-                    continue
-                if response.status_code < 500 or response.status_code in RETRY_STATUSES:
-                    return DeliveryResult(index=index, status=response.status_code,
-                                          response=_json_or_none(response),
-                                          retry_after=response.headers.get("Retry-After"), attempts=attempts)
-                failure = f"HTTP {response.status_code}"
-            now = time.monotonic()
-            failing_since = failing_since or now
-            if now - failing_since > RESEND_DEADLINE_SECONDS:
-                self.error = (f"delivery {index} got no answer for {RESEND_DEADLINE_SECONDS:.0f} s "
-                              f"(last: {failure})")
-                return None
-            self.resends += 1
-            time.sleep(wait)
-            wait = min(wait * 2, RESEND_WAIT_SECONDS[1])
 
 
 # --- supervision ---------------------------------------------------------------------------
@@ -586,10 +495,11 @@ class ChaosSupervisor:
         self.say(f"chaos: disarmed after {len(self.kills)} kills; draining")
 
     # -- the whole run --------------------------------------------------------------------
-    def run(self, poster: ResendingPoster, *, work_counts: Callable[[], dict[str, int]],
+    def run(self, poster: Any, *, work_counts: Callable[[], dict[str, int]],
             progress_marker: Callable[[], tuple]) -> dict[str, int]:
         """Supervise until the input is posted, the contract met (or unreachable) and no work is left.
 
+        ``poster`` is a started :class:`packs.demo.run.ResendingPoster`;
         ``work_counts`` returns ``{kind: open count}`` (uncertain effects
         included); ``progress_marker`` any value that changes while work moves.
         Returns the last ``work_counts`` result (all zero unless the run

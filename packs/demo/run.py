@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import httpx
 import MySQLdb
@@ -167,6 +167,95 @@ def _wait_idle(procs: Processes) -> dict[str, int]:
         time.sleep(0.3)
 
 
+#: Chaos demo: a delivery whose requests keep failing for this long stops the demo (exit 2).
+RESEND_DEADLINE_SECONDS = 120.0
+RESEND_WAIT_SECONDS = (0.2, 1.0)  # first wait, cap; doubled per failed request
+
+
+class ResendingPoster(threading.Thread):
+    """Post every delivery in order, resending one whose HTTP request failed, as a provider does.
+
+    A request *failed* when it raised :class:`httpx.TransportError` (refused,
+    reset, timed out: the web process died or restarts) or was answered 5xx
+    other than 503; it is sent again with the same body, re-signed with a fresh
+    timestamp, after a wait doubling from 0.2 s to 1 s. 503 and 429 are retried
+    after ``Retry-After`` as :mod:`packs.hubspot.sender` does. After
+    :data:`RESEND_DEADLINE_SECONDS` of failures for one delivery the thread
+    stops with ``error`` set.
+
+    Attributes (read after ``done`` is set): ``results`` (one
+    :class:`packs.hubspot.sender.DeliveryResult` per delivery), ``resends``
+    (requests sent again after a failed one), ``error`` (``None`` or a message).
+    """
+
+    def __init__(self, deliveries: Sequence[Any], *, url: str, secret: bytes):
+        super().__init__(name="chaos-poster", daemon=True)
+        self.deliveries, self.url, self.secret = list(deliveries), url, secret
+        self.results: list[Any] = []
+        self.resends = 0
+        self.error: str | None = None
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        from packs.hubspot import webhook_route
+
+        auth = webhook_route()["auth"]
+        try:
+            with httpx.Client(timeout=10.0) as http:
+                for index, delivery in enumerate(self.deliveries):
+                    result = self._deliver(index, delivery, http, auth)
+                    if result is None:
+                        return
+                    self.results.append(result)
+        except Exception as exc:  # reported by the supervisor as a demo error, never swallowed
+            self.error = f"poster crashed: {type(exc).__name__}: {exc}"
+        finally:
+            self.done.set()
+
+    def _deliver(self, index: int, delivery: Any, http: httpx.Client, auth: dict):
+        from packs.hubspot.sender import (
+            MAX_TRIES,
+            RETRY_STATUSES,
+            DeliveryResult,
+            _json_or_none,
+            _retry_wait_seconds,
+            signed_headers,
+        )
+
+        body = delivery.body_bytes()
+        attempts = busy = 0
+        wait = RESEND_WAIT_SECONDS[0]
+        failing_since = None
+        while True:
+            attempts += 1
+            headers = {"Content-Type": "application/json"}
+            headers.update(signed_headers(delivery, auth=auth, url=self.url, secret=self.secret,
+                                          now_epoch_seconds=time.time()))
+            try:
+                response = http.post(self.url, content=body, headers=headers)
+            except httpx.TransportError as exc:
+                failure = f"{type(exc).__name__}: {exc}"
+            else:
+                if response.status_code in RETRY_STATUSES and busy + 1 < MAX_TRIES:
+                    busy += 1
+                    time.sleep(_retry_wait_seconds(response.headers.get("Retry-After")))
+                    continue
+                if response.status_code < 500 or response.status_code in RETRY_STATUSES:
+                    return DeliveryResult(index=index, status=response.status_code,
+                                          response=_json_or_none(response),
+                                          retry_after=response.headers.get("Retry-After"), attempts=attempts)
+                failure = f"HTTP {response.status_code}"
+            now = time.monotonic()
+            failing_since = failing_since or now
+            if now - failing_since > RESEND_DEADLINE_SECONDS:
+                self.error = (f"delivery {index} got no answer for {RESEND_DEADLINE_SECONDS:g} s "
+                              f"(last: {failure})")
+                return None
+            self.resends += 1
+            time.sleep(wait)
+            wait = min(wait * 2, RESEND_WAIT_SECONDS[1])
+
+
 def _run_chaos(seed: int, *, procs: Processes, env: dict, run_dir: Path, web_port: int, url: str,
                deliveries: list, secret: bytes, databases: tuple[str, str], say) -> tuple[Any, list, dict[str, int]]:
     """Start the slot processes under a ChaosSupervisor, post with resends, supervise until drained.
@@ -178,7 +267,7 @@ def _run_chaos(seed: int, *, procs: Processes, env: dict, run_dir: Path, web_por
         DemoError: the web server never answered, a process crashed other than
             by a chaos kill, or a delivery could not be posted.
     """
-    from packs.demo.chaos import ChaosSupervisor, ResendingPoster, chaos_work_counts
+    from packs.demo.chaos import ChaosSupervisor, chaos_work_counts
 
     supervisor = ChaosSupervisor(seed=seed, procs=procs, env=env, run_dir=run_dir, web_port=web_port, say=say)
     say(f"demo: chaos seed {seed}: {len(supervisor.schedule)} planned arms: "

@@ -89,6 +89,66 @@ def test_coverage_needs_ten_kills_every_role_and_the_sending_boundary():
     assert coverage_failures(other_egress) == [f"chaos: no kill at {REQUIRED_FAILPOINT}"]
 
 
+def _answers(statuses):
+    """A loopback receiver answering ``statuses`` in turn (then 202); returns (url, bodies seen, server)."""
+    import http.server
+    import threading
+
+    seen, queue = [], list(statuses)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            seen.append((self.rfile.read(int(self.headers["Content-Length"])), dict(self.headers)))
+            status = queue.pop(0) if queue else 202
+            body = json.dumps({"receipt_id": 1, "status": "admitted"}).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}/api/v2/ingress/a/b/", seen, server
+
+
+def test_the_poster_resends_a_failed_request_with_the_same_body_like_a_provider():
+    from packs.demo.run import ResendingPoster
+    from packs.hubspot.sender import Delivery
+
+    url, seen, server = _answers([500, 502])
+    try:
+        poster = ResendingPoster([Delivery([{"eventId": 1}]), Delivery("raw", "missing")], url=url, secret=b"s")
+        poster.start()
+        assert poster.done.wait(30)
+    finally:
+        server.shutdown()
+    assert poster.error is None
+    assert [r.status for r in poster.results] == [202, 202] and poster.resends == 2
+    assert [r.attempts for r in poster.results] == [3, 1]
+    assert [body for body, _ in seen] == [b'[{"eventId":1}]'] * 3 + [b"raw"]
+
+
+def test_the_poster_gives_up_on_a_receiver_that_never_answers(monkeypatch):
+    import socket
+
+    from packs.demo import run
+    from packs.hubspot.sender import Delivery
+
+    monkeypatch.setattr(run, "RESEND_DEADLINE_SECONDS", 0.5)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again: connections are refused
+    poster = run.ResendingPoster([Delivery([])], url=f"http://127.0.0.1:{port}/x/", secret=b"s")
+    poster.start()
+    assert poster.done.wait(30)
+    assert poster.results == [] and poster.resends >= 1
+    assert poster.error.startswith("delivery 0 got no answer") and "ConnectError" in poster.error
+
+
 @pytest.mark.parametrize("value", ["-1", "x", "1.5"])
 def test_demo_refuses_a_bad_chaos_seed_before_doing_anything(value):
     result = run_manage(["demo", "--chaos", value], {**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=60)
