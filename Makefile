@@ -34,6 +34,12 @@ demo: venv db
 chaos: venv db
 	$(PY) -m pytest -p no:cacheprovider -m chaos --run-chaos $(PYTEST_ARGS)
 
+# The chaos demo (README "What `make chaos-demo` does") with a fixed seed (override: make chaos-demo CHAOS_SEED=N).
+CHAOS_SEED ?= 7
+.PHONY: chaos-demo
+chaos-demo: venv db
+	$(PY) manage.py demo --chaos $(CHAOS_SEED) $(DEMO_ARGS)
+
 bench: venv db
 	$(PY) -m pytest -p no:cacheprovider -m bench --run-bench $(PYTEST_ARGS)
 

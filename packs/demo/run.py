@@ -19,10 +19,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import httpx
 import MySQLdb
@@ -46,9 +47,9 @@ class Processes:
     procs: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
 
     def start(self, name: str, argv: list[str], env: dict, log_dir: Path) -> subprocess.Popen:
-        log = open(log_dir / f"{name}.log", "ab")
-        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        with open(log_dir / f"{name}.log", "ab") as log:  # the child keeps its own descriptor
+            proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
         self.procs.append((name, proc))
         return proc
 
@@ -166,6 +167,124 @@ def _wait_idle(procs: Processes) -> dict[str, int]:
         time.sleep(0.3)
 
 
+#: Chaos demo: a delivery whose requests keep failing for this long stops the demo (exit 2).
+RESEND_DEADLINE_SECONDS = 120.0
+RESEND_WAIT_SECONDS = (0.2, 1.0)  # first wait, cap; doubled per failed request
+
+
+class ResendingPoster(threading.Thread):
+    """Post every delivery in order, resending one whose HTTP request failed, as a provider does.
+
+    A request *failed* when it raised :class:`httpx.TransportError` (refused,
+    reset, timed out: the web process died or restarts) or was answered 5xx
+    other than 503; it is sent again with the same body, re-signed with a fresh
+    timestamp, after a wait doubling from 0.2 s to 1 s. 503 and 429 are retried
+    after ``Retry-After`` as :mod:`packs.hubspot.sender` does. After
+    :data:`RESEND_DEADLINE_SECONDS` of failures for one delivery the thread
+    stops with ``error`` set.
+
+    Attributes (read after ``done`` is set): ``results`` (one
+    :class:`packs.hubspot.sender.DeliveryResult` per delivery), ``resends``
+    (requests sent again after a failed one), ``error`` (``None`` or a message).
+    """
+
+    def __init__(self, deliveries: Sequence[Any], *, url: str, secret: bytes):
+        super().__init__(name="chaos-poster", daemon=True)
+        self.deliveries, self.url, self.secret = list(deliveries), url, secret
+        self.results: list[Any] = []
+        self.resends = 0
+        self.error: str | None = None
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        from packs.hubspot import webhook_route
+
+        auth = webhook_route()["auth"]
+        try:
+            with httpx.Client(timeout=10.0) as http:
+                for index, delivery in enumerate(self.deliveries):
+                    result = self._deliver(index, delivery, http, auth)
+                    if result is None:
+                        return
+                    self.results.append(result)
+        except Exception as exc:  # reported by the supervisor as a demo error, never swallowed
+            self.error = f"poster crashed: {type(exc).__name__}: {exc}"
+        finally:
+            self.done.set()
+
+    def _deliver(self, index: int, delivery: Any, http: httpx.Client, auth: dict):
+        from packs.hubspot.sender import (
+            MAX_TRIES,
+            RETRY_STATUSES,
+            DeliveryResult,
+            _json_or_none,
+            _retry_wait_seconds,
+            signed_headers,
+        )
+
+        body = delivery.body_bytes()
+        attempts = busy = 0
+        wait = RESEND_WAIT_SECONDS[0]
+        failing_since = None
+        while True:
+            attempts += 1
+            headers = {"Content-Type": "application/json"}
+            headers.update(signed_headers(delivery, auth=auth, url=self.url, secret=self.secret,
+                                          now_epoch_seconds=time.time()))
+            try:
+                response = http.post(self.url, content=body, headers=headers)
+            except httpx.TransportError as exc:
+                failure = f"{type(exc).__name__}: {exc}"
+            else:
+                if response.status_code in RETRY_STATUSES and busy + 1 < MAX_TRIES:
+                    busy += 1
+                    time.sleep(_retry_wait_seconds(response.headers.get("Retry-After")))
+                    continue
+                if response.status_code < 500 or response.status_code in RETRY_STATUSES:
+                    return DeliveryResult(index=index, status=response.status_code,
+                                          response=_json_or_none(response),
+                                          retry_after=response.headers.get("Retry-After"), attempts=attempts)
+                failure = f"HTTP {response.status_code}"
+            now = time.monotonic()
+            failing_since = failing_since or now
+            if now - failing_since > RESEND_DEADLINE_SECONDS:
+                self.error = (f"delivery {index} got no answer for {RESEND_DEADLINE_SECONDS:g} s "
+                              f"(last: {failure})")
+                return None
+            self.resends += 1
+            time.sleep(wait)
+            wait = min(wait * 2, RESEND_WAIT_SECONDS[1])
+
+
+def _run_chaos(seed: int, *, procs: Processes, env: dict, run_dir: Path, web_port: int, url: str,
+               deliveries: list, secret: bytes, databases: tuple[str, str], say) -> tuple[Any, list, dict[str, int]]:
+    """Start the slot processes under a ChaosSupervisor, post with resends, supervise until drained.
+
+    Returns ``(supervisor, delivery results, open-work counts)``; the counts
+    are #2's (``uncertain_effects`` is reported by the summary itself).
+
+    Raises:
+        DemoError: the web server never answered, a process crashed other than
+            by a chaos kill, or a delivery could not be posted.
+    """
+    from packs.demo.chaos import ChaosSupervisor, chaos_work_counts
+
+    supervisor = ChaosSupervisor(seed=seed, procs=procs, env=env, run_dir=run_dir, web_port=web_port, say=say)
+    say(f"demo: chaos seed {seed}: {len(supervisor.schedule)} planned arms: "
+        + ", ".join(f"{a.slot}@{a.failpoint}" for a in supervisor.schedule))
+    supervisor.start()
+    _wait_http(url.split("/api/")[0] + "/api/v2/health/", timeout=60)
+    _use_database(*databases)
+    say(f"demo: posting {len(deliveries)} deliveries to {url} (failed requests are resent)")
+    poster = ResendingPoster(deliveries, url=url, secret=secret)
+    poster.start()
+    supervisor.run(poster, work_counts=chaos_work_counts(_work_counts), progress_marker=_progress_marker)
+    supervisor.resent_requests = poster.resends
+    say(f"demo: chaos done: {len(supervisor.kills)} kills, {poster.resends} requests resent")
+    counts = _work_counts()
+    return supervisor, poster.results, counts
+
+
 def _inbound_field_map(service: dict) -> dict[str, str]:
     from connectors.packs import load_pack
 
@@ -281,7 +400,7 @@ def _print_table(summary: dict, ok: bool, failures: list[str]) -> None:
     table.add_column("measure")
     table.add_column("value", justify="right")
     for key, value in summary.items():
-        table.add_row(key, str(value))
+        table.add_row(key, json.dumps(value) if isinstance(value, dict) else str(value))
     table.add_row("invariants_ok", "yes" if ok else "NO")
     console = Console(stderr=False)
     console.print(table)
@@ -289,11 +408,27 @@ def _print_table(summary: dict, ok: bool, failures: list[str]) -> None:
         console.print(f"[red]invariant failed:[/red] {failure}")
 
 
-def run_demo(*, events: str | None, as_json: bool, dump_path: str | None, keep_logs: bool = True) -> int:
-    """Run the demo; return the process exit code (0 ok, 1 invariant failed, 2 could not run)."""
+def run_demo(*, events: str | None, as_json: bool, dump_path: str | None, keep_logs: bool = True,
+             chaos_seed: int | None = None) -> int:
+    """Run the demo; return the process exit code (0 ok, 1 invariant failed, 2 could not run).
+
+    With ``chaos_seed`` (a non-negative int) it is the chaos demo of
+    :mod:`packs.demo.chaos`: worker processes are SIGKILLed at the seed's
+    failpoints and restarted, failed webhook requests are resent, and the
+    summary adds ``kills`` and the chaos invariants (exit 1 when they fail).
+    """
     from packs.hubspot.fixtures.make_demo_webhooks import expected_final_state
     from packs.hubspot.sender import deliver_all, load_deliveries
 
+    chaos = supervisor = None
+    if chaos_seed is not None:
+        from packs.demo.chaos import validate_seed
+
+        try:
+            chaos = validate_seed(chaos_seed)
+        except ValueError as exc:
+            print(f"demo: {exc}", file=sys.stderr)
+            return 2
     service = json.loads(SERVICE_FILE.read_text(encoding="utf-8"))
     service["push"]["inbound_field_map"] = _inbound_field_map(service)
     events_path = Path(events) if events else ROOT / service["events"]
@@ -317,6 +452,12 @@ def run_demo(*, events: str | None, as_json: bool, dump_path: str | None, keep_l
     env.pop("NEXUS_FAILPOINTS", None)
     procs = Processes()
     say = (lambda *a: print(*a, file=sys.stderr)) if as_json else print
+
+    def _terminated(signum, frame):
+        raise DemoError(f"stopped by signal {signum}")
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous_sigterm = signal.signal(signal.SIGTERM, _terminated) if main_thread else None  # children stop too
     try:
         say(f"demo: recreating databases {main_db}, {control_db}")
         _recreate_databases(cfg, [main_db, control_db])
@@ -345,26 +486,40 @@ def run_demo(*, events: str | None, as_json: bool, dump_path: str | None, keep_l
         say("demo: " + _manage(["cutover", "greenfield", "--org", org], env))
         say("demo: " + _manage(["flow_deploy", "--org", org, *[str(ROOT / f) for f in service["flows"]]], env))
         web_port = _free_port()
-        procs.start("web", [sys.executable, "-m", "gunicorn", "nexusflow.wsgi:application", "--bind",
-                            f"127.0.0.1:{web_port}", "--workers", "2", "--threads", "4", "--timeout", "60"],
-                    env, run_dir)
-        for index, role in enumerate(WORKER_ROLES):
-            procs.start(f"worker-{role}-{index}", [sys.executable, "manage.py", "run_workers", "--role", role], env, run_dir)
         base = f"http://127.0.0.1:{web_port}"
-        _wait_http(base + "/api/v2/health/")
         ingress = service["ingress"]
         url = f"{base}/api/v2/ingress/{ingress['account_key']}/{ingress['channel']}/"
-        say(f"demo: posting {len(deliveries)} deliveries to {url}")
-        results = deliver_all(deliveries, url=url, secret=webhook_secret.encode())
-        say("demo: waiting until no work is left")
-        _use_database(main_db, control_db)
-        counts = _wait_idle(procs)
+        if chaos is None:
+            procs.start("web", [sys.executable, "-m", "gunicorn", "nexusflow.wsgi:application", "--bind",
+                                f"127.0.0.1:{web_port}", "--workers", "2", "--threads", "4", "--timeout", "60"],
+                        env, run_dir)
+            for index, role in enumerate(WORKER_ROLES):
+                procs.start(f"worker-{role}-{index}", [sys.executable, "manage.py", "run_workers", "--role", role],
+                            env, run_dir)
+            _wait_http(base + "/api/v2/health/")
+            say(f"demo: posting {len(deliveries)} deliveries to {url}")
+            results = deliver_all(deliveries, url=url, secret=webhook_secret.encode())
+            say("demo: waiting until no work is left")
+            _use_database(main_db, control_db)
+            counts = _wait_idle(procs)
+        else:
+            supervisor, results, counts = _run_chaos(chaos, procs=procs, env=env, run_dir=run_dir, web_port=web_port,
+                                                     url=url, deliveries=deliveries, secret=webhook_secret.encode(),
+                                                     databases=(main_db, control_db), say=say)
         remote = httpx.get(billing_url + "/_sandbox/state", timeout=5).json()
         summary, failures, dump = _summary(service, results, remote, expected_final_state(deliveries), counts)
+        if supervisor is not None:
+            from packs.demo.chaos import abandoned_permits, chaos_failures
+
+            summary.update(supervisor.report())
+            failures += chaos_failures(summary, supervisor.kills)
+            dump["chaos"] = {**supervisor.dump(), "abandoned_permits": abandoned_permits()}
     except DemoError as exc:
         print(f"demo: {exc}\nlogs: {run_dir}", file=sys.stderr)
         return 2
     finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous_sigterm)
         procs.stop_all()
     ok = not failures
     if dump_path:
