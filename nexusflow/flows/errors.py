@@ -38,9 +38,13 @@ class ActivationRejected(CompileError):
 
 
 class CheckpointRejected(NexusError):
-    """A checkpoint payload holds credential material or exceeds its size bound (seed 004 sections 10.4, 17.3)."""
+    """A checkpoint payload holds credential material or exceeds its size bound (seed 004 sections 10.4, 17.3).
+
+    Definite: replaying the same input produces the same payload.
+    """
 
     code = "flow_checkpoint_rejected"
+    definite = True
 
 
 class FlowRunNotFound(NexusError):

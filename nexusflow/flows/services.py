@@ -1656,6 +1656,38 @@ def policy_embedded_budget() -> int:
     return int(policy._number("NEXUS_FLOW_EMBEDDED_BUDGET", 500))
 
 
+def flow_run_drive(*, org: OrgScope, run_id: FlowRun.Id | int, worker_id: str, max_steps: int = 100) -> str:
+    """Claim and execute the due steps of one run in this process until it stops; return its state.
+
+    The operator's ``flows run``: each step goes through the normal claim
+    (seed 004 section 12.1) and execute protocol; a step not yet due, a
+    wait, a terminal state or ``max_steps`` ends the loop.
+
+    Raises:
+        InvalidIdentity: bad ``run_id`` or ``worker_id`` (before SQL).
+        FlowRunNotFound: no visible run ``run_id`` in ``org``.
+        ValueError: ``max_steps`` below 1.
+    """
+    run_id = require_id(run_id, FlowRun, field="run_id")
+    validate_key(worker_id, field="worker_id", max_length=128)
+    if max_steps < 1:
+        raise ValueError("max_steps must be at least 1")
+    for _ in range(max_steps):
+        run = FlowRun.objects.filter(org_id=org.org_id, pk=run_id, is_deleted=False).first()
+        if run is None:
+            raise FlowRunNotFound(f"no flow run {int(run_id)} in this org")
+        if run.state != t.RUN_RUNNABLE or run.current_step_id is None:
+            return run.state
+        claim = _claim(org_id=org.org_id, run_id=run.pk, step_id=run.current_step_id, worker_id=worker_id)
+        if claim is None:
+            break
+        try:
+            flow_step_execute(claim=claim)
+        except StaleVersion as exc:
+            log.warning("flow step fenced: %s", exc, extra={"org_id": org.org_id, "run_id": int(run_id)})
+    return FlowRun.objects.values_list("state", flat=True).get(org_id=org.org_id, pk=run_id)
+
+
 # =============================================================================
 # Support read (seed 004 section 19)
 # =============================================================================
@@ -1726,7 +1758,7 @@ def flow_run_support_read(*, org: OrgScope, run_id: FlowRun.Id | int, include_de
 
 
 __all__ = [
-    "CancelResult", "flow_before_save", "flow_run_delete", "flow_run_support_read", "flow_step_heartbeat",
+    "CancelResult", "flow_before_save", "flow_run_drive", "flow_run_delete", "flow_run_support_read", "flow_step_heartbeat",
     "flow_try_cancel_cleanup_one",
     "DeployResult", "StepClaim", "effect_root_id_for", "flow_activate", "flow_compile_check",
     "flow_deploy", "flow_plan_compile", "flow_step_claim_one", "flow_step_execute",
