@@ -728,6 +728,28 @@ class _CommitUnknown(Exception):
     """The step transaction's COMMIT (or its response) failed: the outcome is unknown to the worker."""
 
 
+class _RollbackUnknown(Exception):
+    """The step failed and its server session did not survive: the rollback is not proven."""
+
+
+def _session_id() -> int | None:
+    raw = connection.connection
+    try:
+        return raw.thread_id() if raw is not None else None
+    except Exception:  # noqa: BLE001 - a dead handle has no session
+        return None
+
+
+def _same_session(session: int | None) -> bool:
+    """Is the connection still the live server session ``session`` (so its ROLLBACK was acknowledged)?"""
+    if session is None or connection.connection is None:
+        return False
+    try:
+        return connection.is_usable() and connection.connection.thread_id() == session
+    except Exception:  # noqa: BLE001
+        return False
+
+
 def _connection_lost(exc: BaseException) -> bool:
     from django.db import InterfaceError, OperationalError
 
@@ -756,8 +778,10 @@ def _step_txn():
     commit-unknown is resolved under the fence (:func:`_record_unknown`).
     """
     body_done = False
+    session = None
     try:
         with transaction.atomic(durable=True):
+            session = _session_id()
             yield
             before_step_commit()
             body_done = True
@@ -765,6 +789,8 @@ def _step_txn():
     except Exception as exc:
         if body_done:
             raise _CommitUnknown(str(exc)) from exc
+        if _connection_lost(exc) or not _same_session(session):
+            raise _RollbackUnknown(str(exc)) from exc
         raise
 
 
@@ -1034,12 +1060,12 @@ def flow_step_execute(*, claim: StepClaim) -> str:
     except _CommitUnknown as exc:
         log.error("flow step commit outcome unknown: %s", exc, extra={"org_id": claim.org_id, "run_id": claim.run_id})
         return _record_unknown(claim, t.ATTEMPT_COMMIT_UNKNOWN, reasons.COMMIT_UNKNOWN)
+    except _RollbackUnknown as exc:
+        log.error("flow step rollback outcome unknown: %s", exc, extra={"org_id": claim.org_id, "run_id": claim.run_id})
+        return _record_unknown(claim, t.ATTEMPT_ROLLBACK_UNKNOWN, reasons.ROLLBACK_UNKNOWN)
     except StaleVersion:
         raise
     except Exception as exc:  # the step transaction rolled back; record it under the fence
-        if _connection_lost(exc) or connection.connection is None:
-            log.error("flow step rollback outcome unknown", extra={"org_id": claim.org_id, "run_id": claim.run_id})
-            return _record_unknown(claim, t.ATTEMPT_ROLLBACK_UNKNOWN, reasons.ROLLBACK_UNKNOWN)
         log.warning("flow step rolled back: %s", getattr(exc, "code", type(exc).__name__),
                     extra={"org_id": claim.org_id, "run_id": claim.run_id, "step": claim.step_key},
                     exc_info=not isinstance(exc, NexusError))
@@ -1126,7 +1152,7 @@ def _record_rollback(claim: StepClaim, exc: BaseException) -> None:
                 version=claim.attempt_version, fences=_attempt_fences(claim),
                 set_fields={"finished_at": now, "failure_class": "terminal" if exhausted else "retryable",
                             "safe_error_code": code, "retry_decision": "terminal" if exhausted else "scheduled",
-                            "metrics_summary": metrics},
+                            "metrics_summary": canonical_json.dumps(metrics).decode()},
             )
             root_fences = {"current_step_id": claim.step_id, "is_deleted": False, "delete_requested_at": None}
             if exhausted:
