@@ -310,6 +310,7 @@ def flow_trigger_on_record_saved(*, org: OrgScope, record, change) -> None:
     activations = list(
         FlowActivation.objects.filter(org_id=org.org_id, state=t.ACTIVATION_ACTIVE,
                                       plan__trigger_object_name=record.object_name)
+        .exclude(plan__execution_profile=PROFILE_EMBEDDED)  # before-save flows run in flow_before_save
         .select_related("plan").order_by("id")
     )
     if not activations:
