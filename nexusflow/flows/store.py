@@ -85,6 +85,7 @@ class FlowRunStore(_FlowCasStore):
         """
         if "legacy_status" in values:
             raise ValueError("FlowRun.legacy_status is a projection; the store writes it")
+        cls.machine.assert_initial(values["state"])  # IllegalTransition before the projection lookup
         values["legacy_status"] = t.legacy_status_of(values["state"])
         return super().create(**values)
 
@@ -97,6 +98,7 @@ class FlowRunStore(_FlowCasStore):
         """
         if "legacy_status" in (set_fields or {}):
             raise ValueError("FlowRun.legacy_status is a projection; the store writes it")
+        cls.machine.assert_transition(kwargs["src"], kwargs["dst"])  # unlisted pairs fail before anything else
         set_fields = {**(set_fields or {}), "legacy_status": t.legacy_status_of(kwargs["dst"])}
         return super().transition(set_fields=set_fields, **kwargs)
 

@@ -688,3 +688,65 @@ def test_checkpoint_with_credential_material_is_refused_and_nothing_commits(org,
     assert attempt.safe_error_code == "flow_checkpoint_credential"
     assert _record(record).fields.get("firstname") is None
     assert not FlowCheckpoint.objects.filter(run=run, context_payload__context__vars__password="hunter2").exists()
+
+
+# --- S004-22.3-06 -----------------------------------------------------------------------------------------------------
+def test_deadlock_victim_rolls_back_and_retries_from_the_same_checkpoint(org, monkeypatch):
+    from nexusflow.records import services as record_services
+
+    monkeypatch.setenv("NEXUS_FLOW_RETRY_BASE_SECONDS", "0")
+    flow_deploy(org=org, source=ef.atomic_touch_partners(), flow_api_name="Touch_Partners")
+    partner = save_record(org, {"lifecyclestage": "lead", "email": "partner@example.com"})
+    ballast = [save_record(org, {"lifecyclestage": "lead"}) for _ in range(5)]
+    record = save_record(org, CUSTOMER)
+    first_claim = flow_step_claim_one(worker_id="w")
+    assert flow_step_execute(claim=first_claim) == "rolled_back"  # late discovery admits the partner
+    claim = flow_step_claim_one(worker_id="w")
+    assert claim.attempt_number == 2 and len(claim.lock_plan) == 2
+    low, high = claim.lock_plan
+    input_checkpoint = FlowStepExecution.objects.get(pk=claim.step_id).input_checkpoint
+    worker_holds_low, other_holds_high = threading.Event(), threading.Event()
+    real_lock = record_services.record_lock
+
+    def lock_then_pause(*, org, object_name, record_key, nowait=False):
+        row = real_lock(org=org, object_name=object_name, record_key=record_key, nowait=nowait)
+        if threading.current_thread().name == "worker" and record_key == low[1]:
+            worker_holds_low.set()
+            assert other_holds_high.wait(10)
+            time.sleep(0.5)  # the other transaction is now waiting for the row this worker holds
+        return row
+
+    monkeypatch.setattr(record_services, "record_lock", lock_then_pause)
+    results: dict = {}
+
+    def ordinary():
+        with transaction.atomic():
+            for extra in ballast:  # a heavier transaction: InnoDB picks the lighter worker as the victim
+                row = real_lock(org=org, object_name="Contact", record_key=extra.record_key)
+                record_services.record_update(org=org, record=row, changes={"firstname": "ballast"})
+            row = real_lock(org=org, object_name="Contact", record_key=high[1])
+            record_services.record_update(org=org, record=row, changes={"lastname": "other"})
+            assert worker_holds_low.wait(10)
+            other_holds_high.set()
+            real_lock(org=org, object_name="Contact", record_key=low[1])  # reverse order: the deadlock
+        return "committed"
+
+    other = _in_thread(ordinary, results, "ordinary")
+    worker = _in_thread(lambda: flow_step_execute(claim=claim), results, "worker")
+    worker.join(60)
+    other.join(60)
+    assert results["worker"] == "rolled_back", results
+    assert results["ordinary"] == "committed", results
+    victim = FlowStepAttempt.objects.get(pk=claim.attempt_id)
+    assert (victim.state, victim.retry_decision) == (t.ATTEMPT_ROLLED_BACK, "scheduled")
+    assert victim.safe_error_code == "OperationalError"  # the deadlock victim's error, a proven rollback
+    monkeypatch.setattr(record_services, "record_lock", real_lock)
+    run_until_idle(max_rounds=200)
+    step = FlowStepExecution.objects.get(pk=claim.step_id)
+    assert step.state == t.STEP_SUCCEEDED and step.input_checkpoint_id == input_checkpoint.pk
+    assert FlowCheckpoint.objects.get(pk=input_checkpoint.pk).context_digest == input_checkpoint.context_digest
+    assert [a.state for a in FlowStepAttempt.objects.filter(step=step).order_by("attempt_number")] == [
+        t.ATTEMPT_ROLLED_BACK, t.ATTEMPT_ROLLED_BACK, t.ATTEMPT_COMMITTED]
+    stored = Record.objects.get(pk=partner.pk).fields
+    assert stored["lifecyclestage"] == "touched"
+    assert _record(record).fields.get("lastname") in (None, "other")
