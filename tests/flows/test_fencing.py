@@ -629,7 +629,6 @@ def test_lost_commit_response_resolves_to_the_commit_that_won(org, atomic, monke
         raise OperationalError(2013, "Lost connection to server during query")
 
     monkeypatch.setattr(services, "after_step_commit", lose_response)
-    claim = flow_step_execute  # noqa: F841 - keep the name for readability below
     claim = flow_step_claim_one(worker_id="w")
     assert flow_step_execute(claim=claim) == "committed"
     assert FlowStepAttempt.objects.get(pk=claim.attempt_id).state == t.ATTEMPT_COMMITTED
