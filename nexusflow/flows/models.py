@@ -271,7 +271,7 @@ class FlowStepAttempt(GuardedModel):
     # locks first (immutable) and its digest; ``metrics_summary`` is bounded
     # outcome evidence (e.g. the resource a late discovery found).
     lock_plan = models.JSONField(default=list)
-    lock_plan_digest = models.CharField(max_length=64, blank=True, default="")
+    lock_plan_digest = DigestField(null=True)
     metrics_summary = models.JSONField(default=dict)
 
     class Meta:

@@ -46,7 +46,7 @@ def flow_run_get(*, org: OrgScope, run_id: FlowRun.Id | int, include_deleted: bo
         InvalidIdentity: ``run_id`` is not a FlowRun id (or a positive int).
     """
     run_id = require_id(run_id, FlowRun, field="run_id")
-    return flow_runs_visible(org=org, include_deleted=include_deleted).filter(pk=run_id).first()
+    return flow_runs_visible(org=org, include_deleted=include_deleted).filter(org_id=org.org_id, pk=run_id).first()
 
 
 def flow_runs_for_record(*, org: OrgScope, object_name: str, record_key: str,

@@ -41,7 +41,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='flowstepattempt',
             name='lock_plan_digest',
-            field=models.CharField(blank=True, default='', max_length=64),
+            field=nexusflow.kernel.identity.IdentityField(db_collation='utf8mb4_bin', max_length=64, null=True),
         ),
         migrations.AddField(
             model_name='flowstepattempt',
