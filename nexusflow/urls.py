@@ -7,4 +7,5 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/v2/", include("connectors.urls")),
+    path("api/v2/flows/", include("nexusflow.flows.urls")),
 ]

@@ -31,7 +31,8 @@ def units_for(role: str, worker_id: str) -> list[tuple[str, Unit]]:
 
         return [("flow.wake", flow_try_wake_one),
                 ("flow.step", lambda: flow_try_run_step_one(worker_id=worker_id)),
-                ("flow.recover", flow_try_recover_expired_one)]
+                ("flow.recover", flow_try_recover_expired_one),
+                ("flow.cancel_cleanup", _flow_cancel_cleanup())]
     if role in ("egress", "egress-deferred"):
         from connectors.egress import (
             KNOWN_LANES,
@@ -53,6 +54,12 @@ def units_for(role: str, worker_id: str) -> list[tuple[str, Unit]]:
 
         return [("stream.poll", stream_try_poll_one)]
     raise ValueError(f"unknown worker role {role!r}")
+
+
+def _flow_cancel_cleanup() -> Unit:
+    from nexusflow.flows.services import flow_try_cancel_cleanup_one
+
+    return flow_try_cancel_cleanup_one
 
 
 ROLES = ("connector", "runtime", "flow", "egress", "egress-deferred", "stream")

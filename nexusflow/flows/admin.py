@@ -6,6 +6,7 @@ from nexusflow.kernel.admin import ReadOnlyAdmin
 from .models import (
     FlowActionCatalogGeneration,
     FlowActivation,
+    FlowAuditEvent,
     FlowCheckpoint,
     FlowDependency,
     FlowEffectLink,
@@ -46,9 +47,11 @@ class FlowActivationAdmin(ReadOnlyAdmin):
 
 @admin.register(FlowRun)
 class FlowRunAdmin(ReadOnlyAdmin):
-    list_display = ("id", "org_id", "plan", "state", "trigger_object_name", "record_key", "record_version",
-                    "reason_code", "updated_at")
-    list_filter = ("state", "reason_code")
+    """The run support page (seed 004 section 19): canonical state, legacy projection, soft delete."""
+
+    list_display = ("id", "org_id", "plan", "state", "legacy_status", "trigger_object_name", "record_key",
+                    "record_version", "reason_code", "is_deleted", "updated_at")
+    list_filter = ("state", "legacy_status", "reason_code", "is_deleted")
     search_fields = ("record_key",)
 
 
@@ -92,3 +95,9 @@ class FlowWakeSignalAdmin(ReadOnlyAdmin):
 class FlowEffectLinkAdmin(ReadOnlyAdmin):
     list_display = ("id", "org_id", "run", "step", "effect_owner_kind", "outbound_command_id", "created_at")
     search_fields = ("effect_handoff_key",)
+
+
+@admin.register(FlowAuditEvent)
+class FlowAuditEventAdmin(ReadOnlyAdmin):
+    list_display = ("id", "org_id", "run", "step", "attempt", "event", "created_at")
+    list_filter = ("event",)

@@ -35,3 +35,39 @@ class ActivationRejected(CompileError):
     """
 
     code = "flow_activation_rejected"
+
+
+class CheckpointRejected(NexusError):
+    """A checkpoint payload holds credential material or exceeds its size bound (seed 004 sections 10.4, 17.3).
+
+    Definite: replaying the same input produces the same payload.
+    """
+
+    code = "flow_checkpoint_rejected"
+    definite = True
+
+
+class FlowRunNotFound(NexusError):
+    """No run with that id in the trusted org (a FlowRunId-only lookup is never made)."""
+
+    code = "flow_run_not_found"
+
+
+class LateLockDiscovery(NexusError):
+    """A step needs a business row outside its admitted lock plan (seed 004 section 13.3).
+
+    ``resource`` is the ``[object_name, record_key]`` pair that was discovered.
+    """
+
+    code = "flow_late_lock_discovery"
+
+    def __init__(self, message: str = "", *, resource: list[str] | None = None, **kwargs):
+        super().__init__(message, **kwargs)
+        self.resource = resource or []
+
+
+class FlowExecutionError(NexusError):
+    """A step's element graph cannot run (bad reference, budget exhausted); definite, never retried."""
+
+    code = "flow_execution_error"
+    definite = True

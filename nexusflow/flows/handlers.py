@@ -11,7 +11,8 @@ current registry.
 
 :func:`engine_support_diagnostics` is the activation gate of the current
 engine generation: a plan compiles for any profile, but only the shapes the
-executor implements today may be activated.
+executor implements today may be activated: the interpreter's elements
+(:mod:`.interpreter`) in all three profiles, and PushToConnector effects.
 """
 from __future__ import annotations
 
@@ -19,17 +20,28 @@ from typing import Any
 
 from .catalog import CatalogEntry, CatalogSnapshot, binding_fingerprint_of
 from .compiler import (
+    KIND_CURRENT_READ,
     KIND_EFFECT_COMPLETION,
     KIND_EFFECT_SUBMIT,
+    KIND_EMBEDDED,
+    KIND_MUTATION,
     KIND_PURE_COMPUTE,
     KIND_TERMINAL,
+    PROFILE_ATOMIC,
     PROFILE_DURABLE,
+    PROFILE_EMBEDDED,
     Diagnostic,
 )
+from .interpreter import SUPPORTED_ASSIGNMENT_OPERATORS, SUPPORTED_ELEMENTS
 
 #: handler_ref -> implementation version compiled into this binary.
 IN_BINARY_HANDLERS: dict[str, str] = {
+    "nexusflow.flows.handlers.assignments": "1",
     "nexusflow.flows.handlers.decisions": "1",
+    "nexusflow.flows.handlers.loops": "1",
+    "nexusflow.flows.handlers.recordLookups": "1",
+    "nexusflow.flows.handlers.recordCreates": "1",
+    "nexusflow.flows.handlers.recordUpdates": "1",
     "runtime_outbox.services.outbound_command_author": "1",
 }
 #: Condition operators the executor evaluates on the trigger record alone.
@@ -38,6 +50,10 @@ ENGINE_OPERATORS = frozenset({
     "LessThanOrEqualTo", "Contains", "StartsWith", "EndsWith",
 })
 LITERAL_KINDS = frozenset({"stringValue", "booleanValue", "numberValue"})
+#: Value kinds the interpreter computes (formulas also need a compiled AST).
+VALUE_KINDS_RUN = LITERAL_KINDS | {"dateValue", "dateTimeValue", "elementReference", "formulaExpression"}
+#: Step kinds the executor runs through the element interpreter.
+RUNNABLE_KINDS = frozenset({KIND_EMBEDDED, KIND_PURE_COMPUTE, KIND_CURRENT_READ, KIND_MUTATION})
 
 
 def binary_supports(entry: CatalogEntry, handlers: dict[str, str] | None = None) -> bool:
@@ -62,27 +78,73 @@ def published_bindings(snapshot: CatalogSnapshot) -> list[tuple[str, str, str, s
 
 
 def _condition_ok(c: dict[str, Any]) -> bool:
+    """A trigger filter the admission hook evaluates on the saved record alone."""
     right = c.get("right", c.get("value"))
     left = c.get("left", "$Record." + str(c.get("field")))
     return (c.get("operator") in ENGINE_OPERATORS and isinstance(left, str) and left.startswith("$Record.")
             and left.count(".") == 1 and (right is None or right.get("kind") in LITERAL_KINDS))
 
 
+def _value_ok(value: dict[str, Any] | None) -> bool:
+    if value is None:
+        return True
+    if value.get("kind") == "formulaExpression":
+        return value.get("ast") is not None
+    return value.get("kind") in VALUE_KINDS_RUN
+
+
+def _node_blockers(node: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(feature, detail)`` for each part of one element the interpreter cannot run."""
+    kind = node.get("type")
+    out: list[tuple[str, str]] = []
+    if kind not in SUPPORTED_ELEMENTS:
+        return [(f"element:{kind}", f"the executor has no {kind} interpreter")]
+    if kind == "assignments":
+        for item in node.get("items", []):
+            if item.get("operator") not in SUPPORTED_ASSIGNMENT_OPERATORS:
+                out.append(("assignment", f"operator {item.get('operator')} is not executed"))
+            if not _value_ok(item.get("value")):
+                out.append(("value", f"{item.get('target')}: value kind {item.get('value', {}).get('kind')}"))
+    elif kind == "decisions":
+        for rule in node.get("rules", []):
+            if rule.get("requires_change"):
+                out.append(("decision", f"rule {rule.get('name')} needs the record's change set"))
+            for c in rule.get("conditions", []):
+                if c.get("operator") not in ENGINE_OPERATORS or not _value_ok(c.get("right")):
+                    out.append(("decision", f"rule {rule.get('name')}: {c.get('operator')} is not evaluated"))
+    elif kind in ("recordLookups", "recordUpdates", "recordCreates"):
+        for f in node.get("filters", []):
+            if f.get("operator") not in ENGINE_OPERATORS or not _value_ok(f.get("value")):
+                out.append(("record_filter", f"{f.get('field')} {f.get('operator')} is not evaluated"))
+        for a in node.get("assignments", []):
+            if not _value_ok(a.get("value")):
+                out.append(("value", f"{a.get('field')}: value kind {a.get('value', {}).get('kind')}"))
+    return out
+
+
 def engine_support_diagnostics(payload: dict[str, Any], snapshot: CatalogSnapshot) -> list[Diagnostic]:
     """What in a compiled plan this engine generation cannot run (empty list: activatable).
 
-    Codes: ``engine_unsupported:<feature>``; ``element`` names the step element.
+    The executor runs (seed 004 sections 9.1-9.3): Embedded Before-Save plans
+    on before-save record triggers; Bounded Atomic and Durable Orchestration
+    plans on after-save record triggers whose elements are assignments,
+    decisions, loops, record lookups/updates/creates and PushToConnector
+    effects. Codes: ``engine_unsupported:<feature>``; ``element`` names the
+    step element.
     """
     out: list[Diagnostic] = []
 
     def bad(feature: str, element: str | None, detail: str) -> None:
         out.append(Diagnostic(f"engine_unsupported:{feature}", element, detail))
 
-    if payload.get("profile") != PROFILE_DURABLE:
-        bad("profile", None, f"the executor runs durable_orchestration plans; this plan is {payload.get('profile')}")
+    profile = payload.get("profile")
     trigger = payload.get("trigger", {})
-    if trigger.get("trigger_type") != "RecordAfterSave":
-        bad("trigger", "start", f"admission starts runs on after-save record triggers, not {trigger.get('trigger_type')}")
+    wanted_trigger = "RecordBeforeSave" if profile == PROFILE_EMBEDDED else "RecordAfterSave"
+    if profile not in (PROFILE_EMBEDDED, PROFILE_ATOMIC, PROFILE_DURABLE):
+        bad("profile", None, f"unknown profile {profile}")
+    if trigger.get("trigger_type") != wanted_trigger:
+        bad("trigger", "start", f"{profile} plans are admitted on {wanted_trigger} record triggers, "
+                                f"not {trigger.get('trigger_type')}")
     if trigger.get("scheduled_paths") or trigger.get("filter_formula") or trigger.get("requires_change"):
         bad("trigger", "start", "scheduled paths, filter formulas and changed-record criteria are not admitted yet")
     for f in trigger.get("filters", []):
@@ -92,15 +154,19 @@ def engine_support_diagnostics(payload: dict[str, Any], snapshot: CatalogSnapsho
         kind, element = step.get("kind"), step.get("element")
         if kind == KIND_TERMINAL or kind == KIND_EFFECT_COMPLETION:
             continue
-        if kind == KIND_PURE_COMPUTE and step.get("type") == "decisions":
-            for rule in step.get("rules", []):
-                if rule.get("requires_change") or not all(_condition_ok(c) for c in rule.get("conditions", [])):
-                    bad("decision", element, f"rule {rule.get('name')} reads more than trigger-record literals")
-            continue
         if kind == KIND_EFFECT_SUBMIT:
             entry = snapshot.entries.get(step.get("action_key"))
             if entry is None or not binary_supports(entry):
                 bad("handler", element, f"{step.get('action_key')} has no handler binding in this binary")
             continue
-        bad(f"step:{kind}", element, f"the executor has no {kind} handler for {step.get('type', kind)} yet")
+        if kind not in RUNNABLE_KINDS:
+            bad(f"step:{kind}", element, f"the executor has no {kind} handler for {step.get('type', kind)} yet")
+            continue
+        nodes = step.get("graph") if "graph" in step else [step]
+        for node in nodes:
+            for feature, detail in _node_blockers(node):
+                bad(feature, node.get("element"), detail)
+            entry = snapshot.entries.get(node.get("action_key")) if node.get("action_key") else None
+            if node.get("action_key") and (entry is None or not binary_supports(entry)):
+                bad("handler", node.get("element"), f"{node.get('action_key')} has no handler binding in this binary")
     return out

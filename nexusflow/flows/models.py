@@ -179,7 +179,11 @@ class FlowRun(GuardedModel):
     priority = models.SmallIntegerField(default=0)
     # Seed 004's TerminalCauseCode: the closed reason a run failed or halted.
     reason_code = reason_code_field()
-    # Cancel fence: set together with CancelRequested (section 10.1).
+    # Seed 004 section 18.2: the legacy interview status, written only by the
+    # same CAS that moves ``state`` (FlowRunStore); a CHECK refuses divergence.
+    legacy_status = models.CharField(max_length=16, default=transitions.LEGACY_RUNNING)
+    # Cancel fence: set together with CancelRequested (section 10.1). ``is_deleted``
+    # is the one public-visibility fact; there is no other tombstone.
     is_deleted = models.BooleanField(default=False)
     delete_requested_at = models.DateTimeField(null=True)
     started_at = models.DateTimeField(null=True)
@@ -192,6 +196,8 @@ class FlowRun(GuardedModel):
             models.UniqueConstraint(fields=["org_id", "plan", "record_key", "record_version"],
                                     name="flow_run_trigger_uniq"),
             reason_code_constraint(transitions.FLOW_RUN, name="flow_run_reason_chk"),
+            models.CheckConstraint(
+                condition=transitions.legacy_projection_q(), name="flow_run_legacy_projection_chk"),
         ]
         indexes = [
             models.Index(fields=["org_id", "state", "run_after", "queue_class", "id"], name="flow_run_claim_idx"),
@@ -261,6 +267,12 @@ class FlowStepAttempt(GuardedModel):
     failure_class = models.CharField(max_length=32, blank=True, default="")
     safe_error_code = models.CharField(max_length=64, blank=True, default="")
     retry_decision = models.CharField(max_length=16, default="none")
+    # Seed 004 sections 10.3 and 13.3: the declared resource plan this attempt
+    # locks first (immutable) and its digest; ``metrics_summary`` is bounded
+    # outcome evidence (e.g. the resource a late discovery found).
+    lock_plan = models.JSONField(default=list)
+    lock_plan_digest = DigestField(null=True)
+    metrics_summary = models.JSONField(default=dict)
 
     class Meta:
         constraints = [
@@ -376,3 +388,21 @@ class FlowEffectLink(GuardedModel):
             models.UniqueConstraint(fields=["org_id", "step"], name="flow_effect_link_step_uniq"),
             models.UniqueConstraint(fields=["org_id", "outbound_command_id"], name="flow_effect_link_command_uniq"),
         ]
+
+
+class FlowAuditEvent(GuardedModel):
+    """Append-only Flow audit evidence, inserted in the committing transaction (seed 004 sections 5.1.9, 13.1).
+
+    Evidence, never read to decide: safe codes and digests only, no raw context.
+    """
+
+    org_id = OrgField()
+    run = models.ForeignKey(FlowRun, on_delete=models.PROTECT, related_name="audit_events")
+    step = models.ForeignKey(FlowStepExecution, null=True, on_delete=models.PROTECT, related_name="+")
+    attempt = models.ForeignKey(FlowStepAttempt, null=True, on_delete=models.PROTECT, related_name="+")
+    event = models.CharField(max_length=48)
+    detail = models.JSONField(default=dict)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["org_id", "run", "id"], name="flow_audit_run_idx")]

@@ -40,3 +40,16 @@ RECOVERY_COMMIT_EVIDENCE = register(
 HANDLER_BINDING_MISMATCH = register(
     "flow_handler_binding_mismatch", owner=OWNER, evidence=_S + "flow_runs_with_reason",
     alert_after_seconds=600, remediations=("reauthor_intent",))
+# --- added with the complete executor (seed 004 sections 5.2, 12.2 and 13.3) ------
+STEP_EXECUTION_ERROR = register(
+    "flow_step_execution_error", owner=OWNER, evidence=_S + "flow_attempts_for_reason",
+    alert_after_seconds=3600, remediations=("reauthor_intent",))
+LOCK_PLAN_EXCEEDED = register(
+    "flow_lock_plan_exceeded", owner=OWNER, evidence=_S + "flow_attempts_for_reason",
+    alert_after_seconds=3600, remediations=("reauthor_intent",))
+COMMIT_UNKNOWN = register(
+    "flow_commit_unknown", owner=OWNER, evidence=_S + "flow_attempts_for_reason",
+    alert_after_seconds=300, remediations=("inspect_invariant",))
+ROLLBACK_UNKNOWN = register(
+    "flow_rollback_unknown", owner=OWNER, evidence=_S + "flow_attempts_for_reason",
+    alert_after_seconds=300, remediations=("inspect_invariant",))

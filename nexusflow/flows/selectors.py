@@ -29,19 +29,63 @@ def flow_run_summary() -> dict[str, int]:
     return summary
 
 
-def flow_run_get(*, org: OrgScope, run_id: FlowRun.Id | int) -> FlowRun | None:
-    """Return the org's run ``run_id``, or None.
+def flow_runs_visible(*, org: OrgScope, include_deleted: bool = False) -> QuerySet[FlowRun]:
+    """The org's runs through the one ``IsDeleted`` visibility filter (seed 004 section 10.1 step 6).
+
+    Every normal read path below starts here; only an authorized
+    include-deleted (retention/recycle-bin) read passes ``include_deleted``.
+    """
+    qs = FlowRun.objects.filter(org_id=org.org_id)
+    return qs if include_deleted else qs.filter(is_deleted=False)
+
+
+def flow_run_get(*, org: OrgScope, run_id: FlowRun.Id | int, include_deleted: bool = False) -> FlowRun | None:
+    """Return the org's visible run ``run_id``, or None.
 
     Raises:
         InvalidIdentity: ``run_id`` is not a FlowRun id (or a positive int).
     """
     run_id = require_id(run_id, FlowRun, field="run_id")
-    return FlowRun.objects.filter(org_id=org.org_id, pk=run_id).first()
+    return flow_runs_visible(org=org, include_deleted=include_deleted).filter(org_id=org.org_id, pk=run_id).first()
 
 
-def flow_runs_for_record(*, org: OrgScope, object_name: str, record_key: str) -> list[FlowRun]:
-    return list(FlowRun.objects.filter(org_id=org.org_id, trigger_object_name=object_name,
-                                       record_key=record_key).order_by("id"))
+def flow_runs_for_record(*, org: OrgScope, object_name: str, record_key: str,
+                         include_deleted: bool = False) -> list[FlowRun]:
+    """The visible runs a record triggered (a relationship read), in id order."""
+    return list(flow_runs_visible(org=org, include_deleted=include_deleted)
+                .filter(trigger_object_name=object_name, record_key=record_key).order_by("id"))
+
+
+#: Seed 004 sections 11.1-11.2: the current step states each root state may point at.
+ROOT_STEP_STATES = {
+    t.RUN_ACCEPTED: {None},
+    t.RUN_RUNNABLE: {t.STEP_PENDING, t.STEP_RETRY_SCHEDULED},
+    t.RUN_RUNNING: {t.STEP_CLAIMED, t.STEP_RUNNING},
+    t.RUN_WAITING: {t.STEP_WAITING},
+    t.RUN_SUCCEEDED: {t.STEP_SUCCEEDED},
+    t.RUN_TERMINAL_FAILED: {t.STEP_FAILED},
+    t.RUN_QUARANTINED: {t.STEP_QUARANTINED},
+    t.RUN_CANCEL_REQUESTED: {t.STEP_CANCEL_REQUESTED, t.STEP_CANCELLED},
+    t.RUN_CANCELLED: {t.STEP_CANCELLED},
+}
+
+
+def flow_runs_projection_divergent(*, org_id: str) -> list[dict]:
+    """Runs whose projections disagree with their canonical state (seed 004 sections 18.2 and 22.2).
+
+    A run diverges when its legacy status is not the section 18.2 projection
+    of its state, or its current step is in a state the root state cannot
+    point at. The expected answer is always the empty list.
+    """
+    out = []
+    rows = (FlowRun.objects.filter(org_id=org_id).select_related("current_step")
+            .only("id", "state", "legacy_status", "current_step__state").order_by("id"))
+    for run in rows:
+        step_state = run.current_step.state if run.current_step_id else None
+        if run.legacy_status != t.legacy_status_of(run.state) or step_state not in ROOT_STEP_STATES[run.state]:
+            out.append({"run_id": int(run.pk), "state": run.state, "legacy_status": run.legacy_status,
+                        "current_step_state": step_state})
+    return out
 
 
 def flow_steps_of_run(*, org: OrgScope, run_id: FlowRun.Id | int) -> list[FlowStepExecution]:

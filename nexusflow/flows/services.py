@@ -16,6 +16,7 @@ the step result, checkpoint and next-step pointer atomically.
 from __future__ import annotations
 
 import dataclasses
+from contextlib import contextmanager
 import datetime as dt
 import logging
 import secrets
@@ -39,18 +40,33 @@ from . import transitions as t
 from .binding import RuntimeWorkBinding, flow_runtime_binding, scope_of
 from .catalog import CatalogMismatch, catalog_current, catalog_seal, catalog_snapshot_from_row
 from .compiler import (
+    ATOMIC_MAX_FANOUT,
+    ATOMIC_MAX_WRITES,
+    KIND_CURRENT_READ,
     KIND_EFFECT_COMPLETION,
     KIND_EFFECT_SUBMIT,
+    KIND_EMBEDDED,
+    KIND_MUTATION,
     KIND_PURE_COMPUTE,
     KIND_TERMINAL,
+    PROFILE_EMBEDDED,
     CompiledPlan,
     compile_flow,
-    conditions_hold,
     trigger_binding_digest_of,
     trigger_matches,
 )
 from .handlers import binary_supports, engine_support_diagnostics
-from .errors import ActivationRejected, FlowAdmissionRejected, PlanMismatch, WakeSignalConflict, WakeSignalRejected
+from .errors import (
+    ActivationRejected,
+    FlowAdmissionRejected,
+    FlowExecutionError,
+    FlowRunNotFound,
+    LateLockDiscovery,
+    PlanMismatch,
+    WakeSignalConflict,
+    WakeSignalRejected,
+)
+from .interpreter import Outcome, run_graph
 from .models import (
     FlowActivation,
     FlowCheckpoint,
@@ -66,6 +82,7 @@ from .models import (
 from .store import (
     FlowActivationStore,
     FlowAttemptStore,
+    audit_insert,
     FlowDependencyStore,
     FlowRunStore,
     FlowStepStore,
@@ -82,6 +99,8 @@ log = logging.getLogger("nexusflow.flows")
 FP_AFTER_CLAIM = failpoints.declare("flow.step.after_claim")
 FP_BEFORE_COMMIT = failpoints.declare("flow.step.before_commit")
 FP_AFTER_COMMIT = failpoints.declare("flow.step.after_commit")
+FP_AFTER_BUSINESS_LOCKS = failpoints.declare("flow.step.after_business_locks")
+FP_AFTER_ROLLBACK = failpoints.declare("flow.step.after_rollback")
 
 EXECUTION_OWNER = "flow_runtime_v2"
 PRODUCER_RUNTIME_INTENT = "runtime.intent_result"
@@ -291,6 +310,7 @@ def flow_trigger_on_record_saved(*, org: OrgScope, record, change) -> None:
     activations = list(
         FlowActivation.objects.filter(org_id=org.org_id, state=t.ACTIVATION_ACTIVE,
                                       plan__trigger_object_name=record.object_name)
+        .exclude(plan__execution_profile=PROFILE_EMBEDDED)  # before-save flows run in flow_before_save
         .select_related("plan").order_by("id")
     )
     if not activations:
@@ -372,6 +392,8 @@ class StepClaim:
     step_version: int
     attempt_version: int
     lease_expires_at: dt.datetime
+    #: The attempt's admitted business lock plan: sorted ``(object_name, record_key)`` pairs.
+    lock_plan: tuple[tuple[str, str], ...] = ()
 
 
 def _lease_digest(token: str) -> str:
@@ -425,6 +447,7 @@ def _claim(*, org_id: str, run_id: int, step_id: int, worker_id: str) -> StepCla
         token_digest = _lease_digest(token)
         expires = now + dt.timedelta(seconds=policy.lease_seconds())
         attempt_number = step.attempt_count + 1
+        lock_plan = _lock_plan_for(run, step)
         step_version = FlowStepStore.transition(
             org_id=org_id, pk=step.pk, src=step.state, dst=t.STEP_CLAIMED, version=step.version,
             set_fields={"lease_owner": worker_id, "lease_token_digest": token_digest, "lease_expires_at": expires,
@@ -440,14 +463,39 @@ def _claim(*, org_id: str, run_id: int, step_id: int, worker_id: str) -> StepCla
             lease_owner=worker_id, lease_token_digest=token_digest, ownership_epoch=step.ownership_epoch,
             root_state_version_at_claim=root_version, retry_policy_digest=policy.retry_policy_digest(),
             recovery_backoff_floor_ms=policy.recovery_backoff_floor_ms(step_id=step.pk, attempt_number=attempt_number),
-            plan_digest=run.plan_digest, started_at=now,
+            plan_digest=run.plan_digest, started_at=now, lock_plan=[list(r) for r in lock_plan],
+            lock_plan_digest=_lock_plan_digest(lock_plan),
         )
     return StepClaim(
         org_id=org_id, run_id=run.pk, step_id=step.pk, step_key=step.plan_step_key, step_kind=step.step_kind,
         attempt_id=attempt.pk, attempt_number=attempt_number, lease_owner=worker_id, lease_token=token,
         lease_token_digest=token_digest, ownership_epoch=step.ownership_epoch, root_version=root_version,
-        step_version=step_version, attempt_version=attempt.version, lease_expires_at=expires,
+        step_version=step_version, attempt_version=attempt.version, lease_expires_at=expires, lock_plan=lock_plan,
     )
+
+
+#: Step kinds whose transaction starts by locking the trigger record (seed 004 section 13.1 step 2).
+LOCKING_KINDS = frozenset({KIND_MUTATION})
+
+
+def _lock_plan_for(run: FlowRun, step: FlowStepExecution) -> tuple[tuple[str, str], ...]:
+    """The declared resource plan of the next attempt: trigger record plus earlier late discoveries.
+
+    Seed 004 section 13.3 step 4: a retry after a late discovery admits the
+    expanded plan, read from the rolled-back attempts' evidence.
+    """
+    resources: set[tuple[str, str]] = set()
+    if step.step_kind in LOCKING_KINDS:
+        resources.add((run.trigger_object_name, run.record_key))
+    for summary in FlowStepAttempt.objects.filter(org_id=run.org_id, step_id=step.pk).values_list(
+            "metrics_summary", flat=True):
+        for obj, key in (summary or {}).get("discovered", []):
+            resources.add((obj, key))
+    return tuple(sorted(resources, key=lambda r: (r[0].encode(), r[1].encode())))
+
+
+def _lock_plan_digest(lock_plan) -> str:
+    return digest_v2("flows.lock-plan", [("resource", f"{o}\x00{k}") for o, k in lock_plan]).hexdigest
 
 
 # =============================================================================
@@ -512,11 +560,22 @@ def _step_fences(claim: StepClaim) -> dict[str, Any]:
 def _commit_step(
     claim: StepClaim, plan: FlowExecutionPlan, run: FlowRun, attempt: FlowStepAttempt, now: dt.datetime, *,
     output: dict[str, Any], step_dst: str, root_dst: str, next_key: str | None, cause: str = "",
+    context: dict[str, Any] | None = None,
 ) -> FlowCheckpoint:
-    """Insert the checkpoint and move attempt, step and root together (fenced CAS)."""
+    """Insert audit evidence and the checkpoint, then move attempt, step and root together (fenced CAS).
+
+    Seed 004 section 12.2 steps 11-12: runs inside the step transaction after
+    the business writes; any failure here (audit, checkpoint, a lost fence)
+    rolls the whole transaction back, business writes included.
+    """
     sequence = (FlowCheckpoint.objects.filter(org_id=claim.org_id, run_id=claim.run_id)
                 .aggregate(m=Max("sequence"))["m"] or 0) + 1
     payload = {"step": claim.step_key, "output": output, "cursor": next_key}
+    if context is not None:
+        payload["context"] = context
+    audit_insert(org_id=claim.org_id, run=run, step_id=claim.step_id, attempt=attempt, event="step_committed",
+                 detail={"step": claim.step_key, "step_state": step_dst, "run_state": root_dst,
+                         "attempt": claim.attempt_number, "cause": cause}, created_at=now)
     checkpoint = checkpoint_insert(
         org_id=claim.org_id, run=run, step_id=claim.step_id, sequence=sequence, plan_cursor=next_key,
         context_payload=payload, context_digest=_checkpoint_digest(payload), created_by_attempt=attempt,
@@ -551,26 +610,231 @@ def _commit_step(
     return checkpoint
 
 
-def _exec_decision(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any]) -> str:
-    trigger = FlowCheckpoint.objects.get(org_id=claim.org_id, run_id=claim.run_id,
-                                         sequence=TRIGGER_CHECKPOINT_SEQUENCE)
-    fields = trigger.context_payload["record"]["fields"]
-    chosen, rule_name = step_def["default_next"], None
-    for rule in step_def["rules"]:
-        if conditions_hold(rule["conditions"], rule["logic"], fields):
-            chosen, rule_name = rule["next"], rule["name"]
-            break
-    with transaction.atomic(durable=True):
+class _CurrentReader:
+    """Non-locking current reads of live records of the run's org (seed 004 section 12.2 step 5)."""
+
+    def __init__(self, org_id: str):
+        self.org_id = org_id
+
+    def query(self, object_name: str, predicate, *, limit: int) -> list[dict[str, Any]]:
+        from nexusflow.records.models import Record
+
+        out = []
+        for key, fields in (Record.objects.filter(org_id=self.org_id, object_name=object_name, is_deleted=False)
+                            .order_by("record_key").values_list("record_key", "fields")[: 5 * limit]):
+            rec = {"Id": key, "__object": object_name, **(fields or {})}
+            if predicate(rec):
+                out.append(rec)
+                if len(out) >= limit:
+                    break
+        return out
+
+
+def _trigger_snapshot(claim: StepClaim) -> dict[str, Any]:
+    return FlowCheckpoint.objects.get(org_id=claim.org_id, run_id=claim.run_id,
+                                      sequence=TRIGGER_CHECKPOINT_SEQUENCE).context_payload["record"]
+
+
+def _input_state(claim: StepClaim) -> dict[str, Any]:
+    """The interpreter state the step starts from: its input checkpoint's context, else the trigger record."""
+    step = FlowStepExecution.objects.only("input_checkpoint_id").get(org_id=claim.org_id, pk=claim.step_id)
+    payload = FlowCheckpoint.objects.values_list("context_payload", flat=True).get(
+        org_id=claim.org_id, pk=step.input_checkpoint_id)
+    return payload.get("context") or {}
+
+
+def _graph_of(plan: FlowExecutionPlan, step_def: dict[str, Any]) -> tuple[list[dict[str, Any]], str | None]:
+    """The element graph of a step: the atomic graph, or one durable element whose edges name step keys."""
+    if "graph" in step_def:
+        return step_def["graph"], step_def.get("entry_element")
+    node = {k: v for k, v in step_def.items() if k not in ("key", "kind", "next", "rules", "default_next")}
+    node["type"] = step_def.get("type")
+    if step_def.get("type") == "decisions":
+        node["rules"] = step_def["rules"]
+        node["edges"] = ([{"kind": f"rule:{r['name']}", "to": r["next"]} for r in step_def["rules"]]
+                         + [{"kind": "default", "to": step_def["default_next"]}])
+    else:
+        node["edges"] = [{"kind": k, "to": v} for k, v in (step_def.get("next") or {}).items()]
+    return [node], step_def.get("element")
+
+
+def _interpret(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any], now: dt.datetime,
+               reader) -> tuple[Outcome, str]:
+    snapshot = _trigger_snapshot(claim)
+    record = {"Id": snapshot["record_key"], **snapshot["fields"]}
+    graph, entry = _graph_of(plan, step_def)
+    outcome = run_graph(plan_payload=plan.plan_payload, graph=graph, entry=entry, record=record,
+                        object_name=snapshot["object"], now=now, reader=reader, state=_input_state(claim),
+                        is_new=snapshot.get("record_version") == 1, fan_out_limit=ATOMIC_MAX_FANOUT)
+    if "graph" in step_def:
+        next_key = step_def.get("next")
+    else:
+        next_key = outcome.next_step
+        if next_key is None and step_def.get("type") != "decisions":
+            next_key = (step_def.get("next") or {}).get("success")
+    return outcome, next_key or "end"
+
+
+def _lock_business(claim: StepClaim, extra: tuple[tuple[str, str], ...] = ()) -> dict[tuple[str, str], Any]:
+    """Lock the attempt's declared records in canonical key order (business class, before the Flow root)."""
+    from nexusflow.records.models import Record
+    from nexusflow.records.services import record_lock
+
+    locked: dict[tuple[str, str], Any] = {}
+    org = OrgScope(claim.org_id)
+    for obj, key in sorted(set(claim.lock_plan) | set(extra), key=lambda r: (r[0].encode(), r[1].encode())):
+        try:
+            locked[(obj, key)] = record_lock(org=org, object_name=obj, record_key=key)
+        except Record.DoesNotExist:
+            locked[(obj, key)] = None
+    return locked
+
+
+def before_lifecycle_locks(claim: StepClaim) -> None:
+    """Seam between the business locks and the Flow root lock of a mutation step (tests pause here)."""
+    failpoints.hit(FP_AFTER_BUSINESS_LOCKS)
+
+
+def _apply_writes(claim: StepClaim, outcome: Outcome, locked: dict[tuple[str, str], Any]) -> list[dict[str, Any]]:
+    """Apply the graph's record writes to the already-locked rows (seed 004 section 12.2 step 11).
+
+    Raises:
+        FlowExecutionError: a write does not fit the metadata (definite).
+    """
+    from nexusflow.records.metadata import InvalidFieldValue, UnknownField, UnknownObject
+    from nexusflow.records.services import record_create, record_update
+
+    org = OrgScope(claim.org_id)
+    done = []
+    try:
+        for write in outcome.writes:
+            if write.op == "update":
+                record = locked[(write.object_name, write.record_key)]
+                change = record_update(org=org, record=record, changes=write.values)
+                done.append({"op": "update", "object": write.object_name, "record_key": write.record_key,
+                             "changed": sorted(change.changed_fields)})
+            else:
+                created = record_create(org=org, object_name=write.object_name, values=write.values)
+                done.append({"op": "create", "object": write.object_name, "record_key": created.record_key})
+    except (UnknownObject, UnknownField, InvalidFieldValue) as exc:
+        raise FlowExecutionError(f"record write refused: {exc.code}", code="flow_record_write_refused") from exc
+    return done
+
+
+# Lost-connection client errors: after one of these the server's outcome is unknown to this worker.
+_CONNECTION_LOST_CODES = frozenset({2006, 2013, 2055, 4031})
+
+
+class _CommitUnknown(Exception):
+    """The step transaction's COMMIT (or its response) failed: the outcome is unknown to the worker."""
+
+
+class _RollbackUnknown(Exception):
+    """The step failed and its server session did not survive: the rollback is not proven."""
+
+
+def _session_id() -> int | None:
+    raw = connection.connection
+    try:
+        return raw.thread_id() if raw is not None else None
+    except Exception:  # noqa: BLE001 - a dead handle has no session
+        return None
+
+
+def _same_session(session: int | None) -> bool:
+    """Is the connection still the live server session ``session`` (so its ROLLBACK was acknowledged)?"""
+    if session is None or connection.connection is None:
+        return False
+    try:
+        return connection.is_usable() and connection.connection.thread_id() == session
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    from django.db import InterfaceError, OperationalError
+
+    while exc is not None:
+        if isinstance(exc, InterfaceError):
+            return True
+        if isinstance(exc, OperationalError) and exc.args and exc.args[0] in _CONNECTION_LOST_CODES:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def before_step_commit(claim_hint: Any = None) -> None:
+    """Seam run inside the step transaction right before COMMIT (tests sever the connection here)."""
+
+
+def after_step_commit(claim_hint: Any = None) -> None:
+    """Seam run right after COMMIT returned (tests lose the commit response here)."""
+
+
+@contextmanager
+def _step_txn():
+    """The step transaction; a failure of the COMMIT itself becomes :class:`_CommitUnknown`.
+
+    Seed 004 section 5.2 items 5-6: only a proven rollback permits replay;
+    commit-unknown is resolved under the fence (:func:`_record_unknown`).
+    """
+    body_done = False
+    session = None
+    try:
+        with transaction.atomic(durable=True):
+            session = _session_id()
+            yield
+            before_step_commit()
+            body_done = True
+        after_step_commit()
+    except Exception as exc:
+        if body_done:
+            raise _CommitUnknown(str(exc)) from exc
+        if _connection_lost(exc) or not _same_session(session):
+            raise _RollbackUnknown(str(exc)) from exc
+        raise
+
+
+def _exec_graph(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any]) -> str:
+    """Run a compute, read or bounded-mutation step (durable element or Bounded Atomic graph).
+
+    Seed 004 sections 9.2 and 12.2: lock the admitted business records in
+    canonical order, interpret the element graph with current reads, refuse a
+    write outside the admitted plan (late discovery rolls the whole step back,
+    section 13.3), then lock root -> step -> attempt, apply the writes and
+    commit them with audit, checkpoint and the fenced state CAS.
+    """
+    reader = _CurrentReader(claim.org_id) if step_def["kind"] in (KIND_MUTATION, KIND_CURRENT_READ) else None
+    with _step_txn():
         now = db_now()
+        locked = _lock_business(claim)
+        outcome, next_key = _interpret(claim, plan, step_def, now, reader)
+        for write in outcome.writes:
+            if write.op == "update" and (write.object_name, write.record_key) not in locked:
+                raise LateLockDiscovery(f"{write.object_name} record outside the admitted lock plan",
+                                        resource=[write.object_name, write.record_key])
+            if write.op == "update" and locked[(write.object_name, write.record_key)] is None:
+                raise FlowExecutionError("the record to update no longer exists", code="flow_record_missing")
+        before_lifecycle_locks(claim)
         run, _step, attempt = _lock_fenced(claim)
-        _commit_step(claim, plan, run, attempt, now, output={"rule": rule_name, "next": chosen},
-                     step_dst=t.STEP_SUCCEEDED, root_dst=t.RUN_RUNNABLE, next_key=chosen)
+        writes = _apply_writes(claim, outcome, locked)
+        output: dict[str, Any] = {"next": next_key}
+        if step_def.get("type") == "decisions":
+            output = {"rule": outcome.rule, "next": next_key}
+        elif writes or outcome.path:
+            output.update(writes=writes, path=outcome.path)
+        _commit_step(claim, plan, run, attempt, now, output=output, step_dst=t.STEP_SUCCEEDED,
+                     root_dst=t.RUN_RUNNABLE, next_key=next_key, context=outcome.state)
         failpoints.hit(FP_BEFORE_COMMIT)
     return "succeeded"
 
 
+#: The decision step executor of the walking slice is the generic one now.
+_exec_decision = _exec_graph
+
+
 def _exec_terminal(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any]) -> str:
-    with transaction.atomic(durable=True):
+    with _step_txn():
         now = db_now()
         run, _step, attempt = _lock_fenced(claim)
         _commit_step(claim, plan, run, attempt, now, output={"terminal": True}, step_dst=t.STEP_SUCCEEDED,
@@ -610,7 +874,7 @@ def _exec_effect_submit(claim: StepClaim, plan: FlowExecutionPlan, step_def: dic
 
     if not _handler_binding_matches(plan, step_def):
         # Fail closed before any business lock or mutation; never dispatch through another handler.
-        with transaction.atomic(durable=True):
+        with _step_txn():
             now = db_now()
             run, _step, attempt = _lock_fenced(claim)
             _commit_step(claim, plan, run, attempt, now, output={"failure": reasons.HANDLER_BINDING_MISMATCH},
@@ -621,7 +885,7 @@ def _exec_effect_submit(claim: StepClaim, plan: FlowExecutionPlan, step_def: dic
     identity = FlowRun.objects.only("org_id", "trigger_object_name", "record_key").get(
         org_id=claim.org_id, pk=claim.run_id)
     effect_root_id = effect_root_id_for(org_id=claim.org_id, plan_id=plan.plan_id, run_id=claim.run_id)
-    with transaction.atomic(durable=True):
+    with _step_txn():
         now = db_now()
         try:
             # Business lock first (section 13.1), before the Flow root.
@@ -664,7 +928,7 @@ def _exec_effect_completion(claim: StepClaim, plan: FlowExecutionPlan, step_def:
     link = FlowEffectLink.objects.get(org_id=claim.org_id, run_id=claim.run_id,
                                       step__plan_step_key=step_def["submit_step"])
     dependency_key = str(link.outbound_command_id)
-    with transaction.atomic(durable=True):
+    with _step_txn():
         now = db_now()
         run, step, attempt = _lock_fenced(claim)
         scope = scope_of(run)
@@ -754,7 +1018,9 @@ def _wait(claim: StepClaim, run: FlowRun, step: FlowStepExecution, now: dt.datet
 
 
 EXECUTORS: dict[str, Callable[[StepClaim, FlowExecutionPlan, dict[str, Any]], str]] = {
-    KIND_PURE_COMPUTE: _exec_decision,
+    KIND_PURE_COMPUTE: _exec_graph,
+    KIND_CURRENT_READ: _exec_graph,
+    KIND_MUTATION: _exec_graph,
     KIND_TERMINAL: _exec_terminal,
     KIND_EFFECT_SUBMIT: _exec_effect_submit,
     KIND_EFFECT_COMPLETION: _exec_effect_completion,
@@ -764,14 +1030,24 @@ EXECUTORS: dict[str, Callable[[StepClaim, FlowExecutionPlan, dict[str, Any]], st
 def flow_step_execute(*, claim: StepClaim) -> str:
     """Run one claimed step to its committed outcome (seed 004 section 12.2).
 
+    Outcome classification (seed 004 sections 5.2, 11.3 and 13.4):
+
+    - the step transaction raised and rolled back on a live connection: a
+      proven rollback, recorded as ``RolledBack`` with durable backoff
+      (``"rolled_back"``), or ``Failed`` once definite or exhausted;
+    - the step raised and the connection was lost (rollback unknown), or the
+      COMMIT itself failed (commit unknown): resolved under the fence; if the
+      commit provably won, ``"committed"``; otherwise the attempt becomes
+      ``RollbackUnknown``/``CommitUnknown`` and step and run ``Quarantined``.
+
     Returns:
-        ``"succeeded"``, ``"waiting"``, ``"failed"``, ``"quarantined"`` or
-        ``"rolled_back"`` (the step transaction failed and a retry was scheduled
-        or the step failed terminally after ``NEXUS_FLOW_MAX_ATTEMPTS``).
+        ``"succeeded"``, ``"waiting"``, ``"failed"``, ``"quarantined"``,
+        ``"rolled_back"`` or ``"committed"``.
 
     Raises:
         FenceRejected / StaleVersion: the claim lost its fence (lease
-            recovered, root moved); nothing from this attempt was committed.
+            recovered, root moved or cancelled); nothing from this attempt was
+            committed.
     """
     failpoints.hit(FP_AFTER_CLAIM)
     claim = _start(claim)
@@ -782,43 +1058,108 @@ def flow_step_execute(*, claim: StepClaim) -> str:
         if executor is None or step_def["kind"] != claim.step_kind:
             raise PlanMismatch(f"no executor for step kind {step_def['kind']!r}")
         outcome = executor(claim, plan, step_def)
+    except _CommitUnknown as exc:
+        log.error("flow step commit outcome unknown: %s", exc, extra={"org_id": claim.org_id, "run_id": claim.run_id})
+        return _record_unknown(claim, t.ATTEMPT_COMMIT_UNKNOWN, reasons.COMMIT_UNKNOWN)
+    except _RollbackUnknown as exc:
+        log.error("flow step rollback outcome unknown: %s", exc, extra={"org_id": claim.org_id, "run_id": claim.run_id})
+        return _record_unknown(claim, t.ATTEMPT_ROLLBACK_UNKNOWN, reasons.ROLLBACK_UNKNOWN)
     except StaleVersion:
         raise
     except Exception as exc:  # the step transaction rolled back; record it under the fence
         log.warning("flow step rolled back: %s", getattr(exc, "code", type(exc).__name__),
                     extra={"org_id": claim.org_id, "run_id": claim.run_id, "step": claim.step_key},
                     exc_info=not isinstance(exc, NexusError))
+        failpoints.hit(FP_AFTER_ROLLBACK)
         _record_rollback(claim, exc)
         return "rolled_back"
     failpoints.hit(FP_AFTER_COMMIT)
     return outcome
 
 
+def _record_unknown(claim: StepClaim, attempt_dst: str, cause: str) -> str:
+    """Resolve an unknown transaction outcome under the fence (seed 004 sections 5.2.6, 9.2, 11.3).
+
+    Locks root -> step -> attempt on a fresh connection. If the attempt is
+    ``Committed`` the commit won (returns ``"committed"``). If the fence still
+    holds, no commit became visible, yet replay is not proven safe: the
+    attempt takes ``attempt_dst`` and step and run are ``Quarantined`` with
+    ``cause`` (returns ``"quarantined"``).
+
+    Raises:
+        FenceRejected: the fence moved for another reason (recovery, cancel).
+    """
+    connection.close()
+    with transaction.atomic(durable=True):
+        now = db_now()
+        try:
+            _lock_fenced(claim)
+        except FenceRejected:
+            state = FlowStepAttempt.objects.values_list("state", flat=True).get(org_id=claim.org_id,
+                                                                               pk=claim.attempt_id)
+            if state == t.ATTEMPT_COMMITTED:
+                return "committed"
+            raise
+        FlowAttemptStore.transition(
+            org_id=claim.org_id, pk=claim.attempt_id, src=t.ATTEMPT_STARTED, dst=attempt_dst,
+            version=claim.attempt_version, fences=_attempt_fences(claim),
+            set_fields={"finished_at": now, "failure_class": "ambiguous", "retry_decision": "quarantined",
+                        "safe_error_code": cause},
+        )
+        FlowStepStore.transition(
+            org_id=claim.org_id, pk=claim.step_id, src=t.STEP_RUNNING, dst=t.STEP_QUARANTINED,
+            version=claim.step_version, fences=_step_fences(claim),
+            set_fields={"failure_class": "ambiguous", "lease_expires_at": None, "updated_at": now,
+                        "reason_code": cause},
+        )
+        FlowRunStore.transition(
+            org_id=claim.org_id, pk=claim.run_id, src=t.RUN_RUNNING, dst=t.RUN_QUARANTINED,
+            version=claim.root_version,
+            fences={"current_step_id": claim.step_id, "is_deleted": False, "delete_requested_at": None},
+            set_fields={"reason_code": cause, "completed_at": now, "updated_at": now},
+        )
+    return "quarantined"
+
+
 def _record_rollback(claim: StepClaim, exc: BaseException) -> None:
     """Proven rollback: attempt RolledBack, step RetryScheduled (or Failed), root back to Runnable.
 
-    Safe even when the commit outcome is unknown: the fence check fails if the
-    step transaction did commit, because that commit moved root, step and
-    attempt together.
+    Seed 004 sections 12.2 and 13.3-13.4. A late lock discovery stores the
+    discovered resource on the attempt (``metrics_summary``) so the next claim
+    admits the expanded plan; a discovery beyond the plan's declared bound or
+    resource class fails the step (``flow_lock_plan_exceeded``). Definite
+    errors fail at once (``flow_step_execution_error`` for an unrunnable
+    graph). The fence check fails if the step transaction did commit, because
+    that commit moved root, step and attempt together.
     """
     connection.close_if_unusable_or_obsolete()
     code = str(getattr(exc, "code", type(exc).__name__))[:64]
     try:
         with transaction.atomic(durable=True):
             now = db_now()
-            _lock_fenced(claim)
+            run, _step, _attempt = _lock_fenced(claim)
             definite = bool(getattr(exc, "definite", False))
+            metrics: dict[str, Any] = {}
+            cause = ""
+            if isinstance(exc, LateLockDiscovery):
+                metrics = {"discovered": [exc.resource]}
+                if not _discovery_admissible(run, claim, exc.resource):
+                    definite, cause = True, reasons.LOCK_PLAN_EXCEEDED
+            elif isinstance(exc, FlowExecutionError):
+                cause = reasons.STEP_EXECUTION_ERROR
             exhausted = definite or claim.attempt_number >= policy.max_attempts()
             FlowAttemptStore.transition(
                 org_id=claim.org_id, pk=claim.attempt_id, src=t.ATTEMPT_STARTED, dst=t.ATTEMPT_ROLLED_BACK,
                 version=claim.attempt_version, fences=_attempt_fences(claim),
                 set_fields={"finished_at": now, "failure_class": "terminal" if exhausted else "retryable",
-                            "safe_error_code": code, "retry_decision": "terminal" if exhausted else "scheduled"},
+                            "safe_error_code": code, "retry_decision": "terminal" if exhausted else "scheduled",
+                            "metrics_summary": canonical_json.dumps(metrics).decode()},
             )
             root_fences = {"current_step_id": claim.step_id, "is_deleted": False, "delete_requested_at": None}
             if exhausted:
                 # The handler's own code stays on the attempt (safe_error_code); the closed reason says why.
-                cause = reasons.STEP_DEFINITE_REFUSAL if definite else reasons.STEP_RETRY_EXHAUSTED
+                if not cause or not definite:
+                    cause = reasons.STEP_DEFINITE_REFUSAL if definite else reasons.STEP_RETRY_EXHAUSTED
                 FlowStepStore.transition(
                     org_id=claim.org_id, pk=claim.step_id, src=t.STEP_RUNNING, dst=t.STEP_FAILED,
                     version=claim.step_version, fences=_step_fences(claim),
@@ -847,6 +1188,26 @@ def _record_rollback(claim: StepClaim, exc: BaseException) -> None:
     except StaleVersion:
         log.info("rollback record lost its fence; recovery or a commit already moved the step",
                  extra={"org_id": claim.org_id, "run_id": claim.run_id})
+
+
+def _discovery_admissible(run: FlowRun, claim: StepClaim, resource: list[str]) -> bool:
+    """May a retry admit ``resource`` (seed 004 section 13.3 step 4)?
+
+    Only within the plan's declared maximum: the object must be one the step's
+    graph writes, and the expanded plan must stay within the declared write
+    bound (``bound_summary.writes``, else the Bounded Atomic policy bound) plus
+    the trigger record.
+    """
+    plan = run.plan
+    step_def = _step_def(plan, claim.step_key)
+    graph, _entry = _graph_of(plan, step_def)
+    objects = {n["object"] for n in graph if n.get("type") in ("recordUpdates", "recordLookups") and n.get("object")}
+    if any(n.get("type") == "recordUpdates" and n.get("input_reference") == "$Record" for n in graph):
+        objects.add(run.trigger_object_name)
+    writes = plan.bound_summary.get("writes")
+    bound = (writes if isinstance(writes, int) else ATOMIC_MAX_WRITES) + 1
+    expanded = set(claim.lock_plan) | {tuple(resource)}
+    return resource[0] in objects and len(expanded) <= bound
 
 
 def flow_try_run_step_one(*, worker_id: str) -> bool:
@@ -1095,7 +1456,337 @@ def _recover(*, org_id: str, run_id: int, step_id: int, token_digest: str, holde
     return True
 
 
+# =============================================================================
+# Heartbeat (seed 004 section 12.3)
+# =============================================================================
+def flow_step_heartbeat(*, claim: StepClaim) -> StepClaim:
+    """Extend a running step's lease during long pure compute; return the claim with its new step version.
+
+    A lifecycle-only root -> step transaction: the lease token, epoch,
+    attempt and root version (the commit fence) stay the same; the lease
+    deadline moves to the database clock plus the policy lease. Mutation
+    transactions never depend on it.
+
+    Raises:
+        FenceRejected: the root moved (cancelled, recovered) or the lease is
+            no longer this claim's, or it already expired (recovery may own it).
+    """
+    with transaction.atomic(durable=True):
+        now = db_now()
+        run = FlowRunStore.lock(claim.org_id, claim.run_id)
+        _verify_root(run, claim)
+        step = FlowStepStore.lock(claim.org_id, claim.step_id)
+        if step.lease_expires_at is None or step.lease_expires_at <= now:
+            raise FenceRejected(f"step {claim.step_id}: lease already expired")
+        expires = now + dt.timedelta(seconds=policy.lease_seconds())
+        version = FlowStepStore.touch(
+            org_id=claim.org_id, pk=claim.step_id, state=t.STEP_RUNNING, version=claim.step_version,
+            fences=_step_fences(claim), set_fields={"lease_expires_at": expires, "updated_at": now},
+        )
+    return dataclasses.replace(claim, step_version=version, lease_expires_at=expires)
+
+
+# =============================================================================
+# Authorized delete = cancellation + soft delete (seed 004 sections 10.1 and 11.1)
+# =============================================================================
+@dataclass(frozen=True)
+class CancelResult:
+    """Outcome of :func:`flow_run_delete`: ``state`` is the root state after the call."""
+
+    run_id: FlowRun.Id
+    state: str
+    is_deleted: bool
+    delete_requested_at: dt.datetime
+    changed: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"run_id": int(self.run_id), "state": self.state, "is_deleted": self.is_deleted,
+                "delete_requested_at": self.delete_requested_at.isoformat(), "changed": self.changed}
+
+
+def flow_run_delete(*, org: OrgScope, run_id: FlowRun.Id | int) -> CancelResult:
+    """Cancel and soft-delete one run of the trusted org (the public ``DeleteFlowInterview``).
+
+    Seed 004 section 10.1 steps 1-5, in one root -> step -> attempt
+    transaction: a non-terminal root takes ``IsDeleted=true``,
+    ``DeleteRequestedAt`` and ``CancelRequested`` (version +1); its active step
+    becomes ``Cancelled`` (``Pending``/``RetryScheduled``) or
+    ``CancelRequested`` (``Claimed``/``Running``, whose ``Started`` attempt
+    compare-and-swaps to ``Cancelled``; ``Waiting``). A terminal root only
+    records the soft-delete fact. Repeating it returns the same outcome
+    (``changed=False``). Cleanup to ``Cancelled`` follows at once when no
+    lease is live, else :func:`flow_try_cancel_cleanup_one` completes it.
+
+    Args:
+        org: the trusted org (from authentication, never from the payload).
+        run_id: a ``FlowRun.Id`` or positive int.
+
+    Raises:
+        InvalidIdentity: ``run_id`` is not a FlowRun id (before SQL).
+        FlowRunNotFound: no such run in ``org``.
+    """
+    run_id = require_id(run_id, FlowRun, field="run_id")
+    with transaction.atomic(durable=True):
+        now = db_now()
+        try:
+            run = FlowRunStore.lock(org.org_id, run_id)
+        except FlowRun.DoesNotExist:
+            raise FlowRunNotFound(f"no flow run {int(run_id)} in this org") from None
+        if run.state in t.FLOW_RUN.terminal or run.state == t.RUN_CANCEL_REQUESTED:
+            if run.is_deleted:
+                return CancelResult(run.pk, run.state, True, run.delete_requested_at, False)
+            FlowRunStore.touch(org_id=org.org_id, pk=run.pk, state=run.state, version=run.version,
+                               set_fields={"is_deleted": True, "delete_requested_at": now, "updated_at": now})
+            audit_insert(org_id=org.org_id, run=run, step=None, attempt=None, event="run_soft_deleted",
+                         detail={"state": run.state}, created_at=now)
+            return CancelResult(run.pk, run.state, True, now, True)
+        step = FlowStepStore.lock(org.org_id, run.current_step_id) if run.current_step_id else None
+        live = None
+        if step is not None and step.state in (t.STEP_CLAIMED, t.STEP_RUNNING):
+            started = FlowStepAttempt.objects.filter(org_id=org.org_id, step_id=step.pk,
+                                                     state=t.ATTEMPT_STARTED).order_by("attempt_number").first()
+            live = FlowAttemptStore.lock(org.org_id, started.pk) if started is not None else None
+        FlowRunStore.transition(
+            org_id=org.org_id, pk=run.pk, src=run.state, dst=t.RUN_CANCEL_REQUESTED, version=run.version,
+            fences={"is_deleted": False, "delete_requested_at": None},
+            set_fields={"is_deleted": True, "delete_requested_at": now, "updated_at": now},
+        )
+        if step is not None:
+            if step.state in (t.STEP_PENDING, t.STEP_RETRY_SCHEDULED):
+                FlowStepStore.transition(org_id=org.org_id, pk=step.pk, src=step.state, dst=t.STEP_CANCELLED,
+                                         version=step.version, set_fields={"updated_at": now})
+            elif step.state in (t.STEP_CLAIMED, t.STEP_RUNNING, t.STEP_WAITING):
+                FlowStepStore.transition(org_id=org.org_id, pk=step.pk, src=step.state, dst=t.STEP_CANCEL_REQUESTED,
+                                         version=step.version, set_fields={"updated_at": now})
+            if live is not None:
+                FlowAttemptStore.transition(
+                    org_id=org.org_id, pk=live.pk, src=t.ATTEMPT_STARTED, dst=t.ATTEMPT_CANCELLED,
+                    version=live.version, fences={"lease_token_digest": live.lease_token_digest,
+                                                  "ownership_epoch": live.ownership_epoch},
+                    set_fields={"finished_at": now, "failure_class": "cancelled", "retry_decision": "none"},
+                )
+        audit_insert(org_id=org.org_id, run=run, step=step, attempt=live, event="run_cancel_requested",
+                     detail={"from_state": run.state, "step_state": step.state if step else None}, created_at=now)
+    _cancel_cleanup(org_id=org.org_id, run_id=run.pk)
+    state = FlowRun.objects.values_list("state", flat=True).get(org_id=org.org_id, pk=run.pk)
+    return CancelResult(run.pk, state, True, now, True)
+
+
+def _cancel_cleanup(*, org_id: str, run_id: FlowRun.Id) -> bool:
+    """``CancelRequested -> Cancelled`` once no lease of the run is live (seed 004 sections 10.1, 11.1).
+
+    Locks root, its ``CancelRequested`` steps (id order), then their waiting
+    dependencies; cancels those and the root. A step whose old lease is still
+    live waits (its attempt is already ``Cancelled``; the old worker's fence
+    cannot commit), so cleanup alone enters ``Cancelled``.
+    """
+    with transaction.atomic(durable=True):
+        now = db_now()
+        run = FlowRunStore.lock(org_id, run_id)
+        if run.state != t.RUN_CANCEL_REQUESTED:
+            return False
+        steps = FlowStepStore.lock_all(org_id, run_id=run.pk, state=t.STEP_CANCEL_REQUESTED)
+        if any(s.lease_expires_at is not None and s.lease_expires_at > now for s in steps):
+            return False
+        deps = FlowDependencyStore.lock_all(org_id, run_id=run.pk, state=t.DEP_WAITING)
+        for step in steps:
+            FlowStepStore.transition(org_id=org_id, pk=step.pk, src=t.STEP_CANCEL_REQUESTED, dst=t.STEP_CANCELLED,
+                                     version=step.version,
+                                     set_fields={"lease_owner": None, "lease_token_digest": None,
+                                                 "lease_expires_at": None, "updated_at": now})
+        for dep in deps:
+            FlowDependencyStore.transition(org_id=org_id, pk=dep.pk, src=t.DEP_WAITING, dst=t.DEP_CANCELLED,
+                                           version=dep.version, set_fields={"resolved_at": now})
+        FlowRunStore.transition(org_id=org_id, pk=run.pk, src=t.RUN_CANCEL_REQUESTED, dst=t.RUN_CANCELLED,
+                                version=run.version, set_fields={"completed_at": now, "updated_at": now})
+        audit_insert(org_id=org_id, run=run, step=None, attempt=None, event="run_cancelled",
+                     detail={"steps": len(steps), "dependencies": len(deps)}, created_at=now)
+    return True
+
+
+def flow_try_cancel_cleanup_one() -> bool:
+    """Complete one ``CancelRequested`` run whose old leases have lapsed (worker unit)."""
+    now = db_now()
+    candidates = list(FlowRun.objects.filter(state=t.RUN_CANCEL_REQUESTED).order_by("updated_at", "id")
+                      .values_list("org_id", "id")[: policy.CLAIM_BATCH])
+    for org_id, run_id in candidates:
+        if FlowStepExecution.objects.filter(org_id=org_id, run_id=run_id, state=t.STEP_CANCEL_REQUESTED,
+                                            lease_expires_at__gt=now).exists():
+            continue
+        if _cancel_cleanup(org_id=org_id, run_id=run_id):
+            return True
+    return False
+
+
+# =============================================================================
+# Embedded Before-Save (seed 004 section 9.1): the records before-save hook
+# =============================================================================
+def flow_before_save(*, org: OrgScope, object_name: str, record_key: str | None, fields: dict[str, Any],
+                     prior: dict[str, Any] | None, created: bool) -> dict[str, Any]:
+    """Run the org's active Embedded Before-Save flows on a record about to be saved; return its new fields.
+
+    Runs in the caller's record transaction: no FlowRun root, no second
+    transaction, no wait or effect; only the trigger record's in-memory fields
+    change. Flows run in activation order, each seeing the previous output.
+
+    Args:
+        fields: the field values about to be written (``{name: text|None}``).
+        prior: the stored fields before this save, ``None`` on create.
+
+    Returns:
+        The transformed fields (only the fields the flows assigned differ).
+
+    Raises:
+        FlowExecutionError: a flow cannot run (unsupported element, budget
+            exhausted, a write other than the trigger record): the record
+            mutation fails deterministically, as section 9.1 requires.
+        FlowAdmissionRejected: an activation is bound to another metadata view.
+    """
+    activations = list(
+        FlowActivation.objects.filter(org_id=org.org_id, state=t.ACTIVATION_ACTIVE,
+                                      plan__trigger_object_name=object_name,
+                                      plan__execution_profile=PROFILE_EMBEDDED)
+        .select_related("plan").order_by("id")
+    )
+    if not activations:
+        return fields
+    view = current_view()
+    expected = flow_runtime_binding(org_id=org.org_id, metadata_view_digest=view.digest).digest
+    current = dict(fields)
+    now = db_now()
+    for activation in activations:
+        plan = activation.plan
+        if activation.runtime_work_binding_digest != expected or plan.runtime_work_binding_digest != expected:
+            raise FlowAdmissionRejected(f"activation {activation.pk} of {plan.flow_api_name} is bound to another "
+                                        "runtime binding; recompile and activate it for the current view")
+        trigger = plan.plan_payload["trigger"]
+        if not trigger_matches(trigger, object_name=object_name, created=created, fields=current):
+            continue
+        step = _step_def(plan, plan.plan_payload["entry_step"])
+        if step["kind"] != KIND_EMBEDDED:
+            raise FlowExecutionError(f"{plan.flow_api_name}: entry step is {step['kind']}, not embedded")
+        outcome = run_graph(plan_payload=plan.plan_payload, graph=step["graph"], entry=step.get("entry_element"),
+                            record={"Id": record_key, **current}, object_name=object_name, now=now,
+                            reader=_CurrentReader(org.org_id), prior=prior, is_new=created,
+                            budget=policy_embedded_budget(), fan_out_limit=ATOMIC_MAX_FANOUT)
+        for write in outcome.writes:
+            if write.op != "update" or write.object_name != object_name or write.record_key != record_key:
+                raise FlowExecutionError(f"{plan.flow_api_name}: before-save output is the trigger record only")
+            current.update(write.values)
+        for name in outcome.state.get("dirty", []):
+            current[name] = outcome.state["record"].get(name)
+    return current
+
+
+def policy_embedded_budget() -> int:
+    """Element visits one before-save flow may make (seed 004 section 9.1 "execution budget")."""
+    return int(policy._number("NEXUS_FLOW_EMBEDDED_BUDGET", 500))
+
+
+def flow_run_drive(*, org: OrgScope, run_id: FlowRun.Id | int, worker_id: str, max_steps: int = 100) -> str:
+    """Claim and execute the due steps of one run in this process until it stops; return its state.
+
+    The operator's ``flows run``: each step goes through the normal claim
+    (seed 004 section 12.1) and execute protocol; a step not yet due, a
+    wait, a terminal state or ``max_steps`` ends the loop.
+
+    Raises:
+        InvalidIdentity: bad ``run_id`` or ``worker_id`` (before SQL).
+        FlowRunNotFound: no visible run ``run_id`` in ``org``.
+        ValueError: ``max_steps`` below 1.
+    """
+    run_id = require_id(run_id, FlowRun, field="run_id")
+    validate_key(worker_id, field="worker_id", max_length=128)
+    if max_steps < 1:
+        raise ValueError("max_steps must be at least 1")
+    for _ in range(max_steps):
+        run = FlowRun.objects.filter(org_id=org.org_id, pk=run_id, is_deleted=False).first()
+        if run is None:
+            raise FlowRunNotFound(f"no flow run {int(run_id)} in this org")
+        if run.state != t.RUN_RUNNABLE or run.current_step_id is None:
+            return run.state
+        claim = _claim(org_id=org.org_id, run_id=run.pk, step_id=run.current_step_id, worker_id=worker_id)
+        if claim is None:
+            break
+        try:
+            flow_step_execute(claim=claim)
+        except StaleVersion as exc:
+            log.warning("flow step fenced: %s", exc, extra={"org_id": org.org_id, "run_id": int(run_id)})
+    return FlowRun.objects.values_list("state", flat=True).get(org_id=org.org_id, pk=run_id)
+
+
+# =============================================================================
+# Support read (seed 004 section 19)
+# =============================================================================
+def flow_run_support_read(*, org: OrgScope, run_id: FlowRun.Id | int, include_deleted: bool = False) -> dict[str, Any]:
+    """The section 19 support read of one run of the trusted org, as a JSON-safe dict.
+
+    Returns the immutable plan identity, canonical run state and legacy
+    projection, current step, current checkpoint metadata (no raw context),
+    every step with its attempt history, dependency and effect correlation
+    and the safe terminal cause.
+
+    Args:
+        include_deleted: an authorized include-deleted read; otherwise a
+            soft-deleted run is not found (``IsDeleted`` is the one filter).
+
+    Raises:
+        InvalidIdentity: ``run_id`` is not a FlowRun id (before SQL).
+        FlowRunNotFound: no visible run ``run_id`` in ``org``.
+    """
+    run_id = require_id(run_id, FlowRun, field="run_id")
+    qs = FlowRun.objects.filter(org_id=org.org_id, pk=run_id).select_related("plan", "current_checkpoint")
+    if not include_deleted:
+        qs = qs.filter(is_deleted=False)
+    run = qs.first()
+    if run is None:
+        raise FlowRunNotFound(f"no flow run {int(run_id)} in this org")
+    cp = run.current_checkpoint
+
+    def ts(value):
+        return value.isoformat() if value is not None else None
+
+    steps = []
+    for step in FlowStepExecution.objects.filter(org_id=org.org_id, run_id=run.pk).order_by("id"):
+        attempts = [{
+            "attempt_id": int(a.pk), "attempt_number": a.attempt_number, "outcome": a.state,
+            "lease_owner": a.lease_owner, "lease_correlation": a.lease_token_digest[:12],
+            "ownership_epoch": a.ownership_epoch, "root_state_version_at_claim": a.root_state_version_at_claim,
+            "failure_class": a.failure_class, "safe_error_code": a.safe_error_code,
+            "retry_decision": a.retry_decision, "recovery_backoff_floor_ms": a.recovery_backoff_floor_ms,
+            "lock_plan_digest": a.lock_plan_digest, "started_at": ts(a.started_at), "finished_at": ts(a.finished_at),
+        } for a in FlowStepAttempt.objects.filter(org_id=org.org_id, step_id=step.pk).order_by("attempt_number")]
+        steps.append({"step_id": int(step.pk), "plan_step_key": step.plan_step_key, "step_kind": step.step_kind,
+                      "state": step.state, "version": step.version, "attempt_count": step.attempt_count,
+                      "run_after": ts(step.run_after), "reason_code": step.reason_code, "attempts": attempts})
+    dependencies = [{"dependency_id": int(d.pk), "step_id": int(d.step_id), "producer_kind": d.producer_kind,
+                     "dependency_key": d.dependency_key, "state": d.state, "deadline": ts(d.deadline)}
+                    for d in FlowDependency.objects.filter(org_id=org.org_id, run_id=run.pk).order_by("id")]
+    effects = [{"effect_link_id": int(e.pk), "step_id": int(e.step_id), "effect_owner_kind": e.effect_owner_kind,
+                "outbound_command_id": int(e.outbound_command_id), "effect_handoff_key": e.effect_handoff_key}
+               for e in FlowEffectLink.objects.filter(org_id=org.org_id, run_id=run.pk).order_by("id")]
+    return {
+        "run_id": int(run.pk), "org_id": run.org_id,
+        "plan": {"plan_id": run.plan.plan_id, "plan_digest": run.plan_digest, "flow_api_name": run.plan.flow_api_name,
+                 "flow_version": run.plan.flow_version, "execution_profile": run.execution_profile},
+        "execution_owner": run.execution_owner, "state": run.state, "legacy_status": run.legacy_status,
+        "state_version": run.version, "ownership_epoch": run.ownership_epoch,
+        "current_step_id": int(run.current_step_id) if run.current_step_id else None,
+        "current_checkpoint": None if cp is None else {
+            "checkpoint_id": int(cp.pk), "sequence": cp.sequence, "plan_cursor": cp.plan_cursor,
+            "context_digest": cp.context_digest, "context_schema_version": cp.context_schema_version},
+        "terminal_cause": run.reason_code, "is_deleted": run.is_deleted,
+        "delete_requested_at": ts(run.delete_requested_at), "started_at": ts(run.started_at),
+        "completed_at": ts(run.completed_at), "trigger": {"object": run.trigger_object_name,
+                                                          "record_key": run.record_key,
+                                                          "record_version": run.record_version},
+        "steps": steps, "dependencies": dependencies, "effects": effects,
+    }
+
+
 __all__ = [
+    "CancelResult", "flow_before_save", "flow_run_drive", "flow_run_delete", "flow_run_support_read", "flow_step_heartbeat",
+    "flow_try_cancel_cleanup_one",
     "DeployResult", "StepClaim", "effect_root_id_for", "flow_activate", "flow_compile_check",
     "flow_deploy", "flow_plan_compile", "flow_step_claim_one", "flow_step_execute",
     "flow_trigger_on_record_saved", "flow_try_recover_expired_one", "flow_try_run_step_one", "flow_try_wake_one",

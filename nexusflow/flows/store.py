@@ -9,8 +9,6 @@ links); taking a lower-ranked lifecycle row after a higher one raises
 """
 from __future__ import annotations
 
-
-
 from nexusflow.kernel import locks
 from nexusflow.kernel.errors import FenceRejected
 from nexusflow.kernel.models import insert
@@ -19,6 +17,7 @@ from nexusflow.kernel.store import CasStore
 from . import transitions as t
 from .models import (
     FlowActionCatalogGeneration,
+    FlowAuditEvent,
     FlowActivation,
     FlowCheckpoint,
     FlowDependency,
@@ -63,9 +62,51 @@ class FlowActivationStore(_FlowCasStore):
 
 
 class FlowRunStore(_FlowCasStore):
+    """``FlowInterviewStateStore`` (seed 004 section 10.1): the only writer of FlowRun rows.
+
+    Every insert and every state CAS writes the legacy status projection of
+    section 18.2 with the canonical state, in the same statement; no caller
+    can set it on its own.
+    """
+
     model = FlowRun
     machine = t.FLOW_RUN
     lock_rank, lock_label = RANK_ROOT, "root"
+    immutable_columns = frozenset({"plan_id", "plan_digest", "execution_profile", "execution_owner", "org_id",
+                                   "app_installation_id", "runtime_capability_id", "binding_digest",
+                                   "trigger_object_name", "record_key", "record_version", "created_at"})
+
+    @classmethod
+    def create(cls, **values):
+        """Insert a root in an initial state with its legacy projection (see :meth:`CasStore.create`).
+
+        Raises:
+            ValueError: ``legacy_status`` given by the caller.
+        """
+        if "legacy_status" in values:
+            raise ValueError("FlowRun.legacy_status is a projection; the store writes it")
+        cls.machine.assert_initial(values["state"])  # IllegalTransition before the projection lookup
+        values["legacy_status"] = t.legacy_status_of(values["state"])
+        return super().create(**values)
+
+    @classmethod
+    def transition(cls, *, set_fields=None, **kwargs) -> int:
+        """Move the root and its legacy projection together (see :meth:`CasStore.transition`).
+
+        Raises:
+            ValueError: ``set_fields`` names ``legacy_status`` (before SQL).
+        """
+        if "legacy_status" in (set_fields or {}):
+            raise ValueError("FlowRun.legacy_status is a projection; the store writes it")
+        cls.machine.assert_transition(kwargs["src"], kwargs["dst"])  # unlisted pairs fail before anything else
+        set_fields = {**(set_fields or {}), "legacy_status": t.legacy_status_of(kwargs["dst"])}
+        return super().transition(set_fields=set_fields, **kwargs)
+
+    @classmethod
+    def touch(cls, *, set_fields=None, **kwargs) -> int:
+        if "legacy_status" in (set_fields or {}):
+            raise ValueError("FlowRun.legacy_status is a projection; the store writes it")
+        return super().touch(set_fields=set_fields, **kwargs)
 
 
 class FlowStepStore(_FlowCasStore):
@@ -114,8 +155,67 @@ def plan_insert(**values) -> FlowExecutionPlan:
     return insert(FlowExecutionPlan, **values)
 
 
+#: Seed 004 sections 10.4 and 17.3: the serialized context bound of one checkpoint (bytes).
+CHECKPOINT_MAX_BYTES = 64 * 1024
+#: Keys that name forbidden credential material anywhere in a checkpoint payload (lower-cased, no
+#: separators); a payload holding one is refused before SQL.
+FORBIDDEN_CONTEXT_KEYS = frozenset({
+    "password", "passwd", "secret", "clientsecret", "apikey", "accesstoken", "refreshtoken", "bearertoken",
+    "token", "authorization", "credential", "credentials", "privatekey", "sessionid", "leasetoken",
+})
+
+
+def _forbidden_key(key: str) -> bool:
+    folded = "".join(ch for ch in key.lower() if ch.isalnum())
+    return folded in FORBIDDEN_CONTEXT_KEYS
+
+
+def checkpoint_payload_check(payload) -> int:
+    """Validate a checkpoint context payload; return its serialized size in bytes.
+
+    Seed 004 sections 10.4 and 17.3: payloads are size bounded and exclude
+    credential material. Walks every nested key.
+
+    Raises:
+        CheckpointRejected: a key names credential material (code
+            ``flow_checkpoint_credential``) or the canonical JSON is larger
+            than :data:`CHECKPOINT_MAX_BYTES` (``flow_checkpoint_too_large``).
+    """
+    from nexusflow.kernel import canonical_json
+
+    from .errors import CheckpointRejected
+
+    todo = [payload]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if isinstance(key, str) and _forbidden_key(key):
+                    raise CheckpointRejected(f"checkpoint key {key!r} names credential material",
+                                             code="flow_checkpoint_credential")
+                todo.append(value)
+        elif isinstance(node, list):
+            todo.extend(node)
+    size = len(canonical_json.dumps(payload))
+    if size > CHECKPOINT_MAX_BYTES:
+        raise CheckpointRejected(f"checkpoint context is {size} bytes, over {CHECKPOINT_MAX_BYTES}",
+                                 code="flow_checkpoint_too_large")
+    return size
+
+
 def checkpoint_insert(**values) -> FlowCheckpoint:
+    """Insert one immutable checkpoint after :func:`checkpoint_payload_check` (seed 004 section 10.4).
+
+    Raises:
+        CheckpointRejected: see :func:`checkpoint_payload_check` (before SQL).
+    """
+    checkpoint_payload_check(values["context_payload"])
     return insert(FlowCheckpoint, **values)
+
+
+def audit_insert(**values) -> FlowAuditEvent:
+    """Append one audit event (evidence only; seed 004 section 13.1 step 5)."""
+    return insert(FlowAuditEvent, **values)
 
 
 def effect_link_insert(**values) -> FlowEffectLink:

@@ -45,6 +45,45 @@ FLOW_RUN = machine(
     reason_required={RUN_TERMINAL_FAILED, RUN_QUARANTINED},
 )
 
+# --- Legacy interview status projection (seed 004 section 18.2) -------------
+LEGACY_RUNNING = "Running"
+LEGACY_PAUSED = "Paused"
+LEGACY_FINISHED = "Finished"
+LEGACY_ERROR = "Error"
+
+#: Canonical V2 state -> legacy interview status (section 18.2 table).
+LEGACY_STATUS = {
+    RUN_ACCEPTED: LEGACY_RUNNING, RUN_RUNNABLE: LEGACY_RUNNING, RUN_RUNNING: LEGACY_RUNNING,
+    # CancelRequested is still in flight: the legacy view keeps reporting Running.
+    RUN_CANCEL_REQUESTED: LEGACY_RUNNING,
+    RUN_WAITING: LEGACY_PAUSED,
+    RUN_SUCCEEDED: LEGACY_FINISHED,
+    RUN_TERMINAL_FAILED: LEGACY_ERROR, RUN_QUARANTINED: LEGACY_ERROR,
+    # "Error until a dedicated public cancellation value is versioned".
+    RUN_CANCELLED: LEGACY_ERROR,
+}
+
+
+def legacy_status_of(state: str) -> str:
+    """The legacy interview status projected from canonical ``state`` (seed 004 section 18.2).
+
+    Raises:
+        KeyError: ``state`` is not a FlowRun state.
+    """
+    return LEGACY_STATUS[state]
+
+
+def legacy_projection_q():
+    """A ``Q`` that holds exactly when ``legacy_status`` equals the projection of ``state`` (a CHECK)."""
+    from django.db.models import Q
+
+    out = Q()
+    for legacy in sorted(set(LEGACY_STATUS.values())):
+        states = sorted(s for s, v in LEGACY_STATUS.items() if v == legacy)
+        out |= Q(state__in=states, legacy_status=legacy)
+    return out
+
+
 # --- FlowStepExecution (seed 004 section 11.2) -------------------------------
 STEP_PENDING = "Pending"
 STEP_CLAIMED = "Claimed"
@@ -111,14 +150,16 @@ DEP_WAITING = "waiting"
 DEP_SATISFIED = "satisfied"
 DEP_EXPIRED = "expired"
 DEP_REJECTED = "rejected"
+DEP_CANCELLED = "cancelled"
 
 FLOW_DEPENDENCY = machine(
     "flows.FlowDependency",
     {
-        DEP_WAITING: {DEP_SATISFIED, DEP_EXPIRED, DEP_REJECTED},
+        DEP_WAITING: {DEP_SATISFIED, DEP_EXPIRED, DEP_REJECTED, DEP_CANCELLED},
         DEP_SATISFIED: set(),
         DEP_EXPIRED: set(),
         DEP_REJECTED: set(),
+        DEP_CANCELLED: set(),
     },
     initial={DEP_WAITING},
     seed='Seed 004, sections 10.5 and 14 "FlowDependency"',

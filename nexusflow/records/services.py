@@ -1,8 +1,9 @@
-"""Record use cases: create, update, mirror writeback, after-save hooks.
+"""Record use cases: create, update, mirror writeback, before-save and after-save hooks.
 
 Every function runs inside the caller's transaction (the application
-transaction of seed 003 "Runtime-owned result"); after-save hooks run in that
-same transaction, so a record change and the Flow runs it triggers commit or
+transaction of seed 003 "Runtime-owned result"); before-save hooks transform
+the values before the row is written and after-save hooks run after it, both
+in that same transaction, so a record change and the Flow runs it triggers commit or
 roll back together.
 """
 from __future__ import annotations
@@ -32,7 +33,31 @@ class AfterSaveHook(Protocol):
     def __call__(self, *, org: OrgScope, record: Record, change: RecordChange) -> None: ...
 
 
+class BeforeSaveHook(Protocol):
+    def __call__(self, *, org: OrgScope, object_name: str, record_key: str | None, fields: dict,
+                 prior: dict | None, created: bool) -> dict: ...
+
+
 _AFTER_SAVE: list[Callable[..., None]] = []
+_BEFORE_SAVE: list[Callable[..., dict]] = []
+
+
+def register_before_save(hook: BeforeSaveHook) -> None:
+    """Register a hook that transforms a record's fields inside the saving transaction, before the write.
+
+    Seed 004 section 9.1 (Embedded Before-Save): the hook returns the new
+    field values; raising fails the whole record mutation.
+    """
+    if hook not in _BEFORE_SAVE:
+        _BEFORE_SAVE.append(hook)
+
+
+def _run_before_hooks(org: OrgScope, object_name: str, record_key: str | None, fields: dict,
+                      prior: dict | None, created: bool) -> dict:
+    for hook in list(_BEFORE_SAVE):
+        fields = hook(org=org, object_name=object_name, record_key=record_key, fields=fields, prior=prior,
+                      created=created)
+    return fields
 
 
 def register_after_save(hook: AfterSaveHook) -> None:
@@ -65,9 +90,12 @@ def record_create(*, org: OrgScope, object_name: str, values: dict[str, str | No
     _require_atomic()
     definition = current_view().object(object_name)
     fields = {name: definition.clean_value(name, value) for name, value in values.items()}
+    record_key = new_record_key(definition.key_prefix)
+    if _BEFORE_SAVE:
+        transformed = _run_before_hooks(org, object_name, record_key, dict(fields), None, True)
+        fields = {name: definition.clean_value(name, value) for name, value in transformed.items()}
     record = RecordStore.create(
-        org_id=org.org_id, object_name=object_name, record_key=new_record_key(definition.key_prefix),
-        fields=fields, mirrors={},
+        org_id=org.org_id, object_name=object_name, record_key=record_key, fields=fields, mirrors={},
     )
     _run_hooks(org, record, RecordChange(created=True, changed_fields=frozenset(fields)))
     return record
@@ -93,6 +121,11 @@ def record_update(*, org: OrgScope, record: Record, changes: dict[str, str | Non
     _require_atomic()
     definition = current_view().object(record.object_name)
     cleaned = {name: definition.clean_value(name, value) for name, value in changes.items()}
+    if _BEFORE_SAVE:
+        proposed = _run_before_hooks(org, record.object_name, record.record_key, {**record.fields, **cleaned},
+                                     dict(record.fields), False)
+        cleaned = {name: definition.clean_value(name, value) for name, value in proposed.items()
+                   if name in cleaned or record.fields.get(name) != value}
     changed = frozenset(name for name, value in cleaned.items() if record.fields.get(name) != value)
     change = RecordChange(created=False, changed_fields=changed)
     if not changed:

@@ -58,7 +58,7 @@ class Rows:
             plan=plan, plan_digest=plan.plan_digest, execution_profile=plan.execution_profile,
             execution_owner="flow_runtime_v2", state=state, version=1, trigger_object_name=OBJECT,
             record_key=f"rk{FlowRun.objects.count() + 1}", record_version=1, created_at=now, updated_at=now,
-            reason_code=_reason(t.FLOW_RUN, state),
+            reason_code=_reason(t.FLOW_RUN, state), legacy_status=t.legacy_status_of(state),
         )
 
     def step(self, state: str = t.STEP_PENDING, run: FlowRun | None = None) -> FlowStepExecution:

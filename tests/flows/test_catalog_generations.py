@@ -272,13 +272,19 @@ def test_activation_and_setup_verification_use_the_same_compiler_result(org, dem
 
 @pytest.mark.django_db
 def test_activation_refuses_what_this_engine_cannot_run(org):
+    # Bounded Atomic assignments are executable now (issue #8) and activate ...
     atomic = fx.flow(fx.assignment("Set", None, [("v", "Assign", "<stringValue>x</stringValue>")]),
                      fx.variable("v"), start=fx.start("Set", trigger="RecordAfterSave"))
+    assert flow_deploy(org=org, source=atomic, flow_api_name="Atomic_Flow").plan.execution_profile == "bounded_atomic"
+    # ... an assignment operator the interpreter does not run is still refused at activation.
+    unsupported = fx.flow(fx.assignment("Set", None, [("v", "RemoveAll", "<stringValue>x</stringValue>")]),
+                          fx.variable("v", collection=True), start=fx.start("Set", trigger="RecordAfterSave"))
     with pytest.raises(ActivationRejected) as exc:
-        flow_deploy(org=org, source=atomic, flow_api_name="Atomic_Flow")
-    assert "engine_unsupported:profile" in {d.code for d in exc.value.diagnostics}
-    assert not m.FlowExecutionPlan.objects.filter(org_id=org.org_id).exists()  # the transaction rolled back
-    assert not m.FlowActivation.objects.filter(org_id=org.org_id).exists()
+        flow_deploy(org=org, source=unsupported, flow_api_name="Unsupported_Flow")
+    assert "engine_unsupported:assignment" in {d.code for d in exc.value.diagnostics}
+    assert not m.FlowActivation.objects.filter(org_id=org.org_id, flow_api_name="Unsupported_Flow").exists()
+    # the deploy transaction rolled back: no plan of the refused flow either
+    assert not m.FlowExecutionPlan.objects.filter(org_id=org.org_id, flow_api_name="Unsupported_Flow").exists()
 
 
 @pytest.mark.django_db

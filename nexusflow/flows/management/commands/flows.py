@@ -8,6 +8,16 @@ Subcommands:
   capabilities, loop/fan-out proof, step count and migration cohort. Writes
   nothing. Exit 0 when every file was inventoried (rejections are results),
   2 when ``DIR`` is not a folder.
+- ``run RUN_ID --org ORG [--worker-id W] [--max-steps N]``: claim and execute
+  the run's due steps in this process (normal claim/fence protocol) until it
+  waits, is not yet due, or ends; prints the final state.
+- ``cancel RUN_ID --org ORG``: the authorized public delete (seed 004
+  section 10.1): cancellation plus ``IsDeleted`` soft delete; idempotent.
+- ``show RUN_ID --org ORG [--include-deleted]``: the section 19 support read
+  as JSON.
+
+``run``/``cancel``/``show`` exit 0 on success, 2 on bad input (a malformed
+id or org), 3 when the run is not in that org (``flow_run_not_found``).
 """
 from __future__ import annotations
 
@@ -15,14 +25,19 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
+from nexusflow.flows.errors import FlowRunNotFound
 from nexusflow.flows.inventory import flow_inventory
+from nexusflow.kernel.errors import InvalidIdentity
+from nexusflow.kernel.identity import validate_key
+from nexusflow.kernel.scope import OrgScope
 
 
 class Command(BaseCommand):
-    help = "Flow operator commands: inventory (compile-only report of a folder of Flow metadata files)."
+    help = ("Flow operator commands: inventory (compile-only report of a folder of Flow metadata files); "
+            "run, cancel and show one run of an org.")
 
     def add_arguments(self, parser):
-        sub = parser.add_subparsers(dest="subcommand", required=True, metavar="{inventory}")
+        sub = parser.add_subparsers(dest="subcommand", required=True, metavar="{inventory,run,cancel,show}")
         inv = sub.add_parser("inventory", help="Compile every *.flow-meta.xml in DIR; execute nothing.")
         inv.add_argument("directory", metavar="DIR")
         inv.add_argument("--json", action="store_true", help="One JSON array, one object per file.")
@@ -30,10 +45,24 @@ class Command(BaseCommand):
                          help="With --json: add loops, fan_out, warnings and plan_digest to each object.")
         inv.add_argument("--schema", choices=("open", "strict"), default="open",
                          help="strict: check objects and fields against this deployment's metadata view.")
+        for name, text in (("run", "Execute one run's due steps in this process."),
+                           ("cancel", "Cancel and soft-delete one run (idempotent)."),
+                           ("show", "Print the support read of one run as JSON.")):
+            p = sub.add_parser(name, help=text)
+            p.add_argument("run_id", metavar="RUN_ID")
+            p.add_argument("--org", required=True, help="The trusted org the run belongs to.")
+            if name == "run":
+                p.add_argument("--worker-id", default="operator", help="Lease owner name (default: operator).")
+                p.add_argument("--max-steps", type=int, default=100, help="Stop after N steps (default 100).")
+            if name == "show":
+                p.add_argument("--include-deleted", action="store_true",
+                               help="Authorized include-deleted read of a soft-deleted run.")
 
     def handle(self, *args, subcommand: str, **options):
         if subcommand == "inventory":
             return self._inventory(**options)
+        if subcommand in ("run", "cancel", "show"):
+            return self._one_run(subcommand, **options)
         raise CommandError(f"unknown subcommand {subcommand!r}", returncode=2)
 
     def _inventory(self, *, directory: str, json: bool, detail: bool, schema: str, **_options):
@@ -58,6 +87,31 @@ class Command(BaseCommand):
                 self.stdout.write(f"  {reason['code']}{where}: {reason['detail']}")
         rejected = sum(1 for r in rows if r.rejected)
         self.stdout.write(f"{len(rows)} flow file(s): {len(rows) - rejected} compiled, {rejected} rejected")
+
+
+    def _one_run(self, subcommand: str, *, run_id: str, org: str, **options):
+        from nexusflow.flows import services
+
+        try:
+            validate_key(org, field="org", max_length=64)
+            if not run_id.isdigit() or int(run_id) < 1:
+                raise InvalidIdentity(f"run id {run_id!r} is not a positive integer")
+            scope = OrgScope(org)
+            if subcommand == "run":
+                if options["max_steps"] < 1:
+                    raise InvalidIdentity("--max-steps must be at least 1")
+                state = services.flow_run_drive(org=scope, run_id=int(run_id), worker_id=options["worker_id"],
+                                                max_steps=options["max_steps"])
+                self.stdout.write(_dumps({"run_id": int(run_id), "state": state}))
+            elif subcommand == "cancel":
+                self.stdout.write(_dumps(services.flow_run_delete(org=scope, run_id=int(run_id)).as_dict()))
+            else:
+                self.stdout.write(_dumps(services.flow_run_support_read(
+                    org=scope, run_id=int(run_id), include_deleted=options["include_deleted"])))
+        except InvalidIdentity as exc:
+            raise CommandError(f"{exc.code}: {exc}", returncode=2) from None
+        except FlowRunNotFound as exc:
+            raise CommandError(f"{exc.code}: {exc}", returncode=3) from None
 
 
 def _dumps(value) -> str:

@@ -1,0 +1,461 @@
+"""Element-graph interpreter for the steps the executor runs (seed 004 sections 7.5, 9.1-9.3).
+
+:func:`run_graph` walks a compiled step's element graph (the ``graph`` of an
+``EmbeddedTransform`` / ``BoundedMutation`` step, or a single durable element)
+over an in-memory environment and returns an :class:`Outcome`: the trigger
+record as transformed, the record writes it would make, and the path taken.
+
+It performs **no writes**. Reads go through a :class:`RecordReader` the caller
+supplies (inside the caller's transaction), so the caller decides the
+transaction and lock boundary: the executor applies ``Outcome.writes`` only
+after its fences are validated, in one transaction with the checkpoint
+(seed 004 section 12.2 steps 11-12).
+
+Supported elements: ``assignments``, ``decisions``, ``loops``,
+``recordLookups``, ``recordUpdates``, ``recordCreates``. Anything else raises
+:class:`FlowExecutionError` (activation refuses such plans first, see
+:func:`nexusflow.flows.handlers.engine_support_diagnostics`).
+
+Values: record fields are text (``str``) or ``None``; numbers are
+``Decimal`` while computing and are written as canonical text.
+"""
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Protocol
+
+from . import formula as fx
+from .compiler import conditions_hold
+from .errors import FlowExecutionError
+
+#: Elements the interpreter runs.
+SUPPORTED_ELEMENTS = frozenset({"assignments", "decisions", "loops", "recordLookups", "recordUpdates",
+                                "recordCreates"})
+SUPPORTED_ASSIGNMENT_OPERATORS = frozenset({"Assign", "Add", "Subtract", "AddItem", "AssignCount", "Multiply",
+                                            "Divide"})
+#: Element visits one run of a graph may make (loops included); exceeding it fails deterministically.
+DEFAULT_VISIT_BUDGET = 2000
+RECORD_ID = "Id"
+
+
+class RecordReader(Protocol):
+    def query(self, object_name: str, predicate, *, limit: int) -> list[dict[str, Any]]:
+        """Live records of ``object_name`` for which ``predicate(record_dict)`` holds, in key order."""
+
+
+@dataclass
+class Write:
+    """One record write the graph asks for: ``op`` is ``update`` or ``create``."""
+
+    op: str
+    object_name: str
+    record_key: str | None
+    values: dict[str, str | None]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"op": self.op, "object": self.object_name, "record_key": self.record_key,
+                "values": dict(sorted(self.values.items()))}
+
+
+@dataclass
+class Outcome:
+    """What one graph run decided (JSON-safe through :meth:`as_json`)."""
+
+    record: dict[str, Any]
+    writes: list[Write] = field(default_factory=list)
+    path: list[str] = field(default_factory=list)
+    next_step: str | None = None
+    state: dict[str, Any] = field(default_factory=dict)
+    rule: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"path": self.path, "writes": [w.as_json() for w in self.writes], "next": self.next_step}
+
+
+def to_field_text(value: Any) -> str | None:
+    """A computed value as record field text (``None`` stays ``None``)."""
+    if value is None:
+        return None
+    if isinstance(value, (dt.datetime, dt.date)):
+        return value.isoformat()
+    return fx._text(value)
+
+
+class _Run:
+    def __init__(self, *, plan_payload: dict[str, Any], record: dict[str, Any], object_name: str,
+                 prior: dict[str, Any] | None, is_new: bool, now: dt.datetime, reader: RecordReader | None,
+                 budget: int, fan_out_limit: int):
+        self.payload = plan_payload
+        self.record = dict(record)
+        self.object_name = object_name
+        self.prior = prior
+        self.is_new = is_new
+        self.now = now
+        self.reader = reader
+        self.budget = budget
+        self.fan_out_limit = fan_out_limit
+        self.vars: dict[str, Any] = {}
+        for name, decl in (plan_payload.get("checkpoint_schema", {}).get("variables") or {}).items():
+            self.vars[name] = [] if decl.get("collection") else None
+        self.elements: dict[str, Any] = {}
+        self.loops: dict[str, int] = {}
+        self.writes: list[Write] = []
+        self.path: list[str] = []
+        self.dirty: set[str] = set()
+        self.last_rule: str | None = None
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.vars.update(state.get("vars") or {})
+        self.elements.update(state.get("elements") or {})
+        self.loops.update(state.get("loops") or {})
+        if "record" in state:
+            self.record = dict(state["record"])
+        self.dirty.update(state.get("dirty") or [])
+
+    def export_state(self) -> dict[str, Any]:
+        return {"vars": _jsonable(self.vars), "elements": _jsonable(self.elements), "loops": dict(self.loops),
+                "record": _jsonable(self.record), "dirty": sorted(self.dirty)}
+
+    # -- references -------------------------------------------------------------
+    def resolve(self, ref: str) -> Any:
+        if not isinstance(ref, str) or not ref:
+            raise FlowExecutionError(f"bad reference {ref!r}")
+        head, _, rest = ref.partition(".")
+        if head == "$Record":
+            base: Any = self.record
+        elif head == "$Record__Prior":
+            base = self.prior
+        elif head == "$Flow":
+            if rest == "CurrentDate":
+                return self.now.date()
+            if rest in ("CurrentDateTime", "InterviewStartTime"):
+                return self.now
+            raise FlowExecutionError(f"unsupported global {ref!r}")
+        elif head in self.vars:
+            base = self.vars[head]
+        elif head in self.elements:
+            base = self.elements[head]
+        elif head in (self.payload.get("formulas") or {}):
+            ast = self.payload["formulas"][head]
+            if ast is None:
+                raise FlowExecutionError(f"formula {head} did not compile")
+            base = self._formula(ast)
+        else:
+            raise FlowExecutionError(f"unresolved reference {ref!r}")
+        for part in filter(None, rest.split(".")) if rest else ():
+            if base is None:
+                return None
+            if not isinstance(base, dict):
+                raise FlowExecutionError(f"{ref!r}: {part} of a non-record value")
+            base = base.get(part)
+        return base
+
+    def _formula(self, ast: list) -> Any:
+        env = fx.Env(resolve=self.resolve, now=self.now, is_new=self.is_new,
+                     prior=(lambda r: (self.prior or {}).get(r)))
+        try:
+            return fx.evaluate(ast, env)
+        except fx.FormulaRuntimeError as exc:
+            raise FlowExecutionError(f"formula: {exc}") from None
+
+    def value(self, raw: dict[str, Any] | None) -> Any:
+        if raw is None:
+            return None
+        kind, text = raw.get("kind"), raw.get("value")
+        if kind == "elementReference":
+            return self.resolve(text)
+        if kind == "formulaExpression":
+            if raw.get("ast") is None:
+                raise FlowExecutionError("formula did not compile")
+            return self._formula(raw["ast"])
+        if kind == "booleanValue":
+            return text == "true"
+        if kind == "numberValue":
+            return Decimal(text)
+        if kind in ("stringValue", "dateValue", "dateTimeValue"):
+            return text
+        raise FlowExecutionError(f"unsupported value kind {kind!r}")
+
+    def assign(self, target: str, value: Any) -> None:
+        head, _, rest = target.partition(".")
+        if head == "$Record":
+            if not rest or "." in rest:
+                raise FlowExecutionError(f"cannot assign {target!r}")
+            self.record[rest] = value
+            self.dirty.add(rest)
+            return
+        if head not in self.vars and head not in self.elements:
+            raise FlowExecutionError(f"unknown assignment target {target!r}")
+        container = self.vars if head in self.vars else self.elements
+        if not rest:
+            container[head] = value
+            return
+        base = container.get(head)
+        if base is None:
+            base = container[head] = {}
+        parts = rest.split(".")
+        for part in parts[:-1]:
+            if not isinstance(base, dict):
+                raise FlowExecutionError(f"cannot assign {target!r}")
+            base = base.setdefault(part, {})
+        if not isinstance(base, dict):
+            raise FlowExecutionError(f"cannot assign {target!r}")
+        base[parts[-1]] = value
+        base.setdefault("__dirty", [])
+        if parts[-1] not in base["__dirty"]:
+            base["__dirty"].append(parts[-1])
+
+    # -- elements ---------------------------------------------------------------
+    def run(self, graph: list[dict[str, Any]], entry: str | None) -> str | None:
+        nodes = {n["element"]: n for n in graph}
+        current = entry
+        visits = 0
+        while current is not None:
+            node = nodes.get(current)
+            if node is None:  # left the graph: the caller's next step
+                return current
+            visits += 1
+            if visits > self.budget:
+                raise FlowExecutionError(f"element visit budget {self.budget} exhausted",
+                                         code="flow_budget_exhausted")
+            self.path.append(current)
+            current = self.step(node)
+        return None
+
+    def _edge(self, node: dict[str, Any], kind: str) -> str | None:
+        for edge in node.get("edges", []):
+            if edge["kind"] == kind:
+                return edge["to"]
+        return None
+
+    def step(self, node: dict[str, Any]) -> str | None:
+        kind = node.get("type")
+        if kind not in SUPPORTED_ELEMENTS:
+            raise FlowExecutionError(f"element {node.get('element')} of type {kind} is not executable")
+        return getattr(self, f"_el_{kind}")(node)
+
+    def _el_assignments(self, node):
+        for item in node["items"]:
+            op, target = item["operator"], item["target"]
+            if op not in SUPPORTED_ASSIGNMENT_OPERATORS:
+                raise FlowExecutionError(f"assignment operator {op} is not executable")
+            value = self.value(item["value"])
+            current = self.resolve(target) if op != "Assign" else None
+            if op == "Assign":
+                new = value
+            elif op == "AssignCount":
+                new = Decimal(len(value or []))
+            elif op in ("Add", "AddItem") and isinstance(current, list):
+                new = current + (value if isinstance(value, list) and op == "Add" else [value])
+            elif op == "AddItem":
+                new = [value] if current is None else [current, value]
+            elif op == "Add" and isinstance(current, str) or (op == "Add" and isinstance(value, str)
+                                                               and not _numeric(value)):
+                new = fx._text(current) + fx._text(value)
+            else:
+                a = Decimal(0) if current in (None, "") else _decimal(current)
+                b = Decimal(0) if value in (None, "") else _decimal(value)
+                if op == "Add":
+                    new = a + b
+                elif op == "Subtract":
+                    new = a - b
+                elif op == "Multiply":
+                    new = a * b
+                else:
+                    if b == 0:
+                        raise FlowExecutionError("division by zero")
+                    new = a / b
+            self.assign(target, new)
+        return self._edge(node, "success")
+
+    def _el_decisions(self, node):
+        fields = {k: v for k, v in self.record.items()}
+        for rule, edge in zip(node["rules"], [e for e in node["edges"] if e["kind"].startswith("rule:")]):
+            try:
+                holds = conditions_hold(rule["conditions"], rule["logic"], fields, self.resolve)
+            except ValueError as exc:
+                raise FlowExecutionError(f"decision {node['element']}: {exc}") from None
+            if holds:
+                self.last_rule = rule["name"]
+                return edge["to"]
+        self.last_rule = None
+        return self._edge(node, "default")
+
+    def _el_loops(self, node):
+        name = node["element"]
+        items = self.resolve(node["collection"]) or []
+        if not isinstance(items, list):
+            raise FlowExecutionError(f"loop {name}: {node['collection']} is not a collection")
+        if len(items) > self.fan_out_limit:
+            raise FlowExecutionError(f"loop {name}: {len(items)} items exceed the bound {self.fan_out_limit}",
+                                     code="flow_budget_exhausted")
+        ordered = items if node.get("order", "Asc") == "Asc" else list(reversed(items))
+        index = self.loops.get(name, 0)
+        if index < len(ordered):
+            self.loops[name] = index + 1
+            if node.get("item"):
+                self.assign(node["item"], ordered[index])
+            return self._edge(node, "loop_next")
+        self.loops.pop(name, None)
+        return self._edge(node, "loop_done")
+
+    def _filters(self, node) -> Any:
+        resolved = []
+        for f in node.get("filters", []):
+            right = self.value(f.get("value"))
+            resolved.append({"field": f["field"], "operator": f["operator"],
+                             "value": {"kind": "stringValue", "value": to_field_text(right)}
+                             if not isinstance(right, bool) else {"kind": "booleanValue",
+                                                                  "value": "true" if right else "false"}})
+        logic = node.get("filter_logic", "and")
+
+        def predicate(rec: dict[str, Any]) -> bool:
+            return conditions_hold(resolved, logic, rec)
+
+        return predicate
+
+    def _query(self, node) -> list[dict[str, Any]]:
+        if self.reader is None:
+            raise FlowExecutionError(f"{node['element']}: record reads are not allowed in this profile")
+        return self.reader.query(node["object"], self._filters(node), limit=self.fan_out_limit + 1)
+
+    def _el_recordLookups(self, node):  # noqa: N802
+        found = self._query(node)
+        if len(found) > self.fan_out_limit:
+            raise FlowExecutionError(f"{node['element']}: more than {self.fan_out_limit} records",
+                                     code="flow_budget_exhausted")
+        result: Any = (found[0] if found else None) if node.get("first_only") else found
+        self.elements[node["element"]] = result
+        if node.get("output_reference"):
+            self.assign(node["output_reference"], result)
+        return self._edge(node, "success")
+
+    def _record_values(self, node, base: dict[str, Any] | None = None) -> dict[str, Any]:
+        values = dict(base or {})
+        for a in node.get("assignments", []):
+            values[a["field"]] = self.value(a["value"])
+        return values
+
+    def _apply(self, node, rec: dict[str, Any]) -> None:
+        values = self._record_values(node)
+        rec.update(values)
+        dirty = rec.setdefault("__dirty", [])
+        dirty.extend(k for k in values if k not in dirty)
+
+    def _el_recordUpdates(self, node):  # noqa: N802
+        ref = node.get("input_reference")
+        if ref == "$Record":
+            values = self._record_values(node)
+            self.record.update(values)
+            self.dirty.update(values)
+            if self.object_name and self.dirty:
+                self._update(self.object_name, {**self.record, "__dirty": sorted(self.dirty)})
+            return self._edge(node, "success")
+        if ref:
+            target = self.resolve(ref)
+            targets = target if isinstance(target, list) else [target]
+            for rec in targets:
+                if not isinstance(rec, dict) or not rec.get(RECORD_ID) or not rec.get("__object"):
+                    raise FlowExecutionError(f"{node['element']}: {ref} holds no stored record")
+                self._apply(node, rec)
+                self._update(rec["__object"], rec)
+            return self._edge(node, "success")
+        for rec in self._query(node):
+            self._apply(node, rec)
+            self._update(node["object"], rec)
+        return self._edge(node, "success")
+
+    def _update(self, object_name: str, rec: dict[str, Any]) -> None:
+        # Only the fields this run assigned: a concurrent writer's other fields are never overwritten.
+        dirty = set(rec.get("__dirty") or [])
+        values = {k: to_field_text(v) for k, v in rec.items()
+                  if k in dirty and k != RECORD_ID and not k.startswith("__")}
+        if not values:
+            return
+        key = rec.get(RECORD_ID)
+        for w in self.writes:  # one write per record: the last values win
+            if w.op == "update" and w.object_name == object_name and w.record_key == key:
+                w.values.update(values)
+                return
+        self.writes.append(Write("update", object_name, key, values))
+
+    def _el_recordCreates(self, node):  # noqa: N802
+        ref = node.get("input_reference")
+        if ref:
+            source = self.resolve(ref)
+            items = source if isinstance(source, list) else [source]
+            for rec in items:
+                if not isinstance(rec, dict) or not rec.get("__object"):
+                    raise FlowExecutionError(f"{node['element']}: {ref} names no object to create")
+                self.writes.append(Write("create", rec["__object"], None, {
+                    k: to_field_text(v) for k, v in rec.items() if k != RECORD_ID and not k.startswith("__")}))
+        else:
+            values = {k: to_field_text(v) for k, v in self._record_values(node).items()}
+            self.writes.append(Write("create", node["object"], None, values))
+        return self._edge(node, "success")
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` with Decimals and dates as text (checkpoint context is JSON)."""
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (Decimal, dt.date, dt.datetime)):
+        return to_field_text(value)
+    return value
+
+
+def _numeric(value: Any) -> bool:
+    try:
+        Decimal(str(value))
+        return True
+    except Exception:  # noqa: BLE001 - any parse failure means "not a number"
+        return False
+
+
+def _decimal(value: Any) -> Decimal:
+    if isinstance(value, Decimal):
+        return value
+    if isinstance(value, bool) or not _numeric(value):
+        raise FlowExecutionError(f"expected a number, got {value!r}")
+    return Decimal(str(value))
+
+
+def run_graph(*, plan_payload: dict[str, Any], graph: list[dict[str, Any]], entry: str | None,
+              record: dict[str, Any], object_name: str, now: dt.datetime, reader: RecordReader | None,
+              prior: dict[str, Any] | None = None, is_new: bool = False, budget: int = DEFAULT_VISIT_BUDGET,
+              fan_out_limit: int = 200, state: dict[str, Any] | None = None) -> Outcome:
+    """Run ``graph`` from ``entry`` over ``record``; return what it decided, writing nothing.
+
+    Args:
+        plan_payload: the compiled plan payload (variables, formulas).
+        graph: element nodes (``{"element", "type", ..., "edges"}``).
+        entry: the first element name, ``None`` for an empty graph.
+        record: the trigger record as ``{"Id": record_key, <field>: text|None}``.
+        object_name: the trigger object (writes to ``$Record`` target it).
+        now: the database clock of the run (``$Flow.CurrentDate``, ``NOW()``).
+        reader: read access for lookups and filtered updates, ``None`` to refuse reads.
+        budget: element visits allowed; loops count each visit.
+        fan_out_limit: the largest collection a loop or lookup may return.
+        state: a previous step's exported state (variables, element results,
+            loop cursors, the in-memory ``$Record``), from its checkpoint.
+
+    Returns:
+        The :class:`Outcome`; ``next_step`` is the first element outside
+        ``graph`` the walk reached (``None`` at the end).
+
+    Raises:
+        FlowExecutionError: an unsupported element/operator, an unresolved
+            reference, a formula error, or an exhausted budget (code
+            ``flow_budget_exhausted``). Always definite: replay cannot fix it.
+    """
+    run = _Run(plan_payload=plan_payload, record=record, object_name=object_name, prior=prior, is_new=is_new,
+               now=now, reader=reader, budget=budget, fan_out_limit=fan_out_limit)
+    if state:
+        run.load_state(state)
+    nxt = run.run(graph, entry)
+    return Outcome(record=run.record, writes=run.writes, path=run.path, next_step=nxt,
+                   state=run.export_state(), rule=run.last_rule)
