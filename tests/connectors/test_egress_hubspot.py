@@ -413,3 +413,29 @@ def test_two_structurally_different_push_contracts_share_one_egress_model(org, r
     contact.refresh_from_db()
     assert contact.mirrors == {provider.mirror: link.remote_id}
     assert [IntentResultReceipt.objects.get(command=c).outcome for c in commands] == ["finalized", "finalized"]
+
+
+# --- known L0 gap: parked uncertain effects starve the replay-safe reconcile window --------------------
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="connectors.egress.effect_try_reconcile_one scans only the first 20 due "
+                                       "uncertain effects by id and skips parked ones without paging on")
+def test_parked_uncertain_effects_do_not_starve_an_exact_repeat_of_a_replay_safe_effect(
+        org, hubspot_crm_sandbox, billing_sandbox):
+    parked = 21
+    hubspot_crm_sandbox.set_faults(drop_response_after_commit=parked)
+    for n in range(parked):
+        _author(_contact(email=f"p{n}@x.io", firstname="P").record_key, "push-1")
+    while outbox_try_deliver_one():
+        pass
+    for _ in range(parked):
+        assert effect_try_dispatch_one(worker_id="t") is True
+    assert RemoteEffect.objects.filter(org_id=ORG, state="uncertain").count() == parked
+    billing_sandbox.set_faults(drop_response_after_commit=1)
+    command = _author(_contact(email="b@x.io", firstname="B").record_key, "push-1", contract="billing.customer")
+    while outbox_try_deliver_one():
+        pass
+    assert effect_try_dispatch_one(worker_id="t") is True
+    assert RemoteEffect.objects.get(command=command).state == "uncertain"
+    _zero_backoff()
+    drain()
+    assert RemoteEffect.objects.get(command=command).state == "finalized"
+    assert hubspot_crm_sandbox.state()["requests_by_route"] == {POSTS: parked}
