@@ -416,8 +416,9 @@ def test_two_structurally_different_push_contracts_share_one_egress_model(org, r
 
 
 # --- known L0 gap: parked uncertain effects starve the replay-safe reconcile window --------------------
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="connectors.egress.effect_try_reconcile_one scans only the first 20 due "
-                                       "uncertain effects by id and skips parked ones without paging on")
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="connectors.egress.effect_try_reconcile_one scans only the first 20 due uncertain "
+                          "effects by id and skips parked ones without paging on")
 def test_parked_uncertain_effects_do_not_starve_an_exact_repeat_of_a_replay_safe_effect(
         org, hubspot_crm_sandbox, billing_sandbox):
     parked = 21
