@@ -77,7 +77,8 @@ def test_duplicate_email_on_create_is_409_exactly_as_the_provider_answers(client
 
 def test_update_patches_properties_and_answers_200_with_the_same_shape(client: httpx.Client) -> None:
     created = _create(client, email="bo@x.io", firstname="Bo", lastname="Li").json()
-    response = client.patch(f"{CONTACTS_PATH}/{created['id']}", json={"properties": {"lastname": "Lee", "firstname": ""}})
+    response = client.patch(f"{CONTACTS_PATH}/{created['id']}",
+                            json={"properties": {"lastname": "Lee", "firstname": ""}})
     assert response.status_code == 200
     body = response.json()
     assert body["id"] == created["id"] and body["createdAt"] == created["createdAt"]
