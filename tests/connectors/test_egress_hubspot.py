@@ -94,7 +94,7 @@ def _max_attempts() -> int:
     return pack.callout_profile(pack.push_contract(CONTRACT)["callout_profile"])["retry"]["max_attempts"]
 
 
-# --- 1. create, link, mirror, receipt; a later edit PATCHes the linked id -------------------------------
+# --- 1. create, link, receipt; a later edit PATCHes the linked id -------------------------------
 def test_create_links_the_provider_id_and_a_later_edit_patches_it(org, hubspot_crm_sandbox, billing_sandbox):
     contact = _contact(email="ann@x.io", firstname="Ann", lastname="Lee", lifecyclestage="customer")
     command = _author(contact.record_key, "push-1")
@@ -107,9 +107,9 @@ def test_create_links_the_provider_id_and_a_later_edit_patches_it(org, hubspot_c
     assert (link.remote_id, link.state, link.owner_key, link.remote_scope) == (
         remote["id"], "active", "pack.hubspot", HUBSPOT_ACCOUNT)
     contact.refresh_from_db()
-    assert contact.mirrors == {"hubspot_id": remote["id"]}
+    assert contact.mirrors == {}  # the contract declares no mirror field: the link alone holds the identity
     receipt = IntentResultReceipt.objects.get(command=command)
-    assert (receipt.outcome, receipt.remote_id, receipt.evidence) == ("finalized", remote["id"], {"mirror": "written"})
+    assert (receipt.outcome, receipt.remote_id, receipt.evidence) == ("finalized", remote["id"], {"mirror": "skipped"})
     [create] = RemoteEffectAttempt.objects.filter(org_id=ORG)
     assert (create.operation, create.method, create.path, create.idempotency_key) == (
         "create", "POST", CONTACTS_PATH, "")
@@ -205,8 +205,6 @@ def test_lost_response_stays_uncertain_until_an_operator_confirms_the_contact(or
     assert effect.state == "finalized"
     receipt = IntentResultReceipt.objects.get(command=command)
     assert (receipt.outcome, receipt.remote_id) == ("finalized", remote["id"])
-    contact.refresh_from_db()
-    assert contact.mirrors == {"hubspot_id": remote["id"]}
     assert RemoteLink.objects.get(org_id=ORG).remote_id == remote["id"]
     assert _attempt_facts(attempt) == before  # the uncertain Attempt is history, never rewritten
     assert RemoteEffectAttempt.objects.filter(org_id=ORG).count() == 1
@@ -365,7 +363,6 @@ def test_a_lost_response_is_repeated_only_under_a_replay_safe_frozen_policy(org,
 @dataclass(frozen=True)
 class _Provider:
     contract: str
-    mirror: str
     writes: Callable[[object], tuple[int, int, int]]  # sandbox -> (remote objects, create requests, update requests)
     fixture: str
 
@@ -381,8 +378,8 @@ def _crm_writes(sandbox) -> tuple[int, int, int]:
 
 
 PROVIDERS = {
-    "replay_safe_form_post": _Provider("billing.customer", "billing_id", _billing_writes, "billing_sandbox"),
-    "keyless_json_patch": _Provider(CONTRACT, "hubspot_id", _crm_writes, "hubspot_crm_sandbox"),
+    "replay_safe_form_post": _Provider("billing.customer", _billing_writes, "billing_sandbox"),
+    "keyless_json_patch": _Provider(CONTRACT, _crm_writes, "hubspot_crm_sandbox"),
 }
 
 
@@ -411,7 +408,7 @@ def test_two_structurally_different_push_contracts_share_one_egress_model(org, r
     assert (link.state, link.owner_key, link.destination_slot_id) == (
         "active", load_pack(pack_key).owner_key, contract["destination_slot_id"])
     contact.refresh_from_db()
-    assert contact.mirrors == {provider.mirror: link.remote_id}
+    assert contact.mirrors == ({contract["mirror_field"]: link.remote_id} if contract.get("mirror_field") else {})
     assert [IntentResultReceipt.objects.get(command=c).outcome for c in commands] == ["finalized", "finalized"]
 
 
