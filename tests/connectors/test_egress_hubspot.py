@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -245,6 +246,29 @@ def test_an_ambiguous_5xx_blocks_the_repeat_until_an_operator_proves_no_effect(o
     assert len(state["contacts"]) == 1 and state["contacts"][0]["create_requests"] == 1
     assert state["requests_by_route"][POSTS] == 2
     assert IntentResultReceipt.objects.get(command=command).remote_id == state["contacts"][0]["id"]
+
+
+def test_a_timeout_is_ambiguous_and_the_late_create_is_not_repeated(org, hubspot_crm_sandbox):
+    pack = load_pack("hubspot")
+    timeout = pack.callout_profile(pack.push_contract(CONTRACT)["callout_profile"])["timeout_seconds"]
+    contact = _contact(email="ty@x.io", firstname="Ty")
+    _author(contact.record_key, "push-1")
+    hubspot_crm_sandbox.set_faults(delay_seconds=timeout + 1)
+    effect = _dispatch_one()
+    assert (effect.state, effect.reason_code) == ("uncertain", reasons.RESPONSE_AMBIGUOUS)
+    [attempt] = RemoteEffectAttempt.objects.filter(org_id=ORG)
+    assert attempt.response_status is None and "Timeout" in attempt.error
+    hubspot_crm_sandbox.set_faults(delay_seconds=0)
+    deadline = time.monotonic() + 10
+    while hubspot_crm_sandbox.contact_by_email("ty@x.io") is None:  # the provider finishes after the client gave up
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    _zero_backoff()
+    assert effect_try_reconcile_one() is False
+    drain()
+    assert RemoteEffect.objects.get(pk=effect.pk).state == "uncertain"
+    state = hubspot_crm_sandbox.state()
+    assert state["requests_by_route"] == {POSTS: 1} and state["contacts"][0]["create_requests"] == 1
 
 
 # --- 4. proven not performed (429 / 477): another Attempt while the frozen policy permits ---------------
