@@ -23,6 +23,8 @@ from nexusflow.kernel.scope import OrgScope
 ROOT = Path(settings.BASE_DIR)
 WEBHOOK_SECRET = "test-webhook-secret"
 BILLING_KEY = "sk_test_nexus"
+HUBSPOT_TOKEN = "pat-test-nexus"
+HUBSPOT_ACCOUNT = "hubspot-crm"
 ORG = "test-org"
 DEMO_FLOW = ROOT / "metadata" / "flows" / "Contact_Push_Customer_To_Billing.flow-meta.xml"
 
@@ -92,6 +94,7 @@ def _secrets_dir(tmp_path_factory):
 def _secrets(monkeypatch):
     monkeypatch.setenv("NEXUS_TEST_WEBHOOK_SECRET", WEBHOOK_SECRET)
     monkeypatch.setenv("NEXUS_TEST_BILLING_KEY", BILLING_KEY)
+    monkeypatch.setenv("NEXUS_TEST_HUBSPOT_TOKEN", HUBSPOT_TOKEN)
 
 
 @pytest.fixture
@@ -104,6 +107,17 @@ def billing_sandbox():
     sandbox.stop()
 
 
+@pytest.fixture
+def hubspot_crm_sandbox():
+    """A running CRM objects sandbox accepting ``Bearer HUBSPOT_TOKEN``."""
+    from packs.hubspot.crm_sandbox import CrmSandbox
+
+    sandbox = CrmSandbox(HUBSPOT_TOKEN)
+    sandbox.start()
+    yield sandbox
+    sandbox.stop()
+
+
 SECRET_VERSION = "test-1"
 CREDENTIAL_DOCUMENTS = [
     {"account_key": "crm-webhooks", "credential_ref": "webhook_secret", "version": SECRET_VERSION,
@@ -111,33 +125,45 @@ CREDENTIAL_DOCUMENTS = [
     {"account_key": "billing-main", "credential_ref": "api_key", "version": SECRET_VERSION,
      "secret": {"from_env": "NEXUS_TEST_BILLING_KEY"}, "transport": {"scheme": "bearer"}},
 ]
+#: Published only for orgs configured with the CRM objects push account (``hubspot_url``).
+HUBSPOT_CREDENTIAL_DOCUMENT = {
+    "account_key": HUBSPOT_ACCOUNT, "credential_ref": "private_app_token", "version": SECRET_VERSION,
+    "secret": {"from_env": "NEXUS_TEST_HUBSPOT_TOKEN"}, "transport": {"scheme": "bearer"}}
 
 
-def service_document(billing_url: str) -> dict:
-    return {"accounts": [
+def service_document(billing_url: str, hubspot_url: str | None = None) -> dict:
+    """The L2 document: webhook + billing accounts, plus the CRM objects push account when ``hubspot_url`` is given."""
+    accounts = [
         {"account_key": "crm-webhooks", "pack": "hubspot", "routes": ["contacts.webhook"],
          "credentials": {"webhook_secret": SECRET_VERSION}},
         {"account_key": "billing-main", "pack": "billing", "push_contracts": ["billing.customer"],
          "base_url": billing_url, "credentials": {"api_key": SECRET_VERSION}},
-    ]}
+    ]
+    if hubspot_url is not None:
+        accounts.append({"account_key": HUBSPOT_ACCOUNT, "pack": "hubspot", "push_contracts": ["hubspot.contact"],
+                         "base_url": hubspot_url, "credentials": {"private_app_token": SECRET_VERSION}})
+    return {"accounts": accounts}
 
 
-def publish_owner_generations(org: OrgScope) -> None:
-    """Publish both bundled packs and the org's two credential versions, as an operator would."""
+def publish_owner_generations(org: OrgScope, *, hubspot_push: bool = False) -> None:
+    """Publish both bundled packs and the org's two credential versions, as an operator would.
+
+    ``hubspot_push`` also publishes the CRM objects push account's private app token.
+    """
     from connectors.generations import credential_publish, pack_publish_file
 
     for pack in ("hubspot", "billing"):
         pack_publish_file(Path(settings.NEXUS_PACKS_DIR) / pack / "pack.json")
-    for document in CREDENTIAL_DOCUMENTS:
+    for document in CREDENTIAL_DOCUMENTS + ([HUBSPOT_CREDENTIAL_DOCUMENT] if hubspot_push else []):
         credential_publish(org=org, document=document)
 
 
-def apply_service_configuration(org: OrgScope, billing_url: str):
+def apply_service_configuration(org: OrgScope, billing_url: str, hubspot_url: str | None = None):
     """Publish the owner generations, then author the L2 configuration generation."""
     from connectors.serving import service_configuration_apply
 
-    publish_owner_generations(org)
-    return service_configuration_apply(org=org, document=service_document(billing_url))
+    publish_owner_generations(org, hubspot_push=hubspot_url is not None)
+    return service_configuration_apply(org=org, document=service_document(billing_url, hubspot_url))
 
 
 @dataclass
@@ -146,11 +172,16 @@ class ServingOrg:
     sandbox: object
 
 
-def make_serving_org(billing_url: str, *, deploy_flow: bool = True) -> OrgScope:
+def make_serving_org(billing_url: str, *, deploy_flow: bool = True, hubspot_url: str | None = None) -> OrgScope:
+    """Configure, cut over and (optionally) deploy the demo Flow for ``ORG``.
+
+    ``hubspot_url``: also serve the CRM objects push account ``HUBSPOT_ACCOUNT``
+    (push contract ``hubspot.contact``) against that base URL.
+    """
     from cutover.services import cutover_greenfield
 
     org = OrgScope(ORG)
-    apply_service_configuration(org, billing_url)
+    apply_service_configuration(org, billing_url, hubspot_url)
     cutover_greenfield(org=org)
     if deploy_flow:
         from django.core.management import call_command

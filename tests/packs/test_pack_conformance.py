@@ -7,7 +7,10 @@ packs through a small driver that only knows how its provider delivers (a
 signed POST to the ingress, or a publish to the loopback stream followed by
 one poll); every assertion reads the same L0 rows (ReceiptAdmissionKey,
 Receipt, ReceiptComponent, Event, Projection, Execution) and the route's own
-pack data, never a provider name.
+pack data, never a provider name. The no-branch check also covers the words of
+both push contracts and callout profiles (a form-encoded, replay-safe POST
+contract and a JSON-wrapped PATCH contract without idempotency keys), whose
+egress behaviour is exercised in ``tests/connectors/test_egress_hubspot.py``.
 """
 from __future__ import annotations
 
@@ -199,13 +202,14 @@ def test_two_structurally_different_packs_pass_through_the_same_l0_admission_mod
 #: Route keys whose values are L0 vocabulary the pack selects (handler names, canonical kinds,
 #: contracts, mechanisms), not provider vocabulary.
 _L0_OWNED = {"command", "canonical_kind", "contract", "mechanism", "kind", "disposition", "comparator_version",
-             "unit", "timestamp_unit", "encoding", "algorithm", "message", "method", "delivery"}
+             "unit", "timestamp_unit", "encoding", "algorithm", "message", "method", "delivery", "body_encoding",
+             "join"}
 #: Maps whose keys are pack words but whose values are L0 schema type names ("integer", "string").
 _TYPED_MAPS = {"common_required", "required"}
 #: Provider words that are also everyday HTTP/SQL words L0 uses for its own purposes; a branch on
 #: them is still caught by the literal-name test when it sits next to a provider field.
 _COMMON_WORDS = {"UPDATE", "DELETE", "CREATE", "Authorization", "Bearer", "GET", "limit", "topic", "after", "events",
-                 "data", "event", "payload"}
+                 "data", "event", "payload", "id", "name"}
 
 
 def _strings(value: Any, key: str = "") -> set[str]:
@@ -224,13 +228,19 @@ def _strings(value: Any, key: str = "") -> set[str]:
 
 
 def pack_vocabulary() -> dict[str, str]:
-    """Every provider word a pack route names (fields, kinds, channels, paths) -> the pack naming it."""
+    """Every provider word a pack names -> the pack naming it.
+
+    Inbound routes (fields, kinds, channels, paths), push contracts (paths,
+    slot ids, mapping targets and sources, body wrap, mirror field) and
+    callout profiles (credential refs, idempotency headers).
+    """
     words: dict[str, str] = {}
     for path in sorted((ROOT / "packs").glob("*/pack.json")):
         doc = json.loads(path.read_text(encoding="utf-8"))
-        for route in doc.get("inbound_routes", []):
-            for word in _strings(route) - _COMMON_WORDS:
-                words.setdefault(word, doc["pack_key"])
+        for section in ("inbound_routes", "push_contracts", "callout_profiles"):
+            for item in doc.get(section, []):
+                for word in _strings(item) - _COMMON_WORDS:
+                    words.setdefault(word, doc["pack_key"])
     return words
 
 
@@ -250,6 +260,10 @@ def test_the_vocabulary_holds_both_packs_structural_words():
     assert {"changeType", "recordIds", "replayId", "transactionKey", "sequenceNumber", "GAP_", "ChangeEventHeader",
             "/data/ContactChangeEvent", "latestReplayId"} <= set(words)
     assert not {"record_upsert_via_link", "record.created", "strict_source_sequence"} & set(words)
+    # Outbound: both push contracts' provider words, and none of the L0 encodings they select.
+    assert {"/crm/v3/objects/contacts/{remote_id}", "properties", "private_app_token", "hubspot.contact",
+            "/v1/customers/{remote_id}", "Idempotency-Key", "api_key", "billing.customer"} <= set(words)
+    assert not {"json", "form", "bearer", "POST", "PATCH"} & set(words)
 
 
 #: Words of a language an L0 module itself implements, which a pack happens to
@@ -276,3 +290,14 @@ def test_a_branch_on_a_pack_field_in_l0_is_caught():
         (2, "names 'GAP_' of pack salesforce_cdc"), (2, "names 'changeType' of pack salesforce_cdc")]
     fixed = "def classify(item, route):\n    return item.get(route['kind_field'])\n"
     assert branch_violations(fixed, "connectors/x.py", pack_vocabulary()) == []
+
+
+def test_a_push_contract_word_in_the_egress_adapter_is_caught():
+    broken = ("def encode(contract, fields):\n    if contract['create']['path'] == '/crm/v3/objects/contacts':\n"
+              "        return {'properties': fields}\n    return fields\n")
+    violations = branch_violations(broken, "connectors/egress.py", pack_vocabulary())
+    assert sorted((v.line, v.detail) for v in violations) == [
+        (2, "names '/crm/v3/objects/contacts' of pack hubspot"), (3, "names 'properties' of pack hubspot")]
+    fixed = ("def encode(contract, fields):\n"
+             "    return {contract['body_wrap']: fields} if contract.get('body_wrap') else fields\n")
+    assert branch_violations(fixed, "connectors/egress.py", pack_vocabulary()) == []

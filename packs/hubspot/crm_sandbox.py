@@ -1,0 +1,582 @@
+"""Loopback CRM objects sandbox: a HubSpot-style contacts API for demos and tests.
+
+Behaviour follows ``FACTS.md`` ("HubSpot-style CRM objects API"). Every API
+response is JSON with ``Content-Type: application/json;charset=utf-8`` (204
+has no body). Contact ids are decimal strings ("501", "502", ...), never
+reused, not even after a reset. Timestamps are ISO 8601 UTC with
+milliseconds (``2024-05-01T10:00:00.123Z``).
+
+Endpoints (``{id}`` is the contact id, or its email with ``?idProperty=email``):
+
+- ``POST /crm/v3/objects/contacts`` with ``{"properties": {name: text}}`` ->
+  201 ``{"id", "properties", "createdAt", "updatedAt", "archived": false}``;
+  an email another live contact holds (compared case-insensitively) -> 409
+  ``{"status": "error", "message": "Contact already exists. Existing ID: <id>",
+  "correlationId": <uuid>, "category": "CONFLICT"}`` and nothing is created;
+- ``PATCH /crm/v3/objects/contacts/{id}`` -> 200 same shape; an empty string
+  clears a property; a missing or archived contact -> 404 ``{"status": "error",
+  "message": "resource not found", "correlationId"}``; an email held by another
+  contact -> 409 as above, nothing changed;
+- ``GET /crm/v3/objects/contacts/{id}`` -> 200 or 404;
+- ``DELETE /crm/v3/objects/contacts/{id}`` -> 204 (archives it: later reads
+  and updates are 404 and its email is free again) or 404.
+
+``properties`` in a response hold the contact's properties plus the system
+properties ``hs_object_id``, ``createdate`` and ``lastmodifieddate``. A request
+property outside :data:`CONTACT_PROPERTIES`, a non-text value, a body that is
+not ``{"properties": {...}}`` or invalid JSON -> 400 with ``"category":
+"VALIDATION_ERROR"``; another content type -> 415. There are no idempotency
+keys: an ``Idempotency-Key`` header is ignored, so a repeated create is a
+second create (or a 409 once the email exists).
+
+Every API request needs ``Authorization: Bearer <private app token>``; a
+missing or wrong token -> 401 ``"category": "INVALID_AUTHENTICATION"``.
+
+Per contact the sandbox counts ``create_requests`` (create requests that
+created it: 1), ``update_requests`` (update requests executed on it) and
+``conflict_requests`` (create/update requests refused with 409 because it
+holds the email). ``requests`` counts every API request (any path outside
+``/_sandbox``, rejected ones included) and ``requests_by_route`` counts them
+by ``"<METHOD> <path>"`` (path without the query).
+
+Test controls (no auth): ``GET /_sandbox/state`` -> ``{"contacts": [{"id",
+"properties", "archived", "create_requests", "update_requests",
+"conflict_requests"}], "requests": n, "requests_by_route": {...}}`` (contacts
+oldest first, ``properties`` without the system properties);
+``POST /_sandbox/reset``; ``GET|POST /_sandbox/faults`` with any of
+``{"drop_response_after_commit": N}`` (the next N create/update requests that
+are executed, whatever their answer, are performed and then the connection is
+closed without a response), ``{"fail_before_commit": {"status": S, "count":
+N}}`` (the next N create/update requests get status S, 400-599, and are not
+executed: 429 carries the provider's rate-limit body and
+``X-HubSpot-RateLimit-*`` headers, 477 a ``Retry-After``) and
+``{"delay_seconds": X}`` (every create/update waits X seconds, 0-60, before it
+is executed, until changed).
+
+Run as a process: ``python -m packs.hubspot.crm_sandbox --port 0 --token T
+--port-file PATH`` writes the bound port to PATH once listening and serves
+until SIGTERM or SIGINT.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import itertools
+import json
+import logging
+import math
+import os
+import re
+import secrets
+import signal
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import Any, Sequence
+from urllib.parse import parse_qs, urlsplit
+
+from packs.loopback import LoopbackSandbox, LoopbackServer
+
+logger = logging.getLogger(__name__)
+
+CONTACTS_PATH = "/crm/v3/objects/contacts"
+#: Properties a request may set (the contact properties this pack maps, plus two common ones).
+CONTACT_PROPERTIES: tuple[str, ...] = ("email", "firstname", "lastname", "lifecyclestage", "phone", "company")
+SYSTEM_PROPERTIES: tuple[str, ...] = ("hs_object_id", "createdate", "lastmodifieddate")
+JSON_CONTENT_TYPE = "application/json;charset=utf-8"
+ID_PROPERTIES: tuple[str, ...] = ("hs_object_id", "email")
+FIRST_ID = 501
+MAX_DELAY_SECONDS = 60.0
+MAX_BODY_BYTES = 1_000_000
+RATE_LIMIT_HEADERS: dict[str, str] = {
+    "X-HubSpot-RateLimit-Interval-Milliseconds": "10000",
+    "X-HubSpot-RateLimit-Max": "100",
+    "X-HubSpot-RateLimit-Remaining": "0",
+    "X-HubSpot-RateLimit-Daily": "250000",
+    "X-HubSpot-RateLimit-Daily-Remaining": "249000",
+}
+
+_CONTACT_PATH = re.compile(re.escape(CONTACTS_PATH) + r"/([^/]+)")
+
+
+class _RequestRejected(Exception):
+    """A request error that maps to one HTTP response (``body`` None: no body)."""
+
+    def __init__(self, status: int, body: dict[str, Any] | None, headers: dict[str, str] | None = None):
+        super().__init__(str((body or {}).get("message", "")))
+        self.status = status
+        self.body = body
+        self.headers = headers or {}
+
+
+@dataclass(slots=True)
+class _Faults:
+    drop_response_after_commit: int = 0
+    fail_status: int = 503
+    fail_count: int = 0
+    delay_seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "drop_response_after_commit": self.drop_response_after_commit,
+            "fail_before_commit": {"status": self.fail_status, "count": self.fail_count},
+            "delay_seconds": self.delay_seconds,
+        }
+
+
+@dataclass(slots=True)
+class _State:
+    """Everything the sandbox remembers; guarded by ``lock``."""
+
+    token: str
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    contacts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    counters: dict[str, dict[str, int]] = field(default_factory=dict)
+    faults: _Faults = field(default_factory=_Faults)
+    requests: int = 0
+    requests_by_route: dict[str, int] = field(default_factory=dict)
+    ids: Any = field(default_factory=lambda: itertools.count(FIRST_ID))  # never reset: ids are not reused
+
+    def reset(self) -> None:
+        with self.lock:
+            self.contacts.clear()
+            self.counters.clear()
+            self.faults = _Faults()
+            self.requests = 0
+            self.requests_by_route.clear()
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "contacts": [
+                    {
+                        "id": contact_id,
+                        "properties": dict(contact["properties"]),
+                        "archived": contact["archived"],
+                        **self.counters[contact_id],
+                    }
+                    for contact_id, contact in self.contacts.items()
+                ],
+                "requests": self.requests,
+                "requests_by_route": dict(self.requests_by_route),
+            }
+
+    def holder_of(self, email: str, *, other_than: str | None = None) -> str | None:
+        """The id of the live contact holding ``email`` (case-insensitive), lock held."""
+        wanted = email.lower()
+        for contact_id, contact in self.contacts.items():
+            held = contact["properties"].get("email")
+            if not contact["archived"] and contact_id != other_than and held is not None and held.lower() == wanted:
+                return contact_id
+        return None
+
+    def apply_faults(self, spec: Any) -> dict[str, Any]:
+        """Validate and merge a faults document; return the faults now in force.
+
+        Raises:
+            _RequestRejected: 400 for an unknown key or an out-of-range value.
+        """
+        if not isinstance(spec, dict):
+            raise _RequestRejected(400, _validation("faults must be a JSON object"))
+        unknown = sorted(set(spec) - {"drop_response_after_commit", "fail_before_commit", "delay_seconds"})
+        if unknown:
+            raise _RequestRejected(400, _validation(f"unknown fault(s): {', '.join(unknown)}"))
+        with self.lock:
+            faults = dataclasses.replace(self.faults)
+            if "drop_response_after_commit" in spec:
+                faults.drop_response_after_commit = _count(spec["drop_response_after_commit"],
+                                                           "drop_response_after_commit")
+            if "fail_before_commit" in spec:
+                fail = spec["fail_before_commit"]
+                if not isinstance(fail, dict) or set(fail) - {"status", "count"} or "status" not in fail:
+                    raise _RequestRejected(400, _validation('fail_before_commit must be {"status": S, "count": N}'))
+                status = fail["status"]
+                if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 599:
+                    raise _RequestRejected(400, _validation("fail_before_commit.status must be an HTTP status 400-599"))
+                faults.fail_status = status
+                faults.fail_count = _count(fail.get("count", 1), "fail_before_commit.count")
+            if "delay_seconds" in spec:
+                delay = spec["delay_seconds"]
+                if (isinstance(delay, bool) or not isinstance(delay, (int, float)) or not math.isfinite(delay)
+                        or not 0 <= delay <= MAX_DELAY_SECONDS):
+                    raise _RequestRejected(400, _validation(f"delay_seconds must be 0-{MAX_DELAY_SECONDS:g}"))
+                faults.delay_seconds = float(delay)
+            self.faults = faults
+            return faults.as_dict()
+
+
+class CrmSandbox(LoopbackSandbox):
+    """An in-process CRM objects sandbox on ``127.0.0.1``, served from a daemon thread.
+
+    Usage::
+
+        with CrmSandbox("pat-test-token") as sandbox:
+            httpx.post(f"{sandbox.base_url}/crm/v3/objects/contacts", json={"properties": {...}},
+                       headers={"Authorization": "Bearer pat-test-token"})
+    """
+
+    handler_class: type[BaseHTTPRequestHandler]  # set below, once _SandboxHandler exists
+    thread_name = "crm-sandbox"
+
+    def __init__(self, token: str, *, port: int = 0):
+        """Prepare a sandbox accepting ``Bearer token``; ``port`` 0 picks a free port.
+
+        Raises:
+            ValueError: an empty token or a port outside 0-65535.
+        """
+        if not token:
+            raise ValueError("token must be non-empty")
+        super().__init__(_State(token=token), port=port)
+
+    def set_faults(self, **faults: Any) -> dict[str, Any]:
+        """Merge faults as ``POST /_sandbox/faults`` does; return the faults in force.
+
+        Raises:
+            ValueError: an unknown fault or an out-of-range value.
+        """
+        try:
+            return self._state.apply_faults(faults)
+        except _RequestRejected as exc:
+            raise ValueError((exc.body or {}).get("message", "invalid faults")) from exc
+
+    def contact_by_email(self, email: str) -> dict[str, Any] | None:
+        """The live contact row of ``state()`` holding ``email`` (case-insensitive), or ``None``."""
+        wanted = email.lower()
+        for contact in self.state()["contacts"]:
+            held = contact["properties"].get("email")
+            if not contact["archived"] and held is not None and held.lower() == wanted:
+                return contact
+        return None
+
+
+class _SandboxHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: LoopbackServer
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:  # noqa: N802
+        self._dispatch("PUT")
+
+    def do_PATCH(self) -> None:  # noqa: N802
+        self._dispatch("PATCH")
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._dispatch("DELETE")
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
+        logger.debug("%s %s", self.address_string(), format % args)
+
+    def _dispatch(self, method: str) -> None:
+        state = self.server.state
+        split = urlsplit(self.path)
+        path = split.path
+        try:
+            body = self._read_body()
+            if path.startswith("/_sandbox/"):
+                self._control(method, path, body)
+                return
+            with state.lock:
+                state.requests += 1
+                route = f"{method} {path}"
+                state.requests_by_route[route] = state.requests_by_route.get(route, 0) + 1
+            if not path.startswith("/crm/"):
+                raise _RequestRejected(404, _not_found())
+            self._authenticate()
+            query = parse_qs(split.query, keep_blank_values=True)
+            if method == "POST" and path == CONTACTS_PATH:
+                self._write(body, locator=None, query=query)
+            elif (match := _CONTACT_PATH.fullmatch(path)) and method in ("GET", "PATCH", "DELETE"):
+                locator = match.group(1)
+                if method == "PATCH":
+                    self._write(body, locator=locator, query=query)
+                elif method == "GET":
+                    with state.lock:
+                        contact_id = self._resolve(locator, query)
+                        found = _render(state.contacts[contact_id])
+                    self._respond(200, found)
+                else:
+                    with state.lock:
+                        contact_id = self._resolve(locator, query)
+                        state.contacts[contact_id]["archived"] = True
+                        state.contacts[contact_id]["updatedAt"] = _now()
+                    self._respond(204, None)
+            else:
+                raise _RequestRejected(404, _not_found())
+        except _RequestRejected as exc:
+            self._respond(exc.status, exc.body, headers=exc.headers)
+        except Exception:
+            logger.exception("crm sandbox: unexpected error on %s %s", method, self.path)
+            self.close_connection = True
+            self._respond(500, _error("internal error"))
+
+    # -- /crm --------------------------------------------------------------------
+
+    def _authenticate(self) -> None:
+        header = self.headers.get("Authorization")
+        if not header:
+            raise _RequestRejected(401, _error(
+                "Authentication credentials not found. This API supports both API Key and OAuth 2.0 "
+                "authentication.", category="INVALID_AUTHENTICATION"))
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(
+            token.encode("utf-8", "surrogateescape"), self.server.state.token.encode("utf-8")
+        ):
+            raise _RequestRejected(401, _error("The access token provided is invalid.",
+                                               category="INVALID_AUTHENTICATION"))
+
+    def _resolve(self, locator: str, query: dict[str, list[str]]) -> str:
+        """The id of the live contact ``locator`` names (state lock held), or raise 400/404."""
+        state = self.server.state
+        id_property = query.get("idProperty", ["hs_object_id"])[-1]
+        if id_property not in ID_PROPERTIES:
+            raise _RequestRejected(400, _validation(f"idProperty {id_property!r} is not a unique property"))
+        if id_property == "email":
+            contact_id = state.holder_of(locator)
+        else:
+            contact = state.contacts.get(locator)
+            contact_id = locator if contact is not None and not contact["archived"] else None
+        if contact_id is None:
+            raise _RequestRejected(404, _not_found())
+        return contact_id
+
+    def _write(self, body: bytes, *, locator: str | None, query: dict[str, list[str]]) -> None:
+        """Create (``locator`` None) or update one contact, honouring the faults."""
+        state = self.server.state
+        properties = self._properties(body)
+        with state.lock:
+            if state.faults.fail_count > 0:
+                state.faults.fail_count -= 1
+                raise _injected(state.faults.fail_status)
+        delay = state.faults.delay_seconds
+        if delay:
+            time.sleep(delay)
+        with state.lock:
+            try:
+                status, payload = self._execute(properties, locator=locator, query=query)
+            except _RequestRejected as exc:
+                status, payload, headers = exc.status, exc.body, exc.headers
+            else:
+                headers = {}
+            drop = state.faults.drop_response_after_commit > 0
+            if drop:
+                state.faults.drop_response_after_commit -= 1
+        if drop:
+            self.close_connection = True
+            logger.info("crm sandbox: dropped the response to %s %s after commit", self.command, self.path)
+            return
+        self._respond(status, payload, headers=headers)
+
+    def _execute(self, properties: dict[str, str], *, locator: str | None,
+                 query: dict[str, list[str]]) -> tuple[int, dict[str, Any]]:
+        """Perform a create/update under the state lock; return (status, body) or raise 404/409."""
+        state = self.server.state
+        now = _now()
+        if locator is None:
+            email = properties.get("email")
+            holder = state.holder_of(email) if email else None
+            if holder is not None:
+                state.counters[holder]["conflict_requests"] += 1
+                raise _RequestRejected(409, _conflict(holder))
+            contact_id = str(next(state.ids))
+            contact = {"id": contact_id, "properties": {k: v for k, v in properties.items() if v != ""},
+                       "createdAt": now, "updatedAt": now, "archived": False}
+            state.contacts[contact_id] = contact
+            state.counters[contact_id] = {"create_requests": 1, "update_requests": 0, "conflict_requests": 0}
+            return 201, _render(contact)
+        contact_id = self._resolve(locator, query)
+        email = properties.get("email")
+        holder = state.holder_of(email, other_than=contact_id) if email else None
+        if holder is not None:
+            state.counters[holder]["conflict_requests"] += 1
+            raise _RequestRejected(409, _conflict(holder))
+        contact = state.contacts[contact_id]
+        for name, value in properties.items():
+            if value == "":
+                contact["properties"].pop(name, None)
+            else:
+                contact["properties"][name] = value
+        contact["updatedAt"] = now
+        state.counters[contact_id]["update_requests"] += 1
+        return 200, _render(contact)
+
+    def _properties(self, body: bytes) -> dict[str, str]:
+        """Parse ``{"properties": {name: text}}`` or raise 400/415."""
+        content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if content_type != "application/json":
+            raise _RequestRejected(415, _error(f"Unsupported Content-Type {content_type!r}; send application/json.",
+                                               category="VALIDATION_ERROR"))
+        try:
+            document = json.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise _RequestRejected(400, _validation(f"Invalid input JSON: {exc}")) from exc
+        if not isinstance(document, dict) or not isinstance(document.get("properties"), dict) \
+                or set(document) - {"properties", "associations"}:
+            raise _RequestRejected(400, _validation('The body must be {"properties": {...}}.'))
+        invalid = []
+        for name, value in document["properties"].items():
+            if name not in CONTACT_PROPERTIES:
+                invalid.append({"isValid": False, "message": f'Property "{name}" does not exist',
+                                "error": "PROPERTY_DOESNT_EXIST", "name": name})
+            elif not isinstance(value, str):
+                invalid.append({"isValid": False, "message": f"{json.dumps(value)} is not a valid text value",
+                                "error": "INVALID_OPTION", "name": name})
+        if invalid:
+            raise _RequestRejected(400, _validation(
+                "Property values were not valid: " + json.dumps(invalid, separators=(",", ":"))))
+        return dict(document["properties"])
+
+    # -- /_sandbox -------------------------------------------------------------
+
+    def _control(self, method: str, path: str, body: bytes) -> None:
+        state = self.server.state
+        if method == "GET" and path == "/_sandbox/state":
+            self._respond(200, state.snapshot())
+        elif method == "POST" and path == "/_sandbox/reset":
+            state.reset()
+            self._respond(200, {"reset": True})
+        elif method == "GET" and path == "/_sandbox/faults":
+            with state.lock:
+                faults = state.faults.as_dict()
+            self._respond(200, faults)
+        elif method == "POST" and path == "/_sandbox/faults":
+            try:
+                spec = json.loads(body.decode("utf-8")) if body else {}
+            except ValueError as exc:
+                raise _RequestRejected(400, _validation(f"Invalid JSON body: {exc}")) from exc
+            self._respond(200, state.apply_faults(spec))
+        else:
+            raise _RequestRejected(404, _not_found())
+
+    # -- transport -------------------------------------------------------------
+
+    def _read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding"):
+            self.close_connection = True
+            raise _RequestRejected(411, _validation("Send a Content-Length; chunked bodies are not supported."))
+        length_text = self.headers.get("Content-Length") or "0"
+        if not length_text.isdigit() or int(length_text) > MAX_BODY_BYTES:
+            self.close_connection = True
+            raise _RequestRejected(400, _validation("Invalid or too large Content-Length."))
+        length = int(length_text)
+        return self.rfile.read(length) if length else b""
+
+    def _respond(self, status: int, payload: dict[str, Any] | None, *, headers: dict[str, str] | None = None) -> None:
+        data = b"" if payload is None else json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        self.send_response(status, _reason(status))
+        if payload is not None:
+            self.send_header("Content-Type", JSON_CONTENT_TYPE)
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if data:
+            self.wfile.write(data)
+
+
+def _now() -> str:
+    """The current UTC time as ``YYYY-MM-DDTHH:MM:SS.mmmZ``."""
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _render(contact: dict[str, Any]) -> dict[str, Any]:
+    """The provider's object shape for one stored contact."""
+    properties = dict(contact["properties"])
+    properties.update({"hs_object_id": contact["id"], "createdate": contact["createdAt"],
+                       "lastmodifieddate": contact["updatedAt"]})
+    return {"id": contact["id"], "properties": properties, "createdAt": contact["createdAt"],
+            "updatedAt": contact["updatedAt"], "archived": contact["archived"]}
+
+
+def _reason(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
+
+
+def _count(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _RequestRejected(400, _validation(f"{name} must be a non-negative integer"))
+    return value
+
+
+def _error(message: str, *, category: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"status": "error", "message": message, "correlationId": str(uuid.uuid4())}
+    if category is not None:
+        body["category"] = category
+    return body
+
+
+def _validation(message: str) -> dict[str, Any]:
+    return _error(message, category="VALIDATION_ERROR")
+
+
+def _not_found() -> dict[str, Any]:
+    return _error("resource not found")
+
+
+def _conflict(existing_id: str) -> dict[str, Any]:
+    return _error(f"Contact already exists. Existing ID: {existing_id}", category="CONFLICT")
+
+
+def _injected(status: int) -> _RequestRejected:
+    """The provider's answer for an injected failure before commit."""
+    if status == 429:
+        body = {"status": "error", "message": "You have reached your ten_secondly_rolling limit.",
+                "errorType": "RATE_LIMIT", "correlationId": str(uuid.uuid4()), "policyName": "TEN_SECONDLY_ROLLING"}
+        return _RequestRejected(429, body, dict(RATE_LIMIT_HEADERS))
+    if status == 477:
+        return _RequestRejected(477, _error("This portal is being migrated; retry later.",
+                                            category="MIGRATION_IN_PROGRESS"), {"Retry-After": "1"})
+    return _RequestRejected(status, _error(f"Injected failure before commit (HTTP {status}); nothing was performed."))
+
+
+def _write_port_file(path: Path, port: int) -> None:
+    """Write ``port`` to ``path`` atomically (write a sibling, then rename)."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(f"{port}\n", encoding="ascii")
+    os.replace(partial, path)
+
+
+CrmSandbox.handler_class = _SandboxHandler
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve the sandbox as a process until SIGTERM/SIGINT; return the exit status."""
+    parser = argparse.ArgumentParser(description="Loopback CRM objects (contacts) API sandbox.")
+    parser.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1; 0 picks a free one")
+    parser.add_argument("--token", required=True, help="the private app token clients must present as Bearer")
+    parser.add_argument("--port-file", type=Path, help="write the bound port here once listening")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    sandbox = CrmSandbox(args.token, port=args.port)
+    sandbox.start()
+    if args.port_file is not None:
+        _write_port_file(args.port_file, sandbox.port)
+    try:
+        stop.wait()
+    finally:
+        sandbox.stop()
+        logger.info("crm sandbox stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
