@@ -518,6 +518,29 @@ def permit_try_abandon_one(*, lanes: tuple[str, ...] = KNOWN_LANES) -> bool:
     return False
 
 
+#: Due uncertain effects the reconciler reads per query while it pages past parked ones.
+RECONCILE_PAGE = 50
+
+
+def _due_uncertain(now, lanes: tuple[str, ...]):
+    """Every due ``uncertain`` effect of ``lanes`` in id order, fetched a page at a time (keyset on id).
+
+    Parked effects (operator-only reasons, or a profile that is not replay-safe)
+    never move on their own; paging past them keeps any number of them from
+    starving a later effect the reconciler can release. Operator-only reasons
+    are excluded in SQL already.
+    """
+    after, page = 0, RECONCILE_PAGE
+    while True:
+        rows = list(RemoteEffect.objects.filter(state="uncertain", dispatch_lane__in=lanes, pk__gt=after)
+                    .exclude(next_attempt_at__gt=now).exclude(reason_code__in=reasons.OPERATOR_ONLY_UNCERTAIN)
+                    .select_related("command").order_by("id")[:page])
+        yield from rows
+        if len(rows) < page:
+            return
+        after = rows[-1].pk
+
+
 def effect_try_reconcile_one(*, lanes: tuple[str, ...] = KNOWN_LANES) -> bool:
     """Move one due ``uncertain`` effect on: exact idempotent repeat, or quarantine when exhausted.
 
@@ -528,9 +551,7 @@ def effect_try_reconcile_one(*, lanes: tuple[str, ...] = KNOWN_LANES) -> bool:
 
     now = db_now()
     lanes = tuple(lane for lane in lanes if lane in KNOWN_LANES)
-    for effect in (RemoteEffect.objects.filter(state="uncertain", dispatch_lane__in=lanes)
-                   .exclude(next_attempt_at__gt=now)
-                   .select_related("command").order_by("id")[:20]):
+    for effect in _due_uncertain(now, lanes):
         _binding, _contract_doc, profile = _contract(effect)
         rules = outcomes.policy(profile)
         last = effect.attempts.order_by("-attempt_number").first()

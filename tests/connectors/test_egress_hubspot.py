@@ -436,12 +436,12 @@ def test_two_structurally_different_push_contracts_share_one_egress_model(org, r
     assert [IntentResultReceipt.objects.get(command=c).outcome for c in commands] == ["finalized", "finalized"]
 
 
-# --- known L0 gap: parked uncertain effects starve the replay-safe reconcile window --------------------
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="connectors.egress.effect_try_reconcile_one scans only the first 20 due uncertain "
-                          "effects by id and skips parked ones without paging on")
+# --- parked uncertain effects never starve the replay-safe reconcile window ------------------------------
 def test_parked_uncertain_effects_do_not_starve_an_exact_repeat_of_a_replay_safe_effect(
-        org, hubspot_crm_sandbox, billing_sandbox):
+        org, hubspot_crm_sandbox, billing_sandbox, monkeypatch):
+    from connectors import egress
+
+    monkeypatch.setattr(egress, "RECONCILE_PAGE", 10)  # 21 parked effects fill more than two pages
     parked = 21
     hubspot_crm_sandbox.set_faults(drop_response_after_commit=parked)
     for n in range(parked):
