@@ -466,3 +466,26 @@ def test_effects_quarantine_parks_a_prepared_effect_and_records_the_intent_resul
     assert billing_sandbox.state()["requests"] == 0
     with pytest.raises(CommandError, match="^reconcile_evidence_missing"):
         _run("effects", "quarantine", str(effect.pk), "--org", ORG, "--actor", "ops", "--note", "  ")
+
+
+# --- a Flow run cancelled while its intent is in flight -------------------------------------------------------
+def test_cancelling_the_flow_run_leaves_its_committed_intent_to_finish_once(serving_org, billing_sandbox):
+    from nexusflow.flows.models import FlowRun
+    from nexusflow.flows.services import flow_run_delete, flow_try_run_step_one
+
+    with transaction.atomic():
+        record_create(org=OrgScope(ORG), object_name="Contact",
+                      values={"email": "cy@x.io", "firstname": "Cy", "lifecyclestage": "customer"})
+    run = FlowRun.objects.get(org_id=ORG)
+    while flow_try_run_step_one(worker_id="t") and not OutboundCommand.objects.exists():
+        pass
+    command = OutboundCommand.objects.get(origin_flow_run_id=run.pk)
+    flow_run_delete(org=OrgScope(ORG), run_id=run.pk)
+    drain()
+    # The intent was committed before the cancellation: it is neither lost nor duplicated, and its
+    # completion does not resurrect the cancelled run.
+    assert RemoteEffect.objects.get(command=command).state == "finalized"
+    assert IntentResultReceipt.objects.get(command=command).outcome == "finalized"
+    assert [c["create_requests"] for c in billing_sandbox.state()["customers"]] == [1]
+    run.refresh_from_db()
+    assert run.state == "Cancelled" and run.is_deleted
