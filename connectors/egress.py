@@ -26,7 +26,8 @@ from django.db import IntegrityError, transaction
 from nexusflow.kernel import canonical_json, failpoints, locks
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import digest_v2
-from nexusflow.kernel.errors import NexusError, StaleVersion
+from nexusflow.kernel.errors import InvalidIdentity, NexusError, StaleVersion
+from nexusflow.kernel.identity import canonical_locator
 from nexusflow.kernel.scope import OrgScope
 
 from . import outcomes, reasons
@@ -127,10 +128,16 @@ def _encode_body(contract: dict, fields: dict) -> bytes:
 
 # --- candidates -------------------------------------------------------------
 def _is_head(effect: RemoteEffect) -> bool:
-    earlier = RemoteEffect.objects.filter(org_id=effect.org_id, link_key=effect.link_key,
-                                          state__in=NONTERMINAL).exclude(pk=effect.pk)
-    for other in earlier.only("lane_sequence", "id"):
-        if (other.lane_sequence, other.pk) < (effect.lane_sequence, effect.pk):
+    """True when ``effect`` may dispatch now: first of its link_key, and the slot is not occupied.
+
+    An effect already past ``prepared`` (dispatching, uncertain, remote_confirmed)
+    occupies the slot whatever its lane_sequence: outbox delivery order can differ
+    from record version order, and seed 002 allows no second active attempt per link_key.
+    """
+    others = RemoteEffect.objects.filter(org_id=effect.org_id, link_key=effect.link_key,
+                                         state__in=NONTERMINAL).exclude(pk=effect.pk)
+    for other in others.only("lane_sequence", "id", "state"):
+        if other.state != "prepared" or (other.lane_sequence, other.pk) < (effect.lane_sequence, effect.pk):
             return False
     return True
 
@@ -333,15 +340,21 @@ def _close_pre_io(effect: RemoteEffect, permit: DispatchPermit, attempt: RemoteE
 
 # --- (3) settle -----------------------------------------------------------------
 def _extract_id(body: bytes, path: str) -> str | None:
+    """The remote id at ``path`` in a JSON body, or ``None`` when absent or not a canonical locator
+    that fits a RemoteLink (a text or integer id; no control or invisible characters, at most 160)."""
     try:
         value = json.loads(body.decode("utf-8"))
         for part in path.split("."):
             value = value[part]
     except (ValueError, KeyError, TypeError, IndexError):
         return None
-    if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value) and str(value) == str(value).strip():
-        return str(value)
-    return None
+    if not isinstance(value, (str, int)):
+        return None
+    try:
+        return canonical_locator(value, field="response remote id",
+                                 max_length=RemoteLink._meta.get_field("remote_id").max_length)
+    except InvalidIdentity:
+        return None
 
 
 def permit_settle(grant: Grant, response: Response) -> str:
@@ -368,12 +381,18 @@ def permit_settle(grant: Grant, response: Response) -> str:
         verdict = outcomes.classify(profile, status=status, connect_failed=response.connect_failed)
         if verdict == outcomes.CONFIRMED:
             remote_id = _extract_id(response.body, contract["response_id_path"])
-            if attempt.operation == "create" and remote_id is None:
-                new_state, attempt_state, reason = "uncertain", "uncertain", reasons.RESPONSE_ID_MISSING
-            else:
-                if attempt.operation == "create":
+            unlinkable = None
+            if attempt.operation == "create" and remote_id is not None:
+                try:
                     _link_create(effect, contract, remote_id)
-                else:
+                except EgressRefused as exc:
+                    # Another link holds that id: the Permit still closes; an operator decides.
+                    unlinkable = str(exc)
+            if attempt.operation == "create" and (remote_id is None or unlinkable):
+                new_state, attempt_state, reason = "uncertain", "uncertain", reasons.RESPONSE_ID_MISSING
+                evidence["error"] = (unlinkable or response.error or "2xx create without a usable remote id")
+            else:
+                if attempt.operation != "create":
                     remote_id = RemoteLink.objects.get(org_id=effect.org_id, link_key=effect.link_key).remote_id
                 new_state, attempt_state, reason = "remote_confirmed", "confirmed", ""
                 evidence["remote_id"] = remote_id
@@ -400,7 +419,7 @@ def permit_settle(grant: Grant, response: Response) -> str:
             new_state, attempt_state, reason = "uncertain", "uncertain", reasons.UNCLASSIFIED_RESPONSE
         RemoteEffectAttemptStore.transition(
             org_id=attempt.org_id, pk=attempt.pk, src="started", dst=attempt_state, version=attempt.version,
-            set_fields={"response_status": status, "response_body": response.body, "error": response.error[:255],
+            set_fields={"response_status": status, "response_body": response.body, "error": evidence["error"][:255],
                         "remote_id": evidence.get("remote_id") or ""})
         RemoteEffectStore.transition(
             org_id=effect.org_id, pk=effect.pk, src="dispatching", dst=new_state, version=effect.version,

@@ -1,0 +1,211 @@
+"""Attacks on the outbound effects subsystem (seed 003 "Outbound facts", "State machines",
+"Transaction and crash rules", "Replay and external effects"; seed 002 "Attempt Key", "Before POST").
+
+Every race here uses real concurrent MariaDB transactions (threads with their own
+connections, one side held at a row lock or a ``hold`` failpoint) or real worker
+processes killed at a named failpoint. The billing sandbox counts every create
+request, so a second create is visible.
+"""
+from __future__ import annotations
+
+import io
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import OperationalError, connection, transaction
+
+from connectors import egress, reasons
+from connectors.credentials import credential_reenable, credential_revoke
+from connectors.effects import EffectOperationRefused, effect_quarantine, effect_reconcile
+from connectors.generations import pack_publish
+from connectors.models import (
+    CredentialGenerationDispatchGate,
+    DispatchPermit,
+    RemoteEffect,
+    RemoteEffectAttempt,
+    RemoteEffectEvidence,
+    RemoteLink,
+)
+from connectors.packs import PackError
+from connectors.secret_store import secret_path
+from connectors.store import RemoteEffectStore
+from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
+from nexusflow.records.services import record_create, record_lock, record_update
+from runtime_outbox.models import IntentResultReceipt, OutboundCommand, OutboxMessage
+from runtime_outbox.services import (
+    SuccessorRefused,
+    outbound_command_author,
+    outbound_command_author_successor,
+    outbox_try_deliver_one,
+)
+from tests.concurrency import Worker, wait_until_blocked_on
+from tests.conftest import ORG, ROOT, SECRET_VERSION, drain, make_serving_org, run_manage, subprocess_env
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
+
+SCOPE = TrustedRuntimeWorkScope(ORG, "core", "flow-runtime", "test-binding")
+OTHER_ORG = "other-org"
+EFFECT_TABLE = "connectors_remoteeffect"
+RECORD_TABLE = "records_record"
+
+
+@pytest.fixture
+def org(billing_sandbox) -> OrgScope:
+    return make_serving_org(billing_sandbox.base_url, deploy_flow=False)
+
+
+# --- helpers ---------------------------------------------------------------------------------------------
+def _contact(email: str = "ann@x.io"):
+    with transaction.atomic():
+        return record_create(org=OrgScope(ORG), object_name="Contact",
+                             values={"email": email, "firstname": email.split("@")[0].title(),
+                                     "lifecyclestage": "customer"})
+
+
+def _author(record_key: str, root: str, slot: str = "push", **changes) -> OutboundCommand:
+    with transaction.atomic():
+        record = record_lock(org=OrgScope(ORG), object_name="Contact", record_key=record_key)
+        if changes:
+            record_update(org=OrgScope(ORG), record=record, changes=changes)
+        return outbound_command_author(scope=SCOPE, effect_root_id=root, effect_slot_id=slot,
+                                       effect_generation_id="1", contract_key="billing.customer", record=record,
+                                       origin_flow_run_id=None)
+
+
+def _push(email: str = "ann@x.io") -> OutboundCommand:
+    record = _contact(email)
+    command = _author(record.record_key, "root-" + record.record_key)
+    assert outbox_try_deliver_one()
+    return command
+
+
+def _zero_backoff() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE connectors_remoteeffect SET next_attempt_at = NULL")
+        cursor.execute("UPDATE runtime_outbox_outboxmessage SET next_attempt_at = NULL")
+
+
+def _credential_gate() -> CredentialGenerationDispatchGate:
+    return CredentialGenerationDispatchGate.objects.get(org_id=ORG, credential_generation__account_key="billing-main",
+                                                       credential_generation__secret_version=SECRET_VERSION)
+
+
+def _uncertain(sandbox, email: str = "ann@x.io") -> RemoteEffect:
+    """A create whose response was lost after the provider committed it: ``uncertain``."""
+    command = _push(email)
+    sandbox.set_faults(drop_response_after_commit=1)
+    assert egress.effect_try_dispatch_one(worker_id="w1")
+    effect = RemoteEffect.objects.get(command=command)
+    assert effect.state == "uncertain"
+    return effect
+
+
+def _mock_client(status: int, body: dict | bytes) -> httpx.Client:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return httpx.Client(transport=httpx.MockTransport(lambda request: httpx.Response(status, content=content)))
+
+
+def _run(*args) -> str:
+    out = io.StringIO()
+    call_command(*args, stdout=out, stderr=io.StringIO())
+    return out.getvalue()
+
+
+def _effect_facts() -> tuple:
+    """Everything an operator command may write, to prove a refusal wrote nothing."""
+    return (sorted(RemoteEffect.objects.values_list("id", "state", "version", "reason_code", "remote_id")),
+            RemoteEffectEvidence.objects.count(), RemoteLink.objects.count(), IntentResultReceipt.objects.count(),
+            OutboundCommand.objects.count())
+
+
+# === A1: slot occupancy when outbox delivery order differs from record version order ==========================
+def test_a_late_delivered_earlier_version_never_dispatches_beside_an_in_flight_create(org, billing_sandbox,
+                                                                                       monkeypatch):
+    """Seed 002 "Attempt Key": never two active attempts for one link_key.
+
+    The relay backs off a message whose delivery failed (commit bd6bff0), so a later record
+    version's command can become a RemoteEffect first and start its create; the earlier
+    version's effect arrives afterwards with a lower lane_sequence. It must wait for the
+    in-flight create and then follow as an update, never send a second create.
+    """
+    record = _contact("lee@x.io")
+    first = _author(record.record_key, "root-a")
+    second = _author(record.record_key, "root-b", email="lee@new.io")
+    assert first.source_record_version < second.source_record_version and first.link_key == second.link_key
+
+    import connectors.outbound as outbound
+
+    real_accept = outbound.remote_effect_accept
+    calls = {"n": 0}
+
+    def flaky_accept(*, command):
+        calls["n"] += 1
+        if calls["n"] == 1:  # a transient database error on the first delivery: the message backs off
+            raise OperationalError(2013, "Lost connection to server during query")
+        return real_accept(command=command)
+
+    monkeypatch.setattr(outbound, "remote_effect_accept", flaky_accept)
+    with pytest.raises(OperationalError):
+        outbox_try_deliver_one()  # claims the first command's message, then fails: it backs off
+    assert outbox_try_deliver_one()  # the second command is delivered first
+    late = RemoteEffect.objects.get(command=second)
+    grant = egress.permit_try_grant_one(worker_id="w1")
+    assert grant is not None and grant.effect_id == late.pk
+    assert RemoteEffectAttempt.objects.get(pk=grant.attempt_id).operation == "create"
+
+    _zero_backoff()
+    assert outbox_try_deliver_one()  # now the earlier version's effect exists, with a lower lane_sequence
+    early = RemoteEffect.objects.get(command=first)
+    assert early.lane_sequence < late.lane_sequence and early.state == "prepared"
+    # While the later create is in flight the slot is occupied: nothing else on it may be granted.
+    assert egress.permit_try_grant_one(worker_id="w2") is None
+    assert DispatchPermit.objects.filter(state__in=("granted", "sending")).count() == 1
+
+    response = egress.permit_send(grant)
+    assert egress.permit_settle(grant, response) == "remote_confirmed"
+    _zero_backoff()
+    drain()
+    customers = billing_sandbox.state()["customers"]
+    assert [c["create_requests"] for c in customers] == [1], customers
+    assert set(RemoteEffect.objects.values_list("state", flat=True)) == {"finalized"}
+    assert RemoteLink.objects.get(link_key=first.link_key).remote_id == customers[0]["id"]
+    assert [a.operation for a in RemoteEffectAttempt.objects.order_by("id")] == ["create", "update"]
+
+
+# === A2: a 2xx create whose id cannot be linked must park the effect, not wedge its Permit ====================
+@pytest.mark.parametrize("case", ["overlong", "invisible", "held_by_another_link"])
+def test_a_2xx_create_with_an_unlinkable_id_is_parked_for_an_operator(org, billing_sandbox, case):
+    """``permit_settle`` must always close the Permit it settles: an exception there leaves the
+    Permit ``sending`` under a live holder, so it can never be abandoned and halt never completes."""
+    taken = ""
+    if case == "held_by_another_link":
+        command = _push("first@x.io")
+        drain()
+        taken = RemoteLink.objects.get(link_key=command.link_key).remote_id
+    body = {"overlong": {"id": "cus_" + "x" * 300},
+            "invisible": {"id": "cus_\u200bhidden"},
+            "held_by_another_link": {"id": taken}}[case]
+    pushed = _push("second@x.io")
+    effect = RemoteEffect.objects.get(command=pushed)
+    with _mock_client(200, body) as client:
+        assert egress.effect_try_dispatch_one(worker_id="w1", client=client)
+    effect.refresh_from_db()
+    permit = DispatchPermit.objects.get(attempt__effect=effect)
+    attempt = RemoteEffectAttempt.objects.get(effect=effect)
+    assert permit.state == "returned", "the settled Permit must close"
+    assert (effect.state, effect.reason_code, effect.remote_id) == ("uncertain", reasons.RESPONSE_ID_MISSING, "")
+    assert (attempt.state, attempt.response_status, attempt.remote_id) == ("uncertain", 200, "")
+    assert not RemoteLink.objects.filter(link_key=pushed.link_key).exists()
+    # Parked for an operator: the reconciler never repeats it on its own.
+    _zero_backoff()
+    assert not egress.effect_try_reconcile_one()
+    assert RemoteEffect.objects.get(pk=effect.pk).state == "uncertain"
