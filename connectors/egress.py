@@ -171,10 +171,25 @@ def permit_try_grant_one(*, worker_id: str, lanes: tuple[str, ...] = KNOWN_LANES
 
 
 def _require_material(effect: RemoteEffect) -> None:
-    """Raise :class:`CredentialUnavailable` unless the frozen secret version is readable (bytes discarded)."""
+    """Raise :class:`CredentialUnavailable` unless the frozen secret version is readable and usable (bytes discarded)."""
     binding, _contract_doc, profile = _contract(effect)
     if profile.get("auth", {}).get("kind") == "bearer":
-        resolve_frozen_secret(org_id=effect.org_id, frozen=binding["credential_generation"])
+        _bearer(resolve_frozen_secret(org_id=effect.org_id, frozen=binding["credential_generation"]))
+
+
+def _bearer(secret: bytes) -> str:
+    """The ``Authorization`` header value for ``secret``.
+
+    Raises:
+        CredentialUnavailable: the bytes are not printable ASCII text (no header can carry them).
+    """
+    try:
+        text = secret.decode("ascii")
+    except UnicodeDecodeError:
+        raise CredentialUnavailable("the secret is not ASCII text", code="credential_material_unusable") from None
+    if not text or not all(" " <= ch <= "~" for ch in text):
+        raise CredentialUnavailable("the secret holds control characters", code="credential_material_unusable")
+    return "Bearer " + text
 
 
 def _grant(effect: RemoteEffect, worker_id: str) -> Grant | None:
@@ -267,39 +282,44 @@ def permit_send(grant: Grant, *, client: httpx.Client | None = None) -> Response
     """
     effect = RemoteEffect.objects.select_related("command").get(org_id=grant.org_id, pk=grant.effect_id)
     binding, contract, profile = _contract(effect)
-    secret = None
-    if profile.get("auth", {}).get("kind") == "bearer":
-        # Resolved while the Permit is still provably pre-I/O: missing material blocks before ``sending``.
-        try:
-            secret = resolve_frozen_secret(org_id=grant.org_id, frozen=binding["credential_generation"])
-        except CredentialUnavailable as exc:
-            _self_abandon_pre_io(grant, {"proof": "holder_released_before_sending", "why": exc.code})
-            return None
-    with transaction.atomic(durable=True):
-        permit = DispatchPermit.objects.get(pk=grant.permit_id, org_id=grant.org_id)
-        credential_gate = CredentialDispatchGateStore.lock(grant.org_id, permit.credential_gate_id)
-        if credential_gate.state != "enabled" or credential_gate.fence_token != permit.credential_fence_token:
-            return None
-        permit = DispatchPermitStore.lock(grant.org_id, grant.permit_id)
-        if permit.state != "granted" or permit.holder_fence != grant.holder_fence:
-            return None
-        DispatchPermitStore.transition(org_id=grant.org_id, pk=permit.pk, src="granted", dst="sending",
-                                       version=permit.version, fences={"holder_fence": grant.holder_fence},
-                                       set_fields={"io_may_have_started_at": db_now()})
-        failpoints.hit(FP_SENDING_BEFORE_COMMIT)
-    failpoints.hit(FP_AFTER_SENDING)
     attempt = RemoteEffectAttempt.objects.get(org_id=grant.org_id, pk=grant.attempt_id)
-    headers = {"Content-Type": _content_type(contract), "Accept": "application/json"}
-    if secret is not None:
-        headers["Authorization"] = "Bearer " + secret.decode("utf-8")
-    header = outcomes.policy(profile).idempotency_header
-    if attempt.idempotency_key and header:
-        headers[header] = attempt.idempotency_key
-    url = binding["base_url"].rstrip("/") + attempt.path
     owned = client is None
-    client = client or httpx.Client(timeout=float(profile.get("timeout_seconds", 10)))
+    # The whole request is built while the Permit is still provably pre-I/O: anything that cannot
+    # be sent (missing or unusable material, an unbuildable request) closes the Permit before
+    # ``sending``; after ``sending`` nothing but the provider call itself may fail.
     try:
-        reply = client.request(attempt.method, url, content=bytes(attempt.request_body), headers=headers)
+        headers = {"Content-Type": _content_type(contract), "Accept": "application/json"}
+        if profile.get("auth", {}).get("kind") == "bearer":
+            headers["Authorization"] = _bearer(
+                resolve_frozen_secret(org_id=grant.org_id, frozen=binding["credential_generation"]))
+        header = outcomes.policy(profile).idempotency_header
+        if attempt.idempotency_key and header:
+            headers[header] = attempt.idempotency_key
+        url = binding["base_url"].rstrip("/") + attempt.path
+        if owned:
+            client = httpx.Client(timeout=outcomes.timeout_seconds(profile))
+        request = client.build_request(attempt.method, url, content=bytes(attempt.request_body), headers=headers)
+    except (CredentialUnavailable, ValueError, TypeError, httpx.HTTPError, httpx.InvalidURL) as exc:
+        if owned and client is not None:
+            client.close()
+        why = exc.code if isinstance(exc, NexusError) else f"request_unbuildable: {type(exc).__name__}: {exc}"
+        _self_abandon_pre_io(grant, {"proof": "holder_released_before_sending", "why": why[:200]})
+        return None
+    try:
+        with transaction.atomic(durable=True):
+            permit = DispatchPermit.objects.get(pk=grant.permit_id, org_id=grant.org_id)
+            credential_gate = CredentialDispatchGateStore.lock(grant.org_id, permit.credential_gate_id)
+            if credential_gate.state != "enabled" or credential_gate.fence_token != permit.credential_fence_token:
+                return None
+            permit = DispatchPermitStore.lock(grant.org_id, grant.permit_id)
+            if permit.state != "granted" or permit.holder_fence != grant.holder_fence:
+                return None
+            DispatchPermitStore.transition(org_id=grant.org_id, pk=permit.pk, src="granted", dst="sending",
+                                           version=permit.version, fences={"holder_fence": grant.holder_fence},
+                                           set_fields={"io_may_have_started_at": db_now()})
+            failpoints.hit(FP_SENDING_BEFORE_COMMIT)
+        failpoints.hit(FP_AFTER_SENDING)
+        reply = client.send(request)
         return Response(reply.status_code, reply.content, "")
     except httpx.ConnectError as exc:
         return Response(None, b"", f"connect: {exc}", connect_failed=True)

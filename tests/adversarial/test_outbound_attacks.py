@@ -209,3 +209,59 @@ def test_a_2xx_create_with_an_unlinkable_id_is_parked_for_an_operator(org, billi
     _zero_backoff()
     assert not egress.effect_try_reconcile_one()
     assert RemoteEffect.objects.get(pk=effect.pk).state == "uncertain"
+
+
+# === A3: nothing may fail between ``sending`` and the provider call ============================================
+def test_unusable_secret_bytes_close_the_permit_before_sending_and_block_dispatch(org, billing_sandbox):
+    """Bytes that cannot form the bearer header used to fail after ``granted -> sending`` committed:
+    the Permit stayed ``sending`` (io_may_have_started) under a live holder although nothing was sent."""
+    command = _push()
+    grant = egress.permit_try_grant_one(worker_id="w1")
+    assert grant is not None
+    path = secret_path(org_id=ORG, account_key="billing-main", credential_ref="api_key",
+                       secret_version=SECRET_VERSION)
+    original = path.read_bytes()
+    path.write_bytes(b"\xff\xfe not text")
+    try:
+        assert egress.permit_send(grant) is None
+        permit = DispatchPermit.objects.get(pk=grant.permit_id)
+        assert (permit.state, permit.io_may_have_started_at) == ("abandoned", None)
+        assert permit.closed_evidence["proof"] == "holder_released_before_sending"
+        assert RemoteEffect.objects.get(command=command).state == "prepared"
+        # Acquisition now refuses too (no grant/abandon churn) while the material stays unusable.
+        assert egress.permit_try_grant_one(worker_id="w1") is None
+        assert DispatchPermit.objects.count() == 1
+        assert billing_sandbox.state()["requests"] == 0
+    finally:
+        path.write_bytes(original)
+    drain()
+    assert RemoteEffect.objects.get(command=command).state == "finalized"
+    assert [c["create_requests"] for c in billing_sandbox.state()["customers"]] == [1]
+
+
+def _billing_pack(version: str, **profile_changes) -> dict:
+    document = json.loads((ROOT / "packs" / "billing" / "pack.json").read_text())
+    document["version"] = version
+    profile = document["callout_profiles"][0]
+    for key, value in profile_changes.items():
+        if key == "header":
+            profile["idempotency"]["header"] = value
+        else:
+            profile[key] = value
+    return document
+
+
+@pytest.mark.parametrize("change", [
+    {"timeout_seconds": "5"}, {"timeout_seconds": 0}, {"timeout_seconds": -1}, {"timeout_seconds": None},
+    {"timeout_seconds": True}, {"timeout_seconds": 1e9}, {"header": "Idempotency Key"},
+    {"header": "Idempotency-Key\r\nX-Evil"}, {"header": ""},
+    {"outcomes": {"refused": [200]}}, {"outcomes": {"refused": [400], "ambiguous": [400]}},
+    {"outcomes": {"maybe": [418]}}, {"retry": {"max_attempts": 0}}, {"retry": {"max_attempts": 1.5}},
+])
+def test_pack_publish_refuses_a_callout_profile_the_adapter_cannot_use(change):
+    from connectors.models import PackGeneration
+
+    before = PackGeneration.objects.count()
+    with pytest.raises(PackError):
+        pack_publish(document=_billing_pack("9.9.9-bad", **change))
+    assert PackGeneration.objects.count() == before
