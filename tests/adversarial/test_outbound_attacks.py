@@ -38,6 +38,7 @@ from connectors.models import (
 from connectors.packs import PackError
 from connectors.secret_store import secret_path
 from connectors.store import RemoteEffectStore
+from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
 from nexusflow.records.services import record_create, record_lock, record_update
 from runtime_outbox.models import IntentResultReceipt, OutboundCommand, OutboxMessage
@@ -265,3 +266,126 @@ def test_pack_publish_refuses_a_callout_profile_the_adapter_cannot_use(change):
     with pytest.raises(PackError):
         pack_publish(document=_billing_pack("9.9.9-bad", **change))
     assert PackGeneration.objects.count() == before
+
+
+# === A4: successor EffectGeneration: concurrent requests, deleted source, quarantined predecessor ===============
+def _refused_predecessor(sandbox) -> OutboundCommand:
+    command = _push()
+    sandbox.set_faults(fail_before_commit={"status": 400, "count": 1})
+    assert egress.effect_try_dispatch_one(worker_id="w1")
+    assert RemoteEffect.objects.get(command=command).state == "no_effect"
+    return command
+
+
+def test_two_concurrent_successor_requests_mint_one_generation_and_report_it_once(org, billing_sandbox):
+    predecessor = _refused_predecessor(billing_sandbox)
+    requests = [Worker(lambda: outbound_command_author_successor(org_id=ORG, predecessor_command_id=predecessor.pk,
+                                                                 actor="ops", reason=f"retry {n}"), f"successor-{n}")
+                for n in range(2)]
+    with transaction.atomic():
+        # Hold the source record: both requests pass their unlocked pre-check and queue behind this lock.
+        record_lock(org=OrgScope(ORG), object_name="Contact", record_key=predecessor.source_record_key)
+        for request in requests:
+            request.start()
+            assert request.ready.wait(60)
+            wait_until_blocked_on(request.connection_id, RECORD_TABLE)
+    for request in requests:
+        request.join(60)
+    assert [r.error for r in requests] == [None, None]
+    successors = list(OutboundCommand.objects.filter(predecessor=predecessor))
+    assert len(successors) == 1
+    assert {r.result[0].pk for r in requests} == {successors[0].pk}
+    assert sorted(r.result[1] for r in requests) == [False, True], "exactly one request authored it"
+    assert OutboxMessage.objects.filter(command=successors[0]).count() == 1
+    assert successors[0].effect_generation_id == "2"
+
+
+def test_successor_of_a_deleted_source_record_is_refused_with_a_code(org, billing_sandbox):
+    predecessor = _refused_predecessor(billing_sandbox)
+    with connection.cursor() as cursor:  # the record was deleted after the refusal
+        cursor.execute("UPDATE records_record SET is_deleted = 1 WHERE record_key = %s",
+                       [predecessor.source_record_key])
+    before = _effect_facts()
+    with pytest.raises(CommandError, match="^predecessor_source_deleted"):
+        _run("effects", "successor", str(predecessor.pk), "--org", ORG, "--actor", "ops", "--reason", "again")
+    assert _effect_facts() == before
+
+
+def test_successor_of_a_quarantined_predecessor_or_from_another_org_is_refused(org, billing_sandbox):
+    command = _push()
+    effect = RemoteEffect.objects.get(command=command)
+    effect_quarantine(org_id=ORG, effect_id=effect.pk, actor="ops", note="parked")
+    before = _effect_facts()
+    with pytest.raises(SuccessorRefused) as refused:
+        outbound_command_author_successor(org_id=ORG, predecessor_command_id=command.pk, actor="ops", reason="r")
+    assert refused.value.code == "predecessor_not_proven_no_effect"
+    with pytest.raises(CommandError, match="^command_unknown"):
+        _run("effects", "successor", str(command.pk), "--org", OTHER_ORG, "--actor", "ops", "--reason", "r")
+    assert _effect_facts() == before
+    drain()
+    assert billing_sandbox.state()["requests"] == 0
+
+
+# === A5: operator evidence abuse ============================================================================
+@pytest.mark.parametrize("remote_id, code", [
+    (" cus_padded", "reconcile_evidence_missing"),
+    ("cus_\x00nul", "reconcile_evidence_missing"),
+    ("cus_" + "x" * 400, "invalid_identity"),
+    ("cus_\u200bzero_width", "invalid_identity"),
+    ("cus_\udcffsurrogate", "invalid_identity"),
+])
+def test_operator_confirmation_with_a_non_canonical_remote_id_writes_nothing(org, billing_sandbox, remote_id, code):
+    effect = _uncertain(billing_sandbox)
+    before = _effect_facts()
+    with pytest.raises(NexusError) as refused:  # EffectOperationRefused, or InvalidIdentity from the link write
+        effect_reconcile(org_id=ORG, effect_id=effect.pk, outcome="confirmed", remote_id=remote_id, actor="ops",
+                         note="seen in dashboard")
+    assert refused.value.code == code
+    assert _effect_facts() == before
+
+
+def test_operator_cannot_link_another_records_remote_id_or_touch_another_orgs_effect(org, billing_sandbox):
+    other = _push("other@x.io")
+    drain()
+    taken = RemoteLink.objects.get(link_key=other.link_key).remote_id
+    effect = _uncertain(billing_sandbox, "mine@x.io")
+    [mine] = [c["id"] for c in billing_sandbox.state()["customers"] if c["email"] == "mine@x.io"]
+    before = _effect_facts()
+    with pytest.raises(CommandError, match="^remote_id_conflict"):
+        _run("effects", "reconcile", str(effect.pk), "--org", ORG, "--confirmed", taken, "--actor", "ops",
+             "--note", "wrong customer")
+    for args in (["reconcile", str(effect.pk), "--org", OTHER_ORG, "--confirmed", mine, "--actor", "ops", "--note", "n"],
+                 ["reconcile", str(effect.pk), "--org", OTHER_ORG, "--no-effect", "--actor", "ops", "--note", "n"],
+                 ["quarantine", str(effect.pk), "--org", OTHER_ORG, "--actor", "ops", "--note", "n"],
+                 ["show", str(effect.pk), "--org", OTHER_ORG]):
+        with pytest.raises(CommandError, match="^effect_unknown"):
+            _run("effects", *args)
+    assert _run("effects", "list", "--org", OTHER_ORG) == "0 effect(s)\n"
+    assert _effect_facts() == before
+    _run("effects", "reconcile", str(effect.pk), "--org", ORG, "--confirmed", mine, "--actor", "ops", "--note", "ok")
+    drain()
+    assert RemoteEffect.objects.get(pk=effect.pk).state == "finalized"
+    assert sorted(c["create_requests"] for c in billing_sandbox.state()["customers"]) == [1, 1]
+
+
+def test_operator_confirmation_of_an_uncertain_update_must_name_the_linked_id(org, billing_sandbox):
+    first = _push("upd@x.io")
+    drain()
+    [customer] = billing_sandbox.state()["customers"]
+    update = _author(first.source_record_key, "root-update", email="upd@new.io")
+    assert outbox_try_deliver_one()
+    billing_sandbox.set_faults(drop_response_after_commit=1)
+    assert egress.effect_try_dispatch_one(worker_id="w1")
+    effect = RemoteEffect.objects.get(command=update)
+    assert effect.state == "uncertain" and effect.attempts.get().operation == "update"
+    before = _effect_facts()
+    with pytest.raises(EffectOperationRefused) as refused:
+        effect_reconcile(org_id=ORG, effect_id=effect.pk, outcome="confirmed", remote_id="cus_someone_else",
+                         actor="ops", note="n")
+    assert refused.value.code == "remote_id_conflict" and _effect_facts() == before
+    effect_reconcile(org_id=ORG, effect_id=effect.pk, outcome="confirmed", remote_id=customer["id"], actor="ops",
+                     note="dashboard shows the new email")
+    drain()
+    assert RemoteEffect.objects.get(pk=effect.pk).state == "finalized"
+    assert RemoteLink.objects.count() == 1
+    assert billing_sandbox.state()["customers"][0]["create_requests"] == 1
