@@ -389,3 +389,185 @@ def test_operator_confirmation_of_an_uncertain_update_must_name_the_linked_id(or
     assert RemoteEffect.objects.get(pk=effect.pk).state == "finalized"
     assert RemoteLink.objects.count() == 1
     assert billing_sandbox.state()["customers"][0]["create_requests"] == 1
+
+
+# === A6: revocation with several pre-I/O Permits; revoke / re-enable storm while three dispatchers race =======
+def test_revocation_closes_every_granted_permit_in_one_lock_order(org, billing_sandbox):
+    """Two workers each hold a ``granted`` Permit when the credential is revoked: revocation must
+    close both (it locked them Permit by Permit: effect 2 after attempt 1, a lock-order reversal)."""
+    _push("one@x.io")
+    _push("two@x.io")
+    grants = [egress.permit_try_grant_one(worker_id="w1"), egress.permit_try_grant_one(worker_id="w2")]
+    assert None not in grants
+    gate = _credential_gate()
+    change = credential_revoke(org_id=ORG, credential_generation_id=gate.credential_generation_id, actor="ops",
+                               note="leaked")
+    assert sorted(change.closed_permits) == sorted(int(g.permit_id) for g in grants)
+    assert set(DispatchPermit.objects.values_list("state", flat=True)) == {"abandoned"}
+    assert set(RemoteEffect.objects.values_list("state", flat=True)) == {"prepared"}
+    assert RemoteEffectEvidence.objects.filter(kind="credential_revoked").count() == 2
+    assert [egress.permit_send(g) for g in grants] == [None, None]
+    credential_reenable(org_id=ORG, credential_generation_id=gate.credential_generation_id, actor="ops")
+    drain()
+    assert sorted(c["create_requests"] for c in billing_sandbox.state()["customers"]) == [1, 1]
+
+
+# === A6: revoke / re-enable storm while three dispatchers race ================================================
+def test_credential_revoke_reenable_storm_never_lets_a_stale_fence_send(org, billing_sandbox):
+    """No Permit may reach ``sending`` under a fence at which the credential gate was revoked, every
+    pre-I/O Permit closed by revocation carries its proof, and no create is sent twice."""
+    commands = [_push(f"storm{n}@x.io") for n in range(4)]
+    gate = _credential_gate()
+    enabled_parity = gate.fence_token % 2
+    billing_sandbox.set_faults(delay_seconds=0.05)  # widen the window between sending and settlement
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def dispatcher(n: int):
+        def loop():
+            while not stop.is_set():
+                try:
+                    egress.effect_try_dispatch_one(worker_id=f"storm-{n}")
+                    egress.effect_try_finalize_one()
+                except OperationalError as exc:
+                    if exc.args[0] not in (1205, 1213):  # a deadlock victim retries; anything else is a bug
+                        errors.append(exc)
+                except Exception as exc:  # noqa: BLE001
+                    errors.append(exc)
+        return loop
+
+    def storm():
+        for n in range(12):
+            credential_revoke(org_id=ORG, credential_generation_id=gate.credential_generation_id, actor="ops",
+                              note=f"storm {n}")
+            time.sleep(0.03)
+            credential_reenable(org_id=ORG, credential_generation_id=gate.credential_generation_id, actor="ops")
+            time.sleep(0.03)
+        return True
+
+    workers = [Worker(dispatcher(n), f"dispatch-{n}") for n in range(3)]
+    toggler = Worker(storm, "storm")
+    for worker in [*workers, toggler]:
+        worker.start()
+    toggler.join(120)
+    stop.set()
+    for worker in workers:
+        worker.join(60)
+    assert toggler.error is None and toggler.result is True
+    assert not errors and all(w.error is None for w in workers), errors
+    billing_sandbox.set_faults(delay_seconds=0)
+    _zero_backoff()
+    drain()
+
+    assert _credential_gate().state == "enabled"
+    for permit in DispatchPermit.objects.all():
+        assert permit.state in ("returned", "abandoned"), permit.state
+        if permit.io_may_have_started_at is not None:
+            assert permit.credential_fence_token % 2 == enabled_parity, "a Permit sent under a revoked fence"
+        if permit.state == "abandoned":
+            assert permit.io_may_have_started_at is None
+            assert permit.closed_evidence["proof"] in ("credential_revoked_before_sending",
+                                                       "holder_released_before_sending")
+    assert {RemoteEffect.objects.get(command=c).state for c in commands} == {"finalized"}
+    customers = billing_sandbox.state()["customers"]
+    assert sorted(c["email"] for c in customers) == sorted(f"storm{n}@x.io" for n in range(4))
+    assert all(c["create_requests"] == 1 for c in customers), customers
+
+
+# === A7: two holders race one grant; operator races the exact-repeat reconciler ================================
+def test_eight_threads_presenting_one_grant_cross_the_boundary_once(org, billing_sandbox):
+    _push()
+    grant = egress.permit_try_grant_one(worker_id="w1")
+    barrier = threading.Barrier(8)
+
+    def send():
+        barrier.wait(30)
+        return egress.permit_send(grant)
+
+    senders = [Worker(send, f"send-{n}") for n in range(8)]
+    for sender in senders:
+        sender.start()
+    for sender in senders:
+        sender.join(60)
+    assert [s.error for s in senders] == [None] * 8
+    responses = [s.result for s in senders if s.result is not None]
+    assert len(responses) == 1 and responses[0].status == 200
+    assert billing_sandbox.state()["requests"] == 1
+    assert egress.permit_settle(grant, responses[0]) == "remote_confirmed"
+    with pytest.raises(Exception):  # a second settlement is fenced
+        egress.permit_settle(grant, responses[0])
+    assert DispatchPermit.objects.get().state == "returned"
+
+
+def test_operator_no_effect_racing_the_exact_repeat_reconciler_decides_once(org, billing_sandbox):
+    effect = _uncertain(billing_sandbox)
+    _zero_backoff()
+    reconciler = Worker(egress.effect_try_reconcile_one, "reconciler")
+    operator = Worker(lambda: effect_reconcile(org_id=ORG, effect_id=effect.pk, outcome="no_effect", actor="ops",
+                                               note="provider says nothing happened"), "operator")
+    with transaction.atomic():
+        RemoteEffectStore.lock(ORG, effect.pk)  # both queue behind this row lock, decisions already read
+        reconciler.start()
+        assert reconciler.ready.wait(60)
+        wait_until_blocked_on(reconciler.connection_id, EFFECT_TABLE)
+        operator.start()
+        assert operator.ready.wait(60)
+        wait_until_blocked_on(operator.connection_id, EFFECT_TABLE)
+    reconciler.join(60)
+    operator.join(60)
+    assert reconciler.error is None
+    final = RemoteEffect.objects.get(pk=effect.pk)
+    evidence = list(RemoteEffectEvidence.objects.filter(effect=effect).values_list("kind", "to_state"))
+    if operator.error is None:  # the operator won: terminal, the reconciler stood down
+        assert (final.state, evidence) == ("no_effect", [("operator_no_effect", "no_effect")])
+    else:  # the reconciler won: the operator is refused and wrote nothing
+        assert getattr(operator.error, "code", None) == "effect_not_uncertain"
+        assert (final.state, evidence) == ("prepared", [("exact_repeat", "prepared")])
+    drain()
+    assert [c["create_requests"] for c in billing_sandbox.state()["customers"]] in ([1], [2])
+    assert len(billing_sandbox.state()["customers"]) == 1
+
+
+# === A8: kill a real egress worker after settlement; halt with a killed pre-I/O holder =========================
+def test_worker_killed_after_settle_finalizes_without_a_second_call(org, billing_sandbox):
+    command = _push()
+    crashed = run_manage(["run_workers", "--role", "egress"], subprocess_env(NEXUS_FAILPOINTS="effect.after_settle"),
+                         timeout=60)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    assert RemoteEffect.objects.get(command=command).state == "remote_confirmed"
+    assert DispatchPermit.objects.get().state == "returned"
+    restarted = run_manage(["run_workers", "--role", "egress", "--until-idle"], subprocess_env(), timeout=120)
+    assert restarted.returncode == 0, restarted.stderr
+    assert RemoteEffect.objects.get(command=command).state == "finalized"
+    assert IntentResultReceipt.objects.get(command=command).outcome == "finalized"
+    assert [c["create_requests"] for c in billing_sandbox.state()["customers"]] == [1]
+    assert billing_sandbox.state()["requests"] == 1
+
+
+def test_halt_waits_for_a_killed_holders_granted_permit_then_the_effect_resumes(org, billing_sandbox, tmp_path):
+    from connectors.handoff import halt_begin, halt_try_complete
+
+    command = _push()
+    env = subprocess_env(NEXUS_FAILPOINTS="permit.after_grant=pause", NEXUS_FAILPOINT_DIR=str(tmp_path))
+    holder = subprocess.Popen([sys.executable, "manage.py", "run_workers", "--role", "egress"], cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob("permit.after_grant.*")):
+            assert time.monotonic() < deadline and holder.poll() is None, "the holder never reached its grant"
+            time.sleep(0.05)
+        halt_begin(org=OrgScope(ORG))
+        assert halt_try_complete(org=OrgScope(ORG)).gates["billing-main"][0] == "halting_v2"
+        assert egress.permit_try_abandon_one() is False  # the holder lives: its Permit stays open
+    finally:
+        holder.kill()
+        holder.wait(30)
+    assert halt_try_complete(org=OrgScope(ORG)).gates["billing-main"][0] == "halting_v2"
+    assert egress.permit_try_abandon_one() is True
+    permit = DispatchPermit.objects.get()
+    assert (permit.state, permit.io_may_have_started_at) == ("abandoned", None)
+    assert permit.closed_evidence["proof"] == "pid_absent"
+    assert RemoteEffect.objects.get(command=command).state == "prepared"
+    # Halting: no new Permit may be granted, so nothing is sent.
+    assert egress.permit_try_grant_one(worker_id="w1") is None
+    assert billing_sandbox.state()["requests"] == 0
