@@ -83,14 +83,19 @@ def credential_revoke(*, org_id: str, credential_generation_id: int, actor: str,
                 org_id=org_id, pk=gate.pk, src="enabled", dst="revoked", version=gate.version,
                 set_fields={"fence_token": fence, "reason_code": reasons.CREDENTIAL_REVOKED})
         closed = []
-        for permit in DispatchPermit.objects.filter(org_id=org_id, credential_gate_id=gate.pk,
-                                                    state="granted").order_by("id"):
-            attempt = RemoteEffectAttempt.objects.get(org_id=org_id, pk=permit.attempt_id)
-            effect, locked, attempt = locks.acquire([
-                locks.store_resource(RemoteEffectStore, org_id, attempt.effect_id),
-                locks.store_resource(DispatchPermitStore, org_id, permit.pk),
-                locks.store_resource(RemoteEffectAttemptStore, org_id, attempt.pk),
-            ])
+        granted = list(DispatchPermit.objects.filter(org_id=org_id, credential_gate_id=gate.pk,
+                                                     state="granted").order_by("id"))
+        attempts = {a.pk: a for a in RemoteEffectAttempt.objects.filter(
+            org_id=org_id, pk__in=[p.attempt_id for p in granted])}
+        # Every closed Permit's rows are locked as one set in the canonical order (all effects,
+        # then all Permits, then all Attempts): locking them Permit by Permit would take an
+        # effect after an Attempt.
+        rows = locks.acquire([resource for permit in granted for resource in (
+            locks.store_resource(RemoteEffectStore, org_id, attempts[permit.attempt_id].effect_id),
+            locks.store_resource(DispatchPermitStore, org_id, permit.pk),
+            locks.store_resource(RemoteEffectAttemptStore, org_id, permit.attempt_id))])
+        for index in range(0, len(rows), 3):
+            effect, locked, attempt = rows[index:index + 3]
             if locked.state != "granted" or effect.state != "dispatching":
                 continue
             from .egress import _close_pre_io, append_evidence

@@ -26,7 +26,8 @@ from django.db import IntegrityError, transaction
 from nexusflow.kernel import canonical_json, failpoints, locks
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import digest_v2
-from nexusflow.kernel.errors import NexusError, StaleVersion
+from nexusflow.kernel.errors import InvalidIdentity, NexusError, StaleVersion
+from nexusflow.kernel.identity import canonical_locator
 from nexusflow.kernel.scope import OrgScope
 
 from . import outcomes, reasons
@@ -127,10 +128,16 @@ def _encode_body(contract: dict, fields: dict) -> bytes:
 
 # --- candidates -------------------------------------------------------------
 def _is_head(effect: RemoteEffect) -> bool:
-    earlier = RemoteEffect.objects.filter(org_id=effect.org_id, link_key=effect.link_key,
-                                          state__in=NONTERMINAL).exclude(pk=effect.pk)
-    for other in earlier.only("lane_sequence", "id"):
-        if (other.lane_sequence, other.pk) < (effect.lane_sequence, effect.pk):
+    """True when ``effect`` may dispatch now: first of its link_key, and the slot is not occupied.
+
+    An effect already past ``prepared`` (dispatching, uncertain, remote_confirmed)
+    occupies the slot whatever its lane_sequence: outbox delivery order can differ
+    from record version order, and seed 002 allows no second active attempt per link_key.
+    """
+    others = RemoteEffect.objects.filter(org_id=effect.org_id, link_key=effect.link_key,
+                                         state__in=NONTERMINAL).exclude(pk=effect.pk)
+    for other in others.only("lane_sequence", "id", "state"):
+        if other.state != "prepared" or (other.lane_sequence, other.pk) < (effect.lane_sequence, effect.pk):
             return False
     return True
 
@@ -164,10 +171,25 @@ def permit_try_grant_one(*, worker_id: str, lanes: tuple[str, ...] = KNOWN_LANES
 
 
 def _require_material(effect: RemoteEffect) -> None:
-    """Raise :class:`CredentialUnavailable` unless the frozen secret version is readable (bytes discarded)."""
+    """Raise :class:`CredentialUnavailable` unless the frozen secret version is readable and usable (bytes discarded)."""
     binding, _contract_doc, profile = _contract(effect)
     if profile.get("auth", {}).get("kind") == "bearer":
-        resolve_frozen_secret(org_id=effect.org_id, frozen=binding["credential_generation"])
+        _bearer(resolve_frozen_secret(org_id=effect.org_id, frozen=binding["credential_generation"]))
+
+
+def _bearer(secret: bytes) -> str:
+    """The ``Authorization`` header value for ``secret``.
+
+    Raises:
+        CredentialUnavailable: the bytes are not printable ASCII text (no header can carry them).
+    """
+    try:
+        text = secret.decode("ascii")
+    except UnicodeDecodeError:
+        raise CredentialUnavailable("the secret is not ASCII text", code="credential_material_unusable") from None
+    if not text or not all(" " <= ch <= "~" for ch in text):
+        raise CredentialUnavailable("the secret holds control characters", code="credential_material_unusable")
+    return "Bearer " + text
 
 
 def _grant(effect: RemoteEffect, worker_id: str) -> Grant | None:
@@ -260,39 +282,44 @@ def permit_send(grant: Grant, *, client: httpx.Client | None = None) -> Response
     """
     effect = RemoteEffect.objects.select_related("command").get(org_id=grant.org_id, pk=grant.effect_id)
     binding, contract, profile = _contract(effect)
-    secret = None
-    if profile.get("auth", {}).get("kind") == "bearer":
-        # Resolved while the Permit is still provably pre-I/O: missing material blocks before ``sending``.
-        try:
-            secret = resolve_frozen_secret(org_id=grant.org_id, frozen=binding["credential_generation"])
-        except CredentialUnavailable as exc:
-            _self_abandon_pre_io(grant, {"proof": "holder_released_before_sending", "why": exc.code})
-            return None
-    with transaction.atomic(durable=True):
-        permit = DispatchPermit.objects.get(pk=grant.permit_id, org_id=grant.org_id)
-        credential_gate = CredentialDispatchGateStore.lock(grant.org_id, permit.credential_gate_id)
-        if credential_gate.state != "enabled" or credential_gate.fence_token != permit.credential_fence_token:
-            return None
-        permit = DispatchPermitStore.lock(grant.org_id, grant.permit_id)
-        if permit.state != "granted" or permit.holder_fence != grant.holder_fence:
-            return None
-        DispatchPermitStore.transition(org_id=grant.org_id, pk=permit.pk, src="granted", dst="sending",
-                                       version=permit.version, fences={"holder_fence": grant.holder_fence},
-                                       set_fields={"io_may_have_started_at": db_now()})
-        failpoints.hit(FP_SENDING_BEFORE_COMMIT)
-    failpoints.hit(FP_AFTER_SENDING)
     attempt = RemoteEffectAttempt.objects.get(org_id=grant.org_id, pk=grant.attempt_id)
-    headers = {"Content-Type": _content_type(contract), "Accept": "application/json"}
-    if secret is not None:
-        headers["Authorization"] = "Bearer " + secret.decode("utf-8")
-    header = outcomes.policy(profile).idempotency_header
-    if attempt.idempotency_key and header:
-        headers[header] = attempt.idempotency_key
-    url = binding["base_url"].rstrip("/") + attempt.path
     owned = client is None
-    client = client or httpx.Client(timeout=float(profile.get("timeout_seconds", 10)))
+    # The whole request is built while the Permit is still provably pre-I/O: anything that cannot
+    # be sent (missing or unusable material, an unbuildable request) closes the Permit before
+    # ``sending``; after ``sending`` nothing but the provider call itself may fail.
     try:
-        reply = client.request(attempt.method, url, content=bytes(attempt.request_body), headers=headers)
+        headers = {"Content-Type": _content_type(contract), "Accept": "application/json"}
+        if profile.get("auth", {}).get("kind") == "bearer":
+            headers["Authorization"] = _bearer(
+                resolve_frozen_secret(org_id=grant.org_id, frozen=binding["credential_generation"]))
+        header = outcomes.policy(profile).idempotency_header
+        if attempt.idempotency_key and header:
+            headers[header] = attempt.idempotency_key
+        url = binding["base_url"].rstrip("/") + attempt.path
+        if owned:
+            client = httpx.Client(timeout=outcomes.timeout_seconds(profile))
+        request = client.build_request(attempt.method, url, content=bytes(attempt.request_body), headers=headers)
+    except (CredentialUnavailable, ValueError, TypeError, httpx.HTTPError, httpx.InvalidURL) as exc:
+        if owned and client is not None:
+            client.close()
+        why = exc.code if isinstance(exc, NexusError) else f"request_unbuildable: {type(exc).__name__}: {exc}"
+        _self_abandon_pre_io(grant, {"proof": "holder_released_before_sending", "why": why[:200]})
+        return None
+    try:
+        with transaction.atomic(durable=True):
+            permit = DispatchPermit.objects.get(pk=grant.permit_id, org_id=grant.org_id)
+            credential_gate = CredentialDispatchGateStore.lock(grant.org_id, permit.credential_gate_id)
+            if credential_gate.state != "enabled" or credential_gate.fence_token != permit.credential_fence_token:
+                return None
+            permit = DispatchPermitStore.lock(grant.org_id, grant.permit_id)
+            if permit.state != "granted" or permit.holder_fence != grant.holder_fence:
+                return None
+            DispatchPermitStore.transition(org_id=grant.org_id, pk=permit.pk, src="granted", dst="sending",
+                                           version=permit.version, fences={"holder_fence": grant.holder_fence},
+                                           set_fields={"io_may_have_started_at": db_now()})
+            failpoints.hit(FP_SENDING_BEFORE_COMMIT)
+        failpoints.hit(FP_AFTER_SENDING)
+        reply = client.send(request)
         return Response(reply.status_code, reply.content, "")
     except httpx.ConnectError as exc:
         return Response(None, b"", f"connect: {exc}", connect_failed=True)
@@ -333,15 +360,21 @@ def _close_pre_io(effect: RemoteEffect, permit: DispatchPermit, attempt: RemoteE
 
 # --- (3) settle -----------------------------------------------------------------
 def _extract_id(body: bytes, path: str) -> str | None:
+    """The remote id at ``path`` in a JSON body, or ``None`` when absent or not a canonical locator
+    that fits a RemoteLink (a text or integer id; no control or invisible characters, at most 160)."""
     try:
         value = json.loads(body.decode("utf-8"))
         for part in path.split("."):
             value = value[part]
     except (ValueError, KeyError, TypeError, IndexError):
         return None
-    if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value) and str(value) == str(value).strip():
-        return str(value)
-    return None
+    if not isinstance(value, (str, int)):
+        return None
+    try:
+        return canonical_locator(value, field="response remote id",
+                                 max_length=RemoteLink._meta.get_field("remote_id").max_length)
+    except InvalidIdentity:
+        return None
 
 
 def permit_settle(grant: Grant, response: Response) -> str:
@@ -368,12 +401,18 @@ def permit_settle(grant: Grant, response: Response) -> str:
         verdict = outcomes.classify(profile, status=status, connect_failed=response.connect_failed)
         if verdict == outcomes.CONFIRMED:
             remote_id = _extract_id(response.body, contract["response_id_path"])
-            if attempt.operation == "create" and remote_id is None:
-                new_state, attempt_state, reason = "uncertain", "uncertain", reasons.RESPONSE_ID_MISSING
-            else:
-                if attempt.operation == "create":
+            unlinkable = None
+            if attempt.operation == "create" and remote_id is not None:
+                try:
                     _link_create(effect, contract, remote_id)
-                else:
+                except EgressRefused as exc:
+                    # Another link holds that id: the Permit still closes; an operator decides.
+                    unlinkable = str(exc)
+            if attempt.operation == "create" and (remote_id is None or unlinkable):
+                new_state, attempt_state, reason = "uncertain", "uncertain", reasons.RESPONSE_ID_MISSING
+                evidence["error"] = (unlinkable or response.error or "2xx create without a usable remote id")
+            else:
+                if attempt.operation != "create":
                     remote_id = RemoteLink.objects.get(org_id=effect.org_id, link_key=effect.link_key).remote_id
                 new_state, attempt_state, reason = "remote_confirmed", "confirmed", ""
                 evidence["remote_id"] = remote_id
@@ -400,7 +439,7 @@ def permit_settle(grant: Grant, response: Response) -> str:
             new_state, attempt_state, reason = "uncertain", "uncertain", reasons.UNCLASSIFIED_RESPONSE
         RemoteEffectAttemptStore.transition(
             org_id=attempt.org_id, pk=attempt.pk, src="started", dst=attempt_state, version=attempt.version,
-            set_fields={"response_status": status, "response_body": response.body, "error": response.error[:255],
+            set_fields={"response_status": status, "response_body": response.body, "error": evidence["error"][:255],
                         "remote_id": evidence.get("remote_id") or ""})
         RemoteEffectStore.transition(
             org_id=effect.org_id, pk=effect.pk, src="dispatching", dst=new_state, version=effect.version,

@@ -30,10 +30,12 @@ Profile keys read here::
 
     "outcomes": {"refused": [400, ...], "not_performed": [429, ...], "ambiguous": [500, ...]},
     "retry": {"max_attempts": 8},
-    "idempotency": {"header": "Idempotency-Key", "replay_safe": true}   # or {"replay_safe": false}
+    "idempotency": {"header": "Idempotency-Key", "replay_safe": true},  # or {"replay_safe": false}
+    "timeout_seconds": 5                                               # optional, (0, 300], default 10
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 CONFIRMED = "confirmed"
@@ -44,6 +46,9 @@ UNCLASSIFIED = "unclassified"
 
 DECLARABLE = (REFUSED, NOT_PERFORMED, AMBIGUOUS)
 MAX_ATTEMPTS_LIMIT = 100
+MAX_TIMEOUT_SECONDS = 300
+#: RFC 9110 field-name: a token.
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 
 @dataclass(frozen=True)
@@ -64,7 +69,9 @@ def validate_profile(profile: dict) -> None:
     Raises:
         ValueError: a missing block, a status outside 100-599 or in 2xx, a
             status listed under two classes, an unknown class, a retry cap
-            outside 1..100, or a replay-safe contract without a header.
+            outside 1..100, a replay-safe contract without a header, a header
+            that is not an HTTP field name, or a ``timeout_seconds`` that is not
+            a number in (0, 300].
     """
     outcomes = profile.get("outcomes")
     if not isinstance(outcomes, dict):
@@ -94,6 +101,26 @@ def validate_profile(profile: dict) -> None:
         raise ValueError("idempotency.replay_safe must say whether the provider honours idempotency keys")
     if idempotency["replay_safe"] and not (isinstance(idempotency.get("header"), str) and idempotency["header"]):
         raise ValueError("a replay-safe idempotency contract names its header")
+    if "header" in idempotency and not (isinstance(idempotency["header"], str)
+                                        and _HEADER_NAME.fullmatch(idempotency["header"])):
+        raise ValueError(f"idempotency.header {idempotency['header']!r} is not an HTTP header name")
+    if "timeout_seconds" in profile:
+        timeout = profile["timeout_seconds"]
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+                or not 0 < timeout <= MAX_TIMEOUT_SECONDS:
+            raise ValueError(f"timeout_seconds must be a number of seconds above 0 and at most {MAX_TIMEOUT_SECONDS}")
+
+
+def timeout_seconds(profile: dict) -> float:
+    """The provider call timeout of a validated profile (default 10 s).
+
+    Raises:
+        ValueError: not a number in (0, MAX_TIMEOUT_SECONDS] (a profile published before this check).
+    """
+    timeout = profile.get("timeout_seconds", 10)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT_SECONDS:
+        raise ValueError(f"timeout_seconds {timeout!r} is not a usable timeout")
+    return float(timeout)
 
 
 def policy(profile: dict) -> Policy:

@@ -190,6 +190,9 @@ def head_of_lane_prepared(now: dt.datetime, nonterminal: tuple[str, ...], lanes:
                           limit: int = 10) -> list[tuple[str, "RemoteEffect.Id"]]:
     """Prepared RemoteEffects of the claimable ``lanes`` that are due and first for their link_key (non-locking).
 
+    An effect of the link_key already past ``prepared`` occupies the slot whatever its
+    lane_sequence (outbox delivery order can differ from record version order).
+
     Args:
         now: the database clock; an effect whose ``next_attempt_at`` is after it is not due.
         nonterminal: the RemoteEffect states that still occupy a slot.
@@ -212,7 +215,7 @@ def head_of_lane_prepared(now: dt.datetime, nonterminal: tuple[str, ...], lanes:
             f"AND e.dispatch_lane IN ({lane_list}) "
             f"AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= %s) AND NOT EXISTS ("
             f" SELECT 1 FROM connectors_remoteeffect p WHERE p.org_id = e.org_id AND p.link_key = e.link_key"
-            f" AND p.state IN ({placeholders}) AND (p.lane_sequence < e.lane_sequence"
+            f" AND p.state IN ({placeholders}) AND (p.state <> 'prepared' OR p.lane_sequence < e.lane_sequence"
             f" OR (p.lane_sequence = e.lane_sequence AND p.id < e.id))) ORDER BY e.id LIMIT %s",
             [*lanes, now, *nonterminal, limit],
         )

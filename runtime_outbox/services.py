@@ -197,7 +197,8 @@ def outbound_command_author_successor(*, org_id: str, predecessor_command_id: in
         SuccessorRefused: the predecessor is not terminal ``no_effect``
             (``predecessor_in_flight``, ``predecessor_uncertain``,
             ``predecessor_confirmed``, ``predecessor_not_proven_no_effect``,
-            ``predecessor_not_delivered``), or actor/reason are empty.
+            ``predecessor_not_delivered``), its source record is gone
+            (``predecessor_source_deleted``), or actor/reason are empty.
         NotServing / PushContractError: the binding cannot be frozen now.
     """
     if not actor.strip() or not reason.strip():
@@ -209,20 +210,30 @@ def outbound_command_author_successor(*, org_id: str, predecessor_command_id: in
     scope = TrustedRuntimeWorkScope(predecessor.org_id, predecessor.app_installation_id,
                                     predecessor.runtime_capability_id, predecessor.binding_digest)
     try:
-        return _author_successor(org_id, scope, predecessor, actor, reason), True
+        return _author_successor(org_id, scope, predecessor, actor, reason)
     except IntegrityError:
         # A concurrent request minted the successor first: the same intent.
         return OutboundCommand.objects.get(org_id=org_id, predecessor=predecessor), False
 
 
 def _author_successor(org_id: str, scope: TrustedRuntimeWorkScope, predecessor: OutboundCommand, actor: str,
-                      reason: str) -> OutboundCommand:
+                      reason: str) -> tuple[OutboundCommand, bool]:
     from connectors.models import RemoteEffect
+    from nexusflow.records.models import Record
     from nexusflow.records.services import record_lock
 
     with transaction.atomic(durable=True):
-        record = record_lock(org=OrgScope(org_id), object_name=predecessor.source_object,
-                             record_key=predecessor.source_record_key)
+        try:
+            record = record_lock(org=OrgScope(org_id), object_name=predecessor.source_object,
+                                 record_key=predecessor.source_record_key)
+        except Record.DoesNotExist:
+            raise SuccessorRefused(f"command {predecessor.pk}: its source record "
+                                   f"{predecessor.source_object}/{predecessor.source_record_key} no longer exists",
+                                   code="predecessor_source_deleted") from None
+        # Under the record lock: a concurrent request that minted the successor first has committed.
+        existing = OutboundCommand.objects.filter(org_id=org_id, predecessor=predecessor).first()
+        if existing is not None:
+            return existing, False
         # ``no_effect`` is terminal: once read committed it cannot change, so the
         # decision needs no lock on the effect row (any other state refuses).
         effect = RemoteEffect.objects.filter(org_id=org_id, command=predecessor).first()
@@ -243,7 +254,7 @@ def _author_successor(org_id: str, scope: TrustedRuntimeWorkScope, predecessor: 
             scope=scope, effect_root_id=predecessor.effect_root_id, effect_slot_id=predecessor.effect_slot_id,
             effect_generation_id=str(number + 1), contract_key=predecessor.contract_key, record=record,
             origin_flow_run_id=None, successor=successor, predecessor=predecessor)
-    return command
+    return command, True
 
 
 # --- Outbox delivery ----------------------------------------------------------
