@@ -562,22 +562,23 @@ RECONCILE_PAGE = 50
 
 
 def _due_uncertain(now, lanes: tuple[str, ...]):
-    """Every due ``uncertain`` effect of ``lanes`` in id order, fetched a page at a time (keyset on id).
+    """Every due ``uncertain`` effect of ``lanes`` (all orgs: a worker scan) in id order, a page at a time.
 
     Parked effects (operator-only reasons, or a profile that is not replay-safe)
     never move on their own; paging past them keeps any number of them from
     starving a later effect the reconciler can release. Operator-only reasons
-    are excluded in SQL already.
+    are excluded in SQL already. A row that leaves the set between pages can
+    make the next page skip one row; the next call reads it.
     """
-    after, page = 0, RECONCILE_PAGE
+    offset, page = 0, RECONCILE_PAGE
     while True:
-        rows = list(RemoteEffect.objects.filter(state="uncertain", dispatch_lane__in=lanes, pk__gt=after)
+        rows = list(RemoteEffect.objects.filter(state="uncertain", dispatch_lane__in=lanes)
                     .exclude(next_attempt_at__gt=now).exclude(reason_code__in=reasons.OPERATOR_ONLY_UNCERTAIN)
-                    .select_related("command").order_by("id")[:page])
+                    .select_related("command").order_by("id")[offset:offset + page])
         yield from rows
         if len(rows) < page:
             return
-        after = rows[-1].pk
+        offset += page
 
 
 def effect_try_reconcile_one(*, lanes: tuple[str, ...] = KNOWN_LANES) -> bool:
