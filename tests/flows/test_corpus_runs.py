@@ -92,12 +92,17 @@ def _assert_no_flow_rows() -> None:
 # =============================================================================
 # Embedded Before-Save flows
 # =============================================================================
-def _run_before_save(name: str, object_name: str, creates: list[dict], expect: Callable[[dict, dict | None], dict],
-                     updates: list[tuple[int, dict]] = ()) -> None:
-    """Deploy ``name``, create every record of ``creates``, then apply ``updates`` (index, changes).
+def _run_before_save(name: str, object_name: str, creates: list[dict], expect: Callable[[dict, dict | None], tuple],
+                     branches: set[str], updates: list[tuple[int, dict]] = (), existing: list[dict] = ()) -> None:
+    """Deploy ``name``, create every record of ``creates``, then apply ``updates`` ``(index, changes)``.
 
-    ``expect(fields_saved, prior)`` returns the fields the flow must leave on the record.
+    ``existing`` records are saved before the deploy (the flow is not active yet, they keep their values);
+    ``updates`` index ``existing + creates``. ``expect(fields_saved, prior)`` returns ``(branch, fields)``:
+    the path the Flow metadata takes and the fields it must leave on the record. Every one of
+    ``branches`` must be taken at least once.
     """
+    before_deploy = [save_record(ORG, values, object_name=object_name) for values in existing]
+    assert [record.fields for record in before_deploy] == list(existing)
     deployed = _deploy(name)
     assert deployed.activated and deployed.plan.execution_profile == PROFILE_EMBEDDED
     assert deployed.activation.state == t.ACTIVATION_ACTIVE
@@ -105,10 +110,12 @@ def _run_before_save(name: str, object_name: str, creates: list[dict], expect: C
     check = flow_compile_check(source=_source(name), flow_api_name=name, org=ORG, subflows=_subflows())
     assert check.plan_digest == deployed.plan.plan_digest
 
-    saved = []
+    taken: set[str] = set()
+    saved = list(before_deploy)
     for values in creates:
         record = save_record(ORG, values, object_name=object_name)
-        want = expect(dict(values), None)
+        branch, want = expect(dict(values), None)
+        taken.add(branch)
         assert record.fields == want, (values, record.fields)
         assert _stored(record) == {"fields": want, "version": 1}, values  # one write: the flow ran inside it
         saved.append(record)
@@ -116,10 +123,12 @@ def _run_before_save(name: str, object_name: str, creates: list[dict], expect: C
         record = saved[index]
         before = _stored(record)
         update_record(ORG, record, changes)
-        want = expect({**before["fields"], **changes}, before["fields"])
+        branch, want = expect({**before["fields"], **changes}, before["fields"])
+        taken.add(branch)
         after = _stored(record)
         assert after["fields"] == want, (before, changes, after)
         assert after["version"] == before["version"] + (after["fields"] != before["fields"])
+    assert taken == branches, taken
     _assert_no_flow_rows()
 
 
@@ -133,11 +142,14 @@ def _breed_name_update_flow() -> None:
     creates.append({"Type__c": "Dog", "Species__c": "Poodle"})  # no Name given: the flow sets it
 
     def expect(fields, prior):
-        return {**fields, "Name": f"{fields.get('Type__c') or ''} - {fields.get('Species__c') or ''}"}
+        return "Update_Breed_Name", {**fields,
+                                     "Name": f"{fields.get('Type__c') or ''} - {fields.get('Species__c') or ''}"}
 
-    _run_before_save("Breed_Name_Update_Flow", "Breed__c", creates, expect,
-                     updates=[(0, {"Species__c": "Greyhound"}), (3, {"Type__c": "Cat", "Species__c": "Persian"}),
-                              (5, {"Name": "hand-typed"})])
+    existing = [{"Name": "legacy name", "Type__c": "Bird", "Species__c": "Parrot"}]
+    _run_before_save("Breed_Name_Update_Flow", "Breed__c", creates, expect, {"Update_Breed_Name"},
+                     updates=[(0, {"Species__c": "Macaw"}), (1, {"Species__c": "Greyhound"}),
+                              (4, {"Type__c": "Cat", "Species__c": "Persian"}), (6, {"Name": "hand-typed"})],
+                     existing=existing)
 
 
 def _populate_vehicle_range() -> None:
@@ -149,35 +161,39 @@ def _populate_vehicle_range() -> None:
     def expect(fields, prior):
         price = _num(fields.get("Price__c"))
         if price is None:
-            return fields  # entry condition not met: the flow does not run
+            return "not_entered", fields  # the start filter Price__c IsNull false does not hold
         if price < 10000:
-            return {**fields, "Range__c": "Short_Range"}
+            return "Short_Range", {**fields, "Range__c": "Short_Range"}
         if 10000 < price <= 25000:
-            return {**fields, "Range__c": "Medium_Range"}
+            return "Medium_Range", {**fields, "Range__c": "Medium_Range"}
         if price > 25000:
-            return {**fields, "Range__c": "Long_Range"}
-        return fields  # exactly 10000: no outcome matches, the record keeps its Range__c
+            return "Long_Range", {**fields, "Range__c": "Long_Range"}
+        return "default", fields  # exactly 10000: no outcome matches, the record keeps its Range__c
 
     creates = [{"Name": f"vehicle-{i}", "Price__c": p, "Range__c": "Unknown"} for i, p in enumerate(prices)]
     _run_before_save("Populate_Vehicle_Range", "Vehicle__c", creates, expect,
+                     {"Short_Range", "Medium_Range", "Long_Range", "default", "not_entered"},
                      updates=[(0, {"Price__c": "5000"}), (1, {"Price__c": "20000"}), (2, {"Price__c": "90000"}),
-                              (len(prices) - 2, {"Price__c": "12000"}), (3, {"Range__c": "Hand_Set"})])
+                              (len(prices) - 2, {"Price__c": "12000"}), (3, {"Range__c": "Hand_Set"}),
+                              (4, {"Price__c": None, "Range__c": "Cleared"})])
 
 
 def _pmt_task_before_automation() -> None:
     """PMT_Task__c, before save: keep Status__c and Percentage_Completion__c in step (four chained decisions)."""
     statuses = ["Not Started", "In Progress", "On Hold", "Completed", "Closed, not Completed"]
     rng = random.Random(8103)
+    # Saved before the flow is active: a closed task at 100% (the flow itself would have completed it).
+    existing = [{"Name": "legacy-closed", "Status__c": "Closed, not Completed", "Percentage_Completion__c": "100"},
+                {"Name": "legacy-closed-half", "Status__c": "Closed, not Completed", "Percentage_Completion__c": "60"}]
     creates = [{"Name": f"task-{i}", "Status__c": rng.choice(statuses),
                 "Percentage_Completion__c": rng.choice(["0", "25", "50", "99", "100", None])} for i in range(10)]
     creates += [{"Name": "started-half", "Status__c": "Not Started", "Percentage_Completion__c": "50"},
                 {"Name": "done-by-status", "Status__c": "Completed", "Percentage_Completion__c": "10"},
                 {"Name": "done-by-percent", "Status__c": "In Progress", "Percentage_Completion__c": "100"},
-                {"Name": "untouched", "Status__c": "On Hold", "Percentage_Completion__c": "40"}]
-    reopen_completed = len(creates)
-    creates.append({"Name": "reopen-completed", "Status__c": "Completed", "Percentage_Completion__c": "100"})
-    reopen_closed = len(creates)
-    creates.append({"Name": "reopen-closed", "Status__c": "Closed, not Completed", "Percentage_Completion__c": "100"})
+                {"Name": "untouched", "Status__c": "On Hold", "Percentage_Completion__c": "40"},
+                {"Name": "reopen-completed", "Status__c": "Completed", "Percentage_Completion__c": "100"}]
+    reopen_completed = len(existing) + len(creates) - 1
+    untouched = reopen_completed - 1
 
     def expect(fields, prior):
         status, pct = fields.get("Status__c"), _num(fields.get("Percentage_Completion__c"))
@@ -185,20 +201,25 @@ def _pmt_task_before_automation() -> None:
         prior_pct = _num((prior or {}).get("Percentage_Completion__c"))
         reopened = status in ("Not Started", "On Hold", "In Progress")
         if prior is not None and prior_status == "Completed" and reopened:
-            return {**fields, "Percentage_Completion__c": "0"}
+            return "Status_Changed_from_Completed_to_Not_Started", {**fields, "Percentage_Completion__c": "0"}
         if prior is not None and prior_status == "Closed, not Completed" and reopened and prior_pct == 100:
-            return {**fields, "Percentage_Completion__c": "0"}
+            return "Status_Changed_from_Closed_to_Not_Completed", {**fields, "Percentage_Completion__c": "0"}
         if pct == 100 or status == "Completed":
-            return {**fields, "Percentage_Completion__c": "100", "Status__c": "Completed"}
+            return "Status_Is_Completed_OR_Percentage_Is_100", {**fields, "Percentage_Completion__c": "100",
+                                                                "Status__c": "Completed"}
         if pct is not None and 0 < pct < 100 and status == "Not Started":
-            return {**fields, "Status__c": "In Progress"}
-        return fields
+            return "Task_Completion_In_Between_0_to_100", {**fields, "Status__c": "In Progress"}
+        return "no_change", fields
 
     _run_before_save("PMT_Task_Before_Automation", "PMT_Task__c", creates, expect,
+                     {"Status_Changed_from_Completed_to_Not_Started", "Status_Changed_from_Closed_to_Not_Completed",
+                      "Status_Is_Completed_OR_Percentage_Is_100", "Task_Completion_In_Between_0_to_100", "no_change"},
                      updates=[(reopen_completed, {"Status__c": "In Progress"}),
-                              (reopen_closed, {"Status__c": "On Hold"}),
-                              (0, {"Percentage_Completion__c": "100"}),
-                              (len(creates) - 3, {"Status__c": "Not Started", "Percentage_Completion__c": "30"})])
+                              (0, {"Status__c": "On Hold"}),  # closed at 100% reopened: back to 0%
+                              (1, {"Status__c": "In Progress"}),  # closed at 60% reopened: unchanged
+                              (2, {"Percentage_Completion__c": "100"}),
+                              (untouched, {"Status__c": "Not Started", "Percentage_Completion__c": "30"})],
+                     existing=existing)
 
 
 # =============================================================================
