@@ -296,6 +296,10 @@ def _num(v: Any) -> Decimal:
         raise FormulaRuntimeError(f"expected a number, got {v!r}") from None
 
 
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float, Decimal)) and not isinstance(v, bool)
+
+
 def _text(v: Any) -> str:
     if v is None:
         return ""
@@ -335,6 +339,11 @@ def _compare(op: str, a: Any, b: Any) -> bool:
         return not _equal(a, b)
     if a is None or b is None:
         return False
+    # Record fields are stored as text: a number field's text compares with a number as the number it holds.
+    if isinstance(a, str) and _is_number(b):
+        a = _num(a)
+    elif isinstance(b, str) and _is_number(a):
+        b = _num(b)
     if not isinstance(a, (str, dt.date)):
         a = _num(a)
     if not isinstance(b, (str, dt.date)):

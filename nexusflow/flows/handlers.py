@@ -93,12 +93,56 @@ def _value_ok(value: dict[str, Any] | None) -> bool:
     return value.get("kind") in VALUE_KINDS_RUN
 
 
+#: Node keys whose text value is a reference the interpreter resolves.
+REFERENCE_KEYS = frozenset({"left", "target", "collection", "input_reference", "output_reference", "item"})
+
+
+def traverses_relationship(ref: Any) -> bool:
+    """Does ``ref`` read through a relationship (``$Record.Property__r.Broker__r.Name``)?
+
+    Record fields are stored flat, one object per record: the interpreter
+    reads a record's own fields, never a related record's, and a path past
+    the first field resolves to null. Such a reference would silently write
+    null where the flow means the related value, so activation refuses it.
+    """
+    if not isinstance(ref, str):
+        return False
+    _head, _, rest = ref.partition(".")
+    return len([part for part in rest.split(".") if part]) > 1
+
+
+def _references(value: Any) -> list[str]:
+    """Every reference named in a node, a value or a formula AST (``["ref", name]``)."""
+    out: list[str] = []
+    if isinstance(value, dict):
+        if value.get("kind") == "elementReference" and isinstance(value.get("value"), str):
+            out.append(value["value"])
+        for key, inner in value.items():
+            if key in REFERENCE_KEYS and isinstance(inner, str):
+                out.append(inner)
+            elif isinstance(inner, (dict, list)):
+                out.extend(_references(inner))
+    elif isinstance(value, list):
+        if len(value) == 2 and value[0] == "ref" and isinstance(value[1], str):
+            out.append(value[1])
+        else:
+            for inner in value:
+                out.extend(_references(inner))
+    return out
+
+
+def _traversal_blockers(value: Any) -> list[tuple[str, str]]:
+    return [("reference", f"{ref} reads through a relationship; only a record's own fields are read")
+            for ref in dict.fromkeys(_references(value)) if traverses_relationship(ref)]
+
+
 def _node_blockers(node: dict[str, Any]) -> list[tuple[str, str]]:
     """``(feature, detail)`` for each part of one element the interpreter cannot run."""
     kind = node.get("type")
     out: list[tuple[str, str]] = []
     if kind not in SUPPORTED_ELEMENTS:
         return [(f"element:{kind}", f"the executor has no {kind} interpreter")]
+    out.extend(_traversal_blockers(node))
     if kind == "assignments":
         for item in node.get("items", []):
             if item.get("operator") not in SUPPORTED_ASSIGNMENT_OPERATORS:
@@ -129,8 +173,10 @@ def engine_support_diagnostics(payload: dict[str, Any], snapshot: CatalogSnapsho
     on before-save record triggers; Bounded Atomic and Durable Orchestration
     plans on after-save record triggers whose elements are assignments,
     decisions, loops, record lookups/updates/creates and PushToConnector
-    effects. Codes: ``engine_unsupported:<feature>``; ``element`` names the
-    step element.
+    effects. A reference that reads through a relationship
+    (``engine_unsupported:reference``) is refused in every profile. Codes:
+    ``engine_unsupported:<feature>``; ``element`` names the step element (or
+    the formula).
     """
     out: list[Diagnostic] = []
 
@@ -150,6 +196,9 @@ def engine_support_diagnostics(payload: dict[str, Any], snapshot: CatalogSnapsho
     for f in trigger.get("filters", []):
         if not _condition_ok(f):
             bad("trigger", "start", f"filter {f.get('field')} {f.get('operator')} is not evaluated at admission")
+    for name, ast in sorted((payload.get("formulas") or {}).items()):
+        for feature, detail in _traversal_blockers(ast):
+            bad(feature, name, detail)
     for step in payload.get("steps", []):
         kind, element = step.get("kind"), step.get("element")
         if kind == KIND_TERMINAL or kind == KIND_EFFECT_COMPLETION:
