@@ -71,8 +71,13 @@ def credential_revoke(*, org_id: str, credential_generation_id: int, actor: str,
         crossed ``granted -> sending`` before revocation and will settle.
 
     Raises:
-        CredentialGateError: unknown generation (``credential_generation_unknown``).
+        CredentialGateError: unknown generation (``credential_generation_unknown``) or an empty
+            ``actor`` (``credential_revoke_unauthorized``).
     """
+    if not actor.strip():
+        raise CredentialGateError("revocation is an operator action: name the actor",
+                                  code="credential_revoke_unauthorized")
+    actor = actor.strip()
     with transaction.atomic(durable=True):
         gate = _gate_of(org_id, credential_generation_id)
         changed = gate.state == "enabled"

@@ -489,3 +489,35 @@ def test_cancelling_the_flow_run_leaves_its_committed_intent_to_finish_once(serv
     assert [c["create_requests"] for c in billing_sandbox.state()["customers"]] == [1]
     run.refresh_from_db()
     assert run.state == "Cancelled" and run.is_deleted
+
+
+def test_a_confirmation_without_its_remote_id_is_refused_never_read_as_no_effect(org, billing_sandbox):
+    command = _push()
+    billing_sandbox.set_faults(drop_response_after_commit=1)
+    assert egress.effect_try_dispatch_one(worker_id="w1")
+    effect = RemoteEffect.objects.get(command=command)
+    with pytest.raises(CommandError, match="^reconcile_evidence_missing"):
+        _run("effects", "reconcile", str(effect.pk), "--org", ORG, "--confirmed", "", "--actor", "ops", "--note", "n")
+    effect.refresh_from_db()
+    assert effect.state == "uncertain" and not RemoteEffectEvidence.objects.filter(effect=effect).exists()
+
+
+@pytest.mark.parametrize("args", [
+    ("effects", "show", "-5", "--org", ORG),
+    ("effects", "list", "--org", ORG + " "),
+    ("effects", "list", "--org", ORG, "--limit", "0"),
+    ("run_workers", "--role", "flow", "--until-idle", "--idle-sleep", "-1"),
+    ("run_workers", "--role", "flow", "--until-idle", "--idle-rounds", "0"),
+])
+def test_malformed_operator_input_exits_2_with_a_code(org, args):
+    with pytest.raises(CommandError, match=r"^[a-z_]+: ") as refused:
+        _run(*args)
+    assert refused.value.returncode == 2
+
+
+def test_revocation_names_its_actor(org):
+    gate = _credential_gate()
+    with pytest.raises(CommandError, match="^credential_revoke_unauthorized"):
+        _run("connector_credential_revoke", "--org", ORG, "--generation", str(gate.credential_generation_id),
+             "--actor", " ")
+    assert _credential_gate().state == "enabled"

@@ -11,7 +11,7 @@ Seed 003 "Outbound facts", "State machines", "Replay and external effects".
 - ``successor COMMAND --org ORG --actor A --reason R``: author the next
   EffectGeneration of a command whose effect is proven terminal ``no_effect``.
 
-Exit codes: 0 done, 1 refused (the message starts with a stable code), 2 usage.
+Exit codes: 0 done, 1 refused (the message starts with a stable code), 2 bad usage or a malformed id/org.
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from connectors.models import DispatchPermit, RemoteEffect
-from nexusflow.kernel.errors import NexusError
+from nexusflow.kernel.errors import InvalidIdentity, NexusError
+from nexusflow.kernel.identity import validate_key
 
 STATES = ("prepared", "dispatching", "uncertain", "remote_confirmed", "finalized", "no_effect", "quarantined")
 
@@ -73,14 +74,23 @@ class Command(BaseCommand):
         suc.add_argument("--reason", required=True)
 
     def handle(self, *args, subcommand: str, **options):
+        for name in ("effect", "command"):
+            if name in options and options[name] is not None and options[name] < 1:
+                raise CommandError(f"invalid_identity: {name} id must be a positive integer", returncode=2)
+        try:
+            validate_key(options["org"], field="org")
+        except InvalidIdentity as exc:
+            raise CommandError(f"{exc.code}: {exc}", returncode=2) from exc
         try:
             return getattr(self, "_" + subcommand)(**options)
+        except InvalidIdentity as exc:
+            raise CommandError(f"{exc.code}: {exc}", returncode=2) from exc
         except NexusError as exc:
             raise CommandError(f"{exc.code}: {exc}") from exc
 
     def _list(self, *, org, state, account, limit, json: bool, **_):
         if limit < 1:
-            raise CommandError("--limit must be at least 1", returncode=2)
+            raise CommandError("invalid_limit: --limit must be at least 1", returncode=2)
         qs = RemoteEffect.objects.filter(org_id=org).select_related("command")
         if state:
             qs = qs.filter(state__in=state)
@@ -144,8 +154,10 @@ class Command(BaseCommand):
         from connectors.effects import effect_reconcile
 
         if retry and not no_effect:
-            raise CommandError("--retry goes with --no-effect", returncode=2)
-        change = effect_reconcile(org_id=org, effect_id=effect, outcome="confirmed" if confirmed else "no_effect",
+            raise CommandError("invalid_arguments: --retry goes with --no-effect", returncode=2)
+        # ``--confirmed ''`` is a confirmation without its evidence: refused below, never read as "no effect".
+        change = effect_reconcile(org_id=org, effect_id=effect,
+                                  outcome="confirmed" if confirmed is not None else "no_effect",
                                   remote_id=confirmed, retry=retry, actor=actor, note=note)
         self.stdout.write(f"effect {change.effect_id}: {change.from_state} -> {change.to_state} "
                           f"(evidence {change.evidence_id})")

@@ -36,6 +36,10 @@ class Command(BaseCommand):
         parser.add_argument("--idle-sleep", type=float, default=0.2, help="Seconds to sleep when idle (jittered).")
 
     def handle(self, *args, role, until_idle, idle_rounds, once, idle_sleep, **options):
+        if idle_rounds < 1:
+            raise CommandError("invalid_arguments: --idle-rounds must be at least 1", returncode=2)
+        if not 0 <= idle_sleep <= 3600:
+            raise CommandError("invalid_arguments: --idle-sleep is a number of seconds from 0 to 3600", returncode=2)
         roles = [r for r in ROLES if r != "egress-deferred"] if "all" in role else list(dict.fromkeys(role))
         worker_id = register_worker("+".join(roles))
         units = [u for r in roles for u in units_for(r, worker_id)]
