@@ -71,3 +71,31 @@ class FlowExecutionError(NexusError):
 
     code = "flow_execution_error"
     definite = True
+
+
+class FlowInputRejected(NexusError):
+    """An operator start's inputs do not fit the active plan's input variables; nothing was written.
+
+    Codes: ``flow_input_unknown`` (no input variable of that name),
+    ``flow_input_type`` (the value does not fit the variable's data type or
+    collection shape), ``flow_input_missing`` (a scalar input was not given),
+    ``flow_input_record_missing`` (a record input names no live record of its
+    object in the org).
+    """
+
+    code = "flow_input_rejected"
+    definite = True
+
+
+class FlowNotStartable(NexusError):
+    """No active autolaunched plan of that Flow in the org (record-triggered flows start from saves)."""
+
+    code = "flow_not_startable"
+    definite = True
+
+
+class FlowStartConflict(NexusError):
+    """The request id already started a run of that Flow with other inputs."""
+
+    code = "flow_start_conflict"
+    definite = True

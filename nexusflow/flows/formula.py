@@ -344,6 +344,11 @@ def _compare(op: str, a: Any, b: Any) -> bool:
         a = _num(a)
     elif isinstance(b, str) and _is_number(a):
         b = _num(b)
+    # A date field's ISO text compares with a date ($Flow.CurrentDate) as the date it holds.
+    if isinstance(a, str) and isinstance(b, dt.date):
+        a = _iso_date(a, like=b)
+    elif isinstance(b, str) and isinstance(a, dt.date):
+        b = _iso_date(b, like=a)
     if not isinstance(a, (str, dt.date)):
         a = _num(a)
     if not isinstance(b, (str, dt.date)):
@@ -352,6 +357,16 @@ def _compare(op: str, a: Any, b: Any) -> bool:
         return {"<": a < b, ">": a > b, "<=": a <= b, ">=": a >= b}[op]
     except TypeError:
         raise FormulaRuntimeError(f"cannot compare {a!r} and {b!r}") from None
+
+
+def _iso_date(text: str, *, like: dt.date) -> dt.date:
+    """``text`` as a date (or datetime when ``like`` is one); unparsable text cannot be compared."""
+    try:
+        if isinstance(like, dt.datetime):
+            return dt.datetime.fromisoformat(text)
+        return dt.date.fromisoformat(text)
+    except ValueError:
+        raise FormulaRuntimeError(f"cannot compare {text!r} with a date") from None
 
 
 def _equal(a: Any, b: Any) -> bool:

@@ -54,6 +54,8 @@ LITERAL_KINDS = frozenset({"stringValue", "booleanValue", "numberValue"})
 VALUE_KINDS_RUN = LITERAL_KINDS | {"dateValue", "dateTimeValue", "elementReference", "formulaExpression"}
 #: Step kinds the executor runs through the element interpreter.
 RUNNABLE_KINDS = frozenset({KIND_EMBEDDED, KIND_PURE_COMPUTE, KIND_CURRENT_READ, KIND_MUTATION})
+#: The trigger type of an autolaunched flow (no start object): admitted by an operator start, not a save.
+AUTOLAUNCHED = "none"
 
 
 def binary_supports(entry: CatalogEntry, handlers: dict[str, str] | None = None) -> bool:
@@ -171,7 +173,8 @@ def engine_support_diagnostics(payload: dict[str, Any], snapshot: CatalogSnapsho
 
     The executor runs (seed 004 sections 9.1-9.3): Embedded Before-Save plans
     on before-save record triggers; Bounded Atomic and Durable Orchestration
-    plans on after-save record triggers whose elements are assignments,
+    plans on after-save record triggers, or autolaunched (no start object,
+    started by ``flows start`` with input variables), whose elements are assignments,
     decisions, loops, record lookups/updates/creates and PushToConnector
     effects. A reference that reads through a relationship
     (``engine_unsupported:reference``) is refused in every profile. Codes:
@@ -185,11 +188,12 @@ def engine_support_diagnostics(payload: dict[str, Any], snapshot: CatalogSnapsho
 
     profile = payload.get("profile")
     trigger = payload.get("trigger", {})
-    wanted_trigger = "RecordBeforeSave" if profile == PROFILE_EMBEDDED else "RecordAfterSave"
+    wanted = ("RecordBeforeSave",) if profile == PROFILE_EMBEDDED else ("RecordAfterSave", AUTOLAUNCHED)
     if profile not in (PROFILE_EMBEDDED, PROFILE_ATOMIC, PROFILE_DURABLE):
         bad("profile", None, f"unknown profile {profile}")
-    if trigger.get("trigger_type") != wanted_trigger:
-        bad("trigger", "start", f"{profile} plans are admitted on {wanted_trigger} record triggers, "
+    if trigger.get("trigger_type") not in wanted or (trigger.get("trigger_type") == AUTOLAUNCHED
+                                                     and trigger.get("object")):
+        bad("trigger", "start", f"{profile} plans are admitted on {' or '.join(wanted)} starts, "
                                 f"not {trigger.get('trigger_type')}")
     if trigger.get("scheduled_paths") or trigger.get("filter_formula") or trigger.get("requires_change"):
         bad("trigger", "start", "scheduled paths, filter formulas and changed-record criteria are not admitted yet")

@@ -21,6 +21,7 @@ Values: record fields are text (``str``) or ``None``; numbers are
 """
 from __future__ import annotations
 
+import copy
 import datetime as dt
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -142,6 +143,9 @@ class _Run:
             if ast is None:
                 raise FlowExecutionError(f"formula {head} did not compile")
             base = self._formula(ast)
+        elif head in (self.payload.get("templates") or {}):
+            base = "".join(part[1] if part[0] == "text" else fx._text(to_field_text(self.resolve(part[1])))
+                           for part in self.payload["templates"][head])
         else:
             raise FlowExecutionError(f"unresolved reference {ref!r}")
         for part in filter(None, rest.split(".")) if rest else ():
@@ -195,6 +199,9 @@ class _Run:
         base = container.get(head)
         if base is None:
             base = container[head] = {}
+            record_object = self._record_object(head)
+            if record_object:  # a record variable: its object names what a recordCreates inserts
+                base["__object"] = record_object
         parts = rest.split(".")
         for part in parts[:-1]:
             if not isinstance(base, dict):
@@ -206,6 +213,15 @@ class _Run:
         base.setdefault("__dirty", [])
         if parts[-1] not in base["__dirty"]:
             base["__dirty"].append(parts[-1])
+
+    def _number_variable(self, target: str) -> bool:
+        """A declared Number/Currency variable: ``Add`` is arithmetic even when a checkpoint holds it as text."""
+        decl = (self.payload.get("checkpoint_schema", {}).get("variables") or {}).get(target) or {}
+        return decl.get("data_type") in ("Number", "Currency") and not decl.get("collection")
+
+    def _record_object(self, name: str) -> str | None:
+        decl = (self.payload.get("checkpoint_schema", {}).get("variables") or {}).get(name) or {}
+        return decl.get("object") if decl.get("data_type") == "SObject" and not decl.get("collection") else None
 
     # -- elements ---------------------------------------------------------------
     def run(self, graph: list[dict[str, Any]], entry: str | None) -> str | None:
@@ -241,7 +257,8 @@ class _Run:
             op, target = item["operator"], item["target"]
             if op not in SUPPORTED_ASSIGNMENT_OPERATORS:
                 raise FlowExecutionError(f"assignment operator {op} is not executable")
-            value = self.value(item["value"])
+            # A record is added or assigned by value: later changes to the variable do not alias it.
+            value = copy.deepcopy(self.value(item["value"]))
             current = self.resolve(target) if op != "Assign" else None
             if op == "Assign":
                 new = value
@@ -251,8 +268,8 @@ class _Run:
                 new = current + (value if isinstance(value, list) and op == "Add" else [value])
             elif op == "AddItem":
                 new = [value] if current is None else [current, value]
-            elif op == "Add" and isinstance(current, str) or (op == "Add" and isinstance(value, str)
-                                                               and not _numeric(value)):
+            elif op == "Add" and not self._number_variable(target) and (
+                    isinstance(current, str) or (isinstance(value, str) and not _numeric(value))):
                 new = fx._text(current) + fx._text(value)
             else:
                 a = Decimal(0) if current in (None, "") else _decimal(current)
@@ -295,8 +312,10 @@ class _Run:
         index = self.loops.get(name, 0)
         if index < len(ordered):
             self.loops[name] = index + 1
+            # The current item is readable as ``<loop name>`` (automatic output) and the declared variable.
+            self.elements[name] = copy.deepcopy(ordered[index])
             if node.get("item"):
-                self.assign(node["item"], ordered[index])
+                self.assign(node["item"], copy.deepcopy(ordered[index]))
             return self._edge(node, "loop_next")
         self.loops.pop(name, None)
         return self._edge(node, "loop_done")

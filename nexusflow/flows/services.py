@@ -1,7 +1,8 @@
 """Flow Runtime V2 use cases (seed 004 sections 7, 10, 12, 14 and 15).
 
 Deployment: :func:`flow_plan_compile`, :func:`flow_activate`, :func:`flow_deploy`.
-Admission: :func:`flow_trigger_on_record_saved` (the records after-save hook).
+Admission: :func:`flow_trigger_on_record_saved` (the records after-save hook)
+and :func:`flow_run_start` (an operator starts an autolaunched flow with inputs).
 Workers, one unit per call, each returning True when it did work:
 :func:`flow_try_run_step_one`, :func:`flow_try_wake_one`,
 :func:`flow_try_recover_expired_one`.
@@ -21,6 +22,7 @@ import datetime as dt
 import logging
 import secrets
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from typing import Any, Callable
 
 from django.db import IntegrityError, connection, transaction
@@ -60,13 +62,16 @@ from .errors import (
     ActivationRejected,
     FlowAdmissionRejected,
     FlowExecutionError,
+    FlowInputRejected,
+    FlowNotStartable,
     FlowRunNotFound,
+    FlowStartConflict,
     LateLockDiscovery,
     PlanMismatch,
     WakeSignalConflict,
     WakeSignalRejected,
 )
-from .interpreter import Outcome, run_graph
+from .interpreter import Outcome, run_graph, to_field_text
 from .models import (
     FlowActivation,
     FlowCheckpoint,
@@ -371,6 +376,225 @@ def _run_admit(*, org: OrgScope, plan: FlowExecutionPlan, record) -> FlowRun | N
 
 
 # =============================================================================
+# Admission: an operator starts an autolaunched flow with input variables
+# =============================================================================
+#: ``trigger_object_name`` of a started run (the plan's own marker for "no start object").
+START_OBJECT = "-"
+#: ``record_version`` of a started run: no record version admitted it.
+START_RECORD_VERSION = 0
+_NUMBER_TYPES = frozenset({"Number", "Currency"})
+_TEXT_TYPES = frozenset({"String", "Picklist", "Multipicklist", "LongTextArea"})
+
+
+@dataclass(frozen=True)
+class StartResult:
+    run: FlowRun
+    #: False when ``request_id`` had already started this run (a retried start).
+    created: bool
+
+
+def plan_inputs(payload: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The input variables of a plan: ``{name: {"data_type", "collection", "object"}}`` (``isInput`` true)."""
+    variables = (payload.get("checkpoint_schema") or {}).get("variables") or {}
+    return {name: {"data_type": d.get("data_type"), "collection": bool(d.get("collection")), "object": d.get("object")}
+            for name, d in sorted(variables.items()) if d.get("kind") == "variables" and d.get("input")}
+
+
+def _input_scalar(org: OrgScope, name: str, decl: dict[str, Any], value: Any) -> Any:
+    """One input value as the interpreter holds it (text, bool, or a stored record dict)."""
+    from nexusflow.records.models import Record
+
+    kind = decl["data_type"]
+    if value is None:
+        return None
+
+    def wrong(why: str) -> FlowInputRejected:
+        return FlowInputRejected(f"input {name} ({kind}): {why}", code="flow_input_type")
+
+    if kind in _TEXT_TYPES:
+        if not isinstance(value, str):
+            raise wrong(f"expected text, got {type(value).__name__}")
+        return value
+    if kind in _NUMBER_TYPES:
+        if isinstance(value, bool) or not isinstance(value, (int, str, float)):
+            raise wrong(f"expected a number, got {type(value).__name__}")
+        try:
+            number = Decimal(str(value))
+        except InvalidOperation:
+            raise wrong(f"{value!r} is not a number") from None
+        if not number.is_finite():
+            raise wrong(f"{value!r} is not a finite number")
+        return to_field_text(number)
+    if kind == "Boolean":
+        if isinstance(value, bool):
+            return value
+        if value in ("true", "false"):
+            return value == "true"
+        raise wrong(f"expected true or false, got {value!r}")
+    if kind in ("Date", "DateTime"):
+        parse = dt.date.fromisoformat if kind == "Date" else dt.datetime.fromisoformat
+        try:
+            parse(value) if isinstance(value, str) else parse(None)
+        except (TypeError, ValueError):
+            raise wrong(f"{value!r} is not an ISO {kind.lower()}") from None
+        return value
+    if kind == "SObject":
+        # A record input is the local record key of a live record of the variable's object.
+        if not isinstance(value, str):
+            raise wrong(f"expected the record key of a {decl['object']} record, got {type(value).__name__}")
+        validate_key(value, field=f"input {name}", max_length=64)
+        row = (Record.objects.filter(org_id=org.org_id, object_name=decl["object"], record_key=value,
+                                     is_deleted=False).values_list("fields", flat=True).first())
+        if row is None and not Record.objects.filter(org_id=org.org_id, object_name=decl["object"],
+                                                     record_key=value, is_deleted=False).exists():
+            raise FlowInputRejected(f"input {name}: no {decl['object']} record {value!r}",
+                                    code="flow_input_record_missing")
+        return {"Id": value, "__object": decl["object"], **(row or {})}
+    raise wrong("this data type is not accepted as a start input")
+
+
+def flow_start_inputs(*, org: OrgScope, payload: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
+    """Validate ``inputs`` against the plan's input variables; return the frozen values.
+
+    Every scalar input must be given (an explicit ``None`` leaves it empty);
+    a collection input defaults to the empty list. Record (SObject) inputs
+    are local record keys, read once here and frozen with their fields.
+
+    Raises:
+        FlowInputRejected: ``flow_input_unknown``, ``flow_input_type``,
+            ``flow_input_missing`` or ``flow_input_record_missing``.
+    """
+    if not isinstance(inputs, dict):
+        raise FlowInputRejected("inputs must be an object of name -> value", code="flow_input_type")
+    declared = plan_inputs(payload)
+    unknown = sorted(set(inputs) - set(declared))
+    if unknown:
+        raise FlowInputRejected(f"no input variable {', '.join(map(str, unknown))}; inputs: "
+                                f"{', '.join(declared) or 'none'}", code="flow_input_unknown")
+    missing = sorted(name for name, decl in declared.items() if not decl["collection"] and name not in inputs)
+    if missing:
+        raise FlowInputRejected(f"missing input {', '.join(missing)}", code="flow_input_missing")
+    frozen: dict[str, Any] = {}
+    for name, decl in declared.items():
+        value = inputs.get(name)
+        if decl["collection"]:
+            if value is None:
+                frozen[name] = []
+                continue
+            if not isinstance(value, list):
+                raise FlowInputRejected(f"input {name} ({decl['data_type']}): expected a list",
+                                        code="flow_input_type")
+            frozen[name] = [_input_scalar(org, name, decl, item) for item in value]
+        else:
+            frozen[name] = _input_scalar(org, name, decl, value)
+    return frozen
+
+
+def _start_key(flow_api_name: str, request_id: str | None) -> str:
+    """The run key of a start: derived from the operator's request id, else unique to this call."""
+    if request_id is None:
+        return f"start:{secrets.token_hex(16)}"
+    validate_key(request_id, field="request_id", max_length=128)
+    return "start:" + digest_v2("flows.start-request", [("flow", flow_api_name),
+                                                         ("request_id", request_id)]).hexdigest[:40]
+
+
+def flow_run_start(*, org: OrgScope, flow_api_name: str, inputs: dict[str, Any],
+                   request_id: str | None = None, text_inputs: dict[str, list[str]] | None = None) -> StartResult:
+    """Admit one FlowRun of the active autolaunched plan of ``flow_api_name`` with ``inputs``.
+
+    The validated inputs are frozen in the run's first checkpoint (its
+    context variables), so every step, retry and recovery reads the same
+    values. ``request_id`` makes a retried start converge: the same id for the
+    same Flow in the same org returns the run it started (any plan), as long
+    as the inputs are the same. ``text_inputs`` are command-line values by
+    name (they override ``inputs``): the list of a collection input, exactly
+    one value of a scalar input.
+
+    Raises:
+        FlowNotStartable: no active plan, or the active plan has a record trigger.
+        FlowInputRejected: the inputs do not fit the plan (nothing written).
+        FlowStartConflict: ``request_id`` already started a run with other inputs.
+        InvalidIdentity: a malformed ``request_id`` or record key.
+    """
+    validate_key(flow_api_name, field="flow_api_name", max_length=255)
+    key = _start_key(flow_api_name, request_id)
+    activation = (FlowActivation.objects.filter(org_id=org.org_id, flow_api_name=flow_api_name,
+                                                state=t.ACTIVATION_ACTIVE).select_related("plan").first())
+    if activation is None:
+        raise FlowNotStartable(f"{flow_api_name} has no active plan in this org")
+    plan = activation.plan
+    if plan.plan_payload["trigger"].get("trigger_type") != "none" or plan.execution_profile == PROFILE_EMBEDDED:
+        raise FlowNotStartable(f"{flow_api_name} is record-triggered: saves of its records start it")
+    if not isinstance(inputs, dict):
+        raise FlowInputRejected("inputs must be an object of name -> value", code="flow_input_type")
+    inputs = dict(inputs)
+    declared = plan_inputs(plan.plan_payload)
+    for name, values in (text_inputs or {}).items():
+        if name in declared and declared[name]["collection"]:
+            inputs[name] = list(values)
+        elif name in declared and len(values) != 1:
+            raise FlowInputRejected(f"input {name} takes one value, got {len(values)}", code="flow_input_type")
+        else:
+            inputs[name] = values[0]
+    frozen = flow_start_inputs(org=org, payload=plan.plan_payload, inputs=inputs)
+    inputs_digest = _checkpoint_digest({"inputs": frozen})
+
+    def existing() -> StartResult | None:
+        run = (FlowRun.objects.filter(org_id=org.org_id, trigger_object_name=START_OBJECT, record_key=key,
+                                      record_version=START_RECORD_VERSION, plan__flow_api_name=flow_api_name)
+               .order_by("id").first())
+        if run is None:
+            return None
+        first = FlowCheckpoint.objects.values_list("context_payload", flat=True).get(
+            org_id=org.org_id, run_id=run.pk, sequence=TRIGGER_CHECKPOINT_SEQUENCE)
+        if first.get("start", {}).get("inputs_digest") != inputs_digest:
+            raise FlowStartConflict(f"request id already started run {run.pk} of {flow_api_name} with other inputs")
+        return StartResult(run=run, created=False)
+
+    if request_id is not None and (found := existing()) is not None:
+        return found
+    now = db_now()
+    entry = _step_def(plan, plan.plan_payload["entry_step"])
+    snapshot = {
+        "record": {"object": None, "record_key": None, "record_version": START_RECORD_VERSION, "fields": {}},
+        "cursor": entry["key"],
+        "start": {"inputs_digest": inputs_digest, "request": "operator" if request_id is not None else "none"},
+        "context": {"vars": frozen},
+    }
+    try:
+        with transaction.atomic(durable=True):
+            run = FlowRunStore.create(
+                org_id=org.org_id, app_installation_id=plan.app_installation_id,
+                runtime_capability_id=plan.runtime_capability_id, binding_digest=plan.runtime_work_binding_digest,
+                plan=plan, plan_digest=plan.plan_digest, execution_profile=plan.execution_profile,
+                execution_owner=EXECUTION_OWNER, state=t.RUN_ACCEPTED, trigger_object_name=START_OBJECT,
+                record_key=key, record_version=START_RECORD_VERSION, created_at=now, updated_at=now,
+            )
+            checkpoint = checkpoint_insert(
+                org_id=org.org_id, run=run, step=None, sequence=TRIGGER_CHECKPOINT_SEQUENCE,
+                plan_cursor=entry["key"], context_payload=snapshot, context_digest=_checkpoint_digest(snapshot),
+                created_at=now,
+            )
+            first = FlowStepStore.create(
+                org_id=org.org_id, run=run, plan_step_key=entry["key"], step_kind=entry["kind"],
+                state=t.STEP_PENDING, input_checkpoint=checkpoint, run_after=now, created_at=now, updated_at=now,
+            )
+            FlowRunStore.transition(
+                org_id=org.org_id, pk=run.pk, src=t.RUN_ACCEPTED, dst=t.RUN_RUNNABLE, version=run.version,
+                set_fields={"current_step_id": first.pk, "current_checkpoint_id": checkpoint.pk,
+                            "run_after": now, "updated_at": now},
+            )
+    except IntegrityError:
+        # A concurrent start with the same request id won the unique run key: converge on its run.
+        found = existing() if request_id is not None else None
+        if found is None:
+            raise
+        return found
+    return StartResult(run=FlowRun.objects.get(org_id=org.org_id, pk=run.pk), created=True)
+
+
+# =============================================================================
 # Claim (seed 004 section 12.1)
 # =============================================================================
 @dataclass(frozen=True)
@@ -485,7 +709,7 @@ def _lock_plan_for(run: FlowRun, step: FlowStepExecution) -> tuple[tuple[str, st
     expanded plan, read from the rolled-back attempts' evidence.
     """
     resources: set[tuple[str, str]] = set()
-    if step.step_kind in LOCKING_KINDS:
+    if step.step_kind in LOCKING_KINDS and run.trigger_object_name != START_OBJECT:
         resources.add((run.trigger_object_name, run.record_key))
     for summary in FlowStepAttempt.objects.filter(org_id=run.org_id, step_id=step.pk).values_list(
             "metrics_summary", flat=True):
@@ -594,9 +818,12 @@ def _commit_step(
     current_step_id = claim.step_id
     if next_key is not None:
         nxt = _step_def(plan, next_key)
+        # A durable loop revisits its steps: each visit is the next invocation of that plan step.
+        ordinal = (FlowStepExecution.objects.filter(org_id=claim.org_id, run_id=claim.run_id, plan_step_key=nxt["key"])
+                   .aggregate(m=Max("invocation_ordinal"))["m"] or 0) + 1
         current_step_id = FlowStepStore.create(
             org_id=claim.org_id, run=run, plan_step_key=nxt["key"], step_kind=nxt["kind"], state=t.STEP_PENDING,
-            input_checkpoint=checkpoint, run_after=now, created_at=now, updated_at=now,
+            input_checkpoint=checkpoint, run_after=now, created_at=now, updated_at=now, invocation_ordinal=ordinal,
         ).pk
     root_fields: dict[str, Any] = {"current_step_id": current_step_id, "current_checkpoint_id": checkpoint.pk,
                                    "updated_at": now, "run_after": now}

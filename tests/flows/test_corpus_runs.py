@@ -8,6 +8,11 @@ flows name), exactly as ``flow_deploy`` does in production:
 - Embedded Before-Save flows must change the saved record inside the same
   save (one write, record version 1 on create) and leave no FlowRun row;
   records that miss the entry conditions keep the values they were saved with.
+- Autolaunched flows (no start object) are started by the operator with
+  input variables (``flow_run_start``, ``flows start``), driven by the
+  in-process workers, and must end ``Succeeded`` with the record outcomes the
+  metadata prescribes; a second start with the same request id returns the
+  same run and writes nothing.
 - A flow this engine generation cannot run is refused at activation with the
   precise ``engine_unsupported:*`` diagnostics; nothing is persisted or
   activated, and saving records its trigger would match starts no run and
@@ -19,6 +24,8 @@ fixed seeds, with the decision boundaries added explicitly.
 """
 from __future__ import annotations
 
+import datetime as dt
+import io
 import json
 import random
 from dataclasses import dataclass
@@ -31,9 +38,13 @@ import pytest
 from nexusflow.flows import transitions as t
 from nexusflow.flows.compiler import PROFILE_EMBEDDED, condition_holds
 from nexusflow.flows.handlers import traverses_relationship
-from nexusflow.flows.errors import ActivationRejected
+from django.core.management import CommandError, call_command
+
+from nexusflow.flows.compiler import PROFILE_ATOMIC, PROFILE_DURABLE
+from nexusflow.flows.errors import ActivationRejected, FlowInputRejected, FlowNotStartable, FlowStartConflict
 from nexusflow.flows.models import FlowActivation, FlowCheckpoint, FlowExecutionPlan, FlowRun
-from nexusflow.flows.services import flow_compile_check, flow_deploy
+from nexusflow.flows.services import flow_compile_check, flow_deploy, flow_run_start, plan_inputs
+from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.metadata import current_view
 from nexusflow.records.models import Record
@@ -223,6 +234,179 @@ def _pmt_task_before_automation() -> None:
 
 
 # =============================================================================
+# Autolaunched flows started by the operator with input variables
+# =============================================================================
+def _deploy_autolaunched(name: str, profile: str, inputs: dict[str, dict]) -> None:
+    deployed = _deploy(name)
+    assert deployed.activated and deployed.plan.execution_profile == profile
+    assert deployed.plan.plan_payload["trigger"] == {"trigger_type": "none"}
+    # The plan records the metadata's input variables: name, data type, isCollection (and record object).
+    assert plan_inputs(deployed.plan.plan_payload) == inputs
+
+
+def _context_vars(run: FlowRun) -> dict:
+    """The variables of the run's last checkpoint that carries an interpreter context."""
+    for payload in (FlowCheckpoint.objects.filter(org_id=ORG.org_id, run_id=run.pk).order_by("-sequence")
+                    .values_list("context_payload", flat=True)):
+        if "context" in payload:
+            return payload["context"]["vars"]
+    raise AssertionError("no checkpoint context")
+
+
+def _start_and_drive(name: str, inputs: dict, request_id: str) -> FlowRun:
+    """Start ``name``, drive the workers until idle, check the run succeeded and that a retried start converges."""
+    started = flow_run_start(org=ORG, flow_api_name=name, inputs=inputs, request_id=request_id)
+    assert started.created and started.run.state == t.RUN_RUNNABLE
+    first = FlowCheckpoint.objects.get(org_id=ORG.org_id, run_id=started.run.pk, sequence=1).context_payload
+    assert set(first["context"]["vars"]) == set(inputs) | {k for k, d in _inputs_of(name).items() if d["collection"]}
+    assert run_until_idle() > 0
+    run = FlowRun.objects.get(org_id=ORG.org_id, pk=started.run.pk)
+    assert (run.state, run.legacy_status, run.reason_code) == (t.RUN_SUCCEEDED, t.LEGACY_FINISHED, ""), run.state
+    again = flow_run_start(org=ORG, flow_api_name=name, inputs=inputs, request_id=request_id)
+    assert (again.run.pk, again.created, again.run.state) == (run.pk, False, t.RUN_SUCCEEDED)
+    assert run_until_idle() == 0
+    return run
+
+
+def _inputs_of(name: str) -> dict:
+    plan = FlowActivation.objects.get(org_id=ORG.org_id, flow_api_name=name, state=t.ACTIVATION_ACTIVE).plan
+    return plan_inputs(plan.plan_payload)
+
+
+def _assert_start_refused(name: str, inputs: dict, code: str, error=FlowInputRejected) -> None:
+    runs = FlowRun.objects.count()
+    with pytest.raises(error) as caught:
+        flow_run_start(org=ORG, flow_api_name=name, inputs=inputs, request_id=f"bad-{code}")
+    assert caught.value.code == code
+    assert FlowRun.objects.count() == runs  # nothing written
+
+
+def _tenant_contact_set_is_current() -> None:
+    """Input Tenant_Contact_ID (String): read that contact; Is_Current_Contact__c = (End null or End >= today)
+    and Start <= today, written back with one update (the lookup's own record, a late lock discovery)."""
+    _deploy_autolaunched("TTS_Tenant_Contact_Set_IsCurrent_Field", PROFILE_ATOMIC,
+                         {"Tenant_Contact_ID": {"data_type": "String", "collection": False, "object": None}})
+    today = db_now().date()
+    day = dt.timedelta(days=1)
+    rng = random.Random(8106)
+    values = [{"Name": f"tenant-{i}", "Start_Date__c": (today + rng.randint(-400, 30) * day).isoformat(),
+               "End_Date__c": rng.choice([None, (today + rng.randint(-200, 200) * day).isoformat()]),
+               "Is_Current_Contact__c": "unset"} for i in range(8)]
+    values += [  # the decision boundaries
+        {"Name": "starts-today", "Start_Date__c": today.isoformat(), "End_Date__c": None},
+        {"Name": "starts-tomorrow", "Start_Date__c": (today + day).isoformat(), "End_Date__c": None},
+        {"Name": "ends-today", "Start_Date__c": "2020-01-01", "End_Date__c": today.isoformat()},
+        {"Name": "ended-yesterday", "Start_Date__c": "2020-01-01", "End_Date__c": (today - day).isoformat(),
+         "Is_Current_Contact__c": "true"},
+        {"Name": "blank-end", "Start_Date__c": "2020-01-01", "End_Date__c": ""},
+    ]
+    contacts = [save_record(ORG, v, object_name="TTS_Space_Tenant_Contact__c") for v in values]
+    bystander = save_record(ORG, {"Name": "bystander", "Start_Date__c": "2020-01-01"},
+                            object_name="TTS_Space_Tenant_Contact__c")
+    taken = set()
+    for contact, given in zip(contacts, values):
+        _start_and_drive("TTS_Tenant_Contact_Set_IsCurrent_Field", {"Tenant_Contact_ID": contact.record_key},
+                         request_id=f"tenant-{contact.record_key}")
+        end, start = given.get("End_Date__c"), dt.date.fromisoformat(given["Start_Date__c"])
+        current = (end in (None, "") or dt.date.fromisoformat(end) >= today) and start <= today
+        taken.add(current)
+        assert _stored(contact) == {"fields": {**given, "Is_Current_Contact__c": "true" if current else "false"},
+                                    "version": 2}, given
+    assert taken == {True, False}
+    assert _stored(bystander)["version"] == 1  # only the contact named by the input is read and written
+    # A contact key that names no record: the lookup finds nothing and the update faults (no write).
+    started = flow_run_start(org=ORG, flow_api_name="TTS_Tenant_Contact_Set_IsCurrent_Field",
+                             inputs={"Tenant_Contact_ID": "a0S-missing"}, request_id="tenant-missing")
+    run_until_idle()
+    assert FlowRun.objects.get(org_id=ORG.org_id, pk=started.run.pk).state == t.RUN_TERMINAL_FAILED
+    _assert_start_refused("TTS_Tenant_Contact_Set_IsCurrent_Field", {}, "flow_input_missing")
+    _assert_start_refused("TTS_Tenant_Contact_Set_IsCurrent_Field", {"Tenant_Contact_ID": 7}, "flow_input_type")
+    _assert_start_refused("TTS_Tenant_Contact_Set_IsCurrent_Field",
+                          {"Tenant_Contact_ID": contacts[0].record_key, "Other": "x"}, "flow_input_unknown")
+
+
+def _track_shipment() -> None:
+    """Inputs tracking_number, carrier (String); one assignment sets the outputs; no record is read or written."""
+    _deploy_autolaunched("TrackShipment", PROFILE_ATOMIC,
+                         {"carrier": {"data_type": "String", "collection": False, "object": None},
+                          "tracking_number": {"data_type": "String", "collection": False, "object": None}})
+    rng = random.Random(8107)
+    from nexusflow.records.models import Record
+    records = Record.objects.count()
+    for i in range(4):
+        inputs = {"tracking_number": f"1Z{rng.randint(10**9, 10**10 - 1)}", "carrier": rng.choice(["UPS", "FedEx"])}
+        run = _start_and_drive("TrackShipment", inputs, request_id=f"track-{i}")
+        assert _context_vars(run) == {**inputs, "status": "In Transit", "estimated_delivery": "2026-02-01",
+                                      "success": True}
+    assert Record.objects.count() == records
+    _assert_start_refused("TrackShipment", {"tracking_number": "1Z1"}, "flow_input_missing")
+    _assert_start_refused("TrackShipment", {"tracking_number": "1Z1", "carrier": ["UPS"]}, "flow_input_type")
+    _assert_start_refused("TrackShipment", {"tracking_number": "1Z1", "carrier": "UPS", "status": "x"},
+                          "flow_input_unknown")  # an output variable is not an input
+    # Same request id, other inputs: a conflict, not a second run.
+    runs = FlowRun.objects.count()
+    with pytest.raises(FlowStartConflict):
+        flow_run_start(org=ORG, flow_api_name="TrackShipment", inputs={"tracking_number": "x", "carrier": "UPS"},
+                       request_id="track-0")
+    assert FlowRun.objects.count() == runs
+    # The operator command: prints the run id; a retried start prints the same run; exit 2 on bad input.
+    out = io.StringIO()
+    call_command("flows", "start", "TrackShipment", "--org", ORG.org_id, "--input", "tracking_number=1Z9",
+                 "--input", "carrier=DHL", "--request-id", "cli-1", stdout=out)
+    printed = json.loads(out.getvalue())
+    assert printed["created"] is True and printed["state"] == t.RUN_RUNNABLE
+    run_until_idle()
+    out = io.StringIO()
+    call_command("flows", "start", "TrackShipment", "--org", ORG.org_id, "--input", "tracking_number=1Z9",
+                 "--input", "carrier=DHL", "--request-id", "cli-1", stdout=out)
+    assert json.loads(out.getvalue()) == {"run_id": printed["run_id"], "created": False, "state": t.RUN_SUCCEEDED}
+    for bad in (["--input", "tracking_number=1Z9"], ["--input", "carrier=DHL", "--input", "nope=1",
+                                                      "--input", "tracking_number=1"], ["--input", "carrier"]):
+        with pytest.raises(CommandError) as caught:
+            call_command("flows", "start", "TrackShipment", "--org", ORG.org_id, *bad)
+        assert caught.value.returncode == 2
+    with pytest.raises(CommandError) as caught:
+        call_command("flows", "start", "Breed_Name_Update_Flow", "--org", ORG.org_id)
+    assert caught.value.returncode == 3
+    with pytest.raises(FlowNotStartable):
+        flow_run_start(org=OrgScope("other-org"), flow_api_name="TrackShipment",
+                       inputs={"tracking_number": "1", "carrier": "UPS"})
+
+
+def _issue_bulk_resort_credits() -> None:
+    """Inputs amount (Number) and contactRecords (Contact records): loop the contacts, one Credit__c each with
+    Contact__c = the contact's Id and Amount__c = amount, created together; message counts them."""
+    _deploy_autolaunched("Issue_Bulk_Resort_Credits", PROFILE_DURABLE,
+                         {"amount": {"data_type": "Number", "collection": False, "object": None},
+                          "contactRecords": {"data_type": "SObject", "collection": True, "object": "Contact"}})
+    from nexusflow.records.models import Record
+    rng = random.Random(8108)
+    contacts = [save_record(ORG, {"firstname": f"guest-{i}", "lastname": rng.choice(["Reyes", "Okafor", "Lind"]),
+                                  "email": f"guest{i}@example.test"}, object_name="Contact") for i in range(6)]
+    batches = [(rng.sample(contacts, 3), "50"), (contacts[:1], "125.0"), (contacts, 10)]
+    expected: list[dict] = []
+    for index, (batch, amount) in enumerate(batches):
+        keys = [c.record_key for c in batch]
+        run = _start_and_drive("Issue_Bulk_Resort_Credits", {"amount": amount, "contactRecords": keys},
+                               request_id=f"credits-{index}")
+        text = format(Decimal(str(amount)).normalize(), "f")
+        expected += [{"Contact__c": key, "Amount__c": text} for key in keys]
+        assert _context_vars(run)["message"] == f"Issued ${text} resort credit to {len(keys)} customers."
+    credits = list(Record.objects.filter(org_id=ORG.org_id, object_name="Credit__c").order_by("id")
+                   .values_list("fields", "version"))
+    assert credits == [(want, 1) for want in expected]
+    assert all(_stored(c)["version"] == 1 for c in contacts)  # the contacts are read, never written
+    _assert_start_refused("Issue_Bulk_Resort_Credits", {"amount": "lots", "contactRecords": []}, "flow_input_type")
+    _assert_start_refused("Issue_Bulk_Resort_Credits", {"amount": True, "contactRecords": []}, "flow_input_type")
+    _assert_start_refused("Issue_Bulk_Resort_Credits", {"amount": "5", "contactRecords": contacts[0].record_key},
+                          "flow_input_type")
+    _assert_start_refused("Issue_Bulk_Resort_Credits", {"amount": "5", "contactRecords": ["003-nobody"]},
+                          "flow_input_record_missing")
+    _assert_start_refused("Issue_Bulk_Resort_Credits", {"contactRecords": []}, "flow_input_missing")
+    assert Record.objects.filter(org_id=ORG.org_id, object_name="Credit__c").count() == len(expected)
+
+
+# =============================================================================
 # Flows this engine generation refuses at activation
 # =============================================================================
 @dataclass(frozen=True)
@@ -249,34 +433,27 @@ def _tour_requests() -> list[dict]:
 
 TRIGGER_NONE = "engine_unsupported:trigger"
 REFUSALS: dict[str, Refusal] = {
-    # Subflow target with an input variable (Tenant_Contact_ID) and no start trigger: nothing can admit it.
-    "TTS_Tenant_Contact_Set_IsCurrent_Field": Refusal([(TRIGGER_NONE, "start")]),
     # Record-triggered after save, but its entry criteria use IsChanged and its only element is a subflow call.
     "TTS_Update_Tenant_Contact_on_Change": Refusal(
         [(TRIGGER_NONE, "start"), (TRIGGER_NONE, "start"),
          ("engine_unsupported:element:subflows", "Check_if_Tenant_Contact_is_Active")],
         trigger_records=("TTS_Space_Tenant_Contact__c", _tenant_contacts(), {"End_Date__c": "2021-06-30"})),
-    # Agent action stub (inputs tracking_number/carrier, output variables only): no start trigger.
-    "TrackShipment": Refusal([(TRIGGER_NONE, "start")]),
-    # Autolaunched with input variables; RemoveAll on text collections is not executed.
+    # Autolaunched with input variables (startable); RemoveAll on text collections is not executed.
     "AIM_FilterExistingIncidentRelatedItems": Refusal(
-        [(TRIGGER_NONE, "start"), ("engine_unsupported:assignment", "Remove_Case_from_List"),
+        [("engine_unsupported:assignment", "Remove_Case_from_List"),
          ("engine_unsupported:assignment", "Remove_Asset_from_List")]),
-    # Autolaunched subflow with SObject inputs; it compares animalRecord.Previous_Current_Owner__r.Id (a
-    # relationship read), and record deletes and an email action have no handler here.
+    # Autolaunched subflow with SObject inputs (startable); it compares animalRecord.Previous_Current_Owner__r.Id
+    # (a relationship read), and record deletes and an email action have no handler here.
     "Adopter_Match_clean_up_Subflow": Refusal(
-        [(TRIGGER_NONE, "start"),
-         ("engine_unsupported:reference", "Does_the_Contact_on_the_Animal_match_the_Adopter_Profile"),
+        [("engine_unsupported:reference", "Does_the_Contact_on_the_Animal_match_the_Adopter_Profile"),
          ("engine_unsupported:element:recordDeletes", "Delete_Adoption_Matches"),
          ("engine_unsupported:handler", "Delete_Adoption_Matches"),
          ("engine_unsupported:element:recordDeletes", "Delete_Adoption_Match_records"),
          ("engine_unsupported:handler", "Delete_Adoption_Match_records"),
          ("engine_unsupported:handler", "Send_Email_on_Error")]),
-    # Agent action with inputs (contactRecords, amount): no start trigger.
-    "Issue_Bulk_Resort_Credits": Refusal([(TRIGGER_NONE, "start")]),
-    # Autolaunched subflow with inputs; Id In filters and collection processors are not executed.
+    # Autolaunched subflow with inputs (startable); Id In filters and collection processors are not executed.
     "Location_Change_Unit_Status_SubFlow": Refusal(
-        [(TRIGGER_NONE, "start"), ("engine_unsupported:record_filter", "Get_Units_From_Id_List"),
+        [("engine_unsupported:record_filter", "Get_Units_From_Id_List"),
          ("engine_unsupported:element:collectionProcessors", "Filter_Units_for_Allocated_Units"),
          ("engine_unsupported:handler", "Filter_Units_for_Allocated_Units")]),
     # Schedule-triggered (Daily) and a subflow call (DependencyWait step).
@@ -322,6 +499,9 @@ RUNS: dict[str, Callable[[], None]] = {
     "Breed_Name_Update_Flow": _breed_name_update_flow,
     "Populate_Vehicle_Range": _populate_vehicle_range,
     "PMT_Task_Before_Automation": _pmt_task_before_automation,
+    "TTS_Tenant_Contact_Set_IsCurrent_Field": _tenant_contact_set_is_current,
+    "TrackShipment": _track_shipment,
+    "Issue_Bulk_Resort_Credits": _issue_bulk_resort_credits,
 }
 
 
@@ -334,7 +514,7 @@ def test_every_profiled_corpus_flow_has_a_case():
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("flow", sorted(PROFILED), ids=sorted(PROFILED))
-def test_corpus_flow_record_outcomes(flow, corpus_view):
+def test_corpus_flow_record_outcomes(flow, corpus_view, short_lease):
     assert set(corpus_view.objects) >= {"Breed__c", "Vehicle__c", "PMT_Task__c", "TTS_Space_Tenant_Contact__c"}
     if flow in RUNS:
         RUNS[flow]()
@@ -366,3 +546,33 @@ def test_a_number_field_stored_as_text_compares_as_its_number(text, operator, nu
 ])
 def test_a_reference_through_a_relationship_is_recognised(ref, traverses):
     assert traverses_relationship(ref) is traverses
+
+
+# =============================================================================
+# The executor defects the autolaunched corpus runs exposed
+# =============================================================================
+@pytest.mark.parametrize("text,operator,holds", [
+    ("2024-05-01", "LessThanOrEqualTo", True), ("2024-05-02", "LessThanOrEqualTo", False),
+    ("2024-05-01", "GreaterThanOrEqualTo", True), ("2024-04-30", "GreaterThanOrEqualTo", False),
+    ("2030-01-01", "GreaterThan", True), ("", "GreaterThanOrEqualTo", False), ("soon", "LessThan", False),
+])
+def test_a_date_field_stored_as_text_compares_with_the_current_date(text, operator, holds):
+    """TTS_Tenant_Contact_Set_IsCurrent_Field compares End_Date__c / Start_Date__c with $Flow.CurrentDate."""
+    condition = {"left": "$Record.End_Date__c", "operator": operator,
+                 "right": {"kind": "elementReference", "value": "$Flow.CurrentDate"}}
+    assert condition_holds(condition, {"End_Date__c": text}, lambda ref: dt.date(2024, 5, 1)) is holds
+
+
+def test_a_number_variable_read_back_from_a_checkpoint_adds_as_a_number():
+    """Issue_Bulk_Resort_Credits increments recordCount in a durable loop: the checkpoint holds it as text."""
+    from nexusflow.flows.interpreter import run_graph
+
+    payload = {"checkpoint_schema": {"variables": {
+        "recordCount": {"kind": "variables", "data_type": "Number", "collection": False},
+        "label": {"kind": "variables", "data_type": "String", "collection": False}}}}
+    graph = [{"element": "inc", "type": "assignments", "edges": [], "items": [
+        {"operator": "Add", "target": "recordCount", "value": {"kind": "numberValue", "value": "1.0"}},
+        {"operator": "Add", "target": "label", "value": {"kind": "stringValue", "value": "1"}}]}]
+    out = run_graph(plan_payload=payload, graph=graph, entry="inc", record={}, object_name=None,
+                    now=dt.datetime(2024, 5, 1), reader=None, state={"vars": {"recordCount": "2", "label": "2"}})
+    assert out.state["vars"] == {"recordCount": "3", "label": "21"}

@@ -8,6 +8,15 @@ Subcommands:
   capabilities, loop/fan-out proof, step count and migration cohort. Writes
   nothing. Exit 0 when every file was inventoried (rejections are results),
   2 when ``DIR`` is not a folder.
+- ``start FLOW --org ORG [--input NAME=VALUE ...] [--input-json FILE]
+  [--request-id ID]``: admit one run of the active autolaunched plan of
+  ``FLOW`` with input variables (``--input-json`` holds one JSON object;
+  ``--input`` values are text and override it; repeating ``--input`` for a
+  collection input builds the list). Record inputs are local record keys.
+  The same ``--request-id`` returns the run it already started. Prints
+  ``{"run_id", "created", "state"}``; exit 2 on bad input
+  (``flow_input_*``, ``flow_start_conflict``, a malformed org or request id),
+  3 when the Flow has no active autolaunched plan (``flow_not_startable``).
 - ``run RUN_ID --org ORG [--worker-id W] [--max-steps N]``: claim and execute
   the run's due steps in this process (normal claim/fence protocol) until it
   waits, is not yet due, or ends; prints the final state.
@@ -25,7 +34,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from nexusflow.flows.errors import FlowRunNotFound
+from nexusflow.flows.errors import FlowInputRejected, FlowNotStartable, FlowRunNotFound, FlowStartConflict
 from nexusflow.flows.inventory import flow_inventory
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.identity import validate_key
@@ -37,7 +46,8 @@ class Command(BaseCommand):
             "run, cancel and show one run of an org.")
 
     def add_arguments(self, parser):
-        sub = parser.add_subparsers(dest="subcommand", required=True, metavar="{inventory,run,cancel,show}")
+        sub = parser.add_subparsers(dest="subcommand", required=True,
+                                    metavar="{inventory,start,run,cancel,show}")
         inv = sub.add_parser("inventory", help="Compile every *.flow-meta.xml in DIR; execute nothing.")
         inv.add_argument("directory", metavar="DIR")
         inv.add_argument("--json", action="store_true", help="One JSON array, one object per file.")
@@ -45,6 +55,13 @@ class Command(BaseCommand):
                          help="With --json: add loops, fan_out, warnings and plan_digest to each object.")
         inv.add_argument("--schema", choices=("open", "strict"), default="open",
                          help="strict: check objects and fields against this deployment's metadata view.")
+        start = sub.add_parser("start", help="Start one run of an autolaunched flow with input variables.")
+        start.add_argument("flow", metavar="FLOW")
+        start.add_argument("--org", required=True, help="The trusted org to run in.")
+        start.add_argument("--input", action="append", default=[], metavar="NAME=VALUE",
+                           help="One input value (text); repeat for more inputs or collection items.")
+        start.add_argument("--input-json", metavar="FILE", help="A JSON object of input values.")
+        start.add_argument("--request-id", help="Operator request id: a retried start returns the same run.")
         for name, text in (("run", "Execute one run's due steps in this process."),
                            ("cancel", "Cancel and soft-delete one run (idempotent)."),
                            ("show", "Print the support read of one run as JSON.")):
@@ -61,6 +78,8 @@ class Command(BaseCommand):
     def handle(self, *args, subcommand: str, **options):
         if subcommand == "inventory":
             return self._inventory(**options)
+        if subcommand == "start":
+            return self._start(**options)
         if subcommand in ("run", "cancel", "show"):
             return self._one_run(subcommand, **options)
         raise CommandError(f"unknown subcommand {subcommand!r}", returncode=2)
@@ -89,6 +108,22 @@ class Command(BaseCommand):
         self.stdout.write(f"{len(rows)} flow file(s): {len(rows) - rejected} compiled, {rejected} rejected")
 
 
+    def _start(self, *, flow: str, org: str, input: list[str], input_json: str | None, request_id: str | None,
+               **_options):
+        from nexusflow.flows import services
+
+        try:
+            validate_key(org, field="org", max_length=64)
+            inputs, given = _start_inputs(input, input_json)
+            started = services.flow_run_start(org=OrgScope(org), flow_api_name=flow, inputs=inputs,
+                                              request_id=request_id, text_inputs=given)
+        except (InvalidIdentity, FlowInputRejected, FlowStartConflict) as exc:
+            raise CommandError(f"{exc.code}: {exc}", returncode=2) from None
+        except FlowNotStartable as exc:
+            raise CommandError(f"{exc.code}: {exc}", returncode=3) from None
+        self.stdout.write(_dumps({"run_id": int(started.run.pk), "created": started.created,
+                                  "state": started.run.state}))
+
     def _one_run(self, subcommand: str, *, run_id: str, org: str, **options):
         from nexusflow.flows import services
 
@@ -112,6 +147,26 @@ class Command(BaseCommand):
             raise CommandError(f"{exc.code}: {exc}", returncode=2) from None
         except FlowRunNotFound as exc:
             raise CommandError(f"{exc.code}: {exc}", returncode=3) from None
+
+
+def _start_inputs(pairs: list[str], json_file: str | None) -> tuple[dict, dict[str, list[str]]]:
+    """The ``--input-json`` object and the ``--input NAME=VALUE`` texts grouped by name."""
+    inputs: dict = {}
+    if json_file is not None:
+        try:
+            with open(json_file, encoding="utf-8") as fh:
+                inputs = json.load(fh)
+        except (OSError, ValueError) as exc:
+            raise FlowInputRejected(f"--input-json {json_file}: {exc}", code="flow_input_type") from None
+        if not isinstance(inputs, dict):
+            raise FlowInputRejected("--input-json must hold one JSON object", code="flow_input_type")
+    given: dict[str, list[str]] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise FlowInputRejected(f"--input {pair!r}: expected NAME=VALUE", code="flow_input_type")
+        given.setdefault(name, []).append(value)
+    return inputs, given
 
 
 def _dumps(value) -> str:
