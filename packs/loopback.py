@@ -6,8 +6,13 @@ server, the background thread and the context-manager protocol are here.
 """
 from __future__ import annotations
 
+import argparse
 import logging
+import os
+import signal
 import threading
+from pathlib import Path
+from typing import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -103,3 +108,35 @@ class LoopbackSandbox:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def serve_process(argv: Sequence[str] | None, *, description: str, secret_flag: str, secret_help: str,
+                  build: Callable[[str, int], "LoopbackSandbox"]) -> int:
+    """Run one sandbox as a process until SIGTERM/SIGINT; return the exit status (0).
+
+    Command line: ``--port N`` (0 picks a free port on 127.0.0.1), ``<secret_flag> VALUE``
+    (required), ``--port-file PATH`` (the bound port is written there atomically once
+    listening) and ``--log-level``. ``build(secret, port)`` returns the unstarted sandbox.
+    """
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1; 0 picks a free one")
+    parser.add_argument(secret_flag, dest="secret", required=True, help=secret_help)
+    parser.add_argument("--port-file", type=Path, help="write the bound port here once listening")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    sandbox = build(args.secret, args.port)
+    sandbox.start()
+    if args.port_file is not None:
+        partial = args.port_file.with_name(args.port_file.name + ".partial")
+        partial.write_text(f"{sandbox.port}\n", encoding="ascii")
+        os.replace(partial, args.port_file)
+    try:
+        stop.wait()
+    finally:
+        sandbox.stop()
+        logging.getLogger(__name__).info("%s stopped", description)
+    return 0

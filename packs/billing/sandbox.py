@@ -45,26 +45,22 @@ until SIGTERM or SIGINT.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
 import math
-import os
 import re
 import secrets
-import signal
 import string
 import threading
 import time
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
-from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import parse_qs, urlsplit
 
-from packs.loopback import LoopbackSandbox, LoopbackServer
+from packs.loopback import LoopbackSandbox, LoopbackServer, serve_process
 
 logger = logging.getLogger(__name__)
 
@@ -558,39 +554,13 @@ def _injected(status: int) -> dict[str, Any]:
     return {"type": kind, "message": f"Injected failure before commit (HTTP {status}); nothing was performed."}
 
 
-def _write_port_file(path: Path, port: int) -> None:
-    """Write ``port`` to ``path`` atomically (write a sibling, then rename)."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(f"{port}\n", encoding="ascii")
-    os.replace(partial, path)
-
-
 BillingSandbox.handler_class = _SandboxHandler
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve the sandbox as a process until SIGTERM/SIGINT; return the exit status."""
-    parser = argparse.ArgumentParser(description="Loopback billing customers API sandbox.")
-    parser.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1; 0 picks a free one")
-    parser.add_argument("--api-key", required=True, help="the bearer key clients must present")
-    parser.add_argument("--port-file", type=Path, help="write the bound port here once listening")
-    parser.add_argument("--log-level", default="INFO")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    sandbox = BillingSandbox(args.api_key, port=args.port)
-    sandbox.start()
-    if args.port_file is not None:
-        _write_port_file(args.port_file, sandbox.port)
-    try:
-        stop.wait()
-    finally:
-        sandbox.stop()
-        logger.info("billing sandbox stopped")
-    return 0
+    return serve_process(argv, description="Loopback billing customers API sandbox.", secret_flag="--api-key",
+                         secret_help="the bearer key clients must present", build=lambda secret, port: BillingSandbox(secret, port=port))
 
 
 if __name__ == "__main__":

@@ -59,28 +59,24 @@ until SIGTERM or SIGINT.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime as dt
 import itertools
 import json
 import logging
 import math
-import os
 import re
 import secrets
-import signal
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
-from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import parse_qs, urlsplit
 
-from packs.loopback import LoopbackSandbox, LoopbackServer
+from packs.loopback import LoopbackSandbox, LoopbackServer, serve_process
 
 logger = logging.getLogger(__name__)
 
@@ -543,39 +539,13 @@ def _injected(status: int) -> _RequestRejected:
     return _RequestRejected(status, _error(f"Injected failure before commit (HTTP {status}); nothing was performed."))
 
 
-def _write_port_file(path: Path, port: int) -> None:
-    """Write ``port`` to ``path`` atomically (write a sibling, then rename)."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(f"{port}\n", encoding="ascii")
-    os.replace(partial, path)
-
-
 CrmSandbox.handler_class = _SandboxHandler
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve the sandbox as a process until SIGTERM/SIGINT; return the exit status."""
-    parser = argparse.ArgumentParser(description="Loopback CRM objects (contacts) API sandbox.")
-    parser.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1; 0 picks a free one")
-    parser.add_argument("--token", required=True, help="the private app token clients must present as Bearer")
-    parser.add_argument("--port-file", type=Path, help="write the bound port here once listening")
-    parser.add_argument("--log-level", default="INFO")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    sandbox = CrmSandbox(args.token, port=args.port)
-    sandbox.start()
-    if args.port_file is not None:
-        _write_port_file(args.port_file, sandbox.port)
-    try:
-        stop.wait()
-    finally:
-        sandbox.stop()
-        logger.info("crm sandbox stopped")
-    return 0
+    return serve_process(argv, description="Loopback CRM objects (contacts) API sandbox.", secret_flag="--token",
+                         secret_help="the private app token clients must present as Bearer", build=lambda secret, port: CrmSandbox(secret, port=port))
 
 
 if __name__ == "__main__":

@@ -31,22 +31,18 @@ TOKEN --port-file PATH`` serves until SIGTERM or SIGINT.
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import logging
-import os
 import secrets
-import signal
 import threading
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
-from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import parse_qs, urlsplit
 
-from packs.loopback import LoopbackSandbox, LoopbackServer
+from packs.loopback import LoopbackSandbox, LoopbackServer, serve_process
 
 logger = logging.getLogger(__name__)
 
@@ -303,26 +299,8 @@ StreamSandbox.handler_class = _Handler
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve the sandbox as a process until SIGTERM/SIGINT; return the exit status."""
-    parser = argparse.ArgumentParser(description="Loopback change-data-capture stream sandbox.")
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--token", required=True, help="the bearer token clients must present")
-    parser.add_argument("--port-file", type=Path, help="write the bound port here once listening")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    sandbox = StreamSandbox(args.token, port=args.port)
-    sandbox.start()
-    if args.port_file is not None:
-        partial = args.port_file.with_name(args.port_file.name + ".partial")
-        partial.write_text(f"{sandbox.port}\n", encoding="ascii")
-        os.replace(partial, args.port_file)
-    try:
-        stop.wait()
-    finally:
-        sandbox.stop()
-    return 0
+    return serve_process(argv, description="Loopback change-data-capture stream sandbox.", secret_flag="--token",
+                         secret_help="the bearer token clients must present", build=lambda secret, port: StreamSandbox(secret, port=port))
 
 
 if __name__ == "__main__":
