@@ -140,3 +140,30 @@ def serve_process(argv: Sequence[str] | None, *, description: str, secret_flag: 
         sandbox.stop()
         logging.getLogger(__name__).info("%s stopped", description)
     return 0
+
+
+class DispatchingHandler(BaseHTTPRequestHandler):
+    """An HTTP/1.1 handler that sends every method to ``self._dispatch(method)``; requests log at DEBUG."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:  # noqa: N802
+        self._dispatch("PUT")
+
+    def do_PATCH(self) -> None:  # noqa: N802
+        self._dispatch("PATCH")
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._dispatch("DELETE")
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
+        logging.getLogger(type(self).__module__).debug("%s %s", self.address_string(), format % args)
+
+    def _dispatch(self, method: str) -> None:
+        raise NotImplementedError

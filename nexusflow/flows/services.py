@@ -337,6 +337,25 @@ def flow_trigger_on_record_saved(*, org: OrgScope, record, change) -> None:
             _run_admit(org=org, plan=plan, record=record)
 
 
+def _admit_first_step(*, org: OrgScope, run: FlowRun, entry: dict[str, Any], snapshot: dict[str, Any],
+                      now: dt.datetime) -> None:
+    """Write an admitted run's first checkpoint and first step and make it ``Runnable`` (caller's transaction)."""
+    checkpoint = checkpoint_insert(
+        org_id=org.org_id, run=run, step=None, sequence=TRIGGER_CHECKPOINT_SEQUENCE,
+        plan_cursor=entry["key"], context_payload=snapshot, context_digest=_checkpoint_digest(snapshot),
+        created_at=now,
+    )
+    first = FlowStepStore.create(
+        org_id=org.org_id, run=run, plan_step_key=entry["key"], step_kind=entry["kind"],
+        state=t.STEP_PENDING, input_checkpoint=checkpoint, run_after=now, created_at=now, updated_at=now,
+    )
+    FlowRunStore.transition(
+        org_id=org.org_id, pk=run.pk, src=t.RUN_ACCEPTED, dst=t.RUN_RUNNABLE, version=run.version,
+        set_fields={"current_step_id": first.pk, "current_checkpoint_id": checkpoint.pk,
+                    "run_after": now, "updated_at": now},
+    )
+
+
 def _run_admit(*, org: OrgScope, plan: FlowExecutionPlan, record) -> FlowRun | None:
     now = db_now()
     entry = _step_def(plan, plan.plan_payload["entry_step"])
@@ -354,20 +373,7 @@ def _run_admit(*, org: OrgScope, plan: FlowExecutionPlan, record) -> FlowRun | N
                 execution_owner=EXECUTION_OWNER, state=t.RUN_ACCEPTED, trigger_object_name=record.object_name,
                 record_key=record.record_key, record_version=record.version, created_at=now, updated_at=now,
             )
-            checkpoint = checkpoint_insert(
-                org_id=org.org_id, run=run, step=None, sequence=TRIGGER_CHECKPOINT_SEQUENCE,
-                plan_cursor=entry["key"], context_payload=snapshot, context_digest=_checkpoint_digest(snapshot),
-                created_at=now,
-            )
-            first = FlowStepStore.create(
-                org_id=org.org_id, run=run, plan_step_key=entry["key"], step_kind=entry["kind"],
-                state=t.STEP_PENDING, input_checkpoint=checkpoint, run_after=now, created_at=now, updated_at=now,
-            )
-            FlowRunStore.transition(
-                org_id=org.org_id, pk=run.pk, src=t.RUN_ACCEPTED, dst=t.RUN_RUNNABLE, version=run.version,
-                set_fields={"current_step_id": first.pk, "current_checkpoint_id": checkpoint.pk,
-                            "run_after": now, "updated_at": now},
-            )
+            _admit_first_step(org=org, run=run, entry=entry, snapshot=snapshot, now=now)
     except IntegrityError:
         log.info("flow run already admitted", extra={"org_id": org.org_id, "plan_id": plan.plan_id,
                                                      "record_key": record.record_key})
@@ -571,20 +577,7 @@ def flow_run_start(*, org: OrgScope, flow_api_name: str, inputs: dict[str, Any],
                 execution_owner=EXECUTION_OWNER, state=t.RUN_ACCEPTED, trigger_object_name=START_OBJECT,
                 record_key=key, record_version=START_RECORD_VERSION, created_at=now, updated_at=now,
             )
-            checkpoint = checkpoint_insert(
-                org_id=org.org_id, run=run, step=None, sequence=TRIGGER_CHECKPOINT_SEQUENCE,
-                plan_cursor=entry["key"], context_payload=snapshot, context_digest=_checkpoint_digest(snapshot),
-                created_at=now,
-            )
-            first = FlowStepStore.create(
-                org_id=org.org_id, run=run, plan_step_key=entry["key"], step_kind=entry["kind"],
-                state=t.STEP_PENDING, input_checkpoint=checkpoint, run_after=now, created_at=now, updated_at=now,
-            )
-            FlowRunStore.transition(
-                org_id=org.org_id, pk=run.pk, src=t.RUN_ACCEPTED, dst=t.RUN_RUNNABLE, version=run.version,
-                set_fields={"current_step_id": first.pk, "current_checkpoint_id": checkpoint.pk,
-                            "run_after": now, "updated_at": now},
-            )
+            _admit_first_step(org=org, run=run, entry=entry, snapshot=snapshot, now=now)
     except IntegrityError:
         # A concurrent start with the same request id won the unique run key: converge on its run.
         found = existing() if request_id is not None else None

@@ -76,7 +76,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any, Sequence
 from urllib.parse import parse_qs, urlsplit
 
-from packs.loopback import LoopbackSandbox, LoopbackServer, serve_process
+from packs.loopback import DispatchingHandler, LoopbackSandbox, LoopbackServer, serve_process
 
 logger = logging.getLogger(__name__)
 
@@ -250,27 +250,8 @@ class CrmSandbox(LoopbackSandbox):
         return None
 
 
-class _SandboxHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _SandboxHandler(DispatchingHandler):
     server: LoopbackServer
-
-    def do_GET(self) -> None:  # noqa: N802 (http.server naming)
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:  # noqa: N802
-        self._dispatch("POST")
-
-    def do_PUT(self) -> None:  # noqa: N802
-        self._dispatch("PUT")
-
-    def do_PATCH(self) -> None:  # noqa: N802
-        self._dispatch("PATCH")
-
-    def do_DELETE(self) -> None:  # noqa: N802
-        self._dispatch("DELETE")
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
-        logger.debug("%s %s", self.address_string(), format % args)
 
     def _dispatch(self, method: str) -> None:
         state = self.server.state
