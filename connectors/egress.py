@@ -237,22 +237,170 @@ def _grant(effect: RemoteEffect, worker_id: str) -> Grant | None:
 
 
 def _plan_request(effect: RemoteEffect, binding: dict, contract: dict):
-    """Decide create vs update from the RemoteLink (never from a mirror field)."""
+    """Decide create vs update from the RemoteLink (never from a mirror field), failing closed.
+
+    Runs in the grant transaction with the effect locked. Returns
+    ``(operation, method, path, body, idempotency_key)``, or ``None`` when the
+    effect was refused, superseded or parked instead (seed 002 "Before POST",
+    "Before PATCH").
+    """
     link = RemoteLink.objects.filter(org_id=effect.org_id, link_key=effect.link_key).first()
     body = _encode_body(contract, effect.command.request_fields)
     key = binding.get("provider_idempotency_key")
     if link is None:
-        prior = RemoteEffect.objects.filter(org_id=effect.org_id, link_key=effect.link_key,
-                                            state="quarantined").exclude(pk=effect.pk).exists()
-        if prior:
-            _quarantine(effect, reasons.PRIOR_CREATE_UNRESOLVED)
+        if not _plan_create(effect, binding):
             return None
         return "create", contract["create"]["method"], contract["create"]["path"], body, key
+    path = _plan_update(effect, binding, contract, link)
+    if path is None:
+        return None
+    return "update", contract["update"]["method"], path, body, key
+
+
+def _current_action_config(effect: RemoteEffect, binding: dict, contract: dict) -> dict:
+    """The action config the effect was frozen under (intents authored before seed 002 snapshots: rebuilt from
+    the same immutable pack generation and epoch document)."""
+    if binding.get("action_config"):
+        return binding["action_config"]
+    from .pushlinks import action_config_snapshot
+
+    pack = PackGeneration.objects.get(pk=binding["pack_generation"]["id"])
+    profile = next(p for p in pack.document["callout_profiles"] if p["profile_key"] == contract["callout_profile"])
+    account = {"base_url": binding["base_url"], "credentials": {}}
+    credential_ref = profile.get("auth", {}).get("credential_ref")
+    if credential_ref:
+        account["credentials"][credential_ref] = binding.get("credential_generation")
+    return action_config_snapshot(pack=pack, contract=contract, profile=profile, account=account)
+
+
+def _source_exists(effect: RemoteEffect) -> bool:
+    from nexusflow.records.models import Record
+
+    return Record.objects.filter(org_id=effect.org_id, object_name=effect.command.source_object,
+                                 record_key=effect.command.source_record_key, is_deleted=False).exists()
+
+
+def _take_create_slot(effect: RemoteEffect) -> bool:
+    """Occupy the link key's one create slot (unique index); ``False`` if another effect holds it."""
+    if effect.create_slot == effect.link_key:
+        return True
+    try:
+        with transaction.atomic():
+            effect.version = RemoteEffectStore.touch(org_id=effect.org_id, pk=effect.pk, state=effect.state,
+                                                     version=effect.version,
+                                                     set_fields={"create_slot": effect.link_key})
+    except IntegrityError:
+        return False
+    effect.create_slot = effect.link_key
+    return True
+
+
+def _plan_create(effect: RemoteEffect, binding: dict) -> bool:
+    """Seed 002 "Before POST" gates of a create candidate; ``True`` when the create may be granted."""
+    from .pushlinks import orphaned_lineage
+
+    if not (effect.owner_key and effect.action_slot_id and effect.destination_slot_id):
+        _refuse_create(effect, reasons.STABLE_SLOT_UNRESOLVED, {"slot": binding.get("slot")})
+        return False
+    if not _source_exists(effect):
+        _refuse_create(effect, reasons.SOURCE_DELETED_BEFORE_POST,
+                       {"source": f"{effect.command.source_object}/{effect.command.source_record_key}"})
+        return False
+    lineage = orphaned_lineage(org_id=effect.org_id, source_object=effect.command.source_object,
+                               source_record_key=effect.command.source_record_key, link_key=effect.link_key)
+    if lineage:
+        _suspend_links(lineage.links, reasons.SLOT_LINEAGE_UNRESOLVED, kind="drift_suspended",
+                       detail={"surfaces": ["slot_lineage"], "new_link_key": effect.link_key})
+        _refuse_create(effect, reasons.SLOT_LINEAGE_UNRESOLVED, lineage.as_evidence())
+        return False
+    if not _take_create_slot(effect):
+        _quarantine(effect, reasons.PRIOR_CREATE_UNRESOLVED)
+        return False
+    return True
+
+
+def _refuse_create(effect: RemoteEffect, reason: str, detail: dict) -> None:
+    """A create candidate fails closed before any I/O: terminal ``quarantined`` holding the create slot.
+
+    It stays the slot's unsuperseded terminal create, so a later save cannot
+    POST either. It has no Attempt, which proves it never crossed the I/O
+    boundary, so an operator may supersede it (``manage.py effects
+    successor``) once the cause is resolved (seed 002 "Attempt Key").
+    """
+    _take_create_slot(effect)
+    append_evidence(effect, kind="refused_before_post", actor="egress", to_state="quarantined",
+                    detail={"reason": reason, **detail})
+    _quarantine(effect, reason)
+
+
+def _suspend_links(links, reason: str, *, kind: str, detail: dict, actor: str = "egress") -> None:
+    """Move each still-active link to ``suspended_drift`` with ``reason`` and an evidence row."""
+    from .pushlinks import append_link_evidence
+
+    for link in sorted(links, key=lambda row: int(row.pk)):
+        link = RemoteLinkStore.lock(link.org_id, link.pk)
+        if link.state != "active":
+            continue
+        append_link_evidence(link, kind=kind, actor=actor, to_state="suspended_drift",
+                             detail={"reason": reason, **detail})
+        RemoteLinkStore.transition(org_id=link.org_id, pk=link.pk, src="active", dst="suspended_drift",
+                                   version=link.version, set_fields={"reason_code": reason})
+
+
+def _plan_update(effect: RemoteEffect, binding: dict, contract: dict, link: RemoteLink) -> str | None:
+    """Seed 002 "Before PATCH": the link is the only PATCH authority; returns the rendered path or ``None``."""
+    from nexusflow.records.authority import AUTOMATED_PROCESS_USER, field_read_authority
+    from runtime_outbox.services import intent_result_record
+
+    from .outbound import mapping_source_fields
+    from .pushlinks import append_link_evidence, patch_drift
+
+    if link.last_pushed_version and effect.lane_sequence < link.last_pushed_version:
+        # A newer record version already reached the remote: this older one is never sent.
+        # Runtime's receipt says ``no_effect``: nothing was sent, and a newer version holds the remote.
+        append_evidence(effect, kind="superseded", actor="egress", to_state="quarantined",
+                        detail={"lane_sequence": effect.lane_sequence,
+                                "link_last_pushed_version": link.last_pushed_version})
+        RemoteEffectStore.transition(org_id=effect.org_id, pk=effect.pk, src="prepared", dst="quarantined",
+                                     version=effect.version,
+                                     set_fields={"reason_code": reasons.SUPERSEDED_BY_NEWER_VERSION})
+        intent_result_record(command=effect.command, outcome="no_effect", remote_id="",
+                             evidence={"reason": reasons.SUPERSEDED_BY_NEWER_VERSION})
+        return None
     if link.state != "active":
         _quarantine(effect, reasons.LINK_NOT_PATCHABLE)
         return None
-    path = contract["update"]["path"].replace("{remote_id}", urllib.parse.quote(link.remote_id, safe=""))
-    return "update", contract["update"]["method"], path, body, key
+    current = _current_action_config(effect, binding, contract)
+    drift = patch_drift(link, current)
+    if drift.verdict == "suspend":
+        _suspend_links([link], reasons.LINK_DRIFT, kind="drift_suspended",
+                       detail={"surfaces": list(drift.surfaces), "install_id": current["install_id"]})
+        _quarantine(effect, reasons.LINK_NOT_PATCHABLE)
+        return None
+    if drift.verdict == "mapping":
+        _quarantine(effect, reasons.MAPPING_DRIFT)
+        return None
+    authority = binding.get("authority") or {}
+    decision = field_read_authority(user_id=authority.get("originating_user") or AUTOMATED_PROCESS_USER,
+                                    object_name=effect.command.source_object,
+                                    fields=mapping_source_fields(contract))
+    if decision.denied:
+        _quarantine(effect, reasons.AUTHORITY_DENIED)
+        return None
+    if drift.verdict == "validated":
+        locked = RemoteLinkStore.lock(link.org_id, link.pk)
+        snapshot = {**current, "mirror_tuple": locked.snapshot.get("mirror_tuple", current["mirror_tuple"])}
+        append_link_evidence(locked, kind="drift_validated", actor="egress", to_state=locked.state,
+                             detail={"surfaces": list(drift.surfaces), "install_id": current["install_id"]})
+        RemoteLinkStore.touch(org_id=locked.org_id, pk=locked.pk, state=locked.state, version=locked.version,
+                              set_fields={"snapshot": snapshot, "last_validated_install_id": current["install_id"]})
+    try:
+        remote_id = canonical_locator(link.remote_id, field="link remote id",
+                                      max_length=RemoteLink._meta.get_field("remote_id").max_length)
+    except InvalidIdentity:
+        _quarantine(effect, reasons.LINK_NOT_PATCHABLE)
+        return None
+    return contract["update"]["path"].replace("{remote_id}", urllib.parse.quote(remote_id, safe=""))
 
 
 def _quarantine(effect: RemoteEffect, reason: str) -> None:
@@ -409,22 +557,23 @@ def permit_settle(grant: Grant, response: Response) -> str:
                     # Another link holds that id: the Permit still closes; an operator decides.
                     unlinkable = str(exc)
             if attempt.operation == "create" and (remote_id is None or unlinkable):
-                new_state, attempt_state, reason = "uncertain", "uncertain", reasons.RESPONSE_ID_MISSING
+                new_state, attempt_state = "uncertain", "uncertain"
+                reason = reasons.REMOTE_LOCATOR_CONFLICT if unlinkable else reasons.RESPONSE_ID_MISSING
                 evidence["error"] = (unlinkable or response.error or "2xx create without a usable remote id")
             else:
                 if attempt.operation != "create":
-                    remote_id = RemoteLink.objects.get(org_id=effect.org_id, link_key=effect.link_key).remote_id
+                    link = RemoteLinkStore.lock(effect.org_id, RemoteLink.objects.get(
+                        org_id=effect.org_id, link_key=effect.link_key).pk)
+                    remote_id = link.remote_id
+                    if effect.lane_sequence > link.last_pushed_version:
+                        RemoteLinkStore.touch(org_id=link.org_id, pk=link.pk, state=link.state, version=link.version,
+                                              set_fields={"last_pushed_version": effect.lane_sequence})
                 new_state, attempt_state, reason = "remote_confirmed", "confirmed", ""
                 evidence["remote_id"] = remote_id
         elif verdict == outcomes.REFUSED:
             new_state, attempt_state, reason = "no_effect", "no_effect", reasons.DEFINITE_REFUSAL
-            if attempt.operation == "update" and status == 404:
-                link = RemoteLinkStore.lock(effect.org_id, RemoteLink.objects.get(
-                    org_id=effect.org_id, link_key=effect.link_key).pk)
-                if link.state == "active":
-                    RemoteLinkStore.transition(org_id=link.org_id, pk=link.pk, src="active", dst="suspended_drift",
-                                               version=link.version,
-                                               set_fields={"reason_code": reasons.REMOTE_NOT_FOUND})
+            if attempt.operation == "update":
+                _suspend_on_remote_evidence(effect, profile, status, response.body)
         elif verdict == outcomes.NOT_PERFORMED:
             # Proof of no effect: another Attempt only while the frozen policy has Attempts left.
             attempt_state = "no_effect"
@@ -456,13 +605,48 @@ def permit_settle(grant: Grant, response: Response) -> str:
     return new_state
 
 
+#: Update-response statuses that prove the finalized link no longer names its remote record.
+_REMOTE_GONE = (404, 410)
+
+
+def _suspend_on_remote_evidence(effect: RemoteEffect, profile: dict, status: int | None, body: bytes) -> None:
+    """A refused PATCH that proves the remote record gone or changed out-of-band suspends the link.
+
+    Seed 002 "Before PATCH" and "Retry And Recovery Semantics" 8: remote 404 /
+    deleted suspends (``remote_not_found``); a status the profile lists in
+    ``drift.conflict_statuses`` (an out-of-band change, a failed precondition)
+    suspends (``remote_conflict``) unless the profile declares
+    ``"drift": {"remote_conflict": "reconcile"}`` (a safe reconciliation
+    contract: the link stays active, the refused PATCH stays refused). Never a
+    replacement create. Called with the effect, Permit and Attempt locked.
+    """
+    drift = profile.get("drift", {})
+    if status in _REMOTE_GONE:
+        reason = reasons.REMOTE_NOT_FOUND
+    elif status in drift.get("conflict_statuses", []) and drift.get("remote_conflict", "suspend") != "reconcile":
+        reason = reasons.REMOTE_CONFLICT
+    else:
+        return
+    link = RemoteLink.objects.get(org_id=effect.org_id, link_key=effect.link_key)
+    _suspend_links([link], reason, kind="remote_not_found" if reason == reasons.REMOTE_NOT_FOUND else "remote_conflict",
+                   detail={"effect": int(effect.pk), "status": status,
+                           "response_digest": digest_v2("connectors.response", [("body", bytes(body))]).hexdigest})
+
+
 def _link_create(effect: RemoteEffect, contract: dict, remote_id: str) -> None:
+    """Finalize the slot's link in the settlement transaction (seed 002 "After POST" step 2).
+
+    Raises:
+        EgressRefused: another non-retired link of the same owner, destination
+            slot and remote scope holds ``remote_id`` (the hard remote-locator
+            uniqueness index); that link is suspended ``remote_locator_conflict``.
+    """
     command = effect.command
     binding = command.frozen_binding
-    snapshot = {"pack_generation": binding["pack_generation"], "contract_key": binding["contract_key"],
-                "contract_digest": binding["contract_digest"], "epoch": binding["epoch"],
-                "create_path": contract["create"]["path"], "update_path": contract["update"]["path"],
-                "response_id_path": contract["response_id_path"]}
+    snapshot = dict(_current_action_config(effect, binding, contract))
+    if binding.get("writeback"):
+        snapshot["mirror_tuple"] = {"source_object": binding["writeback"]["source_object"],
+                                    "field": binding["writeback"]["mirror_field"]}
     try:
         with transaction.atomic():
             RemoteLinkStore.create(
@@ -470,23 +654,44 @@ def _link_create(effect: RemoteEffect, contract: dict, remote_id: str) -> None:
                 action_slot_id=contract["action_slot_id"], action_type=PUSH_ACTION_TYPE,
                 destination_slot_id=contract["destination_slot_id"], source_object=command.source_object,
                 source_record_key=command.source_record_key, remote_scope=effect.account_key, remote_id=remote_id,
-                live_remote_id=remote_id, state="active", snapshot=snapshot, created_by_effect_id=effect.pk)
+                live_remote_id=remote_id, state="active", snapshot=snapshot, created_by_effect_id=effect.pk,
+                created_install_id=snapshot["install_id"], last_validated_install_id=snapshot["install_id"],
+                mapping_fingerprint=snapshot["mapping_fingerprint"], body_fingerprint=snapshot["body_fingerprint"],
+                last_pushed_version=effect.lane_sequence)
     except IntegrityError:
         existing = RemoteLink.objects.filter(org_id=effect.org_id, link_key=effect.link_key).first()
-        if existing is None or existing.remote_id != remote_id:
-            raise EgressRefused(f"remote id {remote_id} conflicts with an existing link") from None
+        if existing is not None and existing.remote_id == remote_id:
+            return
+        holder = RemoteLink.objects.filter(
+            org_id=effect.org_id, owner_key=binding["pack_generation"]["owner_key"],
+            destination_slot_id=contract["destination_slot_id"], remote_scope=effect.account_key,
+            live_remote_id=remote_id).first()
+        if holder is not None:
+            _suspend_links([holder], reasons.REMOTE_LOCATOR_CONFLICT, kind="remote_conflict",
+                           detail={"effect": int(effect.pk), "claimed_by_link_key": effect.link_key,
+                                   "remote_id": remote_id})
+        raise EgressRefused(f"remote id {remote_id} conflicts with an existing link") from None
 
 
 # --- (4) finalize -------------------------------------------------------------------
 def effect_try_finalize_one(*, lanes: tuple[str, ...] = KNOWN_LANES) -> bool:
     """Finalize one ``remote_confirmed`` effect of ``lanes``: mirror writeback + Runtime receipt.
 
+    Seed 002 "After POST" step 3 and "Drift Matrix" rows on the mirror tuple
+    and on local deletion. The mirror is written only after the link holds the
+    remote id, only to the frozen writeback tuple and only while it equals the
+    link's mirror tuple (a changed tuple is ``tuple_changed``: not written);
+    it is idempotent and never authority. A source deleted before writeback
+    finalizes the effect without any call and suspends the link
+    (``source_deleted``): its evidence stays for reconciliation or retire.
     Never calls the provider. An effect of an unknown DispatchLane is never taken.
     """
-    from nexusflow.records.metadata import InvalidFieldValue
+    from nexusflow.records.metadata import InvalidFieldValue, UnknownField
     from nexusflow.records.models import Record
     from nexusflow.records.services import record_lock, record_write_mirror
     from runtime_outbox.services import intent_result_record
+
+    from .pushlinks import append_link_evidence
 
     lanes = tuple(lane for lane in lanes if lane in KNOWN_LANES)
     effect = (RemoteEffect.objects.filter(state="remote_confirmed", dispatch_lane__in=lanes)
@@ -495,24 +700,45 @@ def effect_try_finalize_one(*, lanes: tuple[str, ...] = KNOWN_LANES) -> bool:
         return False
     command = effect.command
     _binding, contract, _profile = _contract(effect)
+    writeback = command.frozen_binding.get("writeback") or {
+        "source_object": command.source_object, "source_record_id": command.source_record_key,
+        "mirror_field": contract.get("mirror_field", "")}
     with transaction.atomic(durable=True):
         mirror = "skipped"
         record = None
         try:
-            record = record_lock(org=OrgScope(effect.org_id), object_name=command.source_object,
-                                 record_key=command.source_record_key)
+            record = record_lock(org=OrgScope(effect.org_id), object_name=writeback["source_object"],
+                                 record_key=writeback["source_record_id"])
         except Record.DoesNotExist:
             mirror = "source_deleted"
         effect = RemoteEffectStore.lock(effect.org_id, effect.pk)
         if effect.state != "remote_confirmed":
             return True
-        if record is not None and contract.get("mirror_field"):
-            try:
-                record_write_mirror(org=OrgScope(effect.org_id), record=record, field=contract["mirror_field"],
-                                    value=effect.remote_id)
-                mirror = "written"
-            except InvalidFieldValue:
-                mirror = "conflict"
+        link = RemoteLink.objects.filter(org_id=effect.org_id, link_key=effect.link_key).first()
+        if link is not None:
+            link = RemoteLinkStore.lock(link.org_id, link.pk)
+        link_tuple = (link.snapshot.get("mirror_tuple") or {}) if link is not None else {}
+        if record is not None and writeback["mirror_field"]:
+            if link_tuple and link_tuple.get("field") != writeback["mirror_field"]:
+                mirror = "tuple_changed"
+            else:
+                try:
+                    record_write_mirror(org=OrgScope(effect.org_id), record=record, field=writeback["mirror_field"],
+                                        value=effect.remote_id)
+                    mirror = "written"
+                except (InvalidFieldValue, UnknownField):
+                    mirror = "conflict"
+        if link is not None:
+            version = link.version
+            if mirror == "source_deleted" and link.state == "active":
+                append_link_evidence(link, kind="source_deleted", actor="egress", to_state="suspended_drift",
+                                     detail={"effect": int(effect.pk), "remote_id": effect.remote_id})
+                version = RemoteLinkStore.transition(org_id=link.org_id, pk=link.pk, src="active",
+                                                     dst="suspended_drift", version=version,
+                                                     set_fields={"reason_code": reasons.SOURCE_DELETED})
+                link.state = "suspended_drift"
+            RemoteLinkStore.touch(org_id=link.org_id, pk=link.pk, state=link.state, version=version,
+                                  set_fields={"mirror_status": mirror})
         RemoteEffectStore.transition(org_id=effect.org_id, pk=effect.pk, src="remote_confirmed", dst="finalized",
                                      version=effect.version)
         intent_result_record(command=command, outcome="finalized", remote_id=effect.remote_id,

@@ -552,6 +552,23 @@ class RemoteLink(GuardedModel):
     reason_code = reason_code_field()
     snapshot = models.JSONField(help_text="Frozen install/profile/action snapshots for drift validation.")
     created_by_effect_id = TypedIdReference(to="connectors.RemoteEffect", null=True, blank=True)
+    created_install_id = IdentityField(max_length=120, blank=True, default="",
+                                       help_text="CreatedPackInstallId: the pack installation that created the link.")
+    last_validated_install_id = IdentityField(
+        max_length=120, blank=True, default="",
+        help_text="LastValidatedPackInstallId: the installation whose action config last passed drift validation.")
+    mapping_fingerprint = IdentityField(max_length=64, blank=True, default="",
+                                        help_text="Current validated outbound mapping authority (seed 002 CARVE_DOWN).")
+    body_fingerprint = IdentityField(max_length=64, blank=True, default="",
+                                     help_text="Current validated body-shape authority (seed 002 CARVE_DOWN).")
+    last_mapping_revalidation = models.ForeignKey(
+        "connectors.PushLinkRevalidationReceipt", null=True, blank=True, on_delete=models.PROTECT, related_name="+",
+        help_text="LastMappingRevalidationOperationId: the receipt that moved the fingerprints to their current value.")
+    last_pushed_version = models.PositiveBigIntegerField(
+        default=0, help_text="Source record version of the newest confirmed push; older versions are superseded.")
+    mirror_status = models.CharField(max_length=24, blank=True, default="",
+                                     help_text="Last compatibility mirror writeback: written | skipped | conflict | "
+                                               "source_deleted | tuple_changed (never authority).")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -584,14 +601,30 @@ class RemoteEffect(GuardedModel):
     attempt_count = models.PositiveIntegerField(default=0)
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     remote_id = IdentityField(max_length=160, blank=True, default="")
+    owner_key = IdentityField(max_length=120, blank=True, default="", help_text="ConnectorOwnerKey of the slot.")
+    action_slot_id = IdentityField(max_length=120, blank=True, default="", help_text="ActionSlotId of the slot.")
+    destination_slot_id = IdentityField(max_length=120, blank=True, default="",
+                                        help_text="DestinationSlotId of the slot.")
+    source_object = IdentityField(max_length=80, blank=True, default="")
+    source_record_key = IdentityField(max_length=64, blank=True, default="")
+    create_slot = IdentityField(
+        **DIGEST, null=True, blank=True,
+        help_text="Seed 002 AttemptOccupancyKey: the link_key while this effect holds the slot's one create "
+                  "(active or unsuperseded terminal); NULL for updates and once superseded. Unique per org.")
+    attempt_ordinal = models.PositiveIntegerField(
+        default=1, help_text="AttemptOrdinal: 1, then +1 per explicit supersede of a terminal create.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
-        constraints = [reason_code_constraint(transitions.REMOTE_EFFECT, name="remote_effect_reason_chk")]
+        constraints = [
+            reason_code_constraint(transitions.REMOTE_EFFECT, name="remote_effect_reason_chk"),
+            models.UniqueConstraint(fields=["org_id", "create_slot"], name="remote_effect_create_slot_uniq"),
+        ]
         indexes = [
             models.Index(fields=["state", "next_attempt_at"], name="remote_effect_state_idx"),
             models.Index(fields=["org_id", "link_key", "lane_sequence"], name="remote_effect_slot_idx"),
+            models.Index(fields=["org_id", "source_object", "source_record_key"], name="remote_effect_source_idx"),
         ]
 
 
@@ -640,6 +673,59 @@ class RemoteEffectEvidence(GuardedModel):
     detail = models.JSONField()
     digest = IdentityField(**DIGEST)
     created_at = models.DateTimeField(auto_now_add=True)
+
+
+class RemoteLinkEvidence(GuardedModel):
+    """Append-only history of one RemoteLink's lifecycle (seed 002 "Remote Link State").
+
+    ``kind``: ``drift_suspended`` (a drift check suspended it), ``drift_validated``
+    (a benign drift advanced LastValidatedPackInstallId), ``revalidated``,
+    ``retired`` and ``rebound`` (operator), ``remote_not_found``,
+    ``remote_conflict``, ``source_deleted``.
+    """
+
+    org_id = IdentityField(max_length=64)
+    link = models.ForeignKey(RemoteLink, on_delete=models.PROTECT, related_name="evidence")
+    kind = models.CharField(max_length=32)
+    actor = models.CharField(max_length=120)
+    from_state = models.CharField(max_length=16)
+    to_state = models.CharField(max_length=16)
+    detail = models.JSONField()
+    digest = IdentityField(**DIGEST)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+
+class PushLinkRevalidationReceipt(GuardedModel):
+    """Append-only receipt of one finalized-link mapping revalidation (seed 002 "2026-07-22 ... CARVE_DOWN").
+
+    Written only by ``connectors.revalidation.revalidation_apply`` together with
+    the link's fingerprint move; never read by PATCH validation; blocked from
+    generic CRUD and admin writes.
+    """
+
+    org_id = IdentityField(max_length=64)
+    operation_id = IdentityField(max_length=120)
+    link = models.ForeignKey(RemoteLink, on_delete=models.PROTECT, related_name="+")
+    link_key = IdentityField(**DIGEST)
+    manifest_digest = IdentityField(**DIGEST)
+    approval_digest = IdentityField(**DIGEST)
+    fingerprint_algorithm = IdentityField(max_length=40)
+    old_mapping_fingerprint = IdentityField(**DIGEST)
+    new_mapping_fingerprint = IdentityField(**DIGEST)
+    old_body_fingerprint = IdentityField(**DIGEST)
+    new_body_fingerprint = IdentityField(**DIGEST)
+    old_install_id = IdentityField(max_length=120)
+    new_install_id = IdentityField(max_length=120)
+    before_row_digest = IdentityField(**DIGEST)
+    after_row_digest = IdentityField(**DIGEST)
+    previous_receipt = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    approved_by = models.CharField(max_length=120)
+    reason = models.CharField(max_length=255)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["org_id", "operation_id", "link"],
+                                               name="push_link_revalidation_uniq")]
 
 
 class DispatchPermit(GuardedModel):

@@ -58,8 +58,14 @@ def render_request_fields(contract: dict, fields: dict) -> dict[str, str]:
     return body
 
 
+def mapping_source_fields(contract: dict) -> list[str]:
+    """Every source field the contract's mapping reads (the #1781 authority scope of its body)."""
+    return sorted({name for entry in contract["mapping"] for name in entry["source"]})
+
+
 def freeze_push_binding(*, org_id: str, contract_key: str, record, intent_key: str, effect_root_id: str = "",
-                        effect_generation_id: str = "", successor: dict | None = None) -> dict:
+                        effect_generation_id: str = "", successor: dict | None = None,
+                        origin: dict | None = None) -> dict:
     """Lock the serving gate and epoch and freeze every dispatch fact for one intent.
 
     Args:
@@ -69,16 +75,35 @@ def freeze_push_binding(*, org_id: str, contract_key: str, record, intent_key: s
         successor: for a successor EffectGeneration, the operator authorization and the
             predecessor's command key and digest (seed 003 "Replay and external effects").
 
+        origin: who and what originated the push: ``user_id`` (the #1781
+            originating user; default the automated-process user) and the
+            human-readable Flow names (``flow_developer_name``,
+            ``flow_action_name``, ``flow_version_id``), stored as snapshots only.
+
     Returns:
         The FrozenDispatchBinding dict: account, epoch id/digest, pack
         generation, contract, configuration and credential generations,
         digest profile, request fields and digest, ``link_key`` and the one
-        provider idempotency key every attempt reuses.
+        provider idempotency key every attempt reuses; and the seed 002
+        snapshots: ``slot`` (stable ids), ``action_config`` (see
+        :func:`connectors.pushlinks.action_config_snapshot`), ``request``
+        (method/path per operation, replay-safe headers, body hash,
+        responseIdPath), ``authority`` (#1781: originating user, allowed
+        fields, decision time, mapping fingerprint) and ``writeback`` (the
+        mirror tuple and its value at authoring).
 
     Raises:
         NotServing: no serving account, or its gate/epoch is not serving.
-        PushContractError: ambiguous account, wrong object, or empty body.
+        PushContractError: ambiguous account, wrong object, empty body, a
+            stable slot id missing from the pack (``stable_slot_unresolved``)
+            or a mapping field the originating user may not read
+            (``authority_denied``).
     """
+    from nexusflow.kernel.clock import db_now
+    from nexusflow.records.authority import AUTOMATED_PROCESS_USER, AuthorityDenied, require_read_authority
+
+    from .pushlinks import action_config_snapshot
+
     account_key = _serving_account_for_contract(org_id, contract_key)
     ctx = serving_lock(org_id=org_id, account_key=account_key)
     account = ctx.account
@@ -90,6 +115,17 @@ def freeze_push_binding(*, org_id: str, contract_key: str, record, intent_key: s
         raise PushContractError(f"pack generation {pack.pk} has no contract {contract_key}")
     if contract["source_object"] != record.object_name:
         raise PushContractError(f"contract {contract_key} does not apply to {record.object_name}")
+    if not all(isinstance(contract.get(key), str) and contract.get(key) for key in
+               ("action_slot_id", "destination_slot_id")) or not pack.owner_key:
+        raise PushContractError(f"contract {contract_key}: the pack names no stable owner/action/destination slot id",
+                                code="stable_slot_unresolved")
+    origin = dict(origin or {})
+    user_id = origin.pop("user_id", None) or AUTOMATED_PROCESS_USER
+    try:
+        decision = require_read_authority(user_id=user_id, object_name=record.object_name,
+                                          fields=mapping_source_fields(contract))
+    except AuthorityDenied as exc:
+        raise PushContractError(str(exc), code="authority_denied") from None
     request_fields = render_request_fields(contract, record.fields)
     if not request_fields:
         raise PushContractError("the mapping produced no body", code="mapping_produced_no_body")
@@ -102,6 +138,10 @@ def freeze_push_binding(*, org_id: str, contract_key: str, record, intent_key: s
                             action_type=PUSH_ACTION_TYPE, source_object=record.object_name,
                             source_record_key=record.record_key, destination_slot_id=contract["destination_slot_id"])
     provider_key = ("nf-" + intent_key[:48]) if outcomes.policy(profile).replay_safe else None
+    action_config = action_config_snapshot(pack=pack, contract=contract, profile=profile, account=account,
+                                           origin=origin)
+    header = outcomes.policy(profile).idempotency_header
+    request_digest = digest_v2("connectors.push-request", [("fields", canonical_json.dumps(request_fields))]).hexdigest
     return {
         "account_key": account_key,
         "epoch": {"id": ctx.epoch.pk, "digest": ctx.epoch.digest},
@@ -113,7 +153,7 @@ def freeze_push_binding(*, org_id: str, contract_key: str, record, intent_key: s
         "profile_id": PROFILE_V2,
         "base_url": account["base_url"],
         "request_fields": request_fields,
-        "request_digest": digest_v2("connectors.push-request", [("fields", canonical_json.dumps(request_fields))]).hexdigest,
+        "request_digest": request_digest,
         "link_key": link_key,
         "dispatch_lane": "configured",
         "callout_profile": contract["callout_profile"],
@@ -122,6 +162,21 @@ def freeze_push_binding(*, org_id: str, contract_key: str, record, intent_key: s
         "effect_root_id": effect_root_id,
         "effect_generation_id": effect_generation_id,
         "effect_generation_predecessor": successor,
+        "slot": {"owner_key": pack.owner_key, "action_slot_id": contract["action_slot_id"],
+                 "destination_slot_id": contract["destination_slot_id"], "action_type": PUSH_ACTION_TYPE,
+                 "source_object": record.object_name, "source_record_id": record.record_key},
+        "action_config": action_config,
+        "request": {"create": dict(contract["create"]), "update": dict(contract["update"]),
+                    "response_id_path": contract["response_id_path"],
+                    "replay_safe_headers": {header: provider_key} if (header and provider_key) else {},
+                    "body_digest": request_digest, "destination": action_config["endpoint"],
+                    "credential_ref": action_config["credential_ref"]},
+        "authority": {"originating_user": user_id, "source_object": record.object_name,
+                      "source_record_id": record.record_key, "allowed_fields": list(decision.allowed_fields),
+                      "decided_at": db_now().isoformat(), "mapping_fingerprint": action_config["mapping_fingerprint"]},
+        "writeback": {"source_object": record.object_name, "source_record_id": record.record_key,
+                      "mirror_field": contract.get("mirror_field", ""),
+                      "expected": (record.mirrors or {}).get(contract.get("mirror_field", "")) or ""},
     }
 
 
@@ -134,15 +189,61 @@ def remote_effect_accept(*, command) -> RemoteEffect:
     """
     existing = RemoteEffect.objects.filter(command=command).first()
     if existing is None:
+        slot = command.frozen_binding.get("slot") or {}
         try:
             with transaction.atomic(durable=True):
+                ordinal = _supersede_predecessor_create(command)
                 existing = RemoteEffectStore.create(
                     org_id=command.org_id, command=command, logical_effect_digest=command.idempotency_key,
                     account_key=command.account_key, contract_key=command.contract_key,
                     link_key=command.link_key, dispatch_lane=command.frozen_binding.get("dispatch_lane", "configured"),
-                    lane_sequence=command.source_record_version, state="prepared")
+                    lane_sequence=command.source_record_version, state="prepared",
+                    owner_key=slot.get("owner_key", ""), action_slot_id=slot.get("action_slot_id", ""),
+                    destination_slot_id=slot.get("destination_slot_id", ""), source_object=command.source_object,
+                    source_record_key=command.source_record_key, attempt_ordinal=ordinal)
         except IntegrityError:
             existing = RemoteEffect.objects.get(command=command)
     if existing.logical_effect_digest != command.idempotency_key or existing.org_id != command.org_id:
         raise PushContractError(f"remote effect {existing.pk} does not match command {command.pk}")
     return existing
+
+
+def _supersede_predecessor_create(command) -> int:
+    """For a successor EffectGeneration: release the predecessor's create slot; return the new AttemptOrdinal.
+
+    Seed 002 "Attempt Key": the only path to a new POST after a terminal
+    create is ``terminal_failed -> superseded -> new attempt`` by explicit
+    operator intent. The operator's successor command is that intent; its
+    predecessor effect is terminal ``no_effect`` (checked when the successor
+    was authored) and keeps its state; only its occupancy ends here, in the
+    transaction that creates the successor effect.
+    """
+    if command.predecessor_id is None:
+        return 1
+    predecessor = RemoteEffect.objects.filter(org_id=command.org_id, command_id=command.predecessor_id).first()
+    if predecessor is None:
+        return 1
+    predecessor = RemoteEffectStore.lock(command.org_id, predecessor.pk)
+    if not proven_no_effect(predecessor):
+        raise PushContractError(f"predecessor effect {predecessor.pk} is {predecessor.state}, not no_effect",
+                                code="predecessor_not_proven_no_effect")
+    if predecessor.create_slot is not None:
+        RemoteEffectStore.touch(org_id=command.org_id, pk=predecessor.pk, state=predecessor.state,
+                                version=predecessor.version, set_fields={"create_slot": None})
+    return predecessor.attempt_ordinal + 1
+
+
+def proven_no_effect(effect: RemoteEffect) -> bool:
+    """Is ``effect`` terminal with proof that the provider performed nothing?
+
+    ``no_effect`` is that proof; so is ``quarantined`` by a seed 002 "Before
+    POST" gate (:data:`connectors.reasons.REFUSED_BEFORE_POST`) with no
+    Attempt at all: it was refused before any DispatchPermit existed. An
+    operator quarantine is a decision to park, not a proof.
+    """
+    from . import reasons
+
+    if effect.state == "no_effect":
+        return True
+    return (effect.state == "quarantined" and effect.reason_code in reasons.REFUSED_BEFORE_POST
+            and not effect.attempts.exists())

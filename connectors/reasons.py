@@ -9,11 +9,11 @@ admission"; the states are listed in ``connectors/transitions.py``):
 | Execution ``superseded`` | SUPERSEDED_BY_NEWER_POSITION |
 | Execution ``quarantined`` | SOURCE_SEQUENCE_GAP (strict gap past its frozen deadline, disposition ``quarantine``) |
 | ServingEpoch ``rejected`` | EPOCH_OWNER_MISMATCH |
-| RemoteEffect ``uncertain`` | RESPONSE_AMBIGUOUS, RESPONSE_ID_MISSING, UNCLASSIFIED_RESPONSE, HOLDER_ABANDONED |
+| RemoteEffect ``uncertain`` | RESPONSE_AMBIGUOUS, RESPONSE_ID_MISSING, UNCLASSIFIED_RESPONSE, HOLDER_ABANDONED, REMOTE_LOCATOR_CONFLICT |
 | RemoteEffect ``no_effect`` | DEFINITE_REFUSAL, RETRY_EXHAUSTED, OPERATOR_PROVED_NO_EFFECT |
-| RemoteEffect ``quarantined`` | RETRY_EXHAUSTED, LINK_NOT_PATCHABLE, PRIOR_CREATE_UNRESOLVED, OPERATOR_QUARANTINE |
+| RemoteEffect ``quarantined`` | RETRY_EXHAUSTED, LINK_NOT_PATCHABLE, PRIOR_CREATE_UNRESOLVED, OPERATOR_QUARANTINE, SUPERSEDED_BY_NEWER_VERSION, SOURCE_DELETED_BEFORE_POST, SLOT_LINEAGE_UNRESOLVED, STABLE_SLOT_UNRESOLVED, MAPPING_DRIFT, AUTHORITY_DENIED, ASSOCIATION_SNAPSHOT_MISSING, ASSOCIATION_TARGET_UNRESOLVED |
 | CredentialGenerationDispatchGate ``revoked`` | CREDENTIAL_REVOKED |
-| RemoteLink ``suspended_drift`` | REMOTE_NOT_FOUND |
+| RemoteLink ``suspended_drift`` | REMOTE_NOT_FOUND, LINK_DRIFT, SLOT_LINEAGE_UNRESOLVED, REMOTE_CONFLICT, REMOTE_LOCATOR_CONFLICT, SOURCE_DELETED |
 | AccountServingGate ``halting_v2`` / ``v2_halted`` | HALTED_FOR_SUCCESSOR, HALT_WAITING_OPEN_PERMITS, HALT_WAITING_PREDECESSOR_WORK |
 """
 from nexusflow.kernel.reasons import register
@@ -81,6 +81,44 @@ REMOTE_NOT_FOUND = register(
     "remote_not_found", owner=OWNER, evidence=_S + "remote_links_with_reason",
     alert_after_seconds=3600, remediations=("relink_or_retire",))
 
+# --- seed 002 push protocol (connectors/pushlinks.py) ------------------------------------
+SUPERSEDED_BY_NEWER_VERSION = register(
+    "superseded_by_newer_version", owner=OWNER, evidence=_S + "remote_effects_with_reason",
+    alert_after_seconds=0, remediations=("none",))
+SOURCE_DELETED_BEFORE_POST = register(
+    "source_deleted_before_post", owner=OWNER, evidence=_S + "remote_effects_with_reason",
+    alert_after_seconds=86400, remediations=("resolve_prior_create",))
+SLOT_LINEAGE_UNRESOLVED = register(
+    "slot_lineage_unresolved", owner=OWNER, evidence=_S + "remote_links_of_record_lineage",
+    alert_after_seconds=600, remediations=("relink_or_retire",))
+STABLE_SLOT_UNRESOLVED = register(
+    "stable_slot_unresolved", owner=OWNER, evidence=_S + "remote_effects_with_reason",
+    alert_after_seconds=600, remediations=("fix_pack_mapping",))
+LINK_DRIFT = register(
+    "link_drift", owner=OWNER, evidence=_S + "remote_link_evidence_for_reason",
+    alert_after_seconds=600, remediations=("relink_or_retire",))
+MAPPING_DRIFT = register(
+    "mapping_drift", owner=OWNER, evidence=_S + "remote_links_of_effects_with_reason",
+    alert_after_seconds=3600, remediations=("revalidate_link_mapping",))
+AUTHORITY_DENIED = register(
+    "authority_denied", owner=OWNER, evidence=_S + "remote_effects_with_reason",
+    alert_after_seconds=3600, remediations=("reauthor_intent",))
+REMOTE_CONFLICT = register(
+    "remote_conflict", owner=OWNER, evidence=_S + "remote_link_evidence_for_reason",
+    alert_after_seconds=3600, remediations=("relink_or_retire",))
+REMOTE_LOCATOR_CONFLICT = register(
+    "remote_locator_conflict", owner=OWNER, evidence=_S + "remote_link_evidence_for_reason",
+    alert_after_seconds=600, remediations=("relink_or_retire",))
+SOURCE_DELETED = register(
+    "source_deleted", owner=OWNER, evidence=_S + "remote_link_evidence_for_reason",
+    alert_after_seconds=86400, remediations=("relink_or_retire",))
+ASSOCIATION_SNAPSHOT_MISSING = register(
+    "association_snapshot_missing", owner=OWNER, evidence=_S + "remote_effects_with_reason",
+    alert_after_seconds=600, remediations=("reauthor_intent",))
+ASSOCIATION_TARGET_UNRESOLVED = register(
+    "association_target_unresolved", owner=OWNER, evidence=_S + "remote_effects_with_reason",
+    alert_after_seconds=3600, remediations=("reauthor_intent",))
+
 OPERATOR_PROVED_NO_EFFECT = register(
     "operator_proved_no_effect", owner=OWNER, evidence=_S + "remote_effect_evidence_for_reason",
     alert_after_seconds=86400, remediations=("authorize_successor_effect",))
@@ -93,8 +131,13 @@ CREDENTIAL_REVOKED = register(
     "credential_revoked", owner=OWNER, evidence=_S + "credential_gates_with_reason",
     alert_after_seconds=3600, remediations=("reenable_credential_generation", "publish_credential_generation"))
 
+#: Quarantine reasons of a create refused by a seed 002 "Before POST" gate (no Attempt, so no I/O).
+REFUSED_BEFORE_POST = frozenset({SOURCE_DELETED_BEFORE_POST, SLOT_LINEAGE_UNRESOLVED, STABLE_SLOT_UNRESOLVED,
+                                 PRIOR_CREATE_UNRESOLVED, AUTHORITY_DENIED, ASSOCIATION_SNAPSHOT_MISSING,
+                                 ASSOCIATION_TARGET_UNRESOLVED})
+
 #: Uncertain effects that only an operator may move on (the reconciler skips them).
-OPERATOR_ONLY_UNCERTAIN = frozenset({UNCLASSIFIED_RESPONSE, RESPONSE_ID_MISSING})
+OPERATOR_ONLY_UNCERTAIN = frozenset({UNCLASSIFIED_RESPONSE, RESPONSE_ID_MISSING, REMOTE_LOCATOR_CONFLICT})
 
 # --- halt and successor epochs (AccountServingGate, OrderingHandoff; connectors/handoff.py) ----------
 HALTED_FOR_SUCCESSOR = register(

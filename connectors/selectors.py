@@ -139,6 +139,30 @@ def remote_links_of_effects_with_reason(*, org_id: str, reason_code: str | None 
     return RemoteLink.objects.filter(org_id=org_id, link_key__in=slots).order_by("id")
 
 
+def remote_effects_with_reason(*, org_id: str, reason_code: str | None = None) -> QuerySet[RemoteEffect]:
+    """Effects carrying ``reason_code`` (why a push was refused, parked or superseded), oldest first."""
+    return _with_reason(RemoteEffect.objects.filter(org_id=org_id), reason_code).order_by("id")
+
+
+def remote_link_evidence_for_reason(*, org_id: str, reason_code: str | None = None) -> QuerySet:
+    """The evidence rows of links carrying ``reason_code``: which drift surface, conflict or deletion, and when."""
+    from .models import RemoteLinkEvidence
+
+    links = _with_reason(RemoteLink.objects.filter(org_id=org_id), reason_code).values("pk")
+    return RemoteLinkEvidence.objects.filter(org_id=org_id, link__in=links).order_by("link_id", "id")
+
+
+def remote_links_of_record_lineage(*, org_id: str, reason_code: str | None = None) -> QuerySet[RemoteLink]:
+    """Links of the source records whose effects or links carry ``reason_code``: the old slot lineage to resolve."""
+    from django.db.models import Q
+
+    effects = _with_reason(RemoteEffect.objects.filter(org_id=org_id), reason_code)
+    links = _with_reason(RemoteLink.objects.filter(org_id=org_id), reason_code)
+    return (RemoteLink.objects.filter(org_id=org_id)
+            .filter(Q(source_record_key__in=effects.values("source_record_key"))
+                    | Q(source_record_key__in=links.values("source_record_key"))).order_by("id"))
+
+
 def remote_effects_blocking_lane(*, org_id: str, reason_code: str | None = None) -> QuerySet[RemoteEffect]:
     """Quarantined effects that block the lane of effects carrying ``reason_code``.
 

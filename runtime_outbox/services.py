@@ -168,7 +168,8 @@ _SUCCESSOR_REFUSALS = {
     "uncertain": ("predecessor_uncertain", "reconcile the predecessor to confirmed or proven no_effect first"),
     "remote_confirmed": ("predecessor_confirmed", "the predecessor effect occurred"),
     "finalized": ("predecessor_confirmed", "the predecessor effect occurred"),
-    "quarantined": ("predecessor_not_proven_no_effect", "a quarantined effect is not proof of no effect"),
+    "quarantined": ("predecessor_not_proven_no_effect",
+                    "a quarantined effect that made an Attempt is not proof of no effect"),
 }
 
 
@@ -194,7 +195,8 @@ def outbound_command_author_successor(*, org_id: str, predecessor_command_id: in
 
     Raises:
         OutboundCommand.DoesNotExist: no such command in ``org_id``.
-        SuccessorRefused: the predecessor is not terminal ``no_effect``
+        SuccessorRefused: the predecessor is not terminal ``no_effect`` (nor
+            ``quarantined`` before any Attempt: refused before POST)
             (``predecessor_in_flight``, ``predecessor_uncertain``,
             ``predecessor_confirmed``, ``predecessor_not_proven_no_effect``,
             ``predecessor_not_delivered``), its source record is gone
@@ -236,9 +238,11 @@ def _author_successor(org_id: str, scope: TrustedRuntimeWorkScope, predecessor: 
             return existing, False
         # ``no_effect`` is terminal: once read committed it cannot change, so the
         # decision needs no lock on the effect row (any other state refuses).
+        from connectors.outbound import proven_no_effect
+
         effect = RemoteEffect.objects.filter(org_id=org_id, command=predecessor).first()
         state = effect.state if effect is not None else None
-        if state != "no_effect":
+        if effect is None or not proven_no_effect(effect):
             code, why = _SUCCESSOR_REFUSALS[state]
             raise SuccessorRefused(f"command {predecessor.pk}: {why}", code=code)
         try:

@@ -108,8 +108,17 @@ REMEDIATIONS: dict[str, Remediation] = {r.id: r for r in (
     ),
     Remediation(
         "relink_or_retire",
-        "Decide whether the remote object still exists: relink it or retire the RemoteLink so a new create may "
-        "run. Not yet available: no relink/retire command or endpoint exists yet.",
+        "Decide whether the remote object and the link's destination still hold: `manage.py push_links revalidate "
+        "--org ORG --link-key KEY --actor NAME --reason TEXT` re-snapshots the current action config and returns a "
+        "suspended link to service; `push_links retire` ends it (the slot never creates again); `push_links rebind` "
+        "moves the remote id to the slot that replaced a removed one. Nothing is recreated automatically.",
+    ),
+    Remediation(
+        "revalidate_link_mapping",
+        "The pack's outbound mapping or body shape changed under finalized links: the semantic owner approves a "
+        "LinkKey-sorted manifest, `manage.py push_link_revalidation validate --manifest FILE` checks it with zero "
+        "writes, `push_link_revalidation apply --manifest FILE` advances the links' fingerprints atomically; the "
+        "next record save then PATCHes. The refused PATCH stays quarantined.",
     ),
     Remediation(
         "resume_cutover",

@@ -36,6 +36,8 @@ class FieldDefinition:
     name: str
     type: str
     max_length: int
+    #: User ids allowed to read the field (field-level security); ``None``: every user may.
+    read_access: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,9 @@ class MetadataView:
 def _parse(doc: dict) -> ObjectDefinition:
     name = validate_key(doc["object"], field="object")
     fields = {
-        f["name"]: FieldDefinition(validate_key(f["name"], field="field"), f.get("type", "text"), int(f.get("max_length", 255)))
+        f["name"]: FieldDefinition(validate_key(f["name"], field="field"), f.get("type", "text"),
+                                   int(f.get("max_length", 255)),
+                                   tuple(f["read_access"]) if f.get("read_access") is not None else None)
         for f in doc.get("fields", [])
     }
     mirrors = {

@@ -135,6 +135,16 @@ def record_update(*, org: OrgScope, record: Record, changes: dict[str, str | Non
     return change
 
 
+def record_delete(*, org: OrgScope, record: Record) -> Record:
+    """Soft-delete a locked record (no after-save hooks run; the row stays for evidence).
+
+    Raises:
+        StaleVersion: the record moved since it was locked.
+    """
+    _require_atomic()
+    return RecordStore.soft_delete(record)
+
+
 def record_write_mirror(*, org: OrgScope, record: Record, field: str, value: str) -> bool:
     """Write a compatibility mirror field on a locked record (seed 002 "After POST" step 3).
 

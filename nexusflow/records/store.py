@@ -28,6 +28,24 @@ class RecordStore:
         return insert(Record, **values)
 
     @staticmethod
+    def soft_delete(record: Record) -> Record:
+        """Mark a locked live record deleted if ``record.version`` is still current.
+
+        Raises:
+            StaleVersion: the record moved or is already deleted.
+        """
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE records_record SET is_deleted=1, version=version+1, updated_at=UTC_TIMESTAMP(6) "
+                "WHERE id=%s AND org_id=%s AND version=%s AND is_deleted=0",
+                [int(record.pk), record.org_id, record.version])
+            count = cursor.rowcount
+        if count != 1:
+            raise StaleVersion(f"record {record.record_key}: version {record.version} is not current")
+        record.is_deleted, record.version = True, record.version + 1
+        return record
+
+    @staticmethod
     def write(record: Record, *, fields: dict | None = None, mirrors: dict | None = None) -> Record:
         """Persist new ``fields``/``mirrors`` if ``record.version`` is still current.
 

@@ -176,13 +176,15 @@ def test_a_late_delivered_earlier_version_never_dispatches_beside_an_in_flight_c
     drain()
     customers = billing_sandbox.state()["customers"]
     assert [c["create_requests"] for c in customers] == [1], customers
-    assert set(RemoteEffect.objects.values_list("state", flat=True)) == {"finalized"}
+    # The earlier version is never sent after the later one reached the remote: it is superseded.
+    assert RemoteEffect.objects.get(command=second).state == "finalized"
+    early.refresh_from_db()
+    assert (early.state, early.reason_code) == ("quarantined", "superseded_by_newer_version")
+    assert IntentResultReceipt.objects.get(command=first).outcome == "no_effect"
     assert RemoteLink.objects.get(link_key=first.link_key).remote_id == customers[0]["id"]
-    assert [a.operation for a in RemoteEffectAttempt.objects.order_by("id")] == ["create", "update"]
+    assert [a.operation for a in RemoteEffectAttempt.objects.order_by("id")] == ["create"]
 
 
-@pytest.mark.xfail(strict=True, reason="known, not fixed: a late-delivered earlier record version is sent after "
-                                       "the later one and overwrites the remote with older values")
 def test_a_late_delivered_earlier_version_does_not_overwrite_newer_remote_values(org, billing_sandbox):
     record = _contact("old@x.io")
     first = _author(record.record_key, "root-a")
@@ -220,9 +222,14 @@ def test_a_2xx_create_with_an_unlinkable_id_is_parked_for_an_operator(org, billi
     permit = DispatchPermit.objects.get(attempt__effect=effect)
     attempt = RemoteEffectAttempt.objects.get(effect=effect)
     assert permit.state == "returned", "the settled Permit must close"
-    assert (effect.state, effect.reason_code, effect.remote_id) == ("uncertain", reasons.RESPONSE_ID_MISSING, "")
+    expected = reasons.REMOTE_LOCATOR_CONFLICT if case == "held_by_another_link" else reasons.RESPONSE_ID_MISSING
+    assert (effect.state, effect.reason_code, effect.remote_id) == ("uncertain", expected, "")
     assert (attempt.state, attempt.response_status, attempt.remote_id) == ("uncertain", 200, "")
     assert not RemoteLink.objects.filter(link_key=pushed.link_key).exists()
+    if case == "held_by_another_link":
+        # Seed 002 stale remote-locator conflict: the link already holding the id is suspended, never PATCHed.
+        held = RemoteLink.objects.get(remote_id=taken)
+        assert (held.state, held.reason_code) == ("suspended_drift", reasons.REMOTE_LOCATOR_CONFLICT)
     # Parked for an operator: the reconciler never repeats it on its own.
     _zero_backoff()
     assert not egress.effect_try_reconcile_one()
