@@ -119,9 +119,19 @@ def validate_pack_document(doc: dict, path: Path | str) -> None:
                 raise PackError(f"{path}: push contract {contract.get('contract_key')!r} missing {key}")
         if not isinstance(contract["mapping"], (dict, list)) or not contract["mapping"]:
             raise PackError(f"{path}: push contract {contract['contract_key']} has an empty or malformed mapping")
+        for key in ("action_slot_id", "destination_slot_id"):
+            if not isinstance(contract[key], str) or not contract[key].strip():
+                raise PackError(f"{path}: push contract {contract['contract_key']}: {key} must be a non-empty "
+                                f"stable slot id")
+        if not isinstance(contract.get("target_object", ""), str):
+            raise PackError(f"{path}: push contract {contract['contract_key']}: target_object must be text")
     for profile in doc.get("callout_profiles", []):
         if "profile_key" not in profile:
             raise PackError(f"{path}: a callout profile has no profile_key")
+        try:
+            _validate_drift_contract(profile.get("drift", {}))
+        except ValueError as exc:
+            raise PackError(f"{path}: callout profile {profile['profile_key']!r}: {exc}") from exc
         try:
             validate_outcome_profile(profile)
         except ValueError as exc:
@@ -142,6 +152,31 @@ def validate_pack_document(doc: dict, path: Path | str) -> None:
                 raise PackError(f"{path}: {kind} {exc}") from None
         if len(set(names)) != len(names):
             raise PackError(f"{path}: a {kind} key is listed twice")
+
+
+def _validate_drift_contract(drift) -> None:
+    """A callout profile's seed 002 drift contract: ``benign`` surfaces, ``conflict_statuses``, ``remote_conflict``.
+
+    Raises:
+        ValueError: not an object, an unknown key or surface, a status outside
+            400-499, or a ``remote_conflict`` other than ``suspend`` / ``reconcile``.
+    """
+    from .pushlinks import DECLARABLE_BENIGN
+
+    if not isinstance(drift, dict):
+        raise ValueError("drift must be a JSON object")
+    unknown = set(drift) - {"benign", "conflict_statuses", "remote_conflict"}
+    if unknown:
+        raise ValueError(f"drift has unknown keys {sorted(unknown)}")
+    benign = drift.get("benign", [])
+    if not isinstance(benign, list) or not set(benign) <= set(DECLARABLE_BENIGN):
+        raise ValueError(f"drift.benign may list only {list(DECLARABLE_BENIGN)}")
+    statuses = drift.get("conflict_statuses", [])
+    if not isinstance(statuses, list) or not all(
+            isinstance(code, int) and not isinstance(code, bool) and 400 <= code <= 499 for code in statuses):
+        raise ValueError("drift.conflict_statuses must list 4xx status codes")
+    if drift.get("remote_conflict", "suspend") not in ("suspend", "reconcile"):
+        raise ValueError("drift.remote_conflict is 'suspend' or 'reconcile'")
 
 
 def load_pack(pack_key: str, packs_dir: Path | None = None) -> PackDocument:
