@@ -69,7 +69,7 @@ class OrderingHandoffAdmin(ReadOnlyAdmin):
 @admin.register(models.RemoteEffect)
 class RemoteEffectAdmin(ReadOnlyAdmin):
     list_display = ("id", "org_id", "contract_key", "state", "reason_code", "dispatch_lane", "attempt_count",
-                    "remote_id", "updated_at")
+                    "attempt_ordinal", "create_slot", "remote_id", "updated_at")
     list_filter = ("state", "reason_code", "dispatch_lane")
     search_fields = ("link_key", "remote_id")
 
@@ -95,7 +95,7 @@ class CredentialGenerationDispatchGateAdmin(ReadOnlyAdmin):
 @admin.register(models.RemoteLink)
 class RemoteLinkAdmin(ReadOnlyAdmin):
     list_display = ("id", "source_object", "source_record_key", "destination_slot_id", "remote_id", "state",
-                    "reason_code")
+                    "reason_code", "last_validated_install_id", "mirror_status", "last_pushed_version")
     list_filter = ("state", "reason_code", "action_type")
     search_fields = ("remote_id", "source_record_key")
 
@@ -138,3 +138,18 @@ class WorkerProcessAdmin(ReadOnlyAdmin):
 
     list_display = ("worker_id", "role", "host", "pid", "started_at", "terminated_at")
     list_filter = ("role", "host")
+
+
+@admin.register(models.RemoteLinkEvidence)
+class RemoteLinkEvidenceAdmin(ReadOnlyAdmin):
+    list_display = ("id", "org_id", "link", "kind", "from_state", "to_state", "actor", "created_at")
+    list_filter = ("kind", "to_state")
+
+
+@admin.register(models.PushLinkRevalidationReceipt)
+class PushLinkRevalidationReceiptAdmin(ReadOnlyAdmin):
+    """Append-only mapping revalidation receipts (seed 002 CARVE_DOWN): read-only like every support view."""
+
+    list_display = ("id", "org_id", "operation_id", "link", "old_mapping_fingerprint", "new_mapping_fingerprint",
+                    "approved_by", "created_at")
+    search_fields = ("operation_id", "link_key")
