@@ -105,11 +105,13 @@ def intent_idempotency_key(scope: TrustedRuntimeWorkScope, effect_root_id: str, 
 def outbound_command_author(*, scope: TrustedRuntimeWorkScope, effect_root_id: str, effect_slot_id: str,
                             effect_generation_id: str, contract_key: str, record,
                             origin_flow_run_id: int | None, origin_dependency_key: str | None = None,
-                            successor: dict | None = None, predecessor: OutboundCommand | None = None
-                            ) -> OutboundCommand:
+                            successor: dict | None = None, predecessor: OutboundCommand | None = None,
+                            origin: dict | None = None) -> OutboundCommand:
     """Author (or return) the immutable OutboundCommand + outbox message in the caller's transaction.
 
     ``record`` must already be locked by the caller (business lock first).
+    ``origin``: the originating user (``user_id``) and human-readable Flow
+    names, frozen as snapshots only (see ``connectors.outbound.freeze_push_binding``).
     The FrozenDispatchBinding is frozen under the locked gate and its exact
     active ServingEpoch.
 
@@ -136,7 +138,7 @@ def outbound_command_author(*, scope: TrustedRuntimeWorkScope, effect_root_id: s
         return existing
     binding = freeze_push_binding(org_id=scope.org_id, contract_key=contract_key, record=record,
                                   intent_key=key, effect_root_id=effect_root_id,
-                                  effect_generation_id=effect_generation_id, successor=successor)
+                                  effect_generation_id=effect_generation_id, successor=successor, origin=origin)
     command = insert(
         OutboundCommand, org_id=scope.org_id, app_installation_id=scope.app_installation_id,
         runtime_capability_id=scope.runtime_capability_id, binding_digest=scope.binding_digest,
@@ -257,7 +259,9 @@ def _author_successor(org_id: str, scope: TrustedRuntimeWorkScope, predecessor: 
         command = outbound_command_author(
             scope=scope, effect_root_id=predecessor.effect_root_id, effect_slot_id=predecessor.effect_slot_id,
             effect_generation_id=str(number + 1), contract_key=predecessor.contract_key, record=record,
-            origin_flow_run_id=None, successor=successor, predecessor=predecessor)
+            origin_flow_run_id=None, successor=successor, predecessor=predecessor,
+            origin={**(predecessor.frozen_binding.get("action_config") or {}).get("flow", {}),
+                    "user_id": (predecessor.frozen_binding.get("authority") or {}).get("originating_user")})
     return command, True
 
 

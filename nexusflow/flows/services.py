@@ -1125,6 +1125,8 @@ def _exec_effect_submit(claim: StepClaim, plan: FlowExecutionPlan, step_def: dic
             scope=scope, effect_root_id=effect_root_id, effect_slot_id=step_def["key"],
             effect_generation_id=EFFECT_GENERATION_ID, contract_key=step_def["inputs"]["contract"], record=record,
             origin_flow_run_id=run.pk, origin_dependency_key=None,
+            origin={"flow_developer_name": plan.flow_api_name, "flow_action_name": step_def["key"],
+                    "flow_version_id": plan.flow_version},
         )
         effect_link_insert(
             org_id=scope.org_id, app_installation_id=scope.app_installation_id,
