@@ -32,7 +32,8 @@ def _effect_row(effect: RemoteEffect) -> dict:
             "reason_code": effect.reason_code, "account": effect.account_key, "contract": effect.contract_key,
             "record": f"{command.source_object}/{command.source_record_key}@{command.source_record_version}",
             "dispatch_lane": effect.dispatch_lane, "attempts": effect.attempt_count, "remote_id": effect.remote_id,
-            "effect_generation": command.effect_generation_id,
+            "effect_generation": command.effect_generation_id, "attempt_ordinal": effect.attempt_ordinal,
+            "holds_create_slot": effect.create_slot is not None,
             "created_at": effect.created_at.isoformat(), "updated_at": effect.updated_at.isoformat()}
 
 
@@ -114,7 +115,8 @@ class Command(BaseCommand):
         doc = _effect_row(row)
         doc["binding"] = {k: binding.get(k) for k in (
             "account_key", "epoch", "pack_generation", "contract_key", "configuration", "credential_generation",
-            "policy_digest", "request_digest", "link_key", "provider_idempotency_key", "effect_generation_predecessor")}
+            "policy_digest", "request_digest", "link_key", "provider_idempotency_key", "effect_generation_predecessor",
+            "slot", "authority", "writeback")}
         doc["attempts"] = [
             {"number": a.attempt_number, "operation": a.operation, "method": a.method, "path": a.path,
              "state": a.state, "request_digest": a.request_digest, "idempotency_key": a.idempotency_key,
@@ -139,6 +141,10 @@ class Command(BaseCommand):
         self.stdout.write(f"  {doc['account']}/{doc['contract']}  record {doc['record']}  "
                           f"remote_id={doc['remote_id'] or '-'}")
         b = doc["binding"]
+        if b.get("slot"):
+            self.stdout.write(f"  slot {b['slot']['owner_key']} / {b['slot']['action_slot_id']} / "
+                              f"{b['slot']['destination_slot_id']}  link {b['link_key'][:16]}  ordinal "
+                              f"{doc['attempt_ordinal']}{'  holds the create slot' if doc['holds_create_slot'] else ''}")
         self.stdout.write(f"  binding: epoch {b['epoch']['id']}  pack {b['pack_generation']['id']}  "
                           f"credential {(b['credential_generation'] or {}).get('id')}  "
                           f"provider key {b['provider_idempotency_key'] or 'none'}")
