@@ -19,6 +19,7 @@ Each appends a RemoteLinkEvidence row naming the actor and reason.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from django.db import transaction
@@ -118,7 +119,7 @@ def link_revalidate(*, org_id: str, link_key: str, actor: str, reason: str) -> L
         evidence = append_link_evidence(link, kind="revalidated", actor=actor, to_state="active",
                                         detail={"reason": reason.strip(), "install_id": current["install_id"],
                                                 "previous_reason_code": link.reason_code})
-        fields = {"snapshot": snapshot, "last_validated_install_id": current["install_id"]}
+        fields = {"snapshot": json.dumps(snapshot), "last_validated_install_id": current["install_id"]}
         if link.state == "suspended_drift":
             RemoteLinkStore.transition(org_id=org_id, pk=link.pk, src="suspended_drift", dst="active",
                                        version=link.version, set_fields=fields)
