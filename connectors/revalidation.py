@@ -422,9 +422,9 @@ def revalidation_draft(*, org: OrgScope, approved_by: str, reason: str, approval
             active push link, or of another slot), ``draft_no_drift`` (no
             member differs), or any :func:`manifest_parse` code.
     """
-    if contract_key is None and not link_keys:
-        raise ManifestInvalid("name a contract or link keys", code="draft_contract_unknown")
     wanted = [_hex64(key, "link key") for key in link_keys]
+    if contract_key is None and not wanted:
+        raise ManifestInvalid("name a contract or link keys", code="draft_contract_unknown")
     named = list(RemoteLink.objects.filter(org_id=org.org_id, link_key__in=wanted).order_by("link_key"))
     unknown = sorted(set(wanted) - {link.link_key for link in named if link.action_type == PUSH_ACTION_TYPE
                                     and link.state == "active"})
