@@ -26,7 +26,14 @@ from nexusflow.kernel import canonical_json
 from nexusflow.kernel.digests import digest_v2
 
 from .links import PUSH_ACTION_TYPE
-from .models import AccountServingGate, PackGeneration, RemoteEffect, RemoteLink, RemoteLinkEvidence
+from .models import (
+    AccountServingGate,
+    PackGeneration,
+    PushLinkRevalidationReceipt,
+    RemoteEffect,
+    RemoteLink,
+    RemoteLinkEvidence,
+)
 
 #: Version of the mapping/body fingerprint algorithm (recorded on revalidation receipts).
 FINGERPRINT_ALGORITHM = "push-fingerprint.v1"
@@ -221,13 +228,27 @@ def orphaned_lineage(*, org_id: str, source_object: str, source_record_key: str,
     return Lineage(links, effects)
 
 
-def link_row_digest(link: RemoteLink) -> str:
+def link_row_digest(link: RemoteLink, *, revalidation_operation_id: str | None = None) -> str:
     """Digest of the complete persisted link row a revalidation member binds (seed 002 CARVE_DOWN, invariant 2).
 
     Covers the link id, durable identity, remote id, complete persisted
     profile/path snapshot, current fingerprints, installation lineage and the
-    current revalidation pointer.
+    current revalidation pointer. The pointer is digested as the operation id
+    of the receipt it names (the seed's LastMappingRevalidationOperationId;
+    one receipt per operation and link), read from that receipt, or ``""``
+    while the link was never revalidated. ``revalidation_operation_id``
+    supplies it for a projected after-state whose receipt is not written yet,
+    so a receipt can record the digest of the row that will point at it.
+
+    Returns:
+        64 lowercase hex characters.
     """
+    pointer = revalidation_operation_id
+    if pointer is None:
+        pointer = ""
+        if link.last_mapping_revalidation_id is not None:
+            pointer = PushLinkRevalidationReceipt.objects.filter(
+                org_id=link.org_id, pk=link.last_mapping_revalidation_id).values_list("operation_id", flat=True).get()
     return digest_v2("connectors.push-link-row", [
         ("id", str(int(link.pk))), ("link_key", link.link_key), ("owner_key", link.owner_key),
         ("action_slot_id", link.action_slot_id), ("destination_slot_id", link.destination_slot_id),
@@ -236,7 +257,7 @@ def link_row_digest(link: RemoteLink) -> str:
         ("mapping_fingerprint", link.mapping_fingerprint), ("body_fingerprint", link.body_fingerprint),
         ("created_install_id", link.created_install_id),
         ("last_validated_install_id", link.last_validated_install_id),
-        ("last_mapping_revalidation", str(link.last_mapping_revalidation_id or "")),
+        ("last_mapping_revalidation", pointer),
     ]).hexdigest
 
 

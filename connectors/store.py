@@ -113,6 +113,25 @@ class RemoteLinkStore(CasStore):
     lock_class = LockClass.CONNECTOR_WORK
     lock_rank, lock_label = RANK_LINK, "link"
 
+    @classmethod
+    def lock_by_link_key(cls, org_id: str, link_key: str) -> models.RemoteLink | None:
+        """Lock and return the link of ``link_key`` in ``org_id``, or ``None`` if there is none.
+
+        The resource key is ``(org_id, link_key)``: a transaction locking several
+        links by key takes them in ascending (byte-wise) link_key order, the
+        stable LinkKey order of seed 002 "2026-07-22 Finalized Mapping
+        Revalidation CARVE_DOWN" (L0 invariant 2); a lower key after a higher
+        one is refused like any reversal.
+
+        Raises:
+            LockOrderViolation: taken after a higher position or key (mode ``raise``).
+            InvalidIdentity: ``link_key`` is not canonical (before SQL).
+        """
+        from nexusflow.kernel import locks
+
+        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label, key=(org_id, link_key))
+        return cls.model.objects.select_for_update().filter(org_id=org_id, link_key=link_key).first()
+
 
 # Sub-order ranks of the inbound-chain rows added after the first ranks were
 # fixed: a window locks after its lane and before Executions; a dependency
