@@ -393,7 +393,8 @@ def _plan_update(effect: RemoteEffect, binding: dict, contract: dict, link: Remo
         append_link_evidence(locked, kind="drift_validated", actor="egress", to_state=locked.state,
                              detail={"surfaces": list(drift.surfaces), "install_id": current["install_id"]})
         RemoteLinkStore.touch(org_id=locked.org_id, pk=locked.pk, state=locked.state, version=locked.version,
-                              set_fields={"snapshot": snapshot, "last_validated_install_id": current["install_id"]})
+                              set_fields={"snapshot": json.dumps(snapshot),
+                                          "last_validated_install_id": current["install_id"]})
     try:
         remote_id = canonical_locator(link.remote_id, field="link remote id",
                                       max_length=RemoteLink._meta.get_field("remote_id").max_length)
