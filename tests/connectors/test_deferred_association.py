@@ -254,6 +254,47 @@ def test_an_association_to_a_missing_record_fails_admission(org, hubspot_crm_san
     assert not OutboundCommand.objects.exists() and hubspot_crm_sandbox.state()["requests"] == 0
 
 
+def _association_pack(change) -> dict:
+    from django.conf import settings
+
+    document = json.loads((Path(settings.NEXUS_PACKS_DIR) / "hubspot" / "pack.json").read_text(encoding="utf-8"))
+    document["version"] = "9.9.9-bad"
+    contracts = {c["contract_key"]: c for c in document["push_contracts"]}
+    change(contracts[CONTACT], contracts[COMPANY])
+    return document
+
+
+@pytest.mark.parametrize("change", [
+    lambda contact, company: contact["associations"][0].update(target_contract="hubspot.nothing"),
+    lambda contact, company: contact["associations"][0].update(target_contract=CONTACT),
+    lambda contact, company: contact["associations"][0].update(mode="eventually"),
+    lambda contact, company: contact["associations"][0].update(template={"to": {"id": "fixed"}}),
+    lambda contact, company: contact["associations"][0].update(template="{remote_id}"),
+    lambda contact, company: contact["associations"][0].update(source_field=" account_id"),
+    lambda contact, company: contact["associations"][0].update(extra=1),
+    lambda contact, company: contact["associations"].append(dict(contact["associations"][0])),
+    lambda contact, company: contact.pop("associations_key"),
+    lambda contact, company: contact.update(associations_key=contact["body_wrap"]),
+    lambda contact, company: contact.update(body_encoding="form"),
+    lambda contact, company: contact.update(associations={"source_field": "account_id"}),
+    lambda contact, company: company.update(associations_key="associations"),
+    lambda contact, company: company.update(associations_key="associations", associations=[
+        {"source_field": "contact_id", "target_contract": CONTACT, "mode": "create_inline",
+         "template": {"to": {"id": "{remote_id}"}}}]),
+], ids=["unknown_target", "self_target", "unknown_mode", "no_placeholder", "template_not_object",
+        "non_canonical_source", "extra_key", "duplicate", "no_associations_key", "key_is_body_wrap",
+        "form_body", "not_a_list", "key_without_associations", "cycle"])
+def test_pack_publication_refuses_an_invalid_association_block(change):
+    from connectors.generations import pack_publish
+    from connectors.models import PackGeneration
+    from connectors.packs import PackError
+
+    with pytest.raises(PackError):
+        pack_publish(document=_association_pack(change))
+    assert not PackGeneration.objects.filter(version="9.9.9-bad").exists()
+    assert pack_publish(document=_association_pack(lambda contact, company: None))[0].version == "9.9.9-bad"
+
+
 # --- fail closed at grant --------------------------------------------------------------------------------------
 def test_a_deferred_effect_without_its_frozen_vector_fails_closed(org, hubspot_crm_sandbox):
     acme = _account("Acme")
