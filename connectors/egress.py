@@ -114,13 +114,17 @@ def _content_type(contract: dict) -> str:
     return "application/x-www-form-urlencoded" if contract.get("body_encoding", "json") == "form" else "application/json"
 
 
-def _encode_body(contract: dict, fields: dict) -> bytes:
+def _encode_body(contract: dict, fields: dict, associations: tuple = ()) -> bytes:
     """The request bytes for ``fields``: sorted form encoding or canonical JSON, per the contract.
 
-    A JSON contract with ``"body_wrap": KEY`` sends ``{KEY: fields}``.
+    A JSON contract with ``"body_wrap": KEY`` sends ``{KEY: fields}``; a
+    create with resolved ``associations`` (rendered templates) also carries
+    them as a list under the contract's ``associations_key``.
     """
     if contract.get("body_encoding", "json") == "form":
         return urllib.parse.urlencode(sorted(fields.items())).encode("utf-8")
+    if associations:
+        return canonical_json.dumps({contract["body_wrap"]: fields, contract["associations_key"]: list(associations)})
     if contract.get("body_wrap"):
         return canonical_json.dumps({contract["body_wrap"]: fields})
     return canonical_json.dumps(fields)
@@ -250,6 +254,9 @@ def _plan_request(effect: RemoteEffect, binding: dict, contract: dict):
     if link is None:
         if not _plan_create(effect, binding):
             return None
+        body = _create_body(effect, binding, contract, body)
+        if body is None:
+            return None
         return "create", contract["create"]["method"], contract["create"]["path"], body, key
     path = _plan_update(effect, binding, contract, link)
     if path is None:
@@ -317,6 +324,47 @@ def _plan_create(effect: RemoteEffect, binding: dict) -> bool:
         _quarantine(effect, reasons.PRIOR_CREATE_UNRESOLVED)
         return False
     return True
+
+
+#: How long a create waits before it looks again for a ``create_inline`` association target's link.
+ASSOCIATION_WAIT = dt.timedelta(seconds=5)
+
+
+def _create_body(effect: RemoteEffect, binding: dict, contract: dict, body: bytes) -> bytes | None:
+    """The association-complete create body, or ``None`` when the create waits or was refused.
+
+    Seed 002 "Deferred Association Dispatch Lane" and "Retry And Recovery
+    Semantics" 1. Runs in the grant transaction with the effect locked, after
+    the "Before POST" gates. A later Attempt of the same create reuses the
+    body frozen on an earlier create Attempt (the association targets are
+    never re-resolved). Otherwise the targets come from the frozen source-id
+    vector (:func:`connectors.associations.association_resolve`): a
+    ``create_inline`` target not linked yet leaves the effect ``prepared``
+    with ``next_attempt_at`` :data:`ASSOCIATION_WAIT` ahead; a missing vector
+    fails closed (``association_snapshot_missing``), a target that can never
+    resolve too (``association_target_unresolved``); both quarantine the
+    create before any Attempt.
+    """
+    from .associations import READY, SNAPSHOT_MISSING, WAIT, association_resolve
+
+    if not contract.get("associations"):
+        return body
+    previous = effect.attempts.filter(operation="create").order_by("-attempt_number").first()
+    if previous is not None:
+        return bytes(previous.request_body)
+    pack = PackGeneration.objects.get(pk=binding["pack_generation"]["id"])
+    resolution = association_resolve(effect=effect, binding=binding, pack_document=pack.document, contract=contract)
+    if resolution.verdict == READY:
+        return _encode_body(contract, effect.command.request_fields, resolution.entries)
+    if resolution.verdict == WAIT:
+        effect.version = RemoteEffectStore.touch(org_id=effect.org_id, pk=effect.pk, state=effect.state,
+                                                 version=effect.version,
+                                                 set_fields={"next_attempt_at": db_now() + ASSOCIATION_WAIT})
+        return None
+    reason = (reasons.ASSOCIATION_SNAPSHOT_MISSING if resolution.verdict == SNAPSHOT_MISSING
+              else reasons.ASSOCIATION_TARGET_UNRESOLVED)
+    _refuse_create(effect, reason, {"association": resolution.detail, "live_lookup": resolution.live_lookup})
+    return None
 
 
 def _refuse_create(effect: RemoteEffect, reason: str, detail: dict) -> None:

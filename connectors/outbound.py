@@ -90,18 +90,28 @@ def freeze_push_binding(*, org_id: str, contract_key: str, record, intent_key: s
         (method/path per operation, replay-safe headers, body hash,
         responseIdPath), ``authority`` (#1781: originating user, allowed
         fields, decision time, mapping fingerprint) and ``writeback`` (the
-        mirror tuple and its value at authoring).
+        mirror tuple and its value at authoring); ``associations``: the
+        position-aligned save-time source record ids of the contract's
+        association contracts (``""`` when blank), and ``dispatch_lane``
+        (``deferred_association`` for a create candidate whose
+        ``create_inline`` target is not linked yet; see
+        :func:`connectors.associations.association_freeze`). Authoring never
+        performs remote I/O.
 
     Raises:
         NotServing: no serving account, or its gate/epoch is not serving.
         PushContractError: ambiguous account, wrong object, empty body, a
-            stable slot id missing from the pack (``stable_slot_unresolved``)
-            or a mapping field the originating user may not read
-            (``authority_denied``).
+            stable slot id missing from the pack (``stable_slot_unresolved``),
+            a mapping or association source field the originating user may
+            not read (``authority_denied``), or an association the intent
+            cannot be admitted with (``association_source_invalid``,
+            ``association_target_unserved``, ``association_target_missing``,
+            ``association_target_not_linked``).
     """
     from nexusflow.kernel.clock import db_now
     from nexusflow.records.authority import AUTOMATED_PROCESS_USER, AuthorityDenied, require_read_authority
 
+    from .associations import association_freeze, association_source_fields
     from .pushlinks import action_config_snapshot
 
     account_key = _serving_account_for_contract(org_id, contract_key)
@@ -122,8 +132,9 @@ def freeze_push_binding(*, org_id: str, contract_key: str, record, intent_key: s
     origin = dict(origin or {})
     user_id = origin.pop("user_id", None) or AUTOMATED_PROCESS_USER
     try:
-        decision = require_read_authority(user_id=user_id, object_name=record.object_name,
-                                          fields=mapping_source_fields(contract))
+        decision = require_read_authority(
+            user_id=user_id, object_name=record.object_name,
+            fields=sorted(set(mapping_source_fields(contract)) | set(association_source_fields(contract))))
     except AuthorityDenied as exc:
         raise PushContractError(str(exc), code="authority_denied") from None
     request_fields = render_request_fields(contract, record.fields)
@@ -137,6 +148,8 @@ def freeze_push_binding(*, org_id: str, contract_key: str, record, intent_key: s
     link_key = link_key_for(owner_key=pack.owner_key, action_slot_id=contract["action_slot_id"],
                             action_type=PUSH_ACTION_TYPE, source_object=record.object_name,
                             source_record_key=record.record_key, destination_slot_id=contract["destination_slot_id"])
+    associations, lane = association_freeze(org_id=org_id, pack=pack, account=account, contract=contract,
+                                            record=record, link_key=link_key, error=PushContractError)
     provider_key = ("nf-" + intent_key[:48]) if outcomes.policy(profile).replay_safe else None
     action_config = action_config_snapshot(pack=pack, contract=contract, profile=profile, account=account,
                                            origin=origin)
@@ -155,7 +168,8 @@ def freeze_push_binding(*, org_id: str, contract_key: str, record, intent_key: s
         "request_fields": request_fields,
         "request_digest": request_digest,
         "link_key": link_key,
-        "dispatch_lane": "configured",
+        "dispatch_lane": lane,
+        "associations": associations,
         "callout_profile": contract["callout_profile"],
         "policy_digest": policy_digest(profile),
         "provider_idempotency_key": provider_key,

@@ -78,7 +78,8 @@ def validate_pack_document(doc: dict, path: Path | str) -> None:
 
     Raises:
         PackError: a missing or non-canonical key, an incomplete route, callout
-            profile or push contract, or an unsupported auth or ordering contract.
+            profile or push contract, an unsupported auth or ordering contract,
+            or an invalid association block (see :func:`validate_associations`).
     """
     if not isinstance(doc, dict):
         raise PackError(f"{path}: a pack is a JSON object")
@@ -141,6 +142,10 @@ def validate_pack_document(doc: dict, path: Path | str) -> None:
         if contract["callout_profile"] not in profiles:
             raise PackError(f"{path}: push contract {contract['contract_key']} names unknown callout profile "
                             f"{contract['callout_profile']!r}")
+    try:
+        validate_associations(doc.get("push_contracts", []))
+    except ValueError as exc:
+        raise PackError(f"{path}: {exc}") from exc
     for kind, items, key in (("route", doc.get("inbound_routes", []), "route_key"),
                              ("callout profile", doc.get("callout_profiles", []), "profile_key"),
                              ("push contract", doc.get("push_contracts", []), "contract_key")):
@@ -152,6 +157,99 @@ def validate_pack_document(doc: dict, path: Path | str) -> None:
                 raise PackError(f"{path}: {kind} {exc}") from None
         if len(set(names)) != len(names):
             raise PackError(f"{path}: a {kind} key is listed twice")
+
+
+#: Association modes (seed 002 "Deferred Association Dispatch Lane"): a ``create_inline`` target may still be
+#: pending when the source is saved (its create then waits in the ``deferred_association`` lane); an
+#: ``update_only`` target must already be linked when the intent is authored (the create never waits for it).
+ASSOCIATION_MODES = ("create_inline", "update_only")
+#: The placeholder an association template carries for the target's remote id.
+REMOTE_ID_PLACEHOLDER = "{remote_id}"
+
+
+def _placeholders(value) -> int:
+    """How many string leaves of a JSON value hold :data:`REMOTE_ID_PLACEHOLDER`."""
+    if isinstance(value, str):
+        return int(REMOTE_ID_PLACEHOLDER in value)
+    if isinstance(value, dict):
+        return sum(_placeholders(item) for item in value.values())
+    if isinstance(value, list):
+        return sum(_placeholders(item) for item in value)
+    return 0
+
+
+def validate_associations(contracts: list[dict]) -> None:
+    """Check every push contract's ``associations`` block (seed 002 association contracts).
+
+    A contract may list ``associations``: position-aligned entries
+    ``{"source_field": <field of the contract's source object holding the
+    target record's key>, "target_contract": <another push contract of the
+    same pack>, "mode": "create_inline" | "update_only", "template": <a JSON
+    object with the "{remote_id}" placeholder>}``. A create's body then carries
+    the rendered templates as a list under ``associations_key``, beside the
+    ``body_wrap`` object; so the contract is JSON, wraps its fields and names a
+    different ``associations_key``. Targets form no cycle (a create never
+    waits for itself).
+
+    Raises:
+        ValueError: a malformed entry, an unknown or self target, an unknown
+            mode, a template without the placeholder, a duplicate entry, a
+            missing/clashing ``associations_key``, or a target cycle.
+    """
+    by_key = {contract.get("contract_key"): contract for contract in contracts}
+    edges: dict[str, set[str]] = {}
+    for contract in contracts:
+        name = contract.get("contract_key")
+        entries = contract.get("associations", [])
+        if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
+            raise ValueError(f"push contract {name}: associations must be a JSON array of objects")
+        if not entries:
+            if "associations_key" in contract:
+                raise ValueError(f"push contract {name}: associations_key without associations")
+            continue
+        key = contract.get("associations_key")
+        if not isinstance(key, str) or not key or key != key.strip():
+            raise ValueError(f"push contract {name}: associations need a non-empty associations_key")
+        if contract.get("body_encoding", "json") != "json" or not contract.get("body_wrap") \
+                or contract["body_wrap"] == key:
+            raise ValueError(f"push contract {name}: associations need a JSON body with a body_wrap other than "
+                             f"the associations_key")
+        seen = set()
+        for position, entry in enumerate(entries):
+            where = f"push contract {name}: association {position}"
+            if set(entry) != {"source_field", "target_contract", "mode", "template"}:
+                raise ValueError(f"{where} must have exactly source_field, target_contract, mode and template")
+            try:
+                validate_key(entry["source_field"], field="source_field")
+            except InvalidIdentity as exc:
+                raise ValueError(f"{where}: {exc}") from None
+            target = entry["target_contract"]
+            if not isinstance(target, str) or target not in by_key or target == name:
+                raise ValueError(f"{where}: target_contract {target!r} is not another push contract of the pack")
+            if entry["mode"] not in ASSOCIATION_MODES:
+                raise ValueError(f"{where}: mode must be one of {list(ASSOCIATION_MODES)}")
+            if not isinstance(entry["template"], dict) or _placeholders(entry["template"]) == 0:
+                raise ValueError(f"{where}: template must be a JSON object carrying {REMOTE_ID_PLACEHOLDER!r}")
+            if (entry["source_field"], target) in seen:
+                raise ValueError(f"{where}: source_field and target_contract are listed twice")
+            seen.add((entry["source_field"], target))
+            edges.setdefault(name, set()).add(target)
+    visiting: set[str] = set()
+    done: set[str] = set()
+
+    def visit(node: str) -> None:
+        if node in done:
+            return
+        if node in visiting:
+            raise ValueError(f"push contract {node}: association targets form a cycle")
+        visiting.add(node)
+        for successor in sorted(edges.get(node, ())):
+            visit(successor)
+        visiting.discard(node)
+        done.add(node)
+
+    for node in sorted(edges):
+        visit(node)
 
 
 def _validate_drift_contract(drift) -> None:

@@ -56,6 +56,8 @@ def body_fingerprint(contract: dict) -> str:
     """BodyFingerprint: the digest of the body shape (encoding, wrap, association templates; 64 hex chars)."""
     shape = {"encoding": contract.get("body_encoding", "json"), "wrap": contract.get("body_wrap"),
              "associations": contract.get("associations", [])}
+    if contract.get("associations_key"):
+        shape["associations_key"] = contract["associations_key"]
     return digest_v2("connectors.push-body", [("algorithm", FINGERPRINT_ALGORITHM),
                                               ("shape", canonical_json.dumps(shape))]).hexdigest
 

@@ -140,7 +140,8 @@ def service_document(billing_url: str, hubspot_url: str | None = None) -> dict:
          "base_url": billing_url, "credentials": {"api_key": SECRET_VERSION}},
     ]
     if hubspot_url is not None:
-        accounts.append({"account_key": HUBSPOT_ACCOUNT, "pack": "hubspot", "push_contracts": ["hubspot.contact"],
+        accounts.append({"account_key": HUBSPOT_ACCOUNT, "pack": "hubspot",
+                         "push_contracts": ["hubspot.contact", "hubspot.company"],
                          "base_url": hubspot_url, "credentials": {"private_app_token": SECRET_VERSION}})
     return {"accounts": accounts}
 
@@ -176,7 +177,7 @@ def make_serving_org(billing_url: str, *, deploy_flow: bool = True, hubspot_url:
     """Configure, cut over and (optionally) deploy the demo Flow for ``ORG``.
 
     ``hubspot_url``: also serve the CRM objects push account ``HUBSPOT_ACCOUNT``
-    (push contract ``hubspot.contact``) against that base URL.
+    (push contracts ``hubspot.contact`` and ``hubspot.company``) against that base URL.
     """
     from cutover.services import cutover_greenfield
 

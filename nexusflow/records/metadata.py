@@ -16,7 +16,10 @@ from django.conf import settings
 from nexusflow.kernel import canonical_json
 from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.errors import NexusError
-from nexusflow.kernel.identity import validate_key
+from nexusflow.kernel.identity import InvalidIdentity, validate_key
+
+#: Field type of a reference to another object's record (its record key); the field names ``references``.
+LOOKUP = "lookup"
 
 
 class UnknownObject(NexusError):
@@ -38,6 +41,8 @@ class FieldDefinition:
     max_length: int
     #: User ids allowed to read the field (field-level security); ``None``: every user may.
     read_access: tuple[str, ...] | None = None
+    #: For ``type`` ``lookup``: the object whose record key the field holds; ``None`` otherwise.
+    references: str | None = None
 
 
 @dataclass(frozen=True)
@@ -57,9 +62,15 @@ class ObjectDefinition:
     def clean_value(self, field: str, value: object) -> str | None:
         """Validate one field value against its definition.
 
+        A ``lookup`` field holds the record key of a record of the object it
+        ``references`` (or ``None`` / ``""`` for no reference); the key must be
+        canonical (ARCHITECTURE.md section 6, "Canonical identity"). Whether that record exists is
+        not a metadata question: consumers resolve it when they read it.
+
         Raises:
             UnknownField: ``field`` is not defined on this object.
-            InvalidFieldValue: not text/None, or longer than ``max_length``.
+            InvalidFieldValue: not text/None, longer than ``max_length``, or a
+                lookup value that is not a canonical record key.
         """
         definition = self.fields.get(field)
         if definition is None:
@@ -70,6 +81,11 @@ class ObjectDefinition:
             raise InvalidFieldValue(f"{self.name}.{field}: expected text")
         if len(value) > definition.max_length:
             raise InvalidFieldValue(f"{self.name}.{field}: longer than {definition.max_length}")
+        if definition.type == LOOKUP and value != "":
+            try:
+                validate_key(value, field=f"{self.name}.{field}", max_length=definition.max_length)
+            except InvalidIdentity as exc:
+                raise InvalidFieldValue(str(exc)) from None
         return value
 
 
@@ -90,9 +106,14 @@ def _parse(doc: dict) -> ObjectDefinition:
     fields = {
         f["name"]: FieldDefinition(validate_key(f["name"], field="field"), f.get("type", "text"),
                                    int(f.get("max_length", 255)),
-                                   tuple(f["read_access"]) if f.get("read_access") is not None else None)
+                                   tuple(f["read_access"]) if f.get("read_access") is not None else None,
+                                   f.get("references"))
         for f in doc.get("fields", [])
     }
+    for definition in fields.values():
+        if (definition.type == LOOKUP) != (definition.references is not None):
+            raise ValueError(f"{name}.{definition.name}: a lookup field names the object it references, "
+                             f"and only a lookup field does")
     mirrors = {
         m["name"]: MirrorFieldDefinition(validate_key(m["name"], field="mirror_field"), m["owner_pack"], m["push_contract"])
         for m in doc.get("mirror_fields", [])
@@ -104,7 +125,8 @@ def load_view(directory: Path) -> MetadataView:
     """Load every ``*.object.json`` under ``directory/objects``.
 
     Raises:
-        ValueError: duplicate object names or unreadable JSON.
+        ValueError: duplicate object names, unreadable JSON, or a lookup field
+            that references no object of the view.
     """
     objects: dict[str, ObjectDefinition] = {}
     docs = []
@@ -115,6 +137,10 @@ def load_view(directory: Path) -> MetadataView:
             raise ValueError(f"object {definition.name} defined twice ({path})")
         objects[definition.name] = definition
         docs.append(doc)
+    for definition in objects.values():
+        for field in definition.fields.values():
+            if field.references is not None and field.references not in objects:
+                raise ValueError(f"{definition.name}.{field.name} references unknown object {field.references!r}")
     digest = digest_v2("records.metadata-view", [("objects", canonical_json.dumps(docs))]).hexdigest
     return MetadataView(objects, digest)
 

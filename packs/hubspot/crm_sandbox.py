@@ -1,15 +1,21 @@
-"""Loopback CRM objects sandbox: a HubSpot-style contacts API for demos and tests.
+"""Loopback CRM objects sandbox: a HubSpot-style contacts and companies API for demos and tests.
 
 Behaviour follows ``FACTS.md`` ("HubSpot-style CRM objects API"). Every API
 response is JSON with ``Content-Type: application/json;charset=utf-8`` (204
-has no body). Contact ids are decimal strings ("501", "502", ...), never
-reused, not even after a reset. Timestamps are ISO 8601 UTC with
+has no body). Contact and company ids are decimal strings ("501", "502", ...)
+from one sequence, never reused, not even after a reset. Timestamps are ISO 8601 UTC with
 milliseconds (``2024-05-01T10:00:00.123Z``).
 
 Endpoints (``{id}`` is the contact id, or its email with ``?idProperty=email``):
 
-- ``POST /crm/v3/objects/contacts`` with ``{"properties": {name: text}}`` ->
-  201 ``{"id", "properties", "createdAt", "updatedAt", "archived": false}``;
+- ``POST /crm/v3/objects/contacts`` with ``{"properties": {name: text}}`` and
+  optionally ``"associations": [{"to": {"id": <company id>}, "types":
+  [{"associationCategory": "HUBSPOT_DEFINED", "associationTypeId": 279}]}]``
+  (the v3 create-with-associations shape; HUBSPOT_DEFINED contact-to-company
+  type ids are 1 (primary) and 279) -> 201 ``{"id", "properties",
+  "createdAt", "updatedAt", "archived": false}``; an association to a company
+  that does not exist or is archived -> 400 ``"category":
+  "VALIDATION_ERROR"`` and nothing is created;
   an email another live contact holds (compared case-insensitively) -> 409
   ``{"status": "error", "message": "Contact already exists. Existing ID: <id>",
   "correlationId": <uuid>, "category": "CONFLICT"}`` and nothing is created;
@@ -19,7 +25,11 @@ Endpoints (``{id}`` is the contact id, or its email with ``?idProperty=email``):
   contact -> 409 as above, nothing changed;
 - ``GET /crm/v3/objects/contacts/{id}`` -> 200 or 404;
 - ``DELETE /crm/v3/objects/contacts/{id}`` -> 204 (archives it: later reads
-  and updates are 404 and its email is free again) or 404.
+  and updates are 404 and its email is free again) or 404;
+- ``POST /crm/v3/objects/companies`` (``{"properties": {...}}`` of
+  :data:`COMPANY_PROPERTIES`, no uniqueness rule), ``PATCH|GET|DELETE
+  /crm/v3/objects/companies/{id}`` (by id only) behave like the contact
+  routes. An update body carries ``properties`` only (associations -> 400).
 
 ``properties`` in a response hold the contact's properties plus the system
 properties ``hs_object_id``, ``createdate`` and ``lastmodifieddate``. A request
@@ -35,14 +45,17 @@ missing or wrong token -> 401 ``"category": "INVALID_AUTHENTICATION"``.
 Per contact the sandbox counts ``create_requests`` (create requests that
 created it: 1), ``update_requests`` (update requests executed on it) and
 ``conflict_requests`` (create/update requests refused with 409 because it
-holds the email). ``requests`` counts every API request (any path outside
+holds the email), and keeps the ``associations`` its create carried; per
+company ``create_requests`` and ``update_requests``. ``requests`` counts every API request (any path outside
 ``/_sandbox``, rejected ones included) and ``requests_by_route`` counts them
 by ``"<METHOD> <path>"`` (path without the query).
 
 Test controls (no auth): ``GET /_sandbox/state`` -> ``{"contacts": [{"id",
 "properties", "archived", "create_requests", "update_requests",
-"conflict_requests"}], "requests": n, "requests_by_route": {...}}`` (contacts
-oldest first, ``properties`` without the system properties);
+"conflict_requests", "associations": [{"to": company id, "types": [...]}]}],
+"companies": [{"id", "properties", "archived", "create_requests",
+"update_requests"}], "requests": n, "requests_by_route": {...}}`` (oldest
+first, ``properties`` without the system properties);
 ``POST /_sandbox/reset``; ``GET|POST /_sandbox/faults`` with any of
 ``{"drop_response_after_commit": N}`` (the next N create/update requests that
 are executed, whatever their answer, are performed and then the connection is
@@ -81,8 +94,14 @@ from packs.loopback import DispatchingHandler, LoopbackSandbox, LoopbackServer, 
 logger = logging.getLogger(__name__)
 
 CONTACTS_PATH = "/crm/v3/objects/contacts"
+COMPANIES_PATH = "/crm/v3/objects/companies"
 #: Properties a request may set (the contact properties this pack maps, plus two common ones).
 CONTACT_PROPERTIES: tuple[str, ...] = ("email", "firstname", "lastname", "lifecyclestage", "phone", "company")
+#: Company properties a request may set.
+COMPANY_PROPERTIES: tuple[str, ...] = ("name", "domain", "city", "industry", "phone")
+#: Association categories, and the HUBSPOT_DEFINED contact-to-company type ids (primary, unlabeled).
+ASSOCIATION_CATEGORIES: tuple[str, ...] = ("HUBSPOT_DEFINED", "USER_DEFINED", "INTEGRATOR_DEFINED")
+CONTACT_TO_COMPANY_TYPES: tuple[int, ...] = (1, 279)
 SYSTEM_PROPERTIES: tuple[str, ...] = ("hs_object_id", "createdate", "lastmodifieddate")
 JSON_CONTENT_TYPE = "application/json;charset=utf-8"
 ID_PROPERTIES: tuple[str, ...] = ("hs_object_id", "email")
@@ -98,6 +117,7 @@ RATE_LIMIT_HEADERS: dict[str, str] = {
 }
 
 _CONTACT_PATH = re.compile(re.escape(CONTACTS_PATH) + r"/([^/]+)")
+_COMPANY_PATH = re.compile(re.escape(COMPANIES_PATH) + r"/([^/]+)")
 
 
 class _RequestRejected(Exception):
@@ -133,6 +153,8 @@ class _State:
     lock: threading.Lock = field(default_factory=threading.Lock)
     contacts: dict[str, dict[str, Any]] = field(default_factory=dict)
     counters: dict[str, dict[str, int]] = field(default_factory=dict)
+    companies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    company_counters: dict[str, dict[str, int]] = field(default_factory=dict)
     faults: _Faults = field(default_factory=_Faults)
     requests: int = 0
     requests_by_route: dict[str, int] = field(default_factory=dict)
@@ -142,6 +164,8 @@ class _State:
         with self.lock:
             self.contacts.clear()
             self.counters.clear()
+            self.companies.clear()
+            self.company_counters.clear()
             self.faults = _Faults()
             self.requests = 0
             self.requests_by_route.clear()
@@ -155,8 +179,19 @@ class _State:
                         "properties": dict(contact["properties"]),
                         "archived": contact["archived"],
                         **self.counters[contact_id],
+                        "associations": [{"to": item["to"], "types": [dict(t) for t in item["types"]]}
+                                         for item in contact["associations"]],
                     }
                     for contact_id, contact in self.contacts.items()
+                ],
+                "companies": [
+                    {
+                        "id": company_id,
+                        "properties": dict(company["properties"]),
+                        "archived": company["archived"],
+                        **self.company_counters[company_id],
+                    }
+                    for company_id, company in self.companies.items()
                 ],
                 "requests": self.requests,
                 "requests_by_route": dict(self.requests_by_route),
@@ -240,6 +275,10 @@ class CrmSandbox(LoopbackSandbox):
         except _RequestRejected as exc:
             raise ValueError((exc.body or {}).get("message", "invalid faults")) from exc
 
+    def company(self, company_id: str) -> dict[str, Any] | None:
+        """The company row of ``state()`` with ``company_id``, or ``None``."""
+        return next((row for row in self.state()["companies"] if row["id"] == company_id), None)
+
     def contact_by_email(self, email: str) -> dict[str, Any] | None:
         """The live contact row of ``state()`` holding ``email`` (case-insensitive), or ``None``."""
         wanted = email.lower()
@@ -272,6 +311,10 @@ class _SandboxHandler(DispatchingHandler):
             query = parse_qs(split.query, keep_blank_values=True)
             if method == "POST" and path == CONTACTS_PATH:
                 self._write(body, locator=None, query=query)
+            elif method == "POST" and path == COMPANIES_PATH:
+                self._write(body, locator=None, query=query, companies=True)
+            elif (match := _COMPANY_PATH.fullmatch(path)) and method in ("GET", "PATCH", "DELETE"):
+                self._company(method, match.group(1), body, query)
             elif (match := _CONTACT_PATH.fullmatch(path)) and method in ("GET", "PATCH", "DELETE"):
                 locator = match.group(1)
                 if method == "PATCH":
@@ -326,10 +369,35 @@ class _SandboxHandler(DispatchingHandler):
             raise _RequestRejected(404, _not_found())
         return contact_id
 
-    def _write(self, body: bytes, *, locator: str | None, query: dict[str, list[str]]) -> None:
-        """Create (``locator`` None) or update one contact, honouring the faults."""
+    def _company(self, method: str, locator: str, body: bytes, query: dict[str, list[str]]) -> None:
+        """``GET|PATCH|DELETE`` one company by id (state lock taken here)."""
         state = self.server.state
-        properties = self._properties(body)
+        if method == "PATCH":
+            self._write(body, locator=locator, query=query, companies=True)
+            return
+        with state.lock:
+            company_id = self._resolve_company(locator)
+            if method == "GET":
+                found = _render(state.companies[company_id])
+            else:
+                state.companies[company_id]["archived"] = True
+                state.companies[company_id]["updatedAt"] = _now()
+                found = None
+        self._respond(200 if method == "GET" else 204, found)
+
+    def _resolve_company(self, locator: str) -> str:
+        """The id of the live company ``locator`` names (state lock held), or raise 404."""
+        company = self.server.state.companies.get(locator)
+        if company is None or company["archived"]:
+            raise _RequestRejected(404, _not_found())
+        return locator
+
+    def _write(self, body: bytes, *, locator: str | None, query: dict[str, list[str]],
+               companies: bool = False) -> None:
+        """Create (``locator`` None) or update one contact (or company), honouring the faults."""
+        state = self.server.state
+        properties, associations = self._document(body, COMPANY_PROPERTIES if companies else CONTACT_PROPERTIES,
+                                                  associations=locator is None and not companies)
         with state.lock:
             if state.faults.fail_count > 0:
                 state.faults.fail_count -= 1
@@ -339,7 +407,11 @@ class _SandboxHandler(DispatchingHandler):
             time.sleep(delay)
         with state.lock:
             try:
-                status, payload = self._execute(properties, locator=locator, query=query)
+                if companies:
+                    status, payload = self._execute_company(properties, locator=locator)
+                else:
+                    status, payload = self._execute(properties, locator=locator, query=query,
+                                                    associations=associations)
             except _RequestRejected as exc:
                 status, payload, headers = exc.status, exc.body, exc.headers
             else:
@@ -353,12 +425,42 @@ class _SandboxHandler(DispatchingHandler):
             return
         self._respond(status, payload, headers=headers)
 
-    def _execute(self, properties: dict[str, str], *, locator: str | None,
-                 query: dict[str, list[str]]) -> tuple[int, dict[str, Any]]:
-        """Perform a create/update under the state lock; return (status, body) or raise 404/409."""
+    def _execute_company(self, properties: dict[str, str], *, locator: str | None) -> tuple[int, dict[str, Any]]:
+        """Perform a company create/update under the state lock; return (status, body) or raise 404."""
         state = self.server.state
         now = _now()
         if locator is None:
+            company_id = str(next(state.ids))
+            company = {"id": company_id, "properties": {k: v for k, v in properties.items() if v != ""},
+                       "createdAt": now, "updatedAt": now, "archived": False}
+            state.companies[company_id] = company
+            state.company_counters[company_id] = {"create_requests": 1, "update_requests": 0}
+            return 201, _render(company)
+        company_id = self._resolve_company(locator)
+        company = state.companies[company_id]
+        for name, value in properties.items():
+            if value == "":
+                company["properties"].pop(name, None)
+            else:
+                company["properties"][name] = value
+        company["updatedAt"] = now
+        state.company_counters[company_id]["update_requests"] += 1
+        return 200, _render(company)
+
+    def _execute(self, properties: dict[str, str], *, locator: str | None, query: dict[str, list[str]],
+                 associations: list[dict[str, Any]] | None = None) -> tuple[int, dict[str, Any]]:
+        """Perform a create/update under the state lock; return (status, body) or raise 400/404/409.
+
+        A create's associations must each name a live company (else 400, nothing created).
+        """
+        state = self.server.state
+        now = _now()
+        if locator is None:
+            unknown = [item["to"]["id"] for item in associations or []
+                       if item["to"]["id"] not in state.companies or state.companies[item["to"]["id"]]["archived"]]
+            if unknown:
+                raise _RequestRejected(400, _validation(
+                    f"One or more associations are invalid: no company with id(s) {', '.join(unknown)}"))
             email = properties.get("email")
             holder = state.holder_of(email) if email else None
             if holder is not None:
@@ -366,7 +468,9 @@ class _SandboxHandler(DispatchingHandler):
                 raise _RequestRejected(409, _conflict(holder))
             contact_id = str(next(state.ids))
             contact = {"id": contact_id, "properties": {k: v for k, v in properties.items() if v != ""},
-                       "createdAt": now, "updatedAt": now, "archived": False}
+                       "createdAt": now, "updatedAt": now, "archived": False,
+                       "associations": [{"to": item["to"]["id"], "types": item["types"]}
+                                        for item in associations or []]}
             state.contacts[contact_id] = contact
             state.counters[contact_id] = {"create_requests": 1, "update_requests": 0, "conflict_requests": 0}
             return 201, _render(contact)
@@ -386,8 +490,9 @@ class _SandboxHandler(DispatchingHandler):
         state.counters[contact_id]["update_requests"] += 1
         return 200, _render(contact)
 
-    def _properties(self, body: bytes) -> dict[str, str]:
-        """Parse ``{"properties": {name: text}}`` or raise 400/415."""
+    def _document(self, body: bytes, allowed: tuple[str, ...], *,
+                  associations: bool) -> tuple[dict[str, str], list[dict[str, Any]]]:
+        """Parse ``{"properties": {name: text}}`` (plus ``"associations"`` when allowed) or raise 400/415."""
         content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         if content_type != "application/json":
             raise _RequestRejected(415, _error(f"Unsupported Content-Type {content_type!r}; send application/json.",
@@ -397,11 +502,13 @@ class _SandboxHandler(DispatchingHandler):
         except (UnicodeDecodeError, ValueError) as exc:
             raise _RequestRejected(400, _validation(f"Invalid input JSON: {exc}")) from exc
         if not isinstance(document, dict) or not isinstance(document.get("properties"), dict) \
-                or set(document) - {"properties", "associations"}:
-            raise _RequestRejected(400, _validation('The body must be {"properties": {...}}.'))
+                or set(document) - ({"properties", "associations"} if associations else {"properties"}):
+            raise _RequestRejected(400, _validation(
+                'The body must be {"properties": {...}}' + (' with optional "associations": [...].'
+                                                            if associations else '.')))
         invalid = []
         for name, value in document["properties"].items():
-            if name not in CONTACT_PROPERTIES:
+            if name not in allowed:
                 invalid.append({"isValid": False, "message": f'Property "{name}" does not exist',
                                 "error": "PROPERTY_DOESNT_EXIST", "name": name})
             elif not isinstance(value, str):
@@ -410,7 +517,7 @@ class _SandboxHandler(DispatchingHandler):
         if invalid:
             raise _RequestRejected(400, _validation(
                 "Property values were not valid: " + json.dumps(invalid, separators=(",", ":"))))
-        return dict(document["properties"])
+        return dict(document["properties"]), _associations(document.get("associations", []))
 
     # -- /_sandbox -------------------------------------------------------------
 
@@ -476,6 +583,33 @@ def _render(contact: dict[str, Any]) -> dict[str, Any]:
             "updatedAt": contact["updatedAt"], "archived": contact["archived"]}
 
 
+def _associations(items: Any) -> list[dict[str, Any]]:
+    """Validate a create's ``associations`` list (shape and contact-to-company types) or raise 400."""
+    bad = _RequestRejected(400, _validation(
+        'associations must be [{"to": {"id": "<id>"}, "types": [{"associationCategory": "HUBSPOT_DEFINED", '
+        '"associationTypeId": 279}]}]'))
+    if not isinstance(items, list):
+        raise bad
+    out = []
+    for item in items:
+        if not isinstance(item, dict) or set(item) != {"to", "types"} or not isinstance(item["to"], dict) \
+                or set(item["to"]) != {"id"} or not isinstance(item["to"]["id"], str) or not item["to"]["id"] \
+                or not isinstance(item["types"], list) or not item["types"]:
+            raise bad
+        for kind in item["types"]:
+            if not isinstance(kind, dict) or set(kind) != {"associationCategory", "associationTypeId"} \
+                    or kind["associationCategory"] not in ASSOCIATION_CATEGORIES \
+                    or isinstance(kind["associationTypeId"], bool) or not isinstance(kind["associationTypeId"], int) \
+                    or kind["associationTypeId"] <= 0:
+                raise bad
+            if kind["associationCategory"] == "HUBSPOT_DEFINED" \
+                    and kind["associationTypeId"] not in CONTACT_TO_COMPANY_TYPES:
+                raise _RequestRejected(400, _validation(
+                    f"associationTypeId {kind['associationTypeId']} is not a contact to company association type"))
+        out.append({"to": {"id": item["to"]["id"]}, "types": [dict(kind) for kind in item["types"]]})
+    return out
+
+
 def _reason(status: int) -> str:
     try:
         return HTTPStatus(status).phrase
@@ -525,7 +659,7 @@ CrmSandbox.handler_class = _SandboxHandler
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve the sandbox as a process until SIGTERM/SIGINT; return the exit status."""
-    return serve_process(argv, description="Loopback CRM objects (contacts) API sandbox.", secret_flag="--token",
+    return serve_process(argv, description="Loopback CRM objects (contacts, companies) API sandbox.", secret_flag="--token",
                          secret_help="the private app token clients must present as Bearer", build=lambda secret, port: CrmSandbox(secret, port=port))
 
 

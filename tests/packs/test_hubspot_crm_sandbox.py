@@ -1,4 +1,4 @@
-"""The loopback CRM objects sandbox behaves like the provider's contacts API (FACTS.md)."""
+"""The loopback CRM objects sandbox behaves like the provider's contacts and companies API (FACTS.md)."""
 from __future__ import annotations
 
 import os
@@ -14,7 +14,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from packs.hubspot.crm_sandbox import CONTACTS_PATH, JSON_CONTENT_TYPE, CrmSandbox
+from packs.hubspot.crm_sandbox import COMPANIES_PATH, CONTACTS_PATH, JSON_CONTENT_TYPE, CrmSandbox
 
 TOKEN = "pat-sandbox-token"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -177,7 +177,8 @@ def test_counters_by_route_and_method(client: httpx.Client) -> None:
         f"POST {CONTACTS_PATH}": 2, f"PATCH {CONTACTS_PATH}/{created['id']}": 1,
         f"GET {CONTACTS_PATH}/{created['id']}": 1, "GET /crm/v3/objects/companies/1": 1}
     [row] = state["contacts"]
-    assert set(row) == {"id", "properties", "archived", "create_requests", "update_requests", "conflict_requests"}
+    assert set(row) == {"id", "properties", "archived", "create_requests", "update_requests", "conflict_requests",
+                        "associations"}
     assert (row["create_requests"], row["update_requests"], row["conflict_requests"]) == (1, 1, 1)
 
 
@@ -262,7 +263,7 @@ def test_reset_forgets_contacts_and_counters_but_never_reuses_ids(client: httpx.
     first = _create(client, email="z@x.io").json()["id"]
     sandbox.set_faults(drop_response_after_commit=3)
     assert client.post("/_sandbox/reset").status_code == 200
-    assert _state(client) == {"contacts": [], "requests": 0, "requests_by_route": {}}
+    assert _state(client) == {"contacts": [], "companies": [], "requests": 0, "requests_by_route": {}}
     assert client.get("/_sandbox/faults").json()["drop_response_after_commit"] == 0
     second = _create(client, email="z@x.io").json()["id"]
     assert int(second) > int(first)
@@ -290,3 +291,66 @@ def test_runs_as_a_process_until_sigterm(tmp_path: Path) -> None:
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=10) == 0
+
+
+# --- companies and inline associations on contact create ---------------------------------------------------
+ASSOCIATION = {"associationCategory": "HUBSPOT_DEFINED", "associationTypeId": 279}
+
+
+def test_companies_are_created_patched_read_and_archived_like_contacts(client: httpx.Client,
+                                                                       sandbox: CrmSandbox) -> None:
+    created = client.post(COMPANIES_PATH, json={"properties": {"name": "Acme", "domain": "acme.io"}})
+    assert created.status_code == 201
+    company = created.json()
+    assert company["properties"]["name"] == "Acme" and company["properties"]["hs_object_id"] == company["id"]
+    contact = _create(client, email="ann@x.io").json()
+    assert int(contact["id"]) == int(company["id"]) + 1  # one id sequence for both objects
+    assert client.patch(f"{COMPANIES_PATH}/{company['id']}", json={"properties": {"domain": ""}}).status_code == 200
+    assert client.get(f"{COMPANIES_PATH}/{company['id']}").json()["properties"].get("domain") is None
+    assert client.post(COMPANIES_PATH, json={"properties": {"email": "x@x.io"}}).status_code == 400
+    assert client.patch(f"{COMPANIES_PATH}/{company['id']}",
+                        json={"properties": {}, "associations": []}).status_code == 400
+    assert sandbox.company(company["id"]) == {"id": company["id"], "properties": {"name": "Acme"},
+                                              "archived": False, "create_requests": 1, "update_requests": 1}
+    assert client.delete(f"{COMPANIES_PATH}/{company['id']}").status_code == 204
+    assert client.get(f"{COMPANIES_PATH}/{company['id']}").status_code == 404
+    assert client.patch(f"{COMPANIES_PATH}/{company['id']}", json={"properties": {"name": "B"}}).status_code == 404
+    assert sandbox.company(company["id"])["archived"] is True
+
+
+def test_a_contact_create_records_its_inline_company_associations(client: httpx.Client, sandbox: CrmSandbox) -> None:
+    company = client.post(COMPANIES_PATH, json={"properties": {"name": "Acme"}}).json()["id"]
+    response = client.post(CONTACTS_PATH, json={"properties": {"email": "ann@x.io"},
+                                                "associations": [{"to": {"id": company}, "types": [ASSOCIATION]}]})
+    assert response.status_code == 201
+    assert set(response.json()) == {"id", "properties", "createdAt", "updatedAt", "archived"}
+    row = sandbox.contact_by_email("ann@x.io")
+    assert row["associations"] == [{"to": company, "types": [ASSOCIATION]}]
+    # An update carries properties only.
+    assert client.patch(f"{CONTACTS_PATH}/{row['id']}", json={"properties": {"firstname": "A"},
+                                                              "associations": []}).status_code == 400
+
+
+@pytest.mark.parametrize("associations", [
+    {"to": {"id": "1"}},
+    [{"to": {"id": 7}, "types": [ASSOCIATION]}],
+    [{"to": {"id": "7"}, "types": []}],
+    [{"to": {"id": "7"}, "types": [{"associationCategory": "HUBSPOT_DEFINED", "associationTypeId": 4}]}],
+    [{"to": {"id": "7"}, "types": [{"associationCategory": "SOMEONE", "associationTypeId": 279}]}],
+])
+def test_a_malformed_association_is_400_and_creates_nothing(client: httpx.Client, associations) -> None:
+    response = client.post(CONTACTS_PATH, json={"properties": {"email": "ann@x.io"}, "associations": associations})
+    assert response.status_code == 400 and response.json()["category"] == "VALIDATION_ERROR"
+    assert _state(client)["contacts"] == []
+
+
+def test_an_association_to_an_unknown_or_archived_company_is_400_and_creates_nothing(client: httpx.Client) -> None:
+    archived = client.post(COMPANIES_PATH, json={"properties": {"name": "Gone"}}).json()["id"]
+    client.delete(f"{COMPANIES_PATH}/{archived}").raise_for_status()
+    for company in ("999999", archived):
+        response = client.post(CONTACTS_PATH, json={"properties": {"email": "ann@x.io"},
+                                                    "associations": [{"to": {"id": company}, "types": [ASSOCIATION]}]})
+        assert response.status_code == 400
+        body = response.json()
+        assert body["category"] == "VALIDATION_ERROR" and company in body["message"] and _is_uuid(body["correlationId"])
+    assert _state(client)["contacts"] == []

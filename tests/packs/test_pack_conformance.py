@@ -203,13 +203,16 @@ def test_two_structurally_different_packs_pass_through_the_same_l0_admission_mod
 #: contracts, mechanisms), not provider vocabulary.
 _L0_OWNED = {"command", "canonical_kind", "contract", "mechanism", "kind", "disposition", "comparator_version",
              "unit", "timestamp_unit", "encoding", "algorithm", "message", "method", "delivery", "body_encoding",
-             "join"}
+             "join", "mode"}
 #: Maps whose keys are pack words but whose values are L0 schema type names ("integer", "string").
 _TYPED_MAPS = {"common_required", "required"}
 #: Provider words that are also everyday HTTP/SQL words L0 uses for its own purposes; a branch on
 #: them is still caught by the literal-name test when it sits next to a provider field.
 _COMMON_WORDS = {"UPDATE", "DELETE", "CREATE", "Authorization", "Bearer", "GET", "limit", "topic", "after", "events",
-                 "data", "event", "payload", "id", "name"}
+                 "data", "event", "payload", "id", "name",
+                 # L0's own association vocabulary: the contract's ``associations`` list and the
+                 # ``{remote_id}`` placeholder it renders (a pack body key and template use the same words).
+                 "associations", "{remote_id}"}
 
 
 def _strings(value: Any, key: str = "") -> set[str]:
