@@ -33,7 +33,7 @@ from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.identity import validate_key
 
 from .links import PUSH_ACTION_TYPE, link_key_for
-from .models import RemoteLink
+from .models import RemoteEffect, RemoteLink
 
 #: The lane of every push except a create waiting for a ``create_inline`` target (seed 002, schema default).
 CONFIGURED = "configured"
@@ -234,9 +234,14 @@ def _target(effect, pack_document: dict, owner_key: str, contract_key: str, sour
         return UNRESOLVED, {"why": "target_contract_unknown"}
     if not _target_record_exists(effect.org_id, target["source_object"], source_id):
         return UNRESOLVED, {"why": "target_record_deleted"}
-    link = RemoteLink.objects.filter(org_id=effect.org_id, link_key=target_link_key(
-        owner_key=owner_key, target=target, source_record_key=source_id)).first()
+    key = target_link_key(owner_key=owner_key, target=target, source_record_key=source_id)
+    link = RemoteLink.objects.filter(org_id=effect.org_id, link_key=key).first()
     if link is None:
+        # The target's own create ended without a link and nobody superseded it: waiting cannot end.
+        failed = RemoteEffect.objects.filter(org_id=effect.org_id, create_slot=key,
+                                             state__in=("no_effect", "quarantined")).first()
+        if failed is not None:
+            return UNRESOLVED, {"why": "target_create_failed", "effect": int(failed.pk)}
         return WAIT, {"why": "target_not_linked"}
     if link.state != "active" or link.remote_scope != effect.account_key:
         return UNRESOLVED, {"why": f"target_link_{link.state}" if link.state != "active" else "target_link_scope",

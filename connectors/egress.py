@@ -213,7 +213,14 @@ def _grant(effect: RemoteEffect, worker_id: str) -> Grant | None:
             return None
         previous = effect.attempts.order_by("-attempt_number").first()
         if previous is not None and previous.state == "uncertain":
-            # Exact repeat under the frozen idempotency contract: same bytes, same key.
+            # Exact repeat under the frozen idempotency contract: same bytes, same key. A create is
+            # never repeated for a source deleted meanwhile: if the first call did not land, the
+            # repeat would make an orphan remote row (seed 002 "Retry And Recovery Semantics" 7).
+            if previous.operation == "create" and not _source_exists(effect):
+                append_evidence(effect, kind="refused_before_post", actor="egress", to_state="quarantined",
+                                detail={"reason": reasons.SOURCE_DELETED_BEFORE_POST, "repeat_of": previous.attempt_number})
+                _quarantine(effect, reasons.SOURCE_DELETED_BEFORE_POST)
+                return None
             operation, method, path = previous.operation, previous.method, previous.path
             body, key = bytes(previous.request_body), previous.idempotency_key
         else:
@@ -655,6 +662,9 @@ def permit_settle(grant: Grant, response: Response) -> str:
 
 #: Update-response statuses that prove the finalized link no longer names its remote record.
 _REMOTE_GONE = (404, 410)
+#: Refused update statuses read as an out-of-band change when the profile lists none
+#: (``drift.conflict_statuses``): a conflict and a failed precondition.
+DEFAULT_CONFLICT_STATUSES = (409, 412)
 
 
 def _suspend_on_remote_evidence(effect: RemoteEffect, profile: dict, status: int | None, body: bytes) -> None:
@@ -662,7 +672,8 @@ def _suspend_on_remote_evidence(effect: RemoteEffect, profile: dict, status: int
 
     Seed 002 "Before PATCH" and "Retry And Recovery Semantics" 8: remote 404 /
     deleted suspends (``remote_not_found``); a status the profile lists in
-    ``drift.conflict_statuses`` (an out-of-band change, a failed precondition)
+    ``drift.conflict_statuses`` (default :data:`DEFAULT_CONFLICT_STATUSES`: an
+    out-of-band change, a failed precondition)
     suspends (``remote_conflict``) unless the profile declares
     ``"drift": {"remote_conflict": "reconcile"}`` (a safe reconciliation
     contract: the link stays active, the refused PATCH stays refused). Never a
@@ -671,7 +682,8 @@ def _suspend_on_remote_evidence(effect: RemoteEffect, profile: dict, status: int
     drift = profile.get("drift", {})
     if status in _REMOTE_GONE:
         reason = reasons.REMOTE_NOT_FOUND
-    elif status in drift.get("conflict_statuses", []) and drift.get("remote_conflict", "suspend") != "reconcile":
+    elif status in drift.get("conflict_statuses", DEFAULT_CONFLICT_STATUSES) \
+            and drift.get("remote_conflict", "suspend") != "reconcile":
         reason = reasons.REMOTE_CONFLICT
     else:
         return

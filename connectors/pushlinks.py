@@ -149,6 +149,8 @@ def patch_drift(link: RemoteLink, current: dict) -> Drift:
     benign only while the rendered route is unchanged (the destination contract
     proves the same remote target); Flow/action/profile/namespace names, the
     pack installation, retry policy, create path and responseIdPath are benign;
+    the mirror tuple is not compared here (the link keeps the tuple it was
+    created with; finalization refuses to mirror into another one);
     mapping and body fingerprints are compared with the link's own current
     fingerprints (never the snapshot), so only a revalidation receipt moves them.
     """
@@ -167,7 +169,7 @@ def patch_drift(link: RemoteLink, current: dict) -> Drift:
     if before["endpoint"].get("class", "") != current["endpoint"].get("class", ""):
         (surfaces if "endpoint" in benign else fail).append("endpoint")
     for surface in ("connector_namespace", "target_object", "profile_name", "flow", "install_id",
-                    "retry_policy_hash", "create_path_hash", "response_id_path_hash", "idempotency", "mirror_tuple"):
+                    "retry_policy_hash", "create_path_hash", "response_id_path_hash", "idempotency"):
         if before.get(surface) != current.get(surface):
             surfaces.append(surface)
     if fail:

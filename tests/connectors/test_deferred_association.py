@@ -17,6 +17,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 from django.db import connection, transaction
 
@@ -353,12 +354,21 @@ def test_a_retried_create_reuses_the_association_body_frozen_on_its_first_attemp
     assert remote["associations"] == [{"to": company, "types": [ASSOCIATION_TYPE]}]
 
 
-@pytest.mark.parametrize("how", ["target_record_deleted", "target_link_suspended_drift"])
+@pytest.mark.parametrize("how", ["target_record_deleted", "target_link_suspended_drift", "target_create_failed"])
 def test_a_target_that_can_never_resolve_quarantines_the_deferred_create(org, hubspot_crm_sandbox, how):
     acme = _account("Acme")
     command = _author(_contact("ann@x.io", acme), CONTACT)
     _deliver()
-    if how == "target_record_deleted":
+    if how == "target_create_failed":
+        # The company's own create is refused for good (it keeps its slot until an operator supersedes it).
+        company = _author(acme, COMPANY)
+        _deliver()
+        refusal = httpx.Client(transport=httpx.MockTransport(lambda request: httpx.Response(
+            400, json={"status": "error", "category": "VALIDATION_ERROR"})))
+        with refusal:
+            assert egress.effect_try_dispatch_one(worker_id="t", client=refusal, lanes=CONFIGURED)
+        assert RemoteEffect.objects.get(command=company).state == "no_effect"
+    elif how == "target_record_deleted":
         with transaction.atomic():
             record_delete(org=OrgScope(ORG), record=record_lock(org=OrgScope(ORG), object_name="Account",
                                                                  record_key=acme.record_key))

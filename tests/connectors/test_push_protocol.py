@@ -117,9 +117,9 @@ def test_scenario_a_renamed_flow_action_profile_target_and_namespace_patch_the_s
     def rename(doc):
         doc["pack_key"] = "crm-objects"  # connector namespace; owner_key unchanged
         profile_of(doc)["profile_key"] = "crm.objects.contacts"
-        contract = contract_of(doc)
-        contract["callout_profile"] = "crm.objects.contacts"
-        contract["target_object"] = "people"
+        for other in doc["push_contracts"]:  # every contract that names the renamed profile
+            other["callout_profile"] = "crm.objects.contacts"
+        contract_of(doc)["target_object"] = "people"
 
     new = reconfigure(env, rename)
     assert (new.pack.owner_key, new.pack.pack_key) == ("pack.hubspot", "crm-objects")

@@ -1,0 +1,93 @@
+"""Seed 002 edges found by attacking the push protocol: no repeat for a deleted source, out-of-band conflicts.
+
+Real MariaDB, the billing and CRM objects sandboxes; provider answers that
+the sandboxes cannot be made to give are served by an ``httpx`` mock transport
+at the same adapter call.
+"""
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from connectors import egress, reasons
+from connectors.effects import effect_reconcile
+from connectors.models import RemoteEffect, RemoteEffectAttempt, RemoteLinkEvidence
+from tests.connectors.push_helpers import (
+    BILLING,
+    contact,
+    delete,
+    effect_of,
+    PushEnv,
+    push_env,
+    push_link,
+    save,
+    zero_backoff,
+)
+from tests.conftest import ORG, drain
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
+
+
+@pytest.fixture
+def env(billing_sandbox, hubspot_crm_sandbox) -> PushEnv:
+    return push_env(billing_sandbox, hubspot_crm_sandbox)
+
+
+def test_an_uncertain_create_is_not_repeated_once_its_source_is_deleted(env):
+    """Seed 002 "Retry And Recovery Semantics" 7: the exact repeat of a replay-safe create re-checks the source."""
+    record = contact("gone@x.io")
+    command = save(record, contract=BILLING)
+    env.billing.set_faults(drop_response_after_commit=1)
+    assert egress.effect_try_dispatch_one(worker_id="w1")
+    effect = effect_of(command)
+    assert effect.state == "uncertain"
+    requests = env.billing.state()["requests"]
+    delete(record)
+    zero_backoff()
+    drain()
+    effect.refresh_from_db()
+    assert (effect.state, effect.reason_code) == ("quarantined", reasons.SOURCE_DELETED_BEFORE_POST)
+    assert env.billing.state()["requests"] == requests, "no repeat for a deleted source"
+    assert RemoteEffectAttempt.objects.filter(effect=effect).count() == 1
+
+
+def test_a_patch_refused_as_a_conflict_suspends_the_link_by_default(env):
+    """Seed 002 "Before PATCH": without a declared reconciliation contract an out-of-band conflict suspends."""
+    record = contact("ann@x.io")
+    save(record)
+    drain()
+    link = push_link(record)
+    command = save(record, lastname="Park")
+    conflict = httpx.Client(transport=httpx.MockTransport(lambda request: httpx.Response(
+        409, json={"status": "error", "message": "Contact already exists. Existing ID: 999", "category": "CONFLICT"})))
+    with conflict:
+        assert egress.effect_try_dispatch_one(worker_id="w1", client=conflict)
+    assert effect_of(command).state == "no_effect"
+    link.refresh_from_db()
+    assert (link.state, link.reason_code) == ("suspended_drift", reasons.REMOTE_CONFLICT)
+    assert RemoteLinkEvidence.objects.get(link=link).detail["status"] == 409
+    later = save(record, lastname="Lee")
+    drain()
+    assert (effect_of(later).state, effect_of(later).reason_code) == ("quarantined", reasons.LINK_NOT_PATCHABLE)
+    assert env.hubspot.state()["requests_by_route"].get("POST /crm/v3/objects/contacts") == 1
+
+
+def test_an_operator_confirmation_is_refused_for_a_remote_id_another_link_holds(env):
+    """The hard remote-locator index holds for operator reconciliation too: nothing is written."""
+    first = contact("one@x.io")
+    save(first, contract=BILLING)
+    drain()
+    taken = push_link(first, BILLING).remote_id
+    second = contact("two@x.io")
+    command = save(second, contract=BILLING)
+    env.billing.set_faults(drop_response_after_commit=1)
+    assert egress.effect_try_dispatch_one(worker_id="w1")
+    effect = effect_of(command)
+    from connectors.effects import EffectOperationRefused
+
+    with pytest.raises(EffectOperationRefused) as refused:
+        effect_reconcile(org_id=ORG, effect_id=effect.pk, outcome="confirmed", remote_id=taken, actor="ops",
+                         note="looked it up")
+    assert refused.value.code == "remote_id_conflict"
+    assert RemoteEffect.objects.get(pk=effect.pk).state == "uncertain"
+    assert push_link(first, BILLING).state == "active"
