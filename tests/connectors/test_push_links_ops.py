@@ -144,3 +144,74 @@ def test_bad_operator_input_exits_with_a_code_and_writes_nothing(org, billing_sa
     assert link.state == "active" and not RemoteLinkEvidence.objects.exists()
     listed = json.loads(run_manage(["push_links", "list", "--org", ORG, "--json"], env).stdout)
     assert [row["link_key"] for row in listed] == [link.link_key]
+
+
+# === key-changing drift resolved by an operator: rebind or retire, then supersede ==============================
+@pytest.fixture
+def env(billing_sandbox, hubspot_crm_sandbox):
+    from tests.connectors.push_helpers import push_env
+
+    return push_env(billing_sandbox, hubspot_crm_sandbox)
+
+
+def _recreated_slot(env):
+    """Push a contact, recreate its slot with new stable ids, save again: refused before POST."""
+    from tests.connectors.push_helpers import contact, contract_of, effect_of, push_link, reconfigure, save
+
+    record = contact("bob@x.io")
+    save(record)
+    drain()
+    old = push_link(record)
+
+    def recreate(doc):
+        contract = contract_of(doc)
+        contract["action_slot_id"], contract["destination_slot_id"] = "slot.push.contact.v2", "dest.contact.v2"
+
+    reconfigure(env, recreate)
+    refused = effect_of(save(record, lastname="Again"))
+    drain()
+    refused.refresh_from_db()
+    assert (refused.state, refused.reason_code) == ("quarantined", reasons.SLOT_LINEAGE_UNRESOLVED)
+    return record, old, refused
+
+
+def test_a_rebind_moves_the_remote_id_to_the_recreated_slot_and_the_superseded_save_patches_it(env):
+    record, old, refused = _recreated_slot(env)
+    posts = env.posts()
+    out = _run("push_links", "rebind", old.link_key, "--org", ORG, "--contract", "hubspot.contact",
+               "--actor", "ops", "--reason", "slot recreated by pack 2")
+    assert f"link {old.pk}: suspended_drift -> retired" in out and refused.link_key in out
+    old.refresh_from_db()
+    new = RemoteLink.objects.get(org_id=ORG, link_key=refused.link_key)
+    assert (old.state, old.live_remote_id) == ("retired", None)
+    assert (new.state, new.remote_id, new.action_slot_id) == ("active", old.remote_id, "slot.push.contact.v2")
+    # The refused save is superseded by an explicit operator intent; it PATCHes the rebound remote record.
+    _run("effects", "successor", str(refused.command_id), "--org", ORG, "--actor", "ops", "--reason", "rebound")
+    drain()
+    assert env.posts() == posts, "no second create"
+    successor = RemoteEffect.objects.filter(org_id=ORG, link_key=refused.link_key).order_by("-id").first()
+    assert (successor.state, successor.attempt_ordinal) == ("finalized", 2)
+    assert [a.operation for a in successor.attempts.all()] == ["update"]
+    assert env.remote(old.remote_id)["properties"]["lastname"] == "Again"
+    with pytest.raises(LinkOperationRefused) as again:
+        link_retire(org_id=ORG, link_key=old.link_key, actor="ops", reason="twice")
+    assert again.value.code == "link_retired"
+
+
+def test_retiring_the_old_lineage_lets_an_explicit_successor_create_under_the_new_slot(env):
+    record, old, refused = _recreated_slot(env)
+    posts = env.posts()
+    link_retire(org_id=ORG, link_key=old.link_key, actor="ops", reason="the old contact is abandoned")
+    drain()
+    assert env.posts() == posts, "retiring alone never creates"
+    with transaction.atomic():  # the provider dedupes contacts by email: the new remote record gets its own
+        record_update(org=OrgScope(ORG), record=record_lock(org=OrgScope(ORG), object_name="Contact",
+                                                            record_key=record.record_key),
+                      changes={"email": "bob.new@x.io"})
+    _run("effects", "successor", str(refused.command_id), "--org", ORG, "--actor", "ops", "--reason", "new slot")
+    drain()
+    assert env.posts() == posts + 1
+    new = RemoteLink.objects.get(org_id=ORG, link_key=refused.link_key)
+    assert new.state == "active" and new.remote_id != old.remote_id
+    refused.refresh_from_db()
+    assert refused.create_slot is None, "the superseded refusal released the slot's create seat"
