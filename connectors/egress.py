@@ -410,17 +410,18 @@ def _plan_update(effect: RemoteEffect, binding: dict, contract: dict, link: Remo
     from .outbound import mapping_source_fields
     from .pushlinks import append_link_evidence, patch_drift
 
-    if link.last_pushed_version and effect.lane_sequence < link.last_pushed_version:
-        # A newer record version already reached the remote: this older one is never sent.
-        # Runtime's receipt says ``no_effect``: nothing was sent, and a newer version holds the remote.
+    if link.last_pushed_version and effect.lane_sequence <= link.last_pushed_version:
+        # This record version, or a newer one, already reached the remote: it is never sent (again).
+        # Runtime's receipt says ``superseded``: nothing was sent, and this version or a newer one holds the remote.
         append_evidence(effect, kind="superseded", actor="egress", to_state="quarantined",
                         detail={"lane_sequence": effect.lane_sequence,
                                 "link_last_pushed_version": link.last_pushed_version})
         RemoteEffectStore.transition(org_id=effect.org_id, pk=effect.pk, src="prepared", dst="quarantined",
                                      version=effect.version,
                                      set_fields={"reason_code": reasons.SUPERSEDED_BY_NEWER_VERSION})
-        intent_result_record(command=effect.command, outcome="no_effect", remote_id="",
-                             evidence={"reason": reasons.SUPERSEDED_BY_NEWER_VERSION})
+        intent_result_record(command=effect.command, outcome="superseded", remote_id=link.remote_id,
+                             evidence={"reason": reasons.SUPERSEDED_BY_NEWER_VERSION,
+                                       "link_last_pushed_version": link.last_pushed_version})
         return None
     if link.state != "active":
         _quarantine(effect, reasons.LINK_NOT_PATCHABLE)

@@ -51,8 +51,17 @@ class LinkChange:
 
 
 def _require_words(actor: str, reason: str) -> None:
+    """The actor is a canonical name (printable, no surrounding blanks, at most 120 characters); the reason is text.
+
+    Raises:
+        LinkOperationRefused: ``link_evidence_missing`` (blank), ``link_actor_invalid``.
+    """
     if not actor.strip() or not reason.strip():
         raise LinkOperationRefused("a link decision needs --actor and --reason", code="link_evidence_missing")
+    if actor != actor.strip() or len(actor) > 120 or not actor.isprintable() \
+            or any(ch in actor for ch in "\u200b\u200c\u200d\u2060\ufeff"):
+        raise LinkOperationRefused("--actor must be a printable name of at most 120 characters without "
+                                   "surrounding blanks or invisible characters", code="link_actor_invalid")
 
 
 def _link(org_id: str, link_key: str) -> RemoteLink:
@@ -171,6 +180,8 @@ def link_rebind(*, org_id: str, link_key: str, contract_key: str, actor: str, re
     """
     _require_words(actor, reason)
     link = _link(org_id, link_key)
+    if link.state == "retired":
+        raise LinkOperationRefused(f"link {link_key} is retired", code="link_retired")
     contract, current, account_key = _served_contract(org_id, contract_key)
     if contract["source_object"] != link.source_object:
         raise LinkOperationRefused(f"contract {contract_key} pushes {contract['source_object']}, the link's source "

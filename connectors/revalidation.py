@@ -572,6 +572,28 @@ def _check_member(org_id: str, manifest: Manifest, member: Member, link: RemoteL
                       member, effects=[[int(pk), state] for pk, state in occupying])
 
 
+def _require_serving(org_id: str, member: Member, link: RemoteLink) -> None:
+    """The new fingerprints must be the ones the org serves for the link's slot now.
+
+    A manifest drafted from a pack generation that does not serve yet waits
+    until that generation serves: applied earlier, it would make every PATCH
+    of the member refuse ``mapping_drift`` under the serving pack.
+    """
+    from .pushlink_ops import LinkOperationRefused, serving_slot_config
+
+    try:
+        _contract, current, _account = serving_slot_config(
+            org_id=org_id, owner_key=link.owner_key, action_slot_id=link.action_slot_id,
+            destination_slot_id=link.destination_slot_id, source_object=link.source_object)
+    except LinkOperationRefused as exc:
+        raise _refuse("revalidation_not_serving", f"link {member.link_id}: {exc}", member) from None
+    if (current["mapping_fingerprint"], current["body_fingerprint"]) != (member.new.mapping_fingerprint,
+                                                                       member.new.body_fingerprint):
+        raise _refuse("revalidation_not_serving", f"link {member.link_id}: the manifest's new fingerprints are not "
+                      f"those the org serves now (install {current['install_id']}); apply it once that pack "
+                      "generation serves", member, serving_install_id=current["install_id"])
+
+
 def _run(org: OrgScope, document: object, *, write: bool) -> Revalidation:
     manifest = manifest_parse(document, org=org)  # invariant 1: before any transaction
     try:
@@ -585,6 +607,8 @@ def _run(org: OrgScope, document: object, *, write: bool) -> Revalidation:
             for member in manifest.members:
                 _check_member(org.org_id, manifest, member, links[member.link_key])
                 projected.append(_projected(manifest, member, links[member.link_key]))
+            for member in manifest.members:  # every member's own checks first, then what the org serves
+                _require_serving(org.org_id, member, links[member.link_key])
             if not write:
                 transaction.set_rollback(True)
                 return Projected(manifest.operation_id, manifest.manifest_digest, tuple(projected))

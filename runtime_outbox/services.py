@@ -171,7 +171,8 @@ _SUCCESSOR_REFUSALS = {
     "remote_confirmed": ("predecessor_confirmed", "the predecessor effect occurred"),
     "finalized": ("predecessor_confirmed", "the predecessor effect occurred"),
     "quarantined": ("predecessor_not_proven_no_effect",
-                    "a quarantined effect that made an Attempt is not proof of no effect"),
+                    "a quarantined effect is proof of no effect only when a seed 002 Before-POST gate refused it "
+                    "before any Attempt"),
 }
 
 

@@ -15,4 +15,6 @@ OUTBOX_MESSAGE = machine(
 )
 
 APPLICATION_RESULT_OUTCOMES = frozenset({"applied", "noop", "rejected", "failed"})
-INTENT_RESULT_OUTCOMES = frozenset({"finalized", "no_effect", "quarantined"})
+#: ``superseded``: nothing was sent because this record version, or a newer one, already reached the
+#: remote through the same link (seed 002 "Retry And Recovery Semantics" 2); the intent's goal holds.
+INTENT_RESULT_OUTCOMES = frozenset({"finalized", "superseded", "no_effect", "quarantined"})

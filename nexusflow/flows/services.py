@@ -112,7 +112,7 @@ PRODUCER_RUNTIME_INTENT = "runtime.intent_result"
 EFFECT_OWNER_KIND = "runtime.outbound_command"
 EFFECT_GENERATION_ID = "1"
 TRIGGER_CHECKPOINT_SEQUENCE = 1
-SUCCESS_OUTCOMES = frozenset({"remote_confirmed", "finalized"})
+SUCCESS_OUTCOMES = frozenset({"remote_confirmed", "finalized", "superseded"})
 
 
 # =============================================================================
@@ -1219,7 +1219,7 @@ def _wait(claim: StepClaim, run: FlowRun, step: FlowStepExecution, now: dt.datet
             step=step, producer_kind=PRODUCER_RUNTIME_INTENT, dependency_key=dependency_key,
             condition_digest=digest_v2("flows.dependency-condition", [
                 ("producer_kind", PRODUCER_RUNTIME_INTENT), ("dependency_key", dependency_key),
-                ("accepts", "remote_confirmed|finalized|no_effect|quarantined"),
+                ("accepts", "remote_confirmed|finalized|superseded|no_effect|quarantined"),
             ]).hexdigest,
             expiry_policy="quarantine", state=t.DEP_WAITING,
             deadline=now + dt.timedelta(seconds=policy.dependency_deadline_seconds()), created_at=now,

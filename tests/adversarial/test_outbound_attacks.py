@@ -180,7 +180,7 @@ def test_a_late_delivered_earlier_version_never_dispatches_beside_an_in_flight_c
     assert RemoteEffect.objects.get(command=second).state == "finalized"
     early.refresh_from_db()
     assert (early.state, early.reason_code) == ("quarantined", "superseded_by_newer_version")
-    assert IntentResultReceipt.objects.get(command=first).outcome == "no_effect"
+    assert IntentResultReceipt.objects.get(command=first).outcome == "superseded"
     assert RemoteLink.objects.get(link_key=first.link_key).remote_id == customers[0]["id"]
     assert [a.operation for a in RemoteEffectAttempt.objects.order_by("id")] == ["create"]
 

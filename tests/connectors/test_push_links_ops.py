@@ -115,6 +115,11 @@ def test_retire_ends_the_link_and_releases_its_locator_but_never_allows_a_new_cr
     with pytest.raises(LinkOperationRefused) as refused:
         link_retire(org_id=ORG, link_key=link.link_key, actor="ops", reason="again")
     assert refused.value.code == "link_retired"
+    from connectors.pushlink_ops import link_rebind
+
+    with pytest.raises(LinkOperationRefused) as rebind:  # a retired link is final: no rebind advice either
+        link_rebind(org_id=ORG, link_key=link.link_key, contract_key="billing.customer", actor="ops", reason="r")
+    assert rebind.value.code == "link_retired"
 
 
 def test_retire_is_refused_while_an_effect_of_the_slot_is_in_flight(org, billing_sandbox):
@@ -137,6 +142,9 @@ def test_bad_operator_input_exits_with_a_code_and_writes_nothing(org, billing_sa
     assert unknown.returncode == 1 and "link_unknown" in unknown.stderr
     blank = run_manage(["push_links", "retire", link.link_key, "--org", ORG, "--actor", " ", "--reason", "r"], env)
     assert blank.returncode == 1 and "link_evidence_missing" in blank.stderr
+    for actor in (" ops", "op\x01s", "\u200b", "x" * 121):
+        odd = run_manage(["push_links", "retire", link.link_key, "--org", ORG, "--actor", actor, "--reason", "r"], env)
+        assert odd.returncode == 1 and "link_actor_invalid" in odd.stderr, (actor, odd.stderr)
     unserved = run_manage(["push_links", "rebind", link.link_key, "--org", ORG, "--contract", "no.such",
                            "--actor", "ops", "--reason", "r"], env)
     assert unserved.returncode == 1 and "slot_not_served" in unserved.stderr

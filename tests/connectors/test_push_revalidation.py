@@ -23,7 +23,7 @@ from django.test.utils import CaptureQueriesContext
 from connectors import egress, revalidation
 from connectors.generations import pack_publish
 from connectors.handoff import halt_begin, halt_try_complete, handoff_stage, successor_activate
-from connectors.models import PackGeneration, PushLinkRevalidationReceipt, RemoteEffect, RemoteLink
+from connectors.models import PackGeneration, PushLinkRevalidationReceipt, RemoteEffect, RemoteLink, ServingEpoch
 from connectors.pushlinks import body_fingerprint, link_row_digest, mapping_fingerprint
 from connectors.reasons import LINK_DRIFT, MAPPING_DRIFT
 from connectors.revalidation import (
@@ -132,8 +132,15 @@ def _pack_document(suffix: str, join: str) -> dict:
     return document
 
 
-def _publish(suffix: str = "mapping-2", join: str = ", ") -> PackGeneration:
-    return pack_publish(document=_pack_document(suffix, join))[0]
+def _publish(suffix: str = "mapping-2", join: str = ", ", serve: bool = True) -> PackGeneration:
+    """Publish the changed billing pack; ``serve``: also switch the org to it (a revalidation applies only
+    the fingerprints the org serves)."""
+    pack = pack_publish(document=_pack_document(suffix, join))[0]
+    if serve and not RemoteEffect.objects.filter(org_id=ORG, state__in=("prepared", "uncertain")).exists():
+        epoch = ServingEpoch.objects.get(org_id=ORG, state="active")
+        billing = next(a for a in epoch.document["accounts"] if a["account_key"] == "billing-main")
+        _serve_newest_pack(OrgScope(ORG), billing["base_url"])
+    return pack
 
 
 def _contract(pack: PackGeneration) -> dict:
@@ -181,7 +188,6 @@ def test_a_mapping_change_refuses_the_patch_until_an_approved_revalidation_then_
     created = (link.mapping_fingerprint, link.body_fingerprint, link.created_install_id)
     assert _sandbox_counts(billing_sandbox) == [("Ann Lee", 1, 0)]
     v2 = _publish()
-    _serve_newest_pack(org, billing_sandbox.base_url)
 
     # Before revalidation the PATCH fails closed on the link's own fingerprints; the link stays active.
     refused = _save(link.source_record_key, lastname="Lee-Park")
@@ -247,12 +253,18 @@ def test_a_mapping_change_refuses_the_patch_until_an_approved_revalidation_then_
 
     # The next mapping transition binds the then-current row (the PATCH re-validated its snapshot) and
     # proves lineage through the receipt pointer.
-    v3 = _publish("mapping-3", join=" / ")
+    v3 = _publish("mapping-3", join=" / ", serve=False)
     current = RemoteLink.objects.get(pk=link.pk)
     assert link_row_digest(current) != receipt.after_row_digest
     second = _draft(org, v3, operation_id="op-2")
     assert second["members"][0]["previous_receipt_id"] == receipt.pk
     assert second["members"][0]["row_digest"] == link_row_digest(current)
+    # Drafted ahead of the switch, it applies only once v3 serves (else every PATCH would refuse).
+    with pytest.raises(RevalidationRefused) as early:
+        revalidation_apply(org=org, manifest=second)
+    assert early.value.code == "revalidation_not_serving"
+    assert RemoteLink.objects.get(pk=link.pk).last_mapping_revalidation_id == receipt.pk
+    _serve_newest_pack(org, billing_sandbox.base_url)
     assert isinstance(revalidation_apply(org=org, manifest=second), Applied)
     chained = PushLinkRevalidationReceipt.objects.get(org_id=ORG, operation_id="op-2")
     assert chained.previous_receipt_id == receipt.pk
@@ -402,6 +414,7 @@ def test_an_occupied_member_blocks_the_whole_manifest_and_its_effect_is_untouche
         # Once the attempt finishes, the same manifest applies: the block never rebuilt or released anything.
         drain()
         assert RemoteEffect.objects.get(pk=effect.pk).state == "finalized"
+        _serve_newest_pack(org, billing_sandbox.base_url)  # the drafted generation serves now
         assert isinstance(revalidation_apply(org=org, manifest=manifest), Applied)
         assert PushLinkRevalidationReceipt.objects.filter(org_id=ORG).count() == 2
 
@@ -520,7 +533,9 @@ def test_the_command_drafts_validates_refuses_applies_and_reads_back_with_exit_c
     assert "revalidation_occupied" in refused.stderr and "nothing was written" in refused.stderr
     assert not PushLinkRevalidationReceipt.objects.exists()
     drain()
-    assert RemoteEffect.objects.get(command=busy).state == "finalized"
+    # Under the new pack the occupying PATCH is refused before any call; it no longer occupies the member.
+    assert (RemoteEffect.objects.get(command=busy).state, RemoteEffect.objects.get(command=busy).reason_code) == (
+        "quarantined", MAPPING_DRIFT)
 
     applied = run_manage(["push_link_revalidation", "apply", *org_args, "--manifest", str(path)], env)
     assert applied.returncode == 0, applied.stderr
@@ -557,3 +572,17 @@ def test_the_revalidation_path_reaches_no_provider_client_and_no_record_service(
         DJANGO_SETTINGS_MODULE="nexusflow.settings"), capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_unreadable_manifests_and_a_malformed_org_exit_with_a_code_and_no_traceback(org, tmp_path):
+    env = subprocess_env()
+    binary, empty = tmp_path / "binary.json", tmp_path / "empty.json"
+    binary.write_bytes(b'{"a": "\xff"}')
+    empty.write_text("  \n", encoding="utf-8")
+    for path in (binary, empty):
+        result = run_manage(["push_link_revalidation", "validate", "--org", ORG, "--manifest", str(path)], env)
+        assert result.returncode == 1 and "manifest_unreadable" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+    bad_org = run_manage(["push_link_revalidation", "validate", "--org", " bad-org", "--manifest", str(empty)], env)
+    assert bad_org.returncode == 2 and "invalid_identity" in bad_org.stderr
+    assert not PushLinkRevalidationReceipt.objects.exists()

@@ -143,7 +143,7 @@ class Command(BaseCommand):
         b = doc["binding"]
         if b.get("slot"):
             self.stdout.write(f"  slot {b['slot']['owner_key']} / {b['slot']['action_slot_id']} / "
-                              f"{b['slot']['destination_slot_id']}  link {b['link_key'][:16]}  ordinal "
+                              f"{b['slot']['destination_slot_id']}  link {b['link_key']}  ordinal "
                               f"{doc['attempt_ordinal']}{'  holds the create slot' if doc['holds_create_slot'] else ''}")
         self.stdout.write(f"  binding: epoch {b['epoch']['id']}  pack {b['pack_generation']['id']}  "
                           f"credential {(b['credential_generation'] or {}).get('id')}  "

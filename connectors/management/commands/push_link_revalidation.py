@@ -10,9 +10,10 @@ Seed 002 "2026-07-22 Finalized Mapping Revalidation CARVE_DOWN" (see :mod:`conne
 - ``apply --org ORG --manifest FILE|- [--json]``: one transaction: receipts plus fingerprint moves.
 
 Exit codes: 0 done (validated, applied, or already applied: the output says which), 1 bad input
-(the message starts with a stable code: ``manifest_*``, ``draft_*``, ``invalid_identity``), 3 refused by the
-database state (``revalidation_occupied``, ``revalidation_mixed_state``, ``revalidation_divergent``,
-``revalidation_member_conflict``, ...; nothing was written). No provider call and no record write is
+(the message starts with a stable code: ``manifest_*``, ``draft_*``), 2 bad usage or a malformed org
+(``invalid_identity``), 3 refused by the database state (``revalidation_occupied``,
+``revalidation_mixed_state``, ``revalidation_divergent``, ``revalidation_member_conflict``,
+``revalidation_not_serving``, ...; nothing was written). No provider call and no record write is
 reachable from this command.
 """
 from __future__ import annotations
@@ -31,6 +32,7 @@ from connectors.revalidation import (
     revalidation_validate,
 )
 from nexusflow.kernel.errors import InvalidIdentity
+from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.scope import OrgScope
 
 EXIT_BAD_INPUT, EXIT_REFUSED = 1, 3
@@ -70,11 +72,14 @@ class Command(BaseCommand):
 
     def handle(self, *args, subcommand: str, **options):
         try:
+            validate_key(options["org"], field="org")
             scope = OrgScope(options["org"])
             if subcommand == "draft":
                 return self._draft(scope, **options)
             return self._run(scope, subcommand, **options)
-        except (ManifestInvalid, InvalidIdentity) as exc:
+        except InvalidIdentity as exc:
+            raise CommandError(f"{exc.code}: {exc}", returncode=2) from exc
+        except ManifestInvalid as exc:
             raise CommandError(f"{exc.code}: {exc}", returncode=EXIT_BAD_INPUT) from exc
         except RevalidationRefused as exc:
             detail = f" {json.dumps(exc.detail, sort_keys=True)}" if exc.detail else ""
@@ -121,6 +126,10 @@ def _read_manifest(path: str, stdin) -> object:
         text = stdin.read() if path == "-" else open(path, encoding="utf-8").read()
     except OSError as exc:
         raise ManifestInvalid(f"cannot read {path}: {exc.strerror}", code="manifest_unreadable") from None
+    except UnicodeDecodeError as exc:
+        raise ManifestInvalid(f"{path} is not UTF-8 text (byte {exc.start})", code="manifest_unreadable") from None
+    if not text.strip():
+        raise ManifestInvalid(f"{path} is empty", code="manifest_unreadable")
     try:
         return json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constant)
     except ValueError as exc:

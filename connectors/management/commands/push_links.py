@@ -105,7 +105,7 @@ class Command(BaseCommand):
         for r in rows:
             reason = f" ({r['reason_code']})" if r["reason_code"] else ""
             self.stdout.write(f"link {r['link']:>6}  {r['state']}{reason}  {r['record']}  {r['destination_slot_id']}  "
-                              f"remote_id={r['remote_id']}  key={r['link_key'][:16]}")
+                              f"remote_id={r['remote_id']}  key={r['link_key']}")
         self.stdout.write(f"{len(rows)} link(s)")
 
     def _show(self, *, link_key, org, json: bool, **_):
