@@ -12,7 +12,6 @@ import json
 import httpx
 import pytest
 from django.core.management import call_command
-from django.core.management.base import CommandError
 from django.db import transaction
 
 from connectors import egress, reasons
