@@ -1,0 +1,258 @@
+"""Attacks on the seed 002 push protocol (seed 002 "Attempt Key", "Before PATCH", "Remote Link State",
+"2026-07-22 Finalized Mapping Revalidation CARVE_DOWN"; ARCHITECTURE.md section 6 "Lock order").
+
+Every race runs real concurrent MariaDB transactions: an operator decision on a link
+(retire, rebind, mapping revalidation) is held open at a row lock or a ``hold``
+failpoint while a dispatcher grants a Permit for an effect that was delivered after
+the decision looked at the link key's effects. The sandboxes count every request,
+so a second create or a PATCH through a retired link is visible. Operator input
+attacks run the real ``manage.py`` commands in a child process.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from django.db import connection, transaction
+
+from connectors import egress, reasons
+from connectors.models import (
+    DispatchPermit,
+    PackGeneration,
+    PushLinkRevalidationReceipt,
+    RemoteEffect,
+    RemoteLink,
+)
+from connectors.pushlink_ops import link_retire
+from connectors.revalidation import Applied, revalidation_apply, revalidation_draft
+from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
+from nexusflow.records.services import record_create, record_lock, record_update
+from runtime_outbox.models import OutboundCommand
+from runtime_outbox.services import outbound_command_author, outbox_try_deliver_one
+from tests.concurrency import Worker, wait_until_blocked_on
+from tests.conftest import ORG, ROOT, drain, make_serving_org
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
+
+SCOPE = TrustedRuntimeWorkScope(ORG, "core", "flow-runtime", "test-binding")
+CONTRACT = "billing.customer"
+LINK_TABLE = "connectors_remotelink"
+
+
+@pytest.fixture
+def org(billing_sandbox) -> OrgScope:
+    return make_serving_org(billing_sandbox.base_url, deploy_flow=False)
+
+
+@pytest.fixture
+def holds(tmp_path, monkeypatch):
+    """Arm one ``hold`` failpoint, wait until a transaction is held there, release it."""
+    monkeypatch.setenv("NEXUS_FAILPOINT_DIR", str(tmp_path))
+
+    class Holds:
+        def arm(self, name: str) -> None:
+            monkeypatch.setenv("NEXUS_FAILPOINTS", f"{name}=hold")
+
+        def wait_held(self, name: str, timeout: float = 60) -> Path:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                held = [p for p in tmp_path.glob(f"{name}.*") if not p.name.endswith(".go")]
+                if held:
+                    monkeypatch.delenv("NEXUS_FAILPOINTS")  # only the transaction already held waits
+                    return held[0]
+                time.sleep(0.02)
+            raise AssertionError(f"failpoint {name} was never reached")
+
+        def release(self, marker: Path) -> None:
+            marker.with_name(marker.name + ".go").write_text("go")
+
+    return Holds()
+
+
+# --- helpers ------------------------------------------------------------------------------------------------
+_slots = iter(range(1, 100_000))
+
+
+def _contact(email: str = "ann@x.io") -> str:
+    with transaction.atomic():
+        return record_create(org=OrgScope(ORG), object_name="Contact",
+                             values={"email": email, "firstname": "Ann", "lastname": "Lee",
+                                     "lifecyclestage": "customer"}).record_key
+
+
+def _author(record_key: str, **changes) -> OutboundCommand:
+    """One record save that pushes to billing: change the record and author its intent (not delivered)."""
+    with transaction.atomic():
+        record = record_lock(org=OrgScope(ORG), object_name="Contact", record_key=record_key)
+        if changes:
+            record_update(org=OrgScope(ORG), record=record, changes=changes)
+        return outbound_command_author(scope=SCOPE, effect_root_id="root-" + record_key,
+                                       effect_slot_id=f"push-{next(_slots)}", effect_generation_id="1",
+                                       contract_key=CONTRACT, record=record, origin_flow_run_id=None)
+
+
+def _save(record_key: str, **changes) -> OutboundCommand:
+    """A save whose intent is delivered: its RemoteEffect is ``prepared``."""
+    command = _author(record_key, **changes)
+    assert outbox_try_deliver_one()
+    return command
+
+
+def _linked(email: str = "ann@x.io") -> tuple[str, RemoteLink]:
+    key = _contact(email)
+    command = _save(key)
+    drain()
+    return key, RemoteLink.objects.get(org_id=ORG, link_key=command.link_key)
+
+
+def _effect(command: OutboundCommand) -> RemoteEffect:
+    return RemoteEffect.objects.get(command=command)
+
+
+def _permits(effect: RemoteEffect) -> int:
+    return DispatchPermit.objects.filter(org_id=ORG, attempt__effect_id=effect.pk).count()
+
+
+class RowLock:
+    """Hold a row lock in its own transaction (own connection) until released."""
+
+    def __init__(self, model, pk):
+        self._release, self._held = threading.Event(), threading.Event()
+
+        def hold():
+            with transaction.atomic():
+                model.objects.select_for_update().get(pk=pk)
+                self._held.set()
+                assert self._release.wait(120), "the row lock was never released"
+
+        self.worker = Worker(hold, f"hold-{model.__name__}-{pk}")
+        self.worker.start()
+        assert self._held.wait(60)
+
+    def release(self) -> None:
+        self._release.set()
+        self.worker.join(60)
+        assert self.worker.error is None, self.worker.error
+
+
+def _done_or_lock_waiting(worker: Worker, timeout: float = 60) -> str:
+    """Wait until ``worker`` has finished (``"done"``) or waits in a locking read (``"waiting"``).
+
+    A locking read seen in three polls in a row (40 ms apart) is queued behind a row lock.
+    """
+    assert worker.ready.wait(timeout)
+    deadline, seen = time.monotonic() + timeout, 0
+    while worker.is_alive():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT INFO FROM information_schema.PROCESSLIST WHERE ID = %s", [worker.connection_id])
+            row = cursor.fetchone()
+        seen = seen + 1 if row and row[0] and "FOR UPDATE" in row[0] else 0
+        if seen >= 3:
+            return "waiting"
+        assert time.monotonic() < deadline, f"{worker.name} neither finished nor waited for a lock"
+        time.sleep(0.02)
+    return "done"
+
+
+def _grant_worker() -> Worker:
+    worker = Worker(lambda: egress.permit_try_grant_one(worker_id="attacker"), "grant")
+    worker.start()
+    return worker
+
+
+def _join(*workers: Worker) -> None:
+    for worker in workers:
+        worker.join(60)
+        assert not worker.is_alive(), f"{worker.name} is stuck"
+
+
+def _finish(grant) -> None:
+    """Send and settle a Permit granted in a worker thread, then drain everything else."""
+    if grant is not None:
+        egress.permit_settle(grant, egress.permit_send(grant))
+    drain()
+
+
+# === P1: a retire racing a PATCH grant =================================================================
+def test_a_retire_racing_a_patch_grant_never_leaves_a_patch_in_flight_through_the_retired_link(org, billing_sandbox):
+    """Seed 002 "Remote Link State": ``retired`` is never eligible for runtime send.
+
+    The retire locks the link key's effects, then its link; an effect delivered after
+    that first lock is invisible to it. A grant that plans the PATCH from an unlocked
+    read of the link, while the retire waits for the link row, sends through a link
+    the retire then ends.
+    """
+    key, link = _linked()
+    command = _author(key, lastname="Park")  # authored before, delivered after the retire locked the key's effects
+    row = RowLock(RemoteLink, link.pk)  # the retire queues behind this lock, after its effect locks
+    retire = Worker(lambda: link_retire(org_id=ORG, link_key=link.link_key, actor="ops", reason="merged"), "retire")
+    retire.start()
+    assert retire.ready.wait(60)
+    wait_until_blocked_on(retire.connection_id, LINK_TABLE)
+    assert outbox_try_deliver_one() and _effect(command).state == "prepared"
+    grant = _grant_worker()
+    _done_or_lock_waiting(grant)
+    row.release()
+    _join(retire, grant)
+    assert grant.error is None, grant.error
+
+    link.refresh_from_db()
+    effect = _effect(command)
+    if link.state == "retired":
+        assert _permits(effect) == 0, "a PATCH was granted through a link retired before it was sent"
+        assert retire.error is None and grant.result is None
+        assert (effect.state, effect.reason_code) == ("quarantined", reasons.LINK_NOT_PATCHABLE)
+    else:  # the grant won the link: the retire must see the effect in flight and refuse
+        assert getattr(retire.error, "code", None) == "slot_occupied", retire.error
+        assert link.state == "active" and grant.result is not None
+    _finish(grant.result)
+    [customer] = billing_sandbox.state()["customers"]
+    assert customer["update_requests"] == (0 if link.state == "retired" else 1)
+
+
+# === P3: a mapping revalidation apply racing a grant ============================================================
+def _mapping_pack() -> PackGeneration:
+    from connectors.generations import pack_publish
+
+    document = json.loads((ROOT / "packs" / "billing" / "pack.json").read_text(encoding="utf-8"))
+    document["version"] += "-mapping-attack"
+    contract = document["push_contracts"][0]
+    contract["mapping"] = [entry if entry["target"] != "name" else
+                           {"target": "name", "source": ["lastname", "firstname"], "join": ", "}
+                           for entry in contract["mapping"]]
+    return pack_publish(document=document)[0]
+
+
+def test_a_revalidation_apply_racing_a_grant_never_commits_beside_a_patch_of_the_old_mapping(
+        org, billing_sandbox, holds):
+    """Seed 002 CARVE_DOWN invariant 3: any occupying attempt blocks the complete manifest.
+
+    The apply checks occupancy with the link locked. An effect delivered after that
+    check is granted from an unlocked read of the link's old fingerprints, so its PATCH
+    under the old mapping is in flight when the receipts commit the new ones.
+    """
+    key, link = _linked()
+    manifest = revalidation_draft(org=org, contract_key=CONTRACT, approved_by="mapping-owner", reason="reorder",
+                                  pack_generation_id=_mapping_pack().pk, operation_id="op-race")
+    holds.arm("revalidation.apply_before_commit")
+    apply = Worker(lambda: revalidation_apply(org=org, manifest=manifest), "apply")
+    apply.start()
+    marker = holds.wait_held("revalidation.apply_before_commit")
+    command = _save(key, lastname="Old-Mapping")  # frozen under the serving (old) mapping
+    grant = _grant_worker()
+    _done_or_lock_waiting(grant)
+    holds.release(marker)
+    _join(apply, grant)
+    assert apply.error is None and grant.error is None, (apply.error, grant.error)
+
+    assert isinstance(apply.result, Applied)
+    effect = _effect(command)
+    assert _permits(effect) == 0, "a PATCH under the old mapping was granted beside the committed revalidation"
+    assert (effect.state, effect.reason_code) == ("quarantined", reasons.MAPPING_DRIFT)
+    link.refresh_from_db()
+    assert link.last_mapping_revalidation_id == PushLinkRevalidationReceipt.objects.get(operation_id="op-race").pk
+    _finish(grant.result)
+    assert billing_sandbox.state()["customers"][0]["update_requests"] == 0
