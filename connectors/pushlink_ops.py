@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
+from nexusflow.kernel import failpoints
 from nexusflow.kernel.errors import NexusError
 
 from .links import PUSH_ACTION_TYPE, link_key_for
@@ -33,6 +34,8 @@ from .store import RemoteEffectStore, RemoteLinkStore
 
 #: Effect states that occupy a link key's slot: a rebind onto it is refused while one exists.
 _OCCUPYING = ("dispatching", "uncertain", "remote_confirmed")
+
+FP_AFTER_EFFECT_LOCKS = failpoints.declare("push_links.after_effect_locks")
 
 
 class LinkOperationRefused(NexusError):
@@ -53,6 +56,24 @@ class LinkChange:
 def _require_words(actor: str, reason: str) -> None:
     if not actor.strip() or not reason.strip():
         raise LinkOperationRefused("a link decision needs --actor and --reason", code="link_evidence_missing")
+
+
+def _refuse_if_occupied(org_id: str, link_keys: list[str]) -> None:
+    """Refuse while an effect of ``link_keys`` is in flight, read once the link row is locked.
+
+    The effect locks taken first cover only the effects that existed then; an
+    effect delivered afterwards is granted with the link row locked (see
+    :func:`connectors.egress._plan_request`), so once this transaction holds
+    the link, any such grant has committed and this read (READ COMMITTED)
+    sees it.
+
+    Raises:
+        LinkOperationRefused: ``slot_occupied``.
+    """
+    effect = (RemoteEffect.objects.filter(org_id=org_id, link_key__in=link_keys, state__in=_OCCUPYING)
+              .order_by("id").first())
+    if effect is not None:
+        raise LinkOperationRefused(f"effect {effect.pk} of this slot is {effect.state}", code="slot_occupied")
 
 
 def _link(org_id: str, link_key: str) -> RemoteLink:
@@ -143,7 +164,9 @@ def link_retire(*, org_id: str, link_key: str, actor: str, reason: str) -> LinkC
         if occupied:
             raise LinkOperationRefused(f"effect {occupied[0].pk} of this slot is {occupied[0].state}",
                                        code="slot_occupied")
+        failpoints.hit(FP_AFTER_EFFECT_LOCKS)
         link = RemoteLinkStore.lock(org_id, link.pk)
+        _refuse_if_occupied(org_id, [link_key])
         if link.state == "retired":
             raise LinkOperationRefused(f"link {link_key} is already retired", code="link_retired")
         evidence = append_link_evidence(link, kind="retired", actor=actor, to_state="retired",
@@ -188,7 +211,9 @@ def link_rebind(*, org_id: str, link_key: str, contract_key: str, actor: str, re
         if occupied:
             raise LinkOperationRefused(f"effect {occupied[0].pk} of this slot is {occupied[0].state}",
                                        code="slot_occupied")
+        failpoints.hit(FP_AFTER_EFFECT_LOCKS)
         link = RemoteLinkStore.lock(org_id, link.pk)
+        _refuse_if_occupied(org_id, [link_key, new_key])
         if link.state == "retired":
             raise LinkOperationRefused(f"link {link_key} is retired", code="link_retired")
         if RemoteLink.objects.filter(org_id=org_id, link_key=new_key).exists():

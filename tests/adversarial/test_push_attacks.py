@@ -26,7 +26,7 @@ from connectors.models import (
     RemoteEffect,
     RemoteLink,
 )
-from connectors.pushlink_ops import link_retire
+from connectors.pushlink_ops import link_rebind, link_retire
 from connectors.revalidation import Applied, revalidation_apply, revalidation_draft
 from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
 from nexusflow.records.services import record_create, record_lock, record_update
@@ -34,6 +34,8 @@ from runtime_outbox.models import OutboundCommand
 from runtime_outbox.services import outbound_command_author, outbox_try_deliver_one
 from tests.concurrency import Worker, wait_until_blocked_on
 from tests.conftest import ORG, ROOT, drain, make_serving_org
+from tests.connectors import push_helpers
+from tests.connectors.push_helpers import BILLING, BILLING_ACCOUNT, contract_of
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 
@@ -169,6 +171,20 @@ def _join(*workers: Worker) -> None:
         assert not worker.is_alive(), f"{worker.name} is stuck"
 
 
+def _second_billing_slot(env) -> None:
+    """Serve a second billing contract for Contact under its own stable slot, beside the first one."""
+    def add_contract(doc):
+        extra = json.loads(json.dumps(contract_of(doc, BILLING)))
+        extra.update(contract_key="billing.customer.v2", action_slot_id="slot.push.customer.v2",
+                     destination_slot_id="dest.billing.customer.v2")
+        doc["push_contracts"].append(extra)
+
+    def offer_both(account):
+        account["push_contracts"] = [BILLING, "billing.customer.v2"]
+
+    push_helpers.reconfigure(env, add_contract, account_key=BILLING_ACCOUNT, configure=offer_both)
+
+
 def _finish(grant) -> None:
     """Send and settle a Permit granted in a worker thread, then drain everything else."""
     if grant is not None:
@@ -207,6 +223,55 @@ def test_a_retire_racing_a_patch_grant_never_leaves_a_patch_in_flight_through_th
         assert (effect.state, effect.reason_code) == ("quarantined", reasons.LINK_NOT_PATCHABLE)
     else:  # the grant won the link: the retire must see the effect in flight and refuse
         assert getattr(retire.error, "code", None) == "slot_occupied", retire.error
+        assert link.state == "active" and grant.result is not None
+    _finish(grant.result)
+    [customer] = billing_sandbox.state()["customers"]
+    assert customer["update_requests"] == (0 if link.state == "retired" else 1)
+
+
+def _decide(decision: str, link: RemoteLink):
+    if decision == "retire":
+        return lambda: link_retire(org_id=ORG, link_key=link.link_key, actor="ops", reason="merged")
+    return lambda: link_rebind(org_id=ORG, link_key=link.link_key, contract_key="billing.customer.v2", actor="ops",
+                               reason="slot recreated")
+
+
+@pytest.mark.parametrize("decision", ["retire", "rebind"])
+def test_a_link_decision_paused_after_its_effect_locks_sees_a_patch_granted_meanwhile(
+        billing_sandbox, hubspot_crm_sandbox, holds, decision):
+    """The other interleaving of P1: the grant takes the link row before the decision does.
+
+    The decision has locked the key's effects (the new effect is not among them) and
+    is paused before its link lock; the grant locks effect and link and commits. The
+    decision must then see the effect in flight instead of ending the link beneath it.
+    """
+    env = push_helpers.push_env(billing_sandbox, hubspot_crm_sandbox)
+    record = push_helpers.contact("paused@x.io")
+    push_helpers.save(record, contract=BILLING)
+    drain()
+    link = push_helpers.push_link(record, BILLING)
+    if decision == "rebind":
+        _second_billing_slot(env)
+    command = push_helpers.save(record, contract=BILLING, deliver=False, lastname="Park")
+    holds.arm("push_links.after_effect_locks")
+    decide = Worker(_decide(decision, link), decision)
+    decide.start()
+    marker = holds.wait_held("push_links.after_effect_locks")
+    assert outbox_try_deliver_one() and _effect(command).state == "prepared"
+    grant = _grant_worker()
+    _done_or_lock_waiting(grant)
+    holds.release(marker)
+    _join(decide, grant)
+    assert grant.error is None, grant.error
+
+    link.refresh_from_db()
+    effect = _effect(command)
+    if link.state == "retired":
+        assert _permits(effect) == 0, f"a PATCH was granted through a link the {decision} ended"
+        assert decide.error is None and grant.result is None
+        assert (effect.state, effect.reason_code) == ("quarantined", reasons.LINK_NOT_PATCHABLE)
+    else:
+        assert getattr(decide.error, "code", None) == "slot_occupied", decide.error
         assert link.state == "active" and grant.result is not None
     _finish(grant.result)
     [customer] = billing_sandbox.state()["customers"]
