@@ -30,12 +30,14 @@ from nexusflow.kernel.errors import NexusError
 from .links import PUSH_ACTION_TYPE, link_key_for
 from .models import AccountServingGate, PackGeneration, RemoteEffect, RemoteLink
 from .pushlinks import action_config_snapshot, append_link_evidence, body_fingerprint, mapping_fingerprint
+from .serving import NotServing, serving_lock
 from .store import RemoteEffectStore, RemoteLinkStore
 
 #: Effect states that occupy a link key's slot: a rebind onto it is refused while one exists.
 _OCCUPYING = ("dispatching", "uncertain", "remote_confirmed")
 
 FP_AFTER_EFFECT_LOCKS = failpoints.declare("push_links.after_effect_locks")
+FP_REBIND_BEFORE_COMMIT = failpoints.declare("push_links.rebind_before_commit")
 
 
 class LinkOperationRefused(NexusError):
@@ -186,6 +188,11 @@ def link_rebind(*, org_id: str, link_key: str, contract_key: str, actor: str, re
     (dispatching, uncertain, remote_confirmed) refuse the rebind; effects
     refused before POST stay terminal (a later save PATCHes through the new link).
 
+    The transaction first locks the serving gate (and epoch) of the account
+    serving ``contract_key``: every grant of the new key's effects locks that
+    gate first, and finds no link to lock, so without it a create could be
+    granted for the key between the checks here and the new link's commit.
+
     Raises:
         LinkOperationRefused: unknown/inbound/retired link, ``contract_key`` not
             served (``slot_not_served``), the same slot (``rebind_same_slot``:
@@ -206,6 +213,13 @@ def link_rebind(*, org_id: str, link_key: str, contract_key: str, actor: str, re
         raise LinkOperationRefused("the contract serves the link's own slot; revalidate it instead",
                                    code="rebind_same_slot")
     with transaction.atomic(durable=True):
+        try:
+            serving_lock(org_id=org_id, account_key=account_key)
+        except NotServing as exc:
+            raise LinkOperationRefused(str(exc), code="slot_not_served") from None
+        if _served_contract(org_id, contract_key)[1] != current:  # re-read under the gate lock
+            raise LinkOperationRefused(f"push contract {contract_key} changed while the rebind started",
+                                       code="slot_not_served")
         effects = RemoteEffectStore.lock_all(org_id, link_key__in=[link_key, new_key])
         occupied = [e for e in effects if e.state in _OCCUPYING]
         if occupied:
@@ -236,6 +250,7 @@ def link_rebind(*, org_id: str, link_key: str, contract_key: str, actor: str, re
             mirror_status=link.mirror_status)
         append_link_evidence(new, kind="rebound", actor=actor, to_state="active",
                              detail={**detail, "from_link_key": link_key})
+        failpoints.hit(FP_REBIND_BEFORE_COMMIT)
         return LinkChange(int(link.pk), link_key, link.state, "retired", int(evidence.pk), int(new.pk), new_key)
 
 

@@ -278,6 +278,47 @@ def test_a_link_decision_paused_after_its_effect_locks_sees_a_patch_granted_mean
     assert customer["update_requests"] == (0 if link.state == "retired" else 1)
 
 
+# === P2: a rebind racing a create grant on the new link key ====================================================
+def test_a_rebind_racing_a_create_grant_on_the_new_link_key_never_makes_a_second_remote_record(
+        billing_sandbox, hubspot_crm_sandbox, holds):
+    """Seed 002 "Attempt Key" / "Before POST": a finalized link for the key forbids a POST.
+
+    The rebind checks the new key's effects and link, then inserts the new link; a
+    create grant for that key looks for a link without any lock the rebind holds
+    (there is no link row to lock yet). Held before its commit, the rebind lets the
+    grant reserve a POST for the key it is about to link to the old remote record.
+    """
+    env = push_helpers.push_env(billing_sandbox, hubspot_crm_sandbox)
+    record = push_helpers.contact("rebind@x.io")
+    push_helpers.save(record, contract=BILLING)
+    drain()
+    old = push_helpers.push_link(record, BILLING)
+    _second_billing_slot(env)
+
+    # Authored first (authoring locks the account's serving gate), delivered while the rebind is held.
+    command = push_helpers.save(record, contract="billing.customer.v2", deliver=False, lastname="Second")
+    holds.arm("push_links.rebind_before_commit")
+    rebind = Worker(lambda: link_rebind(org_id=ORG, link_key=old.link_key, contract_key="billing.customer.v2",
+                                        actor="ops", reason="slot recreated"), "rebind")
+    rebind.start()
+    marker = holds.wait_held("push_links.rebind_before_commit")
+    assert outbox_try_deliver_one() and _effect(command).state == "prepared"
+    grant = _grant_worker()
+    _done_or_lock_waiting(grant)
+    holds.release(marker)
+    _join(rebind, grant)
+    assert rebind.error is None and grant.error is None, (rebind.error, grant.error)
+    _finish(grant.result)
+
+    customers = billing_sandbox.state()["customers"]
+    assert len(customers) == 1 and customers[0]["create_requests"] == 1, customers
+    new = RemoteLink.objects.get(org_id=ORG, link_key=command.link_key)
+    assert (new.state, new.remote_id) == ("active", old.remote_id)
+    effect = _effect(command)
+    assert effect.state == "finalized" and [a.operation for a in effect.attempts.all()] == ["update"]
+    assert customers[0]["name"] == "Rebind Second"
+
+
 # === P3: a mapping revalidation apply racing a grant ============================================================
 def _mapping_pack() -> PackGeneration:
     from connectors.generations import pack_publish
