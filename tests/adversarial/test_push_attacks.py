@@ -19,6 +19,7 @@ import pytest
 from django.db import connection, transaction
 
 from connectors import egress, reasons
+from connectors.effects import effect_reconcile
 from connectors.models import (
     DispatchPermit,
     PackGeneration,
@@ -362,3 +363,39 @@ def test_a_revalidation_apply_racing_a_grant_never_commits_beside_a_patch_of_the
     assert link.last_mapping_revalidation_id == PushLinkRevalidationReceipt.objects.get(operation_id="op-race").pk
     _finish(grant.result)
     assert billing_sandbox.state()["customers"][0]["update_requests"] == 0
+
+
+# === P4: the older-version supersede rule after an operator-confirmed update ===================================
+def test_an_operator_confirmed_update_supersedes_a_late_delivered_older_version(org, billing_sandbox):
+    """Seed 002 "Before PATCH" / ARCHITECTURE.md section 4: the remote never goes back to an older version.
+
+    A newer version's PATCH whose response was lost is confirmed by an operator; an
+    older version delivered late must then be superseded, as it is after a PATCH the
+    provider confirmed directly.
+    """
+    key, link = _linked("late@x.io")
+    older = _author(key, lastname="Older")
+    newer = _author(key, lastname="Newer")
+    with connection.cursor() as cursor:  # the older version's delivery failed once and backs off
+        cursor.execute("UPDATE runtime_outbox_outboxmessage SET next_attempt_at = NOW() + INTERVAL 1 HOUR "
+                       "WHERE command_id = %s", [older.pk])
+    assert outbox_try_deliver_one()
+    billing_sandbox.set_faults(drop_response_after_commit=1)
+    assert egress.effect_try_dispatch_one(worker_id="w1")
+    effect = _effect(newer)
+    assert effect.state == "uncertain"
+    assert billing_sandbox.state()["customers"][0]["name"] == "Ann Newer"
+    effect_reconcile(org_id=ORG, effect_id=effect.pk, outcome="confirmed", remote_id=link.remote_id, actor="ops",
+                     note="the customer shows the newer name")
+    assert egress.effect_try_finalize_one()
+
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE runtime_outbox_outboxmessage SET next_attempt_at = NULL")
+    drain()
+    late = _effect(older)
+    assert (late.state, late.reason_code) == ("quarantined", reasons.SUPERSEDED_BY_NEWER_VERSION)
+    [customer] = billing_sandbox.state()["customers"]
+    assert customer["name"] == "Ann Newer", "the remote went back to an older record version"
+    assert customer["update_requests"] == 1 and not late.attempts.exists()
+    link.refresh_from_db()
+    assert link.last_pushed_version == newer.source_record_version
