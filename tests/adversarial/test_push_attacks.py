@@ -11,6 +11,8 @@ attacks run the real ``manage.py`` commands in a child process.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -26,6 +28,7 @@ from connectors.models import (
     PushLinkRevalidationReceipt,
     RemoteEffect,
     RemoteLink,
+    RemoteLinkEvidence,
 )
 from connectors.pushlink_ops import link_rebind, link_retire
 from connectors.revalidation import Applied, revalidation_apply, revalidation_draft
@@ -34,7 +37,7 @@ from nexusflow.records.services import record_create, record_lock, record_update
 from runtime_outbox.models import OutboundCommand
 from runtime_outbox.services import outbound_command_author, outbox_try_deliver_one
 from tests.concurrency import Worker, wait_until_blocked_on
-from tests.conftest import ORG, ROOT, drain, make_serving_org
+from tests.conftest import ORG, ROOT, drain, make_serving_org, subprocess_env
 from tests.connectors import push_helpers
 from tests.connectors.push_helpers import BILLING, BILLING_ACCOUNT, contract_of
 
@@ -399,3 +402,51 @@ def test_an_operator_confirmed_update_supersedes_a_late_delivered_older_version(
     assert customer["update_requests"] == 1 and not late.attempts.exists()
     link.refresh_from_db()
     assert link.last_pushed_version == newer.source_record_version
+
+
+# === P5: bad operator input to the push link commands ===========================================================
+def _manage(*args, stdin: bytes | None = None) -> tuple[int, str, str]:
+    """Run ``manage.py`` in a child process; arguments may be raw bytes (an operator's shell passes bytes)."""
+    done = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=subprocess_env(), input=stdin,
+                          capture_output=True, timeout=120)
+    return done.returncode, done.stdout.decode("utf-8", "replace"), done.stderr.decode("utf-8", "replace")
+
+
+def _link_facts() -> tuple:
+    return (sorted(RemoteLink.objects.values_list("id", "state", "version", "remote_id", "live_remote_id")),
+            RemoteLinkEvidence.objects.count(), PushLinkRevalidationReceipt.objects.count())
+
+
+def test_a_malformed_manifest_exits_with_a_stable_code_and_writes_nothing(org, billing_sandbox, tmp_path):
+    """``push_link_revalidation validate|apply``: a manifest that cannot be read as bounded UTF-8 JSON is
+    ``manifest_unreadable`` / ``manifest_too_large`` (exit 1), never a traceback, never a write."""
+    from connectors.revalidation import MAX_MANIFEST_BYTES
+
+    _linked()
+    manifest = revalidation_draft(org=org, contract_key=CONTRACT, approved_by="mapping-owner", reason="reorder",
+                                  pack_generation_id=_mapping_pack().pk, operation_id="op-bad-input")
+    text = json.dumps(manifest).encode("utf-8")
+    cases = {
+        "not UTF-8": (text.replace(b'"reorder"', b'"re\xfforder"'), "manifest_unreadable"),
+        "nested past the parser's depth": (b"[" * 200_000 + b"]" * 200_000, "manifest_unreadable"),
+        "larger than the bound": (text + b" " * (MAX_MANIFEST_BYTES + 1 - len(text)), "manifest_too_large"),
+    }
+    before = _link_facts()
+    for case, (content, code) in cases.items():
+        path = tmp_path / "manifest.json"
+        path.write_bytes(content)
+        for subcommand, args, stdin in (("validate", ["--manifest", str(path)], None),
+                                        ("apply", ["--manifest", "-"], content)):
+            rc, _out, err = _manage("push_link_revalidation", subcommand, "--org", ORG, *args, stdin=stdin)
+            assert (rc, err.startswith(f"CommandError: {code}:")) == (1, True), (case, subcommand, rc, err)
+        assert _link_facts() == before, case
+    # A draft whose approval is not UTF-8 text cannot even be sealed: refused with the manifest's own code.
+    for option in ("--approved-by", "--operation-id"):
+        rc, out, err = _manage("push_link_revalidation", "draft", "--org", ORG, "--contract", CONTRACT,
+                               "--approved-by", "owner", "--reason", "reorder", option, b"bad\xff")
+        assert (rc, err.startswith("CommandError: manifest_not_canonical:"), out) == (1, True, ""), (option, err)
+    assert _link_facts() == before
+    # The bounded, well-formed manifest still applies.
+    path.write_bytes(text)
+    rc, out, err = _manage("push_link_revalidation", "apply", "--org", ORG, "--manifest", str(path))
+    assert rc == 0 and out.startswith("applied: operation op-bad-input"), err
