@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from django.db import transaction
 
 from nexusflow.kernel import failpoints
-from nexusflow.kernel.errors import NexusError
+from nexusflow.kernel.errors import InvalidIdentity, NexusError
+from nexusflow.kernel.identity import validate_key
 
 from .links import PUSH_ACTION_TYPE, link_key_for
-from .models import AccountServingGate, PackGeneration, RemoteEffect, RemoteLink
+from .models import AccountServingGate, PackGeneration, RemoteEffect, RemoteLink, RemoteLinkEvidence
 from .pushlinks import action_config_snapshot, append_link_evidence, body_fingerprint, mapping_fingerprint
 from .serving import NotServing, serving_lock
 from .store import RemoteEffectStore, RemoteLinkStore
@@ -55,9 +56,26 @@ class LinkChange:
     new_link_key: str | None = None
 
 
+#: Longest evidence reason (characters); the actor is bounded by the evidence column (120).
+MAX_REASON_LENGTH = 1000
+
+
 def _require_words(actor: str, reason: str) -> None:
+    """Check the decision's evidence text before any lock or write.
+
+    Raises:
+        LinkOperationRefused: an empty actor or reason (``link_evidence_missing``);
+            an actor or (stripped) reason that is not canonical text (control or
+            invisible characters, invalid UTF-8, not NFC, surrounding whitespace
+            in the actor) or too long for its column (``link_evidence_invalid``).
+    """
     if not actor.strip() or not reason.strip():
         raise LinkOperationRefused("a link decision needs --actor and --reason", code="link_evidence_missing")
+    try:
+        validate_key(actor, field="actor", max_length=RemoteLinkEvidence._meta.get_field("actor").max_length)
+        validate_key(reason.strip(), field="reason", max_length=MAX_REASON_LENGTH)
+    except InvalidIdentity as exc:
+        raise LinkOperationRefused(str(exc), code="link_evidence_invalid") from None
 
 
 def _refuse_if_occupied(org_id: str, link_keys: list[str]) -> None:
@@ -127,7 +145,8 @@ def link_revalidate(*, org_id: str, link_key: str, actor: str, reason: str) -> L
     Raises:
         LinkOperationRefused: unknown or inbound link, retired link
             (``link_retired``), slot no longer served (``slot_not_served``:
-            rebind or retire instead), or missing actor/reason.
+            rebind or retire instead), or missing or malformed actor/reason
+            (``link_evidence_missing``, ``link_evidence_invalid``).
     """
     _require_words(actor, reason)
     link = _link(org_id, link_key)
@@ -157,7 +176,8 @@ def link_retire(*, org_id: str, link_key: str, actor: str, reason: str) -> LinkC
     Raises:
         LinkOperationRefused: unknown or inbound link, already retired
             (``link_retired``), an effect of the slot in flight
-            (``slot_occupied``), or missing actor/reason.
+            (``slot_occupied``), or missing or malformed actor/reason
+            (``link_evidence_missing``, ``link_evidence_invalid``).
     """
     _require_words(actor, reason)
     link = _link(org_id, link_key)
@@ -197,7 +217,8 @@ def link_rebind(*, org_id: str, link_key: str, contract_key: str, actor: str, re
         LinkOperationRefused: unknown/inbound/retired link, ``contract_key`` not
             served (``slot_not_served``), the same slot (``rebind_same_slot``:
             revalidate instead), the new key already linked
-            (``rebind_target_linked``), ``slot_occupied``, or missing actor/reason.
+            (``rebind_target_linked``), ``slot_occupied``, or missing or malformed
+            actor/reason (``link_evidence_missing``, ``link_evidence_invalid``).
     """
     _require_words(actor, reason)
     link = _link(org_id, link_key)

@@ -450,3 +450,28 @@ def test_a_malformed_manifest_exits_with_a_stable_code_and_writes_nothing(org, b
     path.write_bytes(text)
     rc, out, err = _manage("push_link_revalidation", "apply", "--org", ORG, "--manifest", str(path))
     assert rc == 0 and out.startswith("applied: operation op-bad-input"), err
+
+
+def test_a_link_decision_with_malformed_actor_or_reason_exits_with_a_stable_code_and_writes_nothing(
+        org, billing_sandbox):
+    """``push_links retire|revalidate|rebind``: actor and reason are evidence text: a control
+    character, invalid UTF-8 or an actor longer than the evidence column is refused before any write."""
+    _key, link = _linked()
+    before = _link_facts()
+    cases = {
+        "actor with a control character": ("ops\x1b[2J", "merged"),
+        "actor not UTF-8": (b"ops\xff", "merged"),
+        "actor longer than the evidence column": ("o" * 121, "merged"),
+        "reason not UTF-8": ("ops", b"merged \xfe"),
+        "reason with a control character": ("ops", "merged\x07"),
+    }
+    decisions = (["retire"], ["revalidate"], ["rebind", "--contract", CONTRACT])
+    for n, (case, (actor, reason)) in enumerate(cases.items()):
+        decision = decisions[n % len(decisions)]
+        rc, _out, err = _manage("push_links", decision[0], link.link_key, "--org", ORG, *decision[1:],
+                                "--actor", actor, "--reason", reason)
+        assert (rc, err.startswith("CommandError: link_evidence_invalid:")) == (1, True), (case, decision, err)
+        assert _link_facts() == before, case
+    rc, out, err = _manage("push_links", "retire", link.link_key, "--org", ORG, "--actor", "ops",
+                           "--reason", "merged remotely")
+    assert rc == 0 and "active -> retired" in out, err
