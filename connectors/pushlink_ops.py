@@ -215,7 +215,9 @@ def link_rebind(*, org_id: str, link_key: str, contract_key: str, actor: str, re
 
     Raises:
         LinkOperationRefused: unknown/inbound/retired link, ``contract_key`` not
-            served (``slot_not_served``), the same slot (``rebind_same_slot``:
+            served (``slot_not_served``), served by another account than the
+            link's remote scope (``rebind_scope_mismatch``: the remote id means
+            nothing there), the same slot (``rebind_same_slot``:
             revalidate instead), the new key already linked
             (``rebind_target_linked``), ``slot_occupied``, or missing or malformed
             actor/reason (``link_evidence_missing``, ``link_evidence_invalid``).
@@ -226,6 +228,10 @@ def link_rebind(*, org_id: str, link_key: str, contract_key: str, actor: str, re
     if contract["source_object"] != link.source_object:
         raise LinkOperationRefused(f"contract {contract_key} pushes {contract['source_object']}, the link's source "
                                    f"is {link.source_object}", code="rebind_object_mismatch")
+    if account_key != link.remote_scope:
+        # The remote id names a record of the link's remote system only (the remote-locator scope).
+        raise LinkOperationRefused(f"contract {contract_key} is served by account {account_key}; the link's remote "
+                                   f"id belongs to {link.remote_scope}", code="rebind_scope_mismatch")
     new_key = link_key_for(owner_key=current["owner_key"], action_slot_id=contract["action_slot_id"],
                            action_type=PUSH_ACTION_TYPE, source_object=link.source_object,
                            source_record_key=link.source_record_key,

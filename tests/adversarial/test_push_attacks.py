@@ -475,3 +475,30 @@ def test_a_link_decision_with_malformed_actor_or_reason_exits_with_a_stable_code
     rc, out, err = _manage("push_links", "retire", link.link_key, "--org", ORG, "--actor", "ops",
                            "--reason", "merged remotely")
     assert rc == 0 and "active -> retired" in out, err
+
+
+def test_a_rebind_onto_a_contract_of_another_remote_scope_is_refused_and_writes_nothing(
+        billing_sandbox, hubspot_crm_sandbox):
+    """A remote id names a record of one remote system (the link's ``remote_scope``, its account).
+
+    Rebinding a CRM contact link onto the billing contract (same source object, another
+    account) would make the next billing save PATCH ``/v1/customers/<CRM contact id>``:
+    a record of another system, or an unrelated customer whose id happens to match.
+    """
+    env = push_helpers.push_env(billing_sandbox, hubspot_crm_sandbox)
+    record = push_helpers.contact("scope@x.io")
+    push_helpers.save(record)
+    drain()
+    link = push_helpers.push_link(record)
+    assert link.remote_scope == "hubspot-crm"
+    before = _link_facts()
+    rc, _out, err = _manage("push_links", "rebind", link.link_key, "--org", ORG, "--contract", BILLING,
+                            "--actor", "ops", "--reason", "moved to billing")
+    assert (rc, err.startswith("CommandError: rebind_scope_mismatch:")) == (1, True), err
+    assert _link_facts() == before
+    # The billing slot of the record is still unlinked: its first save creates the customer.
+    push_helpers.save(record, contract=BILLING)
+    drain()
+    [customer] = billing_sandbox.state()["customers"]
+    assert (customer["create_requests"], customer["update_requests"]) == (1, 0)
+    assert billing_sandbox.state()["requests"] == 1 and env.posts() == 1
