@@ -368,6 +368,43 @@ def test_a_revalidation_apply_racing_a_grant_never_commits_beside_a_patch_of_the
     assert billing_sandbox.state()["customers"][0]["update_requests"] == 0
 
 
+# === P1 under a crash: the grant holding the link row is killed ================================================
+def test_a_worker_killed_while_its_grant_holds_the_link_releases_it_and_no_patch_leaks(
+        org, billing_sandbox, tmp_path):
+    """A real ``run_workers --role egress`` is paused inside its grant transaction (effect and link
+    rows locked) while a retire queues behind it; killing the worker rolls the grant back, the
+    retire ends the link, and the restarted worker parks the effect without a request."""
+    key, link = _linked("killed@x.io")
+    command = _save(key, lastname="Park")
+    env = subprocess_env(NEXUS_FAILPOINTS="permit.grant_before_commit=pause", NEXUS_FAILPOINT_DIR=str(tmp_path))
+    worker = subprocess.Popen([sys.executable, "manage.py", "run_workers", "--role", "egress"], cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    retire = None
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob("permit.grant_before_commit.*")):
+            assert time.monotonic() < deadline and worker.poll() is None, "the worker never reached its grant"
+            time.sleep(0.05)
+        retire = Worker(lambda: link_retire(org_id=ORG, link_key=link.link_key, actor="ops", reason="merged"),
+                        "retire")
+        retire.start()
+        assert _done_or_lock_waiting(retire) == "waiting"
+    finally:
+        worker.kill()
+        worker.wait(30)
+    _join(retire)
+    assert retire.error is None, retire.error
+    link.refresh_from_db()
+    assert link.state == "retired" and not DispatchPermit.objects.filter(org_id=ORG, attempt__effect__command=command)
+    restarted = subprocess.run([sys.executable, "manage.py", "run_workers", "--role", "egress", "--until-idle"],
+                               cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert restarted.returncode == 0, restarted.stderr
+    effect = _effect(command)
+    assert (effect.state, effect.reason_code, _permits(effect)) == ("quarantined", reasons.LINK_NOT_PATCHABLE, 0)
+    [customer] = billing_sandbox.state()["customers"]
+    assert (customer["create_requests"], customer["update_requests"]) == (1, 0)
+
+
 # === P4: the older-version supersede rule after an operator-confirmed update ===================================
 def test_an_operator_confirmed_update_supersedes_a_late_delivered_older_version(org, billing_sandbox):
     """Seed 002 "Before PATCH" / ARCHITECTURE.md section 4: the remote never goes back to an older version.
