@@ -641,6 +641,11 @@ def permit_settle(grant: Grant, response: Response) -> str:
             attempt_state = "no_effect"
             if effect.attempt_count < outcomes.policy(profile).max_attempts:
                 new_state, reason = "prepared", ""
+            elif effect.attempts.filter(org_id=effect.org_id, state="uncertain").exists():
+                # This Attempt proves nothing about an earlier one that may have landed: the effect
+                # stays ambiguous (the reconciler quarantines it, exhausted), never a proven no_effect
+                # a successor could supersede with a second POST (seed 002 "After POST").
+                new_state, reason = "uncertain", reasons.RESPONSE_AMBIGUOUS
             else:
                 new_state, reason = "no_effect", reasons.RETRY_EXHAUSTED
         elif verdict == outcomes.AMBIGUOUS:

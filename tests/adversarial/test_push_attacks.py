@@ -493,7 +493,7 @@ def test_a_link_decision_with_malformed_actor_or_reason_exits_with_a_stable_code
         org, billing_sandbox):
     """``push_links retire|revalidate|rebind``: actor and reason are evidence text: a control
     character, invalid UTF-8 or an actor longer than the evidence column is refused before any write."""
-    _key, link = _linked()
+    key, link = _linked()
     before = _link_facts()
     cases = {
         "actor with a control character": ("ops\x1b[2J", "merged"),
@@ -509,6 +509,9 @@ def test_a_link_decision_with_malformed_actor_or_reason_exits_with_a_stable_code
                                 "--actor", actor, "--reason", reason)
         assert (rc, err.startswith("CommandError: link_evidence_invalid:")) == (1, True), (case, decision, err)
         assert _link_facts() == before, case
+    # A read with a record filter that is not canonical text is bad usage too, not a traceback.
+    rc, _out, err = _manage("push_links", "list", "--org", ORG, "--record", b"Contact/" + key.encode() + b"\xff")
+    assert rc == 2 and err.startswith("CommandError: invalid_identity:"), err
     rc, out, err = _manage("push_links", "retire", link.link_key, "--org", ORG, "--actor", "ops",
                            "--reason", "merged remotely")
     assert rc == 0 and "active -> retired" in out, err
@@ -539,3 +542,38 @@ def test_a_rebind_onto_a_contract_of_another_remote_scope_is_refused_and_writes_
     [customer] = billing_sandbox.state()["customers"]
     assert (customer["create_requests"], customer["update_requests"]) == (1, 0)
     assert billing_sandbox.state()["requests"] == 1 and env.posts() == 1
+
+
+# === P6: an ambiguous create whose exact repeats are never performed is not proven no_effect ====================
+def test_a_create_whose_first_post_was_ambiguous_is_never_proven_no_effect_by_repeats_that_were_not_performed(
+        org, billing_sandbox):
+    """Seed 002 "After POST": a POST that may have succeeded blocks every further create until an operator
+    reconciles it; only a proven terminal ``no_effect`` may be superseded (ARCHITECTURE.md section 4).
+
+    The first POST is committed by the provider and its response lost; every exact repeat is
+    answered 429 (not performed) until the frozen policy's Attempts run out. Those answers
+    say nothing about the first POST, so the effect must not become ``no_effect`` and an
+    operator successor must not be allowed to POST again.
+    """
+    from runtime_outbox.services import SuccessorRefused, outbound_command_author_successor
+
+    key = _contact("ambiguous@x.io")
+    command = _save(key)
+    billing_sandbox.set_faults(drop_response_after_commit=1)
+    assert egress.effect_try_dispatch_one(worker_id="w1")
+    assert _effect(command).state == "uncertain" and len(billing_sandbox.state()["customers"]) == 1
+    billing_sandbox.set_faults(fail_before_commit={"status": 429, "count": 100})
+    for _ in range(20):
+        with connection.cursor() as cursor:
+            cursor.execute("UPDATE connectors_remoteeffect SET next_attempt_at = NULL")
+        if not (egress.effect_try_reconcile_one() or egress.effect_try_dispatch_one(worker_id="w1")):
+            break
+    effect = _effect(command)
+    assert effect.state != "no_effect", f"an ambiguous create was declared no_effect ({effect.reason_code})"
+    assert effect.state in ("uncertain", "quarantined")
+    with pytest.raises(SuccessorRefused):
+        outbound_command_author_successor(org_id=ORG, predecessor_command_id=command.pk, actor="ops",
+                                          reason="looks like nothing happened")
+    billing_sandbox.set_faults(fail_before_commit={"status": 429, "count": 0})
+    drain()
+    assert len(billing_sandbox.state()["customers"]) == 1
