@@ -43,11 +43,13 @@ without any lock this transaction could hold. The links are therefore locked
 one by one in ascending link_key order, and each link's occupancy is then read
 *without* locks (READ COMMITTED: the latest committed rows). Every
 interleaving fails closed: an occupying effect committed before that read
-blocks the whole manifest; an effect committed after it is granted by a
-transaction that locks its effect row and only then reads the link, so it
-sees either the committed new fingerprints or, if it read the link before this
-transaction committed, the old ones, which differ from its frozen contract and
-refuse the PATCH (``mapping_drift``). A create for the same slot cannot start
+blocks the whole manifest; an effect delivered after it is granted by a
+transaction that locks its effect row and then the link row
+(:func:`connectors.egress._plan_request`), so it waits for this transaction
+and decides on the committed new fingerprints (an effect frozen under the old
+mapping is refused, ``mapping_drift``); a grant that locked the link first has
+committed before this transaction got the link, and the occupancy read sees
+it in flight. A create for the same slot cannot start
 at all while the link exists (egress plans an update), and a second create is
 kept out by the ``create_slot`` unique index and the head-of-lane rule, which
 serialize grants on the effect row. The transaction never touches an effect.
