@@ -6,8 +6,9 @@ effect along an allowed transition; it never rewrites an Attempt, earlier
 evidence or an ``uncertain`` Attempt's outcome:
 
 - ``uncertain -> remote_confirmed``: the operator proved the remote identity
-  (a create gets its RemoteLink now; local finalization follows without a
-  provider call);
+  (a create gets its RemoteLink now; a confirmed update advances its link's
+  last pushed version, as a provider-confirmed one does; local finalization
+  follows without a provider call);
 - ``uncertain -> no_effect``: the operator proved the provider performed
   nothing (terminal; a successor EffectGeneration may follow by a separate
   business intent);
@@ -28,7 +29,7 @@ from nexusflow.kernel.errors import NexusError
 
 from . import outcomes, reasons
 from .models import RemoteEffect, RemoteLink
-from .store import RemoteEffectStore
+from .store import RemoteEffectStore, RemoteLinkStore
 
 
 class EffectOperationRefused(NexusError):
@@ -106,6 +107,12 @@ def effect_reconcile(*, org_id: str, effect_id: int, outcome: str, actor: str, n
                 if link is None or link.remote_id != remote_id:
                     raise EffectOperationRefused(f"the link of this slot names {link.remote_id if link else None!r}, "
                                                  f"not {remote_id!r}", code="remote_id_conflict")
+                # As for a PATCH the provider confirmed: this version reached the remote, so an
+                # older one delivered later is superseded, never sent (seed 002 "Before PATCH").
+                link = RemoteLinkStore.lock(org_id, link.pk)
+                if effect.lane_sequence > link.last_pushed_version:
+                    RemoteLinkStore.touch(org_id=org_id, pk=link.pk, state=link.state, version=link.version,
+                                          set_fields={"last_pushed_version": effect.lane_sequence})
             evidence = append_evidence(effect, kind="operator_confirmed", actor=actor, to_state="remote_confirmed",
                                        detail=detail)
             RemoteEffectStore.transition(org_id=org_id, pk=effect.pk, src="uncertain", dst="remote_confirmed",

@@ -254,8 +254,15 @@ def _plan_request(effect: RemoteEffect, binding: dict, contract: dict):
     ``(operation, method, path, body, idempotency_key)``, or ``None`` when the
     effect was refused, superseded or parked instead (seed 002 "Before POST",
     "Before PATCH").
+
+    An existing link is locked (after the effect: lock order) before anything
+    is decided from it, so an operator decision on the link (retire, rebind,
+    mapping revalidation) either commits first and is seen here, or waits for
+    this grant and then sees the effect in flight.
     """
     link = RemoteLink.objects.filter(org_id=effect.org_id, link_key=effect.link_key).first()
+    if link is not None:
+        link = RemoteLinkStore.lock(link.org_id, link.pk)
     body = _encode_body(contract, effect.command.request_fields)
     key = binding.get("provider_idempotency_key")
     if link is None:
@@ -635,6 +642,11 @@ def permit_settle(grant: Grant, response: Response) -> str:
             attempt_state = "no_effect"
             if effect.attempt_count < outcomes.policy(profile).max_attempts:
                 new_state, reason = "prepared", ""
+            elif effect.attempts.filter(org_id=effect.org_id, state="uncertain").exists():
+                # This Attempt proves nothing about an earlier one that may have landed: the effect
+                # stays ambiguous (the reconciler quarantines it, exhausted), never a proven no_effect
+                # a successor could supersede with a second POST (seed 002 "After POST").
+                new_state, reason = "uncertain", reasons.RESPONSE_AMBIGUOUS
             else:
                 new_state, reason = "no_effect", reasons.RETRY_EXHAUSTED
         elif verdict == outcomes.AMBIGUOUS:

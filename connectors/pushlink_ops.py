@@ -24,15 +24,21 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
-from nexusflow.kernel.errors import NexusError
+from nexusflow.kernel import failpoints
+from nexusflow.kernel.errors import InvalidIdentity, NexusError
+from nexusflow.kernel.identity import validate_key
 
 from .links import PUSH_ACTION_TYPE, link_key_for
-from .models import AccountServingGate, PackGeneration, RemoteEffect, RemoteLink
+from .models import AccountServingGate, PackGeneration, RemoteEffect, RemoteLink, RemoteLinkEvidence
 from .pushlinks import action_config_snapshot, append_link_evidence, body_fingerprint, mapping_fingerprint
+from .serving import NotServing, serving_lock
 from .store import RemoteEffectStore, RemoteLinkStore
 
 #: Effect states that occupy a link key's slot: a rebind onto it is refused while one exists.
 _OCCUPYING = ("dispatching", "uncertain", "remote_confirmed")
+
+FP_AFTER_EFFECT_LOCKS = failpoints.declare("push_links.after_effect_locks")
+FP_REBIND_BEFORE_COMMIT = failpoints.declare("push_links.rebind_before_commit")
 
 
 class LinkOperationRefused(NexusError):
@@ -50,18 +56,44 @@ class LinkChange:
     new_link_key: str | None = None
 
 
+#: Longest evidence reason (characters); the actor is bounded by the evidence column (120).
+MAX_REASON_LENGTH = 1000
+
+
 def _require_words(actor: str, reason: str) -> None:
-    """The actor is a canonical name (printable, no surrounding blanks, at most 120 characters); the reason is text.
+    """Check the decision's evidence text before any lock or write.
 
     Raises:
-        LinkOperationRefused: ``link_evidence_missing`` (blank), ``link_actor_invalid``.
+        LinkOperationRefused: an empty actor or reason (``link_evidence_missing``);
+            an actor or (stripped) reason that is not canonical text (control or
+            invisible characters, invalid UTF-8, not NFC, surrounding whitespace
+            in the actor) or too long for its column (``link_evidence_invalid``).
     """
     if not actor.strip() or not reason.strip():
         raise LinkOperationRefused("a link decision needs --actor and --reason", code="link_evidence_missing")
-    if actor != actor.strip() or len(actor) > 120 or not actor.isprintable() \
-            or any(ch in actor for ch in "\u200b\u200c\u200d\u2060\ufeff"):
-        raise LinkOperationRefused("--actor must be a printable name of at most 120 characters without "
-                                   "surrounding blanks or invisible characters", code="link_actor_invalid")
+    try:
+        validate_key(actor, field="actor", max_length=RemoteLinkEvidence._meta.get_field("actor").max_length)
+        validate_key(reason.strip(), field="reason", max_length=MAX_REASON_LENGTH)
+    except InvalidIdentity as exc:
+        raise LinkOperationRefused(str(exc), code="link_evidence_invalid") from None
+
+
+def _refuse_if_occupied(org_id: str, link_keys: list[str]) -> None:
+    """Refuse while an effect of ``link_keys`` is in flight, read once the link row is locked.
+
+    The effect locks taken first cover only the effects that existed then; an
+    effect delivered afterwards is granted with the link row locked (see
+    :func:`connectors.egress._plan_request`), so once this transaction holds
+    the link, any such grant has committed and this read (READ COMMITTED)
+    sees it.
+
+    Raises:
+        LinkOperationRefused: ``slot_occupied``.
+    """
+    effect = (RemoteEffect.objects.filter(org_id=org_id, link_key__in=link_keys, state__in=_OCCUPYING)
+              .order_by("id").first())
+    if effect is not None:
+        raise LinkOperationRefused(f"effect {effect.pk} of this slot is {effect.state}", code="slot_occupied")
 
 
 def _link(org_id: str, link_key: str) -> RemoteLink:
@@ -113,7 +145,8 @@ def link_revalidate(*, org_id: str, link_key: str, actor: str, reason: str) -> L
     Raises:
         LinkOperationRefused: unknown or inbound link, retired link
             (``link_retired``), slot no longer served (``slot_not_served``:
-            rebind or retire instead), or missing actor/reason.
+            rebind or retire instead), or missing or malformed actor/reason
+            (``link_evidence_missing``, ``link_evidence_invalid``).
     """
     _require_words(actor, reason)
     link = _link(org_id, link_key)
@@ -143,7 +176,8 @@ def link_retire(*, org_id: str, link_key: str, actor: str, reason: str) -> LinkC
     Raises:
         LinkOperationRefused: unknown or inbound link, already retired
             (``link_retired``), an effect of the slot in flight
-            (``slot_occupied``), or missing actor/reason.
+            (``slot_occupied``), or missing or malformed actor/reason
+            (``link_evidence_missing``, ``link_evidence_invalid``).
     """
     _require_words(actor, reason)
     link = _link(org_id, link_key)
@@ -152,7 +186,9 @@ def link_retire(*, org_id: str, link_key: str, actor: str, reason: str) -> LinkC
         if occupied:
             raise LinkOperationRefused(f"effect {occupied[0].pk} of this slot is {occupied[0].state}",
                                        code="slot_occupied")
+        failpoints.hit(FP_AFTER_EFFECT_LOCKS)
         link = RemoteLinkStore.lock(org_id, link.pk)
+        _refuse_if_occupied(org_id, [link_key])
         if link.state == "retired":
             raise LinkOperationRefused(f"link {link_key} is already retired", code="link_retired")
         evidence = append_link_evidence(link, kind="retired", actor=actor, to_state="retired",
@@ -172,11 +208,19 @@ def link_rebind(*, org_id: str, link_key: str, contract_key: str, actor: str, re
     (dispatching, uncertain, remote_confirmed) refuse the rebind; effects
     refused before POST stay terminal (a later save PATCHes through the new link).
 
+    The transaction first locks the serving gate (and epoch) of the account
+    serving ``contract_key``: every grant of the new key's effects locks that
+    gate first, and finds no link to lock, so without it a create could be
+    granted for the key between the checks here and the new link's commit.
+
     Raises:
         LinkOperationRefused: unknown/inbound/retired link, ``contract_key`` not
-            served (``slot_not_served``), the same slot (``rebind_same_slot``:
+            served (``slot_not_served``), served by another account than the
+            link's remote scope (``rebind_scope_mismatch``: the remote id means
+            nothing there), the same slot (``rebind_same_slot``:
             revalidate instead), the new key already linked
-            (``rebind_target_linked``), ``slot_occupied``, or missing actor/reason.
+            (``rebind_target_linked``), ``slot_occupied``, or missing or malformed
+            actor/reason (``link_evidence_missing``, ``link_evidence_invalid``).
     """
     _require_words(actor, reason)
     link = _link(org_id, link_key)
@@ -186,6 +230,10 @@ def link_rebind(*, org_id: str, link_key: str, contract_key: str, actor: str, re
     if contract["source_object"] != link.source_object:
         raise LinkOperationRefused(f"contract {contract_key} pushes {contract['source_object']}, the link's source "
                                    f"is {link.source_object}", code="rebind_object_mismatch")
+    if account_key != link.remote_scope:
+        # The remote id names a record of the link's remote system only (the remote-locator scope).
+        raise LinkOperationRefused(f"contract {contract_key} is served by account {account_key}; the link's remote "
+                                   f"id belongs to {link.remote_scope}", code="rebind_scope_mismatch")
     new_key = link_key_for(owner_key=current["owner_key"], action_slot_id=contract["action_slot_id"],
                            action_type=PUSH_ACTION_TYPE, source_object=link.source_object,
                            source_record_key=link.source_record_key,
@@ -194,12 +242,21 @@ def link_rebind(*, org_id: str, link_key: str, contract_key: str, actor: str, re
         raise LinkOperationRefused("the contract serves the link's own slot; revalidate it instead",
                                    code="rebind_same_slot")
     with transaction.atomic(durable=True):
+        try:
+            serving_lock(org_id=org_id, account_key=account_key)
+        except NotServing as exc:
+            raise LinkOperationRefused(str(exc), code="slot_not_served") from None
+        if _served_contract(org_id, contract_key)[1] != current:  # re-read under the gate lock
+            raise LinkOperationRefused(f"push contract {contract_key} changed while the rebind started",
+                                       code="slot_not_served")
         effects = RemoteEffectStore.lock_all(org_id, link_key__in=[link_key, new_key])
         occupied = [e for e in effects if e.state in _OCCUPYING]
         if occupied:
             raise LinkOperationRefused(f"effect {occupied[0].pk} of this slot is {occupied[0].state}",
                                        code="slot_occupied")
+        failpoints.hit(FP_AFTER_EFFECT_LOCKS)
         link = RemoteLinkStore.lock(org_id, link.pk)
+        _refuse_if_occupied(org_id, [link_key, new_key])
         if link.state == "retired":
             raise LinkOperationRefused(f"link {link_key} is retired", code="link_retired")
         if RemoteLink.objects.filter(org_id=org_id, link_key=new_key).exists():
@@ -222,6 +279,7 @@ def link_rebind(*, org_id: str, link_key: str, contract_key: str, actor: str, re
             mirror_status=link.mirror_status)
         append_link_evidence(new, kind="rebound", actor=actor, to_state="active",
                              detail={**detail, "from_link_key": link_key})
+        failpoints.hit(FP_REBIND_BEFORE_COMMIT)
         return LinkChange(int(link.pk), link_key, link.state, "retired", int(evidence.pk), int(new.pk), new_key)
 
 

@@ -43,11 +43,13 @@ without any lock this transaction could hold. The links are therefore locked
 one by one in ascending link_key order, and each link's occupancy is then read
 *without* locks (READ COMMITTED: the latest committed rows). Every
 interleaving fails closed: an occupying effect committed before that read
-blocks the whole manifest; an effect committed after it is granted by a
-transaction that locks its effect row and only then reads the link, so it
-sees either the committed new fingerprints or, if it read the link before this
-transaction committed, the old ones, which differ from its frozen contract and
-refuse the PATCH (``mapping_drift``). A create for the same slot cannot start
+blocks the whole manifest; an effect delivered after it is granted by a
+transaction that locks its effect row and then the link row
+(:func:`connectors.egress._plan_request`), so it waits for this transaction
+and decides on the committed new fingerprints (an effect frozen under the old
+mapping is refused, ``mapping_drift``); a grant that locked the link first has
+committed before this transaction got the link, and the occupancy read sees
+it in flight. A create for the same slot cannot start
 at all while the link exists (egress plans an update), and a second create is
 kept out by the ``create_slot`` unique index and the head-of-lane rule, which
 serialize grants on the effect row. The transaction never touches an effect.
@@ -87,6 +89,9 @@ APPROVAL_DOMAIN = "connectors.push-link-revalidation.approval"
 #: RemoteEffect states that occupy a link key (seed 002 "Attempt Key": an active attempt).
 OCCUPYING_STATES = ("prepared", "dispatching", "uncertain", "remote_confirmed")
 
+#: The largest manifest document (bytes) the command reads; a larger one is ``manifest_too_large``.
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _TOP_FIELDS = {"operation_id", "org_id", "fingerprint_algorithm", "approval", "members", "manifest_digest"}
 _APPROVAL_FIELDS = {"approved_by", "reason", "approval_ref"}
@@ -102,7 +107,8 @@ class ManifestInvalid(NexusError):
     ``manifest_digest_mismatch``, ``manifest_approval_missing``,
     ``manifest_algorithm_unknown``, ``manifest_empty``,
     ``manifest_member_unchanged``, ``manifest_org_mismatch``,
-    ``manifest_unreadable`` (the command could not read or decode it); for a draft
+    ``manifest_unreadable`` (the command could not read or decode it),
+    ``manifest_too_large`` (larger than :data:`MAX_MANIFEST_BYTES`); for a draft
     ``draft_contract_unknown``, ``draft_link_unknown``, ``draft_no_drift``.
     """
 
@@ -270,6 +276,16 @@ def _tuple(value: object, where: str) -> FingerprintTuple:
                             _text(value["install_id"], f"{where}.install_id", max_length=120))
 
 
+def _approval_text(approved_by: object, reason: object, approval_ref: object) -> tuple[str, str, str]:
+    for name, value in (("approved_by", approved_by), ("reason", reason)):
+        if value == "" or (isinstance(value, str) and value.strip() == ""):
+            raise ManifestInvalid(f"approval.{name} is empty: a manifest needs its semantic owner's approval",
+                                  code="manifest_approval_missing")
+    return (_text(approved_by, "approval.approved_by", max_length=120),
+            _text(reason, "approval.reason", max_length=255),
+            _text(approval_ref, "approval.approval_ref", max_length=255, allow_empty=True))
+
+
 def manifest_parse(document: object, *, org: OrgScope) -> Manifest:
     """Check a manifest document completely, without any database access (invariant 1).
 
@@ -296,13 +312,8 @@ def manifest_parse(document: object, *, org: OrgScope) -> Manifest:
     """
     document = _fields(document, _TOP_FIELDS, "manifest")
     approval = _fields(document["approval"], _APPROVAL_FIELDS, "approval")
-    for name in ("approved_by", "reason"):
-        if approval[name] == "" or (isinstance(approval[name], str) and approval[name].strip() == ""):
-            raise ManifestInvalid(f"approval.{name} is empty: a manifest needs its semantic owner's approval",
-                                  code="manifest_approval_missing")
-    approved_by = _text(approval["approved_by"], "approval.approved_by", max_length=120)
-    reason = _text(approval["reason"], "approval.reason", max_length=255)
-    approval_ref = _text(approval["approval_ref"], "approval.approval_ref", max_length=255, allow_empty=True)
+    approved_by, reason, approval_ref = _approval_text(approval["approved_by"], approval["reason"],
+                                                       approval["approval_ref"])
     operation_id = _text(document["operation_id"], "operation_id", max_length=120)
     org_id = _text(document["org_id"], "org_id", max_length=64)
     if org_id != org.org_id:
@@ -422,6 +433,11 @@ def revalidation_draft(*, org: OrgScope, approved_by: str, reason: str, approval
             active push link, or of another slot), ``draft_no_drift`` (no
             member differs), or any :func:`manifest_parse` code.
     """
+    # The approval and the operation id are checked before the manifest is sealed: its digest
+    # cannot be computed over text that is not UTF-8.
+    _approval_text(approved_by, reason, approval_ref)
+    if operation_id is not None:
+        _text(operation_id, "operation_id", max_length=120)
     wanted = [_hex64(key, "link key") for key in link_keys]
     if contract_key is None and not wanted:
         raise ManifestInvalid("name a contract or link keys", code="draft_contract_unknown")

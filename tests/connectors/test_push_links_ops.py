@@ -143,7 +143,7 @@ def test_bad_operator_input_exits_with_a_code_and_writes_nothing(org, billing_sa
     assert blank.returncode == 1 and "link_evidence_missing" in blank.stderr
     for actor in (" ops", "op\x01s", "\u200b", "x" * 121):
         odd = run_manage(["push_links", "retire", link.link_key, "--org", ORG, "--actor", actor, "--reason", "r"], env)
-        assert odd.returncode == 1 and "link_actor_invalid" in odd.stderr, (actor, odd.stderr)
+        assert odd.returncode == 1 and "link_evidence_invalid" in odd.stderr, (actor, odd.stderr)
     unserved = run_manage(["push_links", "rebind", link.link_key, "--org", ORG, "--contract", "no.such",
                            "--actor", "ops", "--reason", "r"], env)
     assert unserved.returncode == 1 and "slot_not_served" in unserved.stderr

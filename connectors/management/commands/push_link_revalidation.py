@@ -10,7 +10,8 @@ Seed 002 "2026-07-22 Finalized Mapping Revalidation CARVE_DOWN" (see :mod:`conne
 - ``apply --org ORG --manifest FILE|- [--json]``: one transaction: receipts plus fingerprint moves.
 
 Exit codes: 0 done (validated, applied, or already applied: the output says which), 1 bad input
-(the message starts with a stable code: ``manifest_*``, ``draft_*``), 2 bad usage or a malformed org
+(the message starts with a stable code: ``manifest_*``, ``draft_*``; a manifest that is not bounded,
+non-empty UTF-8 JSON is ``manifest_unreadable`` or ``manifest_too_large``), 2 bad usage or a malformed org
 (``invalid_identity``), 3 refused by the database state (``revalidation_occupied``,
 ``revalidation_mixed_state``, ``revalidation_divergent``, ``revalidation_member_conflict``,
 ``revalidation_not_serving``, ...; nothing was written). No provider call and no record write is
@@ -24,6 +25,7 @@ import sys
 from django.core.management.base import BaseCommand, CommandError
 
 from connectors.revalidation import (
+    MAX_MANIFEST_BYTES,
     AlreadyApplied,
     ManifestInvalid,
     RevalidationRefused,
@@ -122,16 +124,38 @@ class Command(BaseCommand):
 
 
 def _read_manifest(path: str, stdin) -> object:
+    """The decoded manifest document of ``path`` (``-``: standard input), read as bounded UTF-8 JSON.
+
+    Raises:
+        ManifestInvalid: ``manifest_unreadable`` (cannot be opened, not UTF-8, not
+            JSON, duplicate keys, non-finite numbers, nested past the parser's
+            depth) or ``manifest_too_large`` (more than
+            :data:`connectors.revalidation.MAX_MANIFEST_BYTES` bytes; never read further).
+    """
     try:
-        text = stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+        if path == "-":
+            source = getattr(stdin, "buffer", stdin)
+            raw = source.read(MAX_MANIFEST_BYTES + 1)
+        else:
+            with open(path, "rb") as handle:
+                raw = handle.read(MAX_MANIFEST_BYTES + 1)
     except OSError as exc:
         raise ManifestInvalid(f"cannot read {path}: {exc.strerror}", code="manifest_unreadable") from None
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "surrogatepass")
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise ManifestInvalid(f"{path} is larger than {MAX_MANIFEST_BYTES} bytes", code="manifest_too_large")
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ManifestInvalid(f"{path} is not UTF-8 text (byte {exc.start})", code="manifest_unreadable") from None
+        raise ManifestInvalid(f"{path} is not UTF-8 text: {exc.reason} at byte {exc.start}",
+                              code="manifest_unreadable") from None
     if not text.strip():
         raise ManifestInvalid(f"{path} is empty", code="manifest_unreadable")
     try:
         return json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constant)
+    except RecursionError:
+        raise ManifestInvalid(f"{path} nests deeper than a manifest can", code="manifest_unreadable") from None
     except ValueError as exc:
         raise ManifestInvalid(f"{path} is not valid JSON: {exc}", code="manifest_unreadable") from None
 
