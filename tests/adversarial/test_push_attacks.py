@@ -29,6 +29,7 @@ from connectors.models import (
     RemoteEffect,
     RemoteLink,
     RemoteLinkEvidence,
+    ServingEpoch,
 )
 from connectors.pushlink_ops import link_rebind, link_retire
 from connectors.revalidation import Applied, revalidation_apply, revalidation_draft
@@ -324,8 +325,11 @@ def test_a_rebind_racing_a_create_grant_on_the_new_link_key_never_makes_a_second
 
 
 # === P3: a mapping revalidation apply racing a grant ============================================================
-def _mapping_pack() -> PackGeneration:
+def _mapping_pack(serve: bool = True) -> PackGeneration:
+    """Publish the billing pack with a reordered ``name`` mapping; ``serve``: switch the org to it (a
+    revalidation applies only the fingerprints the org serves)."""
     from connectors.generations import pack_publish
+    from tests.connectors.test_push_revalidation import _serve_newest_pack
 
     document = json.loads((ROOT / "packs" / "billing" / "pack.json").read_text(encoding="utf-8"))
     document["version"] += "-mapping-attack"
@@ -333,16 +337,23 @@ def _mapping_pack() -> PackGeneration:
     contract["mapping"] = [entry if entry["target"] != "name" else
                            {"target": "name", "source": ["lastname", "firstname"], "join": ", "}
                            for entry in contract["mapping"]]
-    return pack_publish(document=document)[0]
+    pack = pack_publish(document=document)[0]
+    if serve:
+        epoch = ServingEpoch.objects.get(org_id=ORG, state="active")
+        billing = next(a for a in epoch.document["accounts"] if a["account_key"] == "billing-main")
+        _serve_newest_pack(OrgScope(ORG), billing["base_url"])
+    return pack
 
 
-def test_a_revalidation_apply_racing_a_grant_never_commits_beside_a_patch_of_the_old_mapping(
+def test_a_revalidation_apply_racing_a_grant_decides_the_patch_on_the_committed_fingerprints(
         org, billing_sandbox, holds):
-    """Seed 002 CARVE_DOWN invariant 3: any occupying attempt blocks the complete manifest.
+    """Seed 002 CARVE_DOWN invariant 3 and "Before PATCH": a grant decides on the link row it holds.
 
-    The apply checks occupancy with the link locked. An effect delivered after that
-    check is granted from an unlocked read of the link's old fingerprints, so its PATCH
-    under the old mapping is in flight when the receipts commit the new ones.
+    The new mapping serves; the apply holds the member's link locked. A save's PATCH (frozen
+    under the serving mapping) is granted while the apply is open: it must wait for the link
+    row and decide on the committed fingerprints (PATCH once, after the receipts), never on
+    an unlocked read of the old ones (which would refuse it ``mapping_drift``, or send beside
+    an apply that then commits).
     """
     key, link = _linked()
     manifest = revalidation_draft(org=org, contract_key=CONTRACT, approved_by="mapping-owner", reason="reorder",
@@ -359,13 +370,13 @@ def test_a_revalidation_apply_racing_a_grant_never_commits_beside_a_patch_of_the
     assert apply.error is None and grant.error is None, (apply.error, grant.error)
 
     assert isinstance(apply.result, Applied)
-    effect = _effect(command)
-    assert _permits(effect) == 0, "a PATCH under the old mapping was granted beside the committed revalidation"
-    assert (effect.state, effect.reason_code) == ("quarantined", reasons.MAPPING_DRIFT)
     link.refresh_from_db()
     assert link.last_mapping_revalidation_id == PushLinkRevalidationReceipt.objects.get(operation_id="op-race").pk
     _finish(grant.result)
-    assert billing_sandbox.state()["customers"][0]["update_requests"] == 0
+    effect = _effect(command)
+    assert effect.reason_code != reasons.MAPPING_DRIFT, "the grant decided on the uncommitted (old) fingerprints"
+    assert _permits(effect) == 1 and effect.state in ("remote_confirmed", "finalized")
+    assert billing_sandbox.state()["customers"][0]["update_requests"] == 1
 
 
 # === P1 under a crash: the grant holding the link row is killed ================================================
