@@ -266,3 +266,32 @@ def run_manage(args: list[str], env: dict, timeout: float = 120) -> subprocess.C
 
 def load_json(path: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+@pytest.fixture
+def holds(tmp_path, monkeypatch):
+    """Arm one ``hold`` failpoint at a time, wait until a transaction is held there, release it.
+
+    See :mod:`nexusflow.kernel.failpoints`: the held process writes a marker
+    under ``NEXUS_FAILPOINT_DIR`` and waits for ``<marker>.go``.
+    """
+    monkeypatch.setenv("NEXUS_FAILPOINT_DIR", str(tmp_path))
+
+    class Holds:
+        def arm(self, name: str) -> None:
+            monkeypatch.setenv("NEXUS_FAILPOINTS", f"{name}=hold")
+
+        def wait_held(self, name: str, timeout: float = 60) -> Path:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                held = [p for p in tmp_path.glob(f"{name}.*") if not p.name.endswith(".go")]
+                if held:
+                    monkeypatch.delenv("NEXUS_FAILPOINTS")  # disarm at once: only the transaction already held waits
+                    return held[0]
+                time.sleep(0.02)
+            raise AssertionError(f"failpoint {name} was never reached")
+
+        def release(self, marker: Path) -> None:
+            marker.with_name(marker.name + ".go").write_text("go")
+
+    return Holds()

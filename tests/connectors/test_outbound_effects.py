@@ -8,8 +8,6 @@ behind its row lock in the processlist, then released.
 from __future__ import annotations
 
 import io
-import time
-from pathlib import Path
 
 import pytest
 from django.core.management import call_command
@@ -50,30 +48,6 @@ def org(billing_sandbox) -> OrgScope:
     return make_serving_org(billing_sandbox.base_url, deploy_flow=False)
 
 
-@pytest.fixture
-def holds(tmp_path, monkeypatch):
-    """Arm one ``hold`` failpoint at a time and release it."""
-    monkeypatch.setenv("NEXUS_FAILPOINT_DIR", str(tmp_path))
-
-    class Holds:
-        def arm(self, name: str) -> None:
-            monkeypatch.setenv("NEXUS_FAILPOINTS", f"{name}=hold")
-
-        def wait_held(self, name: str, timeout: float = 60) -> Path:
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                held = [p for p in tmp_path.glob(f"{name}.*") if not p.name.endswith(".go")]
-                if held:
-                    # Disarm at once: only the transaction already held waits.
-                    monkeypatch.delenv("NEXUS_FAILPOINTS")
-                    return held[0]
-                time.sleep(0.02)
-            raise AssertionError(f"failpoint {name} was never reached")
-
-        def release(self, marker: Path) -> None:
-            marker.with_name(marker.name + ".go").write_text("go")
-
-    return Holds()
 
 
 def _push(email: str = "ann@x.io", slot: str = "push-1", *, deliver: bool = True) -> OutboundCommand:
