@@ -415,7 +415,7 @@ def _plan_update(effect: RemoteEffect, binding: dict, contract: dict, link: Remo
     from runtime_outbox.services import intent_result_record
 
     from .outbound import mapping_source_fields
-    from .pushlinks import append_link_evidence, patch_drift
+    from .pushlinks import Drift, append_link_evidence, patch_drift
 
     if link.last_pushed_version and effect.lane_sequence <= link.last_pushed_version:
         # This record version, or a newer one, already reached the remote: it is never sent (again).
@@ -435,6 +435,9 @@ def _plan_update(effect: RemoteEffect, binding: dict, contract: dict, link: Remo
         return None
     current = _current_action_config(effect, binding, contract)
     drift = patch_drift(link, current)
+    if link.remote_scope != effect.account_key:
+        # The slot is served by another account now: the remote id names a record of the old one's tenant.
+        drift = Drift("suspend", ("remote_scope",))
     if drift.verdict == "suspend":
         _suspend_links([link], reasons.LINK_DRIFT, kind="drift_suspended",
                        detail={"surfaces": list(drift.surfaces), "install_id": current["install_id"]})

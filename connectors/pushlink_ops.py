@@ -145,14 +145,19 @@ def link_revalidate(*, org_id: str, link_key: str, actor: str, reason: str) -> L
     Raises:
         LinkOperationRefused: unknown or inbound link, retired link
             (``link_retired``), slot no longer served (``slot_not_served``:
-            rebind or retire instead), or missing or malformed actor/reason
-            (``link_evidence_missing``, ``link_evidence_invalid``).
+            rebind or retire instead), the slot served by another account than
+            the link's remote scope (``revalidate_scope_mismatch``: the remote id
+            belongs to the old account's provider tenant), or missing or
+            malformed actor/reason (``link_evidence_missing``, ``link_evidence_invalid``).
     """
     _require_words(actor, reason)
     link = _link(org_id, link_key)
-    _contract_doc, current, _account = serving_slot_config(
+    _contract_doc, current, account_key = serving_slot_config(
         org_id=org_id, owner_key=link.owner_key, action_slot_id=link.action_slot_id,
         destination_slot_id=link.destination_slot_id, source_object=link.source_object)
+    if account_key != link.remote_scope:
+        raise LinkOperationRefused(f"the slot is served by account {account_key}; the link's remote id belongs to "
+                                   f"{link.remote_scope}", code="revalidate_scope_mismatch")
     with transaction.atomic(durable=True):
         link = RemoteLinkStore.lock(org_id, link.pk)
         if link.state == "retired":

@@ -11,7 +11,7 @@ import pytest
 
 from connectors import egress, reasons
 from connectors.effects import effect_reconcile
-from connectors.models import RemoteEffect, RemoteEffectAttempt, RemoteLinkEvidence
+from connectors.models import RemoteEffect, RemoteEffectAttempt, RemoteLink, RemoteLinkEvidence
 from tests.connectors.push_helpers import (
     BILLING,
     contact,
@@ -91,3 +91,36 @@ def test_an_operator_confirmation_is_refused_for_a_remote_id_another_link_holds(
     assert refused.value.code == "remote_id_conflict"
     assert RemoteEffect.objects.get(pk=effect.pk).state == "uncertain"
     assert push_link(first, BILLING).state == "active"
+
+
+def test_a_link_of_another_remote_scope_is_never_patched_nor_revalidated_into_service(env):
+    """The remote destination scope is part of a link's identity (seed 002 "Link Key" remote-locator rule).
+
+    A link created while another account served the slot (an account renamed or replaced in
+    configuration: the row below is given that older scope) names a record of that account's
+    provider tenant; the serving account must not PATCH it, and revalidation refuses to put it back.
+    """
+    from django.db import connection
+
+    from connectors.pushlink_ops import LinkOperationRefused, link_revalidate
+
+    record = contact("scope@x.io")
+    save(record, contract=BILLING)
+    drain()
+    link = push_link(record, BILLING)
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE connectors_remotelink SET remote_scope = %s WHERE id = %s",
+                       ["billing-previous", int(link.pk)])
+    requests = env.billing.state()["requests"]
+    command = save(record, contract=BILLING, lastname="Moved")
+    drain()
+    effect = effect_of(command)
+    assert (effect.state, effect.reason_code) == ("quarantined", reasons.LINK_NOT_PATCHABLE)
+    assert env.billing.state()["requests"] == requests
+    link.refresh_from_db()
+    assert (link.state, link.reason_code) == ("suspended_drift", reasons.LINK_DRIFT)
+    assert RemoteLinkEvidence.objects.get(link=link).detail["surfaces"] == ["remote_scope"]
+    with pytest.raises(LinkOperationRefused) as refused:
+        link_revalidate(org_id=ORG, link_key=link.link_key, actor="ops", reason="looks fine")
+    assert refused.value.code == "revalidate_scope_mismatch"
+    assert RemoteLink.objects.get(pk=link.pk).state == "suspended_drift"
