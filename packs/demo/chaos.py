@@ -615,7 +615,7 @@ def chaos_failures(summary: dict[str, Any], kills: Sequence[Kill]) -> list[str]:
     """The chaos invariants on top of #2's, as messages (``[]`` when they hold).
 
     Kill coverage (:func:`coverage_failures`); no effect left ``uncertain`` or
-    ``quarantined``; no Flow run failed or quarantined for any reason other than
+    ``quarantined`` (a push superseded before any Attempt is no failure); no Flow run failed or quarantined for any reason other than
     :data:`EXPECTED_FLOW_FAILURE` (a crash must cost a retry, never a run).
     """
     from connectors.models import RemoteEffect
@@ -623,7 +623,13 @@ def chaos_failures(summary: dict[str, Any], kills: Sequence[Kill]) -> list[str]:
     problems = coverage_failures(kills)
     if summary.get("uncertain_effects"):
         problems.append(f"{summary['uncertain_effects']} effects still uncertain after reconciliation")
-    quarantined = list(RemoteEffect.objects.filter(state="quarantined").values_list("id", "reason_code"))
+    from connectors.reasons import SUPERSEDED_BY_NEWER_VERSION
+
+    # A push whose record version (or a newer one) already reached the remote is superseded without any
+    # Attempt: the remote holds the right values, its Flow succeeded. Any other quarantine is a failure.
+    quarantined = list(RemoteEffect.objects.filter(state="quarantined")
+                       .exclude(reason_code=SUPERSEDED_BY_NEWER_VERSION, attempts__isnull=True)
+                       .values_list("id", "reason_code"))
     if quarantined:
         problems.append(f"{len(quarantined)} effects quarantined: {json.dumps(quarantined[:5], default=str)}")
     from nexusflow.flows.models import FlowRun
