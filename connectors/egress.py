@@ -640,6 +640,10 @@ def permit_settle(grant: Grant, response: Response) -> str:
             new_state, attempt_state, reason = "no_effect", "no_effect", reasons.DEFINITE_REFUSAL
             if attempt.operation == "update":
                 _suspend_on_remote_evidence(effect, profile, status, response.body)
+            elif effect.attempts.filter(org_id=effect.org_id, state="uncertain").exists():
+                # A refused repeat proves nothing about the earlier create that may have landed: the effect
+                # stays ambiguous, never a proven no_effect a successor could supersede with a second POST.
+                new_state, reason = "uncertain", reasons.RESPONSE_AMBIGUOUS
         elif verdict == outcomes.NOT_PERFORMED:
             # Proof of no effect: another Attempt only while the frozen policy has Attempts left.
             attempt_state = "no_effect"

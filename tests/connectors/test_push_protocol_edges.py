@@ -124,3 +124,26 @@ def test_a_link_of_another_remote_scope_is_never_patched_nor_revalidated_into_se
         link_revalidate(org_id=ORG, link_key=link.link_key, actor="ops", reason="looks fine")
     assert refused.value.code == "revalidate_scope_mismatch"
     assert RemoteLink.objects.get(pk=link.pk).state == "suspended_drift"
+
+
+def test_a_refused_repeat_of_an_ambiguous_create_never_proves_no_effect(env):
+    """Seed 002 "After POST": an earlier create may have landed; a later refusal of its exact repeat is no proof."""
+    from runtime_outbox.services import SuccessorRefused, outbound_command_author_successor
+
+    record = contact("twice@x.io")
+    command = save(record, contract=BILLING)
+    env.billing.set_faults(drop_response_after_commit=1)
+    assert egress.effect_try_dispatch_one(worker_id="w1")
+    effect = effect_of(command)
+    assert effect.state == "uncertain"
+    zero_backoff()
+    assert egress.effect_try_reconcile_one()  # replay-safe: the exact repeat is released
+    refusal = httpx.Client(transport=httpx.MockTransport(lambda request: httpx.Response(
+        400, json={"error": {"type": "invalid_request_error", "message": "refused"}})))
+    with refusal:
+        assert egress.effect_try_dispatch_one(worker_id="w1", client=refusal)
+    effect.refresh_from_db()
+    assert (effect.state, effect.reason_code) == ("uncertain", reasons.RESPONSE_AMBIGUOUS)
+    with pytest.raises(SuccessorRefused) as refused:
+        outbound_command_author_successor(org_id=ORG, predecessor_command_id=command.pk, actor="ops", reason="again")
+    assert refused.value.code == "predecessor_uncertain"
