@@ -51,3 +51,29 @@ class Worker(threading.Thread):
         finally:
             self.ready.set()
             connections.close_all()
+
+
+def race_behind_hold(holds, failpoint: str, held_fn, queued_fn, table: str,
+                     names: tuple[str, str] = ("held", "queued")) -> tuple[Worker, Worker]:
+    """Run ``held_fn`` until its transaction is held at ``failpoint``, queue ``queued_fn`` behind it, release.
+
+    ``holds`` is the ``holds`` fixture (tests/conftest.py). The second worker
+    starts only once the first is held, and the hold is released only once
+    the database reports the second waiting on a row lock of ``table``: the
+    two real transactions overlap in exactly that order.
+
+    Returns:
+        ``(held, queued)`` after both finished (inspect ``.result`` / ``.error``).
+    """
+    holds.arm(failpoint)
+    held = Worker(held_fn, names[0])
+    held.start()
+    marker = holds.wait_held(failpoint)
+    queued = Worker(queued_fn, names[1])
+    queued.start()
+    assert queued.ready.wait(60)
+    wait_until_blocked_on(queued.connection_id, table)
+    holds.release(marker)
+    held.join(60)
+    queued.join(60)
+    return held, queued

@@ -34,7 +34,7 @@ from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
 from nexusflow.records.services import record_create, record_lock
 from runtime_outbox.models import IntentResultReceipt, OutboundCommand
 from runtime_outbox.services import outbound_command_author, outbox_try_deliver_one
-from tests.concurrency import Worker, wait_until_blocked_on
+from tests.concurrency import race_behind_hold
 from tests.conftest import BILLING_KEY, ORG, SECRET_VERSION, drain, make_serving_org, service_document
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
@@ -85,18 +85,11 @@ def _run(*args) -> str:
 def test_revocation_first_leaves_acquisition_nothing_to_grant(org, billing_sandbox, holds):
     _push()
     gate = _credential_gate()
-    holds.arm("credential.revoke_before_commit")
-    revoke = Worker(lambda: credential_revoke(org_id=ORG, credential_generation_id=gate.credential_generation_id,
-                                              actor="ops"), "revoke")
-    revoke.start()
-    marker = holds.wait_held("credential.revoke_before_commit")
-    grant = Worker(lambda: egress.permit_try_grant_one(worker_id="w1"), "grant")
-    grant.start()
-    assert grant.ready.wait(60)
-    wait_until_blocked_on(grant.connection_id, GATE_TABLE)
-    holds.release(marker)
-    revoke.join(60)
-    grant.join(60)
+    revoke, grant = race_behind_hold(
+        holds, "credential.revoke_before_commit",
+        lambda: credential_revoke(org_id=ORG, credential_generation_id=gate.credential_generation_id, actor="ops"),
+        lambda: egress.permit_try_grant_one(worker_id="w1"),
+        GATE_TABLE, names=("revoke", "grant"))
 
     assert revoke.error is None and grant.error is None
     assert grant.result is None
@@ -117,18 +110,12 @@ def test_revocation_first_leaves_acquisition_nothing_to_grant(org, billing_sandb
 def test_acquisition_first_then_revocation_closes_the_pre_io_permit(org, billing_sandbox, holds):
     _push()
     gate = _credential_gate()
-    holds.arm("permit.grant_before_commit")
-    grant = Worker(lambda: egress.permit_try_grant_one(worker_id="w1"), "grant")
-    grant.start()
-    marker = holds.wait_held("permit.grant_before_commit")
-    revoke = Worker(lambda: credential_revoke(org_id=ORG, credential_generation_id=gate.credential_generation_id,
-                                              actor="ops", note="leaked"), "revoke")
-    revoke.start()
-    assert revoke.ready.wait(60)
-    wait_until_blocked_on(revoke.connection_id, GATE_TABLE)
-    holds.release(marker)
-    grant.join(60)
-    revoke.join(60)
+    grant, revoke = race_behind_hold(
+        holds, "permit.grant_before_commit",
+        lambda: egress.permit_try_grant_one(worker_id="w1"),
+        lambda: credential_revoke(org_id=ORG, credential_generation_id=gate.credential_generation_id,
+                                  actor="ops", note="leaked"),
+        GATE_TABLE, names=("grant", "revoke"))
 
     assert grant.error is None and revoke.error is None and grant.result is not None
     permit = DispatchPermit.objects.get(org_id=ORG, pk=grant.result.permit_id)
@@ -151,18 +138,11 @@ def test_revocation_first_then_sending_never_crosses(org, billing_sandbox, holds
     _push()
     gate = _credential_gate()
     granted = egress.permit_try_grant_one(worker_id="w1")
-    holds.arm("credential.revoke_before_commit")
-    revoke = Worker(lambda: credential_revoke(org_id=ORG, credential_generation_id=gate.credential_generation_id,
-                                              actor="ops"), "revoke")
-    revoke.start()
-    marker = holds.wait_held("credential.revoke_before_commit")
-    send = Worker(lambda: egress.permit_send(granted), "send")
-    send.start()
-    assert send.ready.wait(60)
-    wait_until_blocked_on(send.connection_id, GATE_TABLE)
-    holds.release(marker)
-    revoke.join(60)
-    send.join(60)
+    revoke, send = race_behind_hold(
+        holds, "credential.revoke_before_commit",
+        lambda: credential_revoke(org_id=ORG, credential_generation_id=gate.credential_generation_id, actor="ops"),
+        lambda: egress.permit_send(granted),
+        GATE_TABLE, names=("revoke", "send"))
 
     assert revoke.error is None and send.error is None
     assert send.result is None
@@ -175,18 +155,11 @@ def test_sending_first_makes_its_one_call_and_settles_under_revocation(org, bill
     _push()
     gate = _credential_gate()
     granted = egress.permit_try_grant_one(worker_id="w1")
-    holds.arm("permit.sending_before_commit")
-    send = Worker(lambda: egress.permit_send(granted), "send")
-    send.start()
-    marker = holds.wait_held("permit.sending_before_commit")
-    revoke = Worker(lambda: credential_revoke(org_id=ORG, credential_generation_id=gate.credential_generation_id,
-                                              actor="ops"), "revoke")
-    revoke.start()
-    assert revoke.ready.wait(60)
-    wait_until_blocked_on(revoke.connection_id, GATE_TABLE)
-    holds.release(marker)
-    send.join(60)
-    revoke.join(60)
+    send, revoke = race_behind_hold(
+        holds, "permit.sending_before_commit",
+        lambda: egress.permit_send(granted),
+        lambda: credential_revoke(org_id=ORG, credential_generation_id=gate.credential_generation_id, actor="ops"),
+        GATE_TABLE, names=("send", "revoke"))
 
     assert send.error is None and revoke.error is None
     assert send.result is not None and send.result.status == 200

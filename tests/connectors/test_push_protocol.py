@@ -37,7 +37,7 @@ from nexusflow.records.models import Record
 from nexusflow.records.services import record_lock, record_write_mirror
 from runtime_outbox.models import IntentResultReceipt, OutboundCommand
 from runtime_outbox.services import outbound_command_author_successor
-from tests.concurrency import Worker, wait_until_blocked_on
+from tests.concurrency import race_behind_hold
 from tests.conftest import HUBSPOT_ACCOUNT, ORG, drain, run_manage, subprocess_env
 from tests.connectors.push_helpers import (
     BILLING,
@@ -316,17 +316,11 @@ def _two_saves(env):
 
 def test_two_workers_granting_one_link_key_make_exactly_one_create_permit(env, holds):
     first, second = _two_saves(env)
-    holds.arm("permit.grant_before_commit")
-    a = Worker(lambda: egress.permit_try_grant_one(worker_id="wa"), "a")
-    a.start()
-    marker = holds.wait_held("permit.grant_before_commit")
-    b = Worker(lambda: egress.permit_try_grant_one(worker_id="wb"), "b")
-    b.start()
-    assert b.ready.wait(60)
-    wait_until_blocked_on(b.connection_id, GATE_TABLE)
-    holds.release(marker)
-    a.join(60)
-    b.join(60)
+    a, b = race_behind_hold(
+        holds, "permit.grant_before_commit",
+        lambda: egress.permit_try_grant_one(worker_id="wa"),
+        lambda: egress.permit_try_grant_one(worker_id="wb"),
+        GATE_TABLE, names=("a", "b"))
 
     assert a.error is None and b.error is None and b.result is None
     [permit] = DispatchPermit.objects.filter(org_id=ORG)
@@ -347,17 +341,11 @@ def test_the_create_slot_index_decides_when_head_of_lane_is_bypassed(env, holds,
     monkeypatch.setattr(egress, "_is_head", lambda effect: True)
     monkeypatch.setattr(egress, "head_of_lane_prepared", lambda now, nonterminal, lanes: [
         (ORG, targets[threading.current_thread().name].pk)])
-    holds.arm("permit.grant_before_commit")
-    a = Worker(lambda: egress.permit_try_grant_one(worker_id="wa"), "a")
-    a.start()
-    marker = holds.wait_held("permit.grant_before_commit")
-    b = Worker(lambda: egress.permit_try_grant_one(worker_id="wb"), "b")
-    b.start()
-    assert b.ready.wait(60)
-    wait_until_blocked_on(b.connection_id, GATE_TABLE)
-    holds.release(marker)
-    a.join(60)
-    b.join(60)
+    a, b = race_behind_hold(
+        holds, "permit.grant_before_commit",
+        lambda: egress.permit_try_grant_one(worker_id="wa"),
+        lambda: egress.permit_try_grant_one(worker_id="wb"),
+        GATE_TABLE, names=("a", "b"))
 
     assert a.error is None and b.error is None and (a.result.effect_id, b.result) == (first.pk, None)
     [permit] = DispatchPermit.objects.filter(org_id=ORG)

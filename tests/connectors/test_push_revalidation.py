@@ -43,7 +43,7 @@ from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
 from nexusflow.records.services import record_create, record_lock, record_update
 from runtime_outbox.models import OutboundCommand
 from runtime_outbox.services import outbound_command_author, outbox_try_deliver_one
-from tests.concurrency import Worker, wait_until_blocked_on
+from tests.concurrency import race_behind_hold
 from tests.conftest import ORG, ROOT, drain, make_serving_org, run_manage, service_document, subprocess_env
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
@@ -400,17 +400,11 @@ def test_two_concurrent_applies_of_one_manifest_write_exactly_one_set_of_receipt
     _finalized_link("bob@x.io", "Bob")
     manifest = _draft(org, _publish())
 
-    holds.arm("revalidation.apply_before_commit")
-    first = Worker(lambda: revalidation_apply(org=org, manifest=manifest), "apply-1")
-    first.start()
-    marker = holds.wait_held("revalidation.apply_before_commit")
-    second = Worker(lambda: revalidation_apply(org=org, manifest=manifest), "apply-2")
-    second.start()
-    assert second.ready.wait(60)
-    wait_until_blocked_on(second.connection_id, "connectors_remotelink")
-    holds.release(marker)
-    first.join(60)
-    second.join(60)
+    first, second = race_behind_hold(
+        holds, "revalidation.apply_before_commit",
+        lambda: revalidation_apply(org=org, manifest=manifest),
+        lambda: revalidation_apply(org=org, manifest=manifest),
+        "connectors_remotelink", names=("apply-1", "apply-2"))
 
     assert first.error is None and second.error is None
     assert isinstance(first.result, Applied) and isinstance(second.result, AlreadyApplied)
