@@ -21,7 +21,7 @@ import urllib.parse
 from dataclasses import dataclass
 
 import httpx
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, OperationalError, transaction
 
 from nexusflow.kernel import canonical_json, failpoints, locks
 from nexusflow.kernel.clock import db_now
@@ -520,18 +520,33 @@ def permit_send(grant: Grant, *, client: httpx.Client | None = None) -> Response
         _self_abandon_pre_io(grant, {"proof": "holder_released_before_sending", "why": why[:200]})
         return None
     try:
-        with transaction.atomic(durable=True):
-            permit = DispatchPermit.objects.get(pk=grant.permit_id, org_id=grant.org_id)
-            credential_gate = CredentialDispatchGateStore.lock(grant.org_id, permit.credential_gate_id)
-            if credential_gate.state != "enabled" or credential_gate.fence_token != permit.credential_fence_token:
-                return None
-            permit = DispatchPermitStore.lock(grant.org_id, grant.permit_id)
-            if permit.state != "granted" or permit.holder_fence != grant.holder_fence:
-                return None
-            DispatchPermitStore.transition(org_id=grant.org_id, pk=permit.pk, src="granted", dst="sending",
-                                           version=permit.version, fences={"holder_fence": grant.holder_fence},
-                                           set_fields={"io_may_have_started_at": db_now()})
-            failpoints.hit(FP_SENDING_BEFORE_COMMIT)
+        try:
+            with transaction.atomic(durable=True):
+                permit = DispatchPermit.objects.get(pk=grant.permit_id, org_id=grant.org_id)
+                credential_gate = CredentialDispatchGateStore.lock(grant.org_id, permit.credential_gate_id)
+                if credential_gate.state != "enabled" or credential_gate.fence_token != permit.credential_fence_token:
+                    return None
+                permit = DispatchPermitStore.lock(grant.org_id, grant.permit_id)
+                if permit.state != "granted" or permit.holder_fence != grant.holder_fence:
+                    return None
+                DispatchPermitStore.transition(org_id=grant.org_id, pk=permit.pk, src="granted", dst="sending",
+                                               version=permit.version, fences={"holder_fence": grant.holder_fence},
+                                               set_fields={"io_may_have_started_at": db_now()})
+                failpoints.hit(FP_SENDING_BEFORE_COMMIT)
+        except OperationalError as exc:
+            # The ``granted -> sending`` transaction rolled back (a deadlock victim, a lock wait
+            # timeout): nothing was sent. The holder closes its own Permit now instead of leaving it
+            # ``granted`` until its process ends; the effect is granted afresh.
+            proof = {"proof": "holder_released_before_sending",
+                     "why": f"sending_transition_failed: {exc.args[0] if exc.args else exc}"}
+            for tries_left in (2, 1, 0):
+                try:
+                    _self_abandon_pre_io(grant, proof)
+                    break
+                except OperationalError:
+                    if not tries_left:
+                        raise  # the Permit stays ``granted``; holder-termination recovery closes it
+            return None
         failpoints.hit(FP_AFTER_SENDING)
         reply = client.send(request)
         return Response(reply.status_code, reply.content, "")

@@ -498,6 +498,34 @@ def test_credential_revoke_reenable_storm_never_lets_a_stale_fence_send(org, bil
     assert all(c["create_requests"] == 1 for c in customers), customers
 
 
+def test_a_deadlock_on_the_sending_transition_closes_the_permit_instead_of_leaking_it(org, billing_sandbox,
+                                                                                     monkeypatch):
+    """A ``granted -> sending`` transaction chosen as deadlock victim sends nothing; its holder closes
+    the Permit (proof ``holder_released_before_sending``) so the effect is granted afresh, instead of
+    staying ``granted`` until the worker process ends."""
+    command = _push()
+    real_hit = egress.failpoints.hit
+    fired = []
+
+    def deadlock_once(name):
+        if name == egress.FP_SENDING_BEFORE_COMMIT and not fired:
+            fired.append(name)
+            raise OperationalError(1213, "Deadlock found when trying to get lock")
+        real_hit(name)
+
+    monkeypatch.setattr(egress.failpoints, "hit", deadlock_once)
+    grant = egress.permit_try_grant_one(worker_id="w1")
+    assert egress.permit_send(grant) is None
+    permit = DispatchPermit.objects.get(pk=grant.permit_id)
+    assert permit.state == "abandoned" and permit.io_may_have_started_at is None
+    assert permit.closed_evidence["proof"] == "holder_released_before_sending"
+    assert RemoteEffect.objects.get(command=command).state == "prepared"
+    assert billing_sandbox.state()["requests"] == 0
+    drain()
+    assert RemoteEffect.objects.get(command=command).state == "finalized"
+    assert billing_sandbox.state()["requests"] == 1
+
+
 # === A7: two holders race one grant; operator races the exact-repeat reconciler ================================
 def test_eight_threads_presenting_one_grant_cross_the_boundary_once(org, billing_sandbox):
     _push()
