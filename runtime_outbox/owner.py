@@ -1,0 +1,142 @@
+"""Runtime outbound owner protection (seed 000; ARCHITECTURE.md section 6, "Lock order").
+
+A record is the *owner* of the outbound intents authored for it
+(``OutboundCommand.source_object`` / ``source_record_key``). Deletion and
+identity transfer (merge, lead conversion) must not change a record's
+authority while Runtime work for it is unfinished: they read the owner's
+intents and result receipts here, never Connector attempt history.
+
+The caller holds the record's owner fence (its business-record row lock).
+Result commit locks its intent *before* projecting onto the record (the one
+sanctioned lock-order reversal), so owner checks read intents with
+``FOR UPDATE NOWAIT``: an intent held by a committing result is a retryable
+conflict (:class:`OwnerContended`), never a wait in reverse order.
+
+Intent states, derived from Runtime facts only:
+
+- ``pending``: the outbox message is not delivered yet;
+- ``accepted``: delivered to Connector, no result receipt yet;
+- ``terminal``: a completed :class:`~runtime_outbox.models.IntentResultReceipt` exists;
+- ``unknown``: anything else (no outbox message, a state this code does not
+  know); it blocks like unfinished work.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db import OperationalError
+
+from nexusflow.kernel import locks
+from nexusflow.kernel.errors import NexusError
+
+from .models import IntentResultReceipt, OutboundCommand, OutboxMessage
+
+#: Server errors a ``NOWAIT`` locking read raises when a row is held: MariaDB 1205, MySQL/TiDB 3572.
+NOWAIT_LOCK_ERRORS = frozenset({1205, 3572})
+
+#: Seconds a caller is told to wait before retrying a retryable owner conflict (HTTP ``Retry-After``).
+RETRY_AFTER_SECONDS = 2
+
+
+class OwnerConflict(NexusError):
+    """The owner record cannot change authority now; retrying later can succeed (HTTP 409 + Retry-After)."""
+
+    code = "owner_conflict"
+    retryable = True
+    retry_after_seconds = RETRY_AFTER_SECONDS
+
+
+class OwnerWorkPending(OwnerConflict):
+    """Pending, accepted or unknown-state outbound intents exist for the owner record."""
+
+    code = "owner_outbound_pending"
+
+    def __init__(self, message: str = "", *, intents: tuple["OwnerIntent", ...] = (), code: str | None = None):
+        super().__init__(message, code=code)
+        self.intents = intents
+
+
+class OwnerContended(OwnerConflict):
+    """An intent of the owner is locked by a committing result right now (``FOR UPDATE NOWAIT`` refused)."""
+
+    code = "owner_contended"
+
+
+@dataclass(frozen=True)
+class OwnerIntent:
+    """One outbound intent of an owner record and its Runtime-derived state."""
+
+    command_id: int
+    contract_key: str
+    link_key: str
+    state: str  # pending | accepted | terminal | unknown
+
+
+_MESSAGE_STATES = {"pending": "pending", "delivered": "accepted"}
+
+
+def owner_intents(*, org_id: str, object_name: str, record_key: str, nowait: bool = True) -> tuple[OwnerIntent, ...]:
+    """Every outbound intent of the owner record with its state, intents locked ``FOR UPDATE NOWAIT``.
+
+    Must run inside the transaction that holds the owner fence (the record
+    row lock). The intent rows stay locked until that transaction ends, so a
+    result commit cannot complete (nor a new one start) behind the caller's
+    decision.
+
+    Args:
+        org_id / object_name / record_key: the owner record (trusted org).
+        nowait: ``False`` only for callers that already hold no record lock.
+
+    Returns:
+        The intents in id order (terminal ones included).
+
+    Raises:
+        OwnerContended: an intent row is locked by another transaction.
+        RuntimeError: called outside a transaction.
+    """
+    locks.note(locks.LockClass.RUNTIME, label="OutboundCommand")
+    try:
+        commands = list(OutboundCommand.objects.select_for_update(nowait=nowait)
+                        .filter(org_id=org_id, source_object=object_name, source_record_key=record_key)
+                        .order_by("id").values_list("id", "contract_key", "link_key"))
+    except OperationalError as exc:
+        if exc.args and exc.args[0] in NOWAIT_LOCK_ERRORS:
+            raise OwnerContended(f"{object_name}/{record_key}: an outbound result for this record is committing "
+                                 f"now; retry") from exc
+        raise
+    ids = [row[0] for row in commands]
+    terminal = set(IntentResultReceipt.objects.filter(org_id=org_id, command_id__in=ids)
+                   .values_list("command_id", flat=True))
+    messages = dict(OutboxMessage.objects.filter(org_id=org_id, command_id__in=ids).values_list("command_id", "state"))
+    intents = []
+    for command_id, contract_key, link_key in commands:
+        if command_id in terminal:
+            state = "terminal"
+        else:
+            state = _MESSAGE_STATES.get(messages.get(command_id), "unknown")
+        intents.append(OwnerIntent(int(command_id), contract_key, link_key, state))
+    return tuple(intents)
+
+
+def owner_work_check(*, org_id: str, object_name: str, record_key: str) -> tuple[OwnerIntent, ...]:
+    """Refuse an authority change while the owner record has unfinished Runtime outbound work.
+
+    Seed 000: deletion checks every pending or accepted resource intent before
+    enumerating remote links (so the first create, before any link exists,
+    is covered); unknown intent states block too. Run it under the owner
+    fence, before any link is read.
+
+    Returns:
+        The owner's intents (all terminal) for the caller's evidence.
+
+    Raises:
+        OwnerWorkPending: an intent is ``pending``, ``accepted`` or ``unknown``.
+        OwnerContended: an intent row is locked by a committing result.
+    """
+    intents = owner_intents(org_id=org_id, object_name=object_name, record_key=record_key)
+    open_ = tuple(intent for intent in intents if intent.state != "terminal")
+    if open_:
+        listed = ", ".join(f"command {i.command_id} ({i.state})" for i in open_[:5])
+        raise OwnerWorkPending(f"{object_name}/{record_key} has unfinished outbound work: {listed}; retry once it "
+                               f"completes", intents=open_)
+    return intents
