@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.identity import validate_key
 
-from .links import PUSH_ACTION_TYPE, link_key_for
+from .links import PUSH_ACTION_TYPE, effect_remote_scope, link_key_for
 from .models import RemoteEffect, RemoteLink
 
 #: The lane of every push except a create waiting for a ``create_inline`` target (seed 002, schema default).
@@ -243,7 +243,7 @@ def _target(effect, pack_document: dict, owner_key: str, contract_key: str, sour
         if failed is not None:
             return UNRESOLVED, {"why": "target_create_failed", "effect": int(failed.pk)}
         return WAIT, {"why": "target_not_linked"}
-    if link.state != "active" or link.remote_scope != effect.account_key:
+    if link.state != "active" or link.remote_scope != effect_remote_scope(effect):
         return UNRESOLVED, {"why": f"target_link_{link.state}" if link.state != "active" else "target_link_scope",
                             "link": int(link.pk)}
     return READY, {"remote_id": link.remote_id, "link": int(link.pk)}

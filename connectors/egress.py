@@ -31,7 +31,7 @@ from nexusflow.kernel.identity import canonical_locator
 from nexusflow.kernel.scope import OrgScope
 
 from . import outcomes, reasons
-from .links import PUSH_ACTION_TYPE
+from .links import PUSH_ACTION_TYPE, effect_remote_scope
 from .models import (
     DispatchPermit,
     PackGeneration,
@@ -435,7 +435,7 @@ def _plan_update(effect: RemoteEffect, binding: dict, contract: dict, link: Remo
         return None
     current = _current_action_config(effect, binding, contract)
     drift = patch_drift(link, current)
-    if link.remote_scope != effect.account_key:
+    if link.remote_scope != effect_remote_scope(effect, binding):
         # The slot is served by another account now: the remote id names a record of the old one's tenant.
         drift = Drift("suspend", ("remote_scope",))
     if drift.verdict == "suspend":
@@ -748,7 +748,7 @@ def _link_create(effect: RemoteEffect, contract: dict, remote_id: str) -> None:
                 org_id=effect.org_id, link_key=effect.link_key, owner_key=binding["pack_generation"]["owner_key"],
                 action_slot_id=contract["action_slot_id"], action_type=PUSH_ACTION_TYPE,
                 destination_slot_id=contract["destination_slot_id"], source_object=command.source_object,
-                source_record_key=command.source_record_key, remote_scope=effect.account_key, remote_id=remote_id,
+                source_record_key=command.source_record_key, remote_scope=effect_remote_scope(effect, binding), remote_id=remote_id,
                 live_remote_id=remote_id, state="active", snapshot=snapshot, created_by_effect_id=effect.pk,
                 created_install_id=snapshot["install_id"], last_validated_install_id=snapshot["install_id"],
                 mapping_fingerprint=snapshot["mapping_fingerprint"], body_fingerprint=snapshot["body_fingerprint"],
@@ -759,7 +759,7 @@ def _link_create(effect: RemoteEffect, contract: dict, remote_id: str) -> None:
             return
         holder = RemoteLink.objects.filter(
             org_id=effect.org_id, owner_key=binding["pack_generation"]["owner_key"],
-            destination_slot_id=contract["destination_slot_id"], remote_scope=effect.account_key,
+            destination_slot_id=contract["destination_slot_id"], remote_scope=effect_remote_scope(effect, binding),
             live_remote_id=remote_id).first()
         if holder is not None:
             _suspend_links([holder], reasons.REMOTE_LOCATOR_CONFLICT, kind="remote_conflict",

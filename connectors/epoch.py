@@ -283,6 +283,7 @@ def _document(config: ServiceConfigurationRead) -> dict:
             "pack_generation": {"id": int(pack.generation.pk), "digest": pack.generation.digest},
             "routes": routes, "push_contracts": list(account["push_contracts"]), "mappings": list(account["mappings"]),
             "base_url": account["base_url"], "credentials": credentials,
+            **({"remote_scope": account["remote_scope"]} if account.get("remote_scope") else {}),
         })
     row = config.generation
     return {"configuration": {"id": int(row.pk), "generation": row.generation, "digest": row.digest},

@@ -337,6 +337,7 @@ def build_runtime_command(execution: Execution) -> dict:
         "owner_key": account["owner_key"],
         "account_key": event.account_key,
         "route_key": event.route_key,
+        **({"remote_scope": account["remote_scope"]} if account.get("remote_scope") else {}),
         **_event_facts(event),
     }
     # A replay Execution carries its frozen external-effect mode (seed 003 "Replay and external effects").

@@ -463,7 +463,7 @@ def credential_generation_read(*, org: OrgScope, credential_generation_id: int) 
 # --- L2 service configuration ------------------------------------------------------
 _TOP_FIELDS = {"org_id", "accounts"}
 _ACCOUNT_FIELDS = {"account_key", "pack", "pack_version", "routes", "push_contracts", "mappings", "base_url",
-                   "credentials"}
+                   "credentials", "remote_scope"}
 
 
 def _no_duplicate_keys(pairs):
@@ -581,6 +581,9 @@ def _freeze_account(org: OrgScope, index: int, account: object) -> dict:
     frozen = {"account_key": key, "pack_key": pack.generation.pack_key, "pack_generation_id": int(pack.generation.pk),
               "routes": routes, "push_contracts": contracts, "callout_profiles": profiles, "mappings": mappings,
               "base_url": _base_url(account, where, bool(contracts) or pulled), "credentials": relation}
+    if "remote_scope" in account:
+        # Frozen only when declared, so documents (and digests) of accounts without it do not change.
+        frozen["remote_scope"] = validate_key(account["remote_scope"], field=f"{where}.remote_scope", max_length=80)
     return frozen
 
 
@@ -641,7 +644,9 @@ def service_configuration_apply(*, org: OrgScope, document: object) -> Connector
 
     Document: ``{"org_id"?, "accounts": [{"account_key", "pack", "pack_version"?,
     "routes": [..], "push_contracts": [..], "mappings"?: [..], "base_url"?,
-    "credentials": {"<CredentialRef>": "<published secret version>"}}]}``.
+    "credentials": {"<CredentialRef>": "<published secret version>"}, "remote_scope"?}]}``
+    (``remote_scope``: the provider tenant whose remote ids the account sees; accounts of one
+    tenant share it; default the account key).
     Packs and credential versions are authoring locators, resolved here once to
     exact published generations; the frozen generation keeps only exact ids.
     Applying a document equal to the latest generation returns that generation.

@@ -24,6 +24,35 @@ def link_key_for(*, owner_key: str, action_slot_id: str, action_type: str, sourc
         ("DestinationSlotId", destination_slot_id)]).hexdigest
 
 
+def account_remote_scope(account: dict) -> str:
+    """The remote-locator scope of a frozen L2 account: its ``remote_scope`` or, when none is declared, its key.
+
+    Accounts that reach one provider tenant (a webhook account and a push
+    account of the same portal) declare the same ``remote_scope``, so a
+    webhook about a record created by a push finds the push's link (seed 002
+    finalized remote-locator uniqueness is within owner key, destination
+    slot, remote scope and remote id).
+    """
+    return account.get("remote_scope") or account["account_key"]
+
+
+def effect_remote_scope(effect, binding: dict | None = None) -> str:
+    """The remote-locator scope a RemoteEffect's link lives in: its frozen account's ``remote_scope``, else its key."""
+    binding = effect.command.frozen_binding if binding is None else binding
+    return binding.get("remote_scope") or effect.account_key
+
+
+def serving_remote_scope(*, org_id: str, account_key: str) -> str:
+    """The remote scope of ``account_key`` in its gate's current epoch (the key itself when unknown)."""
+    from .models import AccountServingGate
+
+    gate = AccountServingGate.objects.filter(org_id=org_id, account_key=account_key).select_related("epoch").first()
+    if gate is None or gate.epoch is None:
+        return account_key
+    account = next((a for a in gate.epoch.document["accounts"] if a["account_key"] == account_key), None)
+    return account_remote_scope(account) if account else account_key
+
+
 def inbound_link_find(*, org_id: str, owner_key: str, destination_slot_id: str, remote_scope: str,
                       remote_id: str) -> RemoteLink | None:
     """The non-retired link holding ``remote_id`` in that slot, if any (byte-exact)."""

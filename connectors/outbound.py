@@ -157,6 +157,7 @@ def freeze_push_binding(*, org_id: str, contract_key: str, record, intent_key: s
     request_digest = digest_v2("connectors.push-request", [("fields", canonical_json.dumps(request_fields))]).hexdigest
     return {
         "account_key": account_key,
+        **({"remote_scope": account["remote_scope"]} if account.get("remote_scope") else {}),
         "epoch": {"id": ctx.epoch.pk, "digest": ctx.epoch.digest},
         "configuration": account.get("configuration") or ctx.epoch.document["configuration"],
         "pack_generation": {"id": pack.pk, "digest": pack.digest, "owner_key": pack.owner_key},

@@ -28,7 +28,7 @@ from nexusflow.kernel import failpoints
 from nexusflow.kernel.errors import InvalidIdentity, NexusError
 from nexusflow.kernel.identity import validate_key
 
-from .links import PUSH_ACTION_TYPE, link_key_for
+from .links import PUSH_ACTION_TYPE, link_key_for, serving_remote_scope
 from .models import AccountServingGate, PackGeneration, RemoteEffect, RemoteLink, RemoteLinkEvidence
 from .pushlinks import action_config_snapshot, append_link_evidence, body_fingerprint, mapping_fingerprint
 from .serving import NotServing, serving_lock
@@ -155,7 +155,7 @@ def link_revalidate(*, org_id: str, link_key: str, actor: str, reason: str) -> L
     _contract_doc, current, account_key = serving_slot_config(
         org_id=org_id, owner_key=link.owner_key, action_slot_id=link.action_slot_id,
         destination_slot_id=link.destination_slot_id, source_object=link.source_object)
-    if account_key != link.remote_scope:
+    if serving_remote_scope(org_id=org_id, account_key=account_key) != link.remote_scope:
         raise LinkOperationRefused(f"the slot is served by account {account_key}; the link's remote id belongs to "
                                    f"{link.remote_scope}", code="revalidate_scope_mismatch")
     with transaction.atomic(durable=True):
@@ -235,7 +235,8 @@ def link_rebind(*, org_id: str, link_key: str, contract_key: str, actor: str, re
     if contract["source_object"] != link.source_object:
         raise LinkOperationRefused(f"contract {contract_key} pushes {contract['source_object']}, the link's source "
                                    f"is {link.source_object}", code="rebind_object_mismatch")
-    if account_key != link.remote_scope:
+    scope = serving_remote_scope(org_id=org_id, account_key=account_key)
+    if scope != link.remote_scope:
         # The remote id names a record of the link's remote system only (the remote-locator scope).
         raise LinkOperationRefused(f"contract {contract_key} is served by account {account_key}; the link's remote "
                                    f"id belongs to {link.remote_scope}", code="rebind_scope_mismatch")
@@ -276,7 +277,7 @@ def link_rebind(*, org_id: str, link_key: str, contract_key: str, actor: str, re
             org_id=org_id, link_key=new_key, owner_key=current["owner_key"], action_slot_id=contract["action_slot_id"],
             action_type=PUSH_ACTION_TYPE, destination_slot_id=contract["destination_slot_id"],
             source_object=link.source_object, source_record_key=link.source_record_key,
-            remote_scope=account_key,
+            remote_scope=scope,
             remote_id=link.remote_id, live_remote_id=link.remote_id, state="active", snapshot=snapshot,
             created_by_effect_id=link.created_by_effect_id, created_install_id=current["install_id"],
             last_validated_install_id=current["install_id"], mapping_fingerprint=mapping_fingerprint(contract),

@@ -61,17 +61,19 @@ def record_upsert_via_link(org: OrgScope, command: dict) -> tuple[str, dict]:
         # A change envelope carries several field values at once (route "values_field").
         changes.update({app["field_map"][name]: value for name, value in values.items() if name in app["field_map"]})
     link = inbound_link_find(org_id=org.org_id, owner_key=command["owner_key"],
-                             destination_slot_id=app["destination_slot_id"], remote_scope=command["account_key"],
+                             destination_slot_id=app["destination_slot_id"], remote_scope=command.get("remote_scope") or command["account_key"],
                              remote_id=command["source_locator"])
     try:
         if link is None:
             record = record_create(org=org, object_name=object_name, values=changes)
             inbound_link_create(org_id=org.org_id, owner_key=command["owner_key"], route_key=command["route_key"],
                                 destination_slot_id=app["destination_slot_id"], source_object=object_name,
-                                source_record_key=record.record_key, remote_scope=command["account_key"],
+                                source_record_key=record.record_key, remote_scope=command.get("remote_scope") or command["account_key"],
                                 remote_id=command["source_locator"])
             return "applied", {"record_key": record.record_key, "created": True, "changed": sorted(changes)}
-        record = record_lock(org=org, object_name=object_name, record_key=link.source_record_key)
+        # The link names the local record, of whichever object (a record pushed from another object
+        # that maps to the same destination slot, e.g. one converted since).
+        record = record_lock(org=org, object_name=link.source_object, record_key=link.source_record_key)
         change = record_update(org=org, record=record, changes=changes)
     except (UnknownObject, UnknownField, InvalidFieldValue) as exc:
         return "rejected", {"reason": exc.code, "detail": str(exc)}
