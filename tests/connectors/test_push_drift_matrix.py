@@ -853,6 +853,9 @@ def test_remote_404_or_remote_deleted_patch_response(env):
 def _conflict_contract(mode: str | None):
     def mutate(doc):
         profile_of(doc)["drift"] = {"conflict_statuses": [409], **({"remote_conflict": mode} if mode else {})}
+        # Without a create-conflict recovery contract a 409 create stays a definite refusal
+        # (tests/connectors/test_create_conflict_recovery.py covers the contract).
+        contract_of(doc).pop("create_conflict_recovery", None)
     return mutate
 
 
