@@ -164,6 +164,47 @@ def test_duplicate_email_on_create_is_recovered_to_the_existing_contact_without_
     assert hubspot_crm_sandbox.state()["requests"] == 3
 
 
+# --- 2b. without a create-conflict recovery contract: a 409 create is terminal no_effect, never reopened -----
+def test_duplicate_email_on_create_is_terminal_no_effect_and_never_reopens(billing_sandbox, hubspot_crm_sandbox):
+    from tests.connectors.push_helpers import contract_of, push_env, reconfigure
+
+    reconfigure(push_env(billing_sandbox, hubspot_crm_sandbox),
+                lambda doc: contract_of(doc).pop("create_conflict_recovery"))
+    existing = httpx.post(f"{hubspot_crm_sandbox.base_url}{CONTACTS_PATH}",
+                          json={"properties": {"email": "dup@x.io", "firstname": "Old"}},
+                          headers={"Authorization": f"Bearer {HUBSPOT_TOKEN}"}).json()["id"]
+    contact = _contact(email="dup@x.io", firstname="New")
+    command = _author(contact.record_key, "push-1")
+    effect = _dispatch_one()
+    assert (effect.state, effect.reason_code) == ("no_effect", reasons.DEFINITE_REFUSAL)
+    [attempt] = RemoteEffectAttempt.objects.filter(org_id=ORG)
+    assert (attempt.state, attempt.response_status) == ("no_effect", 409)
+    assert json.loads(bytes(attempt.response_body))["message"] == f"Contact already exists. Existing ID: {existing}"
+    receipt = IntentResultReceipt.objects.get(command=command)
+    assert (receipt.outcome, receipt.remote_id, receipt.evidence["status"]) == ("no_effect", "", 409)
+    assert not RemoteLink.objects.filter(org_id=ORG).exists()
+    state = hubspot_crm_sandbox.state()
+    [remote] = state["contacts"]
+    assert remote["id"] == existing and remote["properties"] == {"email": "dup@x.io", "firstname": "Old"}
+    assert (remote["create_requests"], remote["conflict_requests"]) == (1, 1)
+    assert state["requests_by_route"] == {POSTS: 2}  # the set-up create and the one refused push
+
+    # Terminal: no backoff, worker or operator reopens it.
+    _zero_backoff()
+    assert permit_try_grant_one(worker_id="t") is None
+    assert effect_try_reconcile_one() is False
+    drain()
+    with pytest.raises(CommandError, match="effect_not_uncertain"):
+        call_command("effects", "reconcile", str(effect.pk), "--org", ORG, "--no-effect", "--retry",
+                     "--actor", "ops", "--note", "try again", stdout=io.StringIO())
+    effect.refresh_from_db()
+    assert (effect.state, effect.attempt_count) == ("no_effect", 1)
+    assert RemoteEffectAttempt.objects.filter(org_id=ORG).count() == 1
+    assert hubspot_crm_sandbox.state()["requests"] == 2
+    contact.refresh_from_db()
+    assert contact.mirrors == {}
+
+
 # --- 3. response lost after commit: uncertain, never repeated; operator confirms -------------------------
 def test_lost_response_stays_uncertain_until_an_operator_confirms_the_contact(org, hubspot_crm_sandbox):
     contact = _contact(email="cy@x.io", firstname="Cy")
