@@ -23,7 +23,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import secrets
 import shutil
 import signal
 import sys
