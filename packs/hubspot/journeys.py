@@ -191,6 +191,11 @@ def _check_recovered(h: Harness, object_id: int, existing: str, *, frozen_email:
 
 
 def _check_end(h: Harness, existing: str, *, expect_properties: dict, patches: int) -> None:
+    from nexusflow.flows.models import FlowRun
+
+    runs = sorted(FlowRun.objects.values_list("state", flat=True))
+    h.check("every push Flow run succeeded (the Flows woke on their receipts)",
+            bool(runs) and set(runs) == {"Succeeded"}, f"{runs}")
     state = crm(h).state()
     routes = state["requests_by_route"]
     live = [c for c in state["contacts"] if not c["archived"]]
