@@ -239,8 +239,8 @@ def _new_action_slot(doc: dict) -> None:
 def test_flow_action_removed_and_recreated_with_new_action_slot_id(env):
     record = contact("slot@x.io")
     terminal = contact("dup@x.io")
-    httpx.post(f"{env.hubspot.base_url}{CONTACTS_PATH}", json={"properties": {"email": "dup@x.io"}},
-               headers={"Authorization": f"Bearer {HUBSPOT_TOKEN}"}).raise_for_status()
+    # The provider refuses the create outright (a validation error): a definite refusal.
+    env.hubspot.set_faults(fail_before_commit={"status": 400, "count": 1})
     refused = save(terminal)
     drain()
     assert effect_of(refused).state == "no_effect"  # a definite refusal: the old slot's terminal create
