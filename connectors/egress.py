@@ -1031,6 +1031,15 @@ def _verify_read(effect: RemoteEffect, binding: dict, contract: dict, profile: d
             client.close()
 
 
+def _candidate_linked_elsewhere(effect: RemoteEffect, contract: dict, remote_id: str) -> bool:
+    """True when another non-retired link of the same owner, destination slot and account holds ``remote_id``."""
+    owner_key = effect.command.frozen_binding["pack_generation"]["owner_key"]
+    return RemoteLink.objects.filter(
+        org_id=effect.org_id, owner_key=owner_key, destination_slot_id=contract["destination_slot_id"],
+        remote_scope=effect.account_key, live_remote_id=remote_id).exclude(link_key=effect.link_key) \
+        .exclude(state="retired").exists()
+
+
 def effect_verify_create_conflict(effect: RemoteEffect, *, client: httpx.Client | None = None) -> bool:
     """Prove or refute the candidate a refused create named, by the contract's verify read.
 
@@ -1050,7 +1059,9 @@ def effect_verify_create_conflict(effect: RemoteEffect, *, client: httpx.Client 
     link exactly as a 2xx create does (``remote_confirmed``; finalization
     writes the mirror and the Runtime receipt); a mismatch quarantines it
     (``create_conflict_identity_mismatch``), a 404/410 too
-    (``create_conflict_candidate_gone``); any other answer or no answer leaves
+    (``create_conflict_candidate_gone``), and so does a match whose candidate
+    is already another record's linked remote record
+    (``create_conflict_candidate_linked``: that link is left as it is); any other answer or no answer leaves
     it parked with ``next_attempt_at`` pushed back (``Retry-After`` honoured).
     No create is sent; the read holds no transaction.
 
@@ -1081,6 +1092,8 @@ def effect_verify_create_conflict(effect: RemoteEffect, *, client: httpx.Client 
             RemoteEffectStore.touch(org_id=locked.org_id, pk=locked.pk, state=locked.state, version=locked.version,
                                     set_fields={"next_attempt_at": now + wait})
             return True
+        if verdict == conflict_recovery.MATCH and _candidate_linked_elsewhere(locked, contract, candidate):
+            verdict = "linked_elsewhere"
         if verdict == conflict_recovery.MATCH:
             try:
                 _link_create(locked, contract, candidate)
@@ -1099,8 +1112,10 @@ def effect_verify_create_conflict(effect: RemoteEffect, *, client: httpx.Client 
                                          set_fields={"remote_id": candidate, "reason_code": "",
                                                      "next_attempt_at": None})
             return True
-        reason = (reasons.CREATE_CONFLICT_CANDIDATE_GONE if verdict == conflict_recovery.GONE
-                  else reasons.CREATE_CONFLICT_IDENTITY_MISMATCH)
+        reason = {conflict_recovery.GONE: reasons.CREATE_CONFLICT_CANDIDATE_GONE,
+                  "linked_elsewhere": reasons.CREATE_CONFLICT_CANDIDATE_LINKED}.get(
+            verdict, reasons.CREATE_CONFLICT_IDENTITY_MISMATCH)
+        detail["verdict"] = verdict
         append_evidence(locked, kind="create_conflict_refuted", actor="reconciler", to_state="quarantined",
                         detail={**detail, "reason": reason})
         _quarantine(locked, reason)

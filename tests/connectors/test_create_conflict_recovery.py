@@ -186,6 +186,23 @@ def test_candidate_gone_on_read_quarantines(env):
     assert env.posts() == 2
 
 
+def test_a_candidate_already_linked_to_another_record_is_never_linked_twice(env):
+    first = contact("gus@x.io")
+    save(first)
+    drain()
+    link = push_link(first)
+    second = contact("GUS@x.io")  # another local record with the same identity
+    command, effect = _parked(env, second, link.remote_id)
+    assert effect_try_reconcile_one() is True
+    effect.refresh_from_db()
+    assert (effect.state, effect.reason_code) == ("quarantined", reasons.CREATE_CONFLICT_CANDIDATE_LINKED)
+    assert IntentResultReceipt.objects.get(command=command).outcome == "quarantined"
+    after = RemoteLink.objects.get(pk=link.pk)
+    assert (after.state, after.version) == ("active", link.version)  # the holder's link is left as it is
+    assert RemoteLink.objects.filter(org_id=ORG, action_type="PushToConnector").count() == 1
+    assert env.posts() == 2
+
+
 # --- a transient read failure: still parked, read again later; no transaction across the read ----------
 @pytest.mark.parametrize("status", [503, None], ids=["503", "connect-error"])
 def test_transient_read_failure_stays_parked_and_a_later_read_links(env, status):
