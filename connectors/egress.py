@@ -629,6 +629,13 @@ def _extract_id(body: bytes, path: str) -> str | None:
 def permit_settle(grant: Grant, response: Response) -> str:
     """Record the provider response and move the effect; returns the new effect state.
 
+    A create answered with a status the contract's ``create_conflict_recovery``
+    lists, whose body names an existing remote id, is neither confirmed nor a
+    definite refusal: the effect parks ``uncertain`` (``create_conflict_existing``)
+    with the candidate id in its evidence, due at once for
+    :func:`effect_verify_create_conflict`. A ``Retry-After`` (delay seconds) on a
+    429/503 answer pushes the next attempt back, capped at :data:`MAX_RETRY_AFTER`.
+
     Raises:
         FenceRejected: the Permit is no longer this holder's ``sending`` Permit.
     """
