@@ -30,7 +30,7 @@ from nexusflow.kernel.errors import InvalidIdentity, NexusError, StaleVersion
 from nexusflow.kernel.identity import canonical_locator
 from nexusflow.kernel.scope import OrgScope
 
-from . import outcomes, reasons
+from . import conflict_recovery, outcomes, reasons
 from .links import PUSH_ACTION_TYPE, effect_remote_scope
 from .models import (
     DispatchPermit,
@@ -80,6 +80,22 @@ class Grant:
 
 def _backoff(attempts: int) -> dt.timedelta:
     return dt.timedelta(seconds=min(30.0, 0.25 * (2 ** min(attempts, 7))))
+
+
+#: The longest wait a provider's ``Retry-After`` may impose on an effect's next attempt.
+MAX_RETRY_AFTER = dt.timedelta(seconds=300)
+#: Statuses whose ``Retry-After`` header is read (rate limited, unavailable).
+RETRY_AFTER_STATUSES = (429, 503)
+
+
+def _retry_after(value: str | None) -> dt.timedelta | None:
+    """A ``Retry-After`` header in delay-seconds form, capped at :data:`MAX_RETRY_AFTER`; ``None`` otherwise.
+
+    The HTTP-date form is not read: the wait then falls back to the capped exponential backoff.
+    """
+    if value is None or not value.strip().isdigit():
+        return None
+    return min(dt.timedelta(seconds=int(value.strip())), MAX_RETRY_AFTER)
 
 
 def _contract(effect: RemoteEffect) -> tuple[dict, dict, dict]:
@@ -485,6 +501,8 @@ class Response:
     body: bytes
     error: str
     connect_failed: bool = False
+    #: The provider's ``Retry-After`` header on a 429/503 answer, as sent.
+    retry_after: str | None = None
 
 
 def permit_send(grant: Grant, *, client: httpx.Client | None = None) -> Response | None:
@@ -549,7 +567,9 @@ def permit_send(grant: Grant, *, client: httpx.Client | None = None) -> Response
             return None
         failpoints.hit(FP_AFTER_SENDING)
         reply = client.send(request)
-        return Response(reply.status_code, reply.content, "")
+        return Response(reply.status_code, reply.content, "",
+                        retry_after=reply.headers.get("Retry-After") if reply.status_code in RETRY_AFTER_STATUSES
+                        else None)
     except httpx.ConnectError as exc:
         return Response(None, b"", f"connect: {exc}", connect_failed=True)
     except httpx.HTTPError as exc:
@@ -609,6 +629,13 @@ def _extract_id(body: bytes, path: str) -> str | None:
 def permit_settle(grant: Grant, response: Response) -> str:
     """Record the provider response and move the effect; returns the new effect state.
 
+    A create answered with a status the contract's ``create_conflict_recovery``
+    lists, whose body names an existing remote id, is neither confirmed nor a
+    definite refusal: the effect parks ``uncertain`` (``create_conflict_existing``)
+    with the candidate id in its evidence, due at once for
+    :func:`effect_verify_create_conflict`. A ``Retry-After`` (delay seconds) on a
+    429/503 answer pushes the next attempt back, capped at :data:`MAX_RETRY_AFTER`.
+
     Raises:
         FenceRejected: the Permit is no longer this holder's ``sending`` Permit.
     """
@@ -628,7 +655,21 @@ def permit_settle(grant: Grant, response: Response) -> str:
         evidence = {"response_status": response.status, "response_body": response.body, "error": response.error}
         status = response.status
         verdict = outcomes.classify(profile, status=status, connect_failed=response.connect_failed)
-        if verdict == outcomes.CONFIRMED:
+        next_attempt_at = now + max(_backoff(effect.attempt_count), _retry_after(response.retry_after) or dt.timedelta())
+        candidate = None
+        if attempt.operation == "create" and verdict != outcomes.CONFIRMED:
+            candidate = conflict_recovery.existing_id(contract, status=status, body=response.body)
+        if candidate is not None:
+            # The create was refused because its identity exists remotely, and the answer names a candidate.
+            # Not a no_effect (the slot's record may well exist) and never a second create: parked for the
+            # reconciler's verify read of the candidate (seed 002 "Retry And Recovery Semantics").
+            new_state, attempt_state, reason = "uncertain", "no_effect", reasons.CREATE_CONFLICT_EXISTING
+            append_evidence(effect, kind="create_conflict_existing", actor="egress", to_state="uncertain",
+                            detail={"candidate_remote_id": candidate, "status": status,
+                                    "attempt_number": attempt.attempt_number,
+                                    "request_digest": attempt.request_digest})
+            next_attempt_at = now
+        elif verdict == outcomes.CONFIRMED:
             remote_id = _extract_id(response.body, contract["response_id_path"])
             unlinkable = None
             if attempt.operation == "create" and remote_id is not None:
@@ -683,7 +724,7 @@ def permit_settle(grant: Grant, response: Response) -> str:
         RemoteEffectStore.transition(
             org_id=effect.org_id, pk=effect.pk, src="dispatching", dst=new_state, version=effect.version,
             set_fields={"reason_code": reason, "remote_id": evidence.get("remote_id") or "",
-                        "next_attempt_at": now + _backoff(effect.attempt_count)})
+                        "next_attempt_at": next_attempt_at})
         DispatchPermitStore.transition(
             org_id=permit.org_id, pk=permit.pk, src="sending", dst="returned", version=permit.version,
             fences={"holder_fence": grant.holder_fence},
@@ -902,17 +943,23 @@ def _due_uncertain(now, lanes: tuple[str, ...]):
         offset += page
 
 
-def effect_try_reconcile_one(*, lanes: tuple[str, ...] = KNOWN_LANES) -> bool:
+def effect_try_reconcile_one(*, lanes: tuple[str, ...] = KNOWN_LANES, client: httpx.Client | None = None) -> bool:
     """Move one due ``uncertain`` effect on: exact idempotent repeat, or quarantine when exhausted.
 
     Only a frozen replay-safe idempotency contract allows ``uncertain ->
-    prepared``; without it the effect stays parked for an operator.
+    prepared``; without it the effect stays parked for an operator. A create
+    parked ``create_conflict_existing`` is resolved by its contract's verify
+    read instead (:func:`effect_verify_create_conflict`; ``client`` serves that read).
     """
     from runtime_outbox.services import intent_result_record
 
     now = db_now()
     lanes = tuple(lane for lane in lanes if lane in KNOWN_LANES)
     for effect in _due_uncertain(now, lanes):
+        if effect.reason_code == reasons.CREATE_CONFLICT_EXISTING:
+            if effect_verify_create_conflict(effect, client=client):
+                return True
+            continue
         _binding, _contract_doc, profile = _contract(effect)
         rules = outcomes.policy(profile)
         last = effect.attempts.order_by("-attempt_number").first()
@@ -943,6 +990,143 @@ def effect_try_reconcile_one(*, lanes: tuple[str, ...] = KNOWN_LANES) -> bool:
                                              set_fields={"next_attempt_at": None, "reason_code": ""})
         return True
     return False
+
+
+@dataclass(frozen=True)
+class VerifyRead:
+    status: int | None
+    body: bytes
+    error: str
+    retry_after: str | None = None
+
+
+def _verify_read(effect: RemoteEffect, binding: dict, contract: dict, profile: dict, remote_id: str,
+                 client: httpx.Client | None) -> VerifyRead:
+    """GET the candidate through the frozen base URL and credential generation; no transaction is open.
+
+    A revoked or disabled credential generation, or unreadable secret material, reads nothing
+    (a transient answer: the effect stays parked and is read again later).
+    """
+    from .models import CredentialGenerationDispatchGate
+
+    if transaction.get_connection().in_atomic_block:
+        raise EgressRefused("the verify read must not run inside a transaction")
+    headers = {"Accept": "application/json"}
+    frozen = binding.get("credential_generation")
+    try:
+        if frozen:
+            gate = CredentialGenerationDispatchGate.objects.filter(org_id=effect.org_id,
+                                                                   credential_generation_id=frozen["id"]).first()
+            if gate is None or gate.state != "enabled":
+                return VerifyRead(None, b"", "credential generation not enabled")
+        if profile.get("auth", {}).get("kind") == "bearer":
+            headers["Authorization"] = _bearer(resolve_frozen_secret(org_id=effect.org_id, frozen=frozen))
+    except CredentialUnavailable as exc:
+        return VerifyRead(None, b"", exc.code)
+    url = binding["base_url"].rstrip("/") + conflict_recovery.verify_path(contract, remote_id)
+    owned = client is None
+    if owned:
+        client = httpx.Client(timeout=outcomes.timeout_seconds(profile))
+    try:
+        reply = client.request("GET", url, headers=headers)
+        return VerifyRead(reply.status_code, reply.content, "",
+                          reply.headers.get("Retry-After") if reply.status_code in RETRY_AFTER_STATUSES else None)
+    except httpx.HTTPError as exc:
+        return VerifyRead(None, b"", f"{type(exc).__name__}: {exc}"[:255])
+    finally:
+        if owned:
+            client.close()
+
+
+def _candidate_linked_elsewhere(effect: RemoteEffect, contract: dict, remote_id: str) -> bool:
+    """True when another non-retired link of the same owner, destination slot and account holds ``remote_id``."""
+    owner_key = effect.command.frozen_binding["pack_generation"]["owner_key"]
+    return RemoteLink.objects.filter(
+        org_id=effect.org_id, owner_key=owner_key, destination_slot_id=contract["destination_slot_id"],
+        remote_scope=effect_remote_scope(effect), live_remote_id=remote_id).exclude(link_key=effect.link_key) \
+        .exclude(state="retired").exists()
+
+
+def effect_verify_create_conflict(effect: RemoteEffect, *, client: httpx.Client | None = None) -> bool:
+    """Prove or refute the candidate a refused create named, by the contract's verify read.
+
+    Args:
+        effect: an ``uncertain`` effect with reason ``create_conflict_existing``
+            (read without a lock; re-checked under the lock after the read).
+        client: optional HTTP client for the read (tests inject faults through it).
+
+    Returns:
+        ``True`` when the effect moved or was rescheduled; ``False`` when it
+        carries no candidate evidence or its contract declares no recovery (left
+        parked for an operator).
+
+    The identity fields of the FROZEN create request (the bytes the create
+    Attempt sent, never the live record) are compared with the remote record:
+    a match confirms the effect with the candidate id and creates the slot's
+    link exactly as a 2xx create does (``remote_confirmed``; finalization
+    writes the mirror and the Runtime receipt); a mismatch quarantines it
+    (``create_conflict_identity_mismatch``), a 404/410 too
+    (``create_conflict_candidate_gone``), and so does a match whose candidate
+    is already another record's linked remote record
+    (``create_conflict_candidate_linked``: that link is left as it is); any other answer or no answer leaves
+    it parked with ``next_attempt_at`` pushed back (``Retry-After`` honoured).
+    No create is sent; the read holds no transaction.
+
+    Seed 002 "Lifecycle", "Retry And Recovery Semantics"; seed 003 "Transaction and crash rules".
+    """
+    binding, contract, profile = _contract(effect)
+    found = (RemoteEffectEvidence.objects.filter(org_id=effect.org_id, effect=effect, kind="create_conflict_existing")
+             .order_by("-id").first())
+    if conflict_recovery.recovery_of(contract) is None or found is None:
+        return False
+    candidate = found.detail["candidate_remote_id"]
+    attempt = effect.attempts.get(org_id=effect.org_id, attempt_number=found.detail["attempt_number"])
+    request = conflict_recovery.request_fields(contract, bytes(attempt.request_body))
+    read = _verify_read(effect, binding, contract, profile, candidate, client)
+    verdict, differing = conflict_recovery.judge(contract, request=request, status=read.status, body=read.body)
+    now = db_now()
+    with transaction.atomic(durable=True):
+        locked = RemoteEffectStore.lock(effect.org_id, effect.pk)
+        if locked.state != "uncertain" or locked.version != effect.version \
+                or locked.reason_code != reasons.CREATE_CONFLICT_EXISTING:
+            return True  # moved meanwhile: decided afresh on a later round
+        detail = {"candidate_remote_id": candidate, "verify_status": read.status, "verdict": verdict,
+                  "attempt_number": attempt.attempt_number, "request_digest": attempt.request_digest,
+                  "mismatched_fields": differing}
+        if verdict == conflict_recovery.TRANSIENT:
+            wait = max(_backoff(locked.attempt_count), _retry_after(read.retry_after) or dt.timedelta())
+            log.info("verify read of effect %s deferred: %s", locked.pk, read.error or read.status)
+            RemoteEffectStore.touch(org_id=locked.org_id, pk=locked.pk, state=locked.state, version=locked.version,
+                                    set_fields={"next_attempt_at": now + wait})
+            return True
+        if verdict == conflict_recovery.MATCH and _candidate_linked_elsewhere(locked, contract, candidate):
+            verdict = "linked_elsewhere"
+        if verdict == conflict_recovery.MATCH:
+            try:
+                _link_create(locked, contract, candidate)
+            except EgressRefused as exc:
+                # Another link holds that id: parked for an operator, as after a 2xx create.
+                append_evidence(locked, kind="create_conflict_unlinkable", actor="reconciler", to_state="uncertain",
+                                detail={**detail, "error": str(exc)[:200]})
+                RemoteEffectStore.touch(org_id=locked.org_id, pk=locked.pk, state=locked.state,
+                                        version=locked.version,
+                                        set_fields={"reason_code": reasons.REMOTE_LOCATOR_CONFLICT})
+                return True
+            append_evidence(locked, kind="create_conflict_verified", actor="reconciler", to_state="remote_confirmed",
+                            detail=detail)
+            RemoteEffectStore.transition(org_id=locked.org_id, pk=locked.pk, src="uncertain", dst="remote_confirmed",
+                                         version=locked.version,
+                                         set_fields={"remote_id": candidate, "reason_code": "",
+                                                     "next_attempt_at": None})
+            return True
+        reason = {conflict_recovery.GONE: reasons.CREATE_CONFLICT_CANDIDATE_GONE,
+                  "linked_elsewhere": reasons.CREATE_CONFLICT_CANDIDATE_LINKED}.get(
+            verdict, reasons.CREATE_CONFLICT_IDENTITY_MISMATCH)
+        detail["verdict"] = verdict
+        append_evidence(locked, kind="create_conflict_refuted", actor="reconciler", to_state="quarantined",
+                        detail={**detail, "reason": reason})
+        _quarantine(locked, reason)
+    return True
 
 
 def effect_try_dispatch_one(*, worker_id: str, client: httpx.Client | None = None,

@@ -18,6 +18,7 @@ from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.errors import InvalidIdentity, NexusError
 from nexusflow.kernel.identity import validate_key
 
+from .conflict_recovery import validate as validate_conflict_recovery
 from .ordering import validate_contract
 from .outcomes import validate_profile as validate_outcome_profile
 from .signatures import validate_config as validate_auth_config
@@ -79,7 +80,9 @@ def validate_pack_document(doc: dict, path: Path | str) -> None:
     Raises:
         PackError: a missing or non-canonical key, an incomplete route, callout
             profile or push contract, an unsupported auth or ordering contract,
-            or an invalid association block (see :func:`validate_associations`).
+            an invalid association block (see :func:`validate_associations`) or
+            an invalid ``create_conflict_recovery`` block (see
+            :func:`connectors.conflict_recovery.validate`).
     """
     if not isinstance(doc, dict):
         raise PackError(f"{path}: a pack is a JSON object")
@@ -126,6 +129,10 @@ def validate_pack_document(doc: dict, path: Path | str) -> None:
                                 f"stable slot id")
         if not isinstance(contract.get("target_object", ""), str):
             raise PackError(f"{path}: push contract {contract['contract_key']}: target_object must be text")
+        try:
+            validate_conflict_recovery(contract)
+        except ValueError as exc:
+            raise PackError(f"{path}: {exc}") from exc
     for profile in doc.get("callout_profiles", []):
         if "profile_key" not in profile:
             raise PackError(f"{path}: a callout profile has no profile_key")

@@ -9,9 +9,9 @@ admission"; the states are listed in ``connectors/transitions.py``):
 | Execution ``superseded`` | SUPERSEDED_BY_NEWER_POSITION |
 | Execution ``quarantined`` | SOURCE_SEQUENCE_GAP (strict gap past its frozen deadline, disposition ``quarantine``) |
 | ServingEpoch ``rejected`` | EPOCH_OWNER_MISMATCH |
-| RemoteEffect ``uncertain`` | RESPONSE_AMBIGUOUS, RESPONSE_ID_MISSING, UNCLASSIFIED_RESPONSE, HOLDER_ABANDONED, REMOTE_LOCATOR_CONFLICT |
+| RemoteEffect ``uncertain`` | RESPONSE_AMBIGUOUS, RESPONSE_ID_MISSING, UNCLASSIFIED_RESPONSE, HOLDER_ABANDONED, REMOTE_LOCATOR_CONFLICT, CREATE_CONFLICT_EXISTING |
 | RemoteEffect ``no_effect`` | DEFINITE_REFUSAL, RETRY_EXHAUSTED, OPERATOR_PROVED_NO_EFFECT |
-| RemoteEffect ``quarantined`` | RETRY_EXHAUSTED, LINK_NOT_PATCHABLE, PRIOR_CREATE_UNRESOLVED, OPERATOR_QUARANTINE, SUPERSEDED_BY_NEWER_VERSION, SOURCE_DELETED_BEFORE_POST, SLOT_LINEAGE_UNRESOLVED, STABLE_SLOT_UNRESOLVED, MAPPING_DRIFT, AUTHORITY_DENIED, ASSOCIATION_SNAPSHOT_MISSING, ASSOCIATION_TARGET_UNRESOLVED |
+| RemoteEffect ``quarantined`` | RETRY_EXHAUSTED, LINK_NOT_PATCHABLE, PRIOR_CREATE_UNRESOLVED, OPERATOR_QUARANTINE, SUPERSEDED_BY_NEWER_VERSION, SOURCE_DELETED_BEFORE_POST, SLOT_LINEAGE_UNRESOLVED, STABLE_SLOT_UNRESOLVED, MAPPING_DRIFT, AUTHORITY_DENIED, ASSOCIATION_SNAPSHOT_MISSING, ASSOCIATION_TARGET_UNRESOLVED, CREATE_CONFLICT_IDENTITY_MISMATCH, CREATE_CONFLICT_CANDIDATE_GONE, CREATE_CONFLICT_CANDIDATE_LINKED |
 | CredentialGenerationDispatchGate ``revoked`` | CREDENTIAL_REVOKED |
 | RemoteLink ``suspended_drift`` | REMOTE_NOT_FOUND, LINK_DRIFT, SLOT_LINEAGE_UNRESOLVED, REMOTE_CONFLICT, REMOTE_LOCATOR_CONFLICT, SOURCE_DELETED |
 | AccountServingGate ``halting_v2`` / ``v2_halted`` | HALTED_FOR_SUCCESSOR, HALT_WAITING_OPEN_PERMITS, HALT_WAITING_PREDECESSOR_WORK |
@@ -118,6 +118,26 @@ ASSOCIATION_SNAPSHOT_MISSING = register(
 ASSOCIATION_TARGET_UNRESOLVED = register(
     "association_target_unresolved", owner=OWNER, evidence=_S + "remote_effects_with_reason",
     alert_after_seconds=3600, remediations=("reauthor_intent",))
+
+# --- create-conflict recovery (connectors/conflict_recovery.py) -----------------------------------
+#: A create was refused because its identity already exists remotely; the answer named a candidate id.
+#: Parked for the reconciler's verify read (never a second create).
+CREATE_CONFLICT_EXISTING = register(
+    "create_conflict_existing", owner=OWNER, evidence=_S + "remote_effect_evidence_for_reason",
+    alert_after_seconds=600, remediations=("automatic_retry", "operator_reconcile"))
+#: The verify read of the candidate shows a record whose identity differs from the frozen create request.
+CREATE_CONFLICT_IDENTITY_MISMATCH = register(
+    "create_conflict_identity_mismatch", owner=OWNER, evidence=_S + "remote_effect_evidence_for_reason",
+    alert_after_seconds=3600, remediations=("operator_reconcile",))
+#: The candidate the create conflict named does not exist (404/410) when read back.
+CREATE_CONFLICT_CANDIDATE_GONE = register(
+    "create_conflict_candidate_gone", owner=OWNER, evidence=_S + "remote_effect_evidence_for_reason",
+    alert_after_seconds=3600, remediations=("operator_reconcile",))
+#: The verified candidate is already another local record's linked remote record (two local records, one
+#: remote identity): never linked twice, and the other record's link is left as it is; an operator decides.
+CREATE_CONFLICT_CANDIDATE_LINKED = register(
+    "create_conflict_candidate_linked", owner=OWNER, evidence=_S + "remote_effect_evidence_for_reason",
+    alert_after_seconds=3600, remediations=("operator_reconcile",))
 
 OPERATOR_PROVED_NO_EFFECT = register(
     "operator_proved_no_effect", owner=OWNER, evidence=_S + "remote_effect_evidence_for_reason",

@@ -36,6 +36,8 @@ HTTP_CLIENT_ALLOWED = {
     "connectors/stream_transport.py": "the one read-only fetch of pulled routes; no transaction, no write",
     "packs/hubspot/sender.py": "L1 provider sandbox: sends provider-shaped webhooks to the ingress",
     "packs/demo/run.py": "L1 demo driver: plays the provider against a running web process",
+    "packs/journeys.py": "L1 journey harness: waits for the running web process and posts webhooks to it",
+    "packs/hubspot/journeys.py": "L1 journeys: seed and read the provider sandbox through its own API",
 }
 
 

@@ -129,8 +129,47 @@ def test_create_links_the_provider_id_and_a_later_edit_patches_it(org, hubspot_c
     assert billing_sandbox.state()["requests"] == 0  # the contract routes to its one account only
 
 
-# --- 2. 409 duplicate on create: terminal no_effect, never reopened ---------------------------------------
-def test_duplicate_email_on_create_is_terminal_no_effect_and_never_reopens(org, hubspot_crm_sandbox):
+# --- 2. 409 duplicate on create: parked, the candidate is read back and linked; never a second POST --------
+def test_duplicate_email_on_create_is_recovered_to_the_existing_contact_without_a_second_post(org,
+                                                                                               hubspot_crm_sandbox):
+    existing = httpx.post(f"{hubspot_crm_sandbox.base_url}{CONTACTS_PATH}",
+                          json={"properties": {"email": "dup@x.io", "firstname": "Old"}},
+                          headers={"Authorization": f"Bearer {HUBSPOT_TOKEN}"}).json()["id"]
+    contact = _contact(email="DUP@x.io", firstname="New")
+    command = _author(contact.record_key, "push-1")
+    effect = _dispatch_one()
+    # The contract's create_conflict_recovery: not a no_effect, parked with the candidate id as evidence.
+    assert (effect.state, effect.reason_code) == ("uncertain", reasons.CREATE_CONFLICT_EXISTING)
+    [attempt] = RemoteEffectAttempt.objects.filter(org_id=ORG)
+    assert (attempt.state, attempt.response_status) == ("no_effect", 409)
+    [parked] = RemoteEffectEvidence.objects.filter(effect=effect)
+    assert (parked.kind, parked.detail["candidate_remote_id"]) == ("create_conflict_existing", existing)
+    assert not IntentResultReceipt.objects.filter(command=command).exists()
+    assert not RemoteLink.objects.filter(org_id=ORG).exists()
+
+    assert permit_try_grant_one(worker_id="t") is None  # the create is never repeated
+    assert effect_try_reconcile_one() is True  # the verify read proves the identity (emails compare casefolded)
+    effect.refresh_from_db()
+    assert (effect.state, effect.remote_id) == ("remote_confirmed", existing)
+    assert effect_try_finalize_one() is True
+    receipt = IntentResultReceipt.objects.get(command=command)
+    assert (receipt.outcome, receipt.remote_id) == ("finalized", existing)
+    link = RemoteLink.objects.get(org_id=ORG)
+    assert (link.remote_id, link.state, link.created_by_effect_id) == (existing, "active", effect.pk)
+    state = hubspot_crm_sandbox.state()
+    [remote] = state["contacts"]
+    assert remote["id"] == existing and remote["properties"] == {"email": "dup@x.io", "firstname": "Old"}
+    assert state["requests_by_route"] == {POSTS: 2, f"GET {CONTACTS_PATH}/{existing}": 1}
+    drain()
+    assert hubspot_crm_sandbox.state()["requests"] == 3
+
+
+# --- 2b. without a create-conflict recovery contract: a 409 create is terminal no_effect, never reopened -----
+def test_duplicate_email_on_create_is_terminal_no_effect_and_never_reopens(billing_sandbox, hubspot_crm_sandbox):
+    from tests.connectors.push_helpers import contract_of, push_env, reconfigure
+
+    reconfigure(push_env(billing_sandbox, hubspot_crm_sandbox),
+                lambda doc: contract_of(doc).pop("create_conflict_recovery"))
     existing = httpx.post(f"{hubspot_crm_sandbox.base_url}{CONTACTS_PATH}",
                           json={"properties": {"email": "dup@x.io", "firstname": "Old"}},
                           headers={"Authorization": f"Bearer {HUBSPOT_TOKEN}"}).json()["id"]

@@ -239,8 +239,8 @@ def _new_action_slot(doc: dict) -> None:
 def test_flow_action_removed_and_recreated_with_new_action_slot_id(env):
     record = contact("slot@x.io")
     terminal = contact("dup@x.io")
-    httpx.post(f"{env.hubspot.base_url}{CONTACTS_PATH}", json={"properties": {"email": "dup@x.io"}},
-               headers={"Authorization": f"Bearer {HUBSPOT_TOKEN}"}).raise_for_status()
+    # The provider refuses the create outright (a validation error): a definite refusal.
+    env.hubspot.set_faults(fail_before_commit={"status": 400, "count": 1})
     refused = save(terminal)
     drain()
     assert effect_of(refused).state == "no_effect"  # a definite refusal: the old slot's terminal create
@@ -853,6 +853,9 @@ def test_remote_404_or_remote_deleted_patch_response(env):
 def _conflict_contract(mode: str | None):
     def mutate(doc):
         profile_of(doc)["drift"] = {"conflict_statuses": [409], **({"remote_conflict": mode} if mode else {})}
+        # Without a create-conflict recovery contract a 409 create stays a definite refusal
+        # (tests/connectors/test_create_conflict_recovery.py covers the contract).
+        contract_of(doc).pop("create_conflict_recovery", None)
     return mutate
 
 

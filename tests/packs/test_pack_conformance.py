@@ -203,7 +203,9 @@ def test_two_structurally_different_packs_pass_through_the_same_l0_admission_mod
 #: contracts, mechanisms), not provider vocabulary.
 _L0_OWNED = {"command", "canonical_kind", "contract", "mechanism", "kind", "disposition", "comparator_version",
              "unit", "timestamp_unit", "encoding", "algorithm", "message", "method", "delivery", "body_encoding",
-             "join", "mode"}
+             "join", "mode",
+             # the create-conflict recovery comparator (``connectors.conflict_recovery.COMPARATORS``)
+             "compare"}
 #: Maps whose keys are pack words but whose values are L0 schema type names ("integer", "string").
 _TYPED_MAPS = {"common_required", "required"}
 #: Provider words that are also everyday HTTP/SQL words L0 uses for its own purposes; a branch on
@@ -212,7 +214,10 @@ _COMMON_WORDS = {"UPDATE", "DELETE", "CREATE", "Authorization", "Bearer", "GET",
                  "data", "event", "payload", "id", "name",
                  # L0's own association vocabulary: the contract's ``associations`` list and the
                  # ``{remote_id}`` placeholder it renders (a pack body key and template use the same words).
-                 "associations", "{remote_id}"}
+                 "associations", "{remote_id}",
+                 # a create-conflict answer's JSON path (``existing_id.json_path``) names the provider's
+                 # ``message`` field; L0's signature config uses the same word for its own purpose.
+                 "message"}
 
 
 def _strings(value: Any, key: str = "") -> set[str]:
