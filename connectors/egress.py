@@ -789,8 +789,8 @@ def _link_create(effect: RemoteEffect, contract: dict, remote_id: str) -> None:
                 org_id=effect.org_id, link_key=effect.link_key, owner_key=binding["pack_generation"]["owner_key"],
                 action_slot_id=contract["action_slot_id"], action_type=PUSH_ACTION_TYPE,
                 destination_slot_id=contract["destination_slot_id"], source_object=command.source_object,
-                source_record_key=command.source_record_key, remote_scope=effect_remote_scope(effect, binding), remote_id=remote_id,
-                live_remote_id=remote_id, state="active", snapshot=snapshot, created_by_effect_id=effect.pk,
+                source_record_key=command.source_record_key, remote_scope=effect_remote_scope(effect, binding),
+                remote_id=remote_id, live_remote_id=remote_id, state="active", snapshot=snapshot, created_by_effect_id=effect.pk,
                 created_install_id=snapshot["install_id"], last_validated_install_id=snapshot["install_id"],
                 mapping_fingerprint=snapshot["mapping_fingerprint"], body_fingerprint=snapshot["body_fingerprint"],
                 last_pushed_version=effect.lane_sequence)
