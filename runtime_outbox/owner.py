@@ -62,6 +62,20 @@ class OwnerContended(OwnerConflict):
     code = "owner_contended"
 
 
+class OwnerDeleted(NexusError):
+    """The owner record's deletion is committed: new resource work for it is refused (definite, not retryable)."""
+
+    code = "owner_deleted"
+    retryable = False
+
+
+class OwnerFenceMissing(NexusError):
+    """Resource work was authored without holding the owner record's row lock (a programming error)."""
+
+    code = "owner_fence_missing"
+    retryable = False
+
+
 @dataclass(frozen=True)
 class OwnerIntent:
     """One outbound intent of an owner record and its Runtime-derived state."""
