@@ -28,3 +28,20 @@ class OutboundCommandStore:
         """
         locks.note(LockClass.RUNTIME, label="OutboundCommand")
         return models.OutboundCommand.objects.select_for_update().get(org_id=org_id, pk=int(pk))
+
+    @staticmethod
+    def lock_owner_intents(org_id: str, object_name: str, record_key: str, *,
+                           nowait: bool = True) -> list[tuple[int, str, str]]:
+        """Lock every intent of one owner record ``FOR UPDATE NOWAIT`` in id order (owner-leading index).
+
+        Returns:
+            ``(id, contract_key, link_key)`` rows.
+
+        Raises:
+            django.db.OperationalError: a row is locked by another transaction
+                (``NOWAIT``: MariaDB 1205, MySQL/TiDB 3572).
+        """
+        locks.note(LockClass.RUNTIME, label="OutboundCommand")
+        return list(models.OutboundCommand.objects.select_for_update(nowait=nowait)
+                    .filter(org_id=org_id, source_object=object_name, source_record_key=record_key)
+                    .order_by("id").values_list("id", "contract_key", "link_key"))

@@ -8,12 +8,13 @@ from what the models declare (``manage.py schema_check``).
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 
 from django.apps import apps
 from django.db import connections, router
 from django.db.models import UniqueConstraint
+
+from .selectors import live_foreign_key_names, live_indexes
 
 
 @dataclass(frozen=True)
@@ -70,34 +71,6 @@ def _implicit_columns(model) -> set[tuple[str, ...]]:
     return columns
 
 
-def _foreign_keys(connection, table: str) -> set[str]:
-    """Names of the table's foreign key constraints (InnoDB backs each with an index of the same name)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT CONSTRAINT_NAME FROM information_schema.TABLE_CONSTRAINTS WHERE "
-                       "CONSTRAINT_SCHEMA = DATABASE() AND TABLE_NAME = %s AND CONSTRAINT_TYPE = 'FOREIGN KEY'",
-                       [table])
-        return {row[0] for row in cursor.fetchall()}
-
-
-def _live(connection, table: str) -> dict[str, tuple[tuple[str, ...], bool]] | None:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT INDEX_NAME, NON_UNIQUE, COLUMN_NAME, COLLATION FROM information_schema.STATISTICS "
-            "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s ORDER BY INDEX_NAME, SEQ_IN_INDEX", [table])
-        rows = cursor.fetchall()
-        if not rows:
-            cursor.execute("SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() "
-                           "AND TABLE_NAME = %s", [table])
-            if not cursor.fetchone()[0]:
-                return None
-    columns: dict[str, list[str]] = defaultdict(list)
-    unique: dict[str, bool] = {}
-    for name, non_unique, column, collation in rows:
-        columns[name].append(f"{column} DESC" if collation == "D" else column)
-        unique[name] = not int(non_unique)
-    return {name: (tuple(cols), unique[name]) for name, cols in columns.items()}
-
-
 def schema_drift(*, using: str | None = None) -> list[Drift]:
     """Compare every managed model's declared indexes and unique constraints with the live database.
 
@@ -123,7 +96,7 @@ def schema_drift(*, using: str | None = None) -> list[Drift]:
         if not router.allow_migrate_model(alias, model):
             continue
         table = opts.db_table
-        live = _live(connections[alias], table)
+        live = live_indexes(connections[alias], table)
         if live is None:
             findings.append(Drift("missing_table", table, "-", f"model {opts.label} has no table in {alias!r}"))
             continue
@@ -149,7 +122,7 @@ def schema_drift(*, using: str | None = None) -> list[Drift]:
                     findings.append(Drift("missing_unique", table, "-", f"expected unique ({', '.join(item.columns)})"))
                 accounted.update(names)
         implicit = _implicit_columns(model)
-        accounted |= _foreign_keys(connections[alias], table)
+        accounted |= live_foreign_key_names(connections[alias], table)
         for name, (cols, _uniq) in live.items():
             if name in accounted or cols in implicit:
                 continue
