@@ -59,6 +59,7 @@ FP_SENDING_BEFORE_COMMIT = failpoints.declare("permit.sending_before_commit")
 FP_AFTER_SENDING = failpoints.declare("permit.after_sending")
 FP_AFTER_RESPONSE = failpoints.declare("permit.after_response")
 FP_AFTER_SETTLE = failpoints.declare("effect.after_settle")
+FP_FINALIZE_INTENT_LOCKED = failpoints.declare("effect.finalize_intent_locked")
 
 NONTERMINAL = ("prepared", "dispatching", "uncertain", "remote_confirmed")
 #: The closed DispatchLane set (seed 002): a row with any other lane is never claimed or recovered.
@@ -821,11 +822,16 @@ def effect_try_finalize_one(*, lanes: tuple[str, ...] = KNOWN_LANES) -> bool:
     finalizes the effect without any call and suspends the link
     (``source_deleted``): its evidence stays for reconciliation or retire.
     Never calls the provider. An effect of an unknown DispatchLane is never taken.
+
+    Lock order (seed 000, ARCHITECTURE.md section 6): the effect's
+    OutboundCommand intent first (``locks.result_commit``), then the source
+    record, then the effect, its link and the Runtime receipt.
     """
     from nexusflow.records.metadata import InvalidFieldValue, UnknownField
     from nexusflow.records.models import Record
     from nexusflow.records.services import record_lock, record_write_mirror
     from runtime_outbox.services import intent_result_record
+    from runtime_outbox.store import OutboundCommandStore
 
     from .pushlinks import append_link_evidence
 
@@ -842,11 +848,15 @@ def effect_try_finalize_one(*, lanes: tuple[str, ...] = KNOWN_LANES) -> bool:
     with transaction.atomic(durable=True):
         mirror = "skipped"
         record = None
-        try:
-            record = record_lock(org=OrgScope(effect.org_id), object_name=writeback["source_object"],
-                                 record_key=writeback["source_record_id"])
-        except Record.DoesNotExist:
-            mirror = "source_deleted"
+        # Seed 000: the result commit locks its intent before the local record projection (the one
+        # sanctioned reversal); owner checks read intents NOWAIT, so none waits behind this in reverse.
+        with locks.result_commit(lambda: OutboundCommandStore.lock(effect.org_id, command.pk)):
+            failpoints.hit(FP_FINALIZE_INTENT_LOCKED)
+            try:
+                record = record_lock(org=OrgScope(effect.org_id), object_name=writeback["source_object"],
+                                     record_key=writeback["source_record_id"])
+            except Record.DoesNotExist:
+                mirror = "source_deleted"
         effect = RemoteEffectStore.lock(effect.org_id, effect.pk)
         if effect.state != "remote_confirmed":
             return True

@@ -65,7 +65,11 @@ class OutboundCommand(GuardedModel):
                 name="outbound_command_logical_effect_uniq",
             ),
         ]
-        indexes = [models.Index(fields=["org_id", "source_object", "source_record_key"], name="outbound_command_owner_idx")]
+        indexes = [
+            # Owner-leading (seed 000): owner checks read a record's intents in id order, FOR UPDATE NOWAIT.
+            models.Index(fields=["org_id", "source_object", "source_record_key", "id"],
+                         name="outbound_command_owner_idx"),
+        ]
 
 
 class OutboxMessage(GuardedModel):

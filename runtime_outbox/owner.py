@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 from django.db import OperationalError
 
-from nexusflow.kernel import locks
 from nexusflow.kernel.errors import NexusError
 
-from .models import IntentResultReceipt, OutboundCommand, OutboxMessage
+from .models import IntentResultReceipt, OutboxMessage
+from .store import OutboundCommandStore
 
 #: Server errors a ``NOWAIT`` locking read raises when a row is held: MariaDB 1205, MySQL/TiDB 3572.
 NOWAIT_LOCK_ERRORS = frozenset({1205, 3572})
@@ -60,6 +60,20 @@ class OwnerContended(OwnerConflict):
     """An intent of the owner is locked by a committing result right now (``FOR UPDATE NOWAIT`` refused)."""
 
     code = "owner_contended"
+
+
+class OwnerDeleted(NexusError):
+    """The owner record's deletion is committed: new resource work for it is refused (definite, not retryable)."""
+
+    code = "owner_deleted"
+    retryable = False
+
+
+class OwnerFenceMissing(NexusError):
+    """Resource work was authored without holding the owner record's row lock (a programming error)."""
+
+    code = "owner_fence_missing"
+    retryable = False
 
 
 @dataclass(frozen=True)
@@ -94,11 +108,8 @@ def owner_intents(*, org_id: str, object_name: str, record_key: str, nowait: boo
         OwnerContended: an intent row is locked by another transaction.
         RuntimeError: called outside a transaction.
     """
-    locks.note(locks.LockClass.RUNTIME, label="OutboundCommand")
     try:
-        commands = list(OutboundCommand.objects.select_for_update(nowait=nowait)
-                        .filter(org_id=org_id, source_object=object_name, source_record_key=record_key)
-                        .order_by("id").values_list("id", "contract_key", "link_key"))
+        commands = OutboundCommandStore.lock_owner_intents(org_id, object_name, record_key, nowait=nowait)
     except OperationalError as exc:
         if exc.args and exc.args[0] in NOWAIT_LOCK_ERRORS:
             raise OwnerContended(f"{object_name}/{record_key}: an outbound result for this record is committing "

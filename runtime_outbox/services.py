@@ -20,6 +20,7 @@ from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
 
 from . import commands, replay_guard
 from .models import ApplicationResult, IntentResultReceipt, OutboundCommand, OutboxMessage
+from .owner import OwnerDeleted, OwnerFenceMissing
 from .store import OutboxMessageStore
 from .transitions import INTENT_RESULT_OUTCOMES
 
@@ -109,7 +110,11 @@ def outbound_command_author(*, scope: TrustedRuntimeWorkScope, effect_root_id: s
                             origin: dict | None = None) -> OutboundCommand:
     """Author (or return) the immutable OutboundCommand + outbox message in the caller's transaction.
 
-    ``record`` must already be locked by the caller (business lock first).
+    ``record`` must already be locked by the caller's transaction (business
+    lock first: ``record_lock``, ``record_lock_owner`` or ``record_create``);
+    that row lock is the owner fence of seed 000 ("Resource enqueue ... use
+    the existing record owner fence"): a deletion cannot commit between this
+    check and the intent insert, and owner checks see the intent once it commits.
     ``origin``: the originating user (``user_id``) and human-readable Flow
     names, frozen as snapshots only (see ``connectors.outbound.freeze_push_binding``).
     The FrozenDispatchBinding is frozen under the locked gate and its exact
@@ -123,19 +128,31 @@ def outbound_command_author(*, scope: TrustedRuntimeWorkScope, effect_root_id: s
         IntentMismatch: the same logical effect exists with other facts.
         ReplayOutboundRefused: the request comes from a replay execution
             context (seed 003 "Replay and external effects").
+        OwnerDeleted: ``record`` is deleted (``owner_deleted``, definite); an
+            exact retry whose intent exists and is terminal returns it instead.
+        OwnerFenceMissing: ``record`` is not locked by this transaction.
     """
     from connectors.outbound import freeze_push_binding
+    from nexusflow.records.store import RecordStore
 
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("outbound intents are authored inside the application transaction")
+    if record.org_id != scope.org_id or not RecordStore.is_fenced(record):
+        raise OwnerFenceMissing(f"{record.object_name}/{record.record_key}: lock the owner record in the authoring "
+                                f"transaction first (record_lock / record_lock_owner)")
     replay_guard.outbound_authoring_check(org_id=scope.org_id, origin_flow_run_id=origin_flow_run_id)
     key = intent_idempotency_key(scope, effect_root_id, effect_slot_id, effect_generation_id)
     existing = OutboundCommand.objects.filter(idempotency_key=key).first()
     if existing is not None:
-        if (existing.org_id, existing.contract_key, existing.source_record_key) != (
-                scope.org_id, contract_key, record.record_key):
+        if (existing.org_id, existing.contract_key, existing.source_object, existing.source_record_key) != (
+                scope.org_id, contract_key, record.object_name, record.record_key):
             raise IntentMismatch(f"logical effect {key} exists with other facts")
-        return existing
+        if not record.is_deleted or IntentResultReceipt.objects.filter(
+                org_id=scope.org_id, command_id=existing.pk).exists():
+            # An exact retry; after a committed deletion only a terminal intent is an idempotent duplicate.
+            return existing
+    if record.is_deleted:
+        raise OwnerDeleted(f"{record.object_name}/{record.record_key} is deleted: no new outbound work for it")
     binding = freeze_push_binding(org_id=scope.org_id, contract_key=contract_key, record=record,
                                   intent_key=key, effect_root_id=effect_root_id,
                                   effect_generation_id=effect_generation_id, successor=successor, origin=origin)

@@ -1089,7 +1089,8 @@ def _handler_binding_matches(plan: FlowExecutionPlan, step_def: dict[str, Any]) 
 
 def _exec_effect_submit(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any]) -> str:
     from nexusflow.records.models import Record
-    from nexusflow.records.services import record_lock
+    from nexusflow.records.services import record_lock_owner
+    from runtime_outbox.owner import OwnerDeleted
     from runtime_outbox.services import outbound_command_author
 
     if not _handler_binding_matches(plan, step_def):
@@ -1108,26 +1109,36 @@ def _exec_effect_submit(claim: StepClaim, plan: FlowExecutionPlan, step_def: dic
     with _step_txn():
         now = db_now()
         try:
-            # Business lock first (section 13.1), before the Flow root.
-            record = record_lock(org=OrgScope(claim.org_id), object_name=identity.trigger_object_name,
-                                 record_key=identity.record_key)
+            # Business lock first (section 13.1), before the Flow root: the record owner fence (seed 000),
+            # taken on the row live or deleted so that a committed deletion is seen, not a missing row.
+            record = record_lock_owner(org=OrgScope(claim.org_id), object_name=identity.trigger_object_name,
+                                       record_key=identity.record_key)
         except Record.DoesNotExist:
             record = None
         run, _step, attempt = _lock_fenced(claim)
-        if record is None:
-            _commit_step(claim, plan, run, attempt, now, output={"failure": reasons.TRIGGER_RECORD_DELETED},
+        scope = scope_of(run)
+        command = refusal = None
+        if record is not None:
+            try:
+                command = outbound_command_author(
+                    scope=scope, effect_root_id=effect_root_id, effect_slot_id=step_def["key"],
+                    effect_generation_id=EFFECT_GENERATION_ID, contract_key=step_def["inputs"]["contract"],
+                    record=record, origin_flow_run_id=run.pk, origin_dependency_key=None,
+                    origin={"flow_developer_name": plan.flow_api_name, "flow_action_name": step_def["key"],
+                            "flow_version_id": plan.flow_version},
+                )
+            except OwnerDeleted as exc:
+                # Definite refusal (seed 000): the step ends failed instead of retrying forever.
+                refusal = exc.code
+        if command is None:
+            output = {"failure": reasons.TRIGGER_RECORD_DELETED}
+            if refusal is not None:
+                output["refusal"] = refusal
+            _commit_step(claim, plan, run, attempt, now, output=output,
                          step_dst=t.STEP_FAILED, root_dst=t.RUN_TERMINAL_FAILED, next_key=None,
                          cause=reasons.TRIGGER_RECORD_DELETED)
             failpoints.hit(FP_BEFORE_COMMIT)
             return "failed"
-        scope = scope_of(run)
-        command = outbound_command_author(
-            scope=scope, effect_root_id=effect_root_id, effect_slot_id=step_def["key"],
-            effect_generation_id=EFFECT_GENERATION_ID, contract_key=step_def["inputs"]["contract"], record=record,
-            origin_flow_run_id=run.pk, origin_dependency_key=None,
-            origin={"flow_developer_name": plan.flow_api_name, "flow_action_name": step_def["key"],
-                    "flow_version_id": plan.flow_version},
-        )
         effect_link_insert(
             org_id=scope.org_id, app_installation_id=scope.app_installation_id,
             runtime_capability_id=scope.runtime_capability_id, binding_digest=scope.binding_digest, run=run,

@@ -20,9 +20,14 @@ A reversal is a programming error. With ``settings.NEXUS_LOCK_ORDER ==
 otherwise (production) it is logged at ERROR with the stack and counted, and
 the lock proceeds, because refusing would turn a latent deadlock risk into a
 certain outage.
+
+The one sanctioned reversal (seed 000, result commit: an intent is locked
+before the record it projects onto) is declared with :func:`result_commit`;
+it lets exactly one following business-record lock pass and nothing else.
 """
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 from dataclasses import dataclass, field
@@ -91,6 +96,13 @@ def note(lock_class: LockClass, using: str = "default", *, rank: int = 0, label:
     holder = _transaction_holder(conn)
     held = getattr(holder, "_nexus_lock_position", (0, 0, "", None))
     wanted = (int(lock_class), rank, label, _sortable(key))
+    allowance = getattr(holder, "_nexus_result_commit", None)
+    if allowance is not None:
+        # Seed 000 result commit: the intent is held; only the record it projects onto may come next.
+        holder._nexus_result_commit = None
+        if lock_class == LockClass.BUSINESS_RECORD and held[:2] == allowance:
+            holder._nexus_lock_position = wanted
+            return
     if wanted[:2] < held[:2]:
         _refuse(f"lock {LockClass(lock_class).name}/{label or rank} requested after "
                 f"{LockClass(held[0]).name}/{held[2] or held[1]}")
@@ -100,6 +112,72 @@ def note(lock_class: LockClass, using: str = "default", *, rank: int = 0, label:
         return
     if wanted[:2] > held[:2] or wanted[3] is not None:
         holder._nexus_lock_position = wanted
+
+
+@contextlib.contextmanager
+def result_commit(lock_intent: Callable[[], Any], *, using: str = "default", label: str = "OutboundCommand"):
+    """Lock a Runtime intent first, then let the one following business-record lock pass (seed 000).
+
+    Seed 000 "Result commit locks its intent before local record projection";
+    ARCHITECTURE.md section 6 names it the one sanctioned lock-order reversal.
+    Record-owner checks (deletion, identity transfer) read intents with
+    ``FOR UPDATE NOWAIT``, so they never wait in the reverse order.
+
+    Usage::
+
+        with transaction.atomic(durable=True):
+            with locks.result_commit(lambda: OutboundCommandStore.lock(org_id, pk)) as intent:
+                record = record_lock(...)    # allowed once, right after the intent
+            ...                              # the usual order from the record on
+
+    Args:
+        lock_intent: takes the intent row lock and returns the row (it may
+            call :func:`note` with the RUNTIME class).
+        using: database alias of the transaction.
+
+    Yields:
+        The locked intent row.
+
+    Raises:
+        LockOrderViolation: the transaction already holds another lock (the
+            intent must be its first lock), or anything other than a
+            business-record lock follows the intent (mode ``raise``).
+        RuntimeError: called outside a transaction.
+    """
+    conn = connections[using]
+    if not conn.in_atomic_block:
+        raise RuntimeError("result commit outside a transaction")
+    holder = _transaction_holder(conn)
+    held = getattr(holder, "_nexus_lock_position", (0, 0, "", None))
+    if held[:2] != (0, 0):
+        _refuse(f"result commit {label} requested after {LockClass(held[0]).name}/{held[2] or held[1]}: "
+                f"the intent must be the transaction's first lock")
+    row = lock_intent()
+    note(LockClass.RUNTIME, using, label=label)
+    position = getattr(holder, "_nexus_lock_position", (0, 0, "", None))
+    holder._nexus_result_commit = position[:2]
+    try:
+        yield row
+    finally:
+        # Unused or used, the allowance ends with the block: no later reversal is excused.
+        holder._nexus_result_commit = None
+
+
+def mark_held(namespace: str, key: tuple, using: str = "default") -> None:
+    """Remember that the current transaction holds the row ``(namespace, key)`` (an owner fence)."""
+    holder = _transaction_holder(connections[using])
+    held = getattr(holder, "_nexus_held_rows", None)
+    if held is None:
+        held = holder._nexus_held_rows = set()
+    held.add((namespace, tuple(key)))
+
+
+def is_held(namespace: str, key: tuple, using: str = "default") -> bool:
+    """Whether :func:`mark_held` recorded ``(namespace, key)`` in the current transaction."""
+    conn = connections[using]
+    if not conn.in_atomic_block:
+        return False
+    return (namespace, tuple(key)) in getattr(_transaction_holder(conn), "_nexus_held_rows", set())
 
 
 def _sortable(key: tuple | None):

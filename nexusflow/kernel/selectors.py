@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections import defaultdict
 
 from django.db import connections
 
@@ -18,3 +19,33 @@ def database_utc_timestamp(using: str = "default") -> dt.datetime:
         cursor.execute("SELECT UTC_TIMESTAMP(6)")
         (value,) = cursor.fetchone()
     return value
+
+
+def live_foreign_key_names(connection, table: str) -> set[str]:
+    """Names of the table's foreign key constraints (InnoDB backs each with an index of the same name)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT CONSTRAINT_NAME FROM information_schema.TABLE_CONSTRAINTS WHERE "
+                       "CONSTRAINT_SCHEMA = DATABASE() AND TABLE_NAME = %s AND CONSTRAINT_TYPE = 'FOREIGN KEY'",
+                       [table])
+        return {row[0] for row in cursor.fetchall()}
+
+
+def live_indexes(connection, table: str) -> dict[str, tuple[tuple[str, ...], bool]] | None:
+    """``{index name: ((column or "column DESC", ...), unique)}`` of ``table`` from
+    ``information_schema.STATISTICS``, columns in index order; ``None`` when the table does not exist."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT INDEX_NAME, NON_UNIQUE, COLUMN_NAME, COLLATION FROM information_schema.STATISTICS "
+            "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s ORDER BY INDEX_NAME, SEQ_IN_INDEX", [table])
+        rows = cursor.fetchall()
+        if not rows:
+            cursor.execute("SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() "
+                           "AND TABLE_NAME = %s", [table])
+            if not cursor.fetchone()[0]:
+                return None
+    columns: dict[str, list[str]] = defaultdict(list)
+    unique: dict[str, bool] = {}
+    for name, non_unique, column, collation in rows:
+        columns[name].append(f"{column} DESC" if collation == "D" else column)
+        unique[name] = not int(non_unique)
+    return {name: (tuple(cols), unique[name]) for name, cols in columns.items()}

@@ -107,6 +107,20 @@ def record_lock(*, org: OrgScope, object_name: str, record_key: str, nowait: boo
     return RecordStore.lock(org.org_id, object_name, record_key, nowait=nowait)
 
 
+def record_lock_owner(*, org: OrgScope, object_name: str, record_key: str) -> Record:
+    """Lock a record row live or deleted (the owner fence of seed 000) and return it.
+
+    Resource enqueue takes this lock so that a deletion committed while it
+    waited is seen as ``record.is_deleted`` (and refused as ``owner_deleted``)
+    rather than as a missing row.
+
+    Raises:
+        Record.DoesNotExist: no record with this identity ever existed.
+    """
+    _require_atomic()
+    return RecordStore.lock_owner(org.org_id, object_name, record_key)
+
+
 def record_update(*, org: OrgScope, record: Record, changes: dict[str, str | None]) -> RecordChange:
     """Apply ``changes`` to a locked record; run hooks when something changed.
 

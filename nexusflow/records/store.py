@@ -10,6 +10,14 @@ from nexusflow.kernel.models import insert
 from .models import Record
 
 
+#: Namespace under which a transaction remembers the records it holds (the owner fence, seed 000).
+FENCE = "records.Record"
+
+
+def fence_key(org_id: str, object_name: str, record_key: str) -> tuple[str, str, str]:
+    return (org_id, object_name, record_key)
+
+
 class RecordStore:
     @staticmethod
     def lock(org_id: str, object_name: str, record_key: str, *, nowait: bool = False) -> Record:
@@ -19,13 +27,40 @@ class RecordStore:
             Record.DoesNotExist: no such live record.
         """
         locks.note(locks.LockClass.BUSINESS_RECORD)
-        return Record.objects.select_for_update(nowait=nowait).get(
+        record = Record.objects.select_for_update(nowait=nowait).get(
             org_id=org_id, object_name=object_name, record_key=record_key, is_deleted=False
         )
+        locks.mark_held(FENCE, fence_key(org_id, object_name, record_key))
+        return record
+
+    @staticmethod
+    def lock_owner(org_id: str, object_name: str, record_key: str) -> Record:
+        """Lock one record row whether live or deleted: the owner fence of seed 000.
+
+        A committed deletion is visible here (``is_deleted``), so a caller
+        queued behind a deleting transaction sees the deletion instead of a
+        missing row.
+
+        Raises:
+            Record.DoesNotExist: no row with this identity ever existed.
+        """
+        locks.note(locks.LockClass.BUSINESS_RECORD)
+        record = Record.objects.select_for_update().get(org_id=org_id, object_name=object_name,
+                                                        record_key=record_key)
+        locks.mark_held(FENCE, fence_key(org_id, object_name, record_key))
+        return record
+
+    @staticmethod
+    def is_fenced(record: Record) -> bool:
+        """Whether the current transaction holds ``record``'s row (locked or inserted by it)."""
+        return locks.is_held(FENCE, fence_key(record.org_id, record.object_name, record.record_key))
 
     @staticmethod
     def create(**values) -> Record:
-        return insert(Record, **values)
+        record = insert(Record, **values)
+        # An inserted row is held by the inserting transaction until it ends.
+        locks.mark_held(FENCE, fence_key(record.org_id, record.object_name, record.record_key))
+        return record
 
     @staticmethod
     def soft_delete(record: Record) -> Record:
