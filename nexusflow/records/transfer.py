@@ -45,6 +45,7 @@ from connectors.links import PUSH_ACTION_TYPE, link_key_for
 from connectors.models import PackGeneration, RemoteLink
 from connectors.pushlinks import action_config_snapshot, append_link_evidence, body_fingerprint, mapping_fingerprint
 from connectors.store import RemoteLinkStore
+from nexusflow.kernel import failpoints
 from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.identity import validate_key
@@ -65,6 +66,9 @@ __all__ = [
 MERGE, CONVERT = "merge", "convert"
 #: Evidence kind of a link retired or created by a transfer.
 EVIDENCE_KIND = "transferred"
+
+#: Crash point after every write of a transfer, before its commit (rollback tests).
+FP_BEFORE_COMMIT = failpoints.declare("records.transfer.before_commit")
 
 
 class TransferError(NexusError):
@@ -230,6 +234,7 @@ def _transfer(*, org: OrgScope, kind: str, transfer_id: str, source_object: str,
             source = records[(source_object, source_key)]
             target = records.get((target_object, target_key)) if target_key is not None else None
             row = _apply(org, kind, transfer_id, digest, source, target, target_object, actor)
+            failpoints.hit(FP_BEFORE_COMMIT)
             return _result(row, created=True)
     # The same id committed while this call waited on a record lock: replay it.
     return _replay(org, stored, digest)
