@@ -318,6 +318,17 @@ def test_target_with_another_remote_id_is_an_identity_conflict(crm):
     assert not IdentityTransfer.objects.exists()
 
 
+def test_target_mapped_to_another_remote_id_by_another_slot_is_an_identity_conflict(crm):
+    source = pushed("Contact", "jan@x.io", CONTACT_CONTRACT)
+    target = create("Contact", "jan.lee@x.io")
+    webhook_link(target, "818181")  # same owner and destination, another slot and scope, another remote record
+    before = snapshot_rows()
+    with pytest.raises(TransferIdentityConflict) as conflict:
+        merge(source, target)
+    assert "818181" in str(conflict.value)
+    assert snapshot_rows() == before
+
+
 def test_suspended_source_link_is_inactive_authority(crm):
     source = pushed("Contact", "kim@x.io", CONTACT_CONTRACT)
     target = create("Contact", "kim.lee@x.io")
