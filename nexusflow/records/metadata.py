@@ -57,11 +57,13 @@ class ConversionDefinition:
     """A declared object conversion (identity transfer, seed 000 "Transfer").
 
     ``field_map`` maps a source field to the target object's field that a
-    newly created target record takes at conversion.
+    newly created target record takes at conversion; ``source_values`` are
+    the source fields set on the converted (then soft-deleted) source.
     """
 
     target_object: str
     field_map: dict[str, str]
+    source_values: dict[str, str] = dataclass_field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,8 @@ def _parse(doc: dict) -> ObjectDefinition:
             raise ValueError(f"{name}: conversion to {target} declared twice")
         conversions[target] = ConversionDefinition(target, {validate_key(k, field="conversion field"):
                                                             validate_key(v, field="conversion field")
-                                                            for k, v in c.get("field_map", {}).items()})
+                                                            for k, v in c.get("field_map", {}).items()},
+                                                   dict(c.get("source_values", {})))
     return ObjectDefinition(name, doc.get("key_prefix", "a00"), fields, mirrors, conversions)
 
 
@@ -172,6 +175,8 @@ def load_view(directory: Path) -> MetadataView:
                 if source_field not in definition.fields or target_field not in target.fields:
                     raise ValueError(f"{definition.name} -> {target.name}: conversion maps unknown field "
                                      f"{source_field!r} -> {target_field!r}")
+            for source_field, value in conversion.source_values.items():
+                definition.clean_value(source_field, value)
     digest = digest_v2("records.metadata-view", [("objects", canonical_json.dumps(docs))]).hexdigest
     return MetadataView(objects, digest)
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from connectors.links import PUSH_ACTION_TYPE, link_key_for
@@ -223,21 +223,38 @@ def _transfer(*, org: OrgScope, kind: str, transfer_id: str, source_object: str,
     stored = IdentityTransfer.objects.filter(org_id=org.org_id, transfer_id=transfer_id).first()
     if stored is not None:
         return _replay(org, stored, digest)
-    with transaction.atomic(durable=True):
-        records = _lock_records(org, [(source_object, source_key)] + (
-            [(target_object, target_key)] if target_key is not None else []))
-        stored = IdentityTransfer.objects.filter(org_id=org.org_id, transfer_id=transfer_id).first()
-        if stored is None:
-            missing = [f"{obj}/{key}" for (obj, key), record in records.items() if record is None]
-            if missing:
-                raise TransferRecordNotFound(f"no live record {', '.join(missing)}")
-            source = records[(source_object, source_key)]
-            target = records.get((target_object, target_key)) if target_key is not None else None
-            row = _apply(org, kind, transfer_id, digest, source, target, target_object, actor)
-            failpoints.hit(FP_BEFORE_COMMIT)
-            return _result(row, created=True)
-    # The same id committed while this call waited on a record lock: replay it.
-    return _replay(org, stored, digest)
+    try:
+        with transaction.atomic(durable=True):
+            return _transfer_once(org, kind, transfer_id, digest, source_object, source_key, target_object,
+                                  target_key, actor)
+    except _StoredMeanwhile:
+        pass  # the same id committed while this call waited on a record lock: replay it
+    except IntegrityError:
+        # The same id committed concurrently for other records (the fact's unique key refused the insert).
+        if not IdentityTransfer.objects.filter(org_id=org.org_id, transfer_id=transfer_id).exists():
+            raise
+    return _replay(org, IdentityTransfer.objects.get(org_id=org.org_id, transfer_id=transfer_id), digest)
+
+
+class _StoredMeanwhile(Exception):
+    pass
+
+
+def _transfer_once(org, kind, transfer_id, digest, source_object, source_key, target_object, target_key,
+                   actor) -> TransferResult:
+    """One transfer attempt inside the caller's durable transaction (see the module docstring for the order)."""
+    records = _lock_records(org, [(source_object, source_key)] + (
+        [(target_object, target_key)] if target_key is not None else []))
+    if IdentityTransfer.objects.filter(org_id=org.org_id, transfer_id=transfer_id).exists():
+        raise _StoredMeanwhile()
+    missing = [f"{obj}/{key}" for (obj, key), record in records.items() if record is None]
+    if missing:
+        raise TransferRecordNotFound(f"no live record {', '.join(missing)}")
+    source = records[(source_object, source_key)]
+    target = records.get((target_object, target_key)) if target_key is not None else None
+    row = _apply(org, kind, transfer_id, digest, source, target, target_object, actor)
+    failpoints.hit(FP_BEFORE_COMMIT)
+    return _result(row, created=True)
 
 
 def _lock_records(org: OrgScope, keys: list[tuple[str, str]]) -> dict[tuple[str, str], Record | None]:
@@ -398,6 +415,10 @@ def _apply(org: OrgScope, kind: str, transfer_id: str, digest: str, source: Reco
     for field in sorted({m.mirror_field for m in moves if m.mirror_field}):
         remote_id = next(m.link.remote_id for m in moves if m.mirror_field == field)
         record_write_mirror(org=org, record=target, field=field, value=remote_id)
+    if kind == CONVERT:
+        conversion = current_view().object(source.object_name).conversions[target_object]
+        if conversion.source_values:
+            RecordStore.write(source, fields={**source.fields, **conversion.source_values})
     RecordStore.soft_delete(source)
     return insert(IdentityTransfer, org_id=org.org_id, transfer_id=transfer_id, kind=kind, request_digest=digest,
                   source_object=source.object_name, source_record_key=source.record_key,

@@ -147,7 +147,7 @@ def test_convert_lead_creates_the_contact_holding_the_link(crm):
     contact = Record.objects.get(org_id=ORG, object_name="Contact", record_key=result.target_record_key)
     assert contact.fields == {"email": "bo@x.io", "firstname": "Bo", "lastname": "Lee"}
     assert contact.mirrors == {MIRROR: remote_id}
-    assert fresh(lead).is_deleted
+    assert fresh(lead).is_deleted and fresh(lead).fields["status"] == "converted"
     assert fresh_link(lead_link).state == "retired"
     (holder,) = active_holders(remote_id)
     assert (holder.source_object, holder.source_record_key, holder.action_slot_id) == (
@@ -254,6 +254,23 @@ def test_an_intent_locked_by_a_committing_result_is_contended_at_once(crm):
     assert contended.value.code == "owner_contended" and contended.value.retry_after_seconds > 0
     assert snapshot_rows() == before
     assert merge(source, target).created  # the retry succeeds once the result committed
+
+
+def test_the_same_transfer_racing_itself_transfers_once(crm, holds):
+    from tests.concurrency import race_behind_hold
+
+    source = pushed("Contact", "gil@x.io", CONTACT_CONTRACT)
+    target = create("Contact", "gil.lee@x.io")
+    remote_id = links(source)[0].remote_id
+
+    held, queued = race_behind_hold(holds, "records.transfer.before_commit", lambda: merge(source, target),
+                                    lambda: merge(source, target), "records_record")
+
+    assert held.error is None and queued.error is None, (held.error, queued.error)
+    assert (held.result.created, queued.result.created) == (True, False)
+    assert queued.result.moves == held.result.moves
+    assert IdentityTransfer.objects.filter(org_id=ORG).count() == 1
+    assert [lk.source_record_key for lk in active_holders(remote_id)] == [target.record_key]
 
 
 # --- S000-T-06 multiple owners -------------------------------------------------------------------------------
