@@ -396,6 +396,7 @@ def _plan(org: OrgScope, source: Record, target: Record | None, target_object: s
 
 def _apply(org: OrgScope, kind: str, transfer_id: str, digest: str, source: Record, target: Record | None,
            target_object: str, actor: str) -> IdentityTransfer:
+    """Lock links, check owner work on both records, plan every move, then write (records already locked)."""
     links = _lock_links(org.org_id, [(source.object_name, source.record_key)] + (
         [(target.object_name, target.record_key)] if target is not None else []))
     intents = {"source": owner_work_check(org_id=org.org_id, object_name=source.object_name,
