@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field as dataclass_field
 from pathlib import Path
 
 from django.conf import settings
@@ -53,11 +53,27 @@ class MirrorFieldDefinition:
 
 
 @dataclass(frozen=True)
+class ConversionDefinition:
+    """A declared object conversion (identity transfer, seed 000 "Transfer").
+
+    ``field_map`` maps a source field to the target object's field that a
+    newly created target record takes at conversion; ``source_values`` are
+    the source fields set on the converted (then soft-deleted) source.
+    """
+
+    target_object: str
+    field_map: dict[str, str]
+    source_values: dict[str, str] = dataclass_field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class ObjectDefinition:
     name: str
     key_prefix: str
     fields: dict[str, FieldDefinition]
     mirror_fields: dict[str, MirrorFieldDefinition]
+    #: ``{target object: ConversionDefinition}``: the conversions this object declares.
+    conversions: dict[str, ConversionDefinition] = dataclass_field(default_factory=dict)
 
     def clean_value(self, field: str, value: object) -> str | None:
         """Validate one field value against its definition.
@@ -118,15 +134,25 @@ def _parse(doc: dict) -> ObjectDefinition:
         m["name"]: MirrorFieldDefinition(validate_key(m["name"], field="mirror_field"), m["owner_pack"], m["push_contract"])
         for m in doc.get("mirror_fields", [])
     }
-    return ObjectDefinition(name, doc.get("key_prefix", "a00"), fields, mirrors)
+    conversions = {}
+    for c in doc.get("conversions", []):
+        target = validate_key(c["target_object"], field="conversion target_object")
+        if target in conversions:
+            raise ValueError(f"{name}: conversion to {target} declared twice")
+        conversions[target] = ConversionDefinition(target, {validate_key(k, field="conversion field"):
+                                                            validate_key(v, field="conversion field")
+                                                            for k, v in c.get("field_map", {}).items()},
+                                                   dict(c.get("source_values", {})))
+    return ObjectDefinition(name, doc.get("key_prefix", "a00"), fields, mirrors, conversions)
 
 
 def load_view(directory: Path) -> MetadataView:
     """Load every ``*.object.json`` under ``directory/objects``.
 
     Raises:
-        ValueError: duplicate object names, unreadable JSON, or a lookup field
-            that references no object of the view.
+        ValueError: duplicate object names, unreadable JSON, a lookup field
+            that references no object of the view, or a conversion naming an
+            unknown object or field.
     """
     objects: dict[str, ObjectDefinition] = {}
     docs = []
@@ -141,6 +167,16 @@ def load_view(directory: Path) -> MetadataView:
         for field in definition.fields.values():
             if field.references is not None and field.references not in objects:
                 raise ValueError(f"{definition.name}.{field.name} references unknown object {field.references!r}")
+        for conversion in definition.conversions.values():
+            target = objects.get(conversion.target_object)
+            if target is None:
+                raise ValueError(f"{definition.name} converts to unknown object {conversion.target_object!r}")
+            for source_field, target_field in conversion.field_map.items():
+                if source_field not in definition.fields or target_field not in target.fields:
+                    raise ValueError(f"{definition.name} -> {target.name}: conversion maps unknown field "
+                                     f"{source_field!r} -> {target_field!r}")
+            for source_field, value in conversion.source_values.items():
+                definition.clean_value(source_field, value)
     digest = digest_v2("records.metadata-view", [("objects", canonical_json.dumps(docs))]).hexdigest
     return MetadataView(objects, digest)
 

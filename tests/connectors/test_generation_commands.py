@@ -43,11 +43,11 @@ def _publish_credentials(tmp_path):
 def test_pack_publish_authors_immutable_generations_with_the_four_binding_kinds():
     first = _ok(["connector_pack_publish", *PACKS])
     assert "pack hubspot 1.4.0" in first and "published" in first
-    assert "1 callout_profile, 2 field_mapping, 1 inbound_route, 2 push_contract" in first
+    assert "1 callout_profile, 3 field_mapping, 1 inbound_route, 3 push_contract" in first
     assert "pack billing 1.1.0" in first and "1 callout_profile, 1 field_mapping, 1 push_contract)" in first
     again = _ok(["connector_pack_publish", *PACKS])
     assert again.count("already published") == 2
-    assert PackGeneration.objects.count() == 2 and CatalogBinding.objects.count() == 9
+    assert PackGeneration.objects.count() == 2 and CatalogBinding.objects.count() == 11
 
 
 def test_pack_publish_refuses_an_incomplete_pack(tmp_path):

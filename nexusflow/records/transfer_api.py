@@ -1,0 +1,160 @@
+"""Identity transfer REST endpoints (seed 000, "Transfer").
+
+Authenticated operators only (session or HTTP basic; staff users). The org is
+the one of the operator's ``org:<id>`` groups holding the source record,
+never a payload value.
+
+``POST /api/v2/records/<object>/<key>/merge/`` ``{"transfer_id", "target_key"}`` and
+``POST /api/v2/records/<object>/<key>/convert/`` ``{"transfer_id", "target_object", "target_key"?}``:
+
+- 201: transferred now; 200: the same transfer id and inputs, target authority still valid (nothing written);
+- 400 ``invalid_request``, ``invalid_identity``, ``transfer_invalid``, ``transfer_conversion_undeclared``;
+- 404 ``transfer_record_not_found``, ``unknown_object``;
+- 409 + ``Retry-After``: ``owner_outbound_pending``, ``owner_contended`` (retry later);
+- 409: ``transfer_mismatch``, ``transfer_identity_conflict``, ``transfer_authority_inactive``,
+  ``transfer_mirror_mismatch``, ``transfer_target_slot_missing``;
+- 503 ``temporarily_unavailable`` with ``Retry-After``.
+"""
+from __future__ import annotations
+
+from django.db import DatabaseError
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import serializers, status
+from rest_framework.authentication import BasicAuthentication, SessionAuthentication
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from connectors.replay_api import IsOperator
+from nexusflow.api_errors import error_response
+from nexusflow.kernel.admin import operator_org_ids
+from nexusflow.kernel.errors import InvalidIdentity
+from nexusflow.kernel.identity import validate_key
+from nexusflow.kernel.scope import OrgScope
+
+from .metadata import UnknownObject
+from .models import Record
+from .transfer import (
+    OwnerContended,
+    OwnerWorkPending,
+    TransferError,
+    TransferRecordNotFound,
+    record_convert,
+    record_merge,
+)
+
+UNAVAILABLE_RETRY_AFTER = "5"
+
+
+def operator_org_for_record(user, object_name: str, record_key: str) -> OrgScope:
+    """The org holding ``object_name/record_key`` (live or transferred) among the operator's orgs.
+
+    Raises:
+        InvalidIdentity: a malformed object name or key.
+        TransferRecordNotFound: no such record in the operator's orgs (or it is ambiguous).
+    """
+    validate_key(object_name, field="object", max_length=80)
+    validate_key(record_key, field="record_key", max_length=64)
+    rows = Record.objects.filter(object_name=object_name, record_key=record_key)
+    orgs = operator_org_ids(user)
+    if orgs is not None:
+        rows = rows.filter(org_id__in=sorted(orgs))
+    found = sorted(set(rows.values_list("org_id", flat=True)[:2]))
+    if len(found) != 1:
+        raise TransferRecordNotFound(f"no record {object_name}/{record_key}")
+    return OrgScope(found[0])
+
+
+def _error(exc) -> Response:
+    if isinstance(exc, (OwnerWorkPending, OwnerContended)):
+        return error_response(exc.code, str(exc), status.HTTP_409_CONFLICT,
+                              headers={"Retry-After": str(exc.retry_after_seconds)})
+    if isinstance(exc, InvalidIdentity):
+        return error_response(exc.code, str(exc), status.HTTP_400_BAD_REQUEST)
+    if isinstance(exc, UnknownObject):
+        return error_response(exc.code, str(exc), status.HTTP_404_NOT_FOUND)
+    if isinstance(exc, TransferError):
+        return error_response(exc.code, str(exc), exc.http_status)
+    raise exc
+
+
+class TransferOutputSerializer(serializers.Serializer):
+    transfer_id = serializers.CharField()
+    kind = serializers.CharField()
+    source_object = serializers.CharField()
+    source_record_key = serializers.CharField()
+    target_object = serializers.CharField()
+    target_record_key = serializers.CharField()
+    target_created = serializers.BooleanField()
+    owners = serializers.ListField(child=serializers.CharField())
+    moves = serializers.ListField(child=serializers.DictField())
+    created = serializers.BooleanField()
+
+    class Meta:
+        ref_name = "IdentityTransfer"
+
+
+_RESPONSES = {
+    201: TransferOutputSerializer, 200: TransferOutputSerializer,
+    400: OpenApiResponse(description="invalid_request | invalid_identity | transfer_invalid | "
+                                     "transfer_conversion_undeclared"),
+    404: OpenApiResponse(description="transfer_record_not_found | unknown_object"),
+    409: OpenApiResponse(description="owner_outbound_pending | owner_contended (Retry-After) | transfer_mismatch | "
+                                     "transfer_identity_conflict | transfer_authority_inactive | "
+                                     "transfer_mirror_mismatch | transfer_target_slot_missing"),
+    503: OpenApiResponse(description="temporarily_unavailable (Retry-After)"),
+}
+
+
+class _TransferApi(APIView):
+    authentication_classes = [SessionAuthentication, BasicAuthentication]
+    permission_classes = [IsOperator]
+
+    def _run(self, request, object_name: str, record_key: str, call) -> Response:
+        serializer = self.InputSerializer(data=request.data if isinstance(request.data, dict) else {})
+        if not serializer.is_valid():
+            return error_response("invalid_request", serializer.errors, status.HTTP_400_BAD_REQUEST)
+        try:
+            org = operator_org_for_record(request.user, object_name, record_key)
+            result = call(org, serializer.validated_data, request.user.get_username())
+        except (OwnerWorkPending, OwnerContended, InvalidIdentity, UnknownObject, TransferError) as exc:
+            return _error(exc)
+        except DatabaseError:
+            return error_response("temporarily_unavailable", "retry later", status.HTTP_503_SERVICE_UNAVAILABLE,
+                                  headers={"Retry-After": UNAVAILABLE_RETRY_AFTER})
+        return Response(TransferOutputSerializer(result.as_dict()).data,
+                        status=status.HTTP_201_CREATED if result.created else status.HTTP_200_OK)
+
+
+class RecordMergeApi(_TransferApi):
+    """Merge this record into another record of the same object (remote authority moves; no provider call)."""
+
+    class InputSerializer(serializers.Serializer):
+        transfer_id = serializers.CharField(max_length=120, trim_whitespace=False)
+        target_key = serializers.CharField(max_length=64, trim_whitespace=False)
+
+        class Meta:
+            ref_name = "RecordMergeInput"
+
+    @extend_schema(request=InputSerializer, responses=_RESPONSES)
+    def post(self, request, object_name: str, record_key: str):
+        return self._run(request, object_name, record_key, lambda org, values, actor: record_merge(
+            org=org, transfer_id=values["transfer_id"], object_name=object_name, source_key=record_key,
+            target_key=values["target_key"], actor=actor))
+
+
+class RecordConvertApi(_TransferApi):
+    """Convert this record into a new (or an existing) record of its declared target object."""
+
+    class InputSerializer(serializers.Serializer):
+        transfer_id = serializers.CharField(max_length=120, trim_whitespace=False)
+        target_object = serializers.CharField(max_length=80, trim_whitespace=False)
+        target_key = serializers.CharField(max_length=64, trim_whitespace=False, required=False)
+
+        class Meta:
+            ref_name = "RecordConvertInput"
+
+    @extend_schema(request=InputSerializer, responses=_RESPONSES)
+    def post(self, request, object_name: str, record_key: str):
+        return self._run(request, object_name, record_key, lambda org, values, actor: record_convert(
+            org=org, transfer_id=values["transfer_id"], source_object=object_name, source_key=record_key,
+            target_object=values["target_object"], target_key=values.get("target_key"), actor=actor))
