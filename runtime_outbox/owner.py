@@ -151,3 +151,18 @@ def owner_work_check(*, org_id: str, object_name: str, record_key: str) -> tuple
         raise OwnerWorkPending(f"{object_name}/{record_key} has unfinished outbound work: {listed}; retry once it "
                                f"completes", intents=open_)
     return intents
+
+
+def owner_before_delete(*, org, record) -> None:
+    """The installed record-deletion hook of Runtime: refuse while the record has unfinished outbound work.
+
+    Registered in ``RuntimeOutboxConfig.ready`` at stage
+    ``DELETE_STAGE_OWNER_WORK``, so it runs under the record lock before any
+    remote link is enumerated (seed 000: the first create before any link
+    exists is covered; unknown intent states block).
+
+    Raises:
+        OwnerWorkPending: a pending, accepted or unknown-state intent exists.
+        OwnerContended: an intent of the record is locked by a committing result.
+    """
+    owner_work_check(org_id=org.org_id, object_name=record.object_name, record_key=record.record_key)
