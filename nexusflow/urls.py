@@ -8,4 +8,5 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/v2/", include("connectors.urls")),
     path("api/v2/flows/", include("nexusflow.flows.urls")),
+    path("api/v2/records/", include("nexusflow.records.urls")),
 ]
