@@ -16,7 +16,7 @@ import pytest
 from django.core.management import call_command
 from django.db import transaction
 
-from connectors.egress import effect_try_finalize_one
+from connectors.egress import effect_try_dispatch_one, effect_try_finalize_one
 from connectors.models import RemoteEffect, RemoteEffectEvidence, RemoteLink
 from nexusflow.flows import transitions as t
 from nexusflow.flows.models import FlowRun, FlowWakeSignal
@@ -91,8 +91,6 @@ def test_finalize_after_runtime_completion_finishes_from_that_exact_receipt_even
         billing_sandbox):
     """The acknowledgement committed but Connector's own bookkeeping did not: it is finished from the receipt."""
     _flow_push(billing_sandbox)
-    from connectors.egress import effect_try_dispatch_one
-
     assert effect_try_dispatch_one(worker_id="w1")
     effect = RemoteEffect.objects.select_related("command").get(org_id=ORG)
     assert effect.state == "remote_confirmed"

@@ -2,18 +2,24 @@
 and the installed before-delete hooks (Runtime's owner check first, then the Connector's push links)."""
 from __future__ import annotations
 
+import json
+import threading
+
 import pytest
 from django.contrib.auth.models import Group, User
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import transaction
 
 from connectors.egress import effect_try_finalize_one
 from connectors.models import RemoteLink, RemoteLinkEvidence
 from connectors.source_deletion import links_before_source_delete
+from connectors.store import RemoteLinkStore
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.models import Record
 from nexusflow.records.services import before_delete_hooks, record_delete_by_key
 from runtime_outbox.owner import owner_before_delete
+from tests.concurrency import Worker
 from tests.conftest import ORG
 from tests.connectors.push_helpers import BILLING, contact, dispatch_one, push_env, push_link, save
 
@@ -96,13 +102,6 @@ def test_rest_delete_with_pending_outbound_work_is_409_retryable(env, operator):
 
 
 def test_rest_delete_while_a_link_is_held_is_owner_contended(env, operator):
-    from django.db import transaction
-
-    from connectors.store import RemoteLinkStore
-    from tests.concurrency import Worker
-
-    import threading
-
     record = contact()
     link = _finished(record)
     held, release = threading.Event(), threading.Event()
@@ -163,8 +162,6 @@ def test_records_command_show_and_delete_exit_codes(env, capsys):
     call_command("records", "delete", "--org", ORG, "Contact", record.record_key)
     assert "deleted Contact/" in capsys.readouterr().out
     call_command("records", "show", "--org", ORG, "Contact", record.record_key, "--json")
-    import json
-
     shown = json.loads(capsys.readouterr().out)
     assert shown["deleted"] and [i["state"] for i in shown["intents"]] == ["terminal"]
     assert [(link["state"], link["reason_code"]) for link in shown["remote_links"]] == [

@@ -31,7 +31,7 @@ from runtime_outbox.services import (
 )
 from tests.concurrency import Worker
 from tests.conftest import ORG
-from tests.connectors.push_helpers import BILLING, contact, dispatch_one, effect_of, push_env, save
+from tests.connectors.push_helpers import BILLING, contact, dispatch_one, effect_of, push_env, save, zero_backoff
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 
@@ -145,8 +145,6 @@ def test_an_attempt_that_may_have_reached_the_provider_refuses_no_effect(env):
 
 def test_exhausted_not_performed_attempts_settle_no_effect(env):
     """Every Attempt reached the provider, and every answer was a definite 'not performed'."""
-    from tests.connectors.push_helpers import zero_backoff
-
     command = save(contact(), contract=BILLING)
     env.billing.set_faults(fail_before_commit={"status": 429, "count": 1000})
     while effect_of(command).state != "no_effect":
