@@ -6,4 +6,13 @@ class ConnectorsConfig(AppConfig):
     verbose_name = "Connector V2"
 
     def ready(self) -> None:
-        from . import reasons  # noqa: F401  register the connector reason codes
+        from nexusflow.records.services import DELETE_STAGE_REMOTE_LINKS, register_before_delete
+        from runtime_outbox.services import no_effect_reasons_declare
+
+        from . import reasons
+        from .source_deletion import links_before_source_delete
+
+        # Seed 000: after Runtime's owner work check, a deleted source's push links stop being PATCH authority.
+        register_before_delete(links_before_source_delete, stage=DELETE_STAGE_REMOTE_LINKS)
+        # The definite refusals this connector may settle as a NO_EFFECT Runtime result (seed 000).
+        no_effect_reasons_declare(owner="connectors", reasons=reasons.NO_EFFECT_REASONS)

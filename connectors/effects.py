@@ -11,7 +11,9 @@ evidence or an ``uncertain`` Attempt's outcome:
   follows without a provider call);
 - ``uncertain -> no_effect``: the operator proved the provider performed
   nothing (terminal; a successor EffectGeneration may follow by a separate
-  business intent);
+  business intent). Runtime's result is ``quarantined``, not ``no_effect``:
+  the Attempt was ambiguous, so it is no definite pre-dispatch refusal
+  (seed 000 "A validated NO_EFFECT resource result");
 - ``uncertain -> prepared``: proved no effect and the frozen policy still
   permits another Attempt (``retry=True``);
 - ``prepared | uncertain -> quarantined``: parked for good by an operator.
@@ -131,7 +133,10 @@ def effect_reconcile(*, org_id: str, effect_id: int, outcome: str, actor: str, n
         evidence = append_evidence(effect, kind="operator_no_effect", actor=actor, to_state="no_effect", detail=detail)
         RemoteEffectStore.transition(org_id=org_id, pk=effect.pk, src="uncertain", dst="no_effect",
                                      version=effect.version, set_fields={"reason_code": reasons.OPERATOR_PROVED_NO_EFFECT})
-        intent_result_record(command=effect.command, outcome="no_effect", remote_id="",
+        # The effect is terminal ``no_effect`` for Connector (a successor may follow by operator intent), but an
+        # operator's proof after an ambiguous Attempt is not a definite pre-dispatch refusal: Runtime's result
+        # is ``quarantined`` (seed 000: ambiguous delivery cannot produce a NO_EFFECT receipt).
+        intent_result_record(command=effect.command, outcome="quarantined", remote_id="",
                              evidence={"reason": reasons.OPERATOR_PROVED_NO_EFFECT, "evidence_id": int(evidence.pk)})
         return EffectChange(effect_id, "uncertain", "no_effect", int(evidence.pk))
 

@@ -60,6 +60,7 @@ FP_AFTER_SENDING = failpoints.declare("permit.after_sending")
 FP_AFTER_RESPONSE = failpoints.declare("permit.after_response")
 FP_AFTER_SETTLE = failpoints.declare("effect.after_settle")
 FP_FINALIZE_INTENT_LOCKED = failpoints.declare("effect.finalize_intent_locked")
+FP_AFTER_FINALIZE = failpoints.declare("effect.after_finalize")
 
 NONTERMINAL = ("prepared", "dispatching", "uncertain", "remote_confirmed")
 #: The closed DispatchLane set (seed 002): a row with any other lane is never claimed or recovered.
@@ -830,6 +831,7 @@ def effect_try_finalize_one(*, lanes: tuple[str, ...] = KNOWN_LANES) -> bool:
     from nexusflow.records.metadata import InvalidFieldValue, UnknownField
     from nexusflow.records.models import Record
     from nexusflow.records.services import record_lock, record_write_mirror
+    from runtime_outbox.models import IntentResultReceipt
     from runtime_outbox.services import intent_result_record
     from runtime_outbox.store import OutboundCommandStore
 
@@ -863,6 +865,12 @@ def effect_try_finalize_one(*, lanes: tuple[str, ...] = KNOWN_LANES) -> bool:
         link = RemoteLink.objects.filter(org_id=effect.org_id, link_key=effect.link_key).first()
         if link is not None:
             link = RemoteLinkStore.lock(link.org_id, link.pk)
+        receipt = IntentResultReceipt.objects.filter(org_id=effect.org_id, command_id=command.pk).first()
+        if receipt is not None:
+            # Runtime already completed this intent: finish Connector's own bookkeeping from that exact
+            # receipt (seed 000 lost-response replay), whatever became of the link or the record since.
+            _finish_from_receipt(effect, link, receipt)
+            return True
         link_tuple = (link.snapshot.get("mirror_tuple") or {}) if link is not None else {}
         if record is not None and writeback["mirror_field"]:
             if link_tuple and link_tuple.get("field") != writeback["mirror_field"]:
@@ -889,7 +897,30 @@ def effect_try_finalize_one(*, lanes: tuple[str, ...] = KNOWN_LANES) -> bool:
                                      version=effect.version)
         intent_result_record(command=command, outcome="finalized", remote_id=effect.remote_id,
                              evidence={"mirror": mirror})
+    failpoints.hit(FP_AFTER_FINALIZE)
     return True
+
+
+def _finish_from_receipt(effect: RemoteEffect, link: RemoteLink | None, receipt) -> None:
+    """Close a ``remote_confirmed`` effect whose intent Runtime already completed, from that receipt only.
+
+    Seed 000: after Runtime completion, Integration finishes its private
+    bookkeeping using that exact acknowledgement even if the old link has
+    since been retired or deleted. Nothing is projected onto the record, no
+    second receipt is written and the Flow is not woken again; an evidence
+    row names the receipt used (its outcome and remote id, so an operator
+    sees any disagreement). Called with the effect (and link, if any) locked.
+    """
+    append_evidence(effect, kind="finalized_from_receipt", actor="egress", to_state="finalized",
+                    detail={"receipt": int(receipt.pk), "outcome": receipt.outcome,
+                            "receipt_remote_id": receipt.remote_id, "remote_id": effect.remote_id,
+                            "link_state": link.state if link is not None else None})
+    mirror = (receipt.evidence or {}).get("mirror")
+    if link is not None and link.state != "retired" and mirror and link.mirror_status != mirror:
+        RemoteLinkStore.touch(org_id=link.org_id, pk=link.pk, state=link.state, version=link.version,
+                              set_fields={"mirror_status": mirror})
+    RemoteEffectStore.transition(org_id=effect.org_id, pk=effect.pk, src="remote_confirmed", dst="finalized",
+                                 version=effect.version)
 
 
 # --- recovery ---------------------------------------------------------------------------

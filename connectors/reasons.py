@@ -156,6 +156,12 @@ REFUSED_BEFORE_POST = frozenset({SOURCE_DELETED_BEFORE_POST, SLOT_LINEAGE_UNRESO
                                  PRIOR_CREATE_UNRESOLVED, AUTHORITY_DENIED, ASSOCIATION_SNAPSHOT_MISSING,
                                  ASSOCIATION_TARGET_UNRESOLVED})
 
+#: Effect reasons that settle as a Runtime ``no_effect`` result (seed 000 "A validated NO_EFFECT resource
+#: result"): the frozen profile classified every Attempt's answer as a definite refusal or as not
+#: performed. An operator's proof after an ambiguous Attempt is not among them (its Runtime result is
+#: ``quarantined``), nor is any timeout, lease expiry, ambiguous or partial outcome.
+NO_EFFECT_REASONS = frozenset({DEFINITE_REFUSAL, RETRY_EXHAUSTED})
+
 #: Uncertain effects that only an operator may move on (the reconciler skips them).
 OPERATOR_ONLY_UNCERTAIN = frozenset({UNCLASSIFIED_RESPONSE, RESPONSE_ID_MISSING, REMOTE_LOCATOR_CONFLICT})
 

@@ -115,6 +115,23 @@ def owner_intents(*, org_id: str, object_name: str, record_key: str, nowait: boo
             raise OwnerContended(f"{object_name}/{record_key}: an outbound result for this record is committing "
                                  f"now; retry") from exc
         raise
+    return _with_states(org_id, commands)
+
+
+def owner_intents_read(*, org_id: str, object_name: str, record_key: str) -> tuple[OwnerIntent, ...]:
+    """Every outbound intent of the owner record with its state, read without locks (support views only).
+
+    Never decide an authority change on this read: use :func:`owner_work_check` under the owner fence.
+    """
+    from .models import OutboundCommand
+
+    commands = list(OutboundCommand.objects.filter(org_id=org_id, source_object=object_name,
+                                                   source_record_key=record_key)
+                    .order_by("id").values_list("id", "contract_key", "link_key"))
+    return _with_states(org_id, commands)
+
+
+def _with_states(org_id: str, commands) -> tuple[OwnerIntent, ...]:
     ids = [row[0] for row in commands]
     terminal = set(IntentResultReceipt.objects.filter(org_id=org_id, command_id__in=ids)
                    .values_list("command_id", flat=True))
@@ -151,3 +168,18 @@ def owner_work_check(*, org_id: str, object_name: str, record_key: str) -> tuple
         raise OwnerWorkPending(f"{object_name}/{record_key} has unfinished outbound work: {listed}; retry once it "
                                f"completes", intents=open_)
     return intents
+
+
+def owner_before_delete(*, org, record) -> None:
+    """The installed record-deletion hook of Runtime: refuse while the record has unfinished outbound work.
+
+    Registered in ``RuntimeOutboxConfig.ready`` at stage
+    ``DELETE_STAGE_OWNER_WORK``, so it runs under the record lock before any
+    remote link is enumerated (seed 000: the first create before any link
+    exists is covered; unknown intent states block).
+
+    Raises:
+        OwnerWorkPending: a pending, accepted or unknown-state intent exists.
+        OwnerContended: an intent of the record is locked by a committing result.
+    """
+    owner_work_check(org_id=org.org_id, object_name=record.object_name, record_key=record.record_key)

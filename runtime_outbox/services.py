@@ -330,13 +330,96 @@ def outbox_try_deliver_one() -> bool:
 
 
 # --- Intent results --------------------------------------------------------------
+class NoEffectUnproven(NexusError):
+    """A ``no_effect`` result was offered without proof that no remote effect can exist (seed 000)."""
+
+    code = "no_effect_unproven"
+    definite = True
+
+
+#: Reasons that can never settle as ``no_effect``, whoever declares them (seed 000: timeout, lease
+#: expiry, ambiguous delivery and partial success cannot produce that receipt).
+NO_EFFECT_NEVER = frozenset({"timeout", "lease_expired", "holder_abandoned", "response_ambiguous", "ambiguous",
+                             "unclassified_response", "partial_success", "response_id_missing"})
+
+#: ``owner -> reasons``: the definite pre-dispatch refusals each integration declares it may settle as ``no_effect``.
+_NO_EFFECT_REASONS: dict[str, frozenset[str]] = {}
+
+
+def no_effect_reasons_declare(*, owner: str, reasons) -> None:
+    """Declare the closed set of refusal reasons ``owner`` may settle as a ``no_effect`` result.
+
+    Called once from the integration's ``AppConfig.ready``. Seed 000 "A
+    validated NO_EFFECT resource result".
+
+    Raises:
+        ValueError: a reason is one that can never prove no effect (:data:`NO_EFFECT_NEVER`).
+    """
+    declared = frozenset(reasons)
+    if declared & NO_EFFECT_NEVER:
+        raise ValueError(f"{sorted(declared & NO_EFFECT_NEVER)} can never settle as no_effect")
+    _NO_EFFECT_REASONS[owner] = declared
+
+
+def no_effect_reasons() -> frozenset[str]:
+    """Every declared ``no_effect`` reason."""
+    return frozenset().union(*_NO_EFFECT_REASONS.values()) if _NO_EFFECT_REASONS else frozenset()
+
+
+def _validate_no_effect(command: OutboundCommand, remote_id: str, evidence: dict) -> None:
+    """Seed 000: only a definite refusal with nothing possibly sent may settle as ``no_effect``.
+
+    Reads only the intent's own dispatch facts, never the source record.
+    Every Attempt whose Permit reached ``sending`` (``io_may_have_started_at``
+    set) must itself have ended ``no_effect`` from a definite provider answer
+    the frozen profile classifies as not performed; an Attempt left
+    ``uncertain`` (timeout, lost response, abandoned holder) or ``confirmed``
+    refuses.
+
+    Raises:
+        NoEffectUnproven: ``remote_id`` is not empty (``no_effect_remote_id``),
+            the reason is missing or undeclared (``no_effect_reason_unknown``),
+            or I/O may have had an effect (``no_effect_unproven``).
+    """
+    from connectors.models import DispatchPermit
+
+    if remote_id:
+        raise NoEffectUnproven(f"command {command.pk}: a no_effect result proves no remote identity "
+                               f"(remote id {remote_id!r} given)", code="no_effect_remote_id")
+    reason = evidence.get("reason") if isinstance(evidence, dict) else None
+    if reason in NO_EFFECT_NEVER:
+        raise NoEffectUnproven(f"command {command.pk}: {reason} cannot prove that no effect happened")
+    if reason not in no_effect_reasons():
+        raise NoEffectUnproven(f"command {command.pk}: no_effect reason {reason!r} is not a declared definite "
+                               f"refusal", code="no_effect_reason_unknown")
+    unsettled = (DispatchPermit.objects.filter(org_id=command.org_id, attempt__effect__command_id=command.pk,
+                                               io_may_have_started_at__isnull=False)
+                 .exclude(attempt__state="no_effect", state="returned").values_list("attempt_id", flat=True)[:1])
+    if unsettled:
+        raise NoEffectUnproven(f"command {command.pk}: attempt {unsettled[0]} may have reached the provider "
+                               f"without a definite refusal")
+
+
 def intent_result_record(*, command: OutboundCommand, outcome: str, remote_id: str, evidence: dict) -> IntentResultReceipt:
     """Record the completed result of an intent inside the caller's transaction and wake its Flow.
 
-    Idempotent: an equal receipt is returned; a different one raises.
+    Idempotent: an equal receipt is returned; a different one raises. A
+    ``no_effect`` result is validated first (:func:`_validate_no_effect`,
+    seed 000 "A validated NO_EFFECT resource result"): ``remote_id`` empty,
+    ``evidence["reason"]`` a declared definite refusal, and no Attempt that
+    may have reached the provider without a definite refusal. It never reads
+    or locks the source record.
+
+    Args:
+        command: the intent.
+        outcome: ``finalized``, ``superseded``, ``no_effect`` or ``quarantined``.
+        remote_id: the remote identity the result proves (empty unless ``finalized`` / ``superseded``).
+        evidence: JSON evidence; ``{"reason": ...}`` for ``no_effect``.
 
     Raises:
         ValueError: ``outcome`` is not a completed intent outcome.
+        NoEffectUnproven: a ``no_effect`` result fails validation
+            (``no_effect_unproven``, ``no_effect_remote_id``, ``no_effect_reason_unknown``).
         IntentMismatch: a different receipt exists for the command.
     """
     if outcome not in INTENT_RESULT_OUTCOMES:
@@ -346,6 +429,8 @@ def intent_result_record(*, command: OutboundCommand, outcome: str, remote_id: s
         if (existing.outcome, existing.remote_id) != (outcome, remote_id):
             raise IntentMismatch(f"command {command.pk} already completed as {existing.outcome}")
         return existing
+    if outcome == "no_effect":
+        _validate_no_effect(command, remote_id, evidence)
     digest = digest_v2("runtime.intent-result", [
         ("command_key", command.idempotency_key), ("outcome", outcome), ("remote_id", remote_id),
         ("evidence", canonical_json.dumps(evidence))]).hexdigest

@@ -72,7 +72,7 @@ def _refuse(message: str) -> None:
 
 
 def note(lock_class: LockClass, using: str = "default", *, rank: int = 0, label: str = "",
-         key: tuple | None = None) -> None:
+         key: tuple | None = None, nowait: bool = False) -> None:
     """Record that the current transaction is about to lock rows at ``(lock_class, rank)``.
 
     Args:
@@ -88,6 +88,11 @@ def note(lock_class: LockClass, using: str = "default", *, rank: int = 0, label:
             higher key) is already held in this transaction and the order
             mode is ``raise``.
         RuntimeError: called outside a transaction (a lock would be released at once).
+
+    A ``nowait`` locking read (``FOR UPDATE NOWAIT``) below the held position
+    is allowed and leaves the position as it is: it never waits, so it cannot
+    close a wait cycle; the caller maps its refusal to a retryable conflict
+    (seed 000, the record-owner checks after a held intent).
     """
     conn = connections[using]
     if not conn.in_atomic_block:
@@ -103,6 +108,9 @@ def note(lock_class: LockClass, using: str = "default", *, rank: int = 0, label:
         if lock_class == LockClass.BUSINESS_RECORD and held[:2] == allowance:
             holder._nexus_lock_position = wanted
             return
+    if nowait and (wanted[:2] < held[:2] or (wanted[:2] == held[:2] and wanted[3] is not None
+                                             and held[3] is not None and wanted[3] < held[3])):
+        return
     if wanted[:2] < held[:2]:
         _refuse(f"lock {LockClass(lock_class).name}/{label or rank} requested after "
                 f"{LockClass(held[0]).name}/{held[2] or held[1]}")

@@ -69,7 +69,8 @@ class CasStore:
             django.db.OperationalError: ``nowait`` and the row is locked.
         """
         pk = require_id(pk, cls.model, field=f"{cls.model.__name__} pk")
-        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label, key=(org_id, int(pk)))
+        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label, key=(org_id, int(pk)),
+                   nowait=nowait)
         qs = cls.model.objects.select_for_update(nowait=nowait)
         return qs.get(org_id=org_id, pk=pk)
 

@@ -1,4 +1,4 @@
-"""Record use cases: create, update, mirror writeback, before-save and after-save hooks.
+"""Record use cases: create, update, delete, mirror writeback, before-save, after-save and before-delete hooks.
 
 Every function runs inside the caller's transaction (the application
 transaction of seed 003 "Runtime-owned result"); before-save hooks transform
@@ -14,6 +14,9 @@ from typing import Callable, Protocol
 
 from django.db import transaction
 
+from nexusflow.kernel import failpoints
+from nexusflow.kernel.errors import NexusError
+from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.scope import OrgScope
 
 from .metadata import InvalidFieldValue, UnknownField, current_view
@@ -38,8 +41,28 @@ class BeforeSaveHook(Protocol):
                  prior: dict | None, created: bool) -> dict: ...
 
 
+class BeforeDeleteHook(Protocol):
+    def __call__(self, *, org: OrgScope, record: Record) -> None: ...
+
+
 _AFTER_SAVE: list[Callable[..., None]] = []
 _BEFORE_SAVE: list[Callable[..., dict]] = []
+#: ``(stage, registration number, hook)``; run in ascending ``(stage, registration number)``.
+_BEFORE_DELETE: list[tuple[int, int, Callable[..., None]]] = []
+
+#: Before-delete stages (seed 000): Runtime's owner work check runs first, before any remote link is
+#: enumerated; the Connector's link handling runs after it. Lower stages run first.
+DELETE_STAGE_OWNER_WORK = 100
+DELETE_STAGE_REMOTE_LINKS = 200
+
+FP_DELETE_BEFORE_COMMIT = failpoints.declare("records.delete_before_commit")
+
+
+class RecordNotFound(NexusError):
+    """No live record with this identity in the org (HTTP 404)."""
+
+    code = "record_not_found"
+    definite = True
 
 
 def register_before_save(hook: BeforeSaveHook) -> None:
@@ -69,6 +92,28 @@ def register_after_save(hook: AfterSaveHook) -> None:
 def _run_hooks(org: OrgScope, record: Record, change: RecordChange) -> None:
     for hook in list(_AFTER_SAVE):
         hook(org=org, record=record, change=change)
+
+
+def register_before_delete(hook: BeforeDeleteHook, *, stage: int) -> None:
+    """Register a record-deletion lifecycle hook, run by :func:`record_delete` under the record lock.
+
+    Seed 000 ("the installed record-deletion lifecycle hook"): hooks run in
+    the deleting transaction, in ascending ``stage`` (then registration
+    order), before the row is marked deleted; raising refuses the deletion
+    and rolls it back. Use :data:`DELETE_STAGE_OWNER_WORK` for the Runtime
+    owner check and :data:`DELETE_STAGE_REMOTE_LINKS` for remote links, so the
+    order does not depend on which app is loaded first. Registering the same
+    hook again is a no-op.
+    """
+    if any(existing is hook for _stage, _n, existing in _BEFORE_DELETE):
+        return
+    _BEFORE_DELETE.append((int(stage), len(_BEFORE_DELETE), hook))
+    _BEFORE_DELETE.sort(key=lambda entry: entry[:2])
+
+
+def before_delete_hooks() -> tuple[Callable[..., None], ...]:
+    """The registered before-delete hooks in the order :func:`record_delete` runs them."""
+    return tuple(hook for _stage, _n, hook in _BEFORE_DELETE)
 
 
 def _require_atomic() -> None:
@@ -150,13 +195,59 @@ def record_update(*, org: OrgScope, record: Record, changes: dict[str, str | Non
 
 
 def record_delete(*, org: OrgScope, record: Record) -> Record:
-    """Soft-delete a locked record (no after-save hooks run; the row stays for evidence).
+    """Soft-delete a record locked by this transaction after its before-delete hooks allow it.
+
+    Seed 000: the installed hooks run here, under the record lock (the owner
+    fence), in the deleting transaction: Runtime's owner work check first,
+    then the Connector's remote-link handling (see
+    :func:`register_before_delete`). No after-save hooks run; the row stays
+    for evidence.
 
     Raises:
+        OwnerWorkPending / OwnerContended: Runtime outbound work of the record
+            is unfinished or committing (retryable; raised by the hook).
+        RuntimeError: ``record`` is not locked by this transaction.
         StaleVersion: the record moved since it was locked.
     """
     _require_atomic()
+    if record.org_id != org.org_id or not RecordStore.is_fenced(record):
+        raise RuntimeError(f"{record.object_name}/{record.record_key}: lock the record (record_lock) in the "
+                           f"deleting transaction first")
+    for hook in before_delete_hooks():
+        hook(org=org, record=record)
     return RecordStore.soft_delete(record)
+
+
+def record_delete_by_key(*, org: OrgScope, object_name: str, record_key: str) -> Record:
+    """Delete one live record in its own transaction: lock, before-delete hooks, soft delete.
+
+    The operations entry point (REST ``DELETE /api/v2/records/<object>/<key>/``
+    and ``manage.py records delete``). Seed 000 "installed record-deletion
+    lifecycle hook".
+
+    Args:
+        org: the trusted org (from authentication, never from a payload).
+        object_name / record_key: the record's canonical identity (byte-exact).
+
+    Returns:
+        The deleted record (``is_deleted`` true).
+
+    Raises:
+        InvalidIdentity: malformed ``object_name`` or ``record_key`` (before SQL).
+        RecordNotFound: no live record with this identity (``record_not_found``).
+        OwnerWorkPending: unfinished outbound work (``owner_outbound_pending``, retryable).
+        OwnerContended: a result for the record is committing (``owner_contended``, retryable).
+    """
+    validate_key(object_name, field="object", max_length=80)
+    validate_key(record_key, field="record_key", max_length=64)
+    with transaction.atomic(durable=True):
+        try:
+            record = record_lock(org=org, object_name=object_name, record_key=record_key)
+        except Record.DoesNotExist:
+            raise RecordNotFound(f"no live {object_name} record {record_key!r}") from None
+        deleted = record_delete(org=org, record=record)
+        failpoints.hit(FP_DELETE_BEFORE_COMMIT)
+        return deleted
 
 
 def record_write_mirror(*, org: OrgScope, record: Record, field: str, value: str) -> bool:

@@ -48,7 +48,8 @@ from connectors.models import (
 from connectors.serving import epoch_prepare, epoch_verify, service_configuration_apply
 from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
 from nexusflow.records.models import Record
-from nexusflow.records.services import record_create, record_delete, record_lock, record_update
+from nexusflow.records.services import record_create, record_lock, record_update
+from nexusflow.records.store import RecordStore
 from packs.hubspot.crm_sandbox import CONTACTS_PATH
 from runtime_outbox.models import OutboundCommand
 from runtime_outbox.services import outbound_command_author, outbox_try_deliver_one
@@ -147,10 +148,16 @@ def save(record: Record | str, *, contract: str = HUBSPOT, origin: dict | None =
 
 
 def delete(record: Record) -> None:
-    """Soft-delete the source record (records ``record_delete``)."""
+    """Soft-delete the source record without the deletion lifecycle hooks (``RecordStore.soft_delete``).
+
+    Seed 002's defensive paths (a source gone before POST, before writeback)
+    are tested against a deletion that did not pass Runtime's owner check: a
+    row deleted before owner protection existed. The installed deletion
+    lifecycle (``record_delete``) refuses while such work is unfinished; see
+    tests/runtime_outbox/test_owner_protection.py.
+    """
     with transaction.atomic():
-        record_delete(org=OrgScope(ORG), record=record_lock(org=OrgScope(ORG), object_name="Contact",
-                                                            record_key=record.record_key))
+        RecordStore.soft_delete(record_lock(org=OrgScope(ORG), object_name="Contact", record_key=record.record_key))
 
 
 def effect_of(command: OutboundCommand) -> RemoteEffect:

@@ -30,6 +30,7 @@ from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
 from nexusflow.records.metadata import InvalidFieldValue, load_view
 from nexusflow.records.models import Record
 from nexusflow.records.services import record_create, record_delete, record_lock, record_update
+from nexusflow.records.store import RecordStore
 from nexusflow.workers import units_for
 from packs.hubspot.crm_sandbox import COMPANIES_PATH, CONTACTS_PATH
 from runtime_outbox.models import IntentResultReceipt, OutboundCommand
@@ -395,9 +396,8 @@ def test_a_deferred_create_whose_source_is_deleted_while_it_waits_never_posts(or
     command = _author(contact, CONTACT)
     _deliver()
     assert egress.effect_try_dispatch_one(worker_id="t", lanes=DEFERRED) is False
-    with transaction.atomic():
-        record_delete(org=OrgScope(ORG), record=record_lock(org=OrgScope(ORG), object_name="Contact",
-                                                             record_key=contact.record_key))
+    with transaction.atomic():  # a deletion without the lifecycle hooks (the intent is still pending)
+        RecordStore.soft_delete(record_lock(org=OrgScope(ORG), object_name="Contact", record_key=contact.record_key))
     _push_company(acme)
     _zero_backoff()
     _work(DEFERRED)

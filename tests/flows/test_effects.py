@@ -50,8 +50,9 @@ def _customer(org, **fields):
 
 def _complete(command: OutboundCommand, outcome: str = "finalized") -> IntentResultReceipt:
     with transaction.atomic():
+        # A no_effect result needs a declared definite refusal (seed 000); this intent never had an Attempt.
         return intent_result_record(command=command, outcome=outcome, remote_id="cus_test" if outcome == "finalized"
-                                    else "", evidence={"test": outcome})
+                                    else "", evidence={"test": outcome, "reason": "definite_refusal"})
 
 
 def _step(run, key):

@@ -71,3 +71,14 @@ def test_the_intent_must_be_the_first_lock_of_the_transaction():
         with pytest.raises(LockOrderViolation, match="first lock"):
             with locks.result_commit(_intent):
                 pass
+
+
+def test_a_nowait_read_may_follow_the_owner_check_and_leaves_the_position_as_it_was():
+    """The deletion hook: the owner check holds intents (Runtime class), then its links are read ``NOWAIT``."""
+    with transaction.atomic():
+        locks.note(C.BUSINESS_RECORD, label="Record")
+        _intent()
+        locks.note(C.CONNECTOR_WORK, label="RemoteLink", key=("org", 2), nowait=True)
+        locks.note(C.CONNECTOR_WORK, label="RemoteLink", key=("org", 1), nowait=True)
+        with pytest.raises(LockOrderViolation):  # a waiting read in the same place is still a reversal
+            locks.note(C.CONNECTOR_WORK, label="RemoteLink", key=("org", 3))

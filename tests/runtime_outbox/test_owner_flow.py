@@ -3,14 +3,12 @@ with the definite ``owner_deleted`` refusal (no intent, no retry loop)."""
 from __future__ import annotations
 
 import pytest
-from django.db import transaction
 
 from nexusflow.flows import transitions as t
 from nexusflow.flows.models import FlowCheckpoint, FlowEffectLink, FlowRun, FlowStepExecution
 from nexusflow.kernel.scope import OrgScope
-from nexusflow.records.services import record_delete, record_lock
+from nexusflow.records.services import record_delete_by_key
 from runtime_outbox.models import OutboundCommand
-from runtime_outbox.owner import owner_work_check
 from tests.conftest import ORG, make_serving_org
 from tests.flows.conftest import run_until_idle, save_record
 
@@ -23,10 +21,8 @@ def test_a_submit_step_after_a_committed_deletion_fails_once_with_owner_deleted(
     org = make_serving_org(billing_sandbox.base_url)
     record = save_record(org, {"email": "ann@example.com", "firstname": "Ann", "lastname": "Lee",
                                "lifecyclestage": "customer"})
-    with transaction.atomic(durable=True):  # the deletion commits before the step runs
-        locked = record_lock(org=OrgScope(ORG), object_name=record.object_name, record_key=record.record_key)
-        owner_work_check(org_id=ORG, object_name=record.object_name, record_key=record.record_key)
-        record_delete(org=OrgScope(ORG), record=locked)
+    # The deletion (the installed lifecycle: owner work check, then soft delete) commits before the step runs.
+    record_delete_by_key(org=OrgScope(ORG), object_name=record.object_name, record_key=record.record_key)
 
     run_until_idle()
     run = FlowRun.objects.get(org_id=ORG)

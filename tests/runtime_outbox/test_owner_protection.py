@@ -7,8 +7,9 @@ owner's intents ``FOR UPDATE NOWAIT`` (``owner_work_check``) before any remote
 link. Result commit locks its intent before the record (``locks.result_commit``),
 so a deletion racing a held result commit is refused at once (``owner_contended``).
 
-The deletion here is the records use case the deletion hook wraps: lock the
-record, check Runtime owner work, soft-delete, in one transaction.
+The deletion here is the real records use case (``record_delete_by_key``):
+lock the record, run the installed before-delete hooks (Runtime's owner work
+check, then the Connector's link suspension), soft-delete, in one transaction.
 """
 from __future__ import annotations
 
@@ -22,9 +23,15 @@ from connectors.models import RemoteLink
 from nexusflow.kernel import failpoints
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.models import Record
-from nexusflow.records.services import record_delete, record_lock, record_lock_owner
+from nexusflow.records.services import (
+    FP_DELETE_BEFORE_COMMIT,
+    record_delete,
+    record_delete_by_key,
+    record_lock,
+    record_lock_owner,
+)
 from runtime_outbox.models import IntentResultReceipt, OutboundCommand
-from runtime_outbox.owner import OwnerContended, OwnerDeleted, OwnerFenceMissing, OwnerWorkPending, owner_work_check
+from runtime_outbox.owner import OwnerContended, OwnerDeleted, OwnerFenceMissing, OwnerWorkPending
 from runtime_outbox.services import outbound_command_author, outbox_try_deliver_one
 from tests.concurrency import Worker, race_behind_hold
 from tests.conftest import ORG
@@ -33,7 +40,7 @@ from tests.connectors.push_helpers import HUBSPOT, ORIGIN, SCOPE, contact, dispa
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 
 RECORD_TABLE = "records_record"
-FP_DELETE_HELD = failpoints.declare("test.owner.delete_before_commit")
+FP_DELETE_HELD = FP_DELETE_BEFORE_COMMIT
 FP_ENQUEUE_HELD = failpoints.declare("test.owner.enqueue_before_commit")
 _slots = itertools.count(1)
 
@@ -44,15 +51,13 @@ def env(billing_sandbox, hubspot_crm_sandbox):
 
 
 def _delete(record_key: str, *, fail_after: bool = False) -> Record:
-    """Delete a Contact the way the deletion lifecycle does: owner fence, owner work check, soft delete."""
+    """Delete a Contact through the installed deletion lifecycle (``record_delete_by_key``)."""
+    if not fail_after:
+        return record_delete_by_key(org=OrgScope(ORG), object_name="Contact", record_key=record_key)
     with transaction.atomic(durable=True):
-        record = record_lock(org=OrgScope(ORG), object_name="Contact", record_key=record_key)
-        owner_work_check(org_id=ORG, object_name="Contact", record_key=record_key)
-        record_delete(org=OrgScope(ORG), record=record)
-        failpoints.hit(FP_DELETE_HELD)
-        if fail_after:
-            raise RuntimeError("deletion rolled back")
-        return record
+        record_delete(org=OrgScope(ORG), record=record_lock(org=OrgScope(ORG), object_name="Contact",
+                                                             record_key=record_key))
+        raise RuntimeError("deletion rolled back")
 
 
 def _enqueue(record_key: str, slot: str | None = None, *, fail_after: bool = False) -> OutboundCommand:

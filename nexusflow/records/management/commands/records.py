@@ -1,0 +1,112 @@
+"""``manage.py records <subcommand>``: operator view and deletion of CRM records (seed 000).
+
+- ``show --org ORG OBJECT KEY [--json]``: the record's fields and mirrors, its
+  remote links, and its outbound intents with their Runtime states
+  (``pending`` / ``accepted`` / ``terminal`` / ``unknown``);
+- ``delete --org ORG OBJECT KEY``: delete through the installed lifecycle
+  (Runtime owner check, then the record's active push links are suspended
+  ``source_deleted``).
+
+Exit codes: 0 done; 75 (EX_TEMPFAIL) retryable conflict (``owner_outbound_pending``,
+``owner_contended``: retry later); 1 refused or not found (``record_not_found``);
+2 bad usage or a malformed org/object/key (``invalid_identity``). The message
+on stderr starts with the stable code.
+"""
+from __future__ import annotations
+
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from nexusflow.kernel.errors import InvalidIdentity, NexusError
+from nexusflow.kernel.identity import validate_key
+from nexusflow.kernel.scope import OrgScope
+from nexusflow.records.models import Record
+from nexusflow.records.services import RecordNotFound, record_delete_by_key
+
+EX_TEMPFAIL = 75
+
+
+def _identity(options) -> tuple[str, str, str]:
+    try:
+        return (validate_key(options["org"], field="org"),
+                validate_key(options["object_name"], field="object", max_length=80),
+                validate_key(options["record_key"], field="record_key", max_length=64))
+    except InvalidIdentity as exc:
+        raise CommandError(f"{exc.code}: {exc}", returncode=2) from exc
+
+
+def record_report(*, org_id: str, object_name: str, record_key: str) -> dict:
+    """The support view of one record (live or deleted): fields, mirrors, remote links, owner intents.
+
+    Raises:
+        RecordNotFound: no record with this identity ever existed in ``org_id``.
+    """
+    from connectors.models import RemoteLink
+    from runtime_outbox.owner import owner_intents_read
+
+    record = Record.objects.filter(org_id=org_id, object_name=object_name, record_key=record_key).first()
+    if record is None:
+        raise RecordNotFound(f"no {object_name} record {record_key!r}")
+    links = RemoteLink.objects.filter(org_id=org_id, source_object=object_name,
+                                      source_record_key=record_key).order_by("id")
+    return {
+        "record": f"{object_name}/{record_key}", "org": org_id, "version": int(record.version),
+        "deleted": bool(record.is_deleted), "fields": record.fields, "mirrors": record.mirrors,
+        "remote_links": [{"link": int(link.pk), "link_key": link.link_key, "action_type": link.action_type,
+                          "state": link.state, "reason_code": link.reason_code, "remote_id": link.remote_id}
+                         for link in links],
+        "intents": [{"command": intent.command_id, "contract_key": intent.contract_key,
+                     "link_key": intent.link_key, "state": intent.state}
+                    for intent in owner_intents_read(org_id=org_id, object_name=object_name,
+                                                     record_key=record_key)],
+    }
+
+
+class Command(BaseCommand):
+    help = "CRM record operator commands: show, delete."
+
+    def add_arguments(self, parser):
+        sub = parser.add_subparsers(dest="subcommand", required=True, metavar="{show,delete}")
+        for name, text in (("show", "Fields, mirrors, remote links and outbound intents of one record."),
+                           ("delete", "Delete one record through the installed deletion lifecycle.")):
+            op = sub.add_parser(name, help=text)
+            op.add_argument("--org", required=True)
+            op.add_argument("object_name", metavar="OBJECT")
+            op.add_argument("record_key", metavar="KEY")
+            if name == "show":
+                op.add_argument("--json", action="store_true")
+
+    def handle(self, *args, subcommand: str, **options):
+        from runtime_outbox.owner import OwnerConflict
+
+        org_id, object_name, record_key = _identity(options)
+        try:
+            if subcommand == "show":
+                report = record_report(org_id=org_id, object_name=object_name, record_key=record_key)
+                self._show(report, as_json=options["json"])
+                return
+            record = record_delete_by_key(org=OrgScope(org_id), object_name=object_name, record_key=record_key)
+        except OwnerConflict as exc:
+            raise CommandError(f"{exc.code}: {exc} (retry after {exc.retry_after_seconds} s)",
+                               returncode=EX_TEMPFAIL) from exc
+        except (RecordNotFound, NexusError) as exc:
+            raise CommandError(f"{exc.code}: {exc}", returncode=1) from exc
+        self.stdout.write(f"deleted {record.object_name}/{record.record_key} (version {record.version})")
+
+    def _show(self, report: dict, *, as_json: bool) -> None:
+        if as_json:
+            self.stdout.write(json.dumps(report, indent=2, sort_keys=True, default=str))
+            return
+        out = self.stdout.write
+        out(f"{report['record']} org {report['org']} version {report['version']}"
+            f"{' DELETED' if report['deleted'] else ''}")
+        for name, value in sorted(report["fields"].items()):
+            out(f"  field {name} = {value!r}")
+        for name, value in sorted(report["mirrors"].items()):
+            out(f"  mirror {name} = {value!r}")
+        for link in report["remote_links"]:
+            out(f"  link {link['link']} {link['action_type']} {link['state']}"
+                f"{' (' + link['reason_code'] + ')' if link['reason_code'] else ''} remote {link['remote_id']}")
+        for intent in report["intents"]:
+            out(f"  intent {intent['command']} {intent['contract_key']} {intent['state']}")
