@@ -9,4 +9,5 @@ urlpatterns = [
     path("api/v2/", include("connectors.urls")),
     path("api/v2/flows/", include("nexusflow.flows.urls")),
     path("api/v2/records/", include("nexusflow.records.transfer_urls")),
+    path("api/v2/records/", include("nexusflow.records.edit_urls")),
 ]
