@@ -146,10 +146,19 @@ class _EditApi(APIView):
         return Response(RecordEditOutputSerializer(result.as_dict()).data, status=ok_status)
 
 
+class _Text(serializers.CharField):
+    """Text as sent: a number or a boolean is refused, not coerced."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 class _FieldsField(serializers.DictField):
     def __init__(self, **kwargs):
-        super().__init__(child=serializers.CharField(allow_null=True, allow_blank=True, trim_whitespace=False),
-                         allow_empty=False, **kwargs)
+        super().__init__(child=_Text(allow_null=True, allow_blank=True, trim_whitespace=False), allow_empty=False,
+                         **kwargs)
 
 
 class RecordCreateApi(_EditApi):

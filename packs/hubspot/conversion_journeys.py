@@ -146,6 +146,14 @@ def open_intents(object_name: str, key: str) -> int:
     return len(ids) - done
 
 
+def push_in_flight(object_name: str, key: str) -> bool:
+    """Whether a PATCH/POST of the record's pushes may be at the provider now (its permit is ``sending``)."""
+    from connectors.models import DispatchPermit
+
+    return DispatchPermit.objects.filter(state="sending", attempt__effect__command__source_object=object_name,
+                                         attempt__effect__command__source_record_key=key).exists()
+
+
 def intents(object_name: str, key: str) -> int:
     from runtime_outbox.models import OutboundCommand
 
@@ -296,7 +304,7 @@ def bi_conv_01(h: Harness) -> None:
 
 
 # --- post-convert-contact-storm -----------------------------------------------------------------------------------
-STORM_DELAY_SECONDS = 2  # below the callout timeout (5 s): a PATCH is held in flight, not timed out
+STORM_DELAY_SECONDS = 3  # below the callout timeout (5 s): a PATCH is held in flight, not timed out
 WEBHOOK_ROUNDS = 4
 EDIT_THREADS, EDITS_PER_THREAD = 3, 2
 
@@ -343,7 +351,8 @@ def post_convert_contact_storm(h: Harness) -> None:
             op.edit("contact edit", "Contact", contact_key, firstname=f"Ada-{thread}-{edit}")
 
     def merge():
-        h.wait_until("the contact has a push in flight", lambda: open_intents("Contact", contact_key) > 0)
+        # The provider holds each request STORM_DELAY_SECONDS: the merge arrives while this push is at the provider.
+        h.wait_until("a push of the contact is in flight", lambda: push_in_flight("Contact", contact_key))
         response = op.until_done("merge", "POST", f"/api/v2/records/Contact/{duplicate_key}/merge/",
                                  {"transfer_id": "storm-merge", "target_key": contact_key})
         if response.status_code != 201:
