@@ -305,8 +305,8 @@ def bi_conv_01(h: Harness) -> None:
 
 # --- post-convert-contact-storm -----------------------------------------------------------------------------------
 STORM_DELAY_SECONDS = 3  # below the callout timeout (5 s): a PATCH is held in flight, not timed out
-WEBHOOK_ROUNDS = 4
-EDIT_THREADS, EDITS_PER_THREAD = 3, 2
+WEBHOOK_ROUNDS = 3
+EDIT_THREADS, EDITS_PER_THREAD = 2, 2
 
 
 def post_convert_contact_storm(h: Harness) -> None:
