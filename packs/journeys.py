@@ -49,7 +49,7 @@ from packs.demo.run import (
 
 ROOT = Path(settings.BASE_DIR)
 #: Pack modules that register journeys (imported by :func:`registry`).
-JOURNEY_MODULES = ("packs.hubspot.journeys",)
+JOURNEY_MODULES = ("packs.hubspot.journeys", "packs.hubspot.conversion_journeys")
 WORKER_ROLES = ("connector", "runtime", "flow", "egress")
 IDLE_STABLE_SECONDS = 1.5
 STALL_TIMEOUT_SECONDS = 60.0

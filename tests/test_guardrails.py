@@ -38,6 +38,7 @@ HTTP_CLIENT_ALLOWED = {
     "packs/demo/run.py": "L1 demo driver: plays the provider against a running web process",
     "packs/journeys.py": "L1 journey harness: waits for the running web process and posts webhooks to it",
     "packs/hubspot/journeys.py": "L1 journeys: seed and read the provider sandbox through its own API",
+    "packs/hubspot/conversion_journeys.py": "L1 journeys: act as an operator against the running web process",
 }
 
 

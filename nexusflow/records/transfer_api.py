@@ -26,13 +26,11 @@ from rest_framework.views import APIView
 
 from connectors.replay_api import IsOperator
 from nexusflow.api_errors import error_response
-from nexusflow.kernel.admin import operator_org_ids
 from nexusflow.kernel.errors import InvalidIdentity
-from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.scope import OrgScope
 
 from .metadata import UnknownObject
-from .models import Record
+from .selectors import operator_org_for_record
 from .transfer import (
     OwnerContended,
     OwnerWorkPending,
@@ -45,23 +43,14 @@ from .transfer import (
 UNAVAILABLE_RETRY_AFTER = "5"
 
 
-def operator_org_for_record(user, object_name: str, record_key: str) -> OrgScope:
+def _operator_org(user, object_name: str, record_key: str) -> OrgScope:
     """The org holding ``object_name/record_key`` (live or transferred) among the operator's orgs.
 
     Raises:
         InvalidIdentity: a malformed object name or key.
         TransferRecordNotFound: no such record in the operator's orgs (or it is ambiguous).
     """
-    validate_key(object_name, field="object", max_length=80)
-    validate_key(record_key, field="record_key", max_length=64)
-    rows = Record.objects.filter(object_name=object_name, record_key=record_key)
-    orgs = operator_org_ids(user)
-    if orgs is not None:
-        rows = rows.filter(org_id__in=sorted(orgs))
-    found = sorted(set(rows.values_list("org_id", flat=True)[:2]))
-    if len(found) != 1:
-        raise TransferRecordNotFound(f"no record {object_name}/{record_key}")
-    return OrgScope(found[0])
+    return operator_org_for_record(user, object_name, record_key, live=False, not_found=TransferRecordNotFound)
 
 
 def _error(exc) -> Response:
@@ -114,7 +103,7 @@ class _TransferApi(APIView):
         if not serializer.is_valid():
             return error_response("invalid_request", serializer.errors, status.HTTP_400_BAD_REQUEST)
         try:
-            org = operator_org_for_record(request.user, object_name, record_key)
+            org = _operator_org(request.user, object_name, record_key)
             result = call(org, serializer.validated_data, request.user.get_username())
         except (OwnerWorkPending, OwnerContended, InvalidIdentity, UnknownObject, TransferError) as exc:
             return _error(exc)

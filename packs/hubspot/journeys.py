@@ -37,11 +37,14 @@ CONTRACT = "hubspot.contact"
 
 
 # --- set-up ------------------------------------------------------------------------------------------------
-def stage(h: Harness) -> None:
-    """Start the CRM sandbox and configure, cut over and deploy the journey service (see module docstring)."""
+def stage(h: Harness, service_file: Path = SERVICE_FILE) -> None:
+    """Start the CRM sandbox and configure, cut over and deploy the journey service (see module docstring).
+
+    ``service_file`` is another service plan of the same shape (``journey_service.json`` by default).
+    """
     from packs.journeys import ROOT
 
-    service = json.loads(SERVICE_FILE.read_text(encoding="utf-8"))
+    service = json.loads(service_file.read_text(encoding="utf-8"))
     token, webhook_secret = "pat-journey-" + secrets.token_hex(12), secrets.token_hex(24)
     h.env["NEXUS_JOURNEY_CRM_TOKEN"], h.env["NEXUS_JOURNEY_WEBHOOK_SECRET"] = token, webhook_secret
     crm_url = h.start_sandbox("crm-sandbox", "packs.hubspot.crm_sandbox", "--token", token)

@@ -1,0 +1,123 @@
+"""Local record edits: create one record or update its fields, as an operator UI or API client does.
+
+Each call is one durable application transaction: the record row is locked
+(``FOR UPDATE NOWAIT``: an edit never queues behind a committing outbound
+result, seed 000 "Result commit locks its intent before local record
+projection"), written through the record services, and the usual before-save
+and after-save Flows run in that same transaction, so an edit and the pushes
+it triggers commit or roll back together.
+
+A row held by another transaction (a webhook application, a result commit,
+an identity transfer) is a retryable :class:`~runtime_outbox.owner.OwnerContended`;
+owner conflicts raised by the after-save automation propagate as they are.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db import OperationalError, transaction
+
+from nexusflow.kernel.identity import validate_key
+from nexusflow.kernel.scope import OrgScope
+from runtime_outbox.owner import NOWAIT_LOCK_ERRORS, OwnerContended
+
+from .metadata import InvalidFieldValue, current_view
+from .models import Record
+from .services import RecordNotFound, record_create, record_lock, record_update
+
+#: MariaDB/MySQL deadlock: the transaction was rolled back, nothing was written; retrying can succeed.
+DEADLOCK = 1213
+
+
+@dataclass(frozen=True)
+class EditResult:
+    """One committed edit: the record after it and the fields it changed (empty for a no-op update)."""
+
+    object_name: str
+    record_key: str
+    version: int
+    fields: dict
+    changed: tuple[str, ...]
+    created: bool
+
+    def as_dict(self) -> dict:
+        return {"object": self.object_name, "record_key": self.record_key, "version": self.version,
+                "fields": dict(self.fields), "changed": list(self.changed), "created": self.created}
+
+
+def _contended(exc: OperationalError, what: str) -> OwnerContended | None:
+    if exc.args and exc.args[0] in NOWAIT_LOCK_ERRORS | {DEADLOCK}:
+        return OwnerContended(f"{what} is being changed by another transaction now; retry")
+    return None
+
+
+def _check_fields(fields: object) -> dict:
+    if not isinstance(fields, dict) or not fields:
+        raise InvalidFieldValue("fields must be a non-empty object of field name to text (or null)")
+    return fields
+
+
+def record_edit_create(*, org: OrgScope, object_name: str, fields: dict[str, str | None]) -> EditResult:
+    """Create one record of ``object_name`` with ``fields``; its after-save Flows run in the same transaction.
+
+    Args:
+        org: trusted org (from authentication).
+        object_name: an object of the metadata view.
+        fields: ``{field name: text or None}`` (at least one).
+
+    Returns:
+        :class:`EditResult` (``created`` ``True``).
+
+    Raises:
+        UnknownObject: no such object.
+        UnknownField, InvalidFieldValue: a value does not fit the metadata.
+        OwnerConflict: retryable, raised by the after-save automation.
+
+    Seed 004 section 9 (record-triggered Flows run in the saving transaction).
+    """
+    current_view().object(object_name)
+    fields = _check_fields(fields)
+    try:
+        with transaction.atomic(durable=True):
+            record = record_create(org=org, object_name=object_name, values=fields)
+    except OperationalError as exc:
+        raise _contended(exc, f"a new {object_name}") or exc
+    return EditResult(object_name, record.record_key, record.version, dict(record.fields), tuple(sorted(record.fields)),
+                      True)
+
+
+def record_edit_update(*, org: OrgScope, object_name: str, record_key: str,
+                       fields: dict[str, str | None]) -> EditResult:
+    """Update fields of one live record; when something changed, its after-save Flows run in the same transaction.
+
+    Args:
+        org: trusted org (from authentication).
+        object_name / record_key: the live record.
+        fields: ``{field name: text or None}`` (at least one); unchanged values are a no-op.
+
+    Returns:
+        :class:`EditResult` (``changed`` empty for a no-op).
+
+    Raises:
+        InvalidIdentity: a malformed record key.
+        UnknownObject, RecordNotFound: no such object or live record.
+        UnknownField, InvalidFieldValue: a value does not fit the metadata.
+        OwnerContended: the record row is held by another transaction (retryable).
+        OwnerConflict: retryable, raised by the after-save automation.
+
+    Seed 000, "Transfer" (owner checks use current ``FOR UPDATE NOWAIT`` reads; contention is retryable).
+    """
+    validate_key(record_key, field="record_key", max_length=64)
+    current_view().object(object_name)
+    fields = _check_fields(fields)
+    try:
+        with transaction.atomic(durable=True):
+            try:
+                record = record_lock(org=org, object_name=object_name, record_key=record_key, nowait=True)
+            except Record.DoesNotExist:
+                raise RecordNotFound(f"no live record {object_name}/{record_key}") from None
+            change = record_update(org=org, record=record, changes=fields)
+    except OperationalError as exc:
+        raise _contended(exc, f"{object_name}/{record_key}") or exc
+    return EditResult(object_name, record.record_key, record.version, dict(record.fields),
+                      tuple(sorted(change.changed_fields)), False)
