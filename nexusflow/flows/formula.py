@@ -463,8 +463,13 @@ def _call(name: str, args: list, env: Env) -> Any:  # noqa: C901 - one table of 
     if name == "ISNEW":
         return env.is_new
     if name in ("ISCHANGED", "PRIORVALUE"):
+        # Salesforce's rules: on a record being created ISCHANGED is false and
+        # PRIORVALUE is the field's current value; on an update both compare with
+        # the value the triggering save replaced (``env.prior``).
         if args[0][0] != "ref" or env.prior is None:
             raise FormulaRuntimeError(f"{name} needs a field reference and the prior record")
+        if env.is_new:
+            return False if name == "ISCHANGED" else ev(0)
         prior = env.prior(args[0][1])
         return prior if name == "PRIORVALUE" else not _equal(prior, ev(0))
     if name == "TEXT":

@@ -156,9 +156,19 @@ class _Run:
             base = base.get(part)
         return base
 
+    def prior_value(self, ref: str) -> Any:
+        """The value ``$Record.<field>`` had before the triggering save (``None`` when it had none).
+
+        Raises:
+            FormulaRuntimeError: ``ref`` is not a field of ``$Record``.
+        """
+        head, _, name = ref.partition(".")
+        if head != "$Record" or not name or "." in name:
+            raise fx.FormulaRuntimeError(f"{ref!r}: ISCHANGED and PRIORVALUE take a field of $Record")
+        return None if self.prior is None else self.prior.get(name)
+
     def _formula(self, ast: list) -> Any:
-        env = fx.Env(resolve=self.resolve, now=self.now, is_new=self.is_new,
-                     prior=(lambda r: (self.prior or {}).get(r)))
+        env = fx.Env(resolve=self.resolve, now=self.now, is_new=self.is_new, prior=self.prior_value)
         try:
             return fx.evaluate(ast, env)
         except fx.FormulaRuntimeError as exc:
@@ -457,6 +467,11 @@ def run_graph(*, plan_payload: dict[str, Any], graph: list[dict[str, Any]], entr
         object_name: the trigger object (writes to ``$Record`` target it).
         now: the database clock of the run (``$Flow.CurrentDate``, ``NOW()``).
         reader: read access for lookups and filtered updates, ``None`` to refuse reads.
+        prior: the trigger record's field values before the triggering save
+            (``{field: text|None}``), read by ``$Record__Prior``, ``ISCHANGED``
+            and ``PRIORVALUE``; ``None`` on create or without a trigger record.
+        is_new: the triggering save created the record (``ISNEW()``; then
+            ``ISCHANGED`` is false and ``PRIORVALUE`` the current value).
         budget: element visits allowed; loops count each visit.
         fan_out_limit: the largest collection a loop or lookup may return.
         state: a previous step's exported state (variables, element results,

@@ -40,6 +40,15 @@ def retry_base_seconds() -> float:
     return _number("NEXUS_FLOW_RETRY_BASE_SECONDS", 2.0)
 
 
+#: Recursive saves one logical save may cause (README "Flows that save their own records").
+#: A save that a Flow run's own record write makes is a recursive save of the
+#: logical save that started that run: the runs it admits are one level deeper.
+#: Runs at depths 1..RECURSIVE_SAVE_LIMIT run as usual; a run one level past the
+#: bound is admitted and ends ``TerminalFailed`` / ``flow_recursion_limit``
+#: before its first element, so it writes nothing and starts no further run.
+RECURSIVE_SAVE_LIMIT = 5
+
+
 def max_attempts() -> int:
     return int(_number("NEXUS_FLOW_MAX_ATTEMPTS", 5))
 

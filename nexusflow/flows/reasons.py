@@ -23,6 +23,9 @@ STEP_RETRY_EXHAUSTED = register(
 STEP_DEFINITE_REFUSAL = register(
     "flow_step_definite_refusal", owner=OWNER, evidence=_S + "flow_attempts_for_reason",
     alert_after_seconds=3600, remediations=("reauthor_intent", "fix_pack_mapping"))
+RECURSION_LIMIT = register(
+    "flow_recursion_limit", owner=OWNER, evidence=_S + "flow_runs_with_reason",
+    alert_after_seconds=3600, remediations=("fix_flow_recursion",))
 LEASE_EXPIRY_EXHAUSTED = register(
     "flow_lease_expiry_exhausted", owner=OWNER, evidence=_S + "flow_attempts_for_reason",
     alert_after_seconds=600, remediations=("reauthor_intent",))

@@ -16,6 +16,7 @@ the step result, checkpoint and next-step pointer atomically.
 """
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 from contextlib import contextmanager
 import datetime as dt
@@ -112,6 +113,19 @@ PRODUCER_RUNTIME_INTENT = "runtime.intent_result"
 EFFECT_OWNER_KIND = "runtime.outbound_command"
 EFFECT_GENERATION_ID = "1"
 TRIGGER_CHECKPOINT_SEQUENCE = 1
+
+
+@dataclass(frozen=True)
+class _SaveOrigin:
+    """The Flow run whose record writes are being applied (the cause of the saves they make)."""
+
+    run_id: int
+    save_depth: int
+
+
+#: Set while a step applies its record writes (:func:`_apply_writes`), in the step transaction: a run
+#: admitted by one of those saves is a recursive save of the writer's logical save, one level deeper.
+_SAVE_ORIGIN: contextvars.ContextVar[_SaveOrigin | None] = contextvars.ContextVar("flow_save_origin", default=None)
 SUCCESS_OUTCOMES = frozenset({"remote_confirmed", "finalized", "superseded"})
 
 
@@ -305,7 +319,13 @@ def flow_trigger_on_record_saved(*, org: OrgScope, record, change) -> None:
 
     Runs inside the saving transaction, after the record row is written and
     locked: inserts only, no lock on any existing Flow row. Idempotent per
-    ``(org, plan, record key, record version)``.
+    ``(org, plan, record key, record version)``. The trigger snapshot freezes
+    the saved values and ``change.prior_fields`` (the values this save
+    replaced; ``None`` on create), which ``$Record__Prior``, ``ISCHANGED``
+    and ``PRIORVALUE`` read in every step. A save made by a Flow run's own
+    record write admits its runs one recursive-save level deeper than that
+    run (``save_depth``, ``triggered_by_run``; README "Flows that save their
+    own records").
 
     Raises:
         FlowAdmissionRejected: an activation for this object is bound to
@@ -334,7 +354,7 @@ def flow_trigger_on_record_saved(*, org: OrgScope, record, change) -> None:
             )
         if trigger_matches(plan.plan_payload["trigger"], object_name=record.object_name, created=change.created,
                            fields=record.fields):
-            _run_admit(org=org, plan=plan, record=record)
+            _run_admit(org=org, plan=plan, record=record, prior_fields=getattr(change, "prior_fields", None))
 
 
 def _admit_first_step(*, org: OrgScope, run: FlowRun, entry: dict[str, Any], snapshot: dict[str, Any],
@@ -356,14 +376,16 @@ def _admit_first_step(*, org: OrgScope, run: FlowRun, entry: dict[str, Any], sna
     )
 
 
-def _run_admit(*, org: OrgScope, plan: FlowExecutionPlan, record) -> FlowRun | None:
+def _run_admit(*, org: OrgScope, plan: FlowExecutionPlan, record, prior_fields: dict | None) -> FlowRun | None:
     now = db_now()
     entry = _step_def(plan, plan.plan_payload["entry_step"])
     snapshot = {
         "record": {"object": record.object_name, "record_key": record.record_key,
-                   "record_version": record.version, "fields": record.fields},
+                   "record_version": record.version, "fields": record.fields,
+                   "prior_fields": None if prior_fields is None else dict(prior_fields)},
         "cursor": entry["key"],
     }
+    origin = _SAVE_ORIGIN.get()
     try:
         with transaction.atomic():
             run = FlowRunStore.create(
@@ -372,6 +394,8 @@ def _run_admit(*, org: OrgScope, plan: FlowExecutionPlan, record) -> FlowRun | N
                 plan=plan, plan_digest=plan.plan_digest, execution_profile=plan.execution_profile,
                 execution_owner=EXECUTION_OWNER, state=t.RUN_ACCEPTED, trigger_object_name=record.object_name,
                 record_key=record.record_key, record_version=record.version, created_at=now, updated_at=now,
+                triggered_by_run_id=None if origin is None else origin.run_id,
+                save_depth=0 if origin is None else origin.save_depth + 1,
             )
             _admit_first_step(org=org, run=run, entry=entry, snapshot=snapshot, now=now)
     except IntegrityError:
@@ -882,9 +906,11 @@ def _interpret(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, An
                reader) -> tuple[Outcome, str]:
     snapshot = _trigger_snapshot(claim)
     record = {"Id": snapshot["record_key"], **snapshot["fields"]}
+    prior = snapshot.get("prior_fields")
     graph, entry = _graph_of(plan, step_def)
     outcome = run_graph(plan_payload=plan.plan_payload, graph=graph, entry=entry, record=record,
                         object_name=snapshot["object"], now=now, reader=reader, state=_input_state(claim),
+                        prior=None if prior is None else {"Id": snapshot["record_key"], **prior},
                         is_new=snapshot.get("record_version") == 1, fan_out_limit=ATOMIC_MAX_FANOUT)
     if "graph" in step_def:
         next_key = step_def.get("next")
@@ -915,8 +941,12 @@ def before_lifecycle_locks(claim: StepClaim) -> None:
     failpoints.hit(FP_AFTER_BUSINESS_LOCKS)
 
 
-def _apply_writes(claim: StepClaim, outcome: Outcome, locked: dict[tuple[str, str], Any]) -> list[dict[str, Any]]:
+def _apply_writes(claim: StepClaim, run: FlowRun, outcome: Outcome,
+                  locked: dict[tuple[str, str], Any]) -> list[dict[str, Any]]:
     """Apply the graph's record writes to the already-locked rows (seed 004 section 12.2 step 11).
+
+    The saves these writes make are recursive saves caused by ``run``: the
+    runs they admit carry ``triggered_by_run=run`` and ``run.save_depth + 1``.
 
     Raises:
         FlowExecutionError: a write does not fit the metadata (definite).
@@ -926,6 +956,7 @@ def _apply_writes(claim: StepClaim, outcome: Outcome, locked: dict[tuple[str, st
 
     org = OrgScope(claim.org_id)
     done = []
+    token = _SAVE_ORIGIN.set(_SaveOrigin(run_id=int(run.pk), save_depth=run.save_depth))
     try:
         for write in outcome.writes:
             if write.op == "update":
@@ -938,6 +969,8 @@ def _apply_writes(claim: StepClaim, outcome: Outcome, locked: dict[tuple[str, st
                 done.append({"op": "create", "object": write.object_name, "record_key": created.record_key})
     except (UnknownObject, UnknownField, InvalidFieldValue) as exc:
         raise FlowExecutionError(f"record write refused: {exc.code}", code="flow_record_write_refused") from exc
+    finally:
+        _SAVE_ORIGIN.reset(token)
     return done
 
 
@@ -1037,7 +1070,7 @@ def _exec_graph(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, A
                 raise FlowExecutionError("the record to update no longer exists", code="flow_record_missing")
         before_lifecycle_locks(claim)
         run, _step, attempt = _lock_fenced(claim)
-        writes = _apply_writes(claim, outcome, locked)
+        writes = _apply_writes(claim, run, outcome, locked)
         output: dict[str, Any] = {"next": next_key}
         if step_def.get("type") == "decisions":
             output = {"rule": outcome.rule, "next": next_key}
@@ -1051,6 +1084,28 @@ def _exec_graph(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, A
 
 #: The decision step executor of the walking slice is the generic one now.
 _exec_decision = _exec_graph
+
+
+def _exec_recursion_limited(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any]) -> str:
+    """End a run admitted past the recursive-save bound before it runs any element.
+
+    README "Flows that save their own records": a run whose ``save_depth``
+    exceeds :data:`policy.RECURSIVE_SAVE_LIMIT` takes no business lock and
+    makes no write, so it admits no further run; its step ends ``Failed`` and
+    the run ``TerminalFailed`` with ``flow_recursion_limit`` (visible in the
+    support read, ``reason_codes`` and the admin).
+    """
+    with _step_txn():
+        now = db_now()
+        run, _step, attempt = _lock_fenced(claim)
+        _commit_step(claim, plan, run, attempt, now,
+                     output={"failure": reasons.RECURSION_LIMIT, "save_depth": run.save_depth,
+                             "limit": policy.RECURSIVE_SAVE_LIMIT,
+                             "triggered_by_run": run.triggered_by_run_id},
+                     step_dst=t.STEP_FAILED, root_dst=t.RUN_TERMINAL_FAILED, next_key=None,
+                     cause=reasons.RECURSION_LIMIT)
+        failpoints.hit(FP_BEFORE_COMMIT)
+    return "failed"
 
 
 def _exec_terminal(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any]) -> str:
@@ -1287,8 +1342,11 @@ def flow_step_execute(*, claim: StepClaim) -> str:
     plan = FlowExecutionPlan.objects.get(org_id=claim.org_id, runs__pk=claim.run_id)
     step_def = _step_def(plan, claim.step_key)
     executor = EXECUTORS.get(step_def["kind"])
+    save_depth = FlowRun.objects.values_list("save_depth", flat=True).get(org_id=claim.org_id, pk=claim.run_id)
+    if save_depth > policy.RECURSIVE_SAVE_LIMIT:
+        executor = _exec_recursion_limited
     try:
-        if executor is None or step_def["kind"] != claim.step_kind:
+        if executor is None or (step_def["kind"] != claim.step_kind and executor is not _exec_recursion_limited):
             raise PlanMismatch(f"no executor for step kind {step_def['kind']!r}")
         outcome = executor(claim, plan, step_def)
     except _CommitUnknown as exc:

@@ -102,6 +102,13 @@ REMEDIATIONS: dict[str, Remediation] = {r.id: r for r in (
         "source record again so a new Flow run authors a new intent; the refused or failed fact stays terminal.",
     ),
     Remediation(
+        "fix_flow_recursion",
+        "A Flow's own record writes re-saved records past the recursive-save bound (README \"Flows that save their "
+        "own records\"). Give the Flow an entry condition or a decision so that a re-save it caused does not write "
+        "again (for example `ISCHANGED` on the fields it reacts to), deploy it (`manage.py flow_deploy`), then save "
+        "the record again; the ended run stays terminal.",
+    ),
+    Remediation(
         "resolve_prior_create",
         "Resolve the earlier quarantined create of the same link key first (operator_reconcile); only then can a "
         "new intent for that slot dispatch. The later effect stays quarantined.",

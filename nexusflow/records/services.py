@@ -26,10 +26,19 @@ from .store import RecordStore
 
 @dataclass(frozen=True)
 class RecordChange:
-    """What one save changed: ``created`` and the names of changed fields."""
+    """What one save changed.
+
+    ``created`` is true for an insert; ``changed_fields`` names the fields
+    whose value changed; ``prior_fields`` is the record's field values before
+    this save (``{name: text|None}``), ``None`` on create. After-save hooks
+    freeze ``prior_fields`` with the trigger snapshot so that ``ISCHANGED``,
+    ``PRIORVALUE`` and ``$Record__Prior`` compare against the values this
+    very save replaced (seed 004 section 9, record-triggered starts).
+    """
 
     created: bool
     changed_fields: frozenset[str]
+    prior_fields: dict | None = None
 
 
 class AfterSaveHook(Protocol):
@@ -186,7 +195,7 @@ def record_update(*, org: OrgScope, record: Record, changes: dict[str, str | Non
         cleaned = {name: definition.clean_value(name, value) for name, value in proposed.items()
                    if name in cleaned or record.fields.get(name) != value}
     changed = frozenset(name for name, value in cleaned.items() if record.fields.get(name) != value)
-    change = RecordChange(created=False, changed_fields=changed)
+    change = RecordChange(created=False, changed_fields=changed, prior_fields=dict(record.fields))
     if not changed:
         return change
     RecordStore.write(record, fields={**record.fields, **cleaned})
