@@ -2070,7 +2070,9 @@ def flow_run_support_read(*, org: OrgScope, run_id: FlowRun.Id | int, include_de
         "delete_requested_at": ts(run.delete_requested_at), "started_at": ts(run.started_at),
         "completed_at": ts(run.completed_at), "trigger": {"object": run.trigger_object_name,
                                                           "record_key": run.record_key,
-                                                          "record_version": run.record_version},
+                                                          "record_version": run.record_version,
+                                                          "save_depth": run.save_depth,
+                                                          "triggered_by_run_id": run.triggered_by_run_id},
         "steps": steps, "dependencies": dependencies, "effects": effects,
     }
 

@@ -112,11 +112,15 @@ def before_save_mark_if_changed(field: str) -> bytes:
 
 
 def self_updating() -> bytes:
-    """After-save on update, no entry condition: appends "x" to ``lastname`` of its own trigger record every run."""
+    """After-save on update, no entry condition: flips its own trigger record's ``lastname`` (A <-> B) every run.
+
+    Every run changes the value, so every run re-saves the record; the value
+    never grows, so nothing but the recursion bound stops the chain.
+    """
     return fx.flow(
-        formula("Longer", "String", "{!$Record.lastname} & \"x\""),
-        update_trigger("Grow", None, ("lastname", "<elementReference>Longer</elementReference>")),
-        start=fx.start("Grow", trigger="RecordAfterSave", rtt="Update"),
+        formula("Flipped", "String", 'IF({!$Record.lastname} = "A", "B", "A")'),
+        update_trigger("Flip", None, ("lastname", "<elementReference>Flipped</elementReference>")),
+        start=fx.start("Flip", trigger="RecordAfterSave", rtt="Update"),
     )
 
 

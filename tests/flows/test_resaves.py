@@ -85,10 +85,10 @@ def test_after_save_ischanged_priorvalue_and_record_prior_see_the_values_the_sav
     _update(org, contact, {"lastname": "Renamed"})  # the email did not change
     run = _drive_newest(org, contact)
     assert run.state == t.RUN_SUCCEEDED, run.reason_code
-    trigger = FlowCheckpoint.objects.get(run=run, sequence=1).context_payload["record"]
-    assert trigger["prior_fields"] == {"email": "a@example.com", "lastname": "Start"}
     assert _fields(contact) == {"email": "a@example.com", "firstname": "unchanged", "lastname": "a@example.com",
                                 "lifecyclestage": "a@example.com"}
+    trigger = FlowCheckpoint.objects.get(run=run, sequence=1).context_payload["record"]
+    assert trigger["prior_fields"] == {"email": "a@example.com", "lastname": "Start"}
 
     _update(org, contact, {"email": "b@example.com"})
     run = _drive_newest(org, contact)
@@ -116,15 +116,15 @@ def test_after_save_on_create_sees_no_change_and_no_prior_record(org):
     contact = _create(org, CONTACT, {"email": "a@example.com"})
     run = _drive_newest(org, contact)
     assert run.state == t.RUN_SUCCEEDED, run.reason_code
-    assert FlowCheckpoint.objects.get(run=run, sequence=1).context_payload["record"]["prior_fields"] is None
     # Salesforce's rules on create: ISCHANGED is false, PRIORVALUE is the current value.
     assert _fields(contact) == {"email": "a@example.com", "firstname": "unchanged", "lastname": "a@example.com",
                                 "lifecyclestage": "create"}
+    assert FlowCheckpoint.objects.get(run=run, sequence=1).context_payload["record"]["prior_fields"] is None
 
 
 # --- 2. a Flow that updates its own trigger record ----------------------------------------------------
 def test_a_flow_that_rewrites_its_own_record_stops_at_the_recursion_bound_on_real_workers(org):
-    flow_deploy(org=org, source=rf.self_updating(), flow_api_name="Grow_Lastname")
+    flow_deploy(org=org, source=rf.self_updating(), flow_api_name="Flip_Lastname")
     contact = _create(org, CONTACT, {"lastname": "L"})
     _update(org, contact, {"lastname": "M"})
     [origin] = _runs(org, contact)
@@ -143,8 +143,8 @@ def test_a_flow_that_rewrites_its_own_record_stops_at_the_recursion_bound_on_rea
     assert (last.state, last.reason_code, last.legacy_status) == (t.RUN_TERMINAL_FAILED, "flow_recursion_limit", "Error")
     step = FlowStepExecution.objects.get(run=last)
     assert (step.state, step.reason_code) == (t.STEP_FAILED, "flow_recursion_limit")
-    # The ended run wrote nothing: the record grew once per run that ran.
-    assert _fields(contact)["lastname"] == "M" + "x" * (limit + 1)
+    # The ended run wrote nothing: the value flipped once per run that ran (M -> A -> B -> ...).
+    assert _fields(contact)["lastname"] == "AB"[limit % 2]
     assert not FlowRun.objects.filter(org_id=org.org_id).exclude(
         state__in=(t.RUN_SUCCEEDED, t.RUN_TERMINAL_FAILED)).exists()
 
