@@ -463,7 +463,7 @@ def _call(name: str, args: list, env: Env) -> Any:  # noqa: C901 - one table of 
     if name == "ISNEW":
         return env.is_new
     if name in ("ISCHANGED", "PRIORVALUE"):
-        # Salesforce's rules: on a record being created ISCHANGED is false and
+        # The Flow language's rules: on a record being created ISCHANGED is false and
         # PRIORVALUE is the field's current value; on an update both compare with
         # the value the triggering save replaced (``env.prior``).
         if args[0][0] != "ref" or env.prior is None:
