@@ -19,7 +19,7 @@ $(STAMP): requirements.txt
 	@touch $(STAMP)
 
 db: venv
-	@bash scripts/ensure_mariadb.sh
+	@bash scripts/ensure_mariadb.sh $(PY)
 	@$(PY) scripts/create_databases.py
 	$(PY) manage.py migrate --noinput --verbosity 0
 	$(PY) manage.py migrate --noinput --verbosity 0 --database control

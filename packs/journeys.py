@@ -317,6 +317,15 @@ def _print_text(report: dict) -> None:
               + (f": {check['detail']}" if check.get("detail") else ""))
 
 
+def journey_database_names(main: str) -> tuple[str, str]:
+    """A journey run's own (main, control) databases for the main database name ``main``.
+
+    ``(<main>_journey, <main>_journey_control)``; ``make db`` grants them
+    (``scripts/create_databases.py``).
+    """
+    return f"{main}_journey", f"{main}_journey_control"
+
+
 def run_journey(name: str, *, as_json: bool = False, report_out: dict | None = None) -> int:
     """Run one journey end to end; return the exit code (0 pass, 1 a check failed, 2 could not run).
 
@@ -332,7 +341,7 @@ def run_journey(name: str, *, as_json: bool = False, report_out: dict | None = N
         return 2
     say = (lambda *a: print(*a, file=sys.stderr)) if as_json else print
     cfg = settings.DATABASES["default"]
-    databases = (f"{cfg['NAME']}_journey", f"{cfg['NAME']}_journey_control")
+    databases = journey_database_names(cfg["NAME"])
     run_dir = ROOT / "var" / "journeys" / name
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)

@@ -78,6 +78,15 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def demo_database_names(main: str) -> tuple[str, str]:
+    """The demo's own (main, control) databases for the main database name ``main``.
+
+    ``(<main>_demo, <main>_demo_control)``; ``make db`` grants them
+    (``scripts/create_databases.py``).
+    """
+    return f"{main}_demo", f"{main}_demo_control"
+
+
 def web_server_argv(port: int, *, workers: int) -> list[str]:
     """The web server's command line: gunicorn on ``127.0.0.1:port`` with ``workers`` processes of 4 threads.
 
@@ -448,7 +457,7 @@ def run_demo(*, events: str | None, as_json: bool, dump_path: str | None, keep_l
         print(f"demo: cannot read events file {events_path}: {exc}", file=sys.stderr)
         return 2
     cfg = settings.DATABASES["default"]
-    main_db, control_db = f"{cfg['NAME']}_demo", f"{cfg['NAME']}_demo_control"
+    main_db, control_db = demo_database_names(cfg["NAME"])
     run_dir = ROOT / "var" / "demo"
     run_dir.mkdir(parents=True, exist_ok=True)
     for old in run_dir.glob("*.log"):
