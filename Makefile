@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.requirements.stamp
 
-.PHONY: venv db test demo chaos bench clean
+.PHONY: venv db static test demo chaos bench clean
 
 venv: $(STAMP)
 
@@ -19,28 +19,32 @@ $(STAMP): requirements.txt
 	@touch $(STAMP)
 
 db: venv
-	@bash scripts/ensure_mariadb.sh
+	@bash scripts/ensure_mariadb.sh $(PY)
 	@$(PY) scripts/create_databases.py
 	$(PY) manage.py migrate --noinput --verbosity 0
 	$(PY) manage.py migrate --noinput --verbosity 0 --database control
 
-test: venv db
+# The admin's and the API docs' assets, gathered into STATIC_ROOT (var/static) for the web server (WhiteNoise).
+static: venv
+	$(PY) manage.py collectstatic --noinput --verbosity 0
+
+test: venv db static
 	@$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
-demo: venv db
+demo: venv db static
 	$(PY) manage.py demo $(DEMO_ARGS)
 
-chaos: venv db
+chaos: venv db static
 	$(PY) -m pytest -p no:cacheprovider -m chaos --run-chaos $(PYTEST_ARGS)
 
 # The chaos demo (README "What `make chaos-demo` does") with a fixed seed (override: make chaos-demo CHAOS_SEED=N).
 CHAOS_SEED ?= 7
 .PHONY: chaos-demo
-chaos-demo: venv db
+chaos-demo: venv db static
 	$(PY) manage.py demo --chaos $(CHAOS_SEED) $(DEMO_ARGS)
 
-bench: venv db
+bench: venv db static
 	$(PY) -m pytest -p no:cacheprovider -m bench --run-bench $(PYTEST_ARGS)
 
 clean:

@@ -61,6 +61,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_q",
     "nexusflow.kernel",
     "nexusflow.records",
@@ -73,6 +74,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -102,6 +104,14 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 TIME_ZONE = "UTC"
 STATIC_URL = "static/"
+#: Where ``manage.py collectstatic`` gathers every app's assets (admin, API docs) and where the web process
+#: (WhiteNoise, right after SecurityMiddleware) serves them from; ``var/`` is not versioned.
+STATIC_ROOT = Path(os.environ.get("NEXUS_STATIC_ROOT", BASE_DIR / "var" / "static"))
+#: Compressed copies (gzip) are written at collectstatic; no manifest, so rendering a page never needs one.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
 
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -110,7 +120,9 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
     "EXCEPTION_HANDLER": "nexusflow.api_errors.exception_handler",
 }
-SPECTACULAR_SETTINGS = {"TITLE": "NexusFlow API", "VERSION": "2.0.0"}
+#: ``/api/docs/`` (Swagger UI) loads its assets from the local static files (sidecar package), never a CDN.
+SPECTACULAR_SETTINGS = {"TITLE": "NexusFlow API", "VERSION": "2.0.0", "SWAGGER_UI_DIST": "SIDECAR",
+                        "SWAGGER_UI_FAVICON_HREF": "SIDECAR"}
 
 Q_CLUSTER = {"name": "nexusflow", "orm": "default", "workers": 1, "timeout": 60, "retry": 120}
 

@@ -5,7 +5,8 @@ live under ``packs/<pack>/journeys.py``; :data:`JOURNEY_MODULES` lists the
 modules) and run with ``manage.py journeys run <name> [--json]``. Each run:
 
 1. drops and recreates its own databases ``<main>_journey`` and
-   ``<main>_journey_control`` and migrates them;
+   ``<main>_journey_control`` and migrates them (and collects the static
+   files the web server serves);
 2. calls the journey's ``stage`` (the pack's set-up: start the provider
    sandbox process, publish packs, credentials and the service configuration,
    ``cutover greenfield``, ``flow_deploy``) through :class:`Harness` helpers;
@@ -45,6 +46,7 @@ from packs.demo.run import (
     _use_database,
     _wait_http,
     _work_counts,
+    web_server_argv,
 )
 
 ROOT = Path(settings.BASE_DIR)
@@ -187,9 +189,7 @@ class Harness:
         """Start gunicorn and one ``run_workers`` process per role of :data:`WORKER_ROLES`; wait for health."""
         port = _free_port()
         self.web_base = f"http://127.0.0.1:{port}"
-        self.procs.start("web", [sys.executable, "-m", "gunicorn", "nexusflow.wsgi:application", "--bind",
-                                 f"127.0.0.1:{port}", "--workers", "1", "--threads", "4", "--timeout", "60"],
-                         self.env, self.run_dir)
+        self.procs.start("web", web_server_argv(port, workers=1), self.env, self.run_dir)
         for index, role in enumerate(WORKER_ROLES):
             self.procs.start(f"worker-{role}-{index}", [sys.executable, "manage.py", "run_workers", "--role", role],
                              self.env, self.run_dir)
@@ -317,6 +317,15 @@ def _print_text(report: dict) -> None:
               + (f": {check['detail']}" if check.get("detail") else ""))
 
 
+def journey_database_names(main: str) -> tuple[str, str]:
+    """A journey run's own (main, control) databases for the main database name ``main``.
+
+    ``(<main>_journey, <main>_journey_control)``; ``make db`` grants them
+    (``scripts/create_databases.py``).
+    """
+    return f"{main}_journey", f"{main}_journey_control"
+
+
 def run_journey(name: str, *, as_json: bool = False, report_out: dict | None = None) -> int:
     """Run one journey end to end; return the exit code (0 pass, 1 a check failed, 2 could not run).
 
@@ -332,7 +341,7 @@ def run_journey(name: str, *, as_json: bool = False, report_out: dict | None = N
         return 2
     say = (lambda *a: print(*a, file=sys.stderr)) if as_json else print
     cfg = settings.DATABASES["default"]
-    databases = (f"{cfg['NAME']}_journey", f"{cfg['NAME']}_journey_control")
+    databases = journey_database_names(cfg["NAME"])
     run_dir = ROOT / "var" / "journeys" / name
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
@@ -353,7 +362,8 @@ def run_journey(name: str, *, as_json: bool = False, report_out: dict | None = N
         started = time.monotonic()
         say(f"journey {name}: recreating databases {', '.join(databases)}")
         _recreate_databases(cfg, list(databases))
-        harness.manage_all(["migrate", "--noinput", "-v0"], ["migrate", "--noinput", "-v0", "--database", "control"])
+        harness.manage_all(["migrate", "--noinput", "-v0"], ["migrate", "--noinput", "-v0", "--database", "control"],
+                           ["collectstatic", "--noinput", "-v0"])
         say(f"journey {name}: migrated in {time.monotonic() - started:.1f} s")
         journey.stage(harness)
         harness.start_web_and_workers()

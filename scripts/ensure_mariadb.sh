@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
 # Make sure a MariaDB server runs on 127.0.0.1:3306 and that the `nexus` user
-# and the NexusFlow databases exist. Idempotent. Works where root logs in over
-# TCP with an empty password and where root authenticates only through the unix
-# socket (Debian's default).
+# may create the databases the settings name (NEXUS_DB_URL / NEXUS_CONTROL_DB_URL)
+# and those the project derives from them (scripts/create_databases.py says which).
+# Idempotent. Works where root logs in over TCP with an empty password and where
+# root authenticates only through the unix socket (Debian's default).
+#
+# usage: ensure_mariadb.sh [PYTHON]   (default .venv/bin/python; make db passes its own)
 set -euo pipefail
 
 HOST=127.0.0.1
 PORT=3306
+cd "$(dirname "$0")/.."
+PY=${1:-.venv/bin/python}
+NAMES=scripts/create_databases.py
 
 log() { printf 'db: %s\n' "$*" >&2; }
+
+# A database name outside the rule is refused before anything is installed or granted (exit 2).
+"$PY" "$NAMES" --check-names || exit $?
 
 as_root() {
   # Run a privileged command, through sudo when we are not root.
@@ -38,22 +47,16 @@ if ! server_up; then
   server_up || { log "MariaDB did not come up on $HOST:$PORT"; exit 1; }
 fi
 
+if "$PY" "$NAMES" --check-access 2>/dev/null; then
+  exit 0
+fi
+GRANTS=$("$PY" "$NAMES" --grant-sql) || exit $?
 SQL="
 CREATE USER IF NOT EXISTS 'nexus'@'127.0.0.1' IDENTIFIED BY 'nexus';
 CREATE USER IF NOT EXISTS 'nexus'@'localhost' IDENTIFIED BY 'nexus';
-GRANT ALL PRIVILEGES ON \`nexusflow%\`.* TO 'nexus'@'127.0.0.1';
-GRANT ALL PRIVILEGES ON \`nexusflow%\`.* TO 'nexus'@'localhost';
-GRANT ALL PRIVILEGES ON \`test\\_nexusflow%\`.* TO 'nexus'@'127.0.0.1';
-GRANT ALL PRIVILEGES ON \`test\\_nexusflow%\`.* TO 'nexus'@'localhost';
-CREATE DATABASE IF NOT EXISTS nexusflow CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci;
-CREATE DATABASE IF NOT EXISTS nexusflow_control CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci;
+$GRANTS
 FLUSH PRIVILEGES;
 "
-
-if mysql --connect-timeout=3 -h "$HOST" -P "$PORT" -u nexus -pnexus -e "SELECT 1" nexusflow_control >/dev/null 2>&1 \
-   && mysql -h "$HOST" -P "$PORT" -u nexus -pnexus -e "SELECT 1" nexusflow >/dev/null 2>&1; then
-  exit 0
-fi
 
 if mysql --connect-timeout=3 -h "$HOST" -P "$PORT" -u root -e "SELECT 1" >/dev/null 2>&1; then
   log "configuring the nexus user over TCP as root"

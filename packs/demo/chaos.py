@@ -275,11 +275,11 @@ class ChaosSupervisor:
         self.disarmed = False
         self.resent_requests = 0  # set by the caller from its ResendingPoster
         self.started = time.monotonic()
+        from packs.demo.run import web_server_argv
+
         py = sys.executable
         self.slots = {
-            "web": _Slot("web", "web", [py, "-m", "gunicorn", "nexusflow.wsgi:application", "--bind",
-                                        f"127.0.0.1:{web_port}", "--workers", "2", "--threads", "4",
-                                        "--timeout", "60"]),
+            "web": _Slot("web", "web", web_server_argv(web_port, workers=2)),
             "connector": _Slot("connector", "worker-connector-0", [py, "manage.py", "run_workers", "--role",
                                                                   "connector"]),
             "runtime": _Slot("runtime", "worker-runtime-2", [py, "manage.py", "run_workers", "--role", "runtime"]),

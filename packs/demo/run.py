@@ -78,6 +78,25 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def demo_database_names(main: str) -> tuple[str, str]:
+    """The demo's own (main, control) databases for the main database name ``main``.
+
+    ``(<main>_demo, <main>_demo_control)``; ``make db`` grants them
+    (``scripts/create_databases.py``).
+    """
+    return f"{main}_demo", f"{main}_demo_control"
+
+
+def web_server_argv(port: int, *, workers: int) -> list[str]:
+    """The web server's command line: gunicorn on ``127.0.0.1:port`` with ``workers`` processes of 4 threads.
+
+    It serves the API, the admin and (WhiteNoise) the static files collected
+    into ``STATIC_ROOT``; the demo, its chaos run and the journeys start it.
+    """
+    return [sys.executable, "-m", "gunicorn", "nexusflow.wsgi:application", "--bind", f"127.0.0.1:{port}",
+            "--workers", str(workers), "--threads", "4", "--timeout", "60"]
+
+
 def _db_url(cfg: dict, name: str) -> str:
     return f"mysql://{cfg['USER']}:{cfg['PASSWORD']}@{cfg['HOST'] or '127.0.0.1'}:{cfg['PORT'] or 3306}/{name}"
 
@@ -438,7 +457,7 @@ def run_demo(*, events: str | None, as_json: bool, dump_path: str | None, keep_l
         print(f"demo: cannot read events file {events_path}: {exc}", file=sys.stderr)
         return 2
     cfg = settings.DATABASES["default"]
-    main_db, control_db = f"{cfg['NAME']}_demo", f"{cfg['NAME']}_demo_control"
+    main_db, control_db = demo_database_names(cfg["NAME"])
     run_dir = ROOT / "var" / "demo"
     run_dir.mkdir(parents=True, exist_ok=True)
     for old in run_dir.glob("*.log"):
@@ -463,6 +482,7 @@ def run_demo(*, events: str | None, as_json: bool, dump_path: str | None, keep_l
         _recreate_databases(cfg, [main_db, control_db])
         _manage(["migrate", "--noinput", "-v0"], env)
         _manage(["migrate", "--noinput", "-v0", "--database", "control"], env)
+        _manage(["collectstatic", "--noinput", "-v0"], env)  # the web process serves the admin's assets (WhiteNoise)
         port_file = run_dir / "billing.port"
         port_file.unlink(missing_ok=True)
         procs.start("billing-sandbox", [sys.executable, "-m", "packs.billing.sandbox", "--port", "0",
@@ -490,9 +510,7 @@ def run_demo(*, events: str | None, as_json: bool, dump_path: str | None, keep_l
         ingress = service["ingress"]
         url = f"{base}/api/v2/ingress/{ingress['account_key']}/{ingress['channel']}/"
         if chaos is None:
-            procs.start("web", [sys.executable, "-m", "gunicorn", "nexusflow.wsgi:application", "--bind",
-                                f"127.0.0.1:{web_port}", "--workers", "2", "--threads", "4", "--timeout", "60"],
-                        env, run_dir)
+            procs.start("web", web_server_argv(web_port, workers=2), env, run_dir)
             for index, role in enumerate(WORKER_ROLES):
                 procs.start(f"worker-{role}-{index}", [sys.executable, "manage.py", "run_workers", "--role", role],
                             env, run_dir)
