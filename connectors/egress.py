@@ -40,6 +40,7 @@ from .models import (
     RemoteEffectEvidence,
     RemoteLink,
 )
+from .packs import REMOTE_ID_PLACEHOLDER
 from .selectors import head_of_lane_prepared
 from .serving import CredentialUnavailable, NotServing, resolve_frozen_secret, serving_lock
 from .store import (
@@ -451,6 +452,15 @@ def _plan_update(effect: RemoteEffect, binding: dict, contract: dict, link: Remo
     if link.state != "active":
         _quarantine(effect, reasons.LINK_NOT_PATCHABLE)
         return None
+    template = contract["update"]["path"]
+    if template.count(REMOTE_ID_PLACEHOLDER) != 1:
+        # The route cannot name the linked record (a generation published before publication refused
+        # such routes): the update would reach whatever the body or the route chose, not the link's id.
+        append_evidence(effect, kind="refused_before_patch", actor="egress", to_state="quarantined",
+                        detail={"reason": reasons.LINK_NOT_PATCHABLE, "update_path": template,
+                                "link_key": link.link_key})
+        _quarantine(effect, reasons.LINK_NOT_PATCHABLE)
+        return None
     current = _current_action_config(effect, binding, contract)
     drift = patch_drift(link, current)
     if link.remote_scope != effect_remote_scope(effect, binding):
@@ -484,7 +494,7 @@ def _plan_update(effect: RemoteEffect, binding: dict, contract: dict, link: Remo
     except InvalidIdentity:
         _quarantine(effect, reasons.LINK_NOT_PATCHABLE)
         return None
-    return contract["update"]["path"].replace("{remote_id}", urllib.parse.quote(remote_id, safe=""))
+    return template.replace(REMOTE_ID_PLACEHOLDER, urllib.parse.quote(remote_id, safe=""))
 
 
 def _quarantine(effect: RemoteEffect, reason: str) -> None:

@@ -80,9 +80,11 @@ def validate_pack_document(doc: dict, path: Path | str) -> None:
     Raises:
         PackError: a missing or non-canonical key, an incomplete route, callout
             profile or push contract, an unsupported auth or ordering contract,
-            an invalid association block (see :func:`validate_associations`) or
+            an invalid association block (see :func:`validate_associations`),
             an invalid ``create_conflict_recovery`` block (see
-            :func:`connectors.conflict_recovery.validate`).
+            :func:`connectors.conflict_recovery.validate`), or a push contract
+            whose routes or mapping could choose the remote record instead of
+            its RemoteLink (see :func:`validate_remote_identity`).
     """
     if not isinstance(doc, dict):
         raise PackError(f"{path}: a pack is a JSON object")
@@ -131,6 +133,7 @@ def validate_pack_document(doc: dict, path: Path | str) -> None:
             raise PackError(f"{path}: push contract {contract['contract_key']}: target_object must be text")
         try:
             validate_conflict_recovery(contract)
+            validate_remote_identity(contract)
         except ValueError as exc:
             raise PackError(f"{path}: {exc}") from exc
     for profile in doc.get("callout_profiles", []):
@@ -257,6 +260,67 @@ def validate_associations(contracts: list[dict]) -> None:
 
     for node in sorted(edges):
         visit(node)
+
+
+def _route(contract: dict, operation: str) -> str:
+    route = contract[operation]
+    name = f"push contract {contract['contract_key']}: {operation}"
+    if not isinstance(route, dict) or not isinstance(route.get("method"), str) or not route["method"]:
+        raise ValueError(f"{name} must be an object with a method and a path")
+    path = route.get("path")
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise ValueError(f"{name}.path must be a text starting with '/'")
+    return path
+
+
+def validate_remote_identity(contract: dict) -> None:
+    """Check that a push contract leaves the choice of remote record to its RemoteLink alone.
+
+    Seed 002 "Source Of Truth" (the PATCH target is the RemoteLink's remote
+    id; route templates are pack-owned, never sourced from record fields) and
+    seed 003 "Required proof" (field ownership cannot influence remote
+    identity selection). Checked at publication, so no served contract can
+    break it:
+
+    - ``create.path`` holds no ``{...}`` placeholder: before a create there
+      is no remote id, and nothing of the record may name one;
+    - ``update.path`` holds :data:`REMOTE_ID_PLACEHOLDER` exactly once and no
+      other placeholder: the update names exactly the linked remote record;
+    - no ``mapping`` target names the provider's id property: the
+      ``response_id_path`` (where the provider answers the remote id), that
+      path inside the ``body_wrap`` object, or the path's last segment (the
+      property's name). A mapped record field would otherwise pick or
+      overwrite the remote identity.
+
+    Args:
+        contract: one push contract of a pack document (its required keys present).
+
+    Raises:
+        ValueError: a route that is not ``{"method", "path"}`` with a path
+            starting with ``/``, a placeholder in the create path, an update
+            path without exactly one ``{remote_id}`` or with another
+            placeholder, or a mapping target on the id property.
+    """
+    name = f"push contract {contract['contract_key']}"
+    create, update = _route(contract, "create"), _route(contract, "update")
+    if "{" in create or "}" in create:
+        raise ValueError(f"{name}: create.path {create!r} holds a placeholder; a create names no remote record")
+    if update.count(REMOTE_ID_PLACEHOLDER) != 1 or "{" in update.replace(REMOTE_ID_PLACEHOLDER, "") \
+            or "}" in update.replace(REMOTE_ID_PLACEHOLDER, ""):
+        raise ValueError(f"{name}: update.path {update!r} must hold {REMOTE_ID_PLACEHOLDER!r} exactly once and no "
+                         f"other placeholder: the update names the linked remote record, nothing else")
+    id_path = contract["response_id_path"]
+    if not isinstance(id_path, str) or not id_path or any(not part for part in id_path.split(".")):
+        raise ValueError(f"{name}: response_id_path must be a non-empty dotted JSON path")
+    wrap = contract.get("body_wrap")
+    for entry in contract["mapping"] if isinstance(contract["mapping"], list) else ():
+        target = entry.get("target") if isinstance(entry, dict) else None
+        if not isinstance(target, str):
+            continue
+        position = f"{wrap}.{target}" if wrap else target
+        if id_path in (target, position) or target == id_path.rsplit(".", 1)[-1]:
+            raise ValueError(f"{name}: mapping target {target!r} names the provider's id property "
+                             f"(response_id_path {id_path!r}); the remote identity comes only from the RemoteLink")
 
 
 def _validate_drift_contract(drift) -> None:
