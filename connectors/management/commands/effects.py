@@ -6,7 +6,7 @@ Seed 003 "Outbound facts", "State machines", "Replay and external effects".
   newest first, each with its reason code and that code's severity class (``benign``: an expected,
   recorded outcome such as an older version superseded by a newer one; ``attention``: an operator must
   look); ``--class`` keeps the effects whose code is of that class (the state is shown as stored);
-- ``show EFFECT --org ORG [--json]``: the effect, its frozen binding summary,
+- ``show EFFECT --org ORG [--json]``: the effect (state, reason code and class), its frozen binding summary,
   Attempts, Permits and reconciliation evidence (never secret bytes);
 - ``reconcile EFFECT --org ORG (--confirmed REMOTE_ID | --no-effect [--retry]) --actor A --note N``:
   append operator evidence and resolve an ``uncertain`` effect;
@@ -145,7 +145,7 @@ class Command(BaseCommand):
         if json:
             self.stdout.write(_dumps(doc))
             return
-        reason = f" ({doc['reason_code']}, {doc['reason_class']})" if doc["reason_code"] else ""
+        reason = f" ({doc['reason_code']})  class={doc['reason_class']}" if doc["reason_code"] else ""
         self.stdout.write(f"effect {doc['effect']}: {doc['state']}{reason}  command {doc['command']} "
                           f"generation {doc['effect_generation']}  lane {doc['dispatch_lane']}")
         self.stdout.write(f"  {doc['account']}/{doc['contract']}  record {doc['record']}  "
