@@ -360,7 +360,6 @@ def _local_state(service: dict) -> dict[str, dict[str, Any]]:
 
 def _summary(service: dict, results: list, remote: dict, expected: dict, counts: dict) -> tuple[dict, list[str], dict]:
     from connectors.models import Event, Execution, ReceiptComponent, RemoteEffect, RemoteLink
-
     from nexusflow.kernel.reasons import BENIGN, codes_of_class
 
     push = service["push"]
