@@ -1,21 +1,22 @@
 """Read-only support views for every Connector fact."""
 from django.contrib import admin
 
-from nexusflow.kernel.admin import ReadOnlyAdmin
+from nexusflow.kernel.admin import ReadOnlyAdmin, ReasonClassFilter
 
 from . import models
 
 
 @admin.register(models.AccountServingGate)
 class AccountServingGateAdmin(ReadOnlyAdmin):
-    list_display = ("account_key", "org_id", "state", "reason_code", "fence_token", "epoch", "updated_at")
-    list_filter = ("state", "reason_code")
+    list_display = ("account_key", "org_id", "state", "reason_code", "reason_class", "fence_token", "epoch",
+                    "updated_at")
+    list_filter = ("state", "reason_code", ReasonClassFilter)
 
 
 @admin.register(models.ServingEpoch)
 class ServingEpochAdmin(ReadOnlyAdmin):
-    list_display = ("id", "org_id", "state", "reason_code", "digest", "activated_at")
-    list_filter = ("state", "reason_code")
+    list_display = ("id", "org_id", "state", "reason_code", "reason_class", "digest", "activated_at")
+    list_filter = ("state", "reason_code", ReasonClassFilter)
 
 
 @admin.register(models.Receipt)
@@ -26,8 +27,8 @@ class ReceiptAdmin(ReadOnlyAdmin):
 
 @admin.register(models.ReceiptComponent)
 class ReceiptComponentAdmin(ReadOnlyAdmin):
-    list_display = ("receipt", "ordinal", "disposition", "reason_code", "event")
-    list_filter = ("disposition", "reason_code")
+    list_display = ("receipt", "ordinal", "disposition", "reason_code", "reason_class", "event")
+    list_filter = ("disposition", "reason_code", ReasonClassFilter)
 
 
 @admin.register(models.Event)
@@ -38,8 +39,8 @@ class EventAdmin(ReadOnlyAdmin):
 
 @admin.register(models.Execution)
 class ExecutionAdmin(ReadOnlyAdmin):
-    list_display = ("id", "org_id", "state", "reason_code", "lane", "command_id", "updated_at")
-    list_filter = ("state", "reason_code")
+    list_display = ("id", "org_id", "state", "reason_code", "reason_class", "lane", "command_id", "updated_at")
+    list_filter = ("state", "reason_code", ReasonClassFilter)
 
 
 @admin.register(models.OrderingLane)
@@ -49,9 +50,9 @@ class OrderingLaneAdmin(ReadOnlyAdmin):
 
 @admin.register(models.ProjectionWindow)
 class ProjectionWindowAdmin(ReadOnlyAdmin):
-    list_display = ("id", "org_id", "account_key", "route_key", "policy", "state", "reason_code", "member_count",
-                    "close_at", "opened_at")
-    list_filter = ("state", "policy", "reason_code")
+    list_display = ("id", "org_id", "account_key", "route_key", "policy", "state", "reason_code", "reason_class",
+                    "member_count", "close_at", "opened_at")
+    list_filter = ("state", "policy", "reason_code", ReasonClassFilter)
 
 
 @admin.register(models.ExecutionDependency)
@@ -68,9 +69,9 @@ class OrderingHandoffAdmin(ReadOnlyAdmin):
 
 @admin.register(models.RemoteEffect)
 class RemoteEffectAdmin(ReadOnlyAdmin):
-    list_display = ("id", "org_id", "contract_key", "state", "reason_code", "dispatch_lane", "attempt_count",
-                    "attempt_ordinal", "create_slot", "remote_id", "updated_at")
-    list_filter = ("state", "reason_code", "dispatch_lane")
+    list_display = ("id", "org_id", "contract_key", "state", "reason_code", "reason_class", "dispatch_lane",
+                    "attempt_count", "attempt_ordinal", "create_slot", "remote_id", "updated_at")
+    list_filter = ("state", "reason_code", ReasonClassFilter, "dispatch_lane")
     search_fields = ("link_key", "remote_id")
 
 
@@ -88,15 +89,15 @@ class DispatchPermitAdmin(ReadOnlyAdmin):
 
 @admin.register(models.CredentialGenerationDispatchGate)
 class CredentialGenerationDispatchGateAdmin(ReadOnlyAdmin):
-    list_display = ("id", "org_id", "credential_generation", "state", "reason_code", "fence_token")
-    list_filter = ("state", "reason_code")
+    list_display = ("id", "org_id", "credential_generation", "state", "reason_code", "reason_class", "fence_token")
+    list_filter = ("state", "reason_code", ReasonClassFilter)
 
 
 @admin.register(models.RemoteLink)
 class RemoteLinkAdmin(ReadOnlyAdmin):
     list_display = ("id", "source_object", "source_record_key", "destination_slot_id", "remote_id", "state",
-                    "reason_code", "last_validated_install_id", "mirror_status", "last_pushed_version")
-    list_filter = ("state", "reason_code", "action_type")
+                    "reason_code", "reason_class", "last_validated_install_id", "mirror_status", "last_pushed_version")
+    list_filter = ("state", "reason_code", ReasonClassFilter, "action_type")
     search_fields = ("remote_id", "source_record_key")
 
 

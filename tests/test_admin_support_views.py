@@ -50,3 +50,50 @@ def test_an_operator_finds_the_support_views_on_the_admin_index(client):
     assert index.status_code == 200
     assert b"/admin/connectors/accountservinggate/" in index.content
     assert b"/admin/flows/" in index.content
+
+
+def _lists_reason_codes(model) -> bool:
+    return any(f.name == "reason_code" for f in model._meta.concrete_fields)
+
+
+def test_every_view_that_lists_reason_codes_shows_and_filters_their_class():
+    from nexusflow.kernel.admin import ReasonClassFilter
+
+    listing = [m for m in MODELS if _lists_reason_codes(m)]
+    assert {m._meta.label for m in listing} >= {"connectors.RemoteEffect", "connectors.Execution", "flows.FlowRun"}
+    for model in listing:
+        model_admin = admin.site._registry[model]
+        assert "reason_class" in model_admin.list_display, model._meta.label
+        assert ReasonClassFilter in model_admin.list_filter, model._meta.label
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "control"])
+def test_the_remote_effect_view_filters_by_reason_class_and_keeps_the_stored_state(client):
+    from connectors.models import RemoteEffect
+    from connectors.reasons import OPERATOR_QUARANTINE, SUPERSEDED_BY_NEWER_VERSION
+    from tests.kernel import rows
+
+    superseded = rows.make(RemoteEffect, org_id="org-a", state="quarantined", version=1,
+                           reason_code=SUPERSEDED_BY_NEWER_VERSION)
+    parked = rows.make(RemoteEffect, org_id="org-a", state="quarantined", version=1, reason_code=OPERATOR_QUARANTINE)
+    done = rows.make(RemoteEffect, org_id="org-a", state="finalized", version=1)
+    client.force_login(User.objects.create_superuser("root", password="pw"))
+    url = "/admin/connectors/remoteeffect/"
+
+    def listed(query: str) -> set[int]:
+        response = client.get(url + query)
+        assert response.status_code == 200, query
+        assert b"reason class" in response.content
+        return {obj.pk for obj in response.context["cl"].result_list}
+
+    assert listed("") == {superseded.pk, parked.pk, done.pk}
+    assert listed("?reason_class=attention") == {parked.pk}
+    assert listed("?reason_class=benign") == {superseded.pk}
+    assert listed("?state=quarantined&reason_class=benign") == {superseded.pk}  # still quarantined
+    page = client.get(url + "?reason_class=benign").content.decode()
+    assert "attention: an operator must look" in page and "benign: expected outcome" in page
+    assert page.count('<td class="field-reason_class">benign</td>') == 1
+    everything = client.get(url).content.decode()
+    assert everything.count('<td class="field-reason_class">attention</td>') == 1
+    assert everything.count('<td class="field-reason_class">-</td>') == 1
+    assert client.get(url + "?reason_class=severe").url == url + "?e=1"

@@ -1,7 +1,7 @@
 """Read-only support views for every Flow Runtime model (CONVENTIONS.md "Admin")."""
 from django.contrib import admin
 
-from nexusflow.kernel.admin import ReadOnlyAdmin
+from nexusflow.kernel.admin import ReadOnlyAdmin, ReasonClassFilter
 
 from .models import (
     FlowActionCatalogGeneration,
@@ -50,16 +50,17 @@ class FlowRunAdmin(ReadOnlyAdmin):
     """The run support page (seed 004 section 19): canonical state, legacy projection, soft delete."""
 
     list_display = ("id", "org_id", "plan", "state", "legacy_status", "trigger_object_name", "record_key",
-                    "record_version", "save_depth", "triggered_by_run", "reason_code", "is_deleted", "updated_at")
-    list_filter = ("state", "legacy_status", "reason_code", "save_depth", "is_deleted")
+                    "record_version", "save_depth", "triggered_by_run", "reason_code", "reason_class", "is_deleted",
+                    "updated_at")
+    list_filter = ("state", "legacy_status", "reason_code", ReasonClassFilter, "save_depth", "is_deleted")
     search_fields = ("record_key",)
 
 
 @admin.register(FlowStepExecution)
 class FlowStepExecutionAdmin(ReadOnlyAdmin):
-    list_display = ("id", "org_id", "run", "plan_step_key", "step_kind", "state", "reason_code", "attempt_count",
-                    "lease_owner", "lease_expires_at")
-    list_filter = ("state", "reason_code", "step_kind")
+    list_display = ("id", "org_id", "run", "plan_step_key", "step_kind", "state", "reason_code", "reason_class",
+                    "attempt_count", "lease_owner", "lease_expires_at")
+    list_filter = ("state", "reason_code", ReasonClassFilter, "step_kind")
     search_fields = ("plan_step_key",)
 
 
@@ -78,8 +79,8 @@ class FlowCheckpointAdmin(ReadOnlyAdmin):
 @admin.register(FlowDependency)
 class FlowDependencyAdmin(ReadOnlyAdmin):
     list_display = ("id", "org_id", "run", "step", "producer_kind", "dependency_key", "state", "reason_code",
-                    "deadline")
-    list_filter = ("state", "reason_code", "producer_kind")
+                    "reason_class", "deadline")
+    list_filter = ("state", "reason_code", ReasonClassFilter, "producer_kind")
     search_fields = ("dependency_key",)
 
 

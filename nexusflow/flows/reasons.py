@@ -4,8 +4,11 @@ A run in ``TerminalFailed`` or ``Quarantined`` stores one of these in
 ``FlowRun.reason_code`` (seed 004's TerminalCauseCode); the step that ended it
 stores the same code in ``FlowStepExecution.reason_code``. The handler's own
 error code stays in ``FlowStepAttempt.safe_error_code`` as evidence.
+
+Severity classes: TRIGGER_RECORD_DELETED and STEP_DEFINITE_REFUSAL are ``benign``
+(an expected, recorded end of the run); every other code is ``attention``.
 """
-from nexusflow.kernel.reasons import register
+from nexusflow.kernel.reasons import ATTENTION, BENIGN, register
 
 OWNER = "flows"
 _S = "nexusflow.flows.selectors."
@@ -13,46 +16,49 @@ _S = "nexusflow.flows.selectors."
 # --- TerminalFailed ------------------------------------------------------------
 TRIGGER_RECORD_DELETED = register(
     "flow_trigger_record_deleted", owner=OWNER, evidence=_S + "flow_runs_with_reason",
-    alert_after_seconds=0, remediations=("none",))
+    severity_class=BENIGN, alert_after_seconds=0, remediations=("none",))
 EFFECT_NO_EFFECT = register(
     "flow_effect_no_effect", owner=OWNER, evidence=_S + "flow_effect_links_for_reason",
-    alert_after_seconds=3600, remediations=("reauthor_intent",))
+    severity_class=ATTENTION, alert_after_seconds=3600, remediations=("reauthor_intent",))
 STEP_RETRY_EXHAUSTED = register(
     "flow_step_retry_exhausted", owner=OWNER, evidence=_S + "flow_attempts_for_reason",
-    alert_after_seconds=3600, remediations=("reauthor_intent",))
+    severity_class=ATTENTION, alert_after_seconds=3600, remediations=("reauthor_intent",))
+#: The step's handler declared a definite refusal (e.g. a push whose mapping produced no body): the run ends
+#: TerminalFailed as an expected, recorded outcome, so the code is benign and raises no alert; the remediations
+#: are optional follow-ups when the business still wants the effect.
 STEP_DEFINITE_REFUSAL = register(
     "flow_step_definite_refusal", owner=OWNER, evidence=_S + "flow_attempts_for_reason",
-    alert_after_seconds=3600, remediations=("reauthor_intent", "fix_pack_mapping"))
+    severity_class=BENIGN, alert_after_seconds=0, remediations=("reauthor_intent", "fix_pack_mapping"))
 RECURSION_LIMIT = register(
     "flow_recursion_limit", owner=OWNER, evidence=_S + "flow_runs_with_reason",
-    alert_after_seconds=3600, remediations=("fix_flow_recursion",))
+    severity_class=ATTENTION, alert_after_seconds=3600, remediations=("fix_flow_recursion",))
 LEASE_EXPIRY_EXHAUSTED = register(
     "flow_lease_expiry_exhausted", owner=OWNER, evidence=_S + "flow_attempts_for_reason",
-    alert_after_seconds=600, remediations=("reauthor_intent",))
+    severity_class=ATTENTION, alert_after_seconds=600, remediations=("reauthor_intent",))
 
 # --- Quarantined ---------------------------------------------------------------
 EFFECT_QUARANTINED = register(
     "flow_effect_quarantined", owner=OWNER, evidence=_S + "flow_effect_links_for_reason",
-    alert_after_seconds=900, remediations=("operator_reconcile",))
+    severity_class=ATTENTION, alert_after_seconds=900, remediations=("operator_reconcile",))
 EFFECT_RECEIPT_MISSING = register(
     "flow_effect_receipt_missing", owner=OWNER, evidence=_S + "flow_effect_links_for_reason",
-    alert_after_seconds=300, remediations=("inspect_invariant",))
+    severity_class=ATTENTION, alert_after_seconds=300, remediations=("inspect_invariant",))
 RECOVERY_COMMIT_EVIDENCE = register(
     "flow_recovery_commit_evidence", owner=OWNER, evidence=_S + "flow_checkpoints_for_reason",
-    alert_after_seconds=60, remediations=("inspect_invariant",))
+    severity_class=ATTENTION, alert_after_seconds=60, remediations=("inspect_invariant",))
 HANDLER_BINDING_MISMATCH = register(
     "flow_handler_binding_mismatch", owner=OWNER, evidence=_S + "flow_runs_with_reason",
-    alert_after_seconds=600, remediations=("reauthor_intent",))
+    severity_class=ATTENTION, alert_after_seconds=600, remediations=("reauthor_intent",))
 # --- added with the complete executor (seed 004 sections 5.2, 12.2 and 13.3) ------
 STEP_EXECUTION_ERROR = register(
     "flow_step_execution_error", owner=OWNER, evidence=_S + "flow_attempts_for_reason",
-    alert_after_seconds=3600, remediations=("reauthor_intent",))
+    severity_class=ATTENTION, alert_after_seconds=3600, remediations=("reauthor_intent",))
 LOCK_PLAN_EXCEEDED = register(
     "flow_lock_plan_exceeded", owner=OWNER, evidence=_S + "flow_attempts_for_reason",
-    alert_after_seconds=3600, remediations=("reauthor_intent",))
+    severity_class=ATTENTION, alert_after_seconds=3600, remediations=("reauthor_intent",))
 COMMIT_UNKNOWN = register(
     "flow_commit_unknown", owner=OWNER, evidence=_S + "flow_attempts_for_reason",
-    alert_after_seconds=300, remediations=("inspect_invariant",))
+    severity_class=ATTENTION, alert_after_seconds=300, remediations=("inspect_invariant",))
 ROLLBACK_UNKNOWN = register(
     "flow_rollback_unknown", owner=OWNER, evidence=_S + "flow_attempts_for_reason",
-    alert_after_seconds=300, remediations=("inspect_invariant",))
+    severity_class=ATTENTION, alert_after_seconds=300, remediations=("inspect_invariant",))

@@ -2,10 +2,45 @@
 
 No add, change or delete; every field read-only; no actions. Operators see
 the orgs of their ``org:<org_id>`` groups; superusers see every org.
+
+Every support view that lists ``reason_code`` also lists the code's severity
+class (:meth:`ReadOnlyAdmin.reason_class`) and filters by it
+(:class:`ReasonClassFilter`): ``attention`` keeps the rows an operator must
+look at, ``benign`` the expected, recorded outcomes; the state filter still
+shows every row in its stored state.
 """
 from __future__ import annotations
 
 from django.contrib import admin
+from django.contrib.admin.options import IncorrectLookupParameters
+
+from .reasons import BENIGN, SEVERITY_CLASSES, codes_of_class, load_all_reasons
+
+
+class ReasonClassFilter(admin.SimpleListFilter):
+    """Admin list filter ``?reason_class=benign|attention``: rows whose ``reason_code`` is of that class.
+
+    Rows without a code match neither class. Raises
+    ``IncorrectLookupParameters`` (the admin answers with its error page
+    redirect, ``?e=1``) for any other value. ARCHITECTURE.md section 6,
+    "Reason codes".
+    """
+
+    title = "reason class"
+    parameter_name = "reason_class"
+
+    def lookups(self, request, model_admin):
+        return [(name, f"{name}: expected outcome" if name == BENIGN else f"{name}: an operator must look")
+                for name in SEVERITY_CLASSES]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value is None:
+            return queryset
+        if value not in SEVERITY_CLASSES:
+            raise IncorrectLookupParameters(f"reason_class must be one of {list(SEVERITY_CLASSES)}")
+        load_all_reasons()
+        return queryset.filter(reason_code__in=sorted(codes_of_class(value)))
 
 
 def operator_org_ids(user) -> set[str] | None:
@@ -37,6 +72,15 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     def has_module_permission(self, request):
         # Staff operators read every support view: the admin index lists them.
         return request.user.is_active and request.user.is_staff
+
+    @admin.display(description="reason class")
+    def reason_class(self, obj) -> str:
+        """The severity class of ``obj.reason_code`` (``benign`` / ``attention``), ``-`` without a code."""
+        code = getattr(obj, "reason_code", "")
+        if not code:
+            return "-"
+        reason = load_all_reasons().get(code)
+        return reason.severity_class if reason else "-"
 
     def get_queryset(self, request):
         qs = super().get_queryset(request)

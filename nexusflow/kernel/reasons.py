@@ -10,6 +10,14 @@ section 6, "Reason codes").
   generation, reopens a terminal fact or invents an unlisted transition.
 - Each app registers its own codes in ``<app>/reasons.py`` with
   :func:`register` and refers to them through the module's constants.
+- Every code has a severity class (:data:`SEVERITY_CLASSES`): ``benign`` for
+  an expected, recorded outcome that needs no operator (superseded by a newer
+  version or position, a declared definite refusal recorded as expected, a
+  run whose trigger record was deleted); ``attention`` when an operator must
+  look (quarantine for a mismatch, retries exhausted, uncertainty, drift,
+  authority denied, halts). The class never changes a row's state: a
+  ``quarantined`` row with a benign code is still quarantined; operators and
+  the demo count only ``attention`` codes as trouble.
 - :func:`require` is the write-side check the CAS store runs before SQL.
 """
 from __future__ import annotations
@@ -159,6 +167,14 @@ REMEDIATIONS: dict[str, Remediation] = {r.id: r for r in (
 )}
 
 
+#: An expected, recorded outcome: no operator action, no alert (``alert_after_seconds == 0``).
+BENIGN = "benign"
+#: An operator must look: the code alerts after its deadline (``alert_after_seconds > 0``).
+ATTENTION = "attention"
+#: The closed severity classes, in display order.
+SEVERITY_CLASSES: tuple[str, ...] = (BENIGN, ATTENTION)
+
+
 @dataclass(frozen=True, slots=True)
 class ReasonCode:
     """One closed reason code.
@@ -169,14 +185,18 @@ class ReasonCode:
         evidence: dotted path of a selector in ``<owner app>.selectors``; it is
             called as ``selector(org_id=..., reason_code=code)`` and returns the
             org-scoped rows an operator reads as evidence.
+        severity_class: ``"benign"`` (an expected, recorded outcome) or
+            ``"attention"`` (an operator must look); see :data:`SEVERITY_CLASSES`.
         alert_after_seconds: seconds a row may carry the code before it alerts;
-            ``0`` means benign (no alert).
-        remediations: non-empty tuple of ids from :data:`REMEDIATIONS`.
+            ``0`` for a benign code (no alert), ``> 0`` for an attention code.
+        remediations: non-empty tuple of ids from :data:`REMEDIATIONS`; for a
+            benign code they are optional follow-ups (or just ``"none"``).
     """
 
     code: str
     owner: str
     evidence: str
+    severity_class: str
     alert_after_seconds: int
     remediations: tuple[str, ...]
 
@@ -188,7 +208,7 @@ class ReasonCode:
 REASONS: dict[str, ReasonCode] = {}
 
 
-def register(code: str, *, owner: str, evidence: str, alert_after_seconds: int,
+def register(code: str, *, owner: str, evidence: str, severity_class: str, alert_after_seconds: int,
              remediations: tuple[str, ...]) -> str:
     """Register ``code`` for ``owner`` and return the code (for a module constant).
 
@@ -196,11 +216,16 @@ def register(code: str, *, owner: str, evidence: str, alert_after_seconds: int,
         code: lower snake case, 3-64 characters.
         owner: app label, e.g. ``"connectors"``.
         evidence: dotted path of the evidence selector, ``<module>.selectors.<function>``.
-        alert_after_seconds: int >= 0; 0 = benign, no alert.
-        remediations: non-empty tuple of :data:`REMEDIATIONS` ids.
+        severity_class: required, ``"benign"`` or ``"attention"`` (:data:`SEVERITY_CLASSES`).
+        alert_after_seconds: int >= 0; exactly 0 for a benign code, > 0 for an
+            attention code.
+        remediations: non-empty tuple of :data:`REMEDIATIONS` ids; ``"none"``
+            (nothing to do) only for a benign code.
 
     Raises:
-        ValueError: malformed field, unknown remediation, or ``code`` already
+        TypeError: ``severity_class`` (or another field) not given.
+        ValueError: malformed field, unknown remediation or class, a class
+            inconsistent with the deadline or remediations, or ``code`` already
             registered (by this or another owner).
 
     Seed 003, "Operational liveness and maintenance admission".
@@ -220,7 +245,15 @@ def register(code: str, *, owner: str, evidence: str, alert_after_seconds: int,
     unknown = [r for r in remediations if r not in REMEDIATIONS]
     if unknown:
         raise ValueError(f"{code}: unknown remediations {unknown}")
-    REASONS[code] = ReasonCode(code, owner, evidence, alert_after_seconds, remediations)
+    if severity_class not in SEVERITY_CLASSES:
+        raise ValueError(f"{code}: severity_class {severity_class!r} is not one of {list(SEVERITY_CLASSES)}")
+    if severity_class == BENIGN and alert_after_seconds:
+        raise ValueError(f"{code}: a benign code raises no alert (alert_after_seconds must be 0)")
+    if severity_class == ATTENTION and not alert_after_seconds:
+        raise ValueError(f"{code}: an attention code needs an alert deadline (alert_after_seconds > 0)")
+    if severity_class == ATTENTION and "none" in remediations:
+        raise ValueError(f"{code}: an attention code has an operator remediation, not 'none'")
+    REASONS[code] = ReasonCode(code, owner, evidence, severity_class, alert_after_seconds, remediations)
     return code
 
 
@@ -233,6 +266,28 @@ def require(code: str) -> str:
     if code not in REASONS:
         raise UnknownReasonCode(f"unknown reason code {code!r}")
     return code
+
+
+def severity_class_of(code: str) -> str | None:
+    """Return the severity class of a row's ``reason_code``: ``"benign"``, ``"attention"``, or ``None`` for ``""``.
+
+    Raises:
+        UnknownReasonCode: a non-empty ``code`` no owner registered.
+    """
+    if not code:
+        return None
+    return REASONS[require(code)].severity_class
+
+
+def codes_of_class(severity_class: str) -> frozenset[str]:
+    """Return every registered code of ``severity_class`` (load the apps' codes first: :func:`load_all_reasons`).
+
+    Raises:
+        ValueError: ``severity_class`` is not one of :data:`SEVERITY_CLASSES`.
+    """
+    if severity_class not in SEVERITY_CLASSES:
+        raise ValueError(f"unknown severity class {severity_class!r}; expected one of {list(SEVERITY_CLASSES)}")
+    return frozenset(code for code, reason in REASONS.items() if reason.severity_class == severity_class)
 
 
 def load_all_reasons() -> dict[str, ReasonCode]:

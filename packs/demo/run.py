@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -312,6 +313,49 @@ def _inbound_field_map(service: dict) -> dict[str, str]:
     return route["application"]["field_map"]
 
 
+def reason_class_counts() -> dict[str, Any]:
+    """Rows that carry a reason code now, by the code's severity class (README "What `make demo` does").
+
+    Every row of every installed model with a ``reason_code`` column counts
+    once (a row carries a code only while it is halted, refused, superseded
+    or quarantined). Returns ``{"attention": int, "benign": int,
+    "attention_codes": {code: int}}``; ``attention`` is the trouble count, the
+    rows an operator must look at; ``benign`` the expected, recorded outcomes.
+    ARCHITECTURE.md section 6, "Reason codes".
+    """
+    from django.apps import apps
+    from django.db.models import Count
+
+    from nexusflow.kernel.reasons import ATTENTION, BENIGN, load_all_reasons
+
+    reasons = load_all_reasons()
+    by_code: Counter[str] = Counter()
+    for model in apps.get_models():
+        if not any(f.name == "reason_code" for f in model._meta.concrete_fields):
+            continue
+        for row in model.objects.exclude(reason_code="").values("reason_code").annotate(n=Count("pk")).order_by():
+            by_code[row["reason_code"]] += row["n"]
+    classes = {code: reasons[code].severity_class for code in by_code}
+    return {"attention": sum(n for code, n in by_code.items() if classes[code] == ATTENTION),
+            "benign": sum(n for code, n in by_code.items() if classes[code] == BENIGN),
+            "attention_codes": {code: n for code, n in sorted(by_code.items()) if classes[code] == ATTENTION}}
+
+
+def attention_effects() -> list[tuple[int, str, str]]:
+    """``(effect id, state, reason code)`` of every RemoteEffect whose code is of class ``attention``, by id.
+
+    A ``quarantined`` effect with a benign code (an older version superseded
+    by a newer one that already reached the provider) is not among them.
+    """
+    from connectors.models import RemoteEffect
+    from nexusflow.kernel.reasons import ATTENTION, codes_of_class, load_all_reasons
+
+    load_all_reasons()
+    return [(int(pk), state, code) for pk, state, code in
+            RemoteEffect.objects.filter(reason_code__in=sorted(codes_of_class(ATTENTION)))
+            .order_by("id").values_list("id", "state", "reason_code")]
+
+
 def _local_state(service: dict) -> dict[str, dict[str, Any]]:
     from connectors.models import RemoteLink
     from nexusflow.records.models import Record
@@ -335,9 +379,11 @@ def _local_state(service: dict) -> dict[str, dict[str, Any]]:
 
 def _summary(service: dict, results: list, remote: dict, expected: dict, counts: dict) -> tuple[dict, list[str], dict]:
     from connectors.models import Event, Execution, ReceiptComponent, RemoteEffect, RemoteLink
+    from nexusflow.kernel.reasons import BENIGN, codes_of_class
 
     push = service["push"]
     local = _local_state(service)
+    trouble = attention_effects()
     customers = remote["customers"]
     push_links = RemoteLink.objects.filter(action_type="PushToConnector", state="active")
     linked_ids = {link.remote_id: link.source_record_key for link in push_links}
@@ -355,9 +401,16 @@ def _summary(service: dict, results: list, remote: dict, expected: dict, counts:
         "remote_updates": sum(c.get("update_requests", 0) for c in customers),
         "duplicate_remote_creates": duplicates,
         "uncertain_effects": RemoteEffect.objects.filter(state="uncertain").count(),
+        "quarantined_effects": RemoteEffect.objects.filter(state="quarantined").count(),
+        "attention_effects": len(trouble),
+        "benign_effects": RemoteEffect.objects.filter(reason_code__in=sorted(codes_of_class(BENIGN))).count(),
+        **reason_class_counts(),
         "nonterminal": sum(counts.values()),
     }
     failures: list[str] = []
+    if trouble:
+        failures.append(f"{len(trouble)} effects need an operator (attention reason codes): "
+                        f"{json.dumps(trouble[:5])}")
     field_map = service["push"]["inbound_field_map"]
     for object_id, props in expected.items():
         row = local.get(object_id)

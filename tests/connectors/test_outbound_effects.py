@@ -8,6 +8,7 @@ behind its row lock in the processlist, then released.
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 from django.core.management import call_command
@@ -386,6 +387,35 @@ def test_effects_reconcile_appends_evidence_and_finalizes_without_a_second_call(
         _run("effects", "quarantine", str(effect.pk), "--org", ORG, "--actor", "ops", "--note", "x")
     with pytest.raises(CommandError, match="^effect_unknown"):
         _run("effects", "show", str(effect.pk), "--org", "other-org")
+
+
+def test_effects_list_shows_each_reason_class_and_filters_by_it():
+    """A superseded older version stays ``quarantined`` but reads ``benign``; ``--class attention`` hides it."""
+    from connectors.reasons import OPERATOR_QUARANTINE, SUPERSEDED_BY_NEWER_VERSION
+    from tests.kernel import rows
+
+    superseded = rows.make(RemoteEffect, org_id=ORG, state="quarantined", version=1,
+                           reason_code=SUPERSEDED_BY_NEWER_VERSION)
+    parked = rows.make(RemoteEffect, org_id=ORG, state="quarantined", version=1, reason_code=OPERATOR_QUARANTINE)
+    done = rows.make(RemoteEffect, org_id=ORG, state="finalized", version=1)
+    listed = _run("effects", "list", "--org", ORG)
+    assert f"effect {superseded.pk:>6}  quarantined (superseded_by_newer_version)  class=benign  " in listed
+    assert f"effect {parked.pk:>6}  quarantined (operator_quarantine)  class=attention  " in listed
+    assert f"effect {done.pk:>6}  finalized  " in listed and "3 effect(s)" in listed
+    as_json = {e["effect"]: (e["state"], e["reason_code"], e["reason_class"])
+               for e in json.loads(_run("effects", "list", "--org", ORG, "--json"))}
+    assert as_json == {superseded.pk: ("quarantined", SUPERSEDED_BY_NEWER_VERSION, "benign"),
+                       parked.pk: ("quarantined", OPERATOR_QUARANTINE, "attention"),
+                       done.pk: ("finalized", "", None)}
+    attention = _run("effects", "list", "--org", ORG, "--state", "quarantined", "--class", "attention")
+    assert f"effect {parked.pk:>6}" in attention and f"effect {superseded.pk:>6}" not in attention
+    assert "1 effect(s)" in attention
+    benign = json.loads(_run("effects", "list", "--org", ORG, "--class", "benign", "--json"))
+    assert [e["effect"] for e in benign] == [superseded.pk]
+    shown = json.loads(_run("effects", "show", str(superseded.pk), "--org", ORG, "--json"))
+    assert (shown["state"], shown["reason_class"]) == ("quarantined", "benign")
+    with pytest.raises(CommandError, match="--class"):
+        _run("effects", "list", "--org", ORG, "--class", "trouble")
 
 
 def test_effects_reconcile_no_effect_with_retry_dispatches_again_under_the_same_key(org, billing_sandbox):

@@ -155,7 +155,7 @@ def test_scenario_b_recreated_slot_ids_refuse_the_create_before_post_and_suspend
 
     shown = run_manage(["effects", "show", str(effect.pk), "--org", ORG], subprocess_env())
     assert shown.returncode == 0, shown.stderr
-    assert f"effect {effect.pk}: quarantined (slot_lineage_unresolved)" in shown.stdout
+    assert f"effect {effect.pk}: quarantined (slot_lineage_unresolved)  class=attention  " in shown.stdout
     assert "refused_before_post" in shown.stdout
 
 

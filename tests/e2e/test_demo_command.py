@@ -2,6 +2,7 @@
 import json
 
 import pytest
+from django.db import connection
 
 from tests.conftest import hubspot_event, run_manage, subprocess_env
 
@@ -9,7 +10,8 @@ pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "cont
 
 INT_KEYS = ["deliveries", "accepted", "redeliveries", "rejected", "events_admitted", "executions_completed",
             "superseded", "quarantined", "remote_creates", "remote_updates", "duplicate_remote_creates",
-            "uncertain_effects", "nonterminal"]
+            "uncertain_effects", "quarantined_effects", "attention_effects", "benign_effects", "attention", "benign",
+            "nonterminal"]
 
 
 def _write(path, deliveries):
@@ -33,6 +35,8 @@ def test_demo_runs_a_small_file_end_to_end(tmp_path):
     assert (summary["deliveries"], summary["accepted"], summary["redeliveries"], summary["rejected"]) == (4, 1, 1, 2)
     assert summary["events_admitted"] == 5 and summary["remote_creates"] == 1
     assert summary["duplicate_remote_creates"] == 0 and summary["nonterminal"] == 0
+    assert summary["attention_effects"] == 0 and summary["attention"] == sum(summary["attention_codes"].values())
+    assert summary["quarantined_effects"] <= summary["benign_effects"]  # every parked effect here is benign
     state = json.loads(dump.read_text())
     assert state["local"]["7001"] == {"email": "lee@example.com", "firstname": "Lee", "lastname": None,
                                       "lifecyclestage": "customer", "billing_id": state["remote"][0]["id"]}
@@ -47,3 +51,55 @@ def test_demo_refuses_an_unreadable_events_file(tmp_path):
     result = run_manage(["demo", "--events", str(events), "--json"], subprocess_env(), timeout=60)
     assert result.returncode == 2
     assert "line 1" in result.stderr and "Traceback" not in result.stderr
+
+
+def _halted_rows(org_id: str) -> dict:
+    """One row per kind the demo reports: benign superseded effect (with an Attempt), parked effect, runs."""
+    from connectors.models import Execution, RemoteEffect, RemoteEffectAttempt
+    from connectors.reasons import OPERATOR_QUARANTINE, SUPERSEDED_BY_NEWER_POSITION, SUPERSEDED_BY_NEWER_VERSION
+    from nexusflow.flows.reasons import STEP_DEFINITE_REFUSAL, STEP_RETRY_EXHAUSTED, TRIGGER_RECORD_DELETED
+    from nexusflow.kernel.scope import OrgScope
+    from tests.flows.rows import Rows
+    from tests.kernel import rows
+
+    superseded = rows.make(RemoteEffect, org_id=org_id, state="quarantined", version=1,
+                           reason_code=SUPERSEDED_BY_NEWER_VERSION)
+    rows.make(RemoteEffectAttempt, org_id=org_id, effect=superseded, attempt_number=1)
+    flow_rows = Rows(OrgScope(org_id))
+    runs = {}
+    for code in (STEP_DEFINITE_REFUSAL, TRIGGER_RECORD_DELETED, STEP_RETRY_EXHAUSTED):
+        run = flow_rows.run("TerminalFailed")
+        with connection.cursor() as cursor:
+            cursor.execute("UPDATE flows_flowrun SET reason_code = %s WHERE id = %s", [code, run.pk])
+        runs[code] = run.pk
+    return {
+        "superseded": superseded.pk,
+        "parked": rows.make(RemoteEffect, org_id=org_id, state="quarantined", version=1,
+                            reason_code=OPERATOR_QUARANTINE).pk,
+        "finalized": rows.make(RemoteEffect, org_id=org_id, state="finalized", version=1).pk,
+        "older_position": rows.make(Execution, org_id=org_id, state="superseded", version=1,
+                                    reason_code=SUPERSEDED_BY_NEWER_POSITION).pk,
+        "runs": runs,
+    }
+
+
+def test_the_demo_counts_only_attention_reason_codes_as_trouble():
+    """A superseded older version is quarantined (raw count) yet benign; only the parked effect is trouble."""
+    from connectors.models import RemoteEffect
+    from packs.demo.run import attention_effects, reason_class_counts
+
+    made = _halted_rows("demo-org")
+    assert RemoteEffect.objects.filter(state="quarantined").count() == 2
+    assert attention_effects() == [(made["parked"], "quarantined", "operator_quarantine")]
+    assert reason_class_counts() == {"attention": 2, "benign": 4, "attention_codes": {
+        "flow_step_retry_exhausted": 1, "operator_quarantine": 1}}
+
+
+def test_the_chaos_invariants_count_only_attention_reason_codes():
+    """Benign outcomes (superseded version, declared refusal, deleted trigger) never fail the chaos demo."""
+    from packs.demo.chaos import chaos_failures, coverage_failures
+
+    made = _halted_rows("demo-org")
+    problems = [p for p in chaos_failures({"uncertain_effects": 0}, []) if p not in coverage_failures([])]
+    assert problems == [f'1 flow runs failed by the crashes: [[{made["runs"]["flow_step_retry_exhausted"]}, '
+                        f'"TerminalFailed", "flow_step_retry_exhausted"]]']

@@ -8,7 +8,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from connectors.models import ServingEpoch
-from connectors.reasons import EPOCH_OWNER_MISMATCH
+from connectors.reasons import EPOCH_OWNER_MISMATCH, SUPERSEDED_BY_NEWER_VERSION
 from nexusflow.kernel.reasons import load_all_reasons
 
 from . import rows
@@ -47,6 +47,28 @@ def test_reason_codes_lists_every_registered_code():
     assert EPOCH_OWNER_MISMATCH in _out("reason_codes")
 
 
+def test_reason_codes_shows_the_severity_class_and_filters_by_it():
+    reasons = load_all_reasons()
+    listed = json.loads(_out("reason_codes", "--format", "json"))
+    assert {r["code"]: r["severity_class"] for r in listed["reasons"]} == {
+        code: reason.severity_class for code, reason in reasons.items()}
+    superseded = next(r for r in listed["reasons"] if r["code"] == SUPERSEDED_BY_NEWER_VERSION)
+    assert (superseded["severity_class"], superseded["alert_after_seconds"]) == ("benign", 0)
+    text = {line.split()[0]: line.split()[2] for line in _out("reason_codes").splitlines()
+            if not line.startswith(" ")}
+    assert text[SUPERSEDED_BY_NEWER_VERSION] == "benign" and text[EPOCH_OWNER_MISMATCH] == "attention"
+    for name in ("attention", "benign"):
+        only = json.loads(_out("reason_codes", "--class", name, "--format", "json"))["reasons"]
+        assert only and {r["code"] for r in only} == {c for c, r in reasons.items() if r.severity_class == name}
+    attention_text = _out("reason_codes", "--class", "attention")
+    assert EPOCH_OWNER_MISMATCH in attention_text and SUPERSEDED_BY_NEWER_VERSION not in attention_text
+    with pytest.raises(CommandError, match="--class"):
+        call_command("reason_codes", "--class", "severe")
+    with pytest.raises(CommandError, match="--class filters the listing") as exc:
+        call_command("reason_codes", EPOCH_OWNER_MISMATCH, "--org", "o", "--class", "attention")
+    assert exc.value.returncode == 2
+
+
 @pytest.mark.django_db
 def test_reason_codes_reads_the_evidence_of_one_org_only():
     mine = rows.make(ServingEpoch, org_id="evidence-org", state="rejected", version=1,
@@ -56,7 +78,9 @@ def test_reason_codes_reads_the_evidence_of_one_org_only():
                        reason_code=EPOCH_OWNER_MISMATCH)
     shown = json.loads(_out("reason_codes", EPOCH_OWNER_MISMATCH, "--org", "evidence-org", "--format", "json"))
     assert sorted(r["id"] for r in shown["rows"]) == sorted([mine.pk, second.pk]) and shown["total"] == 2
-    assert "2 row(s) for evidence-org" in _out("reason_codes", EPOCH_OWNER_MISMATCH, "--org", "evidence-org")
+    assert shown["severity_class"] == "attention"
+    text = _out("reason_codes", EPOCH_OWNER_MISMATCH, "--org", "evidence-org")
+    assert "2 row(s) for evidence-org" in text and "(connectors, attention)" in text
     assert "2 row(s), showing the first 1 (--limit) for evidence-org" in _out(
         "reason_codes", EPOCH_OWNER_MISMATCH, "--org", "evidence-org", "--limit", "1")
 

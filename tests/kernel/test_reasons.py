@@ -4,6 +4,8 @@
   stored somewhere (an AST scan over the project's Python files);
 - every evidence path imports to an org-scoped selector that runs against the
   database; every remediation is in the closed kernel registry;
+- every code has a severity class (``benign`` / ``attention``) consistent with
+  its alert deadline and remediations;
 - the CHECK constraints refuse an empty reason in every reason-required state
   and the CAS store refuses such a transition before any SQL.
 """
@@ -21,7 +23,17 @@ from django.test.utils import CaptureQueriesContext
 
 from nexusflow.kernel import reasons as kernel_reasons
 from nexusflow.kernel.errors import ReasonRequired
-from nexusflow.kernel.reasons import REMEDIATIONS, UnknownReasonCode, load_all_reasons, register
+from nexusflow.kernel.reasons import (
+    ATTENTION,
+    BENIGN,
+    REMEDIATIONS,
+    SEVERITY_CLASSES,
+    UnknownReasonCode,
+    codes_of_class,
+    load_all_reasons,
+    register,
+    severity_class_of,
+)
 from nexusflow.kernel.store import CasStore
 from nexusflow.kernel.transitions import REGISTRY
 from tests.kernel import rows
@@ -176,10 +188,38 @@ def test_every_evidence_selector_runs_org_scoped_against_the_database():
         assert list(rows) == [], reason.evidence
 
 
+def test_every_reason_has_a_severity_class_consistent_with_its_deadline_and_remediations():
+    reasons = load_all_reasons()
+    assert SEVERITY_CLASSES == ("benign", "attention")
+    for reason in reasons.values():
+        assert reason.severity_class in SEVERITY_CLASSES, reason
+        if reason.severity_class == BENIGN:
+            assert reason.alert_after_seconds == 0, f"benign {reason.code} raises an alert"
+        else:
+            assert reason.alert_after_seconds > 0, f"attention {reason.code} never alerts"
+            assert "none" not in reason.remediations, f"attention {reason.code} offers no remediation"
+        if reason.remediations == ("none",):
+            assert reason.severity_class == BENIGN, reason.code
+    assert codes_of_class(BENIGN) | codes_of_class(ATTENTION) == set(reasons)
+    assert not codes_of_class(BENIGN) & codes_of_class(ATTENTION)
+    # Classified by meaning: expected, recorded outcomes are benign; what an operator must look at is attention.
+    assert codes_of_class(BENIGN) == {"superseded_by_newer_version", "superseded_by_newer_position",
+                                      "flow_step_definite_refusal", "flow_trigger_record_deleted"}
+    for code in ("retry_exhausted", "response_ambiguous", "mapping_drift", "link_drift", "authority_denied",
+                 "operator_quarantine", "create_conflict_identity_mismatch", "source_sequence_gap",
+                 "credential_revoked", "flow_effect_quarantined", "cutover_in_progress"):
+        assert severity_class_of(code) == ATTENTION, code
+    assert severity_class_of("") is None
+    with pytest.raises(UnknownReasonCode):
+        severity_class_of("not_a_registered_code")
+    with pytest.raises(ValueError, match="severity class"):
+        codes_of_class("warning")
+
+
 def test_register_refuses_duplicates_and_malformed_entries(monkeypatch):
     monkeypatch.setattr(kernel_reasons, "REASONS", dict(kernel_reasons.REASONS))
     good = dict(owner="connectors", evidence="connectors.selectors.remote_links_with_reason",
-                alert_after_seconds=60, remediations=("operator_reconcile",))
+                severity_class=ATTENTION, alert_after_seconds=60, remediations=("operator_reconcile",))
     assert register("test_only_code", **good) == "test_only_code"
     with pytest.raises(ValueError, match="already registered"):
         register("test_only_code", **good)
@@ -190,6 +230,18 @@ def test_register_refuses_duplicates_and_malformed_entries(monkeypatch):
                 {"owner": "not an app"}):
         with pytest.raises(ValueError):
             register("test_other_code", **{**good, **bad})
+    without_class = {k: v for k, v in good.items() if k != "severity_class"}
+    with pytest.raises(TypeError, match="severity_class"):
+        register("test_other_code", **without_class)
+    for bad in ({"severity_class": "warning"}, {"severity_class": ""}, {"severity_class": None},
+                {"severity_class": BENIGN},  # a benign code raises no alert
+                {"severity_class": ATTENTION, "alert_after_seconds": 0},
+                {"severity_class": ATTENTION, "remediations": ("none",)}):
+        with pytest.raises(ValueError, match="test_other_code"):
+            register("test_other_code", **{**good, **bad})
+    assert register("test_benign_code", **{**good, "severity_class": BENIGN, "alert_after_seconds": 0,
+                                           "remediations": ("none",)}) == "test_benign_code"
+    assert kernel_reasons.REASONS["test_benign_code"].severity_class == BENIGN
     with pytest.raises(ValueError):
         register("Bad Code", **good)
     with pytest.raises(UnknownReasonCode):

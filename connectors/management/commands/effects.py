@@ -2,8 +2,11 @@
 
 Seed 003 "Outbound facts", "State machines", "Replay and external effects".
 
-- ``list --org ORG [--state S ...] [--account A] [--json]``: effects, newest first;
-- ``show EFFECT --org ORG [--json]``: the effect, its frozen binding summary,
+- ``list --org ORG [--state S ...] [--class benign|attention] [--account A] [--json]``: effects,
+  newest first, each with its reason code and that code's severity class (``benign``: an expected,
+  recorded outcome such as an older version superseded by a newer one; ``attention``: an operator must
+  look); ``--class`` keeps the effects whose code is of that class (the state is shown as stored);
+- ``show EFFECT --org ORG [--json]``: the effect (state, reason code and class), its frozen binding summary,
   Attempts, Permits and reconciliation evidence (never secret bytes);
 - ``reconcile EFFECT --org ORG (--confirmed REMOTE_ID | --no-effect [--retry]) --actor A --note N``:
   append operator evidence and resolve an ``uncertain`` effect;
@@ -22,6 +25,7 @@ from django.core.management.base import BaseCommand, CommandError
 from connectors.models import DispatchPermit, RemoteEffect
 from nexusflow.kernel.errors import InvalidIdentity, NexusError
 from nexusflow.kernel.identity import validate_key
+from nexusflow.kernel.reasons import SEVERITY_CLASSES, codes_of_class, load_all_reasons, severity_class_of
 
 STATES = ("prepared", "dispatching", "uncertain", "remote_confirmed", "finalized", "no_effect", "quarantined")
 
@@ -29,7 +33,8 @@ STATES = ("prepared", "dispatching", "uncertain", "remote_confirmed", "finalized
 def _effect_row(effect: RemoteEffect) -> dict:
     command = effect.command
     return {"effect": int(effect.pk), "command": int(command.pk), "state": effect.state,
-            "reason_code": effect.reason_code, "account": effect.account_key, "contract": effect.contract_key,
+            "reason_code": effect.reason_code, "reason_class": severity_class_of(effect.reason_code),
+            "account": effect.account_key, "contract": effect.contract_key,
             "record": f"{command.source_object}/{command.source_record_key}@{command.source_record_version}",
             "dispatch_lane": effect.dispatch_lane, "attempts": effect.attempt_count, "remote_id": effect.remote_id,
             "effect_generation": command.effect_generation_id, "attempt_ordinal": effect.attempt_ordinal,
@@ -46,6 +51,8 @@ class Command(BaseCommand):
         ls = sub.add_parser("list", help="List effects, newest first.")
         ls.add_argument("--org", required=True)
         ls.add_argument("--state", action="append", choices=STATES, help="Repeat to list several states.")
+        ls.add_argument("--class", dest="severity_class", choices=SEVERITY_CLASSES,
+                        help="Only effects whose reason code is of this class (attention: an operator must look).")
         ls.add_argument("--account")
         ls.add_argument("--limit", type=int, default=50)
         ls.add_argument("--json", action="store_true")
@@ -75,6 +82,7 @@ class Command(BaseCommand):
         suc.add_argument("--reason", required=True)
 
     def handle(self, *args, subcommand: str, **options):
+        load_all_reasons()
         for name in ("effect", "command"):
             if name in options and options[name] is not None and options[name] < 1:
                 raise CommandError(f"invalid_identity: {name} id must be a positive integer", returncode=2)
@@ -89,12 +97,14 @@ class Command(BaseCommand):
         except NexusError as exc:
             raise CommandError(f"{exc.code}: {exc}") from exc
 
-    def _list(self, *, org, state, account, limit, json: bool, **_):
+    def _list(self, *, org, state, account, limit, json: bool, severity_class=None, **_):
         if limit < 1:
             raise CommandError("invalid_limit: --limit must be at least 1", returncode=2)
         qs = RemoteEffect.objects.filter(org_id=org).select_related("command")
         if state:
             qs = qs.filter(state__in=state)
+        if severity_class:
+            qs = qs.filter(reason_code__in=sorted(codes_of_class(severity_class)))
         if account:
             qs = qs.filter(account_key=account)
         rows = [_effect_row(e) for e in qs.order_by("-id")[:limit]]
@@ -102,7 +112,7 @@ class Command(BaseCommand):
             self.stdout.write(_dumps(rows))
             return
         for r in rows:
-            reason = f" ({r['reason_code']})" if r["reason_code"] else ""
+            reason = f" ({r['reason_code']})  class={r['reason_class']}" if r["reason_code"] else ""
             self.stdout.write(f"effect {r['effect']:>6}  {r['state']}{reason}  {r['account']}/{r['contract']}  "
                               f"{r['record']}  attempts={r['attempts']}  remote_id={r['remote_id'] or '-'}")
         self.stdout.write(f"{len(rows)} effect(s)")
@@ -135,7 +145,7 @@ class Command(BaseCommand):
         if json:
             self.stdout.write(_dumps(doc))
             return
-        reason = f" ({doc['reason_code']})" if doc["reason_code"] else ""
+        reason = f" ({doc['reason_code']})  class={doc['reason_class']}" if doc["reason_code"] else ""
         self.stdout.write(f"effect {doc['effect']}: {doc['state']}{reason}  command {doc['command']} "
                           f"generation {doc['effect_generation']}  lane {doc['dispatch_lane']}")
         self.stdout.write(f"  {doc['account']}/{doc['contract']}  record {doc['record']}  "
