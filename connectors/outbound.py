@@ -30,6 +30,13 @@ class PushContractError(NexusError):
     definite = True
 
 
+class NothingToPush(PushContractError):
+    """The record's values map to an empty request: there is nothing to send (an expected outcome)."""
+
+    code = "mapping_produced_no_body"
+    expected_outcome = True
+
+
 def _serving_account_for_contract(org_id: str, contract_key: str) -> str:
     matches = []
     for gate in AccountServingGate.objects.filter(org_id=org_id, state="v2_serving").select_related("epoch"):
@@ -139,7 +146,7 @@ def freeze_push_binding(*, org_id: str, contract_key: str, record, intent_key: s
         raise PushContractError(str(exc), code="authority_denied") from None
     request_fields = render_request_fields(contract, record.fields)
     if not request_fields:
-        raise PushContractError("the mapping produced no body", code="mapping_produced_no_body")
+        raise NothingToPush("the mapping produced no body")
     profile = next(p for p in pack.document.get("callout_profiles", []) if p["profile_key"] == contract["callout_profile"])
     credential_ref = profile.get("auth", {}).get("credential_ref")
     credential = account["credentials"].get(credential_ref) if credential_ref else None

@@ -5,7 +5,7 @@ A run in ``TerminalFailed`` or ``Quarantined`` stores one of these in
 stores the same code in ``FlowStepExecution.reason_code``. The handler's own
 error code stays in ``FlowStepAttempt.safe_error_code`` as evidence.
 
-Severity classes: TRIGGER_RECORD_DELETED and STEP_DEFINITE_REFUSAL are ``benign``
+Severity classes: TRIGGER_RECORD_DELETED and STEP_EXPECTED_REFUSAL are ``benign``
 (an expected, recorded end of the run); every other code is ``attention``.
 """
 from nexusflow.kernel.reasons import ATTENTION, BENIGN, register
@@ -23,11 +23,16 @@ EFFECT_NO_EFFECT = register(
 STEP_RETRY_EXHAUSTED = register(
     "flow_step_retry_exhausted", owner=OWNER, evidence=_S + "flow_attempts_for_reason",
     severity_class=ATTENTION, alert_after_seconds=3600, remediations=("reauthor_intent",))
-#: The step's handler declared a definite refusal (e.g. a push whose mapping produced no body): the run ends
-#: TerminalFailed as an expected, recorded outcome, so the code is benign and raises no alert; the remediations
-#: are optional follow-ups when the business still wants the effect.
+#: The step's handler refused definitely (a checkpoint holding credential material, a push contract that
+#: cannot be frozen, a refused record write...): an operator must look at the handler code on the attempt.
 STEP_DEFINITE_REFUSAL = register(
     "flow_step_definite_refusal", owner=OWNER, evidence=_S + "flow_attempts_for_reason",
+    severity_class=ATTENTION, alert_after_seconds=3600, remediations=("reauthor_intent", "fix_pack_mapping"))
+#: The handler's definite refusal is an expected outcome (``NexusError.expected_outcome``), e.g. a push whose
+#: mapping produced no body: nothing was to be done, so the run ends TerminalFailed as a recorded, benign
+#: outcome; the remediations are optional follow-ups when the business still wants the effect.
+STEP_EXPECTED_REFUSAL = register(
+    "flow_step_expected_refusal", owner=OWNER, evidence=_S + "flow_attempts_for_reason",
     severity_class=BENIGN, alert_after_seconds=0, remediations=("reauthor_intent", "fix_pack_mapping"))
 RECURSION_LIMIT = register(
     "flow_recursion_limit", owner=OWNER, evidence=_S + "flow_runs_with_reason",

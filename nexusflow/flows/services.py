@@ -1451,6 +1451,8 @@ def _record_rollback(claim: StepClaim, exc: BaseException) -> None:
                 # The handler's own code stays on the attempt (safe_error_code); the closed reason says why.
                 if not cause or not definite:
                     cause = reasons.STEP_DEFINITE_REFUSAL if definite else reasons.STEP_RETRY_EXHAUSTED
+                    if definite and getattr(exc, "expected_outcome", False):
+                        cause = reasons.STEP_EXPECTED_REFUSAL
                 FlowStepStore.transition(
                     org_id=claim.org_id, pk=claim.step_id, src=t.STEP_RUNNING, dst=t.STEP_FAILED,
                     version=claim.step_version, fences=_step_fences(claim),

@@ -12,6 +12,10 @@ class NexusError(Exception):
     code = "nexus_error"
     #: True when retrying the same input can never succeed (a definite refusal).
     definite = False
+    #: True for a definite refusal that is the expected, recorded outcome of valid input: there was
+    #: nothing to do (e.g. a push whose mapping produces no body). A Flow step ending on one takes the
+    #: ``benign`` reason ``flow_step_expected_refusal`` instead of ``flow_step_definite_refusal``.
+    expected_outcome = False
 
     def __init__(self, message: str = "", *, code: str | None = None):
         super().__init__(message or self.code)

@@ -57,7 +57,7 @@ def _halted_rows(org_id: str) -> dict:
     """One row per kind the demo reports: benign superseded effect (with an Attempt), parked effect, runs."""
     from connectors.models import Execution, RemoteEffect, RemoteEffectAttempt
     from connectors.reasons import OPERATOR_QUARANTINE, SUPERSEDED_BY_NEWER_POSITION, SUPERSEDED_BY_NEWER_VERSION
-    from nexusflow.flows.reasons import STEP_DEFINITE_REFUSAL, STEP_RETRY_EXHAUSTED, TRIGGER_RECORD_DELETED
+    from nexusflow.flows.reasons import STEP_EXPECTED_REFUSAL, STEP_RETRY_EXHAUSTED, TRIGGER_RECORD_DELETED
     from nexusflow.kernel.scope import OrgScope
     from tests.flows.rows import Rows
     from tests.kernel import rows
@@ -67,7 +67,7 @@ def _halted_rows(org_id: str) -> dict:
     rows.make(RemoteEffectAttempt, org_id=org_id, effect=superseded, attempt_number=1)
     flow_rows = Rows(OrgScope(org_id))
     runs = {}
-    for code in (STEP_DEFINITE_REFUSAL, TRIGGER_RECORD_DELETED, STEP_RETRY_EXHAUSTED):
+    for code in (STEP_EXPECTED_REFUSAL, TRIGGER_RECORD_DELETED, STEP_RETRY_EXHAUSTED):
         run = flow_rows.run("TerminalFailed")
         with connection.cursor() as cursor:
             cursor.execute("UPDATE flows_flowrun SET reason_code = %s WHERE id = %s", [code, run.pk])

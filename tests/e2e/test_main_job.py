@@ -55,7 +55,7 @@ def test_bundled_file_converges_to_latest_events_and_one_customer_each(client, s
     assert set(unfinished.values_list("state", "reason_code")) <= {("quarantined", "superseded_by_newer_version")}
     assert not unfinished.filter(attempts__isnull=False).exists(), "a superseded push never made an Attempt"
     failed = FlowRun.objects.exclude(state="Succeeded")
-    assert set(failed.values_list("reason_code", flat=True)) <= {"flow_step_definite_refusal"}
+    assert set(failed.values_list("reason_code", flat=True)) <= {"flow_step_expected_refusal"}
     refusals = FlowStepAttempt.objects.filter(step__run__in=failed, state="RolledBack")
     assert set(refusals.values_list("safe_error_code", flat=True)) <= {"mapping_produced_no_body"}
     assert not Execution.objects.filter(state__in=("ready", "waiting_dependency")).exists()

@@ -151,6 +151,21 @@ def test_deleted_trigger_record_fails_the_submit_step(serving):
     assert not OutboundCommand.objects.exists() and not FlowEffectLink.objects.exists()
 
 
+def test_a_push_with_nothing_to_send_ends_benign_while_other_definite_refusals_stay_attention(serving):
+    from nexusflow.kernel.reasons import ATTENTION, BENIGN, severity_class_of
+
+    save_record(serving, {"lifecyclestage": "customer"})  # no field the billing mapping sends
+    run_until_idle()
+    run = FlowRun.objects.get(org_id=ORG)
+    assert (run.state, run.reason_code) == (t.RUN_TERMINAL_FAILED, "flow_step_expected_refusal")
+    attempt = FlowStepAttempt.objects.get(step=_step(run, SUBMIT))
+    assert attempt.safe_error_code == "mapping_produced_no_body"
+    assert not OutboundCommand.objects.exists()
+    assert severity_class_of("flow_step_expected_refusal") == BENIGN
+    # Any other definite refusal (e.g. a checkpoint holding credential material, see test_fencing) is attention.
+    assert severity_class_of("flow_step_definite_refusal") == ATTENTION
+
+
 def test_submit_killed_before_commit_authors_exactly_one_intent(serving, short_lease):
     _customer(serving)
     env = subprocess_env(NEXUS_FAILPOINTS="flow.step.before_commit", NEXUS_FLOW_LEASE_SECONDS="1",

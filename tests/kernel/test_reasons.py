@@ -204,7 +204,7 @@ def test_every_reason_has_a_severity_class_consistent_with_its_deadline_and_reme
     assert not codes_of_class(BENIGN) & codes_of_class(ATTENTION)
     # Classified by meaning: expected, recorded outcomes are benign; what an operator must look at is attention.
     assert codes_of_class(BENIGN) == {"superseded_by_newer_version", "superseded_by_newer_position",
-                                      "flow_step_definite_refusal", "flow_trigger_record_deleted"}
+                                      "flow_step_expected_refusal", "flow_trigger_record_deleted"}
     for code in ("retry_exhausted", "response_ambiguous", "mapping_drift", "link_drift", "authority_denied",
                  "operator_quarantine", "create_conflict_identity_mismatch", "source_sequence_gap",
                  "credential_revoked", "flow_effect_quarantined", "cutover_in_progress"):
