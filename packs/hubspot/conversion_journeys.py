@@ -11,6 +11,14 @@ through its push link. Local edits go through the record REST endpoints as an
 operator (HTTP basic, an ``org:<org>`` staff user); conversion and merge
 through the identity transfer endpoints.
 
+What a step sent to the provider is checked by correlation, never by counting
+requests before and after it: the sandbox's request log is attributed to the
+push attempts that sent each request (:meth:`Crm.attributed
+<packs.hubspot.journeys.Crm.attributed>`), and an intent to the save that
+authored it (:func:`save_intent`). The conversion made no provider request
+when every request belongs to an intent its owner check found terminal and
+no intent was authored since (:func:`check_converted`).
+
 Journeys (seed 000 names them; seed 000 "Transfer", seed 002 identity model):
 
 ``bi-conv-01``
