@@ -21,6 +21,7 @@ Exit codes (:func:`run_journey`): 0 every check passed, 1 a check failed,
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import os
@@ -287,6 +288,73 @@ def open_work() -> dict[str, int]:
     counts["reconcilable"] = RemoteEffect.objects.filter(
         state="uncertain", reason_code=reasons.CREATE_CONFLICT_EXISTING).count()
     return counts
+
+
+# -- correlation: which provider request did what send ------------------------------------------------------
+def request_key(method: str, path: str, body: bytes) -> tuple[str, str, str]:
+    """``(METHOD, path, hex SHA-256 of the exact body bytes)``: how a provider request is told apart on the wire."""
+    return method.upper(), path, hashlib.sha256(body).hexdigest()
+
+
+@dataclass(frozen=True)
+class Attributed:
+    """One provider request and what sent it.
+
+    Attributes:
+        request: the provider's request log entry (``seq``, ``method``, ``path``, ``body_sha256``).
+        command_id: the OutboundCommand whose push attempt sent it; ``None`` when no push attempt did.
+        attempt_id: that RemoteEffectAttempt's id, or ``None``.
+        own: the journey sent it itself (e.g. seeding the provider before the story).
+    """
+
+    request: dict
+    command_id: int | None = None
+    attempt_id: int | None = None
+    own: bool = False
+
+
+def attribute_requests(log: list[dict], *, path_prefix: str = "",
+                       own: list[tuple[str, str, str]] = ()) -> list[Attributed]:
+    """Attribute each request a provider logged to what sent it, by correlation (never by when it arrived).
+
+    A request is the journey's own when it matches one of ``own`` (:func:`request_key` values, each pairs
+    with one request), else the push attempt of the egress adapter that sent exactly those bytes: a
+    ``RemoteEffectAttempt`` whose Permit crossed into ``sending`` (``io_may_have_started_at`` set), with the
+    same method, ``path_prefix + attempt.path`` and SHA-256 of ``request_body``. Requests identical on the
+    wire are paired with such attempts in send order (the Permit's I/O start, then the attempt id); a request
+    left without an unpaired attempt is attributed to nothing (``command_id`` None). Reads the egress adapter
+    makes outside an attempt (a create-conflict verify GET) are attributed to nothing.
+
+    Args:
+        log: the provider's request log, oldest first (each entry ``method``, ``path``, ``body_sha256``).
+        path_prefix: the path of the provider base URL the push bindings name (``""`` for a bare host).
+        own: keys of the requests the journey itself sent to the provider.
+
+    Returns:
+        One :class:`Attributed` per log entry, in log order.
+    """
+    from connectors.models import DispatchPermit
+
+    sent: dict[tuple[str, str, str], list[tuple[int, int]]] = {}
+    permits = (DispatchPermit.objects.filter(io_may_have_started_at__isnull=False)
+               .select_related("attempt__effect").order_by("io_may_have_started_at", "attempt_id"))
+    for permit in permits:
+        attempt = permit.attempt
+        key = request_key(attempt.method, path_prefix + attempt.path, bytes(attempt.request_body))
+        sent.setdefault(key, []).append((int(attempt.effect.command_id), int(attempt.pk)))
+    unpaired_own = list(own)
+    out = []
+    for entry in log:
+        key = (entry["method"].upper(), entry["path"], entry["body_sha256"])
+        if key in unpaired_own:
+            unpaired_own.remove(key)
+            out.append(Attributed(entry, own=True))
+        elif sent.get(key):
+            command_id, attempt_id = sent[key].pop(0)
+            out.append(Attributed(entry, command_id=command_id, attempt_id=attempt_id))
+        else:
+            out.append(Attributed(entry))
+    return out
 
 
 def journey_report(harness: Harness, journey: Journey, provider: dict) -> dict:

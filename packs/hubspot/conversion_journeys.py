@@ -11,6 +11,14 @@ through its push link. Local edits go through the record REST endpoints as an
 operator (HTTP basic, an ``org:<org>`` staff user); conversion and merge
 through the identity transfer endpoints.
 
+What a step sent to the provider is checked by correlation, never by counting
+requests before and after it: the sandbox's request log is attributed to the
+push attempts that sent each request (:meth:`Crm.attributed
+<packs.hubspot.journeys.Crm.attributed>`), and an intent to the save that
+authored it (:func:`save_intent`). The conversion made no provider request
+when every request belongs to an intent its owner check found terminal and
+no intent was authored since (:func:`check_converted`).
+
 Journeys (seed 000 names them; seed 000 "Transfer", seed 002 identity model):
 
 ``bi-conv-01``
@@ -136,28 +144,12 @@ def all_links() -> list[tuple[str, str, str]]:
     return [(link.source_object, link.remote_id, link.state) for link in RemoteLink.objects.order_by("id")]
 
 
-def open_intents(object_name: str, key: str) -> int:
-    """Outbound intents of the owner record with no result receipt yet (Runtime facts only)."""
-    from runtime_outbox.models import IntentResultReceipt, OutboundCommand
-
-    ids = list(OutboundCommand.objects.filter(source_object=object_name, source_record_key=key)
-               .values_list("id", flat=True))
-    done = IntentResultReceipt.objects.filter(command_id__in=ids).count()
-    return len(ids) - done
-
-
 def push_in_flight(object_name: str, key: str) -> bool:
     """Whether a PATCH/POST of the record's pushes may be at the provider now (its permit is ``sending``)."""
     from connectors.models import DispatchPermit
 
     return DispatchPermit.objects.filter(state="sending", attempt__effect__command__source_object=object_name,
                                          attempt__effect__command__source_record_key=key).exists()
-
-
-def intents(object_name: str, key: str) -> int:
-    from runtime_outbox.models import OutboundCommand
-
-    return OutboundCommand.objects.filter(source_object=object_name, source_record_key=key).count()
 
 
 def mapped(fields: dict) -> dict:
@@ -168,8 +160,52 @@ def provider_contact(h: Harness, remote_id: str) -> dict | None:
     return next((c for c in crm(h).state()["contacts"] if c["id"] == remote_id), None)
 
 
-def provider_requests(h: Harness) -> int:
-    return sum(crm(h).routes().values())
+def save_intent(object_name: str, key: str, version: int) -> int | None:
+    """The outbound intent the record-triggered Flow run of one save (``version``) authored, or ``None`` yet."""
+    from nexusflow.flows.models import FlowRun
+    from runtime_outbox.models import OutboundCommand
+
+    runs = list(FlowRun.objects.filter(trigger_object_name=object_name, record_key=key, record_version=version)
+                .values_list("id", flat=True))
+    found = OutboundCommand.objects.filter(origin_flow_run_id__in=runs).values_list("id", flat=True).first()
+    return None if found is None else int(found)
+
+
+def conversion_fact(lead_key: str):
+    from nexusflow.records.models import IdentityTransfer
+
+    return IdentityTransfer.objects.get(kind="convert", source_object="Lead", source_record_key=lead_key)
+
+
+def terminal_at_transfer(transfer) -> set[int]:
+    """Ids of the outbound intents the transfer's owner check found terminal (its ``owner_intents``)."""
+    return {int(intent["command_id"]) for side in transfer.owner_intents.values() for intent in side
+            if intent["state"] == "terminal"}
+
+
+def requests_since(attributed: list[Attributed], transfer) -> list[dict]:
+    """Provider requests not proven to predate ``transfer``: sent for no intent, or for one it did not find terminal.
+
+    An intent the transfer's owner check found terminal (seed 000: under the owner fence, every intent of
+    both records) had its result receipt before the transfer committed, so its requests were made before;
+    the journey's own requests are the journey's. Everything else in the log is returned (log entries).
+    """
+    before = terminal_at_transfer(transfer)
+    return [a.request for a in attributed if not a.own and (a.command_id is None or a.command_id not in before)]
+
+
+def intents_since(transfer) -> list[tuple[int, str, str]]:
+    """``(id, source object, source record key)`` of every outbound intent but those the transfer found terminal."""
+    from runtime_outbox.models import OutboundCommand
+
+    return [(int(i), o, k) for i, o, k in OutboundCommand.objects.exclude(id__in=terminal_at_transfer(transfer))
+            .order_by("id").values_list("id", "source_object", "source_record_key")]
+
+
+def requests_of(attributed: list[Attributed], command_id: int | None) -> list[str]:
+    """``"METHOD path"`` of each provider request the push attempts of one intent sent, in log order."""
+    return [f"{a.request['method']} {a.request['path']}" for a in attributed
+            if command_id is not None and a.command_id == command_id]
 
 
 # --- shared steps ----------------------------------------------------------------------------------------------
@@ -205,12 +241,20 @@ def lead_pushed_and_synced(h: Harness) -> tuple[str, str]:
     return lead_key, remote_id
 
 
-def check_converted(h: Harness, lead_key: str, contact_key: str, remote_id: str, *, provider_before: int) -> None:
-    """Remote authority moved once: the lead's link retired with evidence, the contact's active on N."""
+def check_converted(h: Harness, lead_key: str, contact_key: str, remote_id: str) -> None:
+    """Remote authority moved once: the lead's link retired with evidence, the contact's active on N.
+
+    Call once the conversion's consequences settled (:meth:`Harness.wait_idle`) and before anything else
+    changes the two records. "No provider request" is proven by correlation, not by counting requests
+    around the call: every request the provider saw belongs to an intent the conversion found terminal
+    (work that finished before it), and no intent was authored since.
+    """
     from connectors.models import RemoteLinkEvidence
     from nexusflow.records.models import IdentityTransfer
 
-    h.check_equal("the conversion made no provider request", provider_requests(h), provider_before)
+    transfer = conversion_fact(lead_key)
+    h.check_equal("the conversion made no provider request", requests_since(crm(h).attributed(), transfer), [])
+    h.check_equal("the conversion authored no outbound intent", intents_since(transfer), [])
     h.check_equal("the lead's push link is retired", push_links("Lead", lead_key), [(remote_id, "retired")])
     h.check_equal("the contact's push link is active on N", push_links("Contact", contact_key),
                   [(remote_id, "active")])
@@ -276,23 +320,21 @@ def convert_path(lead_key: str) -> str:
 def bi_conv_01(h: Harness) -> None:
     c, op = crm(h), operator(h)
     lead_key, remote_id = lead_pushed_and_synced(h)
-    before = provider_requests(h)
     response = op.until_done("convert", "POST", convert_path(lead_key),
                              {"transfer_id": "bi-conv-01", "target_object": "Contact"})
     h.check_equal("the conversion answered 201", response.status_code, 201)
     if response.status_code != 201:
         raise JourneyError(f"the conversion answered {response.status_code}: {response.text}")
     contact_key = response.json()["target_record_key"]
-    check_converted(h, lead_key, contact_key, remote_id, provider_before=before)
     h.wait_idle()
-    h.check_equal("nothing was pushed by the conversion", provider_requests(h), before)
+    check_converted(h, lead_key, contact_key, remote_id)
 
-    patches_before = c.routes().get(f"PATCH {CONTACTS_PATH}/{remote_id}", 0)
     edited = op.edit("contact edit", "Contact", contact_key, lifecyclestage="customer", firstname="Augusta")
     h.check_equal("the contact edit answered 200", edited.status_code, 200)
     h.wait_idle()
-    h.check("the contact edit PATCHed N",
-            c.routes().get(f"PATCH {CONTACTS_PATH}/{remote_id}", 0) == patches_before + 1, f"{c.routes()}")
+    edit_intent = save_intent("Contact", contact_key, edited.json()["version"]) if edited.status_code == 200 else None
+    h.check_equal("the contact edit PATCHed N", requests_of(c.attributed(), edit_intent),
+                  [f"PATCH {CONTACTS_PATH}/{remote_id}"])
     contact = provider_contact(h, remote_id) or {"properties": {}}
     h.check_equal("the provider's contact took the edit", (contact["properties"].get("firstname"),
                                                            contact["properties"].get("lifecyclestage")),
@@ -322,15 +364,18 @@ def post_convert_contact_storm(h: Harness) -> None:
 
     # A local lead edit whose PATCH the provider holds in flight: the conversion races unfinished work.
     c.set_faults(delay_seconds=STORM_DELAY_SECONDS)
-    h.check_equal("the lead edit answered 200",
-                  op.edit("lead edit", "Lead", lead_key, firstname="Ada Augusta").status_code, 200)
-    h.wait_until("the lead edit's push intent exists", lambda: intents("Lead", lead_key) == 2)
+    lead_edit = op.edit("lead edit", "Lead", lead_key, firstname="Ada Augusta")
+    h.check_equal("the lead edit answered 200", lead_edit.status_code, 200)
+    if lead_edit.status_code != 200:
+        raise JourneyError(f"the lead edit answered {lead_edit.status_code}: {lead_edit.text}")
+    edited_version = lead_edit.json()["version"]
+    h.wait_until("the lead edit's push intent exists",
+                 lambda: save_intent("Lead", lead_key, edited_version) is not None)
     first = op.call("POST", convert_path(lead_key), {"transfer_id": "storm-convert", "target_object": "Contact"})
     h.check_equal("the conversion racing the lead's PATCH answered 409", first.status_code, 409)
     h.check_equal("... with code owner_outbound_pending", first.json().get("error") if first.status_code == 409
                   else None, "owner_outbound_pending")
     h.check("... and a Retry-After", first.headers.get("Retry-After", "").isdigit(), f"{dict(first.headers)}")
-    before = provider_requests(h)
     converted = first
     if first.status_code == 409 and first.headers.get("Retry-After"):
         time.sleep(float(first.headers["Retry-After"]))
@@ -340,8 +385,13 @@ def post_convert_contact_storm(h: Harness) -> None:
     if converted.status_code not in (200, 201):
         raise JourneyError(f"the conversion answered {converted.status_code}: {converted.text}")
     contact_key = converted.json()["target_record_key"]
-    h.check_equal("the lead's PATCH finished before the conversion", open_intents("Lead", lead_key), 0)
-    check_converted(h, lead_key, contact_key, remote_id, provider_before=before)
+    h.wait_idle()
+    lead_intent = save_intent("Lead", lead_key, edited_version)
+    h.check("the lead's PATCH finished before the conversion",
+            lead_intent in terminal_at_transfer(conversion_fact(lead_key)), f"intent {lead_intent}")
+    h.check_equal("... and reached the provider as a PATCH of N", requests_of(c.attributed(), lead_intent),
+                  [f"PATCH {CONTACTS_PATH}/{remote_id}"])
+    check_converted(h, lead_key, contact_key, remote_id)
 
     # The burst: webhooks about N, REST edits of the contact and a merge racing its in-flight pushes.
     h.check_equal("the contact becomes a customer (its pushes start)",

@@ -48,14 +48,21 @@ created it: 1), ``update_requests`` (update requests executed on it) and
 holds the email), and keeps the ``associations`` its create carried; per
 company ``create_requests`` and ``update_requests``. ``requests`` counts every API request (any path outside
 ``/_sandbox``, rejected ones included) and ``requests_by_route`` counts them
-by ``"<METHOD> <path>"`` (path without the query).
+by ``"<METHOD> <path>"`` (path without the query). The request log keeps
+the same requests one by one, in arrival order, with the identity a client
+can correlate them by: ``{"seq": n (1, 2, ...), "method", "path" (without
+the query), "body_sha256": hex SHA-256 of the exact body bytes (of ``b""``
+when there is none)}``. An entry is written when the request arrives, before
+any fault delay, so a request held in flight is already logged.
 
 Test controls (no auth): ``GET /_sandbox/state`` -> ``{"contacts": [{"id",
 "properties", "archived", "create_requests", "update_requests",
 "conflict_requests", "associations": [{"to": company id, "types": [...]}]}],
 "companies": [{"id", "properties", "archived", "create_requests",
 "update_requests"}], "requests": n, "requests_by_route": {...}}`` (oldest
-first, ``properties`` without the system properties);
+first, ``properties`` without the system properties); ``GET
+/_sandbox/requests`` -> ``{"requests": [<request log entry>, ...]}`` (oldest
+first);
 ``POST /_sandbox/reset``; ``GET|POST /_sandbox/faults`` with any of
 ``{"drop_response_after_commit": N}`` (the next N create/update requests that
 are executed, whatever their answer, are performed and then the connection is
@@ -74,6 +81,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
 import itertools
 import json
 import logging
@@ -158,6 +166,7 @@ class _State:
     faults: _Faults = field(default_factory=_Faults)
     requests: int = 0
     requests_by_route: dict[str, int] = field(default_factory=dict)
+    request_log: list[dict[str, Any]] = field(default_factory=list)
     ids: Any = field(default_factory=lambda: itertools.count(FIRST_ID))  # never reset: ids are not reused
 
     def reset(self) -> None:
@@ -169,6 +178,7 @@ class _State:
             self.faults = _Faults()
             self.requests = 0
             self.requests_by_route.clear()
+            self.request_log.clear()
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
@@ -196,6 +206,11 @@ class _State:
                 "requests": self.requests,
                 "requests_by_route": dict(self.requests_by_route),
             }
+
+    def log(self) -> list[dict[str, Any]]:
+        """A copy of the request log (see the module docstring), oldest first."""
+        with self.lock:
+            return [dict(entry) for entry in self.request_log]
 
     def holder_of(self, email: str, *, other_than: str | None = None) -> str | None:
         """The id of the live contact holding ``email`` (case-insensitive), lock held."""
@@ -275,6 +290,10 @@ class CrmSandbox(LoopbackSandbox):
         except _RequestRejected as exc:
             raise ValueError((exc.body or {}).get("message", "invalid faults")) from exc
 
+    def request_log(self) -> list[dict[str, Any]]:
+        """The same list as ``GET /_sandbox/requests`` answers under ``"requests"``, oldest first."""
+        return self._state.log()
+
     def company(self, company_id: str) -> dict[str, Any] | None:
         """The company row of ``state()`` with ``company_id``, or ``None``."""
         return next((row for row in self.state()["companies"] if row["id"] == company_id), None)
@@ -305,6 +324,8 @@ class _SandboxHandler(DispatchingHandler):
                 state.requests += 1
                 route = f"{method} {path}"
                 state.requests_by_route[route] = state.requests_by_route.get(route, 0) + 1
+                state.request_log.append({"seq": state.requests, "method": method, "path": path,
+                                          "body_sha256": hashlib.sha256(body).hexdigest()})
             if not path.startswith("/crm/"):
                 raise _RequestRejected(404, _not_found())
             self._authenticate()
@@ -525,6 +546,8 @@ class _SandboxHandler(DispatchingHandler):
         state = self.server.state
         if method == "GET" and path == "/_sandbox/state":
             self._respond(200, state.snapshot())
+        elif method == "GET" and path == "/_sandbox/requests":
+            self._respond(200, {"requests": state.log()})
         elif method == "POST" and path == "/_sandbox/reset":
             state.reset()
             self._respond(200, {"reset": True})

@@ -25,10 +25,11 @@ import json
 import secrets
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
-from packs.journeys import Harness, Journey, JourneyError, register
+from packs.journeys import Attributed, Harness, Journey, JourneyError, attribute_requests, register, request_key
 
 PACK_DIR = Path(__file__).resolve().parent
 SERVICE_FILE = PACK_DIR / "journey_service.json"
@@ -67,6 +68,7 @@ class Crm:
     def __init__(self, h: Harness, *, base_url: str, token: str, webhook_secret: bytes, ingress: dict):
         self.h, self.base_url, self.token, self.webhook_secret, self.ingress = h, base_url, token, webhook_secret, ingress
         self.seeded = 0  # contacts the journey created at the provider directly (their POSTs are not NexusFlow's)
+        self.own_requests: list[tuple[str, str, str]] = []  # request_key of each request the journey sent itself
         self._event_ids = itertools.count(1)
         self._clock = itertools.count(1_700_000_000_000, 1000)
 
@@ -100,8 +102,10 @@ class Crm:
 
     def seed_contact(self, **properties: str) -> str:
         """Create a contact directly at the provider (as if made there before the push); returns its id."""
-        response = httpx.post(self.base_url + CONTACTS_PATH, json={"properties": properties}, headers=self._auth(),
-                              timeout=10)
+        body = json.dumps({"properties": properties}).encode("utf-8")
+        response = httpx.post(self.base_url + CONTACTS_PATH, content=body, timeout=10,
+                              headers={**self._auth(), "Content-Type": "application/json"})
+        self.own_requests.append(request_key("POST", CONTACTS_PATH, body))
         if response.status_code != 201:
             raise JourneyError(f"seeding a provider contact answered {response.status_code}: {response.text}")
         self.seeded += 1
@@ -119,6 +123,15 @@ class Crm:
 
     def routes(self) -> dict[str, int]:
         return self.state()["requests_by_route"]
+
+    def request_log(self) -> list[dict]:
+        """The sandbox's ``/_sandbox/requests``: every API request, oldest first, with its body digest."""
+        return httpx.get(self.base_url + "/_sandbox/requests", timeout=10).json()["requests"]
+
+    def attributed(self) -> list[Attributed]:
+        """Every request the provider saw, attributed by correlation (:func:`packs.journeys.attribute_requests`)."""
+        return attribute_requests(self.request_log(), path_prefix=urlsplit(self.base_url).path.rstrip("/"),
+                                  own=self.own_requests)
 
     def pushed_creates(self) -> int:
         """Create POSTs NexusFlow sent (the provider's count minus the journey's own seeding POSTs)."""

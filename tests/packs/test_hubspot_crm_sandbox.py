@@ -1,6 +1,7 @@
 """The loopback CRM objects sandbox behaves like the provider's contacts and companies API (FACTS.md)."""
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import signal
@@ -180,6 +181,31 @@ def test_counters_by_route_and_method(client: httpx.Client) -> None:
     assert set(row) == {"id", "properties", "archived", "create_requests", "update_requests", "conflict_requests",
                         "associations"}
     assert (row["create_requests"], row["update_requests"], row["conflict_requests"]) == (1, 1, 1)
+
+
+def test_the_request_log_keeps_each_api_request_with_the_digest_of_its_exact_body(
+        client: httpx.Client, sandbox: CrmSandbox) -> None:
+    create_body = b'{"properties": {"email": "log@x.io"}}'
+    created = client.post(CONTACTS_PATH, content=create_body, headers={"Content-Type": "application/json"}).json()
+    patch_body = b'{"properties":{"firstname":"L"}}'
+    client.patch(f"{CONTACTS_PATH}/{created['id']}?archived=false", content=patch_body,
+                 headers={"Content-Type": "application/json"})
+    client.get(f"{CONTACTS_PATH}/{created['id']}")
+    httpx.get(f"{sandbox.base_url}{CONTACTS_PATH}/{created['id']}")  # refused (401): still a request
+    _state(client)  # controls are not API requests
+    empty = hashlib.sha256(b"").hexdigest()
+    expected = [
+        {"seq": 1, "method": "POST", "path": CONTACTS_PATH, "body_sha256": hashlib.sha256(create_body).hexdigest()},
+        {"seq": 2, "method": "PATCH", "path": f"{CONTACTS_PATH}/{created['id']}",
+         "body_sha256": hashlib.sha256(patch_body).hexdigest()},
+        {"seq": 3, "method": "GET", "path": f"{CONTACTS_PATH}/{created['id']}", "body_sha256": empty},
+        {"seq": 4, "method": "GET", "path": f"{CONTACTS_PATH}/{created['id']}", "body_sha256": empty},
+    ]
+    response = client.get("/_sandbox/requests")
+    assert response.status_code == 200 and response.json() == {"requests": expected}
+    assert sandbox.request_log() == expected and _state(client)["requests"] == 4
+    client.post("/_sandbox/reset").raise_for_status()
+    assert client.get("/_sandbox/requests").json() == {"requests": []}
 
 
 def test_dropped_response_after_commit_stores_the_create(client: httpx.Client) -> None:
