@@ -602,6 +602,18 @@ class _Compiler:
         if self.schema == "strict" and self.object_fields is not None and field_name not in self.object_fields:
             self.diag(f"unknown_field:{field_name}", element, "field is not defined on the trigger object")
 
+    def _object_field(self, object_name: Any, field_name: Any, element: str) -> None:
+        """``unknown_field:<field>`` when a strict view defines ``object_name`` but not ``field_name``.
+
+        ``Id`` (the record key every record has) always resolves; an object the
+        view does not define is reported once by :meth:`_object`.
+        """
+        if self.schema != "strict" or field_name == "Id" or not isinstance(object_name, str):
+            return
+        definition = self.view.objects.get(object_name)
+        if definition is not None and field_name not in definition.fields:
+            self.diag(f"unknown_field:{field_name}", element, f"field is not defined on {object_name}")
+
     def _filter(self, raw: Any, element: str, *, record_object: bool) -> dict[str, Any] | None:
         if not isinstance(raw, dict):
             self.diag("unsupported_value:filter", element, "empty filter")
@@ -735,6 +747,12 @@ class _Compiler:
             logic = "and"
         assignments = [{"field": a.get("field"), "value": self._value(a.get("value"), node.name)}
                        for a in _as_list(body.get("inputAssignments")) if isinstance(a, dict)]
+        # The fields an element writes or filters on must exist on its object: the named object, or the
+        # trigger object for an Update Records on $Record.
+        target = obj if obj is not None else (self.trigger.get("object") if body.get("inputReference") == "$Record"
+                                              else None)
+        for name in [a["field"] for a in assignments] + [f["field"] for f in filters]:
+            self._object_field(target, name, node.name)
         node.data = {"object": obj, "input_reference": body.get("inputReference"), "filters": filters,
                      "filter_logic": logic, "assignments": assignments,
                      "first_only": _bool_text(body.get("getFirstRecordOnly")),
@@ -888,6 +906,8 @@ class _Compiler:
                     self.diag(f"unresolved_reference:{root}", element, "the flow has no triggering record")
                 elif root == "$Record__Prior" and self.trigger.get("record_trigger_type") == "Create":
                     self.diag(f"unresolved_reference:{root}", element, "a create trigger has no prior record")
+                elif root in ("$Record", "$Record__Prior") and ref.count(".") == 1:
+                    self._object_field(self.trigger.get("object"), ref.split(".", 1)[1], element)
                 return
             if root not in names:
                 self.diag(f"unresolved_reference:{root}", element, "names no element or resource")

@@ -16,6 +16,7 @@ from nexusflow.flows.compiler import (
 )
 from nexusflow.records.metadata import current_view
 
+from . import resave_flows as rf
 from .conftest import CORPUS, DEMO_FLOW, FLOW_ORG, decision_flow_xml
 
 
@@ -244,3 +245,24 @@ def test_catalog_bound_to_another_view_is_refused(demo_source):
         compile_flow(source=demo_source, flow_api_name="Contact_Push_Customer_To_Billing",
                      catalog=catalog_current(binding=other), view=view)
     assert _codes(exc.value) == {"binding_mismatch"}
+
+
+@pytest.mark.parametrize("broken, code", [
+    (lambda: rf.mark_if_changed("email").replace(b"ISCHANGED({!$Record.email})", b"ISCHANGED({!$Record.emial})"),
+     "unknown_field:emial"),
+    (lambda: rf.mark_if_changed("email").replace(b"$Record__Prior.email", b"$Record__Prior.emial"),
+     "unknown_field:emial"),
+    (lambda: rf.mark_if_changed("email").replace(b"<field>lastname</field>", b"<field>lastnam</field>"),
+     "unknown_field:lastnam"),
+    (lambda: rf.fx.flow(rf.create_record("Make", None, "Account", {"nam": "$Record.email"}),
+                        start=rf.fx.start("Make", trigger="RecordAfterSave", rtt="Update")),
+     "unknown_field:nam"),
+], ids=["formula_reference", "record_prior_reference", "update_of_trigger_record", "create_of_other_object"])
+def test_a_field_a_flow_reads_or_writes_must_exist_on_its_object(broken, code):
+    """A misspelt field in a formula, a prior-value reference or a record write is a compile error, not a
+    deployed Flow that never fires or fails on every save."""
+    with pytest.raises(CompileError) as exc:
+        _compile(broken(), "Field_Check")
+    assert code in _codes(exc.value)
+    # The same document with the correct field names compiles.
+    assert _compile(rf.mark_if_changed("email"), "Field_Check").plan_digest
