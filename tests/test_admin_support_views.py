@@ -96,4 +96,8 @@ def test_the_remote_effect_view_filters_by_reason_class_and_keeps_the_stored_sta
     everything = client.get(url).content.decode()
     assert everything.count('<td class="field-reason_class">attention</td>') == 1
     assert everything.count('<td class="field-reason_class">-</td>') == 1
-    assert client.get(url + "?reason_class=severe").url == url + "?e=1"
+    refused = client.get(url + "?reason_class=severe", follow=True)
+    assert refused.redirect_chain == [(url + "?e=1", 302)]
+    # The redirected page is the unfiltered list, and it says why.
+    assert ("Reason class must be benign or attention, not &#x27;severe&#x27;: showing every row"
+            in refused.content.decode())

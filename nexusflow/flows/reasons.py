@@ -30,10 +30,10 @@ STEP_DEFINITE_REFUSAL = register(
     severity_class=ATTENTION, alert_after_seconds=3600, remediations=("reauthor_intent", "fix_pack_mapping"))
 #: The handler's definite refusal is an expected outcome (``NexusError.expected_outcome``), e.g. a push whose
 #: mapping produced no body: nothing was to be done, so the run ends TerminalFailed as a recorded, benign
-#: outcome; the remediations are optional follow-ups when the business still wants the effect.
+#: outcome with nothing for an operator to do.
 STEP_EXPECTED_REFUSAL = register(
     "flow_step_expected_refusal", owner=OWNER, evidence=_S + "flow_attempts_for_reason",
-    severity_class=BENIGN, alert_after_seconds=0, remediations=("reauthor_intent", "fix_pack_mapping"))
+    severity_class=BENIGN, alert_after_seconds=0, remediations=("none",))
 RECURSION_LIMIT = register(
     "flow_recursion_limit", owner=OWNER, evidence=_S + "flow_runs_with_reason",
     severity_class=ATTENTION, alert_after_seconds=3600, remediations=("fix_flow_recursion",))

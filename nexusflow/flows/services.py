@@ -1358,9 +1358,11 @@ def flow_step_execute(*, claim: StepClaim) -> str:
     except StaleVersion:
         raise
     except Exception as exc:  # the step transaction rolled back; record it under the fence
-        log.warning("flow step rolled back: %s", getattr(exc, "code", type(exc).__name__),
-                    extra={"org_id": claim.org_id, "run_id": claim.run_id, "step": claim.step_key},
-                    exc_info=not isinstance(exc, NexusError))
+        # An expected outcome (nothing to do) is recorded, not a warning.
+        level = logging.INFO if getattr(exc, "expected_outcome", False) else logging.WARNING
+        log.log(level, "flow step rolled back: %s", getattr(exc, "code", type(exc).__name__),
+                extra={"org_id": claim.org_id, "run_id": claim.run_id, "step": claim.step_key},
+                exc_info=not isinstance(exc, NexusError))
         failpoints.hit(FP_AFTER_ROLLBACK)
         _record_rollback(claim, exc)
         return "rolled_back"

@@ -11,7 +11,7 @@ shows every row in its stored state.
 """
 from __future__ import annotations
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
 
 from .reasons import BENIGN, SEVERITY_CLASSES, codes_of_class, load_all_reasons
@@ -20,10 +20,10 @@ from .reasons import BENIGN, SEVERITY_CLASSES, codes_of_class, load_all_reasons
 class ReasonClassFilter(admin.SimpleListFilter):
     """Admin list filter ``?reason_class=benign|attention``: rows whose ``reason_code`` is of that class.
 
-    Rows without a code match neither class. Raises
-    ``IncorrectLookupParameters`` (the admin answers with its error page
-    redirect, ``?e=1``) for any other value. ARCHITECTURE.md section 6,
-    "Reason codes".
+    Rows without a code match neither class. Any other value queues an error
+    message naming the accepted values and raises ``IncorrectLookupParameters``
+    (the admin redirects to ``?e=1``, the unfiltered list, which shows the
+    message). ARCHITECTURE.md section 6, "Reason codes".
     """
 
     title = "reason class"
@@ -38,7 +38,9 @@ class ReasonClassFilter(admin.SimpleListFilter):
         if value is None:
             return queryset
         if value not in SEVERITY_CLASSES:
-            raise IncorrectLookupParameters(f"reason_class must be one of {list(SEVERITY_CLASSES)}")
+            detail = f"Reason class must be {' or '.join(SEVERITY_CLASSES)}, not {value!r}: showing every row"
+            messages.error(request, detail)
+            raise IncorrectLookupParameters(detail)
         load_all_reasons()
         return queryset.filter(reason_code__in=sorted(codes_of_class(value)))
 

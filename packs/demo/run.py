@@ -356,6 +356,22 @@ def attention_effects() -> list[tuple[int, str, str]]:
             .order_by("id").values_list("id", "state", "reason_code")]
 
 
+def attention_flow_runs() -> list[tuple[int, str, str]]:
+    """``(run id, state, reason code)`` of every FlowRun that ended with an ``attention`` code, by id.
+
+    A run ended ``flow_step_expected_refusal`` (a push with nothing to send)
+    or ``flow_trigger_record_deleted`` is a benign, recorded outcome and is
+    not among them.
+    """
+    from nexusflow.flows.models import FlowRun
+    from nexusflow.kernel.reasons import ATTENTION, codes_of_class, load_all_reasons
+
+    load_all_reasons()
+    return [(int(pk), state, code) for pk, state, code in
+            FlowRun.objects.filter(reason_code__in=sorted(codes_of_class(ATTENTION)))
+            .order_by("id").values_list("id", "state", "reason_code")]
+
+
 def _local_state(service: dict) -> dict[str, dict[str, Any]]:
     from connectors.models import RemoteLink
     from nexusflow.records.models import Record
@@ -379,11 +395,13 @@ def _local_state(service: dict) -> dict[str, dict[str, Any]]:
 
 def _summary(service: dict, results: list, remote: dict, expected: dict, counts: dict) -> tuple[dict, list[str], dict]:
     from connectors.models import Event, Execution, ReceiptComponent, RemoteEffect, RemoteLink
+    from nexusflow.flows.models import FlowRun
     from nexusflow.kernel.reasons import BENIGN, codes_of_class
 
     push = service["push"]
     local = _local_state(service)
     trouble = attention_effects()
+    failed_runs = attention_flow_runs()
     customers = remote["customers"]
     push_links = RemoteLink.objects.filter(action_type="PushToConnector", state="active")
     linked_ids = {link.remote_id: link.source_record_key for link in push_links}
@@ -404,6 +422,8 @@ def _summary(service: dict, results: list, remote: dict, expected: dict, counts:
         "quarantined_effects": RemoteEffect.objects.filter(state="quarantined").count(),
         "attention_effects": len(trouble),
         "benign_effects": RemoteEffect.objects.filter(reason_code__in=sorted(codes_of_class(BENIGN))).count(),
+        "flow_runs_ended": FlowRun.objects.filter(state__in=("TerminalFailed", "Quarantined")).count(),
+        "attention_flow_runs": len(failed_runs),
         **reason_class_counts(),
         "nonterminal": sum(counts.values()),
     }
@@ -411,6 +431,9 @@ def _summary(service: dict, results: list, remote: dict, expected: dict, counts:
     if trouble:
         failures.append(f"{len(trouble)} effects need an operator (attention reason codes): "
                         f"{json.dumps(trouble[:5])}")
+    if failed_runs:
+        failures.append(f"{len(failed_runs)} flow runs need an operator (attention reason codes): "
+                        f"{json.dumps(failed_runs[:5])}")
     field_map = service["push"]["inbound_field_map"]
     for object_id, props in expected.items():
         row = local.get(object_id)

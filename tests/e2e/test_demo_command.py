@@ -10,8 +10,8 @@ pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "cont
 
 INT_KEYS = ["deliveries", "accepted", "redeliveries", "rejected", "events_admitted", "executions_completed",
             "superseded", "quarantined", "remote_creates", "remote_updates", "duplicate_remote_creates",
-            "uncertain_effects", "quarantined_effects", "attention_effects", "benign_effects", "attention", "benign",
-            "nonterminal"]
+            "uncertain_effects", "quarantined_effects", "attention_effects", "benign_effects", "flow_runs_ended",
+            "attention_flow_runs", "attention", "benign", "nonterminal"]
 
 
 def _write(path, deliveries):
@@ -36,6 +36,7 @@ def test_demo_runs_a_small_file_end_to_end(tmp_path):
     assert summary["events_admitted"] == 5 and summary["remote_creates"] == 1
     assert summary["duplicate_remote_creates"] == 0 and summary["nonterminal"] == 0
     assert summary["attention_effects"] == 0 and summary["attention"] == sum(summary["attention_codes"].values())
+    assert summary["attention_flow_runs"] == 0
     assert summary["quarantined_effects"] <= summary["benign_effects"]  # every parked effect here is benign
     state = json.loads(dump.read_text())
     assert state["local"]["7001"] == {"email": "lee@example.com", "firstname": "Lee", "lastname": None,
@@ -86,11 +87,14 @@ def _halted_rows(org_id: str) -> dict:
 def test_the_demo_counts_only_attention_reason_codes_as_trouble():
     """A superseded older version is quarantined (raw count) yet benign; only the parked effect is trouble."""
     from connectors.models import RemoteEffect
-    from packs.demo.run import attention_effects, reason_class_counts
+    from packs.demo.run import attention_effects, attention_flow_runs, reason_class_counts
 
     made = _halted_rows("demo-org")
     assert RemoteEffect.objects.filter(state="quarantined").count() == 2
     assert attention_effects() == [(made["parked"], "quarantined", "operator_quarantine")]
+    # Of the three ended runs only the retry-exhausted one needs an operator.
+    assert attention_flow_runs() == [(made["runs"]["flow_step_retry_exhausted"], "TerminalFailed",
+                                      "flow_step_retry_exhausted")]
     assert reason_class_counts() == {"attention": 2, "benign": 4, "attention_codes": {
         "flow_step_retry_exhausted": 1, "operator_quarantine": 1}}
 
