@@ -93,9 +93,11 @@ def web_server_argv(port: int, *, workers: int) -> list[str]:
 
     It serves the API, the admin and (WhiteNoise) the static files collected
     into ``STATIC_ROOT``; the demo, its chaos run and the journeys start it.
+    No control socket: nothing uses it, and its default path is one per user,
+    which servers started side by side would take from each other.
     """
     return [sys.executable, "-m", "gunicorn", "nexusflow.wsgi:application", "--bind", f"127.0.0.1:{port}",
-            "--workers", str(workers), "--threads", "4", "--timeout", "60"]
+            "--workers", str(workers), "--threads", "4", "--timeout", "60", "--no-control-socket"]
 
 
 def _db_url(cfg: dict, name: str) -> str:
