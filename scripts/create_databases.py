@@ -4,12 +4,14 @@ The names come from the settings (``NEXUS_DB_URL`` / ``NEXUS_CONTROL_DB_URL``):
 the main database ``<main>``, the control database (default
 ``<main>_control``), and the databases the project derives from them: the
 demo's ``<main>_demo`` / ``<main>_demo_control``, the journeys'
-``<main>_journey`` / ``<main>_journey_control``, and pytest's ``test_`` copy of
-each of these (tests run the demo and the journeys against the test databases).
+``<main>_journey`` / ``<main>_journey_control``, pytest's ``test_`` copy of
+each of these, and the test databases of each pytest-xdist worker
+(``test_<main>_gw<N>``, with its own demo and journey copies: tests run the
+demo and the journeys against the test databases).
 
 A name works when it has only ASCII letters, digits and underscores and every
-name derived from it fits MariaDB's 64 characters (the main name at most 43,
-the control name at most 59).
+name derived from it fits MariaDB's 64 characters (the main name at most 39,
+the control name at most 55).
 
 Usage (``make db`` runs the first three from ``scripts/ensure_mariadb.sh``):
 
@@ -50,6 +52,8 @@ MANAGED_USER = "nexus"
 MAX_NAME = 64  # MariaDB's identifier limit
 NAME_RULE = re.compile(r"[A-Za-z0-9_]+")
 TEST_PREFIX = "test_"  # Django's default test database name: "test_" + NAME
+#: pytest-django's suffix for a pytest-xdist worker's test databases (``make test`` TEST_WORKERS, at most ten).
+XDIST_WORKER_SUFFIX = "_gw9"
 ER_DBACCESS_DENIED, ER_BAD_DB = 1044, 1049
 
 
@@ -62,6 +66,9 @@ def derived_names(main: str, control: str) -> list[str]:
     """Every database the project creates for these names, ``test_`` copies included (no duplicates)."""
     own = [main, control, *demo_database_names(main), *journey_database_names(main)]
     names = own + [TEST_PREFIX + name for name in own]
+    worker = TEST_PREFIX + main + XDIST_WORKER_SUFFIX
+    names += [worker, TEST_PREFIX + control + XDIST_WORKER_SUFFIX, *demo_database_names(worker),
+              *journey_database_names(worker)]
     return list(dict.fromkeys(names))
 
 
@@ -149,8 +156,8 @@ def main(argv: list[str]) -> int:
         for problem in problems:
             print(f"db: {problem}", file=sys.stderr)
         print("db: a database name (the last part of NEXUS_DB_URL / NEXUS_CONTROL_DB_URL) may use ASCII letters, "
-              "digits and underscores only; the main name at most 43 characters, the control name at most 59 "
-              "(the demo, the journeys and the tests append suffixes such as _journey_control and the prefix "
+              "digits and underscores only; the main name at most 39 characters, the control name at most 55 "
+              "(the demo, the journeys and the tests append suffixes such as _gw9_journey_control and the prefix "
               "test_)", file=sys.stderr)
         return 2
     mode = argv[0] if argv else None

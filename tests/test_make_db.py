@@ -106,7 +106,7 @@ def test_make_db_prepares_a_custom_name_and_every_database_derived_from_it(custo
 
 @pytest.mark.parametrize("shape,rule", [
     ("nf-new{}", "ASCII letters, digits and underscores"),
-    ("nfnew{}_" + "x" * 32, "the main name at most 43 characters"),  # 44 characters
+    ("nfnew{}_" + "x" * 28, "the main name at most 39 characters"),  # 40 characters
 ])
 def test_make_db_refuses_a_name_outside_the_rule_and_says_which_names_work(shape, rule):
     name = shape.format(secrets.token_hex(3))
