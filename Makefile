@@ -30,7 +30,7 @@ static: venv
 
 # The suite waits on real processes and the database far more than it computes: TEST_WORKERS pytest-xdist
 # workers (each with its own test databases) run whole files side by side. TEST_WORKERS=0 runs serially.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test: venv db static
 	@$(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
