@@ -113,6 +113,7 @@ PRODUCER_RUNTIME_INTENT = "runtime.intent_result"
 EFFECT_OWNER_KIND = "runtime.outbound_command"
 EFFECT_GENERATION_ID = "1"
 TRIGGER_CHECKPOINT_SEQUENCE = 1
+SUCCESS_OUTCOMES = frozenset({"remote_confirmed", "finalized", "superseded"})
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,6 @@ class _SaveOrigin:
 #: Set while a step applies its record writes (:func:`_apply_writes`), in the step transaction: a run
 #: admitted by one of those saves is a recursive save of the writer's logical save, one level deeper.
 _SAVE_ORIGIN: contextvars.ContextVar[_SaveOrigin | None] = contextvars.ContextVar("flow_save_origin", default=None)
-SUCCESS_OUTCOMES = frozenset({"remote_confirmed", "finalized", "superseded"})
 
 
 # =============================================================================
@@ -354,7 +354,7 @@ def flow_trigger_on_record_saved(*, org: OrgScope, record, change) -> None:
             )
         if trigger_matches(plan.plan_payload["trigger"], object_name=record.object_name, created=change.created,
                            fields=record.fields):
-            _run_admit(org=org, plan=plan, record=record, prior_fields=getattr(change, "prior_fields", None))
+            _run_admit(org=org, plan=plan, record=record, prior_fields=change.prior_fields)
 
 
 def _admit_first_step(*, org: OrgScope, run: FlowRun, entry: dict[str, Any], snapshot: dict[str, Any],
@@ -635,6 +635,8 @@ class StepClaim:
     lease_expires_at: dt.datetime
     #: The attempt's admitted business lock plan: sorted ``(object_name, record_key)`` pairs.
     lock_plan: tuple[tuple[str, str], ...] = ()
+    #: The run's recursive-save level (``FlowRun.save_depth``), read with the root by :func:`_start`.
+    save_depth: int = 0
 
 
 def _lease_digest(token: str) -> str:
@@ -757,7 +759,7 @@ def _start(claim: StepClaim) -> StepClaim:
             fences={"lease_token_digest": claim.lease_token_digest, "ownership_epoch": claim.ownership_epoch},
             set_fields={"updated_at": now},
         )
-    return dataclasses.replace(claim, step_version=version)
+    return dataclasses.replace(claim, step_version=version, save_depth=run.save_depth)
 
 
 def _verify_root(run: FlowRun, claim: StepClaim) -> None:
@@ -1341,12 +1343,10 @@ def flow_step_execute(*, claim: StepClaim) -> str:
     claim = _start(claim)
     plan = FlowExecutionPlan.objects.get(org_id=claim.org_id, runs__pk=claim.run_id)
     step_def = _step_def(plan, claim.step_key)
-    executor = EXECUTORS.get(step_def["kind"])
-    save_depth = FlowRun.objects.values_list("save_depth", flat=True).get(org_id=claim.org_id, pk=claim.run_id)
-    if save_depth > policy.RECURSIVE_SAVE_LIMIT:
-        executor = _exec_recursion_limited
+    executor = (_exec_recursion_limited if claim.save_depth > policy.RECURSIVE_SAVE_LIMIT
+                else EXECUTORS.get(step_def["kind"]))
     try:
-        if executor is None or (step_def["kind"] != claim.step_kind and executor is not _exec_recursion_limited):
+        if executor is None or step_def["kind"] != claim.step_kind:
             raise PlanMismatch(f"no executor for step kind {step_def['kind']!r}")
         outcome = executor(claim, plan, step_def)
     except _CommitUnknown as exc:

@@ -623,16 +623,12 @@ def chaos_failures(summary: dict[str, Any], kills: Sequence[Kill]) -> list[str]:
     crash must cost a retry, never a run; :data:`EXPECTED_FLOW_FAILURE` is
     benign).
     """
-    from nexusflow.flows.models import FlowRun
-    from nexusflow.kernel.reasons import ATTENTION, codes_of_class, load_all_reasons
+    from packs.demo.run import attention_flow_runs
 
     problems = coverage_failures(kills)
     if summary.get("uncertain_effects"):
         problems.append(f"{summary['uncertain_effects']} effects still uncertain after reconciliation")
-    load_all_reasons()
-    failed = list(FlowRun.objects.filter(state__in=("TerminalFailed", "Quarantined"),
-                                         reason_code__in=sorted(codes_of_class(ATTENTION)))
-                  .order_by("id").values_list("id", "state", "reason_code"))
+    failed = attention_flow_runs()
     if failed:
         problems.append(f"{len(failed)} flow runs failed by the crashes: {json.dumps(failed[:5], default=str)}")
     return problems

@@ -343,6 +343,16 @@ def reason_class_counts() -> dict[str, Any]:
             "attention_codes": {code: n for code, n in sorted(by_code.items()) if classes[code] == ATTENTION}}
 
 
+def _attention_rows(model) -> list[tuple[int, str, str]]:
+    """``(id, state, reason code)`` of every ``model`` row whose code is of class ``attention``, by id."""
+    from nexusflow.kernel.reasons import ATTENTION, codes_of_class, load_all_reasons
+
+    load_all_reasons()
+    return [(int(pk), state, code) for pk, state, code in
+            model.objects.filter(reason_code__in=sorted(codes_of_class(ATTENTION)))
+            .order_by("id").values_list("id", "state", "reason_code")]
+
+
 def attention_effects() -> list[tuple[int, str, str]]:
     """``(effect id, state, reason code)`` of every RemoteEffect whose code is of class ``attention``, by id.
 
@@ -350,12 +360,8 @@ def attention_effects() -> list[tuple[int, str, str]]:
     by a newer one that already reached the provider) is not among them.
     """
     from connectors.models import RemoteEffect
-    from nexusflow.kernel.reasons import ATTENTION, codes_of_class, load_all_reasons
 
-    load_all_reasons()
-    return [(int(pk), state, code) for pk, state, code in
-            RemoteEffect.objects.filter(reason_code__in=sorted(codes_of_class(ATTENTION)))
-            .order_by("id").values_list("id", "state", "reason_code")]
+    return _attention_rows(RemoteEffect)
 
 
 def attention_flow_runs() -> list[tuple[int, str, str]]:
@@ -366,12 +372,8 @@ def attention_flow_runs() -> list[tuple[int, str, str]]:
     not among them.
     """
     from nexusflow.flows.models import FlowRun
-    from nexusflow.kernel.reasons import ATTENTION, codes_of_class, load_all_reasons
 
-    load_all_reasons()
-    return [(int(pk), state, code) for pk, state, code in
-            FlowRun.objects.filter(reason_code__in=sorted(codes_of_class(ATTENTION)))
-            .order_by("id").values_list("id", "state", "reason_code")]
+    return _attention_rows(FlowRun)
 
 
 def _local_state(service: dict) -> dict[str, dict[str, Any]]:
