@@ -15,6 +15,7 @@ from django.db import models
 
 from .errors import ImmutableRow, InvalidIdentity
 from .ids import TypedId, id_class_for, require_id
+from .store_registry import load_all_stores
 
 
 class _TypedIdConversion:
@@ -212,7 +213,6 @@ def insert(model_cls, *, allow_any_state: bool = False, **values):
     compared byte for byte.
     """
     from .identity import IdentityField
-    from .store import load_all_stores
 
     store = load_all_stores().get(f"{model_cls._meta.app_label}.{model_cls.__name__}")
     obj = model_cls(**values)

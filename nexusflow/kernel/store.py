@@ -16,11 +16,8 @@ from .errors import IllegalTransition, MultipleRowsUpdated, ReasonRequired, Stal
 from .identity import validate_key
 from .ids import require_id, sql_param
 from .models import insert, typed_id_fields
+from .store_registry import STORES, load_all_stores, register_store  # noqa: F401 (read here by commands and tests)
 from .transitions import StateMachine
-
-
-#: ``{machine name: store}`` for every concrete store; one store per machine.
-STORES: dict[str, type["CasStore"]] = {}
 
 
 class CasStore:
@@ -29,7 +26,8 @@ class CasStore:
     Subclasses set ``model`` (a GuardedModel with ``id``, ``org_id``,
     ``state`` and ``version`` columns), ``machine`` and ``lock_class``.
     A subclass that sets both ``model`` and ``machine`` is registered in
-    :data:`STORES`; a second store for the same machine is refused.
+    :data:`nexusflow.kernel.store_registry.STORES`; a second store for the same
+    machine is refused.
 
     Every method that takes a row id takes it typed: ``pk`` must be the
     model's own id (``model.Id``) or a plain ``int`` from a boundary; an id
@@ -41,10 +39,7 @@ class CasStore:
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         if "model" in cls.__dict__ and "machine" in cls.__dict__:
-            name = cls.machine.name
-            if name in STORES and STORES[name] is not cls:
-                raise TypeError(f"{name} already has store {STORES[name].__qualname__}")
-            STORES[name] = cls
+            register_store(cls)
 
     model: Any
     machine: StateMachine
@@ -325,11 +320,3 @@ class CasStore:
         if count > 1:
             raise MultipleRowsUpdated(f"{cls.machine.name} id={pk}: {count} rows matched")
         return version + 1
-
-
-def load_all_stores() -> dict[str, type[CasStore]]:
-    """Return ``{machine name: store}``, importing each app's ``store`` module first."""
-    from .transitions import import_app_modules
-
-    import_app_modules("store")
-    return STORES
