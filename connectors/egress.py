@@ -40,6 +40,7 @@ from .models import (
     RemoteEffectEvidence,
     RemoteLink,
 )
+from .outbound import mapping_source_fields, policy_digest
 from .packs import REMOTE_ID_PLACEHOLDER
 from .selectors import head_of_lane_prepared
 from .serving import CredentialUnavailable, NotServing, resolve_frozen_secret, serving_lock
@@ -111,11 +112,6 @@ def _contract(effect: RemoteEffect) -> tuple[dict, dict, dict]:
     if "policy_digest" in binding and policy_digest(profile) != binding["policy_digest"]:
         raise EgressRefused("frozen callout policy digest mismatch")
     return binding, contract, profile
-
-
-def policy_digest(profile: dict) -> str:
-    """The route/policy digest a FrozenDispatchBinding carries for its callout profile."""
-    return digest_v2("connectors.callout-policy", [("profile", canonical_json.dumps(profile))]).hexdigest
 
 
 def append_evidence(effect: RemoteEffect, *, kind: str, actor: str, to_state: str, detail: dict) -> RemoteEffectEvidence:
@@ -433,7 +429,6 @@ def _plan_update(effect: RemoteEffect, binding: dict, contract: dict, link: Remo
     from nexusflow.records.authority import AUTOMATED_PROCESS_USER, field_read_authority
     from runtime_outbox.services import intent_result_record
 
-    from .outbound import mapping_source_fields
     from .pushlinks import Drift, append_link_evidence, patch_drift
 
     if link.last_pushed_version and effect.lane_sequence <= link.last_pushed_version:

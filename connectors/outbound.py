@@ -5,7 +5,8 @@
 - :func:`remote_effect_accept` turns a delivered OutboundCommand into its one
   RemoteEffect (outbox redelivery loads the same row).
 
-Dispatch, settlement and recovery live in :mod:`connectors.egress`.
+Dispatch, settlement and recovery live in :mod:`connectors.egress`, which checks a
+binding against :func:`policy_digest` and :func:`mapping_source_fields` from here.
 """
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from nexusflow.kernel.digests import PROFILE_V2, digest_v2
 from nexusflow.kernel.errors import NexusError
 
 from . import outcomes
-from .egress import policy_digest
 from .links import PUSH_ACTION_TYPE, link_key_for
 from .models import AccountServingGate, PackGeneration, RemoteEffect
 from .serving import NotServing, serving_lock
@@ -68,6 +68,11 @@ def render_request_fields(contract: dict, fields: dict) -> dict[str, str]:
 def mapping_source_fields(contract: dict) -> list[str]:
     """Every source field the contract's mapping reads (the #1781 authority scope of its body)."""
     return sorted({name for entry in contract["mapping"] for name in entry["source"]})
+
+
+def policy_digest(profile: dict) -> str:
+    """The route/policy digest a FrozenDispatchBinding carries for its callout profile."""
+    return digest_v2("connectors.callout-policy", [("profile", canonical_json.dumps(profile))]).hexdigest
 
 
 def freeze_push_binding(*, org_id: str, contract_key: str, record, intent_key: str, effect_root_id: str = "",

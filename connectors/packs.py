@@ -23,7 +23,7 @@ from .ordering import validate_contract
 from .outcomes import validate_profile as validate_outcome_profile
 from .signatures import validate_config as validate_auth_config
 from .stream_routes import validate_pull_route
-from .windows import validate_window, validate_window_ordering
+from .window_contract import validate_window, validate_window_ordering
 
 
 class PackError(NexusError):

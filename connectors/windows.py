@@ -15,7 +15,8 @@ key (a unique index over ``open_key``). Admission adds a member under the
 window's row lock; a seal clears ``open_key`` and mints the window's one
 Execution in the same transaction, so input that races a seal lands in a
 successor window and two closers mint one Execution generation
-(``Execution.window`` is unique).
+(``Execution.window`` is unique). The ``window`` object itself is checked
+when a pack is loaded, by :mod:`connectors.window_contract`.
 """
 from __future__ import annotations
 
@@ -30,61 +31,13 @@ from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.errors import StaleVersion
 
 from .models import Event, Execution, OrderingLane, Projection, ProjectionWindow
+from .selectors import windows_due
+from .serving import NotServing, serving_lock
 from .store import ExecutionStore, OrderingLaneStore, ProjectionWindowStore
 
 log = logging.getLogger(__name__)
 
-POLICIES = ("latest", "settle", "batch", "grouped")
 FP_BEFORE_SEAL = failpoints.declare("window.before_seal")
-
-
-def validate_window(window) -> dict:
-    """Check a route's ``window`` object.
-
-    Raises:
-        ValueError: unknown policy, missing grouping for ``grouped``, bad numbers.
-    """
-    if not isinstance(window, dict) or window.get("policy") not in POLICIES:
-        raise ValueError(f"window.policy must be one of {', '.join(POLICIES)}")
-    grouping = window.get("grouping", [])
-    if not isinstance(grouping, list) or not all(isinstance(f, str) and f for f in grouping):
-        raise ValueError("window.grouping must be a list of field names")
-    if window["policy"] == "grouped" and not grouping:
-        raise ValueError("a grouped window names its grouping fields")
-    if window["policy"] == "batch" and grouping:
-        raise ValueError("a batch window groups the whole route; use policy grouped to group by fields")
-    close = window.get("close_after_seconds")
-    if not isinstance(close, int) or isinstance(close, bool) or close < 0:
-        raise ValueError("window.close_after_seconds must be an integer >= 0")
-    max_items = window.get("max_items", 1000)
-    if not isinstance(max_items, int) or isinstance(max_items, bool) or max_items < 1:
-        raise ValueError("window.max_items must be an integer >= 1")
-    return window
-
-
-def validate_window_ordering(window: dict, ordering: dict) -> None:
-    """Check that a route's window fits its ordering contract (its window Execution takes one lane position).
-
-    - ``order_independent``: any policy (no lane);
-    - ``latest_source_position``: ``latest`` or ``settle`` grouped by the
-      ordering partition (no ``grouping`` fields): every member is then in the
-      window Execution's own lane, and a newer window of the lane may supersede
-      an older one. A ``batch`` / ``grouped`` window spans partitions, so a later
-      window on its lane would supersede members of other partitions unapplied;
-    - ``strict_source_sequence``: no window; the claim takes each exact
-      successor sequence, and a window Execution carries only one of them.
-
-    Raises:
-        ValueError: the combination is refused.
-    """
-    contract = ordering.get("contract")
-    if contract == "strict_source_sequence":
-        raise ValueError("a strict_source_sequence route cannot declare a window: its claim takes every exact "
-                         "successor sequence, and a window Execution carries only one position")
-    if contract == "latest_source_position" and (window["policy"] not in ("latest", "settle")
-                                                 or window.get("grouping")):
-        raise ValueError("a window on a latest_source_position route must be policy latest or settle grouped by "
-                         "the ordering partition (no grouping fields): its one Execution takes its lane's position")
 
 
 def grouping_of(route: dict, raw: dict, partition: list) -> tuple[list, str]:
@@ -183,9 +136,6 @@ def window_members(execution: Execution) -> list[Event]:
 
 def window_try_close_one() -> bool:
     """Seal one open window whose ``close_at`` passed (DB clock). Returns ``True`` if one was sealed."""
-    from .selectors import windows_due
-    from .serving import NotServing, serving_lock
-
     for org_id, window_id in windows_due(db_now()):
         window = ProjectionWindow.objects.filter(org_id=org_id, pk=window_id).first()
         if window is None:

@@ -969,7 +969,7 @@ def test_settle_windows_on_a_latest_position_lane_apply_the_newest_value(client,
 
 def test_pack_validation_refuses_windows_that_do_not_fit_the_ordering_contract():
     from connectors.ordering import validate_contract
-    from connectors.windows import validate_window, validate_window_ordering
+    from connectors.window_contract import validate_window, validate_window_ordering
 
     latest = {"contract": "latest_source_position", "partition": ["objectId"], "position": ["eventId"],
               "tie_breaker": "eventId", "comparator_version": "1"}
