@@ -53,6 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from packs.demo.common import DemoError, attention_flow_runs, web_server_argv
+
 #: Not a failpoint: the supervisor SIGKILLs the web process group from outside.
 EXTERNAL_KILL = "external.sigkill"
 
@@ -276,8 +278,6 @@ class ChaosSupervisor:
         self.disarmed = False
         self.resent_requests = 0  # set by the caller from its ResendingPoster
         self.started = time.monotonic()
-        from packs.demo.run import web_server_argv
-
         py = sys.executable
         self.slots = {
             "web": _Slot("web", "web", web_server_argv(web_port, workers=2)),
@@ -443,8 +443,6 @@ class ChaosSupervisor:
             DemoError: a slot process exited other than by SIGKILL (a crash the
                 chaos did not cause), with its log name and code.
         """
-        from packs.demo.run import DemoError
-
         now = time.monotonic()
         for slot in self.slots.values():
             proc = slot.proc
@@ -509,8 +507,6 @@ class ChaosSupervisor:
         Raises:
             DemoError: a slot crashed (see :meth:`tick`) or the poster failed.
         """
-        from packs.demo.run import DemoError
-
         idle_since = None
         last_marker, last_change = None, time.monotonic()
         counts: dict[str, int] = {}
@@ -623,8 +619,6 @@ def chaos_failures(summary: dict[str, Any], kills: Sequence[Kill]) -> list[str]:
     crash must cost a retry, never a run; :data:`EXPECTED_FLOW_FAILURE` is
     benign).
     """
-    from packs.demo.run import attention_flow_runs
-
     problems = coverage_failures(kills)
     if summary.get("uncertain_effects"):
         problems.append(f"{summary['uncertain_effects']} effects still uncertain after reconciliation")

@@ -31,16 +31,14 @@ import MySQLdb
 from django.conf import settings
 from django.db import connections
 
+from packs.demo.common import DemoError, attention_effects, attention_flow_runs, web_server_argv
+
 ROOT = Path(settings.BASE_DIR)
 SERVICE_FILE = ROOT / "packs" / "demo" / "service.json"
 WORKER_ROLES = ("connector", "connector", "runtime", "flow", "egress")
 IDLE_STABLE_SECONDS = 2.0
 STALL_TIMEOUT_SECONDS = 60.0
 TOTAL_TIMEOUT_SECONDS = 900.0
-
-
-class DemoError(Exception):
-    """The demo could not run (exit code 2); invariant failures exit 1 instead."""
 
 
 @dataclass
@@ -86,18 +84,6 @@ def demo_database_names(main: str) -> tuple[str, str]:
     (``scripts/create_databases.py``).
     """
     return f"{main}_demo", f"{main}_demo_control"
-
-
-def web_server_argv(port: int, *, workers: int) -> list[str]:
-    """The web server's command line: gunicorn on ``127.0.0.1:port`` with ``workers`` processes of 4 threads.
-
-    It serves the API, the admin and (WhiteNoise) the static files collected
-    into ``STATIC_ROOT``; the demo, its chaos run and the journeys start it.
-    No control socket: nothing uses it, and its default path is one per user,
-    which servers started side by side would take from each other.
-    """
-    return [sys.executable, "-m", "gunicorn", "nexusflow.wsgi:application", "--bind", f"127.0.0.1:{port}",
-            "--workers", str(workers), "--threads", "4", "--timeout", "60", "--no-control-socket"]
 
 
 def _db_url(cfg: dict, name: str) -> str:
@@ -341,39 +327,6 @@ def reason_class_counts() -> dict[str, Any]:
     return {"attention": sum(n for code, n in by_code.items() if classes[code] == ATTENTION),
             "benign": sum(n for code, n in by_code.items() if classes[code] == BENIGN),
             "attention_codes": {code: n for code, n in sorted(by_code.items()) if classes[code] == ATTENTION}}
-
-
-def _attention_rows(model) -> list[tuple[int, str, str]]:
-    """``(id, state, reason code)`` of every ``model`` row whose code is of class ``attention``, by id."""
-    from nexusflow.kernel.reasons import ATTENTION, codes_of_class, load_all_reasons
-
-    load_all_reasons()
-    return [(int(pk), state, code) for pk, state, code in
-            model.objects.filter(reason_code__in=sorted(codes_of_class(ATTENTION)))
-            .order_by("id").values_list("id", "state", "reason_code")]
-
-
-def attention_effects() -> list[tuple[int, str, str]]:
-    """``(effect id, state, reason code)`` of every RemoteEffect whose code is of class ``attention``, by id.
-
-    A ``quarantined`` effect with a benign code (an older version superseded
-    by a newer one that already reached the provider) is not among them.
-    """
-    from connectors.models import RemoteEffect
-
-    return _attention_rows(RemoteEffect)
-
-
-def attention_flow_runs() -> list[tuple[int, str, str]]:
-    """``(run id, state, reason code)`` of every FlowRun that ended with an ``attention`` code, by id.
-
-    A run ended ``flow_step_expected_refusal`` (a push with nothing to send)
-    or ``flow_trigger_record_deleted`` is a benign, recorded outcome and is
-    not among them.
-    """
-    from nexusflow.flows.models import FlowRun
-
-    return _attention_rows(FlowRun)
 
 
 def _local_state(service: dict) -> dict[str, dict[str, Any]]:
