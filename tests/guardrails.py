@@ -535,3 +535,297 @@ def check_store_discipline(source: str, path: str) -> list[Violation]:
                     found.append(Violation(path, deco.lineno, "store-discipline",
                                            f"@atomic decorator on {node.name}()"))
     return found
+
+
+# --- 7. imports point down the app layers, and no module cycles -----------------
+#: Apps from left (lowest) to right (ARCHITECTURE.md section 2, "Which way imports point"). A module
+#: may import its own app and any app of a lower layer; two apps of one layer never import each other.
+APP_LAYERS: dict[str, int] = {
+    "nexusflow.kernel": 0,
+    "nexusflow.records": 1,
+    "runtime_outbox": 2,
+    "nexusflow.flows": 3,
+    "connectors": 3,
+    "cutover": 4,
+    "packs": 5,
+}
+#: The composition root: settings, URL tree, WSGI entry, database router, and the entry scripts
+#: outside the apps. It wires the apps together, so it may import any app; no app imports it.
+COMPOSITION_ROOT = frozenset({"nexusflow.settings", "nexusflow.urls", "nexusflow.wsgi", "nexusflow.routers",
+                              "manage", "scripts"})
+COMPOSITION_LAYER = 6
+#: Test code: excluded as an importer, and no app may import it.
+TESTS_LAYER = 7
+#: Project-level modules that are not the composition root count as kernel mechanism:
+#: ``nexusflow.api_errors`` (one DRF handler over kernel errors) and ``nexusflow.workers`` (the worker
+#: role table, which a kernel-level port must fill from each app's ``ready()``, not import upward).
+KERNEL_LEVEL = frozenset({"nexusflow", "nexusflow.api_errors", "nexusflow.workers"})
+
+
+@dataclass(frozen=True, order=True)
+class ImportViolation(Violation):
+    """A :class:`Violation` about one import; ``target`` is the dotted module (or name) imported."""
+
+    target: str = ""
+
+
+def module_name(path: str) -> tuple[str, bool]:
+    """``(dotted module, is a package)`` of a repository-relative ``*.py`` path."""
+    parts = path[:-3].split("/") if path.endswith(".py") else path.split("/")
+    if parts[-1] == "__init__":
+        return ".".join(parts[:-1]), True
+    return ".".join(parts), False
+
+
+def _matches(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def app_of(module: str) -> tuple[str, int] | None:
+    """``(app, layer)`` of a dotted name, or ``None`` for a module outside the project (stdlib, Django...)."""
+    if _matches(module, "tests"):
+        return "tests", TESTS_LAYER
+    for root in COMPOSITION_ROOT:
+        if _matches(module, root):
+            return "composition root", COMPOSITION_LAYER
+    for app in sorted(APP_LAYERS, key=len, reverse=True):
+        if _matches(module, app):
+            return app, APP_LAYERS[app]
+    for name in KERNEL_LEVEL:
+        if _matches(module, name):
+            return "nexusflow.kernel", APP_LAYERS["nexusflow.kernel"]
+    return None
+
+
+def _resolve_relative(module: str, is_package: bool, level: int, name: str | None) -> str | None:
+    """The absolute module a ``from <level dots><name> import`` in ``module`` names (``None``: beyond the top)."""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    if level - 1 > len(package) - 1:
+        return None
+    base = package[:len(package) - (level - 1)]
+    return ".".join(base + ([name] if name else []))
+
+
+def import_statements(source: str, path: str) -> list[tuple[int, str]]:
+    """Every import in ``source`` as ``(line, absolute dotted name)``, wherever it stands.
+
+    Covers ``import a.b``, ``from a import b`` (reported as ``a.b``: ``b`` may be
+    a module or a name in ``a``), relative imports resolved against ``path``'s
+    package, and ``importlib.import_module`` / ``__import__`` calls whose name is a
+    string literal (a relative literal is resolved against a literal ``package``).
+    Imports inside functions, classes, ``if TYPE_CHECKING:`` and ``try:`` blocks
+    count like module-level ones.
+
+    Args:
+        source: Python source text.
+        path: repository-relative path of the module, used to resolve relative imports.
+
+    Returns:
+        ``(line, name)`` pairs in source order; a relative import beyond the top
+        package is reported with the name ``"<beyond top package>"``.
+
+    Raises:
+        SyntaxError: ``source`` does not parse.
+    """
+    module, is_package = module_name(path)
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module if node.level == 0 else _resolve_relative(module, is_package, node.level, node.module)
+            if base is None:
+                found.append((node.lineno, "<beyond top package>"))
+                continue
+            found += [(node.lineno, base if alias.name == "*" else f"{base}.{alias.name}") for alias in node.names]
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            if name not in {"import_module", "__import__"}:
+                continue
+            target = node.args[0].value
+            if target.startswith("."):
+                anchor = node.args[1] if len(node.args) > 1 else next(
+                    (k.value for k in node.keywords if k.arg == "package"), None)
+                if not (isinstance(anchor, ast.Constant) and isinstance(anchor.value, str)):
+                    continue
+                dots = len(target) - len(target.lstrip("."))
+                resolved = _resolve_relative(anchor.value, True, dots, target[dots:] or None)
+                target = resolved or "<beyond top package>"
+            found.append((node.lineno, target))
+    return sorted(found)
+
+
+def _known(name: str, modules: frozenset[str]) -> str:
+    """The longest prefix of ``name`` that is a module in ``modules`` (``name`` itself when none is)."""
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:end])
+        if candidate in modules:
+            return candidate
+    return name
+
+
+def check_import_direction(source: str, path: str, modules: frozenset[str] = frozenset()) -> list[ImportViolation]:
+    """Report every import that points up the app layers or across to the sibling app.
+
+    The rule of :data:`APP_LAYERS`: a module may import its own app and the
+    apps of a lower layer; ``nexusflow.flows`` and ``connectors`` (one layer)
+    never import each other; only the :data:`COMPOSITION_ROOT` may import any
+    app, and nothing imports the composition root or ``tests``. A migration may
+    import only its own app and the kernel (its field types); other apps it names
+    by label string. Every form of :func:`import_statements` counts.
+
+    Args:
+        source: Python source text.
+        path: repository-relative path; it names the importing module and app.
+            A file outside the apps (and the composition root) returns ``[]``.
+        modules: the project's dotted module names, to name the imported
+            module (``from connectors import workers`` -> ``connectors.workers``)
+            rather than a name inside it; without them the name is reported as written.
+
+    Returns:
+        Violations with rule ``import-direction``; ``target`` is the imported module.
+
+    Raises:
+        SyntaxError: ``source`` does not parse.
+    """
+    module, _ = module_name(path)
+    own = app_of(module)
+    if own is None or own[1] >= COMPOSITION_LAYER:
+        return []
+    own_app, own_layer = own
+    migration = "migrations" in path.split("/")
+    found = []
+    for line, name in sorted(set(import_statements(source, path))):
+        target = _known(name, modules)
+        if name == "<beyond top package>":
+            found.append(ImportViolation(path, line, "import-direction", "relative import beyond the top package",
+                                         name))
+            continue
+        other = app_of(name)
+        if other is None or other[0] == own_app:
+            continue
+        other_app, other_layer = other
+        if migration and other_app != "nexusflow.kernel":
+            why = f"a migration imports only its own app and the kernel, not {other_app}"
+        elif other_layer > own_layer:
+            why = f"{own_app} (layer {own_layer}) imports upward from {other_app} (layer {other_layer})"
+        elif other_layer == own_layer:
+            why = f"{own_app} and {other_app} never import each other"
+        else:
+            continue
+        violation = ImportViolation(path, line, "import-direction", f"imports {target}: {why}", target)
+        if violation not in found:
+            found.append(violation)
+    return found
+
+
+def import_graph(sources: dict[str, str]) -> dict[str, dict[str, int]]:
+    """The module import graph: ``module -> {imported project module: first line}``.
+
+    Args:
+        sources: repository-relative path -> source text of every module of the graph.
+
+    Returns:
+        One node per path (its dotted name); an edge per import of another node,
+        in any form :func:`import_statements` finds (in-function imports too),
+        pointing at the module named (``from a import b`` points at ``a.b`` when
+        that is a module, else at ``a``). Parent packages' ``__init__`` are not
+        edges of their own.
+    """
+    names = {path: module_name(path)[0] for path in sources}
+    modules = frozenset(names.values())
+    graph: dict[str, dict[str, int]] = {}
+    for path, source in sources.items():
+        edges = graph.setdefault(names[path], {})
+        for line, name in import_statements(source, path):
+            target = _known(name, modules)
+            if target in modules and target != names[path]:
+                edges.setdefault(target, line)
+    return graph
+
+
+def strongly_connected(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components of ``graph`` with more than one node, each sorted, in sorted order.
+
+    Tarjan's algorithm, iterative (no recursion limit on a deep import chain).
+    """
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    components: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph.get(start, {}))))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, {})))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    components.append(sorted(component))
+    return sorted(components)
+
+
+def shortest_cycle(graph: dict[str, dict[str, int]], component: list[str]) -> list[str]:
+    """One shortest cycle through ``component[0]`` inside ``component``, as ``[a, b, ..., a]`` (breadth first)."""
+    start, members = component[0], set(component)
+    parents: dict[str, str] = {start: start}
+    queue = [start]
+    while queue:
+        node = queue.pop(0)
+        for child in sorted(graph.get(node, {})):
+            if child == start:
+                path = [node]
+                while path[-1] != start:
+                    path.append(parents[path[-1]])
+                return [*reversed(path), start]
+            if child in members and child not in parents:
+                parents[child] = node
+                queue.append(child)
+    raise ValueError(f"{component} is not a strongly connected component of the graph")
+
+
+def check_import_cycles(sources: dict[str, str]) -> list[tuple[frozenset[str], Violation]]:
+    """Report every import cycle among ``sources`` (path -> text): one violation per strongly connected component.
+
+    Returns:
+        ``(component's modules, violation)`` pairs; the violation names the first
+        module's path and the line of its import into the cycle, rule ``import-cycle``,
+        and one shortest cycle through it plus the component's size.
+    """
+    graph = import_graph(sources)
+    paths = {module_name(p)[0]: p for p in sources}
+    found = []
+    for component in strongly_connected(graph):
+        cycle = shortest_cycle(graph, component)
+        line = graph[cycle[0]][cycle[1]]
+        detail = " -> ".join(cycle) + (f" (component of {len(component)} modules)" if len(component) > len(cycle) - 1
+                                       else "")
+        found.append((frozenset(component), Violation(paths[cycle[0]], line, "import-cycle", detail)))
+    return found

@@ -2,7 +2,8 @@
 
 * no ORM read selects a tenant row by id without ``org_id`` ("Trusted scope");
 * raw SQL lives only in ``store.py`` / ``selectors.py`` (and migrations);
-* only the egress adapter (and L1 provider sandboxes, and tests) imports an HTTP client.
+* only the egress adapter (and L1 provider sandboxes, and tests) imports an HTTP client;
+* imports point down the app layers ("Which way imports point"), and no modules import each other in a cycle.
 
 The self-tests feed each checker a deliberately broken snippet and its
 corrected form, and assert the exact violation reported.
@@ -14,14 +15,20 @@ from django.apps import apps
 
 from tests.guardrails import (
     ROOT,
+    app_of,
     check_http_imports,
+    check_import_cycles,
+    check_import_direction,
     check_raw_sql,
     check_store_discipline,
     check_unscoped_reads,
     l0_files,
     model_facts,
+    module_name,
     project_python_files,
     relative,
+    shortest_cycle,
+    strongly_connected,
 )
 
 #: L0 modules the unscoped-read rule covers: everything but the read-only admin (scoped by
@@ -236,3 +243,222 @@ def test_explicit_transactions_and_store_locks_pass():
     fine = ("from django.db import transaction\ndef f(o, pk):\n    with transaction.atomic(durable=True):\n"
             "        return ExecutionStore.lock(o, pk)\n")
     assert check_store_discipline(fine, "connectors/services.py") == []
+
+
+# --- 7. imports point down the app layers, and no module cycles --------------------------
+#: Imports that point the wrong way today, ``(importing file, imported module) -> the port replacing it``.
+#: The list only shrinks: a new violation fails the test, and so does an entry whose import is gone.
+IMPORT_DIRECTION_TODO: dict[tuple[str, str], str] = {
+    ("nexusflow/records/api.py", "connectors.replay_api"):
+        "being replaced by a port: the operator permission moves below records (kernel admin scope)",
+    ("nexusflow/records/api.py", "runtime_outbox.owner"):
+        "being replaced by a port: records declares the owner-conflict error the owner check raises",
+    ("nexusflow/records/edit_api.py", "connectors.replay_api"):
+        "being replaced by a port: the operator permission moves below records (kernel admin scope)",
+    ("nexusflow/records/edit_api.py", "runtime_outbox.owner"):
+        "being replaced by a port: records declares the owner-conflict error the owner check raises",
+    ("nexusflow/records/edits.py", "runtime_outbox.owner"):
+        "being replaced by a port: an owner-protection check runtime_outbox registers in ready()",
+    ("nexusflow/records/management/commands/records.py", "connectors.models"):
+        "being replaced by a port: a record-links reader connectors registers in ready()",
+    ("nexusflow/records/management/commands/records.py", "runtime_outbox.owner"):
+        "being replaced by a port: an owner-intents reader runtime_outbox registers in ready()",
+    ("nexusflow/records/transfer.py", "connectors.links"):
+        "being replaced by a port: transfer hooks connectors registers in ready() (like before_delete)",
+    ("nexusflow/records/transfer.py", "connectors.models"):
+        "being replaced by a port: transfer hooks connectors registers in ready() (like before_delete)",
+    ("nexusflow/records/transfer.py", "connectors.pushlinks"):
+        "being replaced by a port: transfer hooks connectors registers in ready() (like before_delete)",
+    ("nexusflow/records/transfer.py", "connectors.store"):
+        "being replaced by a port: transfer hooks connectors registers in ready() (like before_delete)",
+    ("nexusflow/records/transfer.py", "runtime_outbox.owner"):
+        "being replaced by a port: an owner-work check runtime_outbox registers in ready()",
+    ("nexusflow/records/transfer_api.py", "connectors.replay_api"):
+        "being replaced by a port: the operator permission moves below records (kernel admin scope)",
+    ("runtime_outbox/commands.py", "connectors.links"):
+        "being replaced by a port: the inbound application is a Runtime message the connectors inbox accepts",
+    ("runtime_outbox/management/commands/run_workers.py", "connectors.workers"):
+        "being replaced by a port: worker registration moves below runtime_outbox (kernel worker registry)",
+    ("runtime_outbox/replay_guard.py", "nexusflow.flows.models"):
+        "being replaced by a port: a flow-trigger reader flows registers in ready()",
+    ("runtime_outbox/services.py", "connectors.models"):
+        "being replaced by a port: the outbound.command consumer connectors registers in ready()",
+    ("runtime_outbox/services.py", "connectors.outbound"):
+        "being replaced by a port: the outbound.command consumer connectors registers in ready()",
+    ("runtime_outbox/services.py", "nexusflow.flows.services"):
+        "being replaced by a port: the intent.completed consumer flows registers in ready()",
+    ("nexusflow/flows/services.py", "connectors.workers"):
+        "being replaced by a port: the holder-termination proof moves below both (kernel worker registry)",
+    ("nexusflow/workers.py", "connectors.egress"):
+        "being replaced by a port: each app registers its worker units per role in ready()",
+    ("nexusflow/workers.py", "connectors.executions"):
+        "being replaced by a port: each app registers its worker units per role in ready()",
+    ("nexusflow/workers.py", "connectors.inbound"):
+        "being replaced by a port: each app registers its worker units per role in ready()",
+    ("nexusflow/workers.py", "connectors.stream"):
+        "being replaced by a port: each app registers its worker units per role in ready()",
+    ("nexusflow/workers.py", "connectors.windows"):
+        "being replaced by a port: each app registers its worker units per role in ready()",
+    ("nexusflow/workers.py", "nexusflow.flows.services"):
+        "being replaced by a port: each app registers its worker units per role in ready()",
+    ("nexusflow/workers.py", "runtime_outbox.services"):
+        "being replaced by a port: each app registers its worker units per role in ready()",
+}
+#: Import cycles allowed for now, keyed by the modules of their strongly connected component.
+IMPORT_CYCLE_TODO: dict[frozenset[str], str] = {
+    frozenset({"nexusflow.flows.catalog", "nexusflow.flows.compiler", "nexusflow.flows.errors",
+               "nexusflow.flows.store"}):
+        "being removed: the flows catalog -> store -> errors -> compiler -> catalog chain is split",
+    frozenset({"nexusflow.flows.services", "runtime_outbox.services"}):
+        "closed only by the TODO runtime_outbox/services.py -> nexusflow.flows.services; goes with it",
+}
+
+
+def _project_sources() -> dict[str, str]:
+    """Repository-relative path -> text of every project module outside ``tests/``."""
+    return {relative(p): p.read_text(encoding="utf-8") for p in project_python_files()
+            if not relative(p).startswith("tests/")}
+
+
+def _direction_violations() -> list:
+    sources = _project_sources()
+    modules = frozenset(module_name(p)[0] for p in sources)
+    return [v for path, text in sources.items() for v in check_import_direction(text, path, modules)]
+
+
+def test_imports_point_down_the_app_layers():
+    found = [v for v in _direction_violations() if (v.path, v.target) not in IMPORT_DIRECTION_TODO]
+    assert not found, "\n".join(map(str, found))
+
+
+def test_the_import_direction_todo_only_shrinks():
+    still = {(v.path, v.target) for v in _direction_violations()}
+    stale = sorted(set(IMPORT_DIRECTION_TODO) - still)
+    assert not stale, f"these imports are gone: remove them from IMPORT_DIRECTION_TODO: {stale}"
+    assert all(why.startswith("being replaced by a port: ") for why in IMPORT_DIRECTION_TODO.values())
+
+
+def test_every_project_module_has_a_layer():
+    """A new top-level package must be placed in APP_LAYERS (or the composition root) before it is checked."""
+    unplaced = sorted(p for p in _project_sources() if app_of(module_name(p)[0]) is None)
+    assert not unplaced, unplaced
+
+
+def test_no_import_cycles():
+    found = [v for members, v in check_import_cycles(_project_sources()) if members not in IMPORT_CYCLE_TODO]
+    assert not found, "\n".join(map(str, found))
+
+
+def test_the_import_cycle_todo_only_shrinks():
+    still = {members for members, _ in check_import_cycles(_project_sources())}
+    stale = [sorted(members) for members in IMPORT_CYCLE_TODO if members not in still]
+    assert not stale, f"these cycles are gone: remove them from IMPORT_CYCLE_TODO: {stale}"
+
+
+def _direction(source: str, path: str) -> list[tuple[int, str]]:
+    return [(v.line, v.detail) for v in check_import_direction(source, path)]
+
+
+@pytest.mark.parametrize("path,source,line,detail", [
+    ("nexusflow/records/edits.py", "import os\nfrom runtime_outbox.owner import OwnerContended\n", 2,
+     "imports runtime_outbox.owner.OwnerContended: nexusflow.records (layer 1) imports upward "
+     "from runtime_outbox (layer 2)"),
+    ("runtime_outbox/services.py", "def deliver():\n    from connectors.outbound import remote_effect_accept\n", 2,
+     "imports connectors.outbound.remote_effect_accept: runtime_outbox (layer 2) imports upward "
+     "from connectors (layer 3)"),
+    ("nexusflow/flows/services.py", "import connectors.workers\n", 1,
+     "imports connectors.workers: nexusflow.flows and connectors never import each other"),
+    ("connectors/egress.py", "def f():\n    from nexusflow.flows import services\n", 2,
+     "imports nexusflow.flows.services: connectors and nexusflow.flows never import each other"),
+    ("nexusflow/records/transfer.py", "from ..flows.models import FlowRun\n", 1,
+     "imports nexusflow.flows.models.FlowRun: nexusflow.records (layer 1) imports upward "
+     "from nexusflow.flows (layer 3)"),
+    ("nexusflow/kernel/__init__.py", "from .. import records\n", 1,
+     "imports nexusflow.records: nexusflow.kernel (layer 0) imports upward from nexusflow.records (layer 1)"),
+    ("nexusflow/kernel/store.py", "import importlib\nmod = importlib.import_module('cutover.services')\n", 2,
+     "imports cutover.services: nexusflow.kernel (layer 0) imports upward from cutover (layer 4)"),
+    ("nexusflow/records/store.py", "from importlib import import_module\n"
+                                   "import_module('..flows.store', package='nexusflow.records')\n", 2,
+     "imports nexusflow.flows.store: nexusflow.records (layer 1) imports upward from nexusflow.flows (layer 3)"),
+    ("nexusflow/api_errors.py", "from connectors.api import x\n", 1,
+     "imports connectors.api.x: nexusflow.kernel (layer 0) imports upward from connectors (layer 3)"),
+    ("packs/loopback.py", "from nexusflow import urls\n", 1,
+     "imports nexusflow.urls: packs (layer 5) imports upward from composition root (layer 6)"),
+    ("cutover/services.py", "from tests.concurrency import holds\n", 1,
+     "imports tests.concurrency.holds: cutover (layer 4) imports upward from tests (layer 7)"),
+    ("connectors/migrations/0099_x.py", "def forwards(apps, schema):\n    from nexusflow.records.models import R\n", 2,
+     "imports nexusflow.records.models.R: a migration imports only its own app and the kernel, "
+     "not nexusflow.records"),
+    ("nexusflow/flows/x.py", "from .... import y\n", 1, "relative import beyond the top package"),
+])
+def test_a_wrong_way_import_is_caught(path, source, line, detail):
+    assert _direction(source, path) == [(line, detail)]
+
+
+def test_the_imported_module_is_named_when_the_tree_knows_it():
+    found = check_import_direction("from connectors import workers\n", "nexusflow/flows/services.py",
+                                   frozenset({"connectors", "connectors.workers"}))
+    assert [(v.line, v.target) for v in found] == [(1, "connectors.workers")]
+
+
+@pytest.mark.parametrize("path,source", [
+    ("connectors/egress.py", "import json\nfrom django.db import transaction\nfrom .outbound import policy_digest\n"
+                             "from nexusflow.kernel.models import insert\nfrom nexusflow.records.models import R\n"
+                             "from runtime_outbox.services import intent_result_record\n"),
+    ("cutover/services.py", "def f():\n    from connectors.models import AccountServingGate\n"
+                            "    from nexusflow.flows.models import FlowRun\n"),
+    ("packs/demo/run.py", "from cutover.models import X\nfrom .common import DemoError\n"),
+    ("nexusflow/records/edits.py", "from . import metadata\nfrom ..kernel import errors\nfrom nexusflow import api_errors\n"),
+    ("nexusflow/urls.py", "from connectors.api import x\nfrom packs.journeys import y\n"),
+    ("connectors/migrations/0013_push.py", "import nexusflow.kernel.models\ndef f(apps, schema):\n"
+                                           "    from connectors.pushlinks import body_fingerprint\n"),
+    ("tests/records/test_x.py", "from packs.demo.run import run_demo\n"),
+    ("scripts/create_databases.py", "from packs.demo.run import demo_database_names\n"),
+])
+def test_downward_and_own_app_imports_pass(path, source):
+    assert _direction(source, path) == []
+
+
+def _cycles(files: dict[str, str]) -> list[tuple[list[str], int, str]]:
+    return [(sorted(members), v.line, v.detail) for members, v in check_import_cycles(files)]
+
+
+def test_an_import_cycle_is_caught_with_its_chain():
+    files = {
+        "connectors/epoch.py": "from .generations import read\n",
+        "connectors/generations.py": "import json\nfrom .packs import validate\n",
+        "connectors/packs.py": "def validate():\n    from connectors import serving\n",
+        "connectors/serving.py": "from connectors.epoch import prepare\nfrom .store import S\n",
+        "connectors/store.py": "from nexusflow.kernel.store import CasStore\n",
+    }
+    assert _cycles(files) == [(
+        ["connectors.epoch", "connectors.generations", "connectors.packs", "connectors.serving"], 1,
+        "connectors.epoch -> connectors.generations -> connectors.packs -> connectors.serving -> connectors.epoch")]
+    files["connectors/packs.py"] = "def validate():\n    pass\n"
+    assert _cycles(files) == []
+
+
+def test_cycles_across_apps_and_through_relative_imports_are_caught():
+    files = {
+        "nexusflow/kernel/models.py": "def insert():\n    from .store import load\n",
+        "nexusflow/kernel/store.py": "from .models import insert\n",
+        "nexusflow/flows/services.py": "from runtime_outbox.services import deliver\n",
+        "runtime_outbox/services.py": "import importlib\nimportlib.import_module('nexusflow.flows.services')\n",
+        "packs/demo/run.py": "from packs.demo.chaos import Supervisor\n",
+        "packs/demo/chaos.py": "from .run import DemoError\nfrom .common import x\n",
+        "packs/demo/common.py": "import sys\n",
+    }
+    assert _cycles(files) == [
+        (["nexusflow.flows.services", "runtime_outbox.services"], 1,
+         "nexusflow.flows.services -> runtime_outbox.services -> nexusflow.flows.services"),
+        (["nexusflow.kernel.models", "nexusflow.kernel.store"], 2,
+         "nexusflow.kernel.models -> nexusflow.kernel.store -> nexusflow.kernel.models"),
+        (["packs.demo.chaos", "packs.demo.run"], 1, "packs.demo.chaos -> packs.demo.run -> packs.demo.chaos"),
+    ]
+
+
+def test_strongly_connected_components_are_found_whole():
+    graph = {"a": {"b": 1}, "b": {"c": 1, "d": 1}, "c": {"a": 1}, "d": {"e": 1}, "e": {"d": 1, "f": 1}, "f": {},
+             "g": {"g2": 1}, "g2": {}}
+    assert strongly_connected(graph) == [["a", "b", "c"], ["d", "e"]]
+    assert shortest_cycle({"a": {"b": 1, "c": 1}, "b": {"c": 1}, "c": {"a": 1}}, ["a", "b", "c"]) == ["a", "c", "a"]
