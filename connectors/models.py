@@ -122,6 +122,8 @@ class CredentialGeneration(GuardedModel):
 
 
 class CredentialGenerationDispatchGate(GuardedModel):
+    """Whether one credential generation may still authorize provider I/O (seed 003 credential dispatch gate)."""
+
     org_id = IdentityField(max_length=64)
     credential_generation = models.OneToOneField(CredentialGeneration, on_delete=models.PROTECT)
     state = models.CharField(max_length=16)
@@ -134,6 +136,8 @@ class CredentialGenerationDispatchGate(GuardedModel):
 
 
 class ServingEpoch(GuardedModel):
+    """One verified execution generation of an account: the fence every admission and dispatch names (seed 003)."""
+
     org_id = IdentityField(max_length=64)
     state = models.CharField(max_length=16)
     version = models.PositiveBigIntegerField(default=1)
@@ -154,6 +158,8 @@ class ServingEpoch(GuardedModel):
 
 
 class AccountServingGate(GuardedModel):
+    """An account's admission and protocol mode (v1 serving, draining, v2 serving ...): the one serving switch."""
+
     org_id = IdentityField(max_length=64)
     account_key = IdentityField(max_length=80)
     pack_key = IdentityField(max_length=80)
@@ -441,6 +447,8 @@ class OrderingHandoff(GuardedModel):
 
 
 class Projection(GuardedModel):
+    """The application input built from one normalized event, bound to its route and window (seed 003)."""
+
     org_id = IdentityField(max_length=64)
     event = models.OneToOneField(Event, on_delete=models.PROTECT)
     route_key = IdentityField(max_length=80)
@@ -452,6 +460,8 @@ class Projection(GuardedModel):
 
 
 class Execution(GuardedModel):
+    """Ownership of applying one projection: generation, lease and outcome, claimed through its ordering lane."""
+
     org_id = IdentityField(max_length=64)
     projection = models.ForeignKey(Projection, on_delete=models.PROTECT)
     generation = models.PositiveIntegerField(default=1)

@@ -11,6 +11,7 @@ from nexusflow.kernel.models import GuardedModel, TypedIdReference
 
 
 class CutoverDecision(GuardedModel):
+    """The journal of one cutover attempt's activation-versus-restore decision (control database)."""
 
     org_id = IdentityField(max_length=64)
     attempt_key = IdentityField(max_length=80)

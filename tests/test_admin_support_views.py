@@ -4,6 +4,7 @@ from django.apps import apps
 from django.contrib import admin
 from django.contrib.auth.models import Group, User
 from django.test import RequestFactory
+from django.utils.html import escape
 
 from nexusflow.kernel.admin import ReadOnlyAdmin
 
@@ -101,3 +102,37 @@ def test_the_remote_effect_view_filters_by_reason_class_and_keeps_the_stored_sta
     # The redirected page is the unfiltered list, and it says why.
     assert ("Reason class must be benign or attention, not &#x27;severe&#x27;: showing every row"
             in refused.content.decode())
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "control"])
+def test_every_support_list_page_renders_from_the_project_templates_with_its_fact_description(client):
+    """ARCHITECTURE.md section 2: the support views take their templates from ``templates/``."""
+    from nexusflow.kernel.admin import fact_description
+
+    client.force_login(User.objects.create_superuser("root", password="pw"))
+    for model in MODELS:
+        url = f"/admin/{model._meta.app_label}/{model._meta.model_name}/"
+        response = client.get(url)
+        assert response.status_code == 200, url
+        names = [t.name for t in response.templates]
+        assert "admin/support/change_list.html" in names and "admin/base_site.html" in names, (url, names)
+        page = response.content.decode()
+        assert "NexusFlow support" in page and "Read-only support view." in page, url
+        description = fact_description(model)
+        assert description, f"{model._meta.label} has no docstring saying what the fact is"
+        assert escape(description) in page, url
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "control"])
+def test_a_support_detail_page_shows_the_banner_and_no_save_button(client):
+    from connectors.models import AccountServingGate
+    from connectors.store import AccountServingGateStore
+
+    AccountServingGateStore.create(org_id="org-a", account_key="a1", pack_key="p", state="v1_serving")
+    gate = AccountServingGate.objects.get(org_id="org-a", account_key="a1")
+    client.force_login(User.objects.create_superuser("root", password="pw"))
+    response = client.get(f"/admin/connectors/accountservinggate/{gate.pk}/change/")
+    assert response.status_code == 200
+    assert "admin/support/change_form.html" in [t.name for t in response.templates]
+    page = response.content.decode()
+    assert "Read-only support view." in page and 'name="_save"' not in page

@@ -52,9 +52,33 @@ def operator_org_ids(user) -> set[str] | None:
     return {name.removeprefix("org:") for name in user.groups.values_list("name", flat=True) if name.startswith("org:")}
 
 
+def fact_description(model) -> str:
+    """The first paragraph of ``model``'s docstring: what the fact is and who owns it (support banner text)."""
+    doc = (model.__doc__ or "").strip()
+    if not doc or doc.startswith(f"{model.__name__}("):  # Django's generated signature, not a description
+        return ""
+    return " ".join(doc.split("\n\n", 1)[0].split())
+
+
 class ReadOnlyAdmin(admin.ModelAdmin):
+    """Base of every support view: read-only, org-scoped, rendered from ``templates/admin/support/``.
+
+    Each list and detail page shows the fact's description (its model
+    docstring) above a read-only banner.
+    """
+
     actions = None
     list_per_page = 50
+    change_list_template = "admin/support/change_list.html"
+    change_form_template = "admin/support/change_form.html"
+
+    def changelist_view(self, request, extra_context=None):
+        return super().changelist_view(
+            request, {"fact_description": fact_description(self.model), **(extra_context or {})})
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        return super().changeform_view(
+            request, object_id, form_url, {"fact_description": fact_description(self.model), **(extra_context or {})})
 
     def get_readonly_fields(self, request, obj=None):
         return [field.name for field in self.model._meta.fields]

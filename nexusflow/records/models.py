@@ -11,6 +11,8 @@ from nexusflow.kernel.models import GuardedModel
 
 
 class Record(GuardedModel):
+    """A CRM record of one object, versioned; its owner fence, deletion tombstone and compatibility mirror fields."""
+
     org_id = IdentityField(max_length=64)
     object_name = IdentityField(max_length=80)
     record_key = IdentityField(max_length=64, help_text="Stable record id, e.g. 003000000000001.")
