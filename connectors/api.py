@@ -7,9 +7,13 @@
   exact delivery before the upgrade (a tombstone); nothing runs again;
 - 401 ``signature_invalid`` / ``signature_stale`` / ``signature_missing``;
 - 400 ``malformed_body``; 404 ``unknown_ingress``; 409 ``admission_conflict``;
-- 503 ``not_serving`` / ``credential_unavailable`` with ``Retry-After``.
+- 503 ``not_serving`` / ``credential_unavailable`` / ``temporarily_unavailable`` with ``Retry-After``.
 
-Nothing is acknowledged before its Receipt commits.
+Nothing is acknowledged before its Receipt commits. The provider is not a
+user: the view is open to anonymous callers (``AllowAny``, no authenticator)
+and admission verifies the provider's signature of every request. The
+errors are raised and answered by :func:`nexusflow.api_errors.exception_handler`;
+the view only rewords what the provider may learn.
 """
 from __future__ import annotations
 
@@ -19,20 +23,18 @@ from django.db import DataError, DatabaseError
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers, status
 from rest_framework.parsers import BaseParser
+from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from nexusflow.api_errors import error_response
-from nexusflow.kernel.errors import InvalidIdentity, NexusError
+from nexusflow.kernel.errors import InvalidIdentity
 
-from .inbound import AdmissionError, admit
+from .inbound import MalformedBody, admit
 from .selectors import database_answers
 from .serving import CredentialUnavailable, NotServing
-from .signatures import SignatureError
 
 log = logging.getLogger(__name__)
-
-RETRY_AFTER_SECONDS = "5"
 
 
 class RawBodyParser(BaseParser):
@@ -46,8 +48,10 @@ class IngressAdmitApi(APIView):
     """Admit one signed provider request exactly once."""
 
     parser_classes = [RawBodyParser]
+    # Open on purpose: the caller is the provider, authenticated by its signature of the request,
+    # which admission verifies before anything is written (401 signature_*).
     authentication_classes: list = []
-    permission_classes: list = []
+    permission_classes = [AllowAny]
 
     class OutputSerializer(serializers.Serializer):
         receipt_id = serializers.IntegerField(allow_null=True)
@@ -63,39 +67,28 @@ class IngressAdmitApi(APIView):
                    401: OpenApiResponse(description="signature_invalid | signature_stale | signature_missing"),
                    404: OpenApiResponse(description="unknown_ingress"),
                    409: OpenApiResponse(description="admission_conflict"),
-                   503: OpenApiResponse(description="not_serving (Retry-After)")},
+                   503: OpenApiResponse(description="not_serving | credential_unavailable | temporarily_unavailable"
+                                                    " (Retry-After)")},
     )
     def post(self, request, account_key: str, channel: str):
         body = request.body
         try:
             result = admit(account_key=account_key, channel=channel, method=request.method,
                            url=request.build_absolute_uri(), body=body, headers=request.headers)
-        except SignatureError as exc:
-            return error_response(exc.code, str(exc), status.HTTP_401_UNAUTHORIZED)
-        except AdmissionError as exc:
-            return error_response(exc.code, str(exc), exc.http_status)
         except InvalidIdentity as exc:
-            return error_response("malformed_body", str(exc), status.HTTP_400_BAD_REQUEST)
+            # A key in the provider's body failed validation: the body is at fault.
+            raise MalformedBody(str(exc)) from exc
         except NotServing as exc:
-            return error_response(exc.code, "the account is not admitting work now", status.HTTP_503_SERVICE_UNAVAILABLE,
-                                  headers={"Retry-After": RETRY_AFTER_SECONDS})
+            # The gate's state is the operator's business: the provider learns only to retry.
+            raise NotServing("the account is not admitting work now", code=exc.code) from exc
         except CredentialUnavailable as exc:
             # The detail names an internal secret locator: log it, never return it.
             log.error("ingress credential unavailable for %s/%s: %s", account_key, channel, exc)
-            return error_response(exc.code, "the account's credential is unavailable", status.HTTP_503_SERVICE_UNAVAILABLE,
-                                  headers={"Retry-After": RETRY_AFTER_SECONDS})
-        except NexusError as exc:
-            return error_response(exc.code, str(exc), status.HTTP_409_CONFLICT)
+            raise CredentialUnavailable("the account's credential is unavailable", code=exc.code) from exc
         except DataError as exc:
             # A value that does not fit its column: the input is at fault, retrying cannot help.
             log.warning("ingress data error for %s/%s: %s", account_key, channel, exc)
-            return error_response("malformed_body", "a value does not fit the route's schema",
-                                  status.HTTP_400_BAD_REQUEST)
-        except DatabaseError as exc:
-            # Lock timeouts or a lost connection: nothing was acknowledged; the provider retries.
-            log.warning("ingress database error for %s/%s: %s", account_key, channel, exc)
-            return error_response("temporarily_unavailable", "retry later", status.HTTP_503_SERVICE_UNAVAILABLE,
-                                  headers={"Retry-After": RETRY_AFTER_SECONDS})
+            raise MalformedBody("a value does not fit the route's schema") from exc
         if result.already_accepted:
             return Response({"receipt_id": None, "status": "already_accepted"}, status=status.HTTP_200_OK)
         code = status.HTTP_202_ACCEPTED if result.created else status.HTTP_200_OK
@@ -106,8 +99,10 @@ class IngressAdmitApi(APIView):
 class HealthApi(APIView):
     """``GET /api/v2/health/``: 200 ``{"status": "ok"}`` when the database answers, else 503."""
 
+    # Open on purpose: load balancers and the process supervisor probe it without credentials; it
+    # reads nothing but the database's answer.
     authentication_classes: list = []
-    permission_classes: list = []
+    permission_classes = [AllowAny]
 
     class OutputSerializer(serializers.Serializer):
         status = serializers.CharField()

@@ -1,7 +1,7 @@
 """Replay REST endpoints (seed 003 "Replay identity and predecessor", "Replay and external effects").
 
-Authenticated operators only (session or HTTP basic; staff users). The org
-comes from the operator's ``org:<id>`` groups, never from the payload, and the
+Authenticated operators only (HTTP basic or session; active staff users,
+:class:`nexusflow.kernel.permissions.IsOperator`). The org comes from the operator's ``org:<id>`` groups, never from the payload, and the
 authorizing principal is the authenticated user.
 
 ``POST /api/v2/replays/`` ``{"account_key", "replay_id", "predecessor_event_id", "reason", "external_effects"}``:
@@ -17,37 +17,29 @@ authorizing principal is the authenticated user.
 
 ``GET /api/v2/replays/<account_key>/<replay_id>/``: read-only lookup, also
 while the gate is halted; 404 ``replay_not_found``.
+
+Both answer 401 ``not_authenticated`` (with ``WWW-Authenticate``) without
+credentials and 403 ``permission_denied`` for a user who is no operator. The
+errors are raised and answered by :func:`nexusflow.api_errors.exception_handler`.
 """
 from __future__ import annotations
 
-from django.db import DatabaseError
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers, status
-from rest_framework.authentication import BasicAuthentication, SessionAuthentication
-from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from nexusflow.api_errors import error_response
-from nexusflow.kernel.admin import operator_org_ids
-from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.identity import validate_key
+from nexusflow.kernel.permissions import IsOperator, operator_org_ids
 from nexusflow.kernel.scope import OrgScope
-from runtime_outbox.replay_guard import ReplayModeUnsupported, require_replay_mode
+from runtime_outbox.replay_guard import require_replay_mode
 
 from .models import AccountServingGate
-from .replay import ReplayError, ReplayUnknownAccount, replay_lookup, replay_submit
-from .serving import NotServing
+from .replay import ReplayUnknownAccount, replay_lookup, replay_submit
 
-RETRY_AFTER_SECONDS = "5"
-
-
-class IsOperator(BasePermission):
-    """An active staff user."""
-
-    def has_permission(self, request, view):
-        user = request.user
-        return bool(user and user.is_authenticated and user.is_active and user.is_staff)
+_UNAUTHORIZED = {401: OpenApiResponse(description="not_authenticated | authentication_failed (WWW-Authenticate)"),
+                 403: OpenApiResponse(description="permission_denied")}
 
 
 def operator_org_for_account(user, account_key: str) -> OrgScope:
@@ -66,19 +58,6 @@ def operator_org_for_account(user, account_key: str) -> OrgScope:
     if len(found) != 1:
         raise ReplayUnknownAccount(f"unknown account {account_key!r}")
     return OrgScope(found[0])
-
-
-def _error(exc) -> Response:
-    if isinstance(exc, ReplayModeUnsupported):
-        return error_response(exc.code, str(exc), status.HTTP_400_BAD_REQUEST)
-    if isinstance(exc, InvalidIdentity):
-        return error_response(exc.code, str(exc), status.HTTP_400_BAD_REQUEST)
-    if isinstance(exc, NotServing):
-        return error_response(exc.code, str(exc), status.HTTP_503_SERVICE_UNAVAILABLE,
-                              headers={"Retry-After": RETRY_AFTER_SECONDS})
-    if isinstance(exc, ReplayError):
-        return error_response(exc.code, str(exc), exc.http_status)
-    raise exc
 
 
 class _PredecessorSerializer(serializers.Serializer):
@@ -129,7 +108,6 @@ class ReplayOutputSerializer(serializers.Serializer):
 class ReplayCreateApi(APIView):
     """Admit one operator-authorized replay of a terminal predecessor Event and materialize it."""
 
-    authentication_classes = [SessionAuthentication, BasicAuthentication]
     permission_classes = [IsOperator]
 
     class InputSerializer(serializers.Serializer):
@@ -149,31 +127,22 @@ class ReplayCreateApi(APIView):
                    404: OpenApiResponse(description="unknown_account | unknown_predecessor"),
                    409: OpenApiResponse(description="replay_mismatch | replay_predecessor_not_terminal | "
                                                     "replay_route_not_served"),
-                   503: OpenApiResponse(description="not_serving | replay_target_not_serving (Retry-After)")},
+                   503: OpenApiResponse(description="not_serving | replay_target_not_serving (Retry-After)"),
+                   **_UNAUTHORIZED},
     )
     def post(self, request):
         data = request.data if isinstance(request.data, dict) else {}
         # The mode is refused before any other check, read or write.
         if "external_effects" in data:
-            try:
-                require_replay_mode(data["external_effects"])
-            except ReplayModeUnsupported as exc:
-                return _error(exc)
+            require_replay_mode(data["external_effects"])
         serializer = self.InputSerializer(data=data)
         if not serializer.is_valid():
             return error_response("invalid_request", serializer.errors, status.HTTP_400_BAD_REQUEST)
         values = serializer.validated_data
-        try:
-            org = operator_org_for_account(request.user, values["account_key"])
-            result = replay_submit(org=org, account_key=values["account_key"], replay_id=values["replay_id"],
-                                   predecessor_event_id=values["predecessor_event_id"], reason=values["reason"],
-                                   principal=request.user.get_username(),
-                                   external_effects=values["external_effects"])
-        except (ReplayError, ReplayModeUnsupported, InvalidIdentity, NotServing) as exc:
-            return _error(exc)
-        except DatabaseError:
-            return error_response("temporarily_unavailable", "retry later", status.HTTP_503_SERVICE_UNAVAILABLE,
-                                  headers={"Retry-After": RETRY_AFTER_SECONDS})
+        org = operator_org_for_account(request.user, values["account_key"])
+        result = replay_submit(org=org, account_key=values["account_key"], replay_id=values["replay_id"],
+                               predecessor_event_id=values["predecessor_event_id"], reason=values["reason"],
+                               principal=request.user.get_username(), external_effects=values["external_effects"])
         if not result.materialized:
             code = status.HTTP_202_ACCEPTED
         else:
@@ -184,16 +153,13 @@ class ReplayCreateApi(APIView):
 class ReplayDetailApi(APIView):
     """Read one ReplayRequest and its descendants; never creates or repairs anything."""
 
-    authentication_classes = [SessionAuthentication, BasicAuthentication]
     permission_classes = [IsOperator]
 
     @extend_schema(responses={200: ReplayOutputSerializer,
                               400: OpenApiResponse(description="invalid_identity"),
-                              404: OpenApiResponse(description="unknown_account | replay_not_found")})
+                              404: OpenApiResponse(description="unknown_account | replay_not_found"),
+                              **_UNAUTHORIZED})
     def get(self, request, account_key: str, replay_id: str):
-        try:
-            org = operator_org_for_account(request.user, account_key)
-            result = replay_lookup(org=org, account_key=account_key, replay_id=replay_id)
-        except (ReplayError, InvalidIdentity) as exc:
-            return _error(exc)
+        org = operator_org_for_account(request.user, account_key)
+        result = replay_lookup(org=org, account_key=account_key, replay_id=replay_id)
         return Response(ReplayOutputSerializer(result.as_dict()).data)

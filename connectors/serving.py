@@ -22,15 +22,24 @@ from .epoch import EpochVerificationDeferred, EpochVerificationFailed, epoch_pre
 from .generations import ConfigurationError, service_configuration_apply
 from .store import AccountServingGateStore, ServingEpochStore
 
+#: Seconds a caller waits before retrying work the account does not admit now (HTTP ``Retry-After``).
+RETRY_AFTER_SECONDS = 5
+
 
 class NotServing(NexusError):
-    """The account is not admitting V2 work (gate mode, fence or epoch)."""
+    """The account is not admitting V2 work (gate mode, fence or epoch): retry later (HTTP 503 + Retry-After)."""
 
     code = "not_serving"
+    http_status = 503
+    retry_after = RETRY_AFTER_SECONDS
 
 
 class CredentialUnavailable(NexusError):
+    """The exact secret version of a credential generation cannot be read (HTTP 503 + Retry-After)."""
+
     code = "credential_unavailable"
+    http_status = 503
+    retry_after = RETRY_AFTER_SECONDS
 
 
 def resolve_secret(credential: CredentialGeneration) -> bytes:

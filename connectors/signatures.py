@@ -63,9 +63,10 @@ _HEX_VALUE = re.compile(r"(?:[0-9a-fA-F]{2})+")
 
 
 class SignatureError(NexusError):
-    """A request failed signature verification; ``code`` says why."""
+    """A request failed signature verification; ``code`` says why (HTTP 401)."""
 
     code = "signature_error"
+    http_status = 401
 
 
 class SignatureMissing(SignatureError):

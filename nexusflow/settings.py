@@ -113,16 +113,25 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
 
+#: Closed by default: a view answers only operators (active staff, ``nexusflow.kernel.permissions``) unless it
+#: opens itself with ``permission_classes = [AllowAny]`` and a comment saying why (tests/test_url_permissions.py
+#: lists every URL). HTTP basic comes first so an anonymous request answers 401 with ``WWW-Authenticate``; an
+#: authenticated user who is no operator answers 403.
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_AUTHENTICATION_CLASSES": [],
-    "DEFAULT_PERMISSION_CLASSES": [],
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.BasicAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["nexusflow.kernel.permissions.IsOperator"],
     "UNAUTHENTICATED_USER": None,
     "EXCEPTION_HANDLER": "nexusflow.api_errors.exception_handler",
 }
 #: ``/api/docs/`` (Swagger UI) loads its assets from the local static files (sidecar package), never a CDN.
+#: The schema and its page are public (they describe the API, they read no data).
 SPECTACULAR_SETTINGS = {"TITLE": "NexusFlow API", "VERSION": "2.0.0", "SWAGGER_UI_DIST": "SIDECAR",
-                        "SWAGGER_UI_FAVICON_HREF": "SIDECAR"}
+                        "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+                        "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"]}
 
 Q_CLUSTER = {"name": "nexusflow", "orm": "default", "workers": 1, "timeout": 60, "retry": 120}
 

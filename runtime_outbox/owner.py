@@ -43,7 +43,7 @@ class OwnerConflict(NexusError):
 
     code = "owner_conflict"
     retryable = True
-    retry_after_seconds = RETRY_AFTER_SECONDS
+    retry_after = RETRY_AFTER_SECONDS
 
 
 class OwnerWorkPending(OwnerConflict):

@@ -44,6 +44,7 @@ class ReplayModeUnsupported(NexusError):
 
     code = "replay_mode_unsupported"
     definite = True
+    http_status = 400
 
 
 _ACTIVE: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("nexus_replay_context", default=None)

@@ -1,7 +1,7 @@
 """Flow support read REST endpoint (seed 004 section 19).
 
-Authenticated operators only (session or HTTP basic; active staff users). The
-trusted org is the path's org **and** must be one of the operator's
+Authenticated operators only (HTTP basic or session; active staff users,
+:class:`nexusflow.kernel.permissions.IsOperator`). The trusted org is the path's org **and** must be one of the operator's
 ``org:<id>`` groups (superusers: any org); a FlowRunId-only read is refused.
 
 ``GET /api/v2/flows/orgs/<org_id>/runs/<run_id>/[?include_deleted=1]``:
@@ -15,74 +15,58 @@ trusted org is the path's org **and** must be one of the operator's
 - 404 ``flow_run_not_found``: no visible run with that id in that org.
 
 ``GET /api/v2/flows/runs/<run_id>/``: always 400 ``flow_run_org_required``.
+
+Both answer 401 ``not_authenticated`` (with ``WWW-Authenticate``) without
+credentials and 403 ``permission_denied`` for a user who is no operator. The
+errors are raised and answered by :func:`nexusflow.api_errors.exception_handler`.
 """
 from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
-from rest_framework.authentication import BasicAuthentication, SessionAuthentication
-from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from nexusflow.api_errors import error_response
-from nexusflow.kernel.admin import operator_org_ids
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.identity import validate_key
+from nexusflow.kernel.permissions import IsOperator, require_operator_org
 from nexusflow.kernel.scope import OrgScope
 
-from .errors import FlowRunNotFound
 from .services import flow_run_support_read
 
-
-class IsOperator(BasePermission):
-    """An active staff user."""
-
-    def has_permission(self, request, view):
-        user = request.user
-        return bool(user and user.is_authenticated and user.is_active and user.is_staff)
+_UNAUTHENTICATED = OpenApiResponse(description="not_authenticated | authentication_failed (WWW-Authenticate)")
 
 
 class FlowRunSupportReadApi(APIView):
     """Read one run of one trusted org; never writes."""
 
-    authentication_classes = [SessionAuthentication, BasicAuthentication]
     permission_classes = [IsOperator]
 
     @extend_schema(responses={200: OpenApiResponse(description="the section 19 support read"),
                               400: OpenApiResponse(description="invalid_identity | invalid_request"),
-                              403: OpenApiResponse(description="org_not_authorized"),
+                              401: _UNAUTHENTICATED,
+                              403: OpenApiResponse(description="permission_denied | org_not_authorized"),
                               404: OpenApiResponse(description="flow_run_not_found")})
     def get(self, request, org_id: str, run_id: str):
         include = request.query_params.get("include_deleted", "0")
         if include not in ("0", "1"):
             return error_response("invalid_request", "include_deleted is 0 or 1", status.HTTP_400_BAD_REQUEST)
-        try:
-            validate_key(org_id, field="org_id", max_length=64)
-            if not run_id.isdigit() or int(run_id) < 1:
-                raise InvalidIdentity(f"run id {run_id!r} is not a positive integer")
-        except InvalidIdentity as exc:
-            return error_response(exc.code, str(exc), status.HTTP_400_BAD_REQUEST)
-        orgs = operator_org_ids(request.user)
-        if orgs is not None and org_id not in orgs:
-            return error_response("org_not_authorized", "the operator may not read this org",
-                                  status.HTTP_403_FORBIDDEN)
-        try:
-            body = flow_run_support_read(org=OrgScope(org_id), run_id=int(run_id), include_deleted=include == "1")
-        except InvalidIdentity as exc:
-            return error_response(exc.code, str(exc), status.HTTP_400_BAD_REQUEST)
-        except FlowRunNotFound as exc:
-            return error_response(exc.code, str(exc), status.HTTP_404_NOT_FOUND)
+        validate_key(org_id, field="org_id", max_length=64)
+        if not run_id.isdigit() or int(run_id) < 1:
+            raise InvalidIdentity(f"run id {run_id!r} is not a positive integer")
+        require_operator_org(request.user, org_id, detail="the operator may not read this org")
+        body = flow_run_support_read(org=OrgScope(org_id), run_id=int(run_id), include_deleted=include == "1")
         return Response(body)
 
 
 class FlowRunIdOnlyReadApi(APIView):
     """Refuses a FlowRunId-only support read (seed 004 section 19)."""
 
-    authentication_classes = [SessionAuthentication, BasicAuthentication]
     permission_classes = [IsOperator]
 
-    @extend_schema(responses={400: OpenApiResponse(description="flow_run_org_required")})
+    @extend_schema(responses={400: OpenApiResponse(description="flow_run_org_required"), 401: _UNAUTHENTICATED,
+                              403: OpenApiResponse(description="permission_denied")})
     def get(self, request, run_id: str):
         return error_response("flow_run_org_required", "a flow run is read within its trusted org: "
                               "/api/v2/flows/orgs/<org_id>/runs/<run_id>/", status.HTTP_400_BAD_REQUEST)

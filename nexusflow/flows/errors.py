@@ -51,6 +51,7 @@ class FlowRunNotFound(NexusError):
     """No run with that id in the trusted org (a FlowRunId-only lookup is never made)."""
 
     code = "flow_run_not_found"
+    http_status = 404
 
 
 class LateLockDiscovery(NexusError):

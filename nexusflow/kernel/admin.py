@@ -14,6 +14,7 @@ from __future__ import annotations
 from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
 
+from .permissions import operator_org_ids
 from .reasons import BENIGN, SEVERITY_CLASSES, codes_of_class, load_all_reasons
 
 
@@ -43,13 +44,6 @@ class ReasonClassFilter(admin.SimpleListFilter):
             raise IncorrectLookupParameters(detail)
         load_all_reasons()
         return queryset.filter(reason_code__in=sorted(codes_of_class(value)))
-
-
-def operator_org_ids(user) -> set[str] | None:
-    """Return the org ids ``user`` may read, or ``None`` for all orgs."""
-    if user.is_superuser:
-        return None
-    return {name.removeprefix("org:") for name in user.groups.values_list("name", flat=True) if name.startswith("org:")}
 
 
 def fact_description(model) -> str:

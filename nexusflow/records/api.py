@@ -1,8 +1,8 @@
 """Record REST endpoints: deletion through the installed lifecycle (seed 000).
 
-Authenticated operators only (session or HTTP basic; active staff users). The
-org comes from the operator's ``org:<id>`` groups, never from the payload or
-the URL.
+Authenticated operators only (HTTP basic or session; active staff users,
+:class:`nexusflow.kernel.permissions.IsOperator`). The org comes from the
+operator's ``org:<id>`` groups, never from the payload or the URL.
 
 ``DELETE /api/v2/records/<object>/<record_key>/``:
 
@@ -11,51 +11,40 @@ the URL.
 - 400 ``invalid_identity``: malformed object or record key (before any read);
 - 404 ``record_not_found``: no live record with this identity in the operator's orgs;
 - 409 ``owner_outbound_pending`` / ``owner_contended`` with ``Retry-After``:
-  unfinished or committing Runtime outbound work; retry later.
+  unfinished or committing Runtime outbound work; retry later;
+- 401 ``not_authenticated`` (with ``WWW-Authenticate``); 403 ``permission_denied``: not an operator.
 """
 from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
-from rest_framework.authentication import BasicAuthentication, SessionAuthentication
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from connectors.replay_api import IsOperator
-from nexusflow.api_errors import error_response
-from nexusflow.kernel.errors import InvalidIdentity
+from nexusflow.kernel.permissions import IsOperator
 
 from .edit_api import RecordUpdateApi
 from .selectors import operator_org_for_record
-from .services import RecordNotFound, record_delete_by_key
+from .services import record_delete_by_key
 
 
 class RecordDeleteApi(APIView):
     """Delete one record through the installed deletion lifecycle (seed 000)."""
 
-    authentication_classes = [SessionAuthentication, BasicAuthentication]
     permission_classes = [IsOperator]
 
     @extend_schema(
         request=None,
         responses={204: OpenApiResponse(description="deleted"),
                    400: OpenApiResponse(description="invalid_identity"),
+                   401: OpenApiResponse(description="not_authenticated | authentication_failed (WWW-Authenticate)"),
+                   403: OpenApiResponse(description="permission_denied"),
                    404: OpenApiResponse(description="record_not_found"),
                    409: OpenApiResponse(description="owner_outbound_pending | owner_contended (Retry-After)")},
     )
     def delete(self, request, object_name: str, record_key: str):
-        from runtime_outbox.owner import OwnerConflict
-
-        try:
-            org = operator_org_for_record(request.user, object_name, record_key)
-            record_delete_by_key(org=org, object_name=object_name, record_key=record_key)
-        except InvalidIdentity as exc:
-            return error_response(exc.code, str(exc), status.HTTP_400_BAD_REQUEST)
-        except RecordNotFound as exc:
-            return error_response(exc.code, str(exc), status.HTTP_404_NOT_FOUND)
-        except OwnerConflict as exc:
-            return error_response(exc.code, str(exc), status.HTTP_409_CONFLICT,
-                                  headers={"Retry-After": str(exc.retry_after_seconds)})
+        org = operator_org_for_record(request.user, object_name, record_key)
+        record_delete_by_key(org=org, object_name=object_name, record_key=record_key)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

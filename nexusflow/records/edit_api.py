@@ -1,9 +1,10 @@
 """Local record edit REST endpoints (what an operator UI or API client does).
 
-Authenticated operators only (session or HTTP basic; staff users, as
-``connectors/replay_api.py``). The org is the operator's: the one ``org:<id>``
-group it acts for, or, for an operator of several orgs (or a superuser), the
-``org_id`` it names among them. An update finds the record in the operator's orgs.
+Authenticated operators only (HTTP basic or session; active staff users,
+:class:`nexusflow.kernel.permissions.IsOperator`). The org is the operator's:
+the one ``org:<id>`` group it acts for, or, for an operator of several orgs (or
+a superuser), the ``org_id`` it names among them. An update finds the record in
+the operator's orgs.
 
 ``POST /api/v2/records/<object>/`` ``{"fields": {...}, "org_id"?}``: 201
 ``{"object", "record_key", "version", "fields", "changed", "created"}``.
@@ -14,39 +15,33 @@ group it acts for, or, for an operator of several orgs (or a superuser), the
 Errors: 400 ``invalid_request``, ``invalid_identity``, ``unknown_field``, ``invalid_field_value``,
 ``org_required``; 403 ``org_not_authorized``; 404 ``unknown_object``, ``record_not_found``;
 409 + ``Retry-After``: ``owner_contended`` (the record row is held by another transaction now),
-``owner_outbound_pending``; 503 ``temporarily_unavailable`` with ``Retry-After``.
+``owner_outbound_pending``; 503 ``temporarily_unavailable`` with ``Retry-After``; 401 ``not_authenticated``
+(with ``WWW-Authenticate``), 403 ``permission_denied`` for a user who is no operator. The errors are raised
+and answered by :func:`nexusflow.api_errors.exception_handler`.
 """
 from __future__ import annotations
 
-from django.db import DatabaseError
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers, status
-from rest_framework.authentication import BasicAuthentication, SessionAuthentication
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from connectors.replay_api import IsOperator
 from nexusflow.api_errors import error_response
-from nexusflow.kernel.admin import operator_org_ids
-from nexusflow.kernel.errors import InvalidIdentity
+from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.identity import validate_key
+from nexusflow.kernel.permissions import IsOperator, operator_org_ids, require_operator_org
 from nexusflow.kernel.scope import OrgScope
-from runtime_outbox.owner import OwnerConflict
 
 from .edits import record_edit_create, record_edit_update
-from .metadata import InvalidFieldValue, UnknownField, UnknownObject, current_view
+from .metadata import current_view
 from .selectors import operator_org_for_record
-from .services import RecordNotFound
-
-UNAVAILABLE_RETRY_AFTER = "5"
 
 
-class OrgNotAuthorized(Exception):
-    code = "org_not_authorized"
+class OrgRequired(NexusError):
+    """The operator acts for several orgs (or all) and named none (HTTP 400)."""
 
-
-class OrgRequired(Exception):
     code = "org_required"
+    http_status = 400
 
 
 def operator_org_for_create(user, org_id: str | None) -> OrgScope:
@@ -57,12 +52,11 @@ def operator_org_for_create(user, org_id: str | None) -> OrgScope:
         OrgRequired: the operator acts for several orgs (or all) and named none.
         OrgNotAuthorized: ``org_id`` is not one of the operator's orgs.
     """
-    orgs = operator_org_ids(user)
     if org_id is not None:
         validate_key(org_id, field="org_id", max_length=64)
-        if orgs is not None and org_id not in orgs:
-            raise OrgNotAuthorized(f"the operator does not act for org {org_id!r}")
+        require_operator_org(user, org_id)
         return OrgScope(org_id)
+    orgs = operator_org_ids(user)
     if orgs is None or len(orgs) != 1:
         raise OrgRequired("name the org_id: the operator acts for several orgs")
     return OrgScope(next(iter(orgs)))
@@ -78,23 +72,6 @@ def operator_org_for_live_record(user, object_name: str, record_key: str) -> Org
     """
     current_view().object(object_name)
     return operator_org_for_record(user, object_name, record_key)
-
-
-def _error(exc) -> Response:
-    if isinstance(exc, OwnerConflict):
-        return error_response(exc.code, str(exc), status.HTTP_409_CONFLICT,
-                              headers={"Retry-After": str(exc.retry_after_seconds)})
-    if isinstance(exc, (InvalidIdentity, UnknownField, InvalidFieldValue, OrgRequired)):
-        return error_response(exc.code, str(exc), status.HTTP_400_BAD_REQUEST)
-    if isinstance(exc, OrgNotAuthorized):
-        return error_response(exc.code, str(exc), status.HTTP_403_FORBIDDEN)
-    if isinstance(exc, (UnknownObject, RecordNotFound)):
-        return error_response(exc.code, str(exc), status.HTTP_404_NOT_FOUND)
-    raise exc
-
-
-_HANDLED = (OwnerConflict, InvalidIdentity, UnknownField, InvalidFieldValue, OrgRequired, OrgNotAuthorized,
-            UnknownObject, RecordNotFound)
 
 
 class RecordEditOutputSerializer(serializers.Serializer):
@@ -114,7 +91,8 @@ def _responses(ok: int) -> dict:
         ok: RecordEditOutputSerializer,
         400: OpenApiResponse(description="invalid_request | invalid_identity | unknown_field | invalid_field_value"
                                          " | org_required"),
-        403: OpenApiResponse(description="org_not_authorized"),
+        401: OpenApiResponse(description="not_authenticated | authentication_failed (WWW-Authenticate)"),
+        403: OpenApiResponse(description="permission_denied | org_not_authorized"),
         404: OpenApiResponse(description="unknown_object | record_not_found"),
         409: OpenApiResponse(description="owner_contended | owner_outbound_pending (Retry-After)"),
         503: OpenApiResponse(description="temporarily_unavailable (Retry-After)"),
@@ -122,20 +100,13 @@ def _responses(ok: int) -> dict:
 
 
 class _EditApi(APIView):
-    authentication_classes = [SessionAuthentication, BasicAuthentication]
     permission_classes = [IsOperator]
 
     def _run(self, request, call, ok_status: int) -> Response:
         serializer = self.InputSerializer(data=request.data if isinstance(request.data, dict) else {})
         if not serializer.is_valid():
             return error_response("invalid_request", serializer.errors, status.HTTP_400_BAD_REQUEST)
-        try:
-            result = call(serializer.validated_data)
-        except _HANDLED as exc:
-            return _error(exc)
-        except DatabaseError:
-            return error_response("temporarily_unavailable", "retry later", status.HTTP_503_SERVICE_UNAVAILABLE,
-                                  headers={"Retry-After": UNAVAILABLE_RETRY_AFTER})
+        result = call(serializer.validated_data)
         return Response(RecordEditOutputSerializer(result.as_dict()).data, status=ok_status)
 
 

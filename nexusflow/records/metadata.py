@@ -24,14 +24,17 @@ LOOKUP = "lookup"
 
 class UnknownObject(NexusError):
     code = "unknown_object"
+    http_status = 404
 
 
 class UnknownField(NexusError):
     code = "unknown_field"
+    http_status = 400
 
 
 class InvalidFieldValue(NexusError):
     code = "invalid_field_value"
+    http_status = 400
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Record reads (no locks)."""
 from __future__ import annotations
 
-from nexusflow.kernel.admin import operator_org_ids
+from nexusflow.kernel.permissions import operator_org_ids
 from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.scope import OrgScope
 

@@ -72,6 +72,7 @@ class RecordNotFound(NexusError):
 
     code = "record_not_found"
     definite = True
+    http_status = 404
 
 
 def register_before_save(hook: BeforeSaveHook) -> None:

@@ -1,8 +1,8 @@
 """Identity transfer REST endpoints (seed 000, "Transfer").
 
-Authenticated operators only (session or HTTP basic; staff users). The org is
-the one of the operator's ``org:<id>`` groups holding the source record,
-never a payload value.
+Authenticated operators only (HTTP basic or session; active staff users,
+:class:`nexusflow.kernel.permissions.IsOperator`). The org is the one of the
+operator's ``org:<id>`` groups holding the source record, never a payload value.
 
 ``POST /api/v2/records/<object>/<key>/merge/`` ``{"transfer_id", "target_key"}`` and
 ``POST /api/v2/records/<object>/<key>/convert/`` ``{"transfer_id", "target_object", "target_key"?}``:
@@ -13,34 +13,24 @@ never a payload value.
 - 409 + ``Retry-After``: ``owner_outbound_pending``, ``owner_contended`` (retry later);
 - 409: ``transfer_mismatch``, ``transfer_identity_conflict``, ``transfer_authority_inactive``,
   ``transfer_mirror_mismatch``, ``transfer_target_slot_missing``;
-- 503 ``temporarily_unavailable`` with ``Retry-After``.
+- 503 ``temporarily_unavailable`` with ``Retry-After``;
+- 401 ``not_authenticated`` (with ``WWW-Authenticate``); 403 ``permission_denied``: not an operator.
+
+The errors are raised and answered by :func:`nexusflow.api_errors.exception_handler`.
 """
 from __future__ import annotations
 
-from django.db import DatabaseError
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers, status
-from rest_framework.authentication import BasicAuthentication, SessionAuthentication
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from connectors.replay_api import IsOperator
 from nexusflow.api_errors import error_response
-from nexusflow.kernel.errors import InvalidIdentity
+from nexusflow.kernel.permissions import IsOperator
 from nexusflow.kernel.scope import OrgScope
 
-from .metadata import UnknownObject
 from .selectors import operator_org_for_record
-from .transfer import (
-    OwnerContended,
-    OwnerWorkPending,
-    TransferError,
-    TransferRecordNotFound,
-    record_convert,
-    record_merge,
-)
-
-UNAVAILABLE_RETRY_AFTER = "5"
+from .transfer import TransferRecordNotFound, record_convert, record_merge
 
 
 def _operator_org(user, object_name: str, record_key: str) -> OrgScope:
@@ -51,19 +41,6 @@ def _operator_org(user, object_name: str, record_key: str) -> OrgScope:
         TransferRecordNotFound: no such record in the operator's orgs (or it is ambiguous).
     """
     return operator_org_for_record(user, object_name, record_key, live=False, not_found=TransferRecordNotFound)
-
-
-def _error(exc) -> Response:
-    if isinstance(exc, (OwnerWorkPending, OwnerContended)):
-        return error_response(exc.code, str(exc), status.HTTP_409_CONFLICT,
-                              headers={"Retry-After": str(exc.retry_after_seconds)})
-    if isinstance(exc, InvalidIdentity):
-        return error_response(exc.code, str(exc), status.HTTP_400_BAD_REQUEST)
-    if isinstance(exc, UnknownObject):
-        return error_response(exc.code, str(exc), status.HTTP_404_NOT_FOUND)
-    if isinstance(exc, TransferError):
-        return error_response(exc.code, str(exc), exc.http_status)
-    raise exc
 
 
 class TransferOutputSerializer(serializers.Serializer):
@@ -86,6 +63,8 @@ _RESPONSES = {
     201: TransferOutputSerializer, 200: TransferOutputSerializer,
     400: OpenApiResponse(description="invalid_request | invalid_identity | transfer_invalid | "
                                      "transfer_conversion_undeclared"),
+    401: OpenApiResponse(description="not_authenticated | authentication_failed (WWW-Authenticate)"),
+    403: OpenApiResponse(description="permission_denied"),
     404: OpenApiResponse(description="transfer_record_not_found | unknown_object"),
     409: OpenApiResponse(description="owner_outbound_pending | owner_contended (Retry-After) | transfer_mismatch | "
                                      "transfer_identity_conflict | transfer_authority_inactive | "
@@ -95,21 +74,14 @@ _RESPONSES = {
 
 
 class _TransferApi(APIView):
-    authentication_classes = [SessionAuthentication, BasicAuthentication]
     permission_classes = [IsOperator]
 
     def _run(self, request, object_name: str, record_key: str, call) -> Response:
         serializer = self.InputSerializer(data=request.data if isinstance(request.data, dict) else {})
         if not serializer.is_valid():
             return error_response("invalid_request", serializer.errors, status.HTTP_400_BAD_REQUEST)
-        try:
-            org = _operator_org(request.user, object_name, record_key)
-            result = call(org, serializer.validated_data, request.user.get_username())
-        except (OwnerWorkPending, OwnerContended, InvalidIdentity, UnknownObject, TransferError) as exc:
-            return _error(exc)
-        except DatabaseError:
-            return error_response("temporarily_unavailable", "retry later", status.HTTP_503_SERVICE_UNAVAILABLE,
-                                  headers={"Retry-After": UNAVAILABLE_RETRY_AFTER})
+        org = _operator_org(request.user, object_name, record_key)
+        result = call(org, serializer.validated_data, request.user.get_username())
         return Response(TransferOutputSerializer(result.as_dict()).data,
                         status=status.HTTP_201_CREATED if result.created else status.HTTP_200_OK)
 

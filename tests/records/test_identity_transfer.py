@@ -251,7 +251,7 @@ def test_an_intent_locked_by_a_committing_result_is_contended_at_once(crm):
         release.set()
         holder.join(60)
     assert holder.error is None
-    assert contended.value.code == "owner_contended" and contended.value.retry_after_seconds > 0
+    assert contended.value.code == "owner_contended" and contended.value.retry_after > 0
     assert snapshot_rows() == before
     assert merge(source, target).created  # the retry succeeds once the result committed
 

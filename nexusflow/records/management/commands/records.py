@@ -88,7 +88,7 @@ class Command(BaseCommand):
                 return
             record = record_delete_by_key(org=OrgScope(org_id), object_name=object_name, record_key=record_key)
         except OwnerConflict as exc:
-            raise CommandError(f"{exc.code}: {exc} (retry after {exc.retry_after_seconds} s)",
+            raise CommandError(f"{exc.code}: {exc} (retry after {exc.retry_after} s)",
                                returncode=EX_TEMPFAIL) from exc
         except (RecordNotFound, NexusError) as exc:
             raise CommandError(f"{exc.code}: {exc}", returncode=1) from exc

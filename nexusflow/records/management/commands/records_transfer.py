@@ -73,7 +73,7 @@ class Command(BaseCommand):
                                         source_key=options["source"], target_object=options["target_object"],
                                         target_key=options["target"], actor=options["actor"])
         except (OwnerWorkPending, OwnerContended) as exc:
-            raise CommandError(f"{exc.code}: {exc} (retry after {exc.retry_after_seconds}s)",
+            raise CommandError(f"{exc.code}: {exc} (retry after {exc.retry_after}s)",
                                returncode=EXIT_RETRY) from exc
         except (InvalidIdentity, UnknownObject) as exc:
             raise CommandError(f"{exc.code}: {exc}", returncode=EXIT_USAGE) from exc
