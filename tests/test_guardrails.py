@@ -249,14 +249,6 @@ def test_explicit_transactions_and_store_locks_pass():
 #: Imports that point the wrong way today, ``(importing file, imported module) -> the port replacing it``.
 #: The list only shrinks: a new violation fails the test, and so does an entry whose import is gone.
 IMPORT_DIRECTION_TODO: dict[tuple[str, str], str] = {
-    ("nexusflow/records/api.py", "connectors.replay_api"):
-        "being replaced by a port: the operator permission moves below records (kernel admin scope)",
-    ("nexusflow/records/api.py", "runtime_outbox.owner"):
-        "being replaced by a port: records declares the owner-conflict error the owner check raises",
-    ("nexusflow/records/edit_api.py", "connectors.replay_api"):
-        "being replaced by a port: the operator permission moves below records (kernel admin scope)",
-    ("nexusflow/records/edit_api.py", "runtime_outbox.owner"):
-        "being replaced by a port: records declares the owner-conflict error the owner check raises",
     ("nexusflow/records/edits.py", "runtime_outbox.owner"):
         "being replaced by a port: an owner-protection check runtime_outbox registers in ready()",
     ("nexusflow/records/management/commands/records.py", "connectors.models"):
@@ -273,8 +265,6 @@ IMPORT_DIRECTION_TODO: dict[tuple[str, str], str] = {
         "being replaced by a port: transfer hooks connectors registers in ready() (like before_delete)",
     ("nexusflow/records/transfer.py", "runtime_outbox.owner"):
         "being replaced by a port: an owner-work check runtime_outbox registers in ready()",
-    ("nexusflow/records/transfer_api.py", "connectors.replay_api"):
-        "being replaced by a port: the operator permission moves below records (kernel admin scope)",
     ("runtime_outbox/commands.py", "connectors.links"):
         "being replaced by a port: the inbound application is a Runtime message the connectors inbox accepts",
     ("runtime_outbox/management/commands/run_workers.py", "connectors.workers"):
