@@ -26,6 +26,7 @@ from nexusflow.api_errors import error_response
 from nexusflow.kernel.errors import InvalidIdentity
 
 from .edit_api import RecordUpdateApi
+from .owner import OwnerConflict
 from .selectors import operator_org_for_record
 from .services import RecordNotFound, record_delete_by_key
 
@@ -44,8 +45,6 @@ class RecordDeleteApi(APIView):
                    409: OpenApiResponse(description="owner_outbound_pending | owner_contended (Retry-After)")},
     )
     def delete(self, request, object_name: str, record_key: str):
-        from runtime_outbox.owner import OwnerConflict
-
         try:
             org = operator_org_for_record(request.user, object_name, record_key)
             record_delete_by_key(org=org, object_name=object_name, record_key=record_key)

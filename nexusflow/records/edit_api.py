@@ -31,10 +31,10 @@ from nexusflow.kernel.admin import operator_org_ids
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.scope import OrgScope
-from runtime_outbox.owner import OwnerConflict
 
 from .edits import record_edit_create, record_edit_update
 from .metadata import InvalidFieldValue, UnknownField, UnknownObject, current_view
+from .owner import OwnerConflict
 from .selectors import operator_org_for_record
 from .services import RecordNotFound
 
