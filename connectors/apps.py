@@ -6,13 +6,40 @@ class ConnectorsConfig(AppConfig):
     verbose_name = "Connector V2"
 
     def ready(self) -> None:
+        from nexusflow.kernel.workers import register_open_work, register_role, register_worker_processes
+        from nexusflow.records.remote_links import RemoteLinks, register_remote_links
         from nexusflow.records.services import DELETE_STAGE_REMOTE_LINKS, register_before_delete
+        from runtime_outbox import ports as runtime_ports
         from runtime_outbox.services import no_effect_reasons_declare
 
-        from . import reasons
+        from . import link_transfer, reasons, selectors, workers
+        from .links import inbound_link_create, inbound_link_find, record_links_describe
+        from .outbound import freeze_push_binding, no_effect_unsettled_attempt, predecessor_effect_read
         from .source_deletion import links_before_source_delete
 
         # Seed 000: after Runtime's owner work check, a deleted source's push links stop being PATCH authority.
         register_before_delete(links_before_source_delete, stage=DELETE_STAGE_REMOTE_LINKS)
+        # Identity transfer moves the records' remote links; the support view lists them.
+        register_remote_links(RemoteLinks(lock=link_transfer.links_lock, plan=link_transfer.links_plan,
+                                          apply=link_transfer.links_apply,
+                                          validate_replay=link_transfer.links_validate_replay,
+                                          describe=record_links_describe))
         # The definite refusals this connector may settle as a NO_EFFECT Runtime result (seed 000).
         no_effect_reasons_declare(owner="connectors", reasons=reasons.NO_EFFECT_REASONS)
+        # What the Runtime asks the effect owner (runtime_outbox/ports.py).
+        runtime_ports.register_push_binding_freezer(freeze_push_binding)
+        runtime_ports.register_no_effect_proof(no_effect_unsettled_attempt)
+        runtime_ports.register_predecessor_effect(predecessor_effect_read)
+        runtime_ports.register_inbound_links(find=inbound_link_find, create=inbound_link_create)
+        # Workers: the process registry every holder names, the roles and their open work.
+        register_worker_processes(register=workers.register_worker,
+                                  termination_proof=workers.holder_termination_proof)
+        register_role("connector", workers.connector_units, order=10)
+        register_role("egress", workers.egress_units, order=40)
+        register_role("egress-deferred", workers.egress_deferred_units, order=50, in_all=False)
+        register_role("stream", workers.stream_units, order=60)
+        register_open_work("executions", selectors.executions_open_count)
+        register_open_work("effects", selectors.effects_open_count)
+        register_open_work("permits", selectors.permits_open_count)
+        register_open_work("uncertain_effects", selectors.effects_uncertain_count, parked=True)
+        register_open_work("reconcilable", selectors.effects_create_conflict_count, parked=True)

@@ -80,3 +80,16 @@ def inbound_link_create(*, org_id: str, owner_key: str, route_key: str, destinat
 
 def link_for_key(*, org_id: str, link_key: str) -> RemoteLink | None:
     return RemoteLink.objects.filter(org_id=org_id, link_key=link_key).first()
+
+
+def record_links_describe(*, org_id: str, object_name: str, record_key: str) -> list[dict]:
+    """The record's remote links for support views, ascending id, read without locks.
+
+    Returns:
+        ``[{"link": id, "link_key", "action_type", "state", "reason_code", "remote_id"}]``.
+    """
+    links = RemoteLink.objects.filter(org_id=org_id, source_object=object_name,
+                                      source_record_key=record_key).order_by("id")
+    return [{"link": int(link.pk), "link_key": link.link_key, "action_type": link.action_type,
+             "state": link.state, "reason_code": link.reason_code, "remote_id": link.remote_id}
+            for link in links]

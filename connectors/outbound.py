@@ -274,3 +274,37 @@ def proven_no_effect(effect: RemoteEffect) -> bool:
         return True
     return (effect.state == "quarantined" and effect.reason_code in reasons.REFUSED_BEFORE_POST
             and not effect.attempts.exists())
+
+
+def predecessor_effect_read(*, org_id: str, command):
+    """The RemoteEffect of the org's OutboundCommand ``command`` for successor authoring, or ``None``.
+
+    Answers :func:`runtime_outbox.ports.predecessor_effect` (registered in
+    ``ConnectorsConfig.ready``); read committed without a lock, as
+    ``no_effect`` is terminal (seed 003 "Replay and external effects").
+
+    Returns:
+        ``PredecessorEffect(effect_id, state, proven_no_effect)`` (see :func:`proven_no_effect`).
+    """
+    from runtime_outbox.ports import PredecessorEffect
+
+    effect = RemoteEffect.objects.filter(org_id=org_id, command=command).first()
+    if effect is None:
+        return None
+    return PredecessorEffect(int(effect.pk), effect.state, proven_no_effect(effect))
+
+
+def no_effect_unsettled_attempt(*, org_id: str, command_id: int) -> int | None:
+    """The first Attempt of the intent whose I/O may have started without a definite refusal, or ``None``.
+
+    An Attempt whose Permit reached ``sending`` (``io_may_have_started_at``
+    set) proves nothing unless the Attempt ended ``no_effect`` and its Permit
+    was ``returned``. Answers :func:`runtime_outbox.ports.no_effect_unsettled_attempt`
+    (seed 000 "A validated NO_EFFECT resource result").
+    """
+    from .models import DispatchPermit
+
+    unsettled = (DispatchPermit.objects.filter(org_id=org_id, attempt__effect__command_id=command_id,
+                                               io_may_have_started_at__isnull=False)
+                 .exclude(attempt__state="no_effect", state="returned").values_list("attempt_id", flat=True)[:1])
+    return int(unsettled[0]) if unsettled else None

@@ -16,6 +16,7 @@ import datetime as dt
 from django.db import connection, connections
 from django.db.models import Exists, OuterRef, QuerySet
 
+from . import reasons, transitions
 from .models import (
     AccountServingGate,
     CredentialGenerationDispatchGate,
@@ -349,3 +350,33 @@ def open_permits_of_halting_gates(*, org_id: str, reason_code: str | None = None
     qs = DispatchPermit.objects.filter(org_id=org_id, state__in=("granted", "sending"), gate__state="halting_v2")
     return _with_reason(qs, reason_code, "gate__reason_code").select_related("gate").order_by("id")
 
+
+
+# --- open work (registered with nexusflow.kernel.workers.register_open_work) -----------------
+def executions_open_count() -> int:
+    """Executions not settled (``ready`` or ``waiting_dependency``), all orgs."""
+    return Execution.objects.exclude(state__in=transitions.EXECUTION.settled).count()
+
+
+def effects_open_count() -> int:
+    """RemoteEffects not settled (``prepared``, ``dispatching``, ``remote_confirmed``), all orgs."""
+    return RemoteEffect.objects.exclude(state__in=transitions.REMOTE_EFFECT.settled).count()
+
+
+def permits_open_count() -> int:
+    """DispatchPermits not terminal (``granted`` or ``sending``), all orgs."""
+    return DispatchPermit.objects.exclude(state__in=transitions.DISPATCH_PERMIT.settled).count()
+
+
+def effects_uncertain_count() -> int:
+    """RemoteEffects parked ``uncertain`` (whoever resolves them: reconciler or operator), all orgs."""
+    return RemoteEffect.objects.filter(state="uncertain").count()
+
+
+def effects_create_conflict_count() -> int:
+    """Effects parked ``uncertain`` with ``create_conflict_existing``, which the reconciler resolves on its own.
+
+    The egress reconciler settles them by the contract's verify read; other
+    ``uncertain`` effects may wait for an operator.
+    """
+    return RemoteEffect.objects.filter(state="uncertain", reason_code=reasons.CREATE_CONFLICT_EXISTING).count()

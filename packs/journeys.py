@@ -46,7 +46,6 @@ from packs.demo.run import (
     _recreate_databases,
     _use_database,
     _wait_http,
-    _work_counts,
     web_server_argv,
 )
 
@@ -280,14 +279,15 @@ class Harness:
 
 
 def open_work() -> dict[str, int]:
-    """The demo's open-work counts plus parked effects a worker resolves on its own (create conflicts)."""
-    from connectors import reasons
-    from connectors.models import RemoteEffect
+    """The demo's open-work counts plus parked effects a worker resolves on its own (``reconcilable``).
 
-    counts = _work_counts()
-    counts["reconcilable"] = RemoteEffect.objects.filter(
-        state="uncertain", reason_code=reasons.CREATE_CONFLICT_EXISTING).count()
-    return counts
+    ``reconcilable`` counts the ``uncertain`` effects parked as create
+    conflicts, which the egress reconciler settles by a verify read; other
+    ``uncertain`` effects may wait for an operator and are not waited for.
+    """
+    from nexusflow.kernel import workers
+
+    return workers.open_work(parked=("reconcilable",))
 
 
 # -- correlation: which provider request did what send ------------------------------------------------------

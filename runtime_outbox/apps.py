@@ -6,11 +6,19 @@ class RuntimeOutboxConfig(AppConfig):
     verbose_name = "Runtime outbox"
 
     def ready(self):
+        from nexusflow.kernel.workers import register_open_work, register_role
+        from nexusflow.records.owner import register_owner_work
         from nexusflow.records.services import DELETE_STAGE_OWNER_WORK, register_after_save, register_before_delete
 
-        from .owner import owner_before_delete
+        from .owner import owner_before_delete, owner_intents_read, owner_work_check
         from .replay_guard import record_replay_write
+        from .selectors import outbox_pending_count
+        from .workers import runtime_units
 
         register_after_save(record_replay_write)
         # Seed 000: the owner work check runs first in every record deletion, before remote links.
         register_before_delete(owner_before_delete, stage=DELETE_STAGE_OWNER_WORK)
+        # Identity transfer and the record support view ask for the owner's intents.
+        register_owner_work(check=owner_work_check, read=owner_intents_read)
+        register_role("runtime", runtime_units, order=20)
+        register_open_work("outbox", outbox_pending_count)

@@ -14,6 +14,8 @@ from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.metadata import InvalidFieldValue, UnknownField, UnknownObject
 from nexusflow.records.services import record_create, record_lock, record_update
 
+from .ports import inbound_link_create, inbound_link_find
+
 Handler = Callable[[OrgScope, dict], tuple[str, dict]]
 HANDLERS: dict[str, Handler] = {}
 
@@ -42,8 +44,6 @@ def record_upsert_via_link(org: OrgScope, command: dict) -> tuple[str, dict]:
     changed property per event) and/or ``values_field`` (an object of changed
     values per event); ``noop_kinds`` (canonical kinds recorded as ``noop``).
     """
-    from connectors.links import inbound_link_create, inbound_link_find
-
     app = command["application"]
     object_name = app["object"]
     if command["canonical_kind"] in app.get("noop_kinds", ()):

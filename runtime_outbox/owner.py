@@ -12,6 +12,10 @@ sanctioned lock-order reversal), so owner checks read intents with
 ``FOR UPDATE NOWAIT``: an intent held by a committing result is a retryable
 conflict (:class:`OwnerContended`), never a wait in reverse order.
 
+This module answers the records app's owner-work port
+(:func:`nexusflow.records.owner.register_owner_work`, registered in
+``RuntimeOutboxConfig.ready``).
+
 Intent states, derived from Runtime facts only:
 
 - ``pending``: the outbox message is not delivered yet;
@@ -22,44 +26,28 @@ Intent states, derived from Runtime facts only:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from django.db import OperationalError
 
 from nexusflow.kernel.errors import NexusError
+from nexusflow.kernel.locks import NOWAIT_LOCK_ERRORS
+from nexusflow.records.owner import (
+    RETRY_AFTER_SECONDS,
+    OwnerConflict,
+    OwnerContended,
+    OwnerIntent,
+    OwnerWorkPending,
+)
 
 from .models import IntentResultReceipt, OutboxMessage
 from .store import OutboundCommandStore
 
-#: Server errors a ``NOWAIT`` locking read raises when a row is held: MariaDB 1205, MySQL/TiDB 3572.
-NOWAIT_LOCK_ERRORS = frozenset({1205, 3572})
-
-#: Seconds a caller is told to wait before retrying a retryable owner conflict (HTTP ``Retry-After``).
-RETRY_AFTER_SECONDS = 2
-
-
-class OwnerConflict(NexusError):
-    """The owner record cannot change authority now; retrying later can succeed (HTTP 409 + Retry-After)."""
-
-    code = "owner_conflict"
-    retryable = True
-    retry_after = RETRY_AFTER_SECONDS
-
-
-class OwnerWorkPending(OwnerConflict):
-    """Pending, accepted or unknown-state outbound intents exist for the owner record."""
-
-    code = "owner_outbound_pending"
-
-    def __init__(self, message: str = "", *, intents: tuple["OwnerIntent", ...] = (), code: str | None = None):
-        super().__init__(message, code=code)
-        self.intents = intents
-
-
-class OwnerContended(OwnerConflict):
-    """An intent of the owner is locked by a committing result right now (``FOR UPDATE NOWAIT`` refused)."""
-
-    code = "owner_contended"
+#: The owner-conflict errors, :class:`OwnerIntent` and the ``NOWAIT`` error codes are defined below
+#: this app (records, kernel) and importable here as before.
+__all__ = [
+    "NOWAIT_LOCK_ERRORS", "RETRY_AFTER_SECONDS", "OwnerConflict", "OwnerContended", "OwnerDeleted",
+    "OwnerFenceMissing", "OwnerIntent", "OwnerWorkPending", "owner_before_delete", "owner_intents",
+    "owner_intents_read", "owner_work_check",
+]
 
 
 class OwnerDeleted(NexusError):
@@ -74,16 +62,6 @@ class OwnerFenceMissing(NexusError):
 
     code = "owner_fence_missing"
     retryable = False
-
-
-@dataclass(frozen=True)
-class OwnerIntent:
-    """One outbound intent of an owner record and its Runtime-derived state."""
-
-    command_id: int
-    contract_key: str
-    link_key: str
-    state: str  # pending | accepted | terminal | unknown
 
 
 _MESSAGE_STATES = {"pending": "pending", "delivered": "accepted"}

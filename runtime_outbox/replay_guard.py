@@ -13,15 +13,19 @@ applies such a command inside :func:`suppressed_external_effects`:
 
 Refusal is :class:`ReplayOutboundRefused` (code ``replay_outbound_refused``,
 definite: retrying the same step can never succeed).
+
+Which record version triggered a FlowRun is the Flow Runtime's fact: it
+answers through :func:`register_flow_trigger_lookup` (``FlowsConfig.ready``).
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.models import insert
+from nexusflow.kernel.ports import Port
 from nexusflow.kernel.scope import OrgScope
 
 from .models import ReplayRecordWrite
@@ -45,6 +49,24 @@ class ReplayModeUnsupported(NexusError):
     code = "replay_mode_unsupported"
     definite = True
     http_status = 400
+
+
+#: ``(*, org_id, flow_run_id) -> (object_name, record_key, record_version) | None``.
+FlowTriggerLookup = Callable[..., "tuple[str, str, int] | None"]
+_FLOW_TRIGGER: Port[FlowTriggerLookup] = Port("flow-run trigger lookup", provider="nexusflow.flows")
+
+
+def register_flow_trigger_lookup(lookup: FlowTriggerLookup) -> None:
+    """Install the one lookup of the record version that triggered a FlowRun.
+
+    ``lookup(*, org_id, flow_run_id)`` returns ``(object name, record key,
+    record version)`` of the run's trigger, or ``None`` when the org has no
+    such run (or it was not record-triggered).
+
+    Raises:
+        PortAlreadyRegistered: another lookup is installed.
+    """
+    _FLOW_TRIGGER.register(lookup)
 
 
 _ACTIVE: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("nexus_replay_context", default=None)
@@ -110,16 +132,14 @@ def outbound_authoring_check(*, org_id: str, origin_flow_run_id) -> None:
         ReplayOutboundRefused: this code runs inside a replay application
             command, or the FlowRun was triggered by a record version that a
             replay application command wrote.
+        PortNotRegistered: a FlowRun is named and the Flow Runtime is not installed.
     """
     command_id = active_replay_command()
     if command_id is not None:
         raise ReplayOutboundRefused(f"replay command {command_id[:16]} cannot author an outbound command")
     if origin_flow_run_id is None:
         return
-    from nexusflow.flows.models import FlowRun
-
-    trigger = (FlowRun.objects.filter(org_id=org_id, pk=origin_flow_run_id)
-               .values_list("trigger_object_name", "record_key", "record_version").first())
+    trigger = _FLOW_TRIGGER.get()(org_id=org_id, flow_run_id=origin_flow_run_id)
     if trigger is None:
         return
     write = ReplayRecordWrite.objects.filter(org_id=org_id, object_name=trigger[0], record_key=trigger[1],

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from nexusflow.kernel.ids import require_id
 
-from .models import ApplicationResult, IntentResultReceipt, OutboundCommand
+from .models import ApplicationResult, IntentResultReceipt, OutboundCommand, OutboxMessage
+from .transitions import OUTBOX_MESSAGE
 
 
 def intent_result_receipt_for(*, org_id: str, command_id: OutboundCommand.Id | int) -> IntentResultReceipt | None:
@@ -25,3 +26,8 @@ def pending_intents_for_record(*, org_id: str, source_object: str, source_record
     return (OutboundCommand.objects.filter(org_id=org_id, source_object=source_object,
                                            source_record_key=source_record_key, intentresultreceipt__isnull=True)
             .order_by("id"))
+
+
+def outbox_pending_count() -> int:
+    """Outbox messages not delivered yet, all orgs (open work, ``kernel.workers.register_open_work``)."""
+    return OutboxMessage.objects.exclude(state__in=OUTBOX_MESSAGE.settled).count()

@@ -18,7 +18,7 @@ from nexusflow.kernel.errors import NexusError, StaleVersion
 from nexusflow.kernel.models import insert
 from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
 
-from . import commands, replay_guard
+from . import commands, ports, replay_guard
 from .models import ApplicationResult, IntentResultReceipt, OutboundCommand, OutboxMessage
 from .owner import OwnerDeleted, OwnerFenceMissing
 from .store import OutboxMessageStore
@@ -116,9 +116,9 @@ def outbound_command_author(*, scope: TrustedRuntimeWorkScope, effect_root_id: s
     the existing record owner fence"): a deletion cannot commit between this
     check and the intent insert, and owner checks see the intent once it commits.
     ``origin``: the originating user (``user_id``) and human-readable Flow
-    names, frozen as snapshots only (see ``connectors.outbound.freeze_push_binding``).
-    The FrozenDispatchBinding is frozen under the locked gate and its exact
-    active ServingEpoch.
+    names, frozen as snapshots only. The FrozenDispatchBinding is frozen by the
+    effect owner under the locked gate and its exact active ServingEpoch
+    (:func:`runtime_outbox.ports.push_binding_freeze`).
 
     Raises:
         NotServing: the contract's account is not ``v2_serving``.
@@ -132,7 +132,6 @@ def outbound_command_author(*, scope: TrustedRuntimeWorkScope, effect_root_id: s
             exact retry whose intent exists and is terminal returns it instead.
         OwnerFenceMissing: ``record`` is not locked by this transaction.
     """
-    from connectors.outbound import freeze_push_binding
     from nexusflow.records.store import RecordStore
 
     if not transaction.get_connection().in_atomic_block:
@@ -153,9 +152,10 @@ def outbound_command_author(*, scope: TrustedRuntimeWorkScope, effect_root_id: s
             return existing
     if record.is_deleted:
         raise OwnerDeleted(f"{record.object_name}/{record.record_key} is deleted: no new outbound work for it")
-    binding = freeze_push_binding(org_id=scope.org_id, contract_key=contract_key, record=record,
-                                  intent_key=key, effect_root_id=effect_root_id,
-                                  effect_generation_id=effect_generation_id, successor=successor, origin=origin)
+    binding = ports.push_binding_freeze(org_id=scope.org_id, contract_key=contract_key, record=record,
+                                        intent_key=key, effect_root_id=effect_root_id,
+                                        effect_generation_id=effect_generation_id, successor=successor,
+                                        origin=origin)
     command = insert(
         OutboundCommand, org_id=scope.org_id, app_installation_id=scope.app_installation_id,
         runtime_capability_id=scope.runtime_capability_id, binding_digest=scope.binding_digest,
@@ -240,7 +240,6 @@ def outbound_command_author_successor(*, org_id: str, predecessor_command_id: in
 
 def _author_successor(org_id: str, scope: TrustedRuntimeWorkScope, predecessor: OutboundCommand, actor: str,
                       reason: str) -> tuple[OutboundCommand, bool]:
-    from connectors.models import RemoteEffect
     from nexusflow.records.models import Record
     from nexusflow.records.services import record_lock
 
@@ -258,11 +257,9 @@ def _author_successor(org_id: str, scope: TrustedRuntimeWorkScope, predecessor: 
             return existing, False
         # ``no_effect`` is terminal: once read committed it cannot change, so the
         # decision needs no lock on the effect row (any other state refuses).
-        from connectors.outbound import proven_no_effect
-
-        effect = RemoteEffect.objects.filter(org_id=org_id, command=predecessor).first()
+        effect = ports.predecessor_effect(org_id=org_id, command=predecessor)
         state = effect.state if effect is not None else None
-        if effect is None or not proven_no_effect(effect):
+        if effect is None or not effect.proven_no_effect:
             code, why = _SUCCESSOR_REFUSALS[state]
             raise SuccessorRefused(f"command {predecessor.pk}: {why}", code=code)
         try:
@@ -273,7 +270,7 @@ def _author_successor(org_id: str, scope: TrustedRuntimeWorkScope, predecessor: 
         authorization = {"actor": actor.strip(), "reason": reason.strip(), "authorized_at": db_now().isoformat()}
         successor = {"authorization": authorization, "predecessor_command_key": predecessor.idempotency_key,
                      "predecessor_binding_digest": predecessor.frozen_binding_digest,
-                     "predecessor_effect_id": int(effect.pk)}
+                     "predecessor_effect_id": int(effect.effect_id)}
         command = outbound_command_author(
             scope=scope, effect_root_id=predecessor.effect_root_id, effect_slot_id=predecessor.effect_slot_id,
             effect_generation_id=str(number + 1), contract_key=predecessor.contract_key, record=record,
@@ -374,15 +371,15 @@ def _validate_no_effect(command: OutboundCommand, remote_id: str, evidence: dict
     set) must itself have ended ``no_effect`` from a definite provider answer
     the frozen profile classifies as not performed; an Attempt left
     ``uncertain`` (timeout, lost response, abandoned holder) or ``confirmed``
-    refuses.
+    refuses. The effect owner finds such an Attempt
+    (:func:`runtime_outbox.ports.no_effect_unsettled_attempt`); the rules
+    above it stay here.
 
     Raises:
         NoEffectUnproven: ``remote_id`` is not empty (``no_effect_remote_id``),
             the reason is missing or undeclared (``no_effect_reason_unknown``),
             or I/O may have had an effect (``no_effect_unproven``).
     """
-    from connectors.models import DispatchPermit
-
     if remote_id:
         raise NoEffectUnproven(f"command {command.pk}: a no_effect result proves no remote identity "
                                f"(remote id {remote_id!r} given)", code="no_effect_remote_id")
@@ -392,11 +389,9 @@ def _validate_no_effect(command: OutboundCommand, remote_id: str, evidence: dict
     if reason not in no_effect_reasons():
         raise NoEffectUnproven(f"command {command.pk}: no_effect reason {reason!r} is not a declared definite "
                                f"refusal", code="no_effect_reason_unknown")
-    unsettled = (DispatchPermit.objects.filter(org_id=command.org_id, attempt__effect__command_id=command.pk,
-                                               io_may_have_started_at__isnull=False)
-                 .exclude(attempt__state="no_effect", state="returned").values_list("attempt_id", flat=True)[:1])
-    if unsettled:
-        raise NoEffectUnproven(f"command {command.pk}: attempt {unsettled[0]} may have reached the provider "
+    unsettled = ports.no_effect_unsettled_attempt(org_id=command.org_id, command_id=int(command.pk))
+    if unsettled is not None:
+        raise NoEffectUnproven(f"command {command.pk}: attempt {unsettled} may have reached the provider "
                                f"without a definite refusal")
 
 

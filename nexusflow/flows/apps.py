@@ -7,10 +7,18 @@ class FlowsConfig(AppConfig):
     verbose_name = "Flow Runtime V2"
 
     def ready(self) -> None:
+        from nexusflow.kernel.workers import register_open_work, register_role
         from nexusflow.records.services import register_after_save, register_before_save
+        from runtime_outbox.replay_guard import register_flow_trigger_lookup
 
         from . import reasons, transitions  # noqa: F401  register the reason codes and state machines
+        from .selectors import flow_run_trigger, flow_runs_nonterminal_count
         from .services import flow_before_save, flow_trigger_on_record_saved
+        from .workers import flow_units
 
         register_before_save(flow_before_save)
         register_after_save(flow_trigger_on_record_saved)
+        # The replay guard asks which record version triggered a run.
+        register_flow_trigger_lookup(flow_run_trigger)
+        register_role("flow", flow_units, order=30)
+        register_open_work("flow_runs", flow_runs_nonterminal_count)

@@ -21,6 +21,15 @@ def flow_runs_nonterminal_count(*, org_id: str | None = None) -> int:
     return qs.count()
 
 
+def flow_run_trigger(*, org_id: str, flow_run_id: int) -> tuple[str, str, int] | None:
+    """``(trigger object name, record key, record version)`` of the org's FlowRun, or ``None`` if there is none.
+
+    The Runtime's replay guard asks it (``runtime_outbox.replay_guard.register_flow_trigger_lookup``).
+    """
+    return (FlowRun.objects.filter(org_id=org_id, pk=flow_run_id)
+            .values_list("trigger_object_name", "record_key", "record_version").first())
+
+
 def flow_run_summary() -> dict[str, int]:
     """Return ``{state: count}`` over all runs, with every FlowRun state present."""
     summary = {state: 0 for state in sorted(t.FLOW_RUN.states)}

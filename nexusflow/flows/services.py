@@ -1666,7 +1666,7 @@ def flow_try_recover_expired_one() -> bool:
         if _recover(org_id=org_id, run_id=run_id, step_id=step_id, token_digest=token_digest):
             return True
     # A holder proven terminated cannot commit either: recover it without waiting for the lease.
-    from connectors.workers import holder_termination_proof
+    from nexusflow.kernel.workers import holder_termination_proof
 
     live = (FlowStepExecution.objects.filter(state__in=(t.STEP_CLAIMED, t.STEP_RUNNING), lease_expires_at__gte=now)
             .order_by("lease_expires_at", "id").values_list("org_id", "run_id", "id", "lease_token_digest", "lease_owner")

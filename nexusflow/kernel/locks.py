@@ -43,6 +43,10 @@ log = logging.getLogger("nexusflow.locks")
 #: Version of the comparator below; a change is a persistence decision (seed 004 section 13.1).
 ORDERING_VERSION = 1
 
+#: Server errors a ``NOWAIT`` locking read raises when a row is held: MariaDB 1205, MySQL/TiDB 3572.
+#: A caller that reads ``FOR UPDATE NOWAIT`` to avoid a reverse wait maps them to a retryable conflict.
+NOWAIT_LOCK_ERRORS = frozenset({1205, 3572})
+
 
 class LockClass(enum.IntEnum):
     BUSINESS_RECORD = 1

@@ -8,7 +8,7 @@ and after-save Flows run in that same transaction, so an edit and the pushes
 it triggers commit or roll back together.
 
 A row held by another transaction (a webhook application, a result commit,
-an identity transfer) is a retryable :class:`~runtime_outbox.owner.OwnerContended`;
+an identity transfer) is a retryable :class:`~nexusflow.records.owner.OwnerContended`;
 owner conflicts raised by the after-save automation propagate as they are.
 """
 from __future__ import annotations
@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from django.db import OperationalError, transaction
 
 from nexusflow.kernel.identity import validate_key
+from nexusflow.kernel.locks import NOWAIT_LOCK_ERRORS
 from nexusflow.kernel.scope import OrgScope
-from runtime_outbox.owner import NOWAIT_LOCK_ERRORS, OwnerContended
 
 from .metadata import InvalidFieldValue, current_view
 from .models import Record
+from .owner import OwnerContended
 from .services import RecordNotFound, record_create, record_lock, record_update
 
 #: MariaDB/MySQL deadlock: the transaction was rolled back, nothing was written; retrying can succeed.

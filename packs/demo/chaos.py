@@ -568,16 +568,6 @@ class ChaosSupervisor:
                 "unreached": [a.as_dict() for a in self.unreached], "kills": [k.as_dict() for k in self.kills]}
 
 
-def chaos_work_counts(base: Callable[[], dict[str, int]]) -> Callable[[], dict[str, int]]:
-    """``base`` (the #2 open-work counts) plus ``uncertain_effects``: reconciliation is work too."""
-    def counts() -> dict[str, int]:
-        from connectors.models import RemoteEffect
-
-        return {**base(), "uncertain_effects": RemoteEffect.objects.filter(state="uncertain").count()}
-
-    return counts
-
-
 def abandoned_permits() -> list[dict[str, Any]]:
     """Every abandoned DispatchPermit and what its abandonment proved, for ``--dump``.
 

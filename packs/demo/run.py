@@ -128,18 +128,14 @@ def _use_database(main: str, control: str) -> None:
 
 
 def _work_counts() -> dict[str, int]:
-    """Work not yet in a terminal or intentionally parked state, per authority."""
-    from connectors.models import DispatchPermit, Execution, RemoteEffect
-    from nexusflow.flows.selectors import flow_runs_nonterminal_count
-    from runtime_outbox.models import OutboxMessage
+    """Work not yet in a terminal or intentionally parked state, per authority (the apps' registered counters).
 
-    return {
-        "executions": Execution.objects.filter(state__in=("ready", "waiting_dependency")).count(),
-        "outbox": OutboxMessage.objects.filter(state="pending").count(),
-        "effects": RemoteEffect.objects.filter(state__in=("prepared", "dispatching", "remote_confirmed")).count(),
-        "permits": DispatchPermit.objects.filter(state__in=("granted", "sending")).count(),
-        "flow_runs": flow_runs_nonterminal_count(),
-    }
+    Parked ``uncertain`` effects are not waited for: the summary reports them
+    (``uncertain_effects``) and its invariants judge them.
+    """
+    from nexusflow.kernel.workers import open_work
+
+    return open_work()
 
 
 def _progress_marker() -> tuple:
@@ -275,7 +271,8 @@ def _run_chaos(seed: int, *, procs: Processes, env: dict, run_dir: Path, web_por
         DemoError: the web server never answered, a process crashed other than
             by a chaos kill, or a delivery could not be posted.
     """
-    from packs.demo.chaos import ChaosSupervisor, chaos_work_counts
+    from nexusflow.kernel.workers import open_work
+    from packs.demo.chaos import ChaosSupervisor
 
     supervisor = ChaosSupervisor(seed=seed, procs=procs, env=env, run_dir=run_dir, web_port=web_port, say=say)
     say(f"demo: chaos seed {seed}: {len(supervisor.schedule)} planned arms: "
@@ -286,7 +283,9 @@ def _run_chaos(seed: int, *, procs: Processes, env: dict, run_dir: Path, web_por
     say(f"demo: posting {len(deliveries)} deliveries to {url} (failed requests are resent)")
     poster = ResendingPoster(deliveries, url=url, secret=secret)
     poster.start()
-    supervisor.run(poster, work_counts=chaos_work_counts(_work_counts), progress_marker=_progress_marker)
+    # Reconciliation is work too: under chaos, every ``uncertain`` effect is waited for.
+    supervisor.run(poster, work_counts=lambda: open_work(parked=("uncertain_effects",)),
+                   progress_marker=_progress_marker)
     supervisor.resent_requests = poster.resends
     say(f"demo: chaos done: {len(supervisor.kills)} kills, {poster.resends} requests resent")
     counts = _work_counts()

@@ -3,10 +3,9 @@ import subprocess
 import sys
 import time
 
-from connectors.models import DispatchPermit, Execution, RemoteEffect, RemoteLink
-from nexusflow.flows.models import FlowRun
+from connectors.models import RemoteLink
+from nexusflow.kernel.workers import open_work
 from nexusflow.records.models import Record
-from runtime_outbox.models import OutboxMessage
 from tests.conftest import ROOT
 
 
@@ -17,14 +16,9 @@ def spawn(role: str, env: dict, until_idle: bool = True) -> subprocess.Popen:
     return subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def pending_work() -> dict:
-    return {
-        "executions": Execution.objects.filter(state="ready").count(),
-        "outbox": OutboxMessage.objects.filter(state="pending").count(),
-        "runs": FlowRun.objects.exclude(state__in=("Succeeded", "TerminalFailed", "Quarantined", "Cancelled")).count(),
-        "effects": RemoteEffect.objects.exclude(state__in=("finalized", "no_effect", "quarantined")).count(),
-        "permits": DispatchPermit.objects.filter(state__in=("granted", "sending")).count(),
-    }
+def pending_work() -> dict[str, int]:
+    """Every open-work count, ``uncertain`` effects included: an adversarial run must leave none parked."""
+    return open_work(parked=("uncertain_effects",))
 
 
 def run_parallel(env: dict, counts: dict[str, int], *, rounds: int = 20, timeout: float = 300) -> list[str]:

@@ -27,11 +27,11 @@ from connectors.outbound import PushContractError, proven_no_effect
 from connectors.store import RemoteLinkStore
 from nexusflow.kernel.models import insert
 from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
+from nexusflow.kernel.workers import units_for
 from nexusflow.records.metadata import InvalidFieldValue, load_view
 from nexusflow.records.models import Record
 from nexusflow.records.services import record_create, record_delete, record_lock, record_update
 from nexusflow.records.store import RecordStore
-from nexusflow.workers import units_for
 from packs.hubspot.crm_sandbox import COMPANIES_PATH, CONTACTS_PATH
 from runtime_outbox.models import IntentResultReceipt, OutboundCommand
 from runtime_outbox.services import outbound_command_author, outbox_try_deliver_one

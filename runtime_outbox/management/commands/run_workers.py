@@ -1,8 +1,10 @@
-"""``manage.py run_workers --role connector|runtime|flow|egress [--until-idle] [--once]``.
+"""``manage.py run_workers --role connector|runtime|flow|egress|egress-deferred|stream|all [--until-idle] [--once]``.
 
 A thin loop over the role's ``try_<verb>_one()`` units: run every unit until
 none has work, sleep with jitter when idle, exit cleanly on SIGTERM or
-Ctrl-C, log one structured line per unit of work.
+Ctrl-C, log one structured line per unit of work. The roles are the ones the
+apps registered (:func:`nexusflow.kernel.workers.register_role`); ``all`` runs
+every role registered ``in_all``.
 """
 from __future__ import annotations
 
@@ -16,9 +18,9 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, close_old_connections
 
-from connectors.workers import register_worker
 from nexusflow.kernel.errors import NexusError
-from nexusflow.workers import ROLES, units_for
+from nexusflow.kernel.workers import roles as registered_roles
+from nexusflow.kernel.workers import units_for, worker_process_register
 
 log = logging.getLogger("nexusflow.workers")
 
@@ -27,7 +29,7 @@ class Command(BaseCommand):
     help = "Run NexusFlow workers of one or more roles."
 
     def add_arguments(self, parser):
-        parser.add_argument("--role", action="append", choices=[*ROLES, "all"], required=True,
+        parser.add_argument("--role", action="append", choices=[*registered_roles(), "all"], required=True,
                             help="Role to run; repeat for several, or 'all'.")
         parser.add_argument("--until-idle", action="store_true", help="Exit once no work is claimable.")
         parser.add_argument("--idle-rounds", type=int, default=3,
@@ -40,8 +42,8 @@ class Command(BaseCommand):
             raise CommandError("invalid_arguments: --idle-rounds must be at least 1", returncode=2)
         if not 0 <= idle_sleep <= 3600:
             raise CommandError("invalid_arguments: --idle-sleep is a number of seconds from 0 to 3600", returncode=2)
-        roles = [r for r in ROLES if r != "egress-deferred"] if "all" in role else list(dict.fromkeys(role))
-        worker_id = register_worker("+".join(roles))
+        roles = list(registered_roles(all_only=True)) if "all" in role else list(dict.fromkeys(role))
+        worker_id = worker_process_register("+".join(roles))
         units = [u for r in roles for u in units_for(r, worker_id)]
         stopping = {"flag": False}
 

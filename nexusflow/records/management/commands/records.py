@@ -22,6 +22,8 @@ from nexusflow.kernel.errors import InvalidIdentity, NexusError
 from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.models import Record
+from nexusflow.records.owner import OwnerConflict, owner_intents_read
+from nexusflow.records.remote_links import remote_links
 from nexusflow.records.services import RecordNotFound, record_delete_by_key
 
 EX_TEMPFAIL = 75
@@ -42,20 +44,13 @@ def record_report(*, org_id: str, object_name: str, record_key: str) -> dict:
     Raises:
         RecordNotFound: no record with this identity ever existed in ``org_id``.
     """
-    from connectors.models import RemoteLink
-    from runtime_outbox.owner import owner_intents_read
-
     record = Record.objects.filter(org_id=org_id, object_name=object_name, record_key=record_key).first()
     if record is None:
         raise RecordNotFound(f"no {object_name} record {record_key!r}")
-    links = RemoteLink.objects.filter(org_id=org_id, source_object=object_name,
-                                      source_record_key=record_key).order_by("id")
     return {
         "record": f"{object_name}/{record_key}", "org": org_id, "version": int(record.version),
         "deleted": bool(record.is_deleted), "fields": record.fields, "mirrors": record.mirrors,
-        "remote_links": [{"link": int(link.pk), "link_key": link.link_key, "action_type": link.action_type,
-                          "state": link.state, "reason_code": link.reason_code, "remote_id": link.remote_id}
-                         for link in links],
+        "remote_links": remote_links().describe(org_id=org_id, object_name=object_name, record_key=record_key),
         "intents": [{"command": intent.command_id, "contract_key": intent.contract_key,
                      "link_key": intent.link_key, "state": intent.state}
                     for intent in owner_intents_read(org_id=org_id, object_name=object_name,
@@ -78,8 +73,6 @@ class Command(BaseCommand):
                 op.add_argument("--json", action="store_true")
 
     def handle(self, *args, subcommand: str, **options):
-        from runtime_outbox.owner import OwnerConflict
-
         org_id, object_name, record_key = _identity(options)
         try:
             if subcommand == "show":

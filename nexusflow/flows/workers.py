@@ -1,0 +1,19 @@
+"""The Flow Runtime worker role, registered by ``FlowsConfig.ready`` (CONVENTIONS.md "Workers")."""
+from __future__ import annotations
+
+from nexusflow.kernel.workers import Unit
+
+
+def flow_units(worker_id: str) -> list[tuple[str, Unit]]:
+    """The ``flow`` role: wake signals, runnable steps, expired leases, cancel cleanup."""
+    from .services import (
+        flow_try_cancel_cleanup_one,
+        flow_try_recover_expired_one,
+        flow_try_run_step_one,
+        flow_try_wake_one,
+    )
+
+    return [("flow.wake", flow_try_wake_one),
+            ("flow.step", lambda: flow_try_run_step_one(worker_id=worker_id)),
+            ("flow.recover", flow_try_recover_expired_one),
+            ("flow.cancel_cleanup", flow_try_cancel_cleanup_one)]

@@ -1,0 +1,11 @@
+"""The Runtime worker role, registered by ``RuntimeOutboxConfig.ready`` (CONVENTIONS.md "Workers")."""
+from __future__ import annotations
+
+from nexusflow.kernel.workers import Unit
+
+
+def runtime_units(worker_id: str) -> list[tuple[str, Unit]]:
+    """The ``runtime`` role: deliver due outbox messages."""
+    from .services import outbox_try_deliver_one
+
+    return [("outbox.deliver", outbox_try_deliver_one)]
