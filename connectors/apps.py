@@ -12,7 +12,7 @@ class ConnectorsConfig(AppConfig):
         from runtime_outbox import ports as runtime_ports
         from runtime_outbox.services import no_effect_reasons_declare
 
-        from . import link_transfer, reasons, selectors, workers
+        from . import link_transfer, reasons, selectors, worker_roles, workers
         from .links import inbound_link_create, inbound_link_find, record_links_describe
         from .outbound import freeze_push_binding, no_effect_unsettled_attempt, predecessor_effect_read
         from .source_deletion import links_before_source_delete
@@ -34,10 +34,10 @@ class ConnectorsConfig(AppConfig):
         # Workers: the process registry every holder names, the roles and their open work.
         register_worker_processes(register=workers.register_worker,
                                   termination_proof=workers.holder_termination_proof)
-        register_role("connector", workers.connector_units, order=10)
-        register_role("egress", workers.egress_units, order=40)
-        register_role("egress-deferred", workers.egress_deferred_units, order=50, in_all=False)
-        register_role("stream", workers.stream_units, order=60)
+        register_role("connector", worker_roles.connector_units, order=10)
+        register_role("egress", worker_roles.egress_units, order=40)
+        register_role("egress-deferred", worker_roles.egress_deferred_units, order=50, in_all=False)
+        register_role("stream", worker_roles.stream_units, order=60)
         register_open_work("executions", selectors.executions_open_count)
         register_open_work("effects", selectors.effects_open_count)
         register_open_work("permits", selectors.permits_open_count)

@@ -6,9 +6,8 @@ started at another time (``/proc/<pid>/stat`` start ticks). A holder on another
 host cannot be proven gone from here and its Permit stays open.
 
 ``ConnectorsConfig.ready`` registers this registry with
-:func:`nexusflow.kernel.workers.register_worker_processes` and the roles
-below (``connector``, ``egress``, ``egress-deferred``, ``stream``) with
-:func:`nexusflow.kernel.workers.register_role`.
+:func:`nexusflow.kernel.workers.register_worker_processes`; the connector's
+roles are in :mod:`connectors.worker_roles`.
 """
 from __future__ import annotations
 
@@ -20,7 +19,6 @@ from django.db import transaction
 
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.models import insert
-from nexusflow.kernel.workers import Unit
 
 from .models import WorkerProcess
 
@@ -77,50 +75,3 @@ def record_holder_termination(worker_id: str, proof: dict) -> dict:
         WorkerProcessStore.record_termination(worker_id=worker_id, proof=proof, at=db_now())
         recorded = WorkerProcess.objects.filter(worker_id=worker_id).values_list("termination_proof", flat=True).first()
     return recorded or proof
-
-
-# --- worker roles (units in priority order; CONVENTIONS.md "Workers") ----------------
-def connector_units(worker_id: str) -> list[tuple[str, Unit]]:
-    """The ``connector`` role: inbound receipts, windows, dependencies and executions."""
-    from .executions import dependency_try_expire_one, execution_try_recover_one, execution_try_run_one
-    from .inbound import receipt_try_reconcile_one
-    from .windows import window_try_close_one
-
-    return [("receipt.reconcile", receipt_try_reconcile_one),
-            ("window.close", window_try_close_one),
-            ("dependency.expire", dependency_try_expire_one),
-            ("execution.run", lambda: execution_try_run_one(worker_id=worker_id)),
-            ("execution.recover", lambda: execution_try_recover_one(worker_id=worker_id))]
-
-
-def _egress_units(worker_id: str, lanes: tuple[str, ...]) -> list[tuple[str, Unit]]:
-    from .egress import (
-        effect_try_dispatch_one,
-        effect_try_finalize_one,
-        effect_try_reconcile_one,
-        permit_try_abandon_one,
-    )
-
-    return [("permit.abandon", lambda: permit_try_abandon_one(lanes=lanes)),
-            ("effect.finalize", lambda: effect_try_finalize_one(lanes=lanes)),
-            ("effect.reconcile", lambda: effect_try_reconcile_one(lanes=lanes)),
-            ("effect.dispatch", lambda: effect_try_dispatch_one(worker_id=worker_id, lanes=lanes))]
-
-
-def egress_units(worker_id: str) -> list[tuple[str, Unit]]:
-    """The ``egress`` role: every known DispatchLane."""
-    from .egress import KNOWN_LANES
-
-    return _egress_units(worker_id, KNOWN_LANES)
-
-
-def egress_deferred_units(worker_id: str) -> list[tuple[str, Unit]]:
-    """The ``egress-deferred`` role: seed 002's narrow worker, only ``deferred_association`` rows (each SQL claim)."""
-    return _egress_units(worker_id, ("deferred_association",))
-
-
-def stream_units(worker_id: str) -> list[tuple[str, Unit]]:
-    """The ``stream`` role: poll the pulled routes."""
-    from .stream import stream_try_poll_one
-
-    return [("stream.poll", stream_try_poll_one)]

@@ -249,50 +249,10 @@ def test_explicit_transactions_and_store_locks_pass():
 #: Imports that point the wrong way today, ``(importing file, imported module) -> the port replacing it``.
 #: The list only shrinks: a new violation fails the test, and so does an entry whose import is gone.
 IMPORT_DIRECTION_TODO: dict[tuple[str, str], str] = {
-    ("nexusflow/records/edits.py", "runtime_outbox.owner"):
-        "being replaced by a port: an owner-protection check runtime_outbox registers in ready()",
-    ("nexusflow/records/management/commands/records.py", "connectors.models"):
-        "being replaced by a port: a record-links reader connectors registers in ready()",
-    ("nexusflow/records/management/commands/records.py", "runtime_outbox.owner"):
-        "being replaced by a port: an owner-intents reader runtime_outbox registers in ready()",
-    ("nexusflow/records/transfer.py", "connectors.links"):
-        "being replaced by a port: transfer hooks connectors registers in ready() (like before_delete)",
-    ("nexusflow/records/transfer.py", "connectors.models"):
-        "being replaced by a port: transfer hooks connectors registers in ready() (like before_delete)",
-    ("nexusflow/records/transfer.py", "connectors.pushlinks"):
-        "being replaced by a port: transfer hooks connectors registers in ready() (like before_delete)",
-    ("nexusflow/records/transfer.py", "connectors.store"):
-        "being replaced by a port: transfer hooks connectors registers in ready() (like before_delete)",
-    ("nexusflow/records/transfer.py", "runtime_outbox.owner"):
-        "being replaced by a port: an owner-work check runtime_outbox registers in ready()",
-    ("runtime_outbox/commands.py", "connectors.links"):
-        "being replaced by a port: the inbound application is a Runtime message the connectors inbox accepts",
-    ("runtime_outbox/management/commands/run_workers.py", "connectors.workers"):
-        "being replaced by a port: worker registration moves below runtime_outbox (kernel worker registry)",
-    ("runtime_outbox/replay_guard.py", "nexusflow.flows.models"):
-        "being replaced by a port: a flow-trigger reader flows registers in ready()",
-    ("runtime_outbox/services.py", "connectors.models"):
-        "being replaced by a port: the outbound.command consumer connectors registers in ready()",
     ("runtime_outbox/services.py", "connectors.outbound"):
         "being replaced by a port: the outbound.command consumer connectors registers in ready()",
     ("runtime_outbox/services.py", "nexusflow.flows.services"):
         "being replaced by a port: the intent.completed consumer flows registers in ready()",
-    ("nexusflow/flows/services.py", "connectors.workers"):
-        "being replaced by a port: the holder-termination proof moves below both (kernel worker registry)",
-    ("nexusflow/workers.py", "connectors.egress"):
-        "being replaced by a port: each app registers its worker units per role in ready()",
-    ("nexusflow/workers.py", "connectors.executions"):
-        "being replaced by a port: each app registers its worker units per role in ready()",
-    ("nexusflow/workers.py", "connectors.inbound"):
-        "being replaced by a port: each app registers its worker units per role in ready()",
-    ("nexusflow/workers.py", "connectors.stream"):
-        "being replaced by a port: each app registers its worker units per role in ready()",
-    ("nexusflow/workers.py", "connectors.windows"):
-        "being replaced by a port: each app registers its worker units per role in ready()",
-    ("nexusflow/workers.py", "nexusflow.flows.services"):
-        "being replaced by a port: each app registers its worker units per role in ready()",
-    ("nexusflow/workers.py", "runtime_outbox.services"):
-        "being replaced by a port: each app registers its worker units per role in ready()",
 }
 #: Import cycles allowed for now, keyed by the modules of their strongly connected component.
 IMPORT_CYCLE_TODO: dict[frozenset[str], str] = {
