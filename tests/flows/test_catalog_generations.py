@@ -8,7 +8,7 @@ from django.core.management import call_command
 from django.db import IntegrityError, connection, transaction
 
 from nexusflow.flows import models as m
-from nexusflow.flows import services
+from nexusflow.flows.services import execute as services
 from nexusflow.flows import transitions as t
 from nexusflow.flows.binding import flow_runtime_binding
 from nexusflow.flows.catalog import (

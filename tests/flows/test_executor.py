@@ -13,7 +13,8 @@ import threading
 import pytest
 from django.db import connection, transaction
 
-from nexusflow.flows import services, transitions as t
+from nexusflow.flows import transitions as t
+from nexusflow.flows.services import execute as services
 from nexusflow.flows.compiler import KIND_PURE_COMPUTE
 from nexusflow.flows.errors import WakeSignalConflict, WakeSignalRejected
 from nexusflow.flows.models import (

@@ -16,7 +16,7 @@ import time
 import pytest
 from django.db import IntegrityError, OperationalError, connection, transaction
 
-from nexusflow.flows import services
+from nexusflow.flows.services import execute as services
 from nexusflow.flows import transitions as t
 from nexusflow.flows.errors import FlowRunNotFound
 from nexusflow.flows.models import (

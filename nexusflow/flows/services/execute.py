@@ -38,11 +38,11 @@ from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
 from nexusflow.records.metadata import current_view
 
-from . import policy, reasons
-from . import transitions as t
-from .binding import RuntimeWorkBinding, flow_runtime_binding, scope_of
-from .catalog import CatalogMismatch, catalog_current, catalog_seal, catalog_snapshot_from_row
-from .compiler import (
+from .. import policy, reasons
+from .. import transitions as t
+from ..binding import RuntimeWorkBinding, flow_runtime_binding, scope_of
+from ..catalog import CatalogMismatch, catalog_current, catalog_seal, catalog_snapshot_from_row
+from ..compiler import (
     ATOMIC_MAX_FANOUT,
     ATOMIC_MAX_WRITES,
     KIND_CURRENT_READ,
@@ -58,8 +58,8 @@ from .compiler import (
     trigger_binding_digest_of,
     trigger_matches,
 )
-from .handlers import binary_supports, engine_support_diagnostics
-from .errors import (
+from ..handlers import binary_supports, engine_support_diagnostics
+from ..errors import (
     ActivationRejected,
     FlowAdmissionRejected,
     FlowExecutionError,
@@ -72,8 +72,8 @@ from .errors import (
     WakeSignalConflict,
     WakeSignalRejected,
 )
-from .interpreter import Outcome, run_graph, to_field_text
-from .models import (
+from ..interpreter import Outcome, run_graph, to_field_text
+from ..models import (
     FlowActivation,
     FlowCheckpoint,
     FlowDependency,
@@ -85,7 +85,7 @@ from .models import (
     FlowStepExecution,
     FlowWakeSignal,
 )
-from .store import (
+from ..store import (
     FlowActivationStore,
     FlowAttemptStore,
     audit_insert,
