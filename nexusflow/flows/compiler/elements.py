@@ -35,10 +35,10 @@ from nexusflow.kernel.errors import InvalidIdentity, NexusError
 from nexusflow.kernel.identity import validate_key
 from nexusflow.records.metadata import MetadataView
 
-from . import formula as fx
-from .binding import RuntimeWorkBinding
-from .catalog import CatalogEntry, CatalogSnapshot, action_key
-from .frontend import FlowDocument, FrontEndError, parse_flow_document, value_of
+from .. import formula as fx
+from ..binding import RuntimeWorkBinding
+from ..catalog import CatalogEntry, CatalogSnapshot, action_key
+from ..frontend import FlowDocument, FrontEndError, parse_flow_document, value_of
 
 COMPILER_VERSION = "flows.compiler.v2"
 POLICY_VERSION = "flows.policy.v2"
