@@ -27,7 +27,8 @@ from nexusflow.records.metadata import current_view
 
 from .. import transitions as t
 from ..binding import flow_runtime_binding
-from ..compiler import PROFILE_EMBEDDED, trigger_binding_digest_of, trigger_matches
+from ..compiler import PROFILE_EMBEDDED, trigger_binding_digest_of
+from ..conditions import trigger_matches
 from ..errors import FlowAdmissionRejected, FlowInputRejected, FlowNotStartable, FlowStartConflict, PlanMismatch
 from ..interpreter import to_field_text
 from ..models import FlowActivation, FlowCheckpoint, FlowExecutionPlan, FlowRun

@@ -15,7 +15,8 @@ from nexusflow.records.metadata import current_view
 from .. import policy
 from .. import transitions as t
 from ..binding import flow_runtime_binding
-from ..compiler import ATOMIC_MAX_FANOUT, KIND_EMBEDDED, PROFILE_EMBEDDED, trigger_matches
+from ..compiler import ATOMIC_MAX_FANOUT, KIND_EMBEDDED, PROFILE_EMBEDDED
+from ..conditions import trigger_matches
 from ..errors import FlowAdmissionRejected, FlowExecutionError
 from ..interpreter import run_graph
 from ..models import FlowActivation
