@@ -20,9 +20,9 @@ CRM_OBJECTS = ("Contact", "Lead", "Opportunity", "Account", "Case", "Campaign", 
 #: L0 file kinds that can carry a literal.
 SUFFIXES = (".py", ".json", ".html", ".txt", ".xml", ".md", ".sql")
 #: ``(path, exact stripped line)`` pairs allowed to name a literal. The Flow metadata front end
-#: (``nexusflow/flows/compiler.py``) matches elements by XML local name and treats the metadata
-#: namespace as data, so it names no provider today and needs no entry; if it ever must name its
-#: own format (the Flow XML namespace), list exactly that line here and nothing broader.
+#: (``nexusflow/flows/frontend.py``, read by ``nexusflow/flows/compiler/``) matches elements by XML local
+#: name and treats the metadata namespace as data, so it names no provider today and needs no entry; if it
+#: ever must name its own format (the Flow XML namespace), list exactly that line here and nothing broader.
 EXEMPT: tuple[tuple[str, str], ...] = ()
 
 

@@ -1,7 +1,46 @@
-"""Typed errors of the Flow Runtime; each ``code`` is stable and safe to show."""
+"""Typed errors of the Flow Runtime; each ``code`` is stable and safe to show.
+
+The compiler's :class:`Diagnostic` and :class:`CompileError` live here, at the
+bottom of the app with the other errors, so the store, the catalog and the
+runtime raise and catch them without importing the compiler.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
 from nexusflow.kernel.errors import NexusError
 
-from .compiler import CompileError
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One compiler finding; ``code`` is stable and machine-readable; warnings never block."""
+
+    code: str
+    element: str | None = None
+    message: str = ""
+    severity: str = "error"
+
+    @property
+    def family(self) -> str:
+        return self.code.split(":", 1)[0]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"code": self.code, "element": self.element, "detail": self.message}
+
+    def __str__(self) -> str:
+        where = f" [{self.element}]" if self.element else ""
+        return f"{self.code}{where}: {self.message}" if self.message else f"{self.code}{where}"
+
+
+class CompileError(NexusError):
+    """Compilation failed; ``diagnostics`` lists every stable blocking finding."""
+
+    code = "flow_compile_failed"
+
+    def __init__(self, diagnostics: list[Diagnostic]):
+        self.diagnostics = list(diagnostics)
+        super().__init__("; ".join(str(d) for d in self.diagnostics) or self.code)
 
 
 class FlowAdmissionRejected(NexusError):

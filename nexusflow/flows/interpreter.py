@@ -28,7 +28,7 @@ from decimal import Decimal
 from typing import Any, Protocol
 
 from . import formula as fx
-from .compiler import conditions_hold
+from .conditions import conditions_hold
 from .errors import FlowExecutionError
 
 #: Elements the interpreter runs.

@@ -9,12 +9,13 @@ links); taking a lower-ranked lifecycle row after a higher one raises
 """
 from __future__ import annotations
 
-from nexusflow.kernel import locks
+from nexusflow.kernel import canonical_json, locks
 from nexusflow.kernel.errors import FenceRejected
 from nexusflow.kernel.models import insert
 from nexusflow.kernel.store import CasStore
 
 from . import transitions as t
+from .errors import CheckpointRejected
 from .models import (
     FlowActionCatalogGeneration,
     FlowAuditEvent,
@@ -181,10 +182,6 @@ def checkpoint_payload_check(payload) -> int:
             ``flow_checkpoint_credential``) or the canonical JSON is larger
             than :data:`CHECKPOINT_MAX_BYTES` (``flow_checkpoint_too_large``).
     """
-    from nexusflow.kernel import canonical_json
-
-    from .errors import CheckpointRejected
-
     todo = [payload]
     while todo:
         node = todo.pop()

@@ -8,7 +8,6 @@ from django.core.management import call_command
 from django.db import IntegrityError, connection, transaction
 
 from nexusflow.flows import models as m
-from nexusflow.flows import services
 from nexusflow.flows import transitions as t
 from nexusflow.flows.binding import flow_runtime_binding
 from nexusflow.flows.catalog import (
@@ -23,7 +22,7 @@ from nexusflow.flows.catalog import (
 from nexusflow.flows.compiler import CompileError, compile_flow
 from nexusflow.flows.errors import ActivationRejected, FlowAdmissionRejected
 from nexusflow.flows.inventory import flow_inventory
-from nexusflow.flows.services import flow_compile_check, flow_deploy
+from nexusflow.flows.services import admission, deploy, flow_compile_check, flow_deploy
 from nexusflow.flows.store import catalog_insert, plan_insert
 from nexusflow.kernel import canonical_json
 from nexusflow.kernel.digests import digest_json_v2, digest_v2
@@ -161,7 +160,7 @@ def test_plan_cannot_outlive_or_silently_rebind_its_catalog_generation(org, demo
     # A new release (another handler version) seals a new generation and compiles a new plan;
     # the old plan keeps its own generation.
     source = _with_push(catalog_source_load(), handler_version="2")
-    monkeypatch.setattr(services, "catalog_current", lambda *, binding: catalog_build(binding=binding, source=source))
+    monkeypatch.setattr(deploy, "catalog_current", lambda *, binding: catalog_build(binding=binding, source=source))
     from nexusflow.flows import handlers
     monkeypatch.setitem(handlers.IN_BINARY_HANDLERS, "runtime_outbox.services.outbound_command_author", "2")
     second = flow_deploy(org=org, source=demo_source, flow_api_name=DEMO).plan
@@ -208,7 +207,7 @@ def test_runtime_view_or_trigger_change_invalidates_the_activation_binding_and_p
     # A metadata publication: the request-bound view now has another digest.
     view = current_view()
     published = MetadataView(objects=view.objects, digest="d" * 64)
-    monkeypatch.setattr(services, "current_view", lambda: published)
+    monkeypatch.setattr(admission, "current_view", lambda: published)
     with pytest.raises(FlowAdmissionRejected):
         save_record(org, {"lifecyclestage": "customer"})
     assert m.FlowRun.objects.filter(org_id=org.org_id).count() == 1  # nothing admitted, the save rolled back
@@ -231,8 +230,9 @@ def test_v2_trigger_admission_uses_the_request_bound_binding_and_never_a_live_fa
     def forbidden(*args, **kwargs):
         raise AssertionError("admission must not re-resolve through the catalog, compiler or flow files")
 
-    for name in ("catalog_current", "compile_flow", "flow_plan_compile"):
-        monkeypatch.setattr(services, name, forbidden)
+    for module in (admission, deploy):  # admission names none of them; deploy holds them all
+        for name in ("catalog_current", "compile_flow", "flow_plan_compile"):
+            monkeypatch.setattr(module, name, forbidden, raising=False)
     record = save_record(org, {"lifecyclestage": "customer"})
     run = m.FlowRun.objects.get(org_id=org.org_id, record_key=record.record_key)
     assert (run.plan_id, run.binding_digest) == (plan.pk, plan.runtime_work_binding_digest)

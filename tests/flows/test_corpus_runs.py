@@ -36,7 +36,8 @@ from typing import Callable
 import pytest
 
 from nexusflow.flows import transitions as t
-from nexusflow.flows.compiler import PROFILE_EMBEDDED, condition_holds
+from nexusflow.flows.compiler import PROFILE_EMBEDDED
+from nexusflow.flows.conditions import condition_holds
 from nexusflow.flows.handlers import traverses_relationship
 from django.core.management import CommandError, call_command
 

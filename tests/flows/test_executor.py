@@ -13,7 +13,7 @@ import threading
 import pytest
 from django.db import connection, transaction
 
-from nexusflow.flows import services, transitions as t
+from nexusflow.flows import transitions as t
 from nexusflow.flows.compiler import KIND_PURE_COMPUTE
 from nexusflow.flows.errors import WakeSignalConflict, WakeSignalRejected
 from nexusflow.flows.models import (
@@ -26,6 +26,9 @@ from nexusflow.flows.models import (
 )
 from nexusflow.flows.selectors import flow_run_summary, flow_runs_nonterminal_count
 from nexusflow.flows.services import (
+    admission,
+    deploy,
+    execute,
     flow_deploy,
     flow_step_claim_one,
     flow_step_execute,
@@ -165,7 +168,7 @@ def test_threads_racing_for_the_same_steps_claim_each_exactly_once(org, decide_p
 # --- fencing and recovery ------------------------------------------------------------
 def test_stale_attempt_commit_is_fenced_after_recovery(org, decide_plan, short_lease):
     record = save_record(org, {"lifecyclestage": "customer", "email": "a@example.com"})
-    stale = services._start(flow_step_claim_one(worker_id="slow"))  # Running under a 1 s lease
+    stale = execute._start(flow_step_claim_one(worker_id="slow"))  # Running under a 1 s lease
     wait_for_recovery()
     step = FlowStepExecution.objects.get(pk=stale.step_id)
     assert step.state == t.STEP_RETRY_SCHEDULED and step.lease_token_digest is None
@@ -174,9 +177,9 @@ def test_stale_attempt_commit_is_fenced_after_recovery(org, decide_plan, short_l
     fresh = flow_step_claim_one(worker_id="fast")
     assert fresh is not None and fresh.step_id == stale.step_id and fresh.attempt_number == 2
     plan = FlowExecutionPlan.objects.get(pk=decide_plan.pk)
-    step_def = services._step_def(plan, stale.step_key)
+    step_def = admission._step_def(plan, stale.step_key)
     with pytest.raises(FenceRejected):
-        services._exec_decision(stale, plan, step_def)  # the old worker reaches its final fence
+        execute._exec_decision(stale, plan, step_def)  # the old worker reaches its final fence
     with pytest.raises(FenceRejected):
         flow_step_execute(claim=stale)
     assert not FlowCheckpoint.objects.filter(step_id=stale.step_id).exists()
@@ -205,7 +208,7 @@ def test_a_rolled_back_step_is_retried_then_fails_terminally(org, decide_plan, m
     monkeypatch.setenv("NEXUS_FLOW_RETRY_BASE_SECONDS", "0")
     monkeypatch.setenv("NEXUS_FLOW_MAX_ATTEMPTS", "2")
     failures = {"left": 1}
-    real = services.EXECUTORS[KIND_PURE_COMPUTE]
+    real = execute.EXECUTORS[KIND_PURE_COMPUTE]
 
     def flaky(claim, plan, step_def):
         if failures["left"]:
@@ -213,7 +216,7 @@ def test_a_rolled_back_step_is_retried_then_fails_terminally(org, decide_plan, m
             raise RuntimeError("transient")
         return real(claim, plan, step_def)
 
-    monkeypatch.setitem(services.EXECUTORS, KIND_PURE_COMPUTE, flaky)
+    monkeypatch.setitem(execute.EXECUTORS, KIND_PURE_COMPUTE, flaky)
     ok = save_record(org, {"lifecyclestage": "customer"})
     claim = flow_step_claim_one(worker_id="w")
     assert flow_step_execute(claim=claim) == "rolled_back"
@@ -227,7 +230,7 @@ def test_a_rolled_back_step_is_retried_then_fails_terminally(org, decide_plan, m
     def broken(claim, plan, step_def):
         raise RuntimeError("always")
 
-    monkeypatch.setitem(services.EXECUTORS, KIND_PURE_COMPUTE, broken)
+    monkeypatch.setitem(execute.EXECUTORS, KIND_PURE_COMPUTE, broken)
     doomed = save_record(org, {"lifecyclestage": "customer"})
     run_until_idle()
     run = _run_of(org, doomed)
@@ -330,7 +333,7 @@ def test_handler_binding_mismatch_quarantines_before_any_effect(org, demo_source
     from nexusflow.flows import handlers
 
     with monkeypatch.context() as mp:  # the plan is compiled and activated by a release with another handler version
-        mp.setattr(services, "catalog_current", lambda *, binding: catalog_build(binding=binding, source=other_release))
+        mp.setattr(deploy, "catalog_current", lambda *, binding: catalog_build(binding=binding, source=other_release))
         mp.setitem(handlers.IN_BINARY_HANDLERS, "runtime_outbox.services.outbound_command_author", "99")
         flow_deploy(org=org, source=demo_source, flow_api_name="Contact_Push_Customer_To_Billing")
     record = save_record(org, {"lifecyclestage": "customer", "email": "a@example.com"})

@@ -7,6 +7,7 @@ server session.
 """
 from __future__ import annotations
 
+import datetime as dt
 import signal
 import subprocess
 import sys
@@ -16,7 +17,6 @@ import time
 import pytest
 from django.db import IntegrityError, OperationalError, connection, transaction
 
-from nexusflow.flows import services
 from nexusflow.flows import transitions as t
 from nexusflow.flows.errors import FlowRunNotFound
 from nexusflow.flows.models import (
@@ -29,6 +29,8 @@ from nexusflow.flows.models import (
 )
 from nexusflow.flows.selectors import flow_run_get, flow_runs_for_record, flow_runs_projection_divergent
 from nexusflow.flows.services import (
+    admission,
+    execute,
     flow_deploy,
     flow_run_delete,
     flow_run_support_read,
@@ -37,6 +39,7 @@ from nexusflow.flows.services import (
     flow_step_heartbeat,
     flow_try_cancel_cleanup_one,
     flow_try_recover_expired_one,
+    step_txn,
 )
 from nexusflow.flows.store import FlowAttemptStore, FlowRunStore
 from nexusflow.kernel.clock import db_now
@@ -83,10 +86,10 @@ def _wait_expired(step_id) -> None:
         time.sleep(0.05)
 
 
-def _pause_in(monkeypatch, name: str, worker: str) -> tuple[threading.Event, threading.Event]:
-    """Pause ``services.<name>`` seam while ``worker``'s claim runs it; return (paused, release)."""
+def _pause_in(monkeypatch, module, name: str, worker: str) -> tuple[threading.Event, threading.Event]:
+    """Pause the ``module.<name>`` seam while ``worker``'s claim runs it; return (paused, release)."""
     paused, release = threading.Event(), threading.Event()
-    real = getattr(services, name)
+    real = getattr(module, name)
 
     def seam(*args, **kwargs):
         if threading.current_thread().name == worker:
@@ -94,7 +97,7 @@ def _pause_in(monkeypatch, name: str, worker: str) -> tuple[threading.Event, thr
             assert release.wait(30)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(services, name, seam)
+    monkeypatch.setattr(module, name, seam)
     return paused, release
 
 
@@ -109,7 +112,7 @@ def test_lease_expiry_inside_the_mutation_transaction_fences_the_stale_worker_af
     monkeypatch.setenv("NEXUS_FLOW_RETRY_BASE_SECONDS", "0")
     record = save_record(org, CUSTOMER)
     version_before = _record(record).version
-    paused, release = _pause_in(monkeypatch, "before_lifecycle_locks", "stale")
+    paused, release = _pause_in(monkeypatch, execute, "before_lifecycle_locks", "stale")
     monkeypatch.setenv("NEXUS_FLOW_LEASE_SECONDS", "1")
     stale = flow_step_claim_one(worker_id="stale")
     monkeypatch.setenv("NEXUS_FLOW_LEASE_SECONDS", "60")
@@ -148,7 +151,7 @@ def test_delete_winning_the_root_fence_rolls_back_the_workers_whole_transaction(
     record = save_record(org, CUSTOMER)
     before = _record(record)
     run = _run_of(org, record)
-    paused, release = _pause_in(monkeypatch, "before_lifecycle_locks", "worker")
+    paused, release = _pause_in(monkeypatch, execute, "before_lifecycle_locks", "worker")
     monkeypatch.setenv("NEXUS_FLOW_LEASE_SECONDS", "1")
     claim = flow_step_claim_one(worker_id="worker")
     results: dict = {}
@@ -183,7 +186,7 @@ def test_delete_winning_the_root_fence_rolls_back_the_workers_whole_transaction(
 def test_commit_winning_the_root_fence_is_kept_and_delete_cancels_only_what_follows(org, atomic, monkeypatch):
     record = save_record(org, CUSTOMER)
     run = _run_of(org, record)
-    paused, release = _pause_in(monkeypatch, "before_step_commit", "worker")
+    paused, release = _pause_in(monkeypatch, step_txn, "before_step_commit", "worker")
     claim = flow_step_claim_one(worker_id="worker")
     results: dict = {}
     worker = _in_thread(lambda: flow_step_execute(claim=claim), results, "worker")
@@ -220,7 +223,7 @@ def test_claimed_and_waiting_steps_enter_cancel_requested_and_only_cleanup_cance
     assert (step.state, attempt.state, attempt.version) == (t.STEP_CANCEL_REQUESTED, t.ATTEMPT_CANCELLED, 2)
     with pytest.raises(FenceRejected):
         flow_step_execute(claim=claim)
-    services._record_rollback(claim, RuntimeError("stale"))  # a stale worker cannot reschedule it
+    execute._record_rollback(claim, RuntimeError("stale"))  # a stale worker cannot reschedule it
     assert FlowStepExecution.objects.get(pk=step.pk).state == t.STEP_CANCEL_REQUESTED
     _wait_expired(step.pk)
     assert flow_try_recover_expired_one() is False
@@ -283,7 +286,7 @@ def test_delete_and_recovery_race_on_an_expired_attempt_and_one_terminal_outcome
     record = save_record(org, {"lifecyclestage": "customer"})
     run = _run_of(org, record)
     monkeypatch.setenv("NEXUS_FLOW_LEASE_SECONDS", "1")
-    claim = services._start(flow_step_claim_one(worker_id="gone"))
+    claim = execute._start(flow_step_claim_one(worker_id="gone"))
     _wait_expired(claim.step_id)
     barrier = threading.Barrier(2)
     results: dict = {}
@@ -429,7 +432,7 @@ def test_lease_expiring_during_pure_compute_fences_the_commit_and_heartbeat_keep
     monkeypatch.setenv("NEXUS_FLOW_LEASE_SECONDS", "1")
     claim = flow_step_claim_one(worker_id="slow")
     assert claim.step_key == "assign:Count"
-    real = services.run_graph
+    real = execute.run_graph
     recovered: dict = {}
 
     def slow_compute(**kwargs):
@@ -438,21 +441,21 @@ def test_lease_expiring_during_pure_compute_fences_the_commit_and_heartbeat_keep
         _in_thread(flow_try_recover_expired_one, recovered, "recover").join(30)
         return out
 
-    monkeypatch.setattr(services, "run_graph", slow_compute)
+    monkeypatch.setattr(execute, "run_graph", slow_compute)
     with pytest.raises(FenceRejected):
         flow_step_execute(claim=claim)
     assert recovered["recover"] is True
     assert FlowStepAttempt.objects.get(pk=claim.attempt_id).state == t.ATTEMPT_FENCED
     assert not FlowCheckpoint.objects.filter(step_id=claim.step_id).exists()
-    monkeypatch.setattr(services, "run_graph", real)
+    monkeypatch.setattr(execute, "run_graph", real)
     # A worker that heartbeats through long compute keeps its lease: recovery finds nothing.
-    hb = services._start(flow_step_claim_one(worker_id="steady"))
+    hb = execute._start(flow_step_claim_one(worker_id="steady"))
     for _ in range(3):
         time.sleep(0.5)
         hb = flow_step_heartbeat(claim=hb)
     assert flow_try_recover_expired_one() is False
-    assert services._exec_graph(hb, FlowRun.objects.get(pk=hb.run_id).plan,
-                                services._step_def(FlowRun.objects.get(pk=hb.run_id).plan, hb.step_key)) == "succeeded"
+    assert execute._exec_graph(hb, FlowRun.objects.get(pk=hb.run_id).plan,
+                                admission._step_def(FlowRun.objects.get(pk=hb.run_id).plan, hb.step_key)) == "succeeded"
     monkeypatch.setenv("NEXUS_FLOW_LEASE_SECONDS", "60")
     run_until_idle()
     run = _run_of(org, record)
@@ -465,7 +468,7 @@ def test_proven_rollback_schedules_durable_backoff_and_a_due_claim_resumes(org, 
     monkeypatch.setenv("NEXUS_FLOW_RETRY_BASE_SECONDS", "1")
     record = save_record(org, CUSTOMER)
     run = _run_of(org, record)
-    real = services.before_lifecycle_locks
+    real = execute.before_lifecycle_locks
     calls = {"n": 0}
 
     def fail_once(claim):
@@ -474,7 +477,7 @@ def test_proven_rollback_schedules_durable_backoff_and_a_due_claim_resumes(org, 
             raise RuntimeError("transient")
         real(claim)
 
-    monkeypatch.setattr(services, "before_lifecycle_locks", fail_once)
+    monkeypatch.setattr(execute, "before_lifecycle_locks", fail_once)
     claim = flow_step_claim_one(worker_id="w")
     observed = db_now()
     assert flow_step_execute(claim=claim) == "rolled_back"
@@ -483,7 +486,7 @@ def test_proven_rollback_schedules_durable_backoff_and_a_due_claim_resumes(org, 
     run.refresh_from_db()
     assert (attempt.state, attempt.retry_decision) == (t.ATTEMPT_ROLLED_BACK, "scheduled")
     assert step.state == t.STEP_RETRY_SCHEDULED
-    assert step.run_after >= observed + services.dt.timedelta(milliseconds=attempt.recovery_backoff_floor_ms)
+    assert step.run_after >= observed + dt.timedelta(milliseconds=attempt.recovery_backoff_floor_ms)
     assert (run.state, run.current_step_id, run.run_after) == (t.RUN_RUNNABLE, step.pk, step.run_after)
     assert _record(record).fields.get("firstname") is None
     assert flow_step_claim_one(worker_id="eager") is None  # not due yet: no stranded Running root
@@ -506,8 +509,8 @@ def test_duplicate_delivery_of_one_claim_commits_once(org, atomic):
     with pytest.raises(FenceRejected):
         flow_step_execute(claim=claim)
     with pytest.raises(FenceRejected):
-        services._exec_graph(claim, FlowRun.objects.get(pk=claim.run_id).plan,
-                             services._step_def(FlowRun.objects.get(pk=claim.run_id).plan, claim.step_key))
+        execute._exec_graph(claim, FlowRun.objects.get(pk=claim.run_id).plan,
+                             admission._step_def(FlowRun.objects.get(pk=claim.run_id).plan, claim.step_key))
     assert _record(record).version == version
     assert FlowCheckpoint.objects.filter(step_id=claim.step_id).count() == 1
 
@@ -610,7 +613,7 @@ def _sever_own_connection() -> None:
 def test_connection_severed_during_commit_quarantines_with_commit_unknown(org, atomic, monkeypatch):
     record = save_record(org, CUSTOMER)
     before = _record(record)
-    monkeypatch.setattr(services, "before_step_commit", lambda *a: _sever_own_connection())
+    monkeypatch.setattr(step_txn, "before_step_commit", lambda *a: _sever_own_connection())
     claim = flow_step_claim_one(worker_id="w")
     assert flow_step_execute(claim=claim) == "quarantined"
     run = FlowRun.objects.get(pk=claim.run_id)
@@ -628,7 +631,7 @@ def test_lost_commit_response_resolves_to_the_commit_that_won(org, atomic, monke
     def lose_response(*_a):
         raise OperationalError(2013, "Lost connection to server during query")
 
-    monkeypatch.setattr(services, "after_step_commit", lose_response)
+    monkeypatch.setattr(step_txn, "after_step_commit", lose_response)
     claim = flow_step_claim_one(worker_id="w")
     assert flow_step_execute(claim=claim) == "committed"
     assert FlowStepAttempt.objects.get(pk=claim.attempt_id).state == t.ATTEMPT_COMMITTED
@@ -644,7 +647,7 @@ def test_lost_rollback_response_quarantines_with_rollback_unknown(org, atomic, m
         _sever_own_connection()
         raise RuntimeError("the step failed and its connection is gone")
 
-    monkeypatch.setattr(services, "before_lifecycle_locks", die)
+    monkeypatch.setattr(execute, "before_lifecycle_locks", die)
     claim = flow_step_claim_one(worker_id="w")
     assert flow_step_execute(claim=claim) == "quarantined"
     assert FlowStepAttempt.objects.get(pk=claim.attempt_id).state == t.ATTEMPT_ROLLBACK_UNKNOWN
@@ -658,21 +661,21 @@ def test_audit_or_checkpoint_failure_rolls_back_the_business_write(org, atomic, 
     monkeypatch.setenv("NEXUS_FLOW_RETRY_BASE_SECONDS", "0")
     record = save_record(org, CUSTOMER)
     before = _record(record)
-    real = getattr(services, broken)
+    real = getattr(step_txn, broken)
     writes_seen = {}
 
     def fail(**values):
         writes_seen["firstname"] = Record.objects.get(pk=record.pk).fields.get("firstname")  # inside the txn
         raise RuntimeError(f"{broken} failed")
 
-    monkeypatch.setattr(services, broken, fail)
+    monkeypatch.setattr(step_txn, broken, fail)
     claim = flow_step_claim_one(worker_id="w")
     assert flow_step_execute(claim=claim) == "rolled_back"
     assert writes_seen["firstname"] == "Flowed"  # the business write had been applied in that transaction
     after = _record(record)
     assert (after.version, after.fields) == (before.version, before.fields)
     assert FlowStepAttempt.objects.get(pk=claim.attempt_id).state == t.ATTEMPT_ROLLED_BACK
-    monkeypatch.setattr(services, broken, real)
+    monkeypatch.setattr(step_txn, broken, real)
     run_until_idle()
     assert _record(record).fields["firstname"] == "Flowed"
 

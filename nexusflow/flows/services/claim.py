@@ -1,0 +1,157 @@
+"""Claim: a worker leases one due step (seed 004 section 12.1).
+
+:func:`flow_step_claim_one` discovers due steps without locks, then
+:func:`_claim` locks root -> step, re-verifies everything and writes the
+lease, the ``Claimed`` step, the ``Running`` root and a ``Started`` attempt
+with its admitted business lock plan. The :class:`StepClaim` it returns is
+the fence every later transaction of that attempt checks.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import secrets
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.db.models import F, Q
+
+from nexusflow.kernel.clock import db_now
+from nexusflow.kernel.digests import digest_v2
+from nexusflow.kernel.identity import validate_key
+
+from .. import policy
+from .. import transitions as t
+from ..compiler import KIND_MUTATION
+from ..models import FlowRun, FlowStepAttempt, FlowStepExecution
+from ..store import FlowAttemptStore, FlowRunStore, FlowStepStore
+from .admission import START_OBJECT
+
+log = logging.getLogger("nexusflow.flows")
+
+
+@dataclass(frozen=True)
+class StepClaim:
+    """What a worker holds after a confirmed claim. ``lease_token`` never leaves memory."""
+
+    org_id: str
+    run_id: FlowRun.Id
+    step_id: FlowStepExecution.Id
+    step_key: str
+    step_kind: str
+    attempt_id: FlowStepAttempt.Id
+    attempt_number: int
+    lease_owner: str
+    lease_token: str
+    lease_token_digest: str
+    ownership_epoch: int
+    root_version: int
+    step_version: int
+    attempt_version: int
+    lease_expires_at: dt.datetime
+    #: The attempt's admitted business lock plan: sorted ``(object_name, record_key)`` pairs.
+    lock_plan: tuple[tuple[str, str], ...] = ()
+    #: The run's recursive-save level (``FlowRun.save_depth``), read with the root by :func:`.execute._start`.
+    save_depth: int = 0
+
+
+def _lease_digest(token: str) -> str:
+    return digest_v2("flows.lease-token", [("token", token)]).hexdigest
+
+
+def flow_step_claim_one(*, worker_id: str) -> StepClaim | None:
+    """Claim one due step: lease, Claimed step, Running root and a Started attempt.
+
+    Discovery is a non-locking read; the claim transaction then locks root ->
+    step and re-verifies everything (seed 004 section 12.1).
+
+    Returns:
+        The confirmed claim, or ``None`` when no step is due or another
+        worker won every candidate.
+    """
+    validate_key(worker_id, field="worker_id", max_length=128)
+    now = db_now()
+    candidates = list(
+        FlowStepExecution.objects.filter(
+            state__in=(t.STEP_PENDING, t.STEP_RETRY_SCHEDULED),
+            run__state=t.RUN_RUNNABLE, run__current_step_id=F("id"), run__is_deleted=False,
+            run__delete_requested_at__isnull=True,
+        ).filter(Q(run_after__isnull=True) | Q(run_after__lte=now))
+        .order_by("run_after", "id").values_list("org_id", "run_id", "id")[: policy.CLAIM_BATCH]
+    )
+    for org_id, run_id, step_id in candidates:
+        claim = _claim(org_id=org_id, run_id=run_id, step_id=step_id, worker_id=worker_id)
+        if claim is not None:
+            return claim
+    return None
+
+
+def _claim(*, org_id: str, run_id: int, step_id: int, worker_id: str) -> StepClaim | None:
+    with transaction.atomic(durable=True):
+        now = db_now()
+        run = FlowRunStore.lock(org_id, run_id)
+        if (run.state != t.RUN_RUNNABLE or run.current_step_id != step_id or run.is_deleted
+                or run.delete_requested_at is not None):
+            return None
+        step = FlowStepStore.lock(org_id, step_id)
+        if (step.run_id != run.pk or step.state not in (t.STEP_PENDING, t.STEP_RETRY_SCHEDULED)
+                or (step.run_after is not None and step.run_after > now)):
+            return None
+        plan = run.plan
+        if (plan.org_id != run.org_id or plan.plan_digest != run.plan_digest
+                or plan.runtime_work_binding_digest != run.binding_digest):
+            log.error("flow claim refused: run and plan bindings differ", extra={"org_id": org_id, "run_id": run_id})
+            return None
+        token = secrets.token_urlsafe(32)
+        token_digest = _lease_digest(token)
+        expires = now + dt.timedelta(seconds=policy.lease_seconds())
+        attempt_number = step.attempt_count + 1
+        lock_plan = _lock_plan_for(run, step)
+        step_version = FlowStepStore.transition(
+            org_id=org_id, pk=step.pk, src=step.state, dst=t.STEP_CLAIMED, version=step.version,
+            set_fields={"lease_owner": worker_id, "lease_token_digest": token_digest, "lease_expires_at": expires,
+                        "attempt_count": attempt_number, "updated_at": now},
+        )
+        root_version = FlowRunStore.transition(
+            org_id=org_id, pk=run.pk, src=t.RUN_RUNNABLE, dst=t.RUN_RUNNING, version=run.version,
+            fences={"current_step_id": step.pk, "is_deleted": False, "delete_requested_at": None},
+            set_fields={"started_at": run.started_at or now, "updated_at": now},
+        )
+        attempt = FlowAttemptStore.create(
+            org_id=org_id, step=step, attempt_number=attempt_number, state=t.ATTEMPT_STARTED,
+            lease_owner=worker_id, lease_token_digest=token_digest, ownership_epoch=step.ownership_epoch,
+            root_state_version_at_claim=root_version, retry_policy_digest=policy.retry_policy_digest(),
+            recovery_backoff_floor_ms=policy.recovery_backoff_floor_ms(step_id=step.pk, attempt_number=attempt_number),
+            plan_digest=run.plan_digest, started_at=now, lock_plan=[list(r) for r in lock_plan],
+            lock_plan_digest=_lock_plan_digest(lock_plan),
+        )
+    return StepClaim(
+        org_id=org_id, run_id=run.pk, step_id=step.pk, step_key=step.plan_step_key, step_kind=step.step_kind,
+        attempt_id=attempt.pk, attempt_number=attempt_number, lease_owner=worker_id, lease_token=token,
+        lease_token_digest=token_digest, ownership_epoch=step.ownership_epoch, root_version=root_version,
+        step_version=step_version, attempt_version=attempt.version, lease_expires_at=expires, lock_plan=lock_plan,
+    )
+
+
+#: Step kinds whose transaction starts by locking the trigger record (seed 004 section 13.1 step 2).
+LOCKING_KINDS = frozenset({KIND_MUTATION})
+
+
+def _lock_plan_for(run: FlowRun, step: FlowStepExecution) -> tuple[tuple[str, str], ...]:
+    """The declared resource plan of the next attempt: trigger record plus earlier late discoveries.
+
+    Seed 004 section 13.3 step 4: a retry after a late discovery admits the
+    expanded plan, read from the rolled-back attempts' evidence.
+    """
+    resources: set[tuple[str, str]] = set()
+    if step.step_kind in LOCKING_KINDS and run.trigger_object_name != START_OBJECT:
+        resources.add((run.trigger_object_name, run.record_key))
+    for summary in FlowStepAttempt.objects.filter(org_id=run.org_id, step_id=step.pk).values_list(
+            "metrics_summary", flat=True):
+        for obj, key in (summary or {}).get("discovered", []):
+            resources.add((obj, key))
+    return tuple(sorted(resources, key=lambda r: (r[0].encode(), r[1].encode())))
+
+
+def _lock_plan_digest(lock_plan) -> str:
+    return digest_v2("flows.lock-plan", [("resource", f"{o}\x00{k}") for o, k in lock_plan]).hexdigest

@@ -1,0 +1,191 @@
+"""Effect steps: hand one external effect to its owner and complete on its receipt (seed 004 sections 7.5 and 15).
+
+``EffectSubmit`` (:func:`_exec_effect_submit`) re-verifies the plan's pinned
+handler binding, takes the record owner fence, authors the one
+``OutboundCommand`` and links it to the run. ``EffectCompletion``
+(:func:`_exec_effect_completion`) waits durably (:func:`.waits._wait`) until
+the Runtime intent receipt arrives, then continues, fails or quarantines on
+its outcome.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from nexusflow.kernel import failpoints
+from nexusflow.kernel.clock import db_now
+from nexusflow.kernel.digests import digest_v2
+from nexusflow.kernel.errors import NexusError
+from nexusflow.kernel.ids import require_id
+from nexusflow.kernel.scope import OrgScope
+
+from .. import reasons
+from .. import transitions as t
+from ..binding import scope_of
+from ..handlers import binary_supports
+from ..models import FlowDependency, FlowEffectLink, FlowExecutionPlan, FlowRun, FlowWakeSignal
+from ..store import FlowDependencyStore, FlowWakeSignalStore, effect_link_insert
+from .claim import StepClaim
+from .deploy import _persisted_snapshot
+from .step_txn import FP_BEFORE_COMMIT, _commit_step, _lock_fenced, _step_txn
+from .waits import _wait
+
+EFFECT_OWNER_KIND = "runtime.outbound_command"
+EFFECT_GENERATION_ID = "1"
+SUCCESS_OUTCOMES = frozenset({"remote_confirmed", "finalized", "superseded"})
+
+
+def effect_root_id_for(*, org_id: str, plan_id: str, run_id: FlowRun.Id | int) -> str:
+    """The deterministic effect root of one run's effects (v2 digest over org, plan, run).
+
+    Raises:
+        InvalidIdentity: ``run_id`` is not a FlowRun id (or a positive int).
+    """
+    run_id = require_id(run_id, FlowRun, field="run_id")
+    return digest_v2("flows.effect-root", [("org_id", org_id), ("plan_id", plan_id), ("flow_run_id", run_id)]).hexdigest
+
+
+def _handler_binding_matches(plan: FlowExecutionPlan, step_def: dict[str, Any]) -> bool:
+    """Does the persisted generation and this binary's handler equal what the plan pinned? (section 8.4).
+
+    Rebuilds the sealed read view from the plan's own ``FlowActionCatalogGeneration``
+    (scope and digest verified), never from the shipped catalog or another registry.
+    """
+    try:
+        entry = _persisted_snapshot(plan).entries.get(step_def["action_key"])
+    except NexusError:
+        return False
+    return (entry is not None and entry.entry_digest == step_def["entry_digest"]
+            and entry.binding_fingerprint == step_def["binding_fingerprint"] and binary_supports(entry))
+
+
+def _exec_effect_submit(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any]) -> str:
+    from nexusflow.records.models import Record
+    from nexusflow.records.services import record_lock_owner
+    from runtime_outbox.owner import OwnerDeleted
+    from runtime_outbox.services import outbound_command_author
+
+    if not _handler_binding_matches(plan, step_def):
+        # Fail closed before any business lock or mutation; never dispatch through another handler.
+        with _step_txn():
+            now = db_now()
+            run, _step, attempt = _lock_fenced(claim)
+            _commit_step(claim, plan, run, attempt, now, output={"failure": reasons.HANDLER_BINDING_MISMATCH},
+                         step_dst=t.STEP_QUARANTINED, root_dst=t.RUN_QUARANTINED, next_key=None,
+                         cause=reasons.HANDLER_BINDING_MISMATCH)
+            failpoints.hit(FP_BEFORE_COMMIT)
+        return "quarantined"
+    identity = FlowRun.objects.only("org_id", "trigger_object_name", "record_key").get(
+        org_id=claim.org_id, pk=claim.run_id)
+    effect_root_id = effect_root_id_for(org_id=claim.org_id, plan_id=plan.plan_id, run_id=claim.run_id)
+    with _step_txn():
+        now = db_now()
+        try:
+            # Business lock first (section 13.1), before the Flow root: the record owner fence (seed 000),
+            # taken on the row live or deleted so that a committed deletion is seen, not a missing row.
+            record = record_lock_owner(org=OrgScope(claim.org_id), object_name=identity.trigger_object_name,
+                                       record_key=identity.record_key)
+        except Record.DoesNotExist:
+            record = None
+        run, _step, attempt = _lock_fenced(claim)
+        scope = scope_of(run)
+        command = refusal = None
+        if record is not None:
+            try:
+                command = outbound_command_author(
+                    scope=scope, effect_root_id=effect_root_id, effect_slot_id=step_def["key"],
+                    effect_generation_id=EFFECT_GENERATION_ID, contract_key=step_def["inputs"]["contract"],
+                    record=record, origin_flow_run_id=run.pk, origin_dependency_key=None,
+                    origin={"flow_developer_name": plan.flow_api_name, "flow_action_name": step_def["key"],
+                            "flow_version_id": plan.flow_version},
+                )
+            except OwnerDeleted as exc:
+                # Definite refusal (seed 000): the step ends failed instead of retrying forever.
+                refusal = exc.code
+        if command is None:
+            output = {"failure": reasons.TRIGGER_RECORD_DELETED}
+            if refusal is not None:
+                output["refusal"] = refusal
+            _commit_step(claim, plan, run, attempt, now, output=output,
+                         step_dst=t.STEP_FAILED, root_dst=t.RUN_TERMINAL_FAILED, next_key=None,
+                         cause=reasons.TRIGGER_RECORD_DELETED)
+            failpoints.hit(FP_BEFORE_COMMIT)
+            return "failed"
+        effect_link_insert(
+            org_id=scope.org_id, app_installation_id=scope.app_installation_id,
+            runtime_capability_id=scope.runtime_capability_id, binding_digest=scope.binding_digest, run=run,
+            step_id=claim.step_id, effect_owner_kind=EFFECT_OWNER_KIND, outbound_command_id=command.pk,
+            effect_handoff_key=command.idempotency_key, submission_attempt=attempt, created_at=now,
+        )
+        _commit_step(
+            claim, plan, run, attempt, now,
+            output={"outbound_command_id": command.pk, "effect_handoff_key": command.idempotency_key,
+                    "dependency_key": str(command.pk)},
+            step_dst=t.STEP_SUCCEEDED, root_dst=t.RUN_RUNNABLE, next_key=step_def["next"],
+        )
+        failpoints.hit(FP_BEFORE_COMMIT)
+    return "succeeded"
+
+
+def _exec_effect_completion(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any]) -> str:
+    from runtime_outbox.selectors import intent_result_receipt_for
+
+    link = FlowEffectLink.objects.get(org_id=claim.org_id, run_id=claim.run_id,
+                                      step__plan_step_key=step_def["submit_step"])
+    dependency_key = str(link.outbound_command_id)
+    with _step_txn():
+        now = db_now()
+        run, step, attempt = _lock_fenced(claim)
+        scope = scope_of(run)
+        scope_filter = dict(org_id=scope.org_id, app_installation_id=scope.app_installation_id,
+                            runtime_capability_id=scope.runtime_capability_id, binding_digest=scope.binding_digest)
+        dependency = FlowDependency.objects.filter(step_id=claim.step_id, **scope_filter).first()
+        if dependency is not None:
+            dependency = FlowDependencyStore.lock(claim.org_id, dependency.pk)
+        receipt_id = dependency.resolution_receipt_id if (
+            dependency is not None and dependency.state == t.DEP_SATISFIED) else None
+        if receipt_id is None:
+            # Checked while holding the root: a wake arriving later finds the dependency.
+            signal = FlowWakeSignal.objects.filter(flow_run_id=run.pk, dependency_key=dependency_key,
+                                                   **scope_filter).first()
+            if signal is not None:
+                signal = FlowWakeSignalStore.lock(claim.org_id, signal.pk)
+                if dependency is not None and dependency.state == t.DEP_WAITING:
+                    FlowDependencyStore.transition(
+                        org_id=claim.org_id, pk=dependency.pk, src=t.DEP_WAITING, dst=t.DEP_SATISFIED,
+                        version=dependency.version,
+                        set_fields={"resolved_at": now, "resolution_receipt_id": signal.receipt_id},
+                    )
+                if signal.state == t.SIGNAL_UNMATCHED:
+                    FlowWakeSignalStore.transition(
+                        org_id=claim.org_id, pk=signal.pk, src=t.SIGNAL_UNMATCHED, dst=t.SIGNAL_CONSUMED,
+                        version=signal.version,
+                        set_fields={"consumed_at": now, "dependency_id": dependency.pk if dependency else None},
+                    )
+                receipt_id = signal.receipt_id
+        if receipt_id is None:
+            _wait(claim, run, step, now, dependency, dependency_key, scope)
+            failpoints.hit(FP_BEFORE_COMMIT)
+            return "waiting"
+        receipt = intent_result_receipt_for(org_id=claim.org_id, command_id=link.outbound_command_id)
+        evidence = {"outbound_command_id": link.outbound_command_id, "receipt_id": receipt_id}
+        if receipt is None or receipt.pk != receipt_id:
+            _commit_step(claim, plan, run, attempt, now, output={**evidence, "outcome": None},
+                         step_dst=t.STEP_QUARANTINED, root_dst=t.RUN_QUARANTINED, next_key=None,
+                         cause=reasons.EFFECT_RECEIPT_MISSING)
+            result = "quarantined"
+        elif receipt.outcome in SUCCESS_OUTCOMES:
+            _commit_step(claim, plan, run, attempt, now, output={**evidence, "outcome": receipt.outcome},
+                         step_dst=t.STEP_SUCCEEDED, root_dst=t.RUN_RUNNABLE, next_key=step_def["next"])
+            result = "succeeded"
+        elif receipt.outcome == "no_effect":
+            _commit_step(claim, plan, run, attempt, now, output={**evidence, "outcome": receipt.outcome},
+                         step_dst=t.STEP_FAILED, root_dst=t.RUN_TERMINAL_FAILED, next_key=None,
+                         cause=reasons.EFFECT_NO_EFFECT)
+            result = "failed"
+        else:
+            _commit_step(claim, plan, run, attempt, now, output={**evidence, "outcome": receipt.outcome},
+                         step_dst=t.STEP_QUARANTINED, root_dst=t.RUN_QUARANTINED, next_key=None,
+                         cause=reasons.EFFECT_QUARANTINED)
+            result = "quarantined"
+        failpoints.hit(FP_BEFORE_COMMIT)
+    return result

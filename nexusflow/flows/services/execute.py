@@ -1,0 +1,518 @@
+"""Execute: run one claimed step to its committed outcome (seed 004 sections 12.2, 13 and 5.2).
+
+:func:`flow_step_execute` starts the claimed step (``Claimed -> Running``),
+runs the executor of its kind in the step transaction
+(:mod:`.step_txn`) and classifies the result: committed, proven rollback
+(durable backoff or ``Failed``), or commit/rollback unknown (resolved under
+the fence, else ``Quarantined``). Graph steps (compute, current read,
+bounded mutation, decision) and the terminal step run here; the effect steps
+run in :mod:`.effects`. Workers call :func:`flow_try_run_step_one`; the
+operator's ``flows run`` calls :func:`flow_run_drive`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+from typing import Any, Callable
+
+from django.db import connection, transaction
+
+from nexusflow.kernel import canonical_json, failpoints
+from nexusflow.kernel.clock import db_now
+from nexusflow.kernel.errors import FenceRejected, NexusError, StaleVersion
+from nexusflow.kernel.ids import require_id
+from nexusflow.kernel.identity import validate_key
+from nexusflow.kernel.scope import OrgScope
+
+from .. import policy, reasons
+from .. import transitions as t
+from ..compiler import (
+    ATOMIC_MAX_FANOUT,
+    ATOMIC_MAX_WRITES,
+    KIND_CURRENT_READ,
+    KIND_EFFECT_COMPLETION,
+    KIND_EFFECT_SUBMIT,
+    KIND_MUTATION,
+    KIND_PURE_COMPUTE,
+    KIND_TERMINAL,
+)
+from ..errors import FlowExecutionError, FlowRunNotFound, LateLockDiscovery, PlanMismatch
+from ..interpreter import Outcome, run_graph
+from ..models import FlowCheckpoint, FlowExecutionPlan, FlowRun, FlowStepAttempt, FlowStepExecution
+from ..store import FlowAttemptStore, FlowRunStore, FlowStepStore
+from .admission import _SAVE_ORIGIN, TRIGGER_CHECKPOINT_SEQUENCE, _SaveOrigin, _step_def
+from .claim import StepClaim, _claim, flow_step_claim_one
+from .effects import _exec_effect_completion, _exec_effect_submit
+from .step_txn import (
+    FP_BEFORE_COMMIT,
+    _attempt_fences,
+    _commit_step,
+    _CommitUnknown,
+    _lock_fenced,
+    _RollbackUnknown,
+    _step_fences,
+    _step_txn,
+    _verify_root,
+)
+
+log = logging.getLogger("nexusflow.flows")
+
+FP_AFTER_CLAIM = failpoints.declare("flow.step.after_claim")
+FP_AFTER_COMMIT = failpoints.declare("flow.step.after_commit")
+FP_AFTER_BUSINESS_LOCKS = failpoints.declare("flow.step.after_business_locks")
+FP_AFTER_ROLLBACK = failpoints.declare("flow.step.after_rollback")
+
+
+def _start(claim: StepClaim) -> StepClaim:
+    """Lifecycle-only transaction: step Claimed -> Running under the claim fence."""
+    with transaction.atomic(durable=True):
+        now = db_now()
+        run = FlowRunStore.lock(claim.org_id, claim.run_id)
+        _verify_root(run, claim)
+        step = FlowStepStore.lock(claim.org_id, claim.step_id)
+        if step.lease_expires_at is None or step.lease_expires_at <= now:
+            raise FenceRejected(f"step {claim.step_id}: lease expired before execution started")
+        version = FlowStepStore.transition(
+            org_id=claim.org_id, pk=claim.step_id, src=t.STEP_CLAIMED, dst=t.STEP_RUNNING,
+            version=claim.step_version,
+            fences={"lease_token_digest": claim.lease_token_digest, "ownership_epoch": claim.ownership_epoch},
+            set_fields={"updated_at": now},
+        )
+    return dataclasses.replace(claim, step_version=version, save_depth=run.save_depth)
+
+
+class _CurrentReader:
+    """Non-locking current reads of live records of the run's org (seed 004 section 12.2 step 5)."""
+
+    def __init__(self, org_id: str):
+        self.org_id = org_id
+
+    def query(self, object_name: str, predicate, *, limit: int) -> list[dict[str, Any]]:
+        from nexusflow.records.models import Record
+
+        out = []
+        for key, fields in (Record.objects.filter(org_id=self.org_id, object_name=object_name, is_deleted=False)
+                            .order_by("record_key").values_list("record_key", "fields")[: 5 * limit]):
+            rec = {"Id": key, "__object": object_name, **(fields or {})}
+            if predicate(rec):
+                out.append(rec)
+                if len(out) >= limit:
+                    break
+        return out
+
+
+def _trigger_snapshot(claim: StepClaim) -> dict[str, Any]:
+    return FlowCheckpoint.objects.get(org_id=claim.org_id, run_id=claim.run_id,
+                                      sequence=TRIGGER_CHECKPOINT_SEQUENCE).context_payload["record"]
+
+
+def _input_state(claim: StepClaim) -> dict[str, Any]:
+    """The interpreter state the step starts from: its input checkpoint's context, else the trigger record."""
+    step = FlowStepExecution.objects.only("input_checkpoint_id").get(org_id=claim.org_id, pk=claim.step_id)
+    payload = FlowCheckpoint.objects.values_list("context_payload", flat=True).get(
+        org_id=claim.org_id, pk=step.input_checkpoint_id)
+    return payload.get("context") or {}
+
+
+def _graph_of(plan: FlowExecutionPlan, step_def: dict[str, Any]) -> tuple[list[dict[str, Any]], str | None]:
+    """The element graph of a step: the atomic graph, or one durable element whose edges name step keys."""
+    if "graph" in step_def:
+        return step_def["graph"], step_def.get("entry_element")
+    node = {k: v for k, v in step_def.items() if k not in ("key", "kind", "next", "rules", "default_next")}
+    node["type"] = step_def.get("type")
+    if step_def.get("type") == "decisions":
+        node["rules"] = step_def["rules"]
+        node["edges"] = ([{"kind": f"rule:{r['name']}", "to": r["next"]} for r in step_def["rules"]]
+                         + [{"kind": "default", "to": step_def["default_next"]}])
+    else:
+        node["edges"] = [{"kind": k, "to": v} for k, v in (step_def.get("next") or {}).items()]
+    return [node], step_def.get("element")
+
+
+def _interpret(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any], now: dt.datetime,
+               reader) -> tuple[Outcome, str]:
+    snapshot = _trigger_snapshot(claim)
+    record = {"Id": snapshot["record_key"], **snapshot["fields"]}
+    prior = snapshot.get("prior_fields")
+    graph, entry = _graph_of(plan, step_def)
+    outcome = run_graph(plan_payload=plan.plan_payload, graph=graph, entry=entry, record=record,
+                        object_name=snapshot["object"], now=now, reader=reader, state=_input_state(claim),
+                        prior=None if prior is None else {"Id": snapshot["record_key"], **prior},
+                        is_new=snapshot.get("record_version") == 1, fan_out_limit=ATOMIC_MAX_FANOUT)
+    if "graph" in step_def:
+        next_key = step_def.get("next")
+    else:
+        next_key = outcome.next_step
+        if next_key is None and step_def.get("type") != "decisions":
+            next_key = (step_def.get("next") or {}).get("success")
+    return outcome, next_key or "end"
+
+
+def _lock_business(claim: StepClaim, extra: tuple[tuple[str, str], ...] = ()) -> dict[tuple[str, str], Any]:
+    """Lock the attempt's declared records in canonical key order (business class, before the Flow root)."""
+    from nexusflow.records.models import Record
+    from nexusflow.records.services import record_lock
+
+    locked: dict[tuple[str, str], Any] = {}
+    org = OrgScope(claim.org_id)
+    for obj, key in sorted(set(claim.lock_plan) | set(extra), key=lambda r: (r[0].encode(), r[1].encode())):
+        try:
+            locked[(obj, key)] = record_lock(org=org, object_name=obj, record_key=key)
+        except Record.DoesNotExist:
+            locked[(obj, key)] = None
+    return locked
+
+
+def before_lifecycle_locks(claim: StepClaim) -> None:
+    """Seam between the business locks and the Flow root lock of a mutation step (tests pause here)."""
+    failpoints.hit(FP_AFTER_BUSINESS_LOCKS)
+
+
+def _apply_writes(claim: StepClaim, run: FlowRun, outcome: Outcome,
+                  locked: dict[tuple[str, str], Any]) -> list[dict[str, Any]]:
+    """Apply the graph's record writes to the already-locked rows (seed 004 section 12.2 step 11).
+
+    The saves these writes make are recursive saves caused by ``run``: the
+    runs they admit carry ``triggered_by_run=run`` and ``run.save_depth + 1``.
+
+    Raises:
+        FlowExecutionError: a write does not fit the metadata (definite).
+    """
+    from nexusflow.records.metadata import InvalidFieldValue, UnknownField, UnknownObject
+    from nexusflow.records.services import record_create, record_update
+
+    org = OrgScope(claim.org_id)
+    done = []
+    token = _SAVE_ORIGIN.set(_SaveOrigin(run_id=int(run.pk), save_depth=run.save_depth))
+    try:
+        for write in outcome.writes:
+            if write.op == "update":
+                record = locked[(write.object_name, write.record_key)]
+                change = record_update(org=org, record=record, changes=write.values)
+                done.append({"op": "update", "object": write.object_name, "record_key": write.record_key,
+                             "changed": sorted(change.changed_fields)})
+            else:
+                created = record_create(org=org, object_name=write.object_name, values=write.values)
+                done.append({"op": "create", "object": write.object_name, "record_key": created.record_key})
+    except (UnknownObject, UnknownField, InvalidFieldValue) as exc:
+        raise FlowExecutionError(f"record write refused: {exc.code}", code="flow_record_write_refused") from exc
+    finally:
+        _SAVE_ORIGIN.reset(token)
+    return done
+
+
+def _exec_graph(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any]) -> str:
+    """Run a compute, read or bounded-mutation step (durable element or Bounded Atomic graph).
+
+    Seed 004 sections 9.2 and 12.2: lock the admitted business records in
+    canonical order, interpret the element graph with current reads, refuse a
+    write outside the admitted plan (late discovery rolls the whole step back,
+    section 13.3), then lock root -> step -> attempt, apply the writes and
+    commit them with audit, checkpoint and the fenced state CAS.
+    """
+    reader = _CurrentReader(claim.org_id) if step_def["kind"] in (KIND_MUTATION, KIND_CURRENT_READ) else None
+    with _step_txn():
+        now = db_now()
+        locked = _lock_business(claim)
+        outcome, next_key = _interpret(claim, plan, step_def, now, reader)
+        for write in outcome.writes:
+            if write.op == "update" and (write.object_name, write.record_key) not in locked:
+                raise LateLockDiscovery(f"{write.object_name} record outside the admitted lock plan",
+                                        resource=[write.object_name, write.record_key])
+            if write.op == "update" and locked[(write.object_name, write.record_key)] is None:
+                raise FlowExecutionError("the record to update no longer exists", code="flow_record_missing")
+        before_lifecycle_locks(claim)
+        run, _step, attempt = _lock_fenced(claim)
+        writes = _apply_writes(claim, run, outcome, locked)
+        output: dict[str, Any] = {"next": next_key}
+        if step_def.get("type") == "decisions":
+            output = {"rule": outcome.rule, "next": next_key}
+        elif writes or outcome.path:
+            output.update(writes=writes, path=outcome.path)
+        _commit_step(claim, plan, run, attempt, now, output=output, step_dst=t.STEP_SUCCEEDED,
+                     root_dst=t.RUN_RUNNABLE, next_key=next_key, context=outcome.state)
+        failpoints.hit(FP_BEFORE_COMMIT)
+    return "succeeded"
+
+
+#: The decision step executor of the walking slice is the generic one now.
+_exec_decision = _exec_graph
+
+
+def _exec_recursion_limited(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any]) -> str:
+    """End a run admitted past the recursive-save bound before it runs any element.
+
+    README "Flows that save their own records": a run whose ``save_depth``
+    exceeds :data:`policy.RECURSIVE_SAVE_LIMIT` takes no business lock and
+    makes no write, so it admits no further run; its step ends ``Failed`` and
+    the run ``TerminalFailed`` with ``flow_recursion_limit`` (visible in the
+    support read, ``reason_codes`` and the admin).
+    """
+    with _step_txn():
+        now = db_now()
+        run, _step, attempt = _lock_fenced(claim)
+        _commit_step(claim, plan, run, attempt, now,
+                     output={"failure": reasons.RECURSION_LIMIT, "save_depth": run.save_depth,
+                             "limit": policy.RECURSIVE_SAVE_LIMIT,
+                             "triggered_by_run": run.triggered_by_run_id},
+                     step_dst=t.STEP_FAILED, root_dst=t.RUN_TERMINAL_FAILED, next_key=None,
+                     cause=reasons.RECURSION_LIMIT)
+        failpoints.hit(FP_BEFORE_COMMIT)
+    return "failed"
+
+
+def _exec_terminal(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any]) -> str:
+    with _step_txn():
+        now = db_now()
+        run, _step, attempt = _lock_fenced(claim)
+        _commit_step(claim, plan, run, attempt, now, output={"terminal": True}, step_dst=t.STEP_SUCCEEDED,
+                     root_dst=t.RUN_SUCCEEDED, next_key=None)
+        failpoints.hit(FP_BEFORE_COMMIT)
+    return "succeeded"
+
+
+EXECUTORS: dict[str, Callable[[StepClaim, FlowExecutionPlan, dict[str, Any]], str]] = {
+    KIND_PURE_COMPUTE: _exec_graph,
+    KIND_CURRENT_READ: _exec_graph,
+    KIND_MUTATION: _exec_graph,
+    KIND_TERMINAL: _exec_terminal,
+    KIND_EFFECT_SUBMIT: _exec_effect_submit,
+    KIND_EFFECT_COMPLETION: _exec_effect_completion,
+}
+
+
+def flow_step_execute(*, claim: StepClaim) -> str:
+    """Run one claimed step to its committed outcome (seed 004 section 12.2).
+
+    Outcome classification (seed 004 sections 5.2, 11.3 and 13.4):
+
+    - the step transaction raised and rolled back on a live connection: a
+      proven rollback, recorded as ``RolledBack`` with durable backoff
+      (``"rolled_back"``), or ``Failed`` once definite or exhausted;
+    - the step raised and the connection was lost (rollback unknown), or the
+      COMMIT itself failed (commit unknown): resolved under the fence; if the
+      commit provably won, ``"committed"``; otherwise the attempt becomes
+      ``RollbackUnknown``/``CommitUnknown`` and step and run ``Quarantined``.
+
+    Returns:
+        ``"succeeded"``, ``"waiting"``, ``"failed"``, ``"quarantined"``,
+        ``"rolled_back"`` or ``"committed"``.
+
+    Raises:
+        FenceRejected / StaleVersion: the claim lost its fence (lease
+            recovered, root moved or cancelled); nothing from this attempt was
+            committed.
+    """
+    failpoints.hit(FP_AFTER_CLAIM)
+    claim = _start(claim)
+    plan = FlowExecutionPlan.objects.get(org_id=claim.org_id, runs__pk=claim.run_id)
+    step_def = _step_def(plan, claim.step_key)
+    executor = (_exec_recursion_limited if claim.save_depth > policy.RECURSIVE_SAVE_LIMIT
+                else EXECUTORS.get(step_def["kind"]))
+    try:
+        if executor is None or step_def["kind"] != claim.step_kind:
+            raise PlanMismatch(f"no executor for step kind {step_def['kind']!r}")
+        outcome = executor(claim, plan, step_def)
+    except _CommitUnknown as exc:
+        log.error("flow step commit outcome unknown: %s", exc, extra={"org_id": claim.org_id, "run_id": claim.run_id})
+        return _record_unknown(claim, t.ATTEMPT_COMMIT_UNKNOWN, reasons.COMMIT_UNKNOWN)
+    except _RollbackUnknown as exc:
+        log.error("flow step rollback outcome unknown: %s", exc, extra={"org_id": claim.org_id, "run_id": claim.run_id})
+        return _record_unknown(claim, t.ATTEMPT_ROLLBACK_UNKNOWN, reasons.ROLLBACK_UNKNOWN)
+    except StaleVersion:
+        raise
+    except Exception as exc:  # the step transaction rolled back; record it under the fence
+        # An expected outcome (nothing to do) is recorded, not a warning.
+        level = logging.INFO if getattr(exc, "expected_outcome", False) else logging.WARNING
+        log.log(level, "flow step rolled back: %s", getattr(exc, "code", type(exc).__name__),
+                extra={"org_id": claim.org_id, "run_id": claim.run_id, "step": claim.step_key},
+                exc_info=not isinstance(exc, NexusError))
+        failpoints.hit(FP_AFTER_ROLLBACK)
+        _record_rollback(claim, exc)
+        return "rolled_back"
+    failpoints.hit(FP_AFTER_COMMIT)
+    return outcome
+
+
+def _record_unknown(claim: StepClaim, attempt_dst: str, cause: str) -> str:
+    """Resolve an unknown transaction outcome under the fence (seed 004 sections 5.2.6, 9.2, 11.3).
+
+    Locks root -> step -> attempt on a fresh connection. If the attempt is
+    ``Committed`` the commit won (returns ``"committed"``). If the fence still
+    holds, no commit became visible, yet replay is not proven safe: the
+    attempt takes ``attempt_dst`` and step and run are ``Quarantined`` with
+    ``cause`` (returns ``"quarantined"``).
+
+    Raises:
+        FenceRejected: the fence moved for another reason (recovery, cancel).
+    """
+    connection.close()
+    with transaction.atomic(durable=True):
+        now = db_now()
+        try:
+            _lock_fenced(claim)
+        except FenceRejected:
+            state = FlowStepAttempt.objects.values_list("state", flat=True).get(org_id=claim.org_id,
+                                                                               pk=claim.attempt_id)
+            if state == t.ATTEMPT_COMMITTED:
+                return "committed"
+            raise
+        FlowAttemptStore.transition(
+            org_id=claim.org_id, pk=claim.attempt_id, src=t.ATTEMPT_STARTED, dst=attempt_dst,
+            version=claim.attempt_version, fences=_attempt_fences(claim),
+            set_fields={"finished_at": now, "failure_class": "ambiguous", "retry_decision": "quarantined",
+                        "safe_error_code": cause},
+        )
+        FlowStepStore.transition(
+            org_id=claim.org_id, pk=claim.step_id, src=t.STEP_RUNNING, dst=t.STEP_QUARANTINED,
+            version=claim.step_version, fences=_step_fences(claim),
+            set_fields={"failure_class": "ambiguous", "lease_expires_at": None, "updated_at": now,
+                        "reason_code": cause},
+        )
+        FlowRunStore.transition(
+            org_id=claim.org_id, pk=claim.run_id, src=t.RUN_RUNNING, dst=t.RUN_QUARANTINED,
+            version=claim.root_version,
+            fences={"current_step_id": claim.step_id, "is_deleted": False, "delete_requested_at": None},
+            set_fields={"reason_code": cause, "completed_at": now, "updated_at": now},
+        )
+    return "quarantined"
+
+
+def _record_rollback(claim: StepClaim, exc: BaseException) -> None:
+    """Proven rollback: attempt RolledBack, step RetryScheduled (or Failed), root back to Runnable.
+
+    Seed 004 sections 12.2 and 13.3-13.4. A late lock discovery stores the
+    discovered resource on the attempt (``metrics_summary``) so the next claim
+    admits the expanded plan; a discovery beyond the plan's declared bound or
+    resource class fails the step (``flow_lock_plan_exceeded``). Definite
+    errors fail at once (``flow_step_execution_error`` for an unrunnable
+    graph). The fence check fails if the step transaction did commit, because
+    that commit moved root, step and attempt together.
+    """
+    connection.close_if_unusable_or_obsolete()
+    code = str(getattr(exc, "code", type(exc).__name__))[:64]
+    try:
+        with transaction.atomic(durable=True):
+            now = db_now()
+            run, _step, _attempt = _lock_fenced(claim)
+            definite = bool(getattr(exc, "definite", False))
+            metrics: dict[str, Any] = {}
+            cause = ""
+            if isinstance(exc, LateLockDiscovery):
+                metrics = {"discovered": [exc.resource]}
+                if not _discovery_admissible(run, claim, exc.resource):
+                    definite, cause = True, reasons.LOCK_PLAN_EXCEEDED
+            elif isinstance(exc, FlowExecutionError):
+                cause = reasons.STEP_EXECUTION_ERROR
+            exhausted = definite or claim.attempt_number >= policy.max_attempts()
+            FlowAttemptStore.transition(
+                org_id=claim.org_id, pk=claim.attempt_id, src=t.ATTEMPT_STARTED, dst=t.ATTEMPT_ROLLED_BACK,
+                version=claim.attempt_version, fences=_attempt_fences(claim),
+                set_fields={"finished_at": now, "failure_class": "terminal" if exhausted else "retryable",
+                            "safe_error_code": code, "retry_decision": "terminal" if exhausted else "scheduled",
+                            "metrics_summary": canonical_json.dumps(metrics).decode()},
+            )
+            root_fences = {"current_step_id": claim.step_id, "is_deleted": False, "delete_requested_at": None}
+            if exhausted:
+                # The handler's own code stays on the attempt (safe_error_code); the closed reason says why.
+                if not cause or not definite:
+                    cause = reasons.STEP_DEFINITE_REFUSAL if definite else reasons.STEP_RETRY_EXHAUSTED
+                    if definite and getattr(exc, "expected_outcome", False):
+                        cause = reasons.STEP_EXPECTED_REFUSAL
+                FlowStepStore.transition(
+                    org_id=claim.org_id, pk=claim.step_id, src=t.STEP_RUNNING, dst=t.STEP_FAILED,
+                    version=claim.step_version, fences=_step_fences(claim),
+                    set_fields={"failure_class": "terminal", "lease_expires_at": None, "updated_at": now,
+                                "reason_code": cause},
+                )
+                FlowRunStore.transition(
+                    org_id=claim.org_id, pk=claim.run_id, src=t.RUN_RUNNING, dst=t.RUN_TERMINAL_FAILED,
+                    version=claim.root_version, fences=root_fences,
+                    set_fields={"reason_code": cause, "completed_at": now, "updated_at": now},
+                )
+                return
+            floor = FlowStepAttempt.objects.values_list("recovery_backoff_floor_ms", flat=True).get(
+                org_id=claim.org_id, pk=claim.attempt_id)
+            run_after = now + dt.timedelta(milliseconds=floor)
+            FlowStepStore.transition(
+                org_id=claim.org_id, pk=claim.step_id, src=t.STEP_RUNNING, dst=t.STEP_RETRY_SCHEDULED,
+                version=claim.step_version, fences=_step_fences(claim),
+                set_fields={"run_after": run_after, "failure_class": "retryable", "lease_owner": None,
+                            "lease_token_digest": None, "lease_expires_at": None, "updated_at": now},
+            )
+            FlowRunStore.transition(
+                org_id=claim.org_id, pk=claim.run_id, src=t.RUN_RUNNING, dst=t.RUN_RUNNABLE,
+                version=claim.root_version, fences=root_fences, set_fields={"run_after": run_after, "updated_at": now},
+            )
+    except StaleVersion:
+        log.info("rollback record lost its fence; recovery or a commit already moved the step",
+                 extra={"org_id": claim.org_id, "run_id": claim.run_id})
+
+
+def _discovery_admissible(run: FlowRun, claim: StepClaim, resource: list[str]) -> bool:
+    """May a retry admit ``resource`` (seed 004 section 13.3 step 4)?
+
+    Only within the plan's declared maximum: the object must be one the step's
+    graph writes, and the expanded plan must stay within the declared write
+    bound (``bound_summary.writes``, else the Bounded Atomic policy bound) plus
+    the trigger record.
+    """
+    plan = run.plan
+    step_def = _step_def(plan, claim.step_key)
+    graph, _entry = _graph_of(plan, step_def)
+    objects = {n["object"] for n in graph if n.get("type") in ("recordUpdates", "recordLookups") and n.get("object")}
+    if any(n.get("type") == "recordUpdates" and n.get("input_reference") == "$Record" for n in graph):
+        objects.add(run.trigger_object_name)
+    writes = plan.bound_summary.get("writes")
+    bound = (writes if isinstance(writes, int) else ATOMIC_MAX_WRITES) + 1
+    expanded = set(claim.lock_plan) | {tuple(resource)}
+    return resource[0] in objects and len(expanded) <= bound
+
+
+def flow_try_run_step_one(*, worker_id: str) -> bool:
+    """Claim and execute one due step. Returns True when a step was claimed.
+
+    Seed 004 sections 12.1-12.2; the worker loop (``run_workers --role flow``)
+    calls this repeatedly. A lost fence is logged, not raised.
+    """
+    claim = flow_step_claim_one(worker_id=worker_id)
+    if claim is None:
+        return False
+    try:
+        flow_step_execute(claim=claim)
+    except StaleVersion as exc:
+        log.warning("flow step fenced: %s", exc, extra={"org_id": claim.org_id, "run_id": claim.run_id})
+    return True
+
+
+def flow_run_drive(*, org: OrgScope, run_id: FlowRun.Id | int, worker_id: str, max_steps: int = 100) -> str:
+    """Claim and execute the due steps of one run in this process until it stops; return its state.
+
+    The operator's ``flows run``: each step goes through the normal claim
+    (seed 004 section 12.1) and execute protocol; a step not yet due, a
+    wait, a terminal state or ``max_steps`` ends the loop.
+
+    Raises:
+        InvalidIdentity: bad ``run_id`` or ``worker_id`` (before SQL).
+        FlowRunNotFound: no visible run ``run_id`` in ``org``.
+        ValueError: ``max_steps`` below 1.
+    """
+    run_id = require_id(run_id, FlowRun, field="run_id")
+    validate_key(worker_id, field="worker_id", max_length=128)
+    if max_steps < 1:
+        raise ValueError("max_steps must be at least 1")
+    for _ in range(max_steps):
+        run = FlowRun.objects.filter(org_id=org.org_id, pk=run_id, is_deleted=False).first()
+        if run is None:
+            raise FlowRunNotFound(f"no flow run {int(run_id)} in this org")
+        if run.state != t.RUN_RUNNABLE or run.current_step_id is None:
+            return run.state
+        claim = _claim(org_id=org.org_id, run_id=run.pk, step_id=run.current_step_id, worker_id=worker_id)
+        if claim is None:
+            break
+        try:
+            flow_step_execute(claim=claim)
+        except StaleVersion as exc:
+            log.warning("flow step fenced: %s", exc, extra={"org_id": org.org_id, "run_id": int(run_id)})
+    return FlowRun.objects.values_list("state", flat=True).get(org_id=org.org_id, pk=run_id)

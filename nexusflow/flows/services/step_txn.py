@@ -1,0 +1,196 @@
+"""The step transaction every executor runs in (seed 004 sections 5.2 and 12.2).
+
+:func:`_lock_fenced` locks root -> step -> attempt and verifies the whole
+claim fence; :func:`_commit_step` writes audit evidence and the checkpoint and
+moves attempt, step and root together (fenced CAS), creating the next step;
+:func:`_step_txn` is the durable transaction around it and tells a failed
+COMMIT (:class:`_CommitUnknown`) and a rollback on a lost session
+(:class:`_RollbackUnknown`) from a proven rollback.
+"""
+from __future__ import annotations
+
+import datetime as dt
+from contextlib import contextmanager
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import Max
+
+from nexusflow.kernel import failpoints
+from nexusflow.kernel.errors import FenceRejected
+
+from .. import transitions as t
+from ..models import FlowCheckpoint, FlowExecutionPlan, FlowRun, FlowStepAttempt, FlowStepExecution
+from ..store import FlowAttemptStore, FlowRunStore, FlowStepStore, audit_insert, checkpoint_insert
+from .admission import _checkpoint_digest, _step_def
+from .claim import StepClaim
+
+FP_BEFORE_COMMIT = failpoints.declare("flow.step.before_commit")
+
+
+def _verify_root(run: FlowRun, claim: StepClaim) -> None:
+    if (run.state != t.RUN_RUNNING or run.version != claim.root_version or run.current_step_id != claim.step_id
+            or run.is_deleted or run.delete_requested_at is not None):
+        raise FenceRejected(
+            f"run {claim.run_id}: root moved (state {run.state} v{run.version}, expected Running v{claim.root_version})"
+        )
+
+
+def _lock_fenced(claim: StepClaim) -> tuple[FlowRun, FlowStepExecution, FlowStepAttempt]:
+    """Lock root -> step -> attempt and verify the complete claim fence.
+
+    Raises:
+        FenceRejected: any of root version/pointer, step lease/version or
+            attempt fence is no longer the claim's.
+    """
+    run = FlowRunStore.lock(claim.org_id, claim.run_id)
+    _verify_root(run, claim)
+    step = FlowStepStore.lock(claim.org_id, claim.step_id)
+    if (step.state != t.STEP_RUNNING or step.version != claim.step_version
+            or step.lease_token_digest != claim.lease_token_digest or step.ownership_epoch != claim.ownership_epoch):
+        raise FenceRejected(f"step {claim.step_id}: lease or version moved")
+    attempt = FlowAttemptStore.lock(claim.org_id, claim.attempt_id)
+    if (attempt.state != t.ATTEMPT_STARTED or attempt.version != claim.attempt_version
+            or attempt.lease_token_digest != claim.lease_token_digest
+            or attempt.root_state_version_at_claim != claim.root_version):
+        raise FenceRejected(f"attempt {claim.attempt_id}: no longer the live attempt")
+    return run, step, attempt
+
+
+def _attempt_fences(claim: StepClaim) -> dict[str, Any]:
+    return {"lease_token_digest": claim.lease_token_digest, "ownership_epoch": claim.ownership_epoch,
+            "root_state_version_at_claim": claim.root_version}
+
+
+def _step_fences(claim: StepClaim) -> dict[str, Any]:
+    return {"lease_token_digest": claim.lease_token_digest, "ownership_epoch": claim.ownership_epoch}
+
+
+def _commit_step(
+    claim: StepClaim, plan: FlowExecutionPlan, run: FlowRun, attempt: FlowStepAttempt, now: dt.datetime, *,
+    output: dict[str, Any], step_dst: str, root_dst: str, next_key: str | None, cause: str = "",
+    context: dict[str, Any] | None = None,
+) -> FlowCheckpoint:
+    """Insert audit evidence and the checkpoint, then move attempt, step and root together (fenced CAS).
+
+    Seed 004 section 12.2 steps 11-12: runs inside the step transaction after
+    the business writes; any failure here (audit, checkpoint, a lost fence)
+    rolls the whole transaction back, business writes included.
+    """
+    sequence = (FlowCheckpoint.objects.filter(org_id=claim.org_id, run_id=claim.run_id)
+                .aggregate(m=Max("sequence"))["m"] or 0) + 1
+    payload = {"step": claim.step_key, "output": output, "cursor": next_key}
+    if context is not None:
+        payload["context"] = context
+    audit_insert(org_id=claim.org_id, run=run, step_id=claim.step_id, attempt=attempt, event="step_committed",
+                 detail={"step": claim.step_key, "step_state": step_dst, "run_state": root_dst,
+                         "attempt": claim.attempt_number, "cause": cause}, created_at=now)
+    checkpoint = checkpoint_insert(
+        org_id=claim.org_id, run=run, step_id=claim.step_id, sequence=sequence, plan_cursor=next_key,
+        context_payload=payload, context_digest=_checkpoint_digest(payload), created_by_attempt=attempt,
+        created_at=now,
+    )
+    FlowAttemptStore.transition(
+        org_id=claim.org_id, pk=claim.attempt_id, src=t.ATTEMPT_STARTED, dst=t.ATTEMPT_COMMITTED,
+        version=claim.attempt_version, fences=_attempt_fences(claim), set_fields={"finished_at": now},
+    )
+    FlowStepStore.transition(
+        org_id=claim.org_id, pk=claim.step_id, src=t.STEP_RUNNING, dst=step_dst, version=claim.step_version,
+        fences=_step_fences(claim),
+        set_fields={"output_checkpoint_id": checkpoint.pk, "lease_expires_at": None, "updated_at": now,
+                    "failure_class": "terminal" if step_dst == t.STEP_FAILED else "", "reason_code": cause},
+    )
+    current_step_id = claim.step_id
+    if next_key is not None:
+        nxt = _step_def(plan, next_key)
+        # A durable loop revisits its steps: each visit is the next invocation of that plan step.
+        ordinal = (FlowStepExecution.objects.filter(org_id=claim.org_id, run_id=claim.run_id, plan_step_key=nxt["key"])
+                   .aggregate(m=Max("invocation_ordinal"))["m"] or 0) + 1
+        current_step_id = FlowStepStore.create(
+            org_id=claim.org_id, run=run, plan_step_key=nxt["key"], step_kind=nxt["kind"], state=t.STEP_PENDING,
+            input_checkpoint=checkpoint, run_after=now, created_at=now, updated_at=now, invocation_ordinal=ordinal,
+        ).pk
+    root_fields: dict[str, Any] = {"current_step_id": current_step_id, "current_checkpoint_id": checkpoint.pk,
+                                   "updated_at": now, "run_after": now}
+    if root_dst in t.FLOW_RUN.terminal:
+        root_fields.update({"completed_at": now, "reason_code": cause})
+    FlowRunStore.transition(
+        org_id=claim.org_id, pk=claim.run_id, src=t.RUN_RUNNING, dst=root_dst, version=claim.root_version,
+        fences={"current_step_id": claim.step_id, "is_deleted": False, "delete_requested_at": None},
+        set_fields=root_fields,
+    )
+    return checkpoint
+
+
+# Lost-connection client errors: after one of these the server's outcome is unknown to this worker.
+_CONNECTION_LOST_CODES = frozenset({2006, 2013, 2055, 4031})
+
+
+class _CommitUnknown(Exception):
+    """The step transaction's COMMIT (or its response) failed: the outcome is unknown to the worker."""
+
+
+class _RollbackUnknown(Exception):
+    """The step failed and its server session did not survive: the rollback is not proven."""
+
+
+def _session_id() -> int | None:
+    raw = connection.connection
+    try:
+        return raw.thread_id() if raw is not None else None
+    except Exception:  # noqa: BLE001 - a dead handle has no session
+        return None
+
+
+def _same_session(session: int | None) -> bool:
+    """Is the connection still the live server session ``session`` (so its ROLLBACK was acknowledged)?"""
+    if session is None or connection.connection is None:
+        return False
+    try:
+        return connection.is_usable() and connection.connection.thread_id() == session
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    from django.db import InterfaceError, OperationalError
+
+    while exc is not None:
+        if isinstance(exc, InterfaceError):
+            return True
+        if isinstance(exc, OperationalError) and exc.args and exc.args[0] in _CONNECTION_LOST_CODES:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def before_step_commit(claim_hint: Any = None) -> None:
+    """Seam run inside the step transaction right before COMMIT (tests sever the connection here)."""
+
+
+def after_step_commit(claim_hint: Any = None) -> None:
+    """Seam run right after COMMIT returned (tests lose the commit response here)."""
+
+
+@contextmanager
+def _step_txn():
+    """The step transaction; a failure of the COMMIT itself becomes :class:`_CommitUnknown`.
+
+    Seed 004 section 5.2 items 5-6: only a proven rollback permits replay;
+    commit-unknown is resolved under the fence (:func:`.execute._record_unknown`).
+    """
+    body_done = False
+    session = None
+    try:
+        with transaction.atomic(durable=True):
+            session = _session_id()
+            yield
+            before_step_commit()
+            body_done = True
+        after_step_commit()
+    except Exception as exc:
+        if body_done:
+            raise _CommitUnknown(str(exc)) from exc
+        if _connection_lost(exc) or not _same_session(session):
+            raise _RollbackUnknown(str(exc)) from exc
+        raise

@@ -1,0 +1,78 @@
+"""Support read of one run (seed 004 section 19)."""
+from __future__ import annotations
+
+from typing import Any
+
+from nexusflow.kernel.ids import require_id
+from nexusflow.kernel.scope import OrgScope
+
+from ..errors import FlowRunNotFound
+from ..models import FlowDependency, FlowEffectLink, FlowRun, FlowStepAttempt, FlowStepExecution
+
+
+def flow_run_support_read(*, org: OrgScope, run_id: FlowRun.Id | int, include_deleted: bool = False) -> dict[str, Any]:
+    """The section 19 support read of one run of the trusted org, as a JSON-safe dict.
+
+    Returns the immutable plan identity, canonical run state and legacy
+    projection, current step, current checkpoint metadata (no raw context),
+    every step with its attempt history, dependency and effect correlation
+    and the safe terminal cause.
+
+    Args:
+        include_deleted: an authorized include-deleted read; otherwise a
+            soft-deleted run is not found (``IsDeleted`` is the one filter).
+
+    Raises:
+        InvalidIdentity: ``run_id`` is not a FlowRun id (before SQL).
+        FlowRunNotFound: no visible run ``run_id`` in ``org``.
+    """
+    run_id = require_id(run_id, FlowRun, field="run_id")
+    qs = FlowRun.objects.filter(org_id=org.org_id, pk=run_id).select_related("plan", "current_checkpoint")
+    if not include_deleted:
+        qs = qs.filter(is_deleted=False)
+    run = qs.first()
+    if run is None:
+        raise FlowRunNotFound(f"no flow run {int(run_id)} in this org")
+    cp = run.current_checkpoint
+
+    def ts(value):
+        return value.isoformat() if value is not None else None
+
+    steps = []
+    for step in FlowStepExecution.objects.filter(org_id=org.org_id, run_id=run.pk).order_by("id"):
+        attempts = [{
+            "attempt_id": int(a.pk), "attempt_number": a.attempt_number, "outcome": a.state,
+            "lease_owner": a.lease_owner, "lease_correlation": a.lease_token_digest[:12],
+            "ownership_epoch": a.ownership_epoch, "root_state_version_at_claim": a.root_state_version_at_claim,
+            "failure_class": a.failure_class, "safe_error_code": a.safe_error_code,
+            "retry_decision": a.retry_decision, "recovery_backoff_floor_ms": a.recovery_backoff_floor_ms,
+            "lock_plan_digest": a.lock_plan_digest, "started_at": ts(a.started_at), "finished_at": ts(a.finished_at),
+        } for a in FlowStepAttempt.objects.filter(org_id=org.org_id, step_id=step.pk).order_by("attempt_number")]
+        steps.append({"step_id": int(step.pk), "plan_step_key": step.plan_step_key, "step_kind": step.step_kind,
+                      "state": step.state, "version": step.version, "attempt_count": step.attempt_count,
+                      "run_after": ts(step.run_after), "reason_code": step.reason_code, "attempts": attempts})
+    dependencies = [{"dependency_id": int(d.pk), "step_id": int(d.step_id), "producer_kind": d.producer_kind,
+                     "dependency_key": d.dependency_key, "state": d.state, "deadline": ts(d.deadline)}
+                    for d in FlowDependency.objects.filter(org_id=org.org_id, run_id=run.pk).order_by("id")]
+    effects = [{"effect_link_id": int(e.pk), "step_id": int(e.step_id), "effect_owner_kind": e.effect_owner_kind,
+                "outbound_command_id": int(e.outbound_command_id), "effect_handoff_key": e.effect_handoff_key}
+               for e in FlowEffectLink.objects.filter(org_id=org.org_id, run_id=run.pk).order_by("id")]
+    return {
+        "run_id": int(run.pk), "org_id": run.org_id,
+        "plan": {"plan_id": run.plan.plan_id, "plan_digest": run.plan_digest, "flow_api_name": run.plan.flow_api_name,
+                 "flow_version": run.plan.flow_version, "execution_profile": run.execution_profile},
+        "execution_owner": run.execution_owner, "state": run.state, "legacy_status": run.legacy_status,
+        "state_version": run.version, "ownership_epoch": run.ownership_epoch,
+        "current_step_id": int(run.current_step_id) if run.current_step_id else None,
+        "current_checkpoint": None if cp is None else {
+            "checkpoint_id": int(cp.pk), "sequence": cp.sequence, "plan_cursor": cp.plan_cursor,
+            "context_digest": cp.context_digest, "context_schema_version": cp.context_schema_version},
+        "terminal_cause": run.reason_code, "is_deleted": run.is_deleted,
+        "delete_requested_at": ts(run.delete_requested_at), "started_at": ts(run.started_at),
+        "completed_at": ts(run.completed_at), "trigger": {"object": run.trigger_object_name,
+                                                          "record_key": run.record_key,
+                                                          "record_version": run.record_version,
+                                                          "save_depth": run.save_depth,
+                                                          "triggered_by_run_id": run.triggered_by_run_id},
+        "steps": steps, "dependencies": dependencies, "effects": effects,
+    }

@@ -1,0 +1,186 @@
+"""Waits and wakes (seed 004 section 14).
+
+A waiting step commits its dependency with :func:`_wait`. A producer accepts
+its wake durably with :func:`flow_wake_signal_accept` (in its own
+transaction, locking no Flow row); :func:`flow_try_wake_one` matches an
+accepted signal to the waiting dependency and makes the run ``Runnable``.
+"""
+from __future__ import annotations
+
+import datetime as dt
+
+from django.db import IntegrityError, transaction
+from django.db.models import Exists, OuterRef
+
+from nexusflow.kernel.clock import db_now
+from nexusflow.kernel.digests import digest_v2
+from nexusflow.kernel.errors import InvalidIdentity
+from nexusflow.kernel.ids import require_id
+from nexusflow.kernel.identity import validate_key
+from nexusflow.kernel.scope import TrustedRuntimeWorkScope
+
+from .. import policy
+from .. import transitions as t
+from ..binding import scope_of
+from ..errors import WakeSignalConflict, WakeSignalRejected
+from ..models import FlowDependency, FlowRun, FlowStepExecution, FlowWakeSignal
+from ..store import (
+    FlowAttemptStore,
+    FlowDependencyStore,
+    FlowRunStore,
+    FlowStepStore,
+    FlowWakeSignalStore,
+    wake_signal_insert,
+)
+from .claim import StepClaim
+from .step_txn import _attempt_fences, _step_fences
+
+PRODUCER_RUNTIME_INTENT = "runtime.intent_result"
+
+
+def _wait(claim: StepClaim, run: FlowRun, step: FlowStepExecution, now: dt.datetime,
+          dependency: FlowDependency | None, dependency_key: str, scope: TrustedRuntimeWorkScope) -> None:
+    """Commit the durable wait: dependency, attempt Committed, step and root Waiting (section 14.2 step 3)."""
+    if dependency is None:
+        FlowDependencyStore.create(
+            org_id=scope.org_id, app_installation_id=scope.app_installation_id,
+            runtime_capability_id=scope.runtime_capability_id, binding_digest=scope.binding_digest, run=run,
+            step=step, producer_kind=PRODUCER_RUNTIME_INTENT, dependency_key=dependency_key,
+            condition_digest=digest_v2("flows.dependency-condition", [
+                ("producer_kind", PRODUCER_RUNTIME_INTENT), ("dependency_key", dependency_key),
+                ("accepts", "remote_confirmed|finalized|superseded|no_effect|quarantined"),
+            ]).hexdigest,
+            expiry_policy="quarantine", state=t.DEP_WAITING,
+            deadline=now + dt.timedelta(seconds=policy.dependency_deadline_seconds()), created_at=now,
+        )
+    FlowAttemptStore.transition(
+        org_id=claim.org_id, pk=claim.attempt_id, src=t.ATTEMPT_STARTED, dst=t.ATTEMPT_COMMITTED,
+        version=claim.attempt_version, fences=_attempt_fences(claim), set_fields={"finished_at": now},
+    )
+    FlowStepStore.transition(
+        org_id=claim.org_id, pk=claim.step_id, src=t.STEP_RUNNING, dst=t.STEP_WAITING, version=claim.step_version,
+        fences=_step_fences(claim), set_fields={"lease_expires_at": None, "updated_at": now},
+    )
+    FlowRunStore.transition(
+        org_id=claim.org_id, pk=claim.run_id, src=t.RUN_RUNNING, dst=t.RUN_WAITING, version=claim.root_version,
+        fences={"current_step_id": claim.step_id, "is_deleted": False, "delete_requested_at": None},
+        set_fields={"updated_at": now},
+    )
+
+
+def flow_wake_signal_accept(*, scope: TrustedRuntimeWorkScope, flow_run_id: FlowRun.Id | int, dependency_key: str,
+                            receipt_id: int) -> None:
+    """Durably accept a producer's wake for ``(scope, flow_run_id, dependency_key)``.
+
+    Called inside the producer's transaction (seed 004 section 14.2 step 1):
+    inserts or finds the ``FlowWakeSignal`` and locks no existing Flow row.
+    Matching the dependency is left to :func:`flow_try_wake_one` or to the
+    waiting step itself.
+
+    Args:
+        scope: the producer's complete trusted Runtime work scope.
+        flow_run_id: the originating run (``OutboundCommand.origin_flow_run_id``),
+            a ``FlowRun.Id`` or a plain positive int.
+        dependency_key: the producer key, e.g. ``str(command.pk)``.
+        receipt_id: the producer's durable ``IntentResultReceipt`` id (or a
+            plain positive int).
+
+    Raises:
+        InvalidIdentity: ``dependency_key`` is not canonical, or
+            ``flow_run_id`` is an id of another model (before SQL).
+        WakeSignalRejected: no such run in that complete scope, or
+            ``receipt_id`` is not an IntentResultReceipt id.
+        WakeSignalConflict: the key was accepted before with another receipt.
+    """
+    validate_key(dependency_key, field="dependency_key", max_length=128)
+    flow_run_id = require_id(flow_run_id, FlowRun, field="flow_run_id")
+    try:
+        receipt_id = require_id(receipt_id, "runtime_outbox.IntentResultReceipt", field="receipt_id")
+    except InvalidIdentity as exc:
+        raise WakeSignalRejected(str(exc)) from exc
+    scope_filter = dict(org_id=scope.org_id, app_installation_id=scope.app_installation_id,
+                        runtime_capability_id=scope.runtime_capability_id, binding_digest=scope.binding_digest)
+    if not FlowRun.objects.filter(pk=flow_run_id, **scope_filter).exists():
+        raise WakeSignalRejected("no flow run in this work scope")
+    key = dict(flow_run_id=flow_run_id, dependency_key=dependency_key, **scope_filter)
+    existing = FlowWakeSignal.objects.filter(**key).first()
+    if existing is None:
+        try:
+            with transaction.atomic():
+                wake_signal_insert(
+                    **key, producer_kind=PRODUCER_RUNTIME_INTENT, receipt_id=receipt_id,
+                    evidence_digest=digest_v2("flows.wake-evidence", [
+                        ("producer_kind", PRODUCER_RUNTIME_INTENT), ("dependency_key", dependency_key),
+                        ("receipt_id", receipt_id),
+                    ]).hexdigest,
+                    state=t.SIGNAL_UNMATCHED, received_at=db_now(),
+                )
+            return
+        except IntegrityError:
+            existing = FlowWakeSignal.objects.get(**key)
+    if existing.receipt_id != receipt_id:
+        raise WakeSignalConflict(f"dependency {dependency_key} was accepted with another receipt")
+
+
+def flow_try_wake_one() -> bool:
+    """Resolve one waiting dependency from an accepted wake signal (section 14.2 step 6).
+
+    Discovers a candidate without locks, then locks root -> step ->
+    dependency -> signal, satisfies the dependency, consumes the signal and
+    moves step Waiting -> Pending and root Waiting -> Runnable.
+    """
+    waiting = FlowDependency.objects.filter(
+        org_id=OuterRef("org_id"), app_installation_id=OuterRef("app_installation_id"),
+        runtime_capability_id=OuterRef("runtime_capability_id"), binding_digest=OuterRef("binding_digest"),
+        run_id=OuterRef("flow_run_id"), dependency_key=OuterRef("dependency_key"), state=t.DEP_WAITING,
+    )
+    candidates = list(
+        FlowWakeSignal.objects.filter(state=t.SIGNAL_UNMATCHED).filter(Exists(waiting))
+        .order_by("id").values_list("id", "org_id", "flow_run_id")[: policy.CLAIM_BATCH]
+    )
+    for signal_id, org_id, run_id in candidates:
+        if _wake(org_id=org_id, run_id=run_id, signal_id=signal_id):
+            return True
+    return False
+
+
+def _wake(*, org_id: str, run_id: int, signal_id: int) -> bool:
+    with transaction.atomic(durable=True):
+        now = db_now()
+        run = FlowRunStore.lock(org_id, run_id)
+        if run.state != t.RUN_WAITING or run.current_step_id is None:
+            return False
+        step = FlowStepStore.lock(org_id, run.current_step_id)
+        if step.state != t.STEP_WAITING:
+            return False
+        scope = scope_of(run)
+        scope_filter = dict(org_id=scope.org_id, app_installation_id=scope.app_installation_id,
+                            runtime_capability_id=scope.runtime_capability_id, binding_digest=scope.binding_digest)
+        seen = FlowWakeSignal.objects.filter(pk=signal_id, flow_run_id=run.pk, **scope_filter).first()
+        if seen is None:
+            return False
+        dependency = FlowDependency.objects.filter(step_id=step.pk, run_id=run.pk,
+                                                   dependency_key=seen.dependency_key, **scope_filter).first()
+        if dependency is None:
+            return False
+        dependency = FlowDependencyStore.lock(org_id, dependency.pk)
+        signal = FlowWakeSignalStore.lock(org_id, signal_id)
+        if dependency.state != t.DEP_WAITING or signal.state != t.SIGNAL_UNMATCHED:
+            return False
+        FlowDependencyStore.transition(
+            org_id=org_id, pk=dependency.pk, src=t.DEP_WAITING, dst=t.DEP_SATISFIED, version=dependency.version,
+            set_fields={"resolved_at": now, "resolution_receipt_id": signal.receipt_id},
+        )
+        FlowWakeSignalStore.transition(
+            org_id=org_id, pk=signal.pk, src=t.SIGNAL_UNMATCHED, dst=t.SIGNAL_CONSUMED, version=signal.version,
+            set_fields={"consumed_at": now, "dependency_id": dependency.pk},
+        )
+        FlowStepStore.transition(
+            org_id=org_id, pk=step.pk, src=t.STEP_WAITING, dst=t.STEP_PENDING, version=step.version,
+            set_fields={"run_after": now, "updated_at": now},
+        )
+        FlowRunStore.transition(
+            org_id=org_id, pk=run.pk, src=t.RUN_WAITING, dst=t.RUN_RUNNABLE, version=run.version,
+            fences={"current_step_id": step.pk}, set_fields={"run_after": now, "updated_at": now},
+        )
+    return True
