@@ -256,9 +256,6 @@ IMPORT_DIRECTION_TODO: dict[tuple[str, str], str] = {
 }
 #: Import cycles allowed for now, keyed by the modules of their strongly connected component.
 IMPORT_CYCLE_TODO: dict[frozenset[str], str] = {
-    frozenset({"nexusflow.flows.catalog", "nexusflow.flows.compiler", "nexusflow.flows.errors",
-               "nexusflow.flows.store"}):
-        "being removed: the flows catalog -> store -> errors -> compiler -> catalog chain is split",
     frozenset({"nexusflow.flows.services", "runtime_outbox.services"}):
         "closed only by the TODO runtime_outbox/services.py -> nexusflow.flows.services; goes with it",
 }
