@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 
 import pytest
 from django.core.management import call_command
@@ -248,7 +247,7 @@ def strict_org(billing_sandbox, settings, monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("sequence", [-(1 << 63), -(1 << 63) + 1, -5, 0, (1 << 63) - 1])
-def test_strict_extreme_sequence_numbers_never_crash_a_claim(client, strict_org, sequence):
+def test_strict_extreme_sequence_numbers_never_crash_a_claim(client, strict_org, sequence, db_clock_advance):
     """eventId is the strict position: any accepted 64-bit value must not poison the lane or the worker."""
     assert post_signed(client, [hubspot_event(sequence, 811, 1000, "email", "edge@x.io")]).status_code == 202
     assert post_signed(client, [hubspot_event(1, 813, 1000, "email", "one@x.io")]).status_code == 202
@@ -258,7 +257,7 @@ def test_strict_extreme_sequence_numbers_never_crash_a_claim(client, strict_org,
     edge.refresh_from_db()
     assert edge.state == "waiting_dependency"
     assert ExecutionDependency.objects.filter(execution=edge, state="waiting").count() == 1
-    time.sleep(1.2)
+    db_clock_advance(1.2)
     while dependency_try_expire_one():
         pass
     edge.refresh_from_db()
@@ -300,14 +299,14 @@ def test_concurrent_claimers_on_one_strict_lane_take_one_claim(client, strict_or
 
 
 def test_many_expirers_racing_claimers_on_a_skip_gap_resolve_the_dependency_once(
-        client, billing_sandbox, settings, monkeypatch, tmp_path):
+        client, billing_sandbox, settings, monkeypatch, tmp_path, db_clock_advance):
     variant_pack.use_variant(settings, monkeypatch, tmp_path,
                              variant_pack.strict(deadline_seconds=1, disposition="skip"))
     make_serving_org(billing_sandbox.base_url, deploy_flow=False)
     post_signed(client, [hubspot_event(1, 822, 1000), hubspot_event(3, 822, 3000, "email", "three@x.io")])
     _run_all()
     dependency = ExecutionDependency.objects.get()
-    time.sleep(1.2)
+    db_clock_advance(1.2)
     post_signed(client, [hubspot_event(2, 822, 2000, "email", "two@x.io")])
     _results, errors = run_at_once(dependency_try_expire_one, dependency_try_expire_one, dependency_try_expire_one,
                                    _run_all, _run_all)
@@ -835,7 +834,7 @@ def _second_serving_org() -> OrgScope:
 
 @pytest.mark.parametrize("variant", ["latest", "independent", "window", "strict"])
 def test_work_of_a_force_halted_org_does_not_starve_another_orgs_workers(client, billing_sandbox, settings,
-                                                                        monkeypatch, tmp_path, variant):
+                                                                        monkeypatch, tmp_path, variant, db_clock_advance):
     from connectors.handoff import halt_begin
 
     mutate = {"latest": None, "independent": variant_pack.independent,
@@ -861,7 +860,7 @@ def test_work_of_a_force_halted_org_does_not_starve_another_orgs_workers(client,
         assert ProjectionWindow.objects.get(org_id=ORG2).state == "sealed"
     elif variant == "strict":
         assert _run_all() == 0
-        time.sleep(1.2)
+        db_clock_advance(1.2)
         assert dependency_try_expire_one() is True
         assert ExecutionDependency.objects.get(org_id=ORG2).state == "expired"
     else:
@@ -903,7 +902,7 @@ def test_a_batch_window_on_a_latest_position_route_never_loses_an_earlier_window
 
 
 def test_a_latest_window_on_a_strict_route_does_not_strand_its_members(client, billing_sandbox, settings,
-                                                                       monkeypatch, tmp_path):
+                                                                       monkeypatch, tmp_path, db_clock_advance):
     from connectors.packs import PackError
 
     try:
@@ -917,7 +916,7 @@ def test_a_latest_window_on_a_strict_route_does_not_strand_its_members(client, b
                                 hubspot_event(3, 893, 3000, "email", "3@x.io")]).status_code == 202
     assert ProjectionWindow.objects.get().state == "sealed"
     _run_all()
-    time.sleep(1.2)
+    db_clock_advance(1.2)
     while dependency_try_expire_one():
         pass
     _run_all()

@@ -213,7 +213,7 @@ def test_strict_source_sequence_cannot_cross_a_gap(client, billing_sandbox, sett
 
 @pytest.mark.parametrize("disposition", ["quarantine", "skip"])
 def test_a_strict_gap_past_its_frozen_deadline_follows_its_disposition(client, billing_sandbox, settings, monkeypatch,
-                                                                      tmp_path, disposition):
+                                                                      tmp_path, disposition, db_clock_advance):
     variant_pack.use_variant(settings, monkeypatch, tmp_path,
                              variant_pack.strict(deadline_seconds=1, disposition=disposition))
     make_serving_org(billing_sandbox.base_url, deploy_flow=False)
@@ -221,7 +221,7 @@ def test_a_strict_gap_past_its_frozen_deadline_follows_its_disposition(client, b
     _run_all()
     dependency = ExecutionDependency.objects.get()
     assert dependency_try_expire_one() is False  # the deadline has not passed
-    time.sleep(1.2)
+    db_clock_advance(1.2)
     assert dependency_try_expire_one() is True
     dependency.refresh_from_db()
     assert dependency.state == "expired"
@@ -252,7 +252,7 @@ def test_dependencies_hold_no_lease_their_deadline_never_moves_and_satisfy_or_ex
         ExecutionDependencyStore.transition(org_id=ORG, pk=dependency.pk, src="waiting", dst="expired",
                                             version=dependency.version, set_fields={"deadline_at": deadline})
     assert not ExecutionAttempt.objects.filter(execution=dependency.execution, state="started").exists()
-    time.sleep(1.2)
+    time.sleep(1.2)  # the suite's one real wait: the deadline fixed at insert passes on the unmoved database clock
     # the missing position arrives and runs while the expiry sweep races it
     post_signed(client, [hubspot_event(2, 803, 2000, "email", "two@x.io")])
     _, errors = run_at_once(lambda: _run_all(), lambda: dependency_try_expire_one())
@@ -288,14 +288,14 @@ def test_order_independent_bypasses_the_lane_and_a_claim_is_taken_once(client, b
 
 
 def test_latest_source_position_waits_for_its_settle_window_before_choosing(client, billing_sandbox, settings,
-                                                                          monkeypatch, tmp_path):
+                                                                          monkeypatch, tmp_path, db_clock_advance):
     variant_pack.use_variant(settings, monkeypatch, tmp_path, variant_pack.settle(1))
     make_serving_org(billing_sandbox.base_url, deploy_flow=False)
     post_signed(client, [hubspot_event(2, 805, 2000, "email", "new@x.io")])
     assert execution_try_claim_one(worker_id="t") is None
     assert not ExecutionAttempt.objects.exists() and not Execution.objects.exclude(state="ready").exists()
     post_signed(client, [hubspot_event(1, 805, 1000, "email", "old@x.io")])  # late but inside the window
-    time.sleep(1.2)
+    db_clock_advance(1.2)
     _run_all()
     assert only_record().fields["email"] == "new@x.io"
     assert Execution.objects.filter(state="superseded").count() == 1
@@ -303,14 +303,14 @@ def test_latest_source_position_waits_for_its_settle_window_before_choosing(clie
 
 # --- S003-RP-19: concurrent window close and Execution minting ------------------------------
 def test_concurrent_window_close_and_execution_minting_produce_one_active_generation(
-        client, billing_sandbox, settings, monkeypatch, tmp_path):
+        client, billing_sandbox, settings, monkeypatch, tmp_path, db_clock_advance):
     variant_pack.use_variant(settings, monkeypatch, tmp_path,
                              variant_pack.window(policy="batch", close_after_seconds=1, max_items=50))
     make_serving_org(billing_sandbox.base_url, deploy_flow=False)
     post_signed(client, [hubspot_event(1, 806, 1000), hubspot_event(2, 806, 2000, "email", "b@x.io")])
     window = ProjectionWindow.objects.get()
     assert window.state == "open" and window.member_count == 2 and not Execution.objects.exists()
-    time.sleep(1.2)
+    db_clock_advance(1.2)
     from django.test import Client
 
     late = {}
@@ -328,7 +328,7 @@ def test_concurrent_window_close_and_execution_minting_produce_one_active_genera
         assert successor.state == "open" and successor.grouping_key == window.grouping_key
     assert Projection.objects.filter(window=window).count() == window.member_count
     _run_all()
-    time.sleep(1.2)
+    db_clock_advance(1.2)
     while window_try_close_one():
         pass
     _run_all()
@@ -385,7 +385,7 @@ def test_concurrent_claim_and_result_recording_advance_the_high_water_in_one_fen
 
 
 # --- S003-RP-21 / S003-RP-22: lease loss and Runtime result loss after commit ---------------------
-def test_runtime_commit_followed_by_response_loss_returns_the_original_result_and_applies_once(client, org, monkeypatch):
+def test_runtime_commit_followed_by_response_loss_returns_the_original_result_and_applies_once(client, org, monkeypatch, db_clock_advance):
     post_signed(client, [hubspot_event(1, 809, 1000, "email", "once@x.io")])
     monkeypatch.setenv("NEXUS_EXECUTION_LEASE_SECONDS", "1")
     claim = execution_try_claim_one(worker_id="w1")
@@ -398,7 +398,7 @@ def test_runtime_commit_followed_by_response_loss_returns_the_original_result_an
                                        command=build_runtime_command(execution))
     version_after_first = Record.objects.get().version
     # the response is lost: the worker never records completion and its lease expires
-    time.sleep(1.2)
+    db_clock_advance(1.2)
     second_claim = execution_try_claim_one(worker_id="w2")
     assert second_claim is not None and second_claim.execution_id == claim.execution_id
     assert second_claim.attempt_id != claim.attempt_id
@@ -418,7 +418,7 @@ def test_runtime_commit_followed_by_response_loss_returns_the_original_result_an
 
 
 def test_every_item_of_one_waiting_source_operation_shares_one_gap_deadline(client, billing_sandbox, settings,
-                                                                            monkeypatch, tmp_path):
+                                                                            monkeypatch, tmp_path, db_clock_advance):
     variant_pack.use_variant(settings, monkeypatch, tmp_path, variant_pack.strict(deadline_seconds=1))
     make_serving_org(billing_sandbox.base_url, deploy_flow=False)
     post_signed(client, [hubspot_event(1, 810, 1000)])
@@ -430,7 +430,7 @@ def test_every_item_of_one_waiting_source_operation_shares_one_gap_deadline(clie
     dependencies = list(ExecutionDependency.objects.order_by("id"))
     assert len(dependencies) == 2 and len({d.deadline_at for d in dependencies}) == 1
     assert not ExecutionAttempt.objects.filter(state="started").exists()
-    time.sleep(1.2)
+    db_clock_advance(1.2)
     while dependency_try_expire_one():
         pass
     assert sorted(Execution.objects.values_list("state", flat=True)) == ["completed", "quarantined", "quarantined"]
