@@ -32,6 +32,39 @@ def wait_until_blocked_on(thread_connection_id: int, table: str, timeout: float 
     raise AssertionError(f"connection {thread_connection_id} never waited on a lock of {table}")
 
 
+def run_at_once(*targets, timeout: float = 90) -> tuple[list, list[BaseException]]:
+    """Start every target at once (behind one barrier), each on its own thread and database connection.
+
+    Args:
+        targets: callables without arguments.
+        timeout: seconds each thread is joined for; a thread still alive after it fails the test.
+
+    Returns:
+        ``(results, errors)``: ``results[i]`` is what ``targets[i]`` returned (``None`` if it raised);
+        ``errors`` every exception raised, in the order raised.
+    """
+    results: list = [None] * len(targets)
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(len(targets))
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait()
+            results[i] = targets[i]()
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(targets))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+    assert not any(thread.is_alive() for thread in threads), "a racing thread hung"
+    return results, errors
+
+
 class Worker(threading.Thread):
     """Run ``fn`` on its own database connection; keep its result or exception."""
 

@@ -248,15 +248,16 @@ def drain(*, worker_id: str = "test-worker", max_rounds: int = 2000, client=None
 
 
 def subprocess_env(**extra: str) -> dict:
-    """Environment for a child process that must use this test database."""
+    """Environment for a child process that must use this test database (and its moved clock, if any)."""
     main = connection.settings_dict
     url = f"mysql://{main['USER']}:{main['PASSWORD']}@{main['HOST'] or '127.0.0.1'}:{main['PORT'] or 3306}/{main['NAME']}"
     from django.db import connections
 
     ctl = connections["control"].settings_dict
     ctl_url = f"mysql://{ctl['USER']}:{ctl['PASSWORD']}@{ctl['HOST'] or '127.0.0.1'}:{ctl['PORT'] or 3306}/{ctl['NAME']}"
+    moved = _MOVED_CLOCKS[-1].child_env() if _MOVED_CLOCKS else {}
     return {**os.environ, "NEXUS_DB_URL": url, "NEXUS_CONTROL_DB_URL": ctl_url, "PYTHONUNBUFFERED": "1",
-            "NEXUS_LOCK_ORDER": "raise", **extra}
+            "NEXUS_LOCK_ORDER": "raise", **moved, **extra}
 
 
 def run_manage(args: list[str], env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -266,6 +267,41 @@ def run_manage(args: list[str], env: dict, timeout: float = 120) -> subprocess.C
 
 def load_json(path: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+#: The moved database clock of the running test (tests/db_clock.py), read by :func:`subprocess_env`.
+_MOVED_CLOCKS: list = []
+
+
+@pytest.fixture
+def db_clock_advance(monkeypatch):
+    """Move the database clock forward instead of waiting: ``db_clock_advance(seconds)``.
+
+    Every later ``db_now()`` of this process (every thread) reads the
+    database clock plus the seconds moved so far, so a lease, deadline,
+    window or backoff due within them is due at once; real time is never
+    spent. A child process reads the same clock when its environment is a
+    ``subprocess_env()`` built after the move. Values stamped without
+    ``db_now()`` (SQL ``UTC_TIMESTAMP(6)``, ``auto_now_add``) keep the real
+    clock: they only look older.
+
+    Raises:
+        ValueError: ``seconds`` not positive (the clock never moves back).
+    """
+    from nexusflow.kernel import clock
+    from tests.db_clock import ShiftedClock
+
+    shifted = ShiftedClock(clock.database_utc_timestamp)
+    monkeypatch.setattr(clock, "database_utc_timestamp", shifted)
+    _MOVED_CLOCKS.append(shifted)
+
+    def advance(seconds: float) -> None:
+        if not seconds > 0:
+            raise ValueError(f"the database clock only moves forward, got {seconds!r} s")
+        shifted.offset += seconds
+
+    yield advance
+    _MOVED_CLOCKS.remove(shifted)
 
 
 @pytest.fixture

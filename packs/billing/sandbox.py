@@ -45,30 +45,21 @@ until SIGTERM or SIGINT.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
-import logging
-import math
 import re
 import secrets
 import string
-import threading
 import time
 from dataclasses import dataclass, field
-from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Sequence
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import SplitResult, parse_qs
 
-from packs.loopback import DispatchingHandler, LoopbackSandbox, LoopbackServer, serve_process
-
-logger = logging.getLogger(__name__)
+from packs.sandbox_kit import LoopbackSandbox, Rejected, SandboxHandler, SandboxState, serve_process, write_faults
 
 CUSTOMER_PARAMS: tuple[str, ...] = ("email", "name")
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
-MAX_DELAY_SECONDS = 60.0
-MAX_BODY_BYTES = 1_000_000
 DEFAULT_LIST_LIMIT = 10
 MAX_LIST_LIMIT = 100
 
@@ -78,13 +69,9 @@ _ID_ALPHABET = string.ascii_letters + string.digits
 Params = dict[str, str | None]
 
 
-class _RequestRejected(Exception):
-    """A request error that maps to one HTTP response."""
-
-    def __init__(self, status: int, error: dict[str, Any]):
-        super().__init__(error.get("message", ""))
-        self.status = status
-        self.error = error
+def _rejected(status: int, error: dict[str, Any]) -> Rejected:
+    """A request error that maps to one HTTP response ``{"error": error}``."""
+    return Rejected(status, {"error": error}, message=error.get("message", ""))
 
 
 @dataclass(slots=True)
@@ -96,39 +83,17 @@ class _IdempotencyEntry:
 
 
 @dataclass(slots=True)
-class _Faults:
-    drop_response_after_commit: int = 0
-    fail_status: int = 503
-    fail_count: int = 0
-    delay_seconds: float = 0.0
+class _State(SandboxState):
+    """Everything the sandbox remembers (``secret`` is the API key); guarded by ``lock``."""
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "drop_response_after_commit": self.drop_response_after_commit,
-            "fail_before_commit": {"status": self.fail_status, "count": self.fail_count},
-            "delay_seconds": self.delay_seconds,
-        }
-
-
-@dataclass(slots=True)
-class _State:
-    """Everything the sandbox remembers; guarded by ``lock``."""
-
-    api_key: str
-    lock: threading.Lock = field(default_factory=threading.Lock)
     customers: dict[str, dict[str, Any]] = field(default_factory=dict)
     counters: dict[str, dict[str, int]] = field(default_factory=dict)
     idempotency: dict[str, _IdempotencyEntry] = field(default_factory=dict)
-    faults: _Faults = field(default_factory=_Faults)
-    requests: int = 0
 
-    def reset(self) -> None:
-        with self.lock:
-            self.customers.clear()
-            self.counters.clear()
-            self.idempotency.clear()
-            self.faults = _Faults()
-            self.requests = 0
+    def forget(self) -> None:
+        self.customers.clear()
+        self.counters.clear()
+        self.idempotency.clear()
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
@@ -143,45 +108,8 @@ class _State:
                     }
                     for customer_id, customer in self.customers.items()
                 ],
-                "requests": self.requests,
+                "requests": self.requests.count,
             }
-
-    def apply_faults(self, spec: Any) -> dict[str, Any]:
-        """Validate and merge a faults document; return the faults now in force.
-
-        Raises:
-            _RequestRejected: 400 for an unknown key or an out-of-range value.
-        """
-        if not isinstance(spec, dict):
-            raise _RequestRejected(400, _invalid("faults must be a JSON object"))
-        unknown = sorted(set(spec) - {"drop_response_after_commit", "fail_before_commit", "delay_seconds"})
-        if unknown:
-            raise _RequestRejected(400, _invalid(f"unknown fault(s): {', '.join(unknown)}"))
-        with self.lock:
-            faults = dataclasses.replace(self.faults)
-            if "drop_response_after_commit" in spec:
-                faults.drop_response_after_commit = _count(spec["drop_response_after_commit"], "drop_response_after_commit")
-            if "fail_before_commit" in spec:
-                fail = spec["fail_before_commit"]
-                if not isinstance(fail, dict) or set(fail) - {"status", "count"} or "status" not in fail:
-                    raise _RequestRejected(400, _invalid("fail_before_commit must be {\"status\": S, \"count\": N}"))
-                status = fail["status"]
-                if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 599:
-                    raise _RequestRejected(400, _invalid("fail_before_commit.status must be an HTTP status 400-599"))
-                faults.fail_status = status
-                faults.fail_count = _count(fail.get("count", 1), "fail_before_commit.count")
-            if "delay_seconds" in spec:
-                delay = spec["delay_seconds"]
-                if (
-                    isinstance(delay, bool)
-                    or not isinstance(delay, (int, float))
-                    or not math.isfinite(delay)
-                    or not 0 <= delay <= MAX_DELAY_SECONDS
-                ):
-                    raise _RequestRejected(400, _invalid(f"delay_seconds must be 0-{MAX_DELAY_SECONDS:g}"))
-                faults.delay_seconds = float(delay)
-            self.faults = faults
-            return faults.as_dict()
 
 
 class BillingSandbox(LoopbackSandbox):
@@ -204,71 +132,56 @@ class BillingSandbox(LoopbackSandbox):
         """
         if not api_key:
             raise ValueError("api_key must be non-empty")
-        super().__init__(_State(api_key=api_key), port=port)
-
-    def set_faults(self, **faults: Any) -> dict[str, Any]:
-        """Merge faults as ``POST /_sandbox/faults`` does; return the faults in force.
-
-        Raises:
-            ValueError: an unknown fault or an out-of-range value.
-        """
-        try:
-            return self._state.apply_faults(faults)
-        except _RequestRejected as exc:
-            raise ValueError(exc.error["message"]) from exc
+        super().__init__(_State(secret=api_key, faults=write_faults()), port=port)
 
 
-class _SandboxHandler(DispatchingHandler):
-    server: LoopbackServer
-
-    def _dispatch(self, method: str) -> None:
+class _SandboxHandler(SandboxHandler):
+    def serve(self, method: str, url: SplitResult, body: bytes) -> None:
         state = self.server.state
-        split = urlsplit(self.path)
-        path = split.path
-        try:
-            body = self._read_body()
-            if path.startswith("/_sandbox/"):
-                self._control(method, path, body)
-                return
+        path = url.path
+        if not path.startswith("/v1/"):
+            raise _rejected(404, _unrecognized(method, path))
+        self._authenticate()
+        if method == "POST" and path == "/v1/customers":
+            self._write_customer(path, body, customer_id=None)
+        elif method == "POST" and (match := _CUSTOMER_PATH.fullmatch(path)):
+            self._write_customer(path, body, customer_id=match.group(1))
+        elif method == "GET" and path == "/v1/customers":
+            self._respond(200, self._list(parse_qs(url.query, keep_blank_values=True)))
+        elif method == "GET" and (match := _CUSTOMER_PATH.fullmatch(path)):
             with state.lock:
-                state.requests += 1
-            if not path.startswith("/v1/"):
-                raise _RequestRejected(404, _unrecognized(method, path))
-            self._authenticate()
-            if method == "POST" and path == "/v1/customers":
-                self._write_customer(path, body, customer_id=None)
-            elif method == "POST" and (match := _CUSTOMER_PATH.fullmatch(path)):
-                self._write_customer(path, body, customer_id=match.group(1))
-            elif method == "GET" and path == "/v1/customers":
-                self._respond(200, self._list(parse_qs(split.query, keep_blank_values=True)))
-            elif method == "GET" and (match := _CUSTOMER_PATH.fullmatch(path)):
-                with state.lock:
-                    customer = state.customers.get(match.group(1))
-                    found = dict(customer) if customer is not None else None
-                if found is None:
-                    raise _RequestRejected(404, _missing(match.group(1)))
-                self._respond(200, found)
-            else:
-                raise _RequestRejected(404, _unrecognized(method, path))
-        except _RequestRejected as exc:
-            self._respond(exc.status, {"error": exc.error})
-        except Exception:
-            logger.exception("billing sandbox: unexpected error on %s %s", method, self.path)
-            self.close_connection = True
-            self._respond(500, {"error": {"type": "api_error", "message": "Unexpected sandbox error."}})
+                customer = state.customers.get(match.group(1))
+                found = dict(customer) if customer is not None else None
+            if found is None:
+                raise _rejected(404, _missing(match.group(1)))
+            self._respond(200, found)
+        else:
+            raise _rejected(404, _unrecognized(method, path))
+
+    def invalid(self, message: str) -> dict[str, Any]:
+        return {"error": _invalid(message)}
+
+    def unknown_control(self, method: str, path: str) -> Rejected:
+        return _rejected(404, _unrecognized(method, path))
+
+    def internal_error(self) -> dict[str, Any]:
+        return {"error": {"type": "api_error", "message": "Unexpected sandbox error."}}
+
+    def extra_headers(self) -> dict[str, str]:
+        return {"Request-Id": "req_" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(14))}
 
     # -- /v1 -----------------------------------------------------------------
 
     def _authenticate(self) -> None:
         header = self.headers.get("Authorization")
         if not header:
-            raise _RequestRejected(401, _invalid(
+            raise _rejected(401, _invalid(
                 "You did not provide an API key. Provide it in the Authorization header as 'Bearer <key>'."))
         scheme, _, key = header.partition(" ")
         if scheme.lower() != "bearer" or not secrets.compare_digest(
-            key.encode("utf-8", "surrogateescape"), self.server.state.api_key.encode("utf-8")
+            key.encode("utf-8", "surrogateescape"), self.server.state.secret.encode("utf-8")
         ):
-            raise _RequestRejected(401, _invalid("Invalid API Key provided."))
+            raise _rejected(401, _invalid("Invalid API Key provided."))
 
     def _write_customer(self, path: str, body: bytes, *, customer_id: str | None) -> None:
         """Create (``customer_id`` None) or update a customer, honouring idempotency and faults."""
@@ -281,29 +194,26 @@ class _SandboxHandler(DispatchingHandler):
         response: tuple[int, dict[str, Any]] | None = None
         drop = False
         with state.lock:
-            if state.faults.fail_count > 0:
-                state.faults.fail_count -= 1
-                status = state.faults.fail_status
-                raise _RequestRejected(status, _injected(status))
+            failure = state.faults.take_status("fail_before_commit")
+            if failure is not None:
+                raise _rejected(failure, _injected(failure))
             if key is not None:
                 entry = state.idempotency.get(key)
                 if entry is not None:
                     response = self._replay(entry, key, fingerprint, counter)
-                    drop = self._take_drop(state)
+                    drop = state.faults.take("drop_response_after_commit")
                 else:
                     state.idempotency[key] = _IdempotencyEntry(fingerprint=fingerprint)
         if response is not None:
             status, payload = response
             if drop:
-                self._drop()
+                self.drop_response()
             else:
                 self._respond(status, payload, replayed=True)
             return
 
         try:
-            delay = state.faults.delay_seconds
-            if delay:
-                time.sleep(delay)
+            state.faults.wait("delay_seconds")
             with state.lock:
                 status, payload, affected = self._execute(params, customer_id=customer_id)
                 if affected is not None:
@@ -311,7 +221,7 @@ class _SandboxHandler(DispatchingHandler):
                 entry = state.idempotency.get(key) if key is not None else None
                 if entry is not None and entry.status is None:  # absent only after a concurrent reset
                     entry.status, entry.body, entry.customer_id = status, payload, affected
-                drop = self._take_drop(state)
+                drop = state.faults.take("drop_response_after_commit")
         except BaseException:
             if key is not None:
                 with state.lock:
@@ -320,7 +230,7 @@ class _SandboxHandler(DispatchingHandler):
                         del state.idempotency[key]
             raise
         if drop:
-            self._drop()
+            self.drop_response()
         else:
             self._respond(status, payload)
 
@@ -351,7 +261,7 @@ class _SandboxHandler(DispatchingHandler):
         """Return the stored result for ``key`` (state lock held) or raise 409/400."""
         state = self.server.state
         if entry.status is None or entry.body is None:
-            raise _RequestRejected(409, {
+            raise _rejected(409, {
                 "type": "invalid_request_error",
                 "code": "idempotency_key_in_use",
                 "message": "There is currently another in-progress request using this Idempotency Key "
@@ -359,7 +269,7 @@ class _SandboxHandler(DispatchingHandler):
                            "through). Please try again later.",
             })
         if entry.fingerprint != fingerprint:
-            raise _RequestRejected(400, {
+            raise _rejected(400, {
                 "type": "idempotency_error",
                 "message": f"Keys for idempotent requests can only be used with the same parameters they were "
                            f"first used with. Try using a key other than '{key}' if you meant to execute a "
@@ -369,20 +279,13 @@ class _SandboxHandler(DispatchingHandler):
             state.counters[entry.customer_id][counter] += 1
         return entry.status, entry.body
 
-    @staticmethod
-    def _take_drop(state: _State) -> bool:
-        if state.faults.drop_response_after_commit > 0:
-            state.faults.drop_response_after_commit -= 1
-            return True
-        return False
-
     def _list(self, query: dict[str, list[str]]) -> dict[str, Any]:
         unknown = sorted(set(query) - {"email", "limit", "starting_after"})
         if unknown:
-            raise _RequestRejected(400, _unknown_param(unknown[0]))
+            raise _rejected(400, _unknown_param(unknown[0]))
         limit_text = query.get("limit", [str(DEFAULT_LIST_LIMIT)])[-1]
         if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_LIST_LIMIT:
-            raise _RequestRejected(400, _invalid(f"limit must be an integer 1-{MAX_LIST_LIMIT}", param="limit"))
+            raise _rejected(400, _invalid(f"limit must be an integer 1-{MAX_LIST_LIMIT}", param="limit"))
         limit = int(limit_text)
         email = query.get("email", [None])[-1]
         starting_after = query.get("starting_after", [None])[-1]
@@ -393,7 +296,7 @@ class _SandboxHandler(DispatchingHandler):
         if starting_after is not None:
             ids = [customer["id"] for customer in newest_first]
             if starting_after not in ids:
-                raise _RequestRejected(400, _invalid(f"No such customer: '{starting_after}'", param="starting_after"))
+                raise _rejected(400, _invalid(f"No such customer: '{starting_after}'", param="starting_after"))
             newest_first = newest_first[ids.index(starting_after) + 1 :]
         return {
             "object": "list",
@@ -408,28 +311,28 @@ class _SandboxHandler(DispatchingHandler):
             try:
                 raw = json.loads(body.decode("utf-8")) if body else {}
             except ValueError as exc:
-                raise _RequestRejected(400, _invalid(f"Invalid JSON body: {exc}")) from exc
+                raise _rejected(400, _invalid(f"Invalid JSON body: {exc}")) from exc
             if not isinstance(raw, dict):
-                raise _RequestRejected(400, _invalid("The JSON body must be an object."))
+                raise _rejected(400, _invalid("The JSON body must be an object."))
             pairs = list(raw.items())
         elif content_type in ("application/x-www-form-urlencoded", ""):
             try:
                 text = body.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise _RequestRejected(400, _invalid("The request body is not valid UTF-8.")) from exc
+                raise _rejected(400, _invalid("The request body is not valid UTF-8.")) from exc
             parsed = parse_qs(text, keep_blank_values=True)
             for name, values in parsed.items():
                 if len(values) > 1:
-                    raise _RequestRejected(400, _invalid(f"Parameter {name} was given more than once.", param=name))
+                    raise _rejected(400, _invalid(f"Parameter {name} was given more than once.", param=name))
             pairs = [(name, values[0]) for name, values in parsed.items()]
         else:
-            raise _RequestRejected(400, _invalid(f"Unsupported Content-Type {content_type!r}."))
+            raise _rejected(400, _invalid(f"Unsupported Content-Type {content_type!r}."))
         params: Params = {}
         for name, value in pairs:
             if name not in CUSTOMER_PARAMS:
-                raise _RequestRejected(400, _unknown_param(name))
+                raise _rejected(400, _unknown_param(name))
             if value is not None and not isinstance(value, str):
-                raise _RequestRejected(400, _invalid(f"Invalid string: {value!r}", param=name))
+                raise _rejected(400, _invalid(f"Invalid string: {value!r}", param=name))
             params[name] = value or None
         return params
 
@@ -438,75 +341,14 @@ class _SandboxHandler(DispatchingHandler):
         if key is None:
             return None
         if not key or len(key) > MAX_IDEMPOTENCY_KEY_LENGTH:
-            raise _RequestRejected(400, _invalid(
+            raise _rejected(400, _invalid(
                 f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY_LENGTH} characters.", param=IDEMPOTENCY_HEADER))
         return key
 
-    # -- /_sandbox -------------------------------------------------------------
-
-    def _control(self, method: str, path: str, body: bytes) -> None:
-        state = self.server.state
-        if method == "GET" and path == "/_sandbox/state":
-            self._respond(200, state.snapshot())
-        elif method == "POST" and path == "/_sandbox/reset":
-            state.reset()
-            self._respond(200, {"reset": True})
-        elif method == "GET" and path == "/_sandbox/faults":
-            with state.lock:
-                faults = state.faults.as_dict()
-            self._respond(200, faults)
-        elif method == "POST" and path == "/_sandbox/faults":
-            try:
-                spec = json.loads(body.decode("utf-8")) if body else {}
-            except ValueError as exc:
-                raise _RequestRejected(400, _invalid(f"Invalid JSON body: {exc}")) from exc
-            self._respond(200, state.apply_faults(spec))
-        else:
-            raise _RequestRejected(404, _unrecognized(method, path))
-
     # -- transport -------------------------------------------------------------
 
-    def _read_body(self) -> bytes:
-        if self.headers.get("Transfer-Encoding"):
-            self.close_connection = True
-            raise _RequestRejected(411, _invalid("Send a Content-Length; chunked bodies are not supported."))
-        length_text = self.headers.get("Content-Length") or "0"
-        if not length_text.isdigit() or int(length_text) > MAX_BODY_BYTES:
-            self.close_connection = True
-            raise _RequestRejected(400, _invalid("Invalid or too large Content-Length."))
-        length = int(length_text)
-        return self.rfile.read(length) if length else b""
-
     def _respond(self, status: int, payload: dict[str, Any], *, replayed: bool = False) -> None:
-        data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
-        self.send_response(status, _reason(status))
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.send_header("Request-Id", "req_" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(14)))
-        if replayed:
-            self.send_header("Idempotent-Replayed", "true")
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _drop(self) -> None:
-        """Close the connection without writing a response (an ambiguous outcome)."""
-        self.close_connection = True
-        logger.info("billing sandbox: dropped the response to %s %s after commit", self.command, self.path)
-
-
-def _reason(status: int) -> str:
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:
-        return "Error"
-
-
-def _count(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _RequestRejected(400, _invalid(f"{name} must be a non-negative integer"))
-    return value
+        self.send_json(status, payload, headers={"Idempotent-Replayed": "true"} if replayed else None)
 
 
 def _invalid(message: str, *, param: str | None = None) -> dict[str, Any]:
@@ -541,7 +383,7 @@ BillingSandbox.handler_class = _SandboxHandler
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve the sandbox as a process until SIGTERM/SIGINT; return the exit status."""
     return serve_process(argv, description="Loopback billing customers API sandbox.", secret_flag="--api-key",
-                         secret_help="the bearer key clients must present", build=lambda secret, port: BillingSandbox(secret, port=port))
+                         secret_help="the bearer key clients must present", build=BillingSandbox)
 
 
 if __name__ == "__main__":

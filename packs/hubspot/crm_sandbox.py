@@ -79,27 +79,18 @@ until SIGTERM or SIGINT.
 """
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
-import hashlib
 import itertools
 import json
-import logging
-import math
 import re
 import secrets
-import threading
-import time
 import uuid
 from dataclasses import dataclass, field
-from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Sequence
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import SplitResult, parse_qs
 
-from packs.loopback import DispatchingHandler, LoopbackSandbox, LoopbackServer, serve_process
-
-logger = logging.getLogger(__name__)
+from packs.sandbox_kit import LoopbackSandbox, Rejected, SandboxHandler, SandboxState, serve_process, write_faults
 
 CONTACTS_PATH = "/crm/v3/objects/contacts"
 COMPANIES_PATH = "/crm/v3/objects/companies"
@@ -114,8 +105,6 @@ SYSTEM_PROPERTIES: tuple[str, ...] = ("hs_object_id", "createdate", "lastmodifie
 JSON_CONTENT_TYPE = "application/json;charset=utf-8"
 ID_PROPERTIES: tuple[str, ...] = ("hs_object_id", "email")
 FIRST_ID = 501
-MAX_DELAY_SECONDS = 60.0
-MAX_BODY_BYTES = 1_000_000
 RATE_LIMIT_HEADERS: dict[str, str] = {
     "X-HubSpot-RateLimit-Interval-Milliseconds": "10000",
     "X-HubSpot-RateLimit-Max": "100",
@@ -128,57 +117,26 @@ _CONTACT_PATH = re.compile(re.escape(CONTACTS_PATH) + r"/([^/]+)")
 _COMPANY_PATH = re.compile(re.escape(COMPANIES_PATH) + r"/([^/]+)")
 
 
-class _RequestRejected(Exception):
+def _rejected(status: int, body: dict[str, Any] | None, headers: dict[str, str] | None = None) -> Rejected:
     """A request error that maps to one HTTP response (``body`` None: no body)."""
-
-    def __init__(self, status: int, body: dict[str, Any] | None, headers: dict[str, str] | None = None):
-        super().__init__(str((body or {}).get("message", "")))
-        self.status = status
-        self.body = body
-        self.headers = headers or {}
+    return Rejected(status, body, headers, message=str((body or {}).get("message", "")))
 
 
 @dataclass(slots=True)
-class _Faults:
-    drop_response_after_commit: int = 0
-    fail_status: int = 503
-    fail_count: int = 0
-    delay_seconds: float = 0.0
+class _State(SandboxState):
+    """Everything the sandbox remembers (``secret`` is the private app token); guarded by ``lock``."""
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "drop_response_after_commit": self.drop_response_after_commit,
-            "fail_before_commit": {"status": self.fail_status, "count": self.fail_count},
-            "delay_seconds": self.delay_seconds,
-        }
-
-
-@dataclass(slots=True)
-class _State:
-    """Everything the sandbox remembers; guarded by ``lock``."""
-
-    token: str
-    lock: threading.Lock = field(default_factory=threading.Lock)
     contacts: dict[str, dict[str, Any]] = field(default_factory=dict)
     counters: dict[str, dict[str, int]] = field(default_factory=dict)
     companies: dict[str, dict[str, Any]] = field(default_factory=dict)
     company_counters: dict[str, dict[str, int]] = field(default_factory=dict)
-    faults: _Faults = field(default_factory=_Faults)
-    requests: int = 0
-    requests_by_route: dict[str, int] = field(default_factory=dict)
-    request_log: list[dict[str, Any]] = field(default_factory=list)
     ids: Any = field(default_factory=lambda: itertools.count(FIRST_ID))  # never reset: ids are not reused
 
-    def reset(self) -> None:
-        with self.lock:
-            self.contacts.clear()
-            self.counters.clear()
-            self.companies.clear()
-            self.company_counters.clear()
-            self.faults = _Faults()
-            self.requests = 0
-            self.requests_by_route.clear()
-            self.request_log.clear()
+    def forget(self) -> None:
+        self.contacts.clear()
+        self.counters.clear()
+        self.companies.clear()
+        self.company_counters.clear()
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
@@ -203,14 +161,9 @@ class _State:
                     }
                     for company_id, company in self.companies.items()
                 ],
-                "requests": self.requests,
-                "requests_by_route": dict(self.requests_by_route),
+                "requests": self.requests.count,
+                "requests_by_route": self.requests.by_route(),
             }
-
-    def log(self) -> list[dict[str, Any]]:
-        """A copy of the request log (see the module docstring), oldest first."""
-        with self.lock:
-            return [dict(entry) for entry in self.request_log]
 
     def holder_of(self, email: str, *, other_than: str | None = None) -> str | None:
         """The id of the live contact holding ``email`` (case-insensitive), lock held."""
@@ -220,40 +173,6 @@ class _State:
             if not contact["archived"] and contact_id != other_than and held is not None and held.lower() == wanted:
                 return contact_id
         return None
-
-    def apply_faults(self, spec: Any) -> dict[str, Any]:
-        """Validate and merge a faults document; return the faults now in force.
-
-        Raises:
-            _RequestRejected: 400 for an unknown key or an out-of-range value.
-        """
-        if not isinstance(spec, dict):
-            raise _RequestRejected(400, _validation("faults must be a JSON object"))
-        unknown = sorted(set(spec) - {"drop_response_after_commit", "fail_before_commit", "delay_seconds"})
-        if unknown:
-            raise _RequestRejected(400, _validation(f"unknown fault(s): {', '.join(unknown)}"))
-        with self.lock:
-            faults = dataclasses.replace(self.faults)
-            if "drop_response_after_commit" in spec:
-                faults.drop_response_after_commit = _count(spec["drop_response_after_commit"],
-                                                           "drop_response_after_commit")
-            if "fail_before_commit" in spec:
-                fail = spec["fail_before_commit"]
-                if not isinstance(fail, dict) or set(fail) - {"status", "count"} or "status" not in fail:
-                    raise _RequestRejected(400, _validation('fail_before_commit must be {"status": S, "count": N}'))
-                status = fail["status"]
-                if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 599:
-                    raise _RequestRejected(400, _validation("fail_before_commit.status must be an HTTP status 400-599"))
-                faults.fail_status = status
-                faults.fail_count = _count(fail.get("count", 1), "fail_before_commit.count")
-            if "delay_seconds" in spec:
-                delay = spec["delay_seconds"]
-                if (isinstance(delay, bool) or not isinstance(delay, (int, float)) or not math.isfinite(delay)
-                        or not 0 <= delay <= MAX_DELAY_SECONDS):
-                    raise _RequestRejected(400, _validation(f"delay_seconds must be 0-{MAX_DELAY_SECONDS:g}"))
-                faults.delay_seconds = float(delay)
-            self.faults = faults
-            return faults.as_dict()
 
 
 class CrmSandbox(LoopbackSandbox):
@@ -277,18 +196,7 @@ class CrmSandbox(LoopbackSandbox):
         """
         if not token:
             raise ValueError("token must be non-empty")
-        super().__init__(_State(token=token), port=port)
-
-    def set_faults(self, **faults: Any) -> dict[str, Any]:
-        """Merge faults as ``POST /_sandbox/faults`` does; return the faults in force.
-
-        Raises:
-            ValueError: an unknown fault or an out-of-range value.
-        """
-        try:
-            return self._state.apply_faults(faults)
-        except _RequestRejected as exc:
-            raise ValueError((exc.body or {}).get("message", "invalid faults")) from exc
+        super().__init__(_State(secret=token, faults=write_faults()), port=port)
 
     def request_log(self) -> list[dict[str, Any]]:
         """The same list as ``GET /_sandbox/requests`` answers under ``"requests"``, oldest first."""
@@ -308,86 +216,77 @@ class CrmSandbox(LoopbackSandbox):
         return None
 
 
-class _SandboxHandler(DispatchingHandler):
-    server: LoopbackServer
+class _SandboxHandler(SandboxHandler):
+    content_type = JSON_CONTENT_TYPE
+    request_log_control = True
 
-    def _dispatch(self, method: str) -> None:
+    def serve(self, method: str, url: SplitResult, body: bytes) -> None:
         state = self.server.state
-        split = urlsplit(self.path)
-        path = split.path
-        try:
-            body = self._read_body()
-            if path.startswith("/_sandbox/"):
-                self._control(method, path, body)
-                return
-            with state.lock:
-                state.requests += 1
-                route = f"{method} {path}"
-                state.requests_by_route[route] = state.requests_by_route.get(route, 0) + 1
-                state.request_log.append({"seq": state.requests, "method": method, "path": path,
-                                          "body_sha256": hashlib.sha256(body).hexdigest()})
-            if not path.startswith("/crm/"):
-                raise _RequestRejected(404, _not_found())
-            self._authenticate()
-            query = parse_qs(split.query, keep_blank_values=True)
-            if method == "POST" and path == CONTACTS_PATH:
-                self._write(body, locator=None, query=query)
-            elif method == "POST" and path == COMPANIES_PATH:
-                self._write(body, locator=None, query=query, companies=True)
-            elif (match := _COMPANY_PATH.fullmatch(path)) and method in ("GET", "PATCH", "DELETE"):
-                self._company(method, match.group(1), body, query)
-            elif (match := _CONTACT_PATH.fullmatch(path)) and method in ("GET", "PATCH", "DELETE"):
-                locator = match.group(1)
-                if method == "PATCH":
-                    self._write(body, locator=locator, query=query)
-                elif method == "GET":
-                    with state.lock:
-                        contact_id = self._resolve(locator, query)
-                        found = _render(state.contacts[contact_id])
-                    self._respond(200, found)
-                else:
-                    with state.lock:
-                        contact_id = self._resolve(locator, query)
-                        state.contacts[contact_id]["archived"] = True
-                        state.contacts[contact_id]["updatedAt"] = _now()
-                    self._respond(204, None)
+        path = url.path
+        if not path.startswith("/crm/"):
+            raise _rejected(404, _not_found())
+        self._authenticate()
+        query = parse_qs(url.query, keep_blank_values=True)
+        if method == "POST" and path == CONTACTS_PATH:
+            self._write(body, locator=None, query=query)
+        elif method == "POST" and path == COMPANIES_PATH:
+            self._write(body, locator=None, query=query, companies=True)
+        elif (match := _COMPANY_PATH.fullmatch(path)) and method in ("GET", "PATCH", "DELETE"):
+            self._company(method, match.group(1), body, query)
+        elif (match := _CONTACT_PATH.fullmatch(path)) and method in ("GET", "PATCH", "DELETE"):
+            locator = match.group(1)
+            if method == "PATCH":
+                self._write(body, locator=locator, query=query)
+            elif method == "GET":
+                with state.lock:
+                    contact_id = self._resolve(locator, query)
+                    found = _render(state.contacts[contact_id])
+                self.send_json(200, found)
             else:
-                raise _RequestRejected(404, _not_found())
-        except _RequestRejected as exc:
-            self._respond(exc.status, exc.body, headers=exc.headers)
-        except Exception:
-            logger.exception("crm sandbox: unexpected error on %s %s", method, self.path)
-            self.close_connection = True
-            self._respond(500, _error("internal error"))
+                with state.lock:
+                    contact_id = self._resolve(locator, query)
+                    state.contacts[contact_id]["archived"] = True
+                    state.contacts[contact_id]["updatedAt"] = _now()
+                self.send_json(204, None)
+        else:
+            raise _rejected(404, _not_found())
+
+    def invalid(self, message: str) -> dict[str, Any]:
+        return _validation(message)
+
+    def unknown_control(self, method: str, path: str) -> Rejected:
+        return _rejected(404, _not_found())
+
+    def internal_error(self) -> dict[str, Any]:
+        return _error("internal error")
 
     # -- /crm --------------------------------------------------------------------
 
     def _authenticate(self) -> None:
         header = self.headers.get("Authorization")
         if not header:
-            raise _RequestRejected(401, _error(
+            raise _rejected(401, _error(
                 "Authentication credentials not found. This API supports both API Key and OAuth 2.0 "
                 "authentication.", category="INVALID_AUTHENTICATION"))
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not secrets.compare_digest(
-            token.encode("utf-8", "surrogateescape"), self.server.state.token.encode("utf-8")
+            token.encode("utf-8", "surrogateescape"), self.server.state.secret.encode("utf-8")
         ):
-            raise _RequestRejected(401, _error("The access token provided is invalid.",
-                                               category="INVALID_AUTHENTICATION"))
+            raise _rejected(401, _error("The access token provided is invalid.", category="INVALID_AUTHENTICATION"))
 
     def _resolve(self, locator: str, query: dict[str, list[str]]) -> str:
         """The id of the live contact ``locator`` names (state lock held), or raise 400/404."""
         state = self.server.state
         id_property = query.get("idProperty", ["hs_object_id"])[-1]
         if id_property not in ID_PROPERTIES:
-            raise _RequestRejected(400, _validation(f"idProperty {id_property!r} is not a unique property"))
+            raise _rejected(400, _validation(f"idProperty {id_property!r} is not a unique property"))
         if id_property == "email":
             contact_id = state.holder_of(locator)
         else:
             contact = state.contacts.get(locator)
             contact_id = locator if contact is not None and not contact["archived"] else None
         if contact_id is None:
-            raise _RequestRejected(404, _not_found())
+            raise _rejected(404, _not_found())
         return contact_id
 
     def _company(self, method: str, locator: str, body: bytes, query: dict[str, list[str]]) -> None:
@@ -404,13 +303,13 @@ class _SandboxHandler(DispatchingHandler):
                 state.companies[company_id]["archived"] = True
                 state.companies[company_id]["updatedAt"] = _now()
                 found = None
-        self._respond(200 if method == "GET" else 204, found)
+        self.send_json(200 if method == "GET" else 204, found)
 
     def _resolve_company(self, locator: str) -> str:
         """The id of the live company ``locator`` names (state lock held), or raise 404."""
         company = self.server.state.companies.get(locator)
         if company is None or company["archived"]:
-            raise _RequestRejected(404, _not_found())
+            raise _rejected(404, _not_found())
         return locator
 
     def _write(self, body: bytes, *, locator: str | None, query: dict[str, list[str]],
@@ -420,12 +319,10 @@ class _SandboxHandler(DispatchingHandler):
         properties, associations = self._document(body, COMPANY_PROPERTIES if companies else CONTACT_PROPERTIES,
                                                   associations=locator is None and not companies)
         with state.lock:
-            if state.faults.fail_count > 0:
-                state.faults.fail_count -= 1
-                raise _injected(state.faults.fail_status)
-        delay = state.faults.delay_seconds
-        if delay:
-            time.sleep(delay)
+            failure = state.faults.take_status("fail_before_commit")
+        if failure is not None:
+            raise _injected(failure)
+        state.faults.wait("delay_seconds")
         with state.lock:
             try:
                 if companies:
@@ -433,18 +330,15 @@ class _SandboxHandler(DispatchingHandler):
                 else:
                     status, payload = self._execute(properties, locator=locator, query=query,
                                                     associations=associations)
-            except _RequestRejected as exc:
+            except Rejected as exc:
                 status, payload, headers = exc.status, exc.body, exc.headers
             else:
                 headers = {}
-            drop = state.faults.drop_response_after_commit > 0
-            if drop:
-                state.faults.drop_response_after_commit -= 1
+            drop = state.faults.take("drop_response_after_commit")
         if drop:
-            self.close_connection = True
-            logger.info("crm sandbox: dropped the response to %s %s after commit", self.command, self.path)
+            self.drop_response()
             return
-        self._respond(status, payload, headers=headers)
+        self.send_json(status, payload, headers=headers)
 
     def _execute_company(self, properties: dict[str, str], *, locator: str | None) -> tuple[int, dict[str, Any]]:
         """Perform a company create/update under the state lock; return (status, body) or raise 404."""
@@ -480,13 +374,13 @@ class _SandboxHandler(DispatchingHandler):
             unknown = [item["to"]["id"] for item in associations or []
                        if item["to"]["id"] not in state.companies or state.companies[item["to"]["id"]]["archived"]]
             if unknown:
-                raise _RequestRejected(400, _validation(
+                raise _rejected(400, _validation(
                     f"One or more associations are invalid: no company with id(s) {', '.join(unknown)}"))
             email = properties.get("email")
             holder = state.holder_of(email) if email else None
             if holder is not None:
                 state.counters[holder]["conflict_requests"] += 1
-                raise _RequestRejected(409, _conflict(holder))
+                raise _rejected(409, _conflict(holder))
             contact_id = str(next(state.ids))
             contact = {"id": contact_id, "properties": {k: v for k, v in properties.items() if v != ""},
                        "createdAt": now, "updatedAt": now, "archived": False,
@@ -500,7 +394,7 @@ class _SandboxHandler(DispatchingHandler):
         holder = state.holder_of(email, other_than=contact_id) if email else None
         if holder is not None:
             state.counters[holder]["conflict_requests"] += 1
-            raise _RequestRejected(409, _conflict(holder))
+            raise _rejected(409, _conflict(holder))
         contact = state.contacts[contact_id]
         for name, value in properties.items():
             if value == "":
@@ -516,15 +410,15 @@ class _SandboxHandler(DispatchingHandler):
         """Parse ``{"properties": {name: text}}`` (plus ``"associations"`` when allowed) or raise 400/415."""
         content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         if content_type != "application/json":
-            raise _RequestRejected(415, _error(f"Unsupported Content-Type {content_type!r}; send application/json.",
-                                               category="VALIDATION_ERROR"))
+            raise _rejected(415, _error(f"Unsupported Content-Type {content_type!r}; send application/json.",
+                                        category="VALIDATION_ERROR"))
         try:
             document = json.loads(body.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as exc:
-            raise _RequestRejected(400, _validation(f"Invalid input JSON: {exc}")) from exc
+            raise _rejected(400, _validation(f"Invalid input JSON: {exc}")) from exc
         if not isinstance(document, dict) or not isinstance(document.get("properties"), dict) \
                 or set(document) - ({"properties", "associations"} if associations else {"properties"}):
-            raise _RequestRejected(400, _validation(
+            raise _rejected(400, _validation(
                 'The body must be {"properties": {...}}' + (' with optional "associations": [...].'
                                                             if associations else '.')))
         invalid = []
@@ -536,60 +430,9 @@ class _SandboxHandler(DispatchingHandler):
                 invalid.append({"isValid": False, "message": f"{json.dumps(value)} is not a valid text value",
                                 "error": "INVALID_OPTION", "name": name})
         if invalid:
-            raise _RequestRejected(400, _validation(
+            raise _rejected(400, _validation(
                 "Property values were not valid: " + json.dumps(invalid, separators=(",", ":"))))
         return dict(document["properties"]), _associations(document.get("associations", []))
-
-    # -- /_sandbox -------------------------------------------------------------
-
-    def _control(self, method: str, path: str, body: bytes) -> None:
-        state = self.server.state
-        if method == "GET" and path == "/_sandbox/state":
-            self._respond(200, state.snapshot())
-        elif method == "GET" and path == "/_sandbox/requests":
-            self._respond(200, {"requests": state.log()})
-        elif method == "POST" and path == "/_sandbox/reset":
-            state.reset()
-            self._respond(200, {"reset": True})
-        elif method == "GET" and path == "/_sandbox/faults":
-            with state.lock:
-                faults = state.faults.as_dict()
-            self._respond(200, faults)
-        elif method == "POST" and path == "/_sandbox/faults":
-            try:
-                spec = json.loads(body.decode("utf-8")) if body else {}
-            except ValueError as exc:
-                raise _RequestRejected(400, _validation(f"Invalid JSON body: {exc}")) from exc
-            self._respond(200, state.apply_faults(spec))
-        else:
-            raise _RequestRejected(404, _not_found())
-
-    # -- transport -------------------------------------------------------------
-
-    def _read_body(self) -> bytes:
-        if self.headers.get("Transfer-Encoding"):
-            self.close_connection = True
-            raise _RequestRejected(411, _validation("Send a Content-Length; chunked bodies are not supported."))
-        length_text = self.headers.get("Content-Length") or "0"
-        if not length_text.isdigit() or int(length_text) > MAX_BODY_BYTES:
-            self.close_connection = True
-            raise _RequestRejected(400, _validation("Invalid or too large Content-Length."))
-        length = int(length_text)
-        return self.rfile.read(length) if length else b""
-
-    def _respond(self, status: int, payload: dict[str, Any] | None, *, headers: dict[str, str] | None = None) -> None:
-        data = b"" if payload is None else json.dumps(payload, ensure_ascii=False).encode("utf-8")
-        self.send_response(status, _reason(status))
-        if payload is not None:
-            self.send_header("Content-Type", JSON_CONTENT_TYPE)
-        self.send_header("Content-Length", str(len(data)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        if data:
-            self.wfile.write(data)
 
 
 def _now() -> str:
@@ -608,7 +451,7 @@ def _render(contact: dict[str, Any]) -> dict[str, Any]:
 
 def _associations(items: Any) -> list[dict[str, Any]]:
     """Validate a create's ``associations`` list (shape and contact-to-company types) or raise 400."""
-    bad = _RequestRejected(400, _validation(
+    bad = _rejected(400, _validation(
         'associations must be [{"to": {"id": "<id>"}, "types": [{"associationCategory": "HUBSPOT_DEFINED", '
         '"associationTypeId": 279}]}]'))
     if not isinstance(items, list):
@@ -627,23 +470,10 @@ def _associations(items: Any) -> list[dict[str, Any]]:
                 raise bad
             if kind["associationCategory"] == "HUBSPOT_DEFINED" \
                     and kind["associationTypeId"] not in CONTACT_TO_COMPANY_TYPES:
-                raise _RequestRejected(400, _validation(
+                raise _rejected(400, _validation(
                     f"associationTypeId {kind['associationTypeId']} is not a contact to company association type"))
         out.append({"to": {"id": item["to"]["id"]}, "types": [dict(kind) for kind in item["types"]]})
     return out
-
-
-def _reason(status: int) -> str:
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:
-        return "Error"
-
-
-def _count(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _RequestRejected(400, _validation(f"{name} must be a non-negative integer"))
-    return value
 
 
 def _error(message: str, *, category: str | None = None) -> dict[str, Any]:
@@ -665,16 +495,16 @@ def _conflict(existing_id: str) -> dict[str, Any]:
     return _error(f"Contact already exists. Existing ID: {existing_id}", category="CONFLICT")
 
 
-def _injected(status: int) -> _RequestRejected:
+def _injected(status: int) -> Rejected:
     """The provider's answer for an injected failure before commit."""
     if status == 429:
         body = {"status": "error", "message": "You have reached your ten_secondly_rolling limit.",
                 "errorType": "RATE_LIMIT", "correlationId": str(uuid.uuid4()), "policyName": "TEN_SECONDLY_ROLLING"}
-        return _RequestRejected(429, body, dict(RATE_LIMIT_HEADERS))
+        return _rejected(429, body, dict(RATE_LIMIT_HEADERS))
     if status == 477:
-        return _RequestRejected(477, _error("This portal is being migrated; retry later.",
-                                            category="MIGRATION_IN_PROGRESS"), {"Retry-After": "1"})
-    return _RequestRejected(status, _error(f"Injected failure before commit (HTTP {status}); nothing was performed."))
+        return _rejected(477, _error("This portal is being migrated; retry later.",
+                                     category="MIGRATION_IN_PROGRESS"), {"Retry-After": "1"})
+    return _rejected(status, _error(f"Injected failure before commit (HTTP {status}); nothing was performed."))
 
 
 CrmSandbox.handler_class = _SandboxHandler
@@ -682,8 +512,9 @@ CrmSandbox.handler_class = _SandboxHandler
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve the sandbox as a process until SIGTERM/SIGINT; return the exit status."""
-    return serve_process(argv, description="Loopback CRM objects (contacts, companies) API sandbox.", secret_flag="--token",
-                         secret_help="the private app token clients must present as Bearer", build=lambda secret, port: CrmSandbox(secret, port=port))
+    return serve_process(argv, description="Loopback CRM objects (contacts, companies) API sandbox.",
+                         secret_flag="--token", secret_help="the private app token clients must present as Bearer",
+                         build=CrmSandbox)
 
 
 if __name__ == "__main__":

@@ -33,51 +33,46 @@ from __future__ import annotations
 
 import copy
 import json
-import logging
 import secrets
-import threading
 from dataclasses import dataclass, field
-from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Sequence
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import SplitResult, parse_qs
 
-from packs.loopback import LoopbackSandbox, LoopbackServer, serve_process
-
-logger = logging.getLogger(__name__)
+from packs.sandbox_kit import (
+    Count,
+    FaultScript,
+    LoopbackSandbox,
+    Rejected,
+    SandboxHandler,
+    SandboxState,
+    StatusCount,
+    serve_process,
+)
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 200
 MAX_BODY_BYTES = 5_000_000
 
 
-class _Rejected(Exception):
-    def __init__(self, status: int, code: str, message: str):
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
+def _rejected(status: int, code: str, message: str) -> Rejected:
+    """A request error answered as ``[{"errorCode": code, "message": message}]``."""
+    return Rejected(status, [{"errorCode": code, "message": message}], message=message)
+
+
+def _stream_faults() -> FaultScript:
+    """The faults the next fetches meet (see the module docstring)."""
+    return FaultScript(Count("drop_connection"), Count("duplicate_delivery"), Count("rewind"),
+                       StatusCount("fail_status", default_status=503))
 
 
 @dataclass(slots=True)
-class _Faults:
-    drop_connection: int = 0
-    duplicate_delivery: int = 0
-    rewind: int = 0
-    fail_status: int = 503
-    fail_count: int = 0
+class _State(SandboxState):
+    """The published stream (``secret`` is the bearer token); guarded by ``lock``."""
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"drop_connection": self.drop_connection, "duplicate_delivery": self.duplicate_delivery,
-                "rewind": self.rewind, "fail_status": {"status": self.fail_status, "count": self.fail_count}}
-
-
-@dataclass(slots=True)
-class _State:
-    token: str
-    lock: threading.Lock = field(default_factory=threading.Lock)
     events: list[dict[str, Any]] = field(default_factory=list)
     index: dict[str, int] = field(default_factory=dict)
     next_replay: int = field(default_factory=lambda: 1000 + secrets.randbelow(9000))
-    faults: _Faults = field(default_factory=_Faults)
     fetches: int = 0
     served: int = 0
 
@@ -86,7 +81,7 @@ class _State:
         with self.lock:
             for envelope in envelopes:
                 if not isinstance(envelope, dict) or not isinstance(envelope.get("data"), dict):
-                    raise _Rejected(400, "INVALID_FIELD", "an envelope is an object with a 'data' object")
+                    raise _rejected(400, "INVALID_FIELD", "an envelope is an object with a 'data' object")
                 stored = copy.deepcopy(envelope)
                 self.next_replay += 1 + secrets.randbelow(97)  # opaque: gaps of random size
                 replay_id = self.next_replay
@@ -101,68 +96,39 @@ class _State:
         """The fetch response, or ``None`` when the connection must be dropped."""
         with self.lock:
             self.fetches += 1
-            if self.faults.drop_connection:
-                self.faults.drop_connection -= 1
+            if self.faults.take("drop_connection"):
                 return None
-            if self.faults.fail_count:
-                self.faults.fail_count -= 1
-                raise _Rejected(self.faults.fail_status, "SERVICE_UNAVAILABLE", "injected failure; retry later")
+            failure = self.faults.take_status("fail_status")
+            if failure is not None:
+                raise _rejected(failure, "SERVICE_UNAVAILABLE", "injected failure; retry later")
             if after is None:
                 start = 0
             elif after in self.index:
                 start = self.index[after] + 1
             else:
-                raise _Rejected(400, "INVALID_REPLAY_ID", f"replayId {after} is not retained")
-            if self.faults.rewind:
-                start, self.faults.rewind = max(0, start - self.faults.rewind), 0
+                raise _rejected(400, "INVALID_REPLAY_ID", f"replayId {after} is not retained")
+            start = max(0, start - self.faults.take_all("rewind"))
             batch = [e for e in self.events[start:] if e.get("channel") == topic][:limit]
-            if self.faults.duplicate_delivery and batch:
-                self.faults.duplicate_delivery -= 1
+            if batch and self.faults.take("duplicate_delivery"):
                 batch = [copy.deepcopy(e) for e in batch for _ in range(2)]
             self.served += len(batch)
             latest = batch[-1]["data"]["event"]["replayId"] if batch else (None if after is None else _opaque(after))
             return {"events": copy.deepcopy(batch), "latestReplayId": latest}
-
-    def apply_faults(self, spec: Any) -> dict[str, Any]:
-        if not isinstance(spec, dict):
-            raise _Rejected(400, "INVALID_FIELD", "faults must be a JSON object")
-        with self.lock:
-            for name, value in spec.items():
-                if name in ("drop_connection", "duplicate_delivery", "rewind"):
-                    setattr(self.faults, name, _count(value, name))
-                elif name == "fail_status":
-                    if not isinstance(value, dict):
-                        raise _Rejected(400, "INVALID_FIELD", "fail_status is {status, count}")
-                    status = value.get("status", 503)
-                    if not isinstance(status, int) or not 400 <= status <= 599:
-                        raise _Rejected(400, "INVALID_FIELD", "fail_status.status must be 400-599")
-                    self.faults.fail_status, self.faults.fail_count = status, _count(value.get("count", 1), "count")
-                else:
-                    raise _Rejected(400, "INVALID_FIELD", f"unknown fault {name!r}")
-            return self.faults.as_dict()
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
             return {"events": len(self.events), "fetches": self.fetches, "served": self.served,
                     "faults": self.faults.as_dict()}
 
-    def reset(self) -> None:
-        with self.lock:
-            self.events.clear()
-            self.index.clear()
-            self.faults = _Faults()
-            self.fetches = self.served = 0
+    def forget(self) -> None:
+        self.events.clear()
+        self.index.clear()
+        self.fetches = self.served = 0
 
 
 def _opaque(text: str) -> Any:
     """Hand ``after`` back in the type the stream served it (an integer here)."""
     return int(text) if text.isdigit() else text
-
-
-def _count(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _Rejected(400, "INVALID_FIELD", f"{name} must be a non-negative integer")
-    return value
 
 
 class StreamSandbox(LoopbackSandbox):
@@ -185,7 +151,7 @@ class StreamSandbox(LoopbackSandbox):
         """
         if not token:
             raise ValueError("token must be non-empty")
-        super().__init__(_State(token=token), port=port)
+        super().__init__(_State(secret=token, faults=_stream_faults()), port=port)
 
     def publish(self, envelopes: dict[str, Any] | list[dict[str, Any]]) -> list[int]:
         """Append envelopes to the stream and return their assigned ``replayId`` values.
@@ -195,103 +161,59 @@ class StreamSandbox(LoopbackSandbox):
         """
         try:
             return self._state.publish(envelopes if isinstance(envelopes, list) else [envelopes])
-        except _Rejected as exc:
-            raise ValueError(exc.message) from exc
-
-    def set_faults(self, **faults: Any) -> dict[str, Any]:
-        """Merge faults as ``POST /_sandbox/faults`` does; return the faults in force.
-
-        Raises:
-            ValueError: an unknown fault or an out-of-range value.
-        """
-        try:
-            return self._state.apply_faults(faults)
-        except _Rejected as exc:
-            raise ValueError(exc.message) from exc
+        except Rejected as exc:
+            raise ValueError(str(exc)) from exc
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: LoopbackServer
+class _Handler(SandboxHandler):
+    max_body_bytes = MAX_BODY_BYTES
+    refuse_chunked = False
+    counts_requests = False  # the stream counts fetches and served events instead
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server naming)
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:  # noqa: N802
-        self._dispatch("POST")
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-        logger.debug("stream sandbox: " + format, *args)
-
-    def _dispatch(self, method: str) -> None:
+    def serve(self, method: str, url: SplitResult, body: bytes) -> None:
         state = self.server.state
-        url = urlsplit(self.path)
+        if (method, url.path) != ("GET", "/stream/events"):
+            raise _rejected(404, "NOT_FOUND", f"no resource {method} {url.path}")
+        if self.headers.get("Authorization") != f"Bearer {state.secret}":
+            raise _rejected(401, "INVALID_SESSION_ID", "Session expired or invalid")
+        query = parse_qs(url.query, keep_blank_values=True)
+        topic = (query.get("topic") or [""])[0]
+        if not topic:
+            raise _rejected(400, "INVALID_FIELD", "topic is required")
+        after = query.get("after", [None])[0]
+        limit_text = (query.get("limit") or [str(DEFAULT_LIMIT)])[0]
+        if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_LIMIT:
+            raise _rejected(400, "INVALID_FIELD", f"limit must be 1-{MAX_LIMIT}")
+        response = state.fetch(topic, after, int(limit_text))
+        if response is None:
+            self.drop_response()  # no status line, no body
+            return
+        self.send_json(200, response)
+
+    def extra_control(self, method: str, path: str, body: bytes) -> Any:
+        if (method, path) == ("POST", "/_sandbox/publish"):
+            envelopes = self.parse_json(body)
+            return {"replayIds": self.server.state.publish(envelopes if isinstance(envelopes, list) else [envelopes])}
+        raise self.unknown_control(method, path)
+
+    def reset_answer(self) -> Any:
+        return self.server.state.snapshot()
+
+    def parse_json(self, body: bytes) -> Any:
+        """The body as JSON (empty: ``null``). Raises Rejected 400."""
         try:
-            body = self._read_body()
-            if url.path.startswith("/_sandbox/"):
-                self._control(method, url.path, body)
-                return
-            if (method, url.path) != ("GET", "/stream/events"):
-                raise _Rejected(404, "NOT_FOUND", f"no resource {method} {url.path}")
-            if self.headers.get("Authorization") != f"Bearer {state.token}":
-                raise _Rejected(401, "INVALID_SESSION_ID", "Session expired or invalid")
-            query = parse_qs(url.query, keep_blank_values=True)
-            topic = (query.get("topic") or [""])[0]
-            if not topic:
-                raise _Rejected(400, "INVALID_FIELD", "topic is required")
-            after = query.get("after", [None])[0]
-            limit_text = (query.get("limit") or [str(DEFAULT_LIMIT)])[0]
-            if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_LIMIT:
-                raise _Rejected(400, "INVALID_FIELD", f"limit must be 1-{MAX_LIMIT}")
-            response = state.fetch(topic, after, int(limit_text))
-            if response is None:
-                self.close_connection = True  # dropped: no status line, no body
-                return
-            self._respond(200, response)
-        except _Rejected as exc:
-            self._respond(exc.status, [{"errorCode": exc.code, "message": exc.message}])
+            return json.loads(body.decode("utf-8") or "null")
+        except (UnicodeError, ValueError):
+            raise _rejected(400, "JSON_PARSER_ERROR", "the body is not JSON") from None
 
-    def _control(self, method: str, path: str, body: bytes) -> None:
-        state = self.server.state
-        if (method, path) == ("GET", "/_sandbox/state"):
-            self._respond(200, state.snapshot())
-        elif (method, path) == ("POST", "/_sandbox/reset"):
-            state.reset()
-            self._respond(200, state.snapshot())
-        elif (method, path) == ("POST", "/_sandbox/publish"):
-            envelopes = _json(body)
-            self._respond(200, {"replayIds": state.publish(envelopes if isinstance(envelopes, list) else [envelopes])})
-        elif path == "/_sandbox/faults" and method in ("GET", "POST"):
-            self._respond(200, state.apply_faults(_json(body)) if method == "POST" else state.faults.as_dict())
-        else:
-            raise _Rejected(404, "NOT_FOUND", f"no control {method} {path}")
+    def invalid(self, message: str) -> list[dict[str, str]]:
+        return [{"errorCode": "INVALID_FIELD", "message": message}]
 
-    def _read_body(self) -> bytes:
-        length_text = self.headers.get("Content-Length") or "0"
-        if not length_text.isdigit() or int(length_text) > MAX_BODY_BYTES:
-            self.close_connection = True
-            raise _Rejected(400, "INVALID_FIELD", "invalid or too large Content-Length")
-        length = int(length_text)
-        return self.rfile.read(length) if length else b""
+    def unknown_control(self, method: str, path: str) -> Rejected:
+        return _rejected(404, "NOT_FOUND", f"no control {method} {path}")
 
-    def _respond(self, status: int, payload: Any) -> None:
-        data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
-        try:
-            phrase = HTTPStatus(status).phrase
-        except ValueError:
-            phrase = "Error"
-        self.send_response(status, phrase)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-
-def _json(body: bytes) -> Any:
-    try:
-        return json.loads(body.decode("utf-8") or "null")
-    except (UnicodeError, ValueError):
-        raise _Rejected(400, "JSON_PARSER_ERROR", "the body is not JSON") from None
+    def internal_error(self) -> list[dict[str, str]]:
+        return [{"errorCode": "UNKNOWN_EXCEPTION", "message": "unexpected sandbox error"}]
 
 
 StreamSandbox.handler_class = _Handler
@@ -300,7 +222,7 @@ StreamSandbox.handler_class = _Handler
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve the sandbox as a process until SIGTERM/SIGINT; return the exit status."""
     return serve_process(argv, description="Loopback change-data-capture stream sandbox.", secret_flag="--token",
-                         secret_help="the bearer token clients must present", build=lambda secret, port: StreamSandbox(secret, port=port))
+                         secret_help="the bearer token clients must present", build=StreamSandbox)
 
 
 if __name__ == "__main__":

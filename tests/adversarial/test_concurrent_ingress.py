@@ -1,40 +1,17 @@
 """Concurrent deliveries: identical, overlapping and shuffled while workers run."""
 import random
-import threading
 
 import pytest
-from django.db import connections
 from django.test import Client
 
 from connectors.models import Event, Receipt, ReceiptComponent
 from packs.hubspot.fixtures.make_demo_webhooks import OUTPUT_PATH, expected_final_state
 from packs.hubspot.sender import load_deliveries
 from tests.adversarial.helpers import check_end_state, pending_work, run_parallel, spawn
+from tests.concurrency import run_at_once
 from tests.conftest import hubspot_event, post_signed, subprocess_env
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
-
-
-def _threads(n, target):
-    results, errors = [None] * n, []
-    barrier = threading.Barrier(n)
-
-    def run(i):
-        try:
-            barrier.wait()
-            results[i] = target(i)
-        except Exception as exc:  # noqa: BLE001
-            errors.append(repr(exc))
-        finally:
-            connections.close_all()
-
-    ts = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(120)
-    assert not errors, errors
-    return results
 
 
 def test_identical_concurrent_deliveries_admit_once(serving_org):
@@ -45,7 +22,8 @@ def test_identical_concurrent_deliveries_admit_once(serving_org):
         r = post_signed(Client(), body)
         return r.status_code, r.json()
 
-    results = _threads(16, post)
+    results, errors = run_at_once(*[lambda i=i: post(i) for i in range(16)], timeout=120)
+    assert not errors, errors
     statuses = sorted(s for s, _ in results)
     assert statuses.count(202) == 1 and statuses.count(200) == 15, statuses
     assert len({body["receipt_id"] for _, body in results}) == 1
@@ -62,7 +40,8 @@ def test_overlapping_concurrent_batches_one_event_each(serving_org):
         r = post_signed(Client(), subset)
         return r.status_code
 
-    statuses = _threads(12, post)
+    statuses, errors = run_at_once(*[lambda i=i: post(i) for i in range(12)], timeout=120)
+    assert not errors, errors
     assert all(s in (200, 202) for s in statuses), statuses
     covered = set()
     for comp in ReceiptComponent.objects.filter(disposition__in=("event", "duplicate")):
@@ -85,7 +64,9 @@ def test_shuffled_deliveries_while_workers_run(serving_org):
                 out.append(post_signed(Client(), d.body, sign=d.sign).status_code)
             return out
 
-        statuses = [s for chunk in _threads(4, post) for s in chunk]
+        chunks, errors = run_at_once(*[lambda k=k: post(k) for k in range(4)], timeout=120)
+        assert not errors, errors
+        statuses = [s for chunk in chunks for s in chunk]
         assert all(s < 500 for s in statuses), statuses
     finally:
         for p in background:

@@ -42,7 +42,7 @@ def test_connector_killed_then_restarted_until_idle_converges(client, serving_or
     ("egress", "permit.after_response"),
     ("egress", "effect.after_settle"),
 ])
-def test_kill_at_failpoint_full_pipeline_converges(client, serving_org, role, failpoint):
+def test_kill_at_failpoint_full_pipeline_converges(client, serving_org, role, failpoint, db_clock_advance):
     assert post_signed(client, BATCH).status_code == 202
     env = subprocess_env(NEXUS_EXECUTION_LEASE_SECONDS="2", NEXUS_FLOW_LEASE_SECONDS="2")
     order = ["connector", "flow", "runtime", "egress"]
@@ -58,8 +58,8 @@ def test_kill_at_failpoint_full_pipeline_converges(client, serving_org, role, fa
             break
     else:
         pytest.fail(f"{failpoint} was never reached")
-    import time
-    time.sleep(2.5)  # let short leases expire
+    db_clock_advance(2.5)  # past the killed worker's 2 s leases; the recovering workers read the moved clock
+    env = subprocess_env(NEXUS_EXECUTION_LEASE_SECONDS="2", NEXUS_FLOW_LEASE_SECONDS="2")
     run_parallel(env, {"connector": 1, "runtime": 1, "flow": 1, "egress": 1}, rounds=10)
     assert not any(pending_work().values()), pending_work()
     problems = check_end_state(EXPECTED, serving_org.sandbox)

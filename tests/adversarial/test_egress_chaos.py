@@ -54,11 +54,13 @@ def test_worker_killed_during_slow_http_call(client, serving_org, tmp_path):
     for role in ("connector", "flow", "runtime"):
         assert run_manage(["run_workers", "--role", role, "--until-idle"], env).returncode == 0
     sandbox.set_faults(delay_seconds=3)
+    requests_before = sandbox.state()["requests"]
     worker = spawn("egress", env, until_idle=False)
     deadline = time.time() + 30
     while time.time() < deadline and not DispatchPermit.objects.filter(state="sending").exists():
         time.sleep(0.05)
-    time.sleep(0.5)
+    while time.time() < deadline and sandbox.state()["requests"] == requests_before:  # the call reached the provider
+        time.sleep(0.05)
     worker.kill()
     worker.communicate()
     assert DispatchPermit.objects.filter(state="sending").exists()

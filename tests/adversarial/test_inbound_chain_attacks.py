@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
-import time
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connections, transaction
+from django.db import transaction
 from django.test import Client
 
 from connectors import reasons
@@ -59,6 +57,7 @@ from cutover.reasons import CUTOVER_IN_PROGRESS
 from nexusflow.kernel.scope import OrgScope
 from runtime_outbox.models import ApplicationResult
 from runtime_outbox.replay_guard import SUPPRESS_EXTERNAL_EFFECTS
+from tests.concurrency import run_at_once
 from tests.conftest import ORG, drain, hubspot_event, make_serving_org, post_signed, run_manage, subprocess_env
 from tests.connectors import variant_pack
 from tests.stream_support import STREAM_ACCOUNT, cdc_sandbox, stream_org, stream_target  # noqa: F401
@@ -69,32 +68,6 @@ ACCOUNT = "crm-webhooks"
 
 
 # --- helpers ----------------------------------------------------------------------------------
-def _threads(*targets, timeout: float = 90) -> tuple[list, list]:
-    """Run every target at once (behind a barrier) on its own connection; return (results, errors)."""
-    results: list = [None] * len(targets)
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(len(targets))
-
-    def wrap(i, fn):
-        def run():
-            try:
-                barrier.wait()
-                results[i] = fn()
-            except BaseException as exc:  # noqa: BLE001 - reported to the test
-                errors.append(exc)
-            finally:
-                connections.close_all()
-        return run
-
-    threads = [threading.Thread(target=wrap(i, fn)) for i, fn in enumerate(targets)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-    assert not any(t.is_alive() for t in threads), "a racing thread hung"
-    return results, errors
-
-
 def _run_all() -> int:
     done = 0
     while execution_try_run_one(worker_id="t"):
@@ -159,7 +132,7 @@ def test_redeliveries_and_reconcilers_racing_on_one_crashed_partial_receipt_mate
         response = post_signed(Client(), [dict(e, attemptNumber=3) for e in batch])
         return response.status_code, response.json()
 
-    results, errors = _threads(redeliver, redeliver, redeliver, receipt_try_reconcile_one, receipt_try_reconcile_one)
+    results, errors = run_at_once(redeliver, redeliver, redeliver, receipt_try_reconcile_one, receipt_try_reconcile_one)
     assert not errors, errors
     for status_code, body in results[:3]:
         assert (status_code, body) == (200, {"receipt_id": receipt.pk, "status": "redelivered"})
@@ -179,7 +152,7 @@ def test_a_full_batch_with_chunk_size_one_and_an_identical_concurrent_delivery_a
     def post(attempt):
         return lambda: post_signed(Client(), [dict(e, attemptNumber=attempt) for e in batch]).status_code
 
-    statuses, errors = _threads(post(0), post(1), post(2), receipt_try_reconcile_one)
+    statuses, errors = run_at_once(post(0), post(1), post(2), receipt_try_reconcile_one)
     assert not errors, errors
     assert sorted(statuses[:3]) == [200, 200, 202]
     receipt = Receipt.objects.get()
@@ -274,7 +247,7 @@ def strict_org(billing_sandbox, settings, monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("sequence", [-(1 << 63), -(1 << 63) + 1, -5, 0, (1 << 63) - 1])
-def test_strict_extreme_sequence_numbers_never_crash_a_claim(client, strict_org, sequence):
+def test_strict_extreme_sequence_numbers_never_crash_a_claim(client, strict_org, sequence, db_clock_advance):
     """eventId is the strict position: any accepted 64-bit value must not poison the lane or the worker."""
     assert post_signed(client, [hubspot_event(sequence, 811, 1000, "email", "edge@x.io")]).status_code == 202
     assert post_signed(client, [hubspot_event(1, 813, 1000, "email", "one@x.io")]).status_code == 202
@@ -284,7 +257,7 @@ def test_strict_extreme_sequence_numbers_never_crash_a_claim(client, strict_org,
     edge.refresh_from_db()
     assert edge.state == "waiting_dependency"
     assert ExecutionDependency.objects.filter(execution=edge, state="waiting").count() == 1
-    time.sleep(1.2)
+    db_clock_advance(1.2)
     while dependency_try_expire_one():
         pass
     edge.refresh_from_db()
@@ -314,7 +287,7 @@ def test_duplicate_strict_positions_in_one_batch_apply_each_item_once_in_tie_bre
 def test_concurrent_claimers_on_one_strict_lane_take_one_claim(client, strict_org):
     post_signed(client, [hubspot_event(i, 821, 1000 * i, "email", f"{i}@x.io") for i in range(1, 6)])
     lane = OrderingLane.objects.get()
-    claims, errors = _threads(*[lambda n=n: _claim_in_lane(ORG, ACCOUNT, lane.pk, f"w{n}") for n in range(6)])
+    claims, errors = run_at_once(*[lambda n=n: _claim_in_lane(ORG, ACCOUNT, lane.pk, f"w{n}") for n in range(6)])
     assert not errors, errors
     taken = [c for c in claims if c is not None]
     assert len(taken) == 1
@@ -326,17 +299,17 @@ def test_concurrent_claimers_on_one_strict_lane_take_one_claim(client, strict_or
 
 
 def test_many_expirers_racing_claimers_on_a_skip_gap_resolve_the_dependency_once(
-        client, billing_sandbox, settings, monkeypatch, tmp_path):
+        client, billing_sandbox, settings, monkeypatch, tmp_path, db_clock_advance):
     variant_pack.use_variant(settings, monkeypatch, tmp_path,
                              variant_pack.strict(deadline_seconds=1, disposition="skip"))
     make_serving_org(billing_sandbox.base_url, deploy_flow=False)
     post_signed(client, [hubspot_event(1, 822, 1000), hubspot_event(3, 822, 3000, "email", "three@x.io")])
     _run_all()
     dependency = ExecutionDependency.objects.get()
-    time.sleep(1.2)
+    db_clock_advance(1.2)
     post_signed(client, [hubspot_event(2, 822, 2000, "email", "two@x.io")])
-    _results, errors = _threads(dependency_try_expire_one, dependency_try_expire_one, dependency_try_expire_one,
-                                _run_all, _run_all)
+    _results, errors = run_at_once(dependency_try_expire_one, dependency_try_expire_one, dependency_try_expire_one,
+                                   _run_all, _run_all)
     assert not errors, errors
     _run_all()
     dependency.refresh_from_db()
@@ -362,7 +335,7 @@ def test_order_independent_concurrent_claimers_run_each_execution_exactly_once(
             return done
         return run
 
-    done, errors = _threads(*[worker(n) for n in range(4)])
+    done, errors = run_at_once(*[worker(n) for n in range(4)])
     assert not errors, errors
     assert sum(done) == 20
     assert set(Execution.objects.values_list("state", flat=True)) == {"completed"}
@@ -391,7 +364,7 @@ def test_concurrent_admissions_opening_the_same_window_share_one_open_window(bat
         return lambda: post_signed(Client(), [hubspot_event(100 * n + k, 850 + k, 1000 + k, "email", f"{n}{k}@x.io")
                                               for k in range(5)]).status_code
 
-    statuses, errors = _threads(*[post(n) for n in range(1, 7)])
+    statuses, errors = run_at_once(*[post(n) for n in range(1, 7)])
     assert not errors, errors
     assert statuses == [202] * 6
     window = ProjectionWindow.objects.get()
@@ -409,8 +382,8 @@ def test_seal_racing_admission_of_a_full_window_mints_one_execution_per_window(
         return lambda: post_signed(Client(), [hubspot_event(10 * n + k, 860, 1000 * n + k, "email", f"{n}{k}@x.io")
                                               for k in range(2)]).status_code
 
-    statuses, errors = _threads(post(1), post(2), post(3), window_try_close_one, window_try_close_one,
-                                window_try_close_one)
+    statuses, errors = run_at_once(post(1), post(2), post(3), window_try_close_one, window_try_close_one,
+                                   window_try_close_one)
     assert not errors, errors
     assert statuses[:3] == [202] * 3
     while window_try_close_one():
@@ -558,7 +531,7 @@ def test_tombstone_import_racing_greenfield_activation_and_admission_never_doubl
         cutover_greenfield(org=drained_org)
         return post_signed(Client(), BATCH3).status_code
 
-    results, errors = _threads(do_import, activate_then_post)
+    results, errors = run_at_once(do_import, activate_then_post)
     assert not errors, errors
     key = ReceiptAdmissionKey.objects.get()  # one key either way
     if results[0] == "imported" and key.receipt_id is None:
@@ -652,7 +625,7 @@ def test_concurrent_submissions_of_one_replay_id_converge_on_one_generation(clie
         response = c.post("/api/v2/replays/", body, content_type="application/json")
         return response.status_code, response.json().get("event_ids")
 
-    results, errors = _threads(*[submit] * 5)
+    results, errors = run_at_once(*[submit] * 5)
     assert not errors, errors
     assert sorted(s for s, _ in results) == [200, 200, 200, 200, 201]
     assert len({tuple(ids) for _, ids in results}) == 1
@@ -675,7 +648,7 @@ def test_replay_racing_a_forced_halt_leaves_either_nothing_or_a_resumable_reques
         except NotServing as exc:
             return exc
 
-    results, errors = _threads(submit, lambda: halt_begin(org=org, force=True))
+    results, errors = run_at_once(submit, lambda: halt_begin(org=org, force=True))
     assert not errors, errors
     outcome = results[0]
     rows = (ReplayRequest.objects.count(), Event.objects.filter(event_generation="replay-h").count(),
@@ -735,7 +708,7 @@ def test_stop_and_resume_racing_pollers_never_skip_or_double_an_envelope(stream_
             stream_cursor_set_state(target, state="active")
         return True
 
-    _results, errors = _threads(poll, poll, flap)
+    _results, errors = run_at_once(poll, poll, flap)
     assert not errors, errors
     stream_cursor_set_state(target, state="active")
     while stream_poll_once(target).fetched:
@@ -861,7 +834,7 @@ def _second_serving_org() -> OrgScope:
 
 @pytest.mark.parametrize("variant", ["latest", "independent", "window", "strict"])
 def test_work_of_a_force_halted_org_does_not_starve_another_orgs_workers(client, billing_sandbox, settings,
-                                                                        monkeypatch, tmp_path, variant):
+                                                                        monkeypatch, tmp_path, variant, db_clock_advance):
     from connectors.handoff import halt_begin
 
     mutate = {"latest": None, "independent": variant_pack.independent,
@@ -887,7 +860,7 @@ def test_work_of_a_force_halted_org_does_not_starve_another_orgs_workers(client,
         assert ProjectionWindow.objects.get(org_id=ORG2).state == "sealed"
     elif variant == "strict":
         assert _run_all() == 0
-        time.sleep(1.2)
+        db_clock_advance(1.2)
         assert dependency_try_expire_one() is True
         assert ExecutionDependency.objects.get(org_id=ORG2).state == "expired"
     else:
@@ -929,7 +902,7 @@ def test_a_batch_window_on_a_latest_position_route_never_loses_an_earlier_window
 
 
 def test_a_latest_window_on_a_strict_route_does_not_strand_its_members(client, billing_sandbox, settings,
-                                                                       monkeypatch, tmp_path):
+                                                                       monkeypatch, tmp_path, db_clock_advance):
     from connectors.packs import PackError
 
     try:
@@ -943,7 +916,7 @@ def test_a_latest_window_on_a_strict_route_does_not_strand_its_members(client, b
                                 hubspot_event(3, 893, 3000, "email", "3@x.io")]).status_code == 202
     assert ProjectionWindow.objects.get().state == "sealed"
     _run_all()
-    time.sleep(1.2)
+    db_clock_advance(1.2)
     while dependency_try_expire_one():
         pass
     _run_all()
@@ -1158,8 +1131,8 @@ def test_a_full_window_seals_inside_its_batch_and_the_rest_of_the_batch_opens_su
 def test_overlapping_batch_and_reconciler_on_a_partial_receipt_create_each_event_once(client, org):
     partial = _reserve_only(BATCH3)  # crashed before its children
     overlapping = BATCH3[1:] + [hubspot_event(4, 701, 4000, "lastname", "L")]
-    results, errors = _threads(lambda: post_signed(Client(), overlapping).status_code, receipt_try_reconcile_one,
-                               lambda: post_signed(Client(), BATCH3).status_code)
+    results, errors = run_at_once(lambda: post_signed(Client(), overlapping).status_code, receipt_try_reconcile_one,
+                                  lambda: post_signed(Client(), BATCH3).status_code)
     assert not errors, errors
     assert results[0] == 202 and results[2] == 200
     assert Event.objects.count() == 4 and Event.objects.values("source_event_key").distinct().count() == 4
@@ -1181,7 +1154,7 @@ def test_halt_racing_admissions_never_halts_over_a_partial_receipt(org):
         except HaltRefused as exc:
             return exc
 
-    results, errors = _threads(post(1), post(2), post(3), halt)
+    results, errors = run_at_once(post(1), post(2), post(3), halt)
     assert not errors, errors
     assert all(s in (202, 503) for s in results[:3]), results
     for receipt in Receipt.objects.all():  # every Receipt is complete, or the gate still waits for it

@@ -38,21 +38,21 @@ from connectors.packs import PackError
 from connectors.secret_store import secret_path
 from connectors.store import RemoteEffectStore
 from nexusflow.kernel.errors import NexusError, StaleVersion
-from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
-from nexusflow.records.services import record_create, record_lock, record_update
+from nexusflow.kernel.scope import OrgScope
+from nexusflow.records.services import record_lock
 from runtime_outbox.models import IntentResultReceipt, OutboundCommand, OutboxMessage
 from runtime_outbox.services import (
     SuccessorRefused,
-    outbound_command_author,
     outbound_command_author_successor,
     outbox_try_deliver_one,
 )
 from tests.concurrency import Worker, wait_until_blocked_on
 from tests.conftest import ORG, ROOT, SECRET_VERSION, drain, make_serving_org, run_manage, subprocess_env
+from tests.kits.outbound import author, zero_backoff
+from tests.kits.records import customer_contact
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 
-SCOPE = TrustedRuntimeWorkScope(ORG, "core", "flow-runtime", "test-binding")
 OTHER_ORG = "other-org"
 EFFECT_TABLE = "connectors_remoteeffect"
 RECORD_TABLE = "records_record"
@@ -64,34 +64,11 @@ def org(billing_sandbox) -> OrgScope:
 
 
 # --- helpers ---------------------------------------------------------------------------------------------
-def _contact(email: str = "ann@x.io"):
-    with transaction.atomic():
-        return record_create(org=OrgScope(ORG), object_name="Contact",
-                             values={"email": email, "firstname": email.split("@")[0].title(),
-                                     "lifecyclestage": "customer"})
-
-
-def _author(record_key: str, root: str, slot: str = "push", **changes) -> OutboundCommand:
-    with transaction.atomic():
-        record = record_lock(org=OrgScope(ORG), object_name="Contact", record_key=record_key)
-        if changes:
-            record_update(org=OrgScope(ORG), record=record, changes=changes)
-        return outbound_command_author(scope=SCOPE, effect_root_id=root, effect_slot_id=slot,
-                                       effect_generation_id="1", contract_key="billing.customer", record=record,
-                                       origin_flow_run_id=None)
-
-
 def _push(email: str = "ann@x.io") -> OutboundCommand:
-    record = _contact(email)
-    command = _author(record.record_key, "root-" + record.record_key)
+    record = customer_contact(email)
+    command = author(record.record_key, "push", root="root-" + record.record_key)
     assert outbox_try_deliver_one()
     return command
-
-
-def _zero_backoff() -> None:
-    with connection.cursor() as cursor:
-        cursor.execute("UPDATE connectors_remoteeffect SET next_attempt_at = NULL")
-        cursor.execute("UPDATE runtime_outbox_outboxmessage SET next_attempt_at = NULL")
 
 
 def _credential_gate() -> CredentialGenerationDispatchGate:
@@ -137,9 +114,9 @@ def test_a_late_delivered_earlier_version_never_dispatches_beside_an_in_flight_c
     version's effect arrives afterwards with a lower lane_sequence. It must wait for the
     in-flight create and then follow as an update, never send a second create.
     """
-    record = _contact("lee@x.io")
-    first = _author(record.record_key, "root-a")
-    second = _author(record.record_key, "root-b", email="lee@new.io")
+    record = customer_contact("lee@x.io")
+    first = author(record.record_key, "push", root="root-a")
+    second = author(record.record_key, "push", root="root-b", email="lee@new.io")
     assert first.source_record_version < second.source_record_version and first.link_key == second.link_key
 
     import connectors.outbound as outbound
@@ -162,7 +139,7 @@ def test_a_late_delivered_earlier_version_never_dispatches_beside_an_in_flight_c
     assert grant is not None and grant.effect_id == late.pk
     assert RemoteEffectAttempt.objects.get(pk=grant.attempt_id).operation == "create"
 
-    _zero_backoff()
+    zero_backoff(outbox=True)
     assert outbox_try_deliver_one()  # now the earlier version's effect exists, with a lower lane_sequence
     early = RemoteEffect.objects.get(command=first)
     assert early.lane_sequence < late.lane_sequence and early.state == "prepared"
@@ -172,7 +149,7 @@ def test_a_late_delivered_earlier_version_never_dispatches_beside_an_in_flight_c
 
     response = egress.permit_send(grant)
     assert egress.permit_settle(grant, response) == "remote_confirmed"
-    _zero_backoff()
+    zero_backoff(outbox=True)
     drain()
     customers = billing_sandbox.state()["customers"]
     assert [c["create_requests"] for c in customers] == [1], customers
@@ -186,16 +163,16 @@ def test_a_late_delivered_earlier_version_never_dispatches_beside_an_in_flight_c
 
 
 def test_a_late_delivered_earlier_version_does_not_overwrite_newer_remote_values(org, billing_sandbox):
-    record = _contact("old@x.io")
-    first = _author(record.record_key, "root-a")
-    second = _author(record.record_key, "root-b", email="new@x.io")
+    record = customer_contact("old@x.io")
+    first = author(record.record_key, "push", root="root-a")
+    second = author(record.record_key, "push", root="root-b", email="new@x.io")
     with connection.cursor() as cursor:  # the first message's delivery failed once and backs off
         cursor.execute("UPDATE runtime_outbox_outboxmessage SET next_attempt_at = NOW() + INTERVAL 1 HOUR "
                        "WHERE command_id = %s", [first.pk])
     assert outbox_try_deliver_one()
     assert egress.effect_try_dispatch_one(worker_id="w1")
     assert RemoteEffect.objects.get(command=second).state == "remote_confirmed"
-    _zero_backoff()
+    zero_backoff(outbox=True)
     drain()
     [customer] = billing_sandbox.state()["customers"]
     assert customer["email"] == "new@x.io", "the remote now holds the older record version"
@@ -231,7 +208,7 @@ def test_a_2xx_create_with_an_unlinkable_id_is_parked_for_an_operator(org, billi
         held = RemoteLink.objects.get(remote_id=taken)
         assert (held.state, held.reason_code) == ("suspended_drift", reasons.REMOTE_LOCATOR_CONFLICT)
     # Parked for an operator: the reconciler never repeats it on its own.
-    _zero_backoff()
+    zero_backoff(outbox=True)
     assert not egress.effect_try_reconcile_one()
     assert RemoteEffect.objects.get(pk=effect.pk).state == "uncertain"
 
@@ -396,7 +373,7 @@ def test_operator_confirmation_of_an_uncertain_update_must_name_the_linked_id(or
     first = _push("upd@x.io")
     drain()
     [customer] = billing_sandbox.state()["customers"]
-    update = _author(first.source_record_key, "root-update", email="upd@new.io")
+    update = author(first.source_record_key, "push", root="root-update", email="upd@new.io")
     assert outbox_try_deliver_one()
     billing_sandbox.set_faults(drop_response_after_commit=1)
     assert egress.effect_try_dispatch_one(worker_id="w1")
@@ -480,7 +457,7 @@ def test_credential_revoke_reenable_storm_never_lets_a_stale_fence_send(org, bil
     assert toggler.error is None and toggler.result is True
     assert not errors and all(w.error is None for w in workers), errors
     billing_sandbox.set_faults(delay_seconds=0)
-    _zero_backoff()
+    zero_backoff(outbox=True)
     drain()
 
     assert _credential_gate().state == "enabled"
@@ -553,7 +530,7 @@ def test_eight_threads_presenting_one_grant_cross_the_boundary_once(org, billing
 
 def test_operator_no_effect_racing_the_exact_repeat_reconciler_decides_once(org, billing_sandbox):
     effect = _uncertain(billing_sandbox)
-    _zero_backoff()
+    zero_backoff(outbox=True)
     reconciler = Worker(egress.effect_try_reconcile_one, "reconciler")
     operator = Worker(lambda: effect_reconcile(org_id=ORG, effect_id=effect.pk, outcome="no_effect", actor="ops",
                                                note="provider says nothing happened"), "operator")

@@ -32,18 +32,18 @@ from connectors.models import (
 )
 from connectors.pushlink_ops import link_rebind, link_retire
 from connectors.revalidation import Applied, revalidation_apply, revalidation_draft
-from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
-from nexusflow.records.services import record_create, record_lock, record_update
+from nexusflow.kernel.scope import OrgScope
 from runtime_outbox.models import OutboundCommand
-from runtime_outbox.services import outbound_command_author, outbox_try_deliver_one
+from runtime_outbox.services import outbox_try_deliver_one
 from tests.concurrency import Worker, wait_until_blocked_on
 from tests.conftest import ORG, ROOT, drain, make_serving_org, subprocess_env
 from tests.connectors import push_helpers
 from tests.connectors.push_helpers import BILLING, BILLING_ACCOUNT, contract_of
+from tests.kits.outbound import author
+from tests.kits.records import customer_contact
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 
-SCOPE = TrustedRuntimeWorkScope(ORG, "core", "flow-runtime", "test-binding")
 CONTRACT = "billing.customer"
 LINK_TABLE = "connectors_remotelink"
 
@@ -56,36 +56,15 @@ def org(billing_sandbox) -> OrgScope:
 
 
 # --- helpers ------------------------------------------------------------------------------------------------
-_slots = iter(range(1, 100_000))
-
-
-def _contact(email: str = "ann@x.io") -> str:
-    with transaction.atomic():
-        return record_create(org=OrgScope(ORG), object_name="Contact",
-                             values={"email": email, "firstname": "Ann", "lastname": "Lee",
-                                     "lifecyclestage": "customer"}).record_key
-
-
-def _author(record_key: str, **changes) -> OutboundCommand:
-    """One record save that pushes to billing: change the record and author its intent (not delivered)."""
-    with transaction.atomic():
-        record = record_lock(org=OrgScope(ORG), object_name="Contact", record_key=record_key)
-        if changes:
-            record_update(org=OrgScope(ORG), record=record, changes=changes)
-        return outbound_command_author(scope=SCOPE, effect_root_id="root-" + record_key,
-                                       effect_slot_id=f"push-{next(_slots)}", effect_generation_id="1",
-                                       contract_key=CONTRACT, record=record, origin_flow_run_id=None)
-
-
 def _save(record_key: str, **changes) -> OutboundCommand:
     """A save whose intent is delivered: its RemoteEffect is ``prepared``."""
-    command = _author(record_key, **changes)
+    command = author(record_key, **changes)
     assert outbox_try_deliver_one()
     return command
 
 
 def _linked(email: str = "ann@x.io") -> tuple[str, RemoteLink]:
-    key = _contact(email)
+    key = customer_contact(email, firstname="Ann", lastname="Lee").record_key
     command = _save(key)
     drain()
     return key, RemoteLink.objects.get(org_id=ORG, link_key=command.link_key)
@@ -183,7 +162,7 @@ def test_a_retire_racing_a_patch_grant_never_leaves_a_patch_in_flight_through_th
     the retire then ends.
     """
     key, link = _linked()
-    command = _author(key, lastname="Park")  # authored before, delivered after the retire locked the key's effects
+    command = author(key, lastname="Park")  # authored before, delivered after the retire locked the key's effects
     row = RowLock(RemoteLink, link.pk)  # the retire queues behind this lock, after its effect locks
     retire = Worker(lambda: link_retire(org_id=ORG, link_key=link.link_key, actor="ops", reason="merged"), "retire")
     retire.start()
@@ -401,8 +380,8 @@ def test_an_operator_confirmed_update_supersedes_a_late_delivered_older_version(
     provider confirmed directly.
     """
     key, link = _linked("late@x.io")
-    older = _author(key, lastname="Older")
-    newer = _author(key, lastname="Newer")
+    older = author(key, lastname="Older")
+    newer = author(key, lastname="Newer")
     with connection.cursor() as cursor:  # the older version's delivery failed once and backs off
         cursor.execute("UPDATE runtime_outbox_outboxmessage SET next_attempt_at = NOW() + INTERVAL 1 HOUR "
                        "WHERE command_id = %s", [older.pk])
@@ -544,7 +523,7 @@ def test_a_create_whose_first_post_was_ambiguous_is_never_proven_no_effect_by_re
     """
     from runtime_outbox.services import SuccessorRefused, outbound_command_author_successor
 
-    key = _contact("ambiguous@x.io")
+    key = customer_contact("ambiguous@x.io", firstname="Ann", lastname="Lee").record_key
     command = _save(key)
     billing_sandbox.set_faults(drop_response_after_commit=1)
     assert egress.effect_try_dispatch_one(worker_id="w1")

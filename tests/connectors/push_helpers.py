@@ -23,7 +23,7 @@ from typing import Callable
 
 import pytest
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 
 from connectors import reasons
 from connectors.effects import effect_reconcile
@@ -46,16 +46,17 @@ from connectors.models import (
     ServingEpoch,
 )
 from connectors.serving import epoch_prepare, epoch_verify, service_configuration_apply
-from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
+from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.models import Record
-from nexusflow.records.services import record_create, record_lock, record_update
+from nexusflow.records.services import record_lock, record_update
 from nexusflow.records.store import RecordStore
 from packs.hubspot.crm_sandbox import CONTACTS_PATH
 from runtime_outbox.models import OutboundCommand
 from runtime_outbox.services import outbound_command_author, outbox_try_deliver_one
 from tests.conftest import HUBSPOT_ACCOUNT, ORG, drain, make_serving_org, service_document
+from tests.kits.outbound import SCOPE, zero_backoff
+from tests.kits.records import customer_contact
 
-SCOPE = TrustedRuntimeWorkScope(ORG, "core", "flow-runtime", "test-binding")
 HUBSPOT = "hubspot.contact"
 BILLING = "billing.customer"
 BILLING_ACCOUNT = "billing-main"
@@ -117,11 +118,9 @@ def _bundled(pack_key: str) -> dict:
 
 # --- records and saves ---------------------------------------------------------------------------------
 def contact(email: str = "ann@x.io", **fields) -> Record:
-    """Create a Contact (no after-save Flow is deployed: pushes are authored by :func:`save`)."""
-    values = {"email": email, "firstname": email.split("@")[0].title(), "lastname": "Lee",
-              "lifecyclestage": "customer", **fields}
-    with transaction.atomic():
-        return record_create(org=OrgScope(ORG), object_name="Contact", values=values)
+    """Create a customer Contact Ann-style (last name ``Lee``; no after-save Flow is deployed: pushes are
+    authored by :func:`save`)."""
+    return customer_contact(email, **{"lastname": "Lee", **fields})
 
 
 def save(record: Record | str, *, contract: str = HUBSPOT, origin: dict | None = None, deliver: bool = True,
@@ -167,12 +166,6 @@ def effect_of(command: OutboundCommand) -> RemoteEffect:
 def dispatch_one(worker_id: str = "t", client=None) -> None:
     """Grant, send and settle exactly one effect (no finalization)."""
     assert effect_try_dispatch_one(worker_id=worker_id, client=client) is True
-
-
-def zero_backoff() -> None:
-    """Make every backed-off effect due now (the database clock decides due-ness)."""
-    with connection.cursor() as cursor:
-        cursor.execute("UPDATE connectors_remoteeffect SET next_attempt_at = NULL")
 
 
 def push_link(record: Record, contract: str = HUBSPOT) -> RemoteLink:

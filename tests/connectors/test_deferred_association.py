@@ -26,20 +26,21 @@ from connectors.models import DispatchPermit, RemoteEffect, RemoteEffectAttempt,
 from connectors.outbound import PushContractError, proven_no_effect
 from connectors.store import RemoteLinkStore
 from nexusflow.kernel.models import insert
-from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
+from nexusflow.kernel.scope import OrgScope
 from nexusflow.kernel.workers import units_for
 from nexusflow.records.metadata import InvalidFieldValue, load_view
 from nexusflow.records.models import Record
-from nexusflow.records.services import record_create, record_delete, record_lock, record_update
+from nexusflow.records.services import record_delete, record_lock, record_update
 from nexusflow.records.store import RecordStore
 from packs.hubspot.crm_sandbox import COMPANIES_PATH, CONTACTS_PATH
 from runtime_outbox.models import IntentResultReceipt, OutboundCommand
-from runtime_outbox.services import outbound_command_author, outbox_try_deliver_one
+from runtime_outbox.services import outbox_try_deliver_one
 from tests.conftest import ORG, make_serving_org, run_manage, subprocess_env
+from tests.kits.outbound import author, zero_backoff
+from tests.kits.records import contact_of, create_record
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 
-SCOPE = TrustedRuntimeWorkScope(ORG, "core", "flow-runtime", "test-binding")
 CONTACT, COMPANY = "hubspot.contact", "hubspot.company"
 DEFERRED, CONFIGURED = ("deferred_association",), ("configured",)
 ASSOCIATION_TYPE = {"associationCategory": "HUBSPOT_DEFINED", "associationTypeId": 279}
@@ -51,29 +52,8 @@ def org(billing_sandbox, hubspot_crm_sandbox) -> OrgScope:
 
 
 # --- helpers ------------------------------------------------------------------------------------------------
-def _record(object_name: str, **values) -> Record:
-    with transaction.atomic():
-        return record_create(org=OrgScope(ORG), object_name=object_name, values=values)
-
-
 def _account(name: str) -> Record:
-    return _record("Account", name=name, domain=f"{name.lower()}.io")
-
-
-def _contact(email: str, account: Record | None) -> Record:
-    return _record("Contact", email=email, firstname=email.split("@")[0].title(),
-                   account_id=account.record_key if account is not None else None)
-
-
-def _author(record: Record, contract: str, slot: str = "push-1", **changes) -> OutboundCommand:
-    """Save ``changes`` (if any) and author the push intent in the same application transaction."""
-    with transaction.atomic():
-        locked = record_lock(org=OrgScope(ORG), object_name=record.object_name, record_key=record.record_key)
-        if changes:
-            record_update(org=OrgScope(ORG), record=locked, changes=changes)
-        return outbound_command_author(scope=SCOPE, effect_root_id=f"root-{contract}-{record.record_key}",
-                                       effect_slot_id=slot, effect_generation_id="1", contract_key=contract,
-                                       record=locked, origin_flow_run_id=None)
+    return create_record("Account", name=name, domain=f"{name.lower()}.io")
 
 
 def _save(record: Record, **changes) -> None:
@@ -86,11 +66,6 @@ def _save(record: Record, **changes) -> None:
 def _deliver() -> None:
     while outbox_try_deliver_one():
         pass
-
-
-def _zero_backoff() -> None:
-    with connection.cursor() as cursor:
-        cursor.execute("UPDATE connectors_remoteeffect SET next_attempt_at = NULL")
 
 
 def _work(lanes: tuple[str, ...]) -> int:
@@ -109,7 +84,7 @@ def _work(lanes: tuple[str, ...]) -> int:
 
 def _push_company(account: Record, slot: str = "push-1") -> str:
     """Push ``account`` through the configured lane to ``finalized``; return the company id."""
-    command = _author(account, COMPANY, slot)
+    command = author(account, slot, contract=COMPANY)
     _deliver()
     _work(CONFIGURED)
     effect = RemoteEffect.objects.get(command=command)
@@ -144,8 +119,8 @@ def _refused_before_post(effect: RemoteEffect, reason: str) -> None:
 def test_a_contact_saved_before_its_company_waits_in_the_deferred_lane_and_associates_the_frozen_target(
         org, hubspot_crm_sandbox):
     acme, other = _account("Acme"), _account("Other")
-    contact = _contact("ann@x.io", acme)
-    command = _author(contact, CONTACT)
+    contact = contact_of("ann@x.io", account_id=acme.record_key)
+    command = author(contact, "push-1", contract=CONTACT)
     binding = command.frozen_binding
     assert (binding["dispatch_lane"], binding["associations"]) == ("deferred_association", [acme.record_key])
     assert "account_id" in binding["authority"]["allowed_fields"]
@@ -171,7 +146,7 @@ def test_a_contact_saved_before_its_company_waits_in_the_deferred_lane_and_assoc
     company = _push_company(acme)
     other_company = _push_company(other)
     assert egress.effect_try_dispatch_one(worker_id="t", lanes=CONFIGURED) is False
-    _zero_backoff()
+    zero_backoff()
     _work(DEFERRED)
 
     effect.refresh_from_db()
@@ -191,8 +166,8 @@ def test_a_contact_saved_before_its_company_waits_in_the_deferred_lane_and_assoc
 def test_a_contact_whose_company_is_linked_or_blank_stays_configured(org, hubspot_crm_sandbox):
     acme = _account("Acme")
     company = _push_company(acme)
-    linked = _author(_contact("ann@x.io", acme), CONTACT)
-    blank = _author(_contact("bo@x.io", None), CONTACT)
+    linked = author(contact_of("ann@x.io", account_id=acme.record_key), "push-1", contract=CONTACT)
+    blank = author(contact_of("bo@x.io", account_id=None), "push-1", contract=CONTACT)
     assert (linked.frozen_binding["dispatch_lane"], linked.frozen_binding["associations"]) == (
         "configured", [acme.record_key])
     assert (blank.frozen_binding["dispatch_lane"], blank.frozen_binding["associations"]) == ("configured", [""])
@@ -226,14 +201,14 @@ def test_an_update_only_target_without_a_finalized_link_fails_admission(settings
     _serve_variant_pack(settings, monkeypatch, tmp_path, "update_only")
     make_serving_org(billing_sandbox.base_url, deploy_flow=False, hubspot_url=hubspot_crm_sandbox.base_url)
     acme = _account("Acme")
-    contact = _contact("ann@x.io", acme)
+    contact = contact_of("ann@x.io", account_id=acme.record_key)
     with pytest.raises(PushContractError) as refused:
-        _author(contact, CONTACT)
+        author(contact, "push-1", contract=CONTACT)
     assert refused.value.code == "association_target_not_linked"
     assert not OutboundCommand.objects.filter(contract_key=CONTACT).exists()  # the whole save rolled back
 
     company = _push_company(acme)
-    command = _author(contact, CONTACT)
+    command = author(contact, "push-1", contract=CONTACT)
     assert (command.frozen_binding["dispatch_lane"], command.frozen_binding["associations"]) == (
         "configured", [acme.record_key])
     _deliver()
@@ -244,15 +219,15 @@ def test_an_update_only_target_without_a_finalized_link_fails_admission(settings
 
 def test_an_association_to_a_missing_record_fails_admission(org, hubspot_crm_sandbox):
     acme = _account("Acme")
-    contact = _contact("ann@x.io", acme)
+    contact = contact_of("ann@x.io", account_id=acme.record_key)
     with transaction.atomic():
         record_delete(org=OrgScope(ORG), record=record_lock(org=OrgScope(ORG), object_name="Account",
                                                              record_key=acme.record_key))
     with pytest.raises(PushContractError) as refused:
-        _author(contact, CONTACT)
+        author(contact, "push-1", contract=CONTACT)
     assert refused.value.code == "association_target_missing"
     with pytest.raises(InvalidFieldValue):
-        _record("Contact", email="x@x.io", account_id=" " + acme.record_key)  # a lookup holds a canonical key
+        create_record("Contact", email="x@x.io", account_id=" " + acme.record_key)  # a lookup holds a canonical key
     assert not OutboundCommand.objects.exists() and hubspot_crm_sandbox.state()["requests"] == 0
 
 
@@ -300,11 +275,11 @@ def test_pack_publication_refuses_an_invalid_association_block(change):
 # --- fail closed at grant --------------------------------------------------------------------------------------
 def test_a_deferred_effect_without_its_frozen_vector_fails_closed(org, hubspot_crm_sandbox):
     acme = _account("Acme")
-    command = _author(_contact("ann@x.io", acme), CONTACT)
+    command = author(contact_of("ann@x.io", account_id=acme.record_key), "push-1", contract=CONTACT)
     _drop_frozen_vector(command)
     _deliver()
     _push_company(acme)
-    _zero_backoff()
+    zero_backoff()
     _work(DEFERRED)
     _refused_before_post(_effect(command), reasons.ASSOCIATION_SNAPSHOT_MISSING)
     assert _contact_posts(hubspot_crm_sandbox) == 0
@@ -315,8 +290,8 @@ def test_a_historical_configured_create_with_an_empty_vector_reads_the_lookup_on
     """The documented compatibility exception: only a ``configured`` create authored before the vector existed."""
     acme, other, later = _account("Acme"), _account("Other"), _account("Later")
     _push_company(acme)
-    contact = _contact("ann@x.io", acme)
-    command = _author(contact, CONTACT)
+    contact = contact_of("ann@x.io", account_id=acme.record_key)
+    command = author(contact, "push-1", contract=CONTACT)
     assert command.frozen_binding["dispatch_lane"] == "configured"
     _drop_frozen_vector(command)
     _deliver()
@@ -327,7 +302,7 @@ def test_a_historical_configured_create_with_an_empty_vector_reads_the_lookup_on
     # It names a linked one by the time the create is granted: that one is associated.
     _save(contact, account_id=other.record_key)
     other_company = _push_company(other)
-    _zero_backoff()
+    zero_backoff()
     _work(CONFIGURED)
     assert _effect(command).state == "finalized"
     [remote] = hubspot_crm_sandbox.state()["contacts"]
@@ -338,15 +313,15 @@ def test_a_retried_create_reuses_the_association_body_frozen_on_its_first_attemp
     """Even the historical live lookup is read once: a later Attempt never re-reads the lookup field."""
     acme, other = _account("Acme"), _account("Other")
     company, _other_company = _push_company(acme), _push_company(other)
-    contact = _contact("ann@x.io", acme)
-    command = _author(contact, CONTACT)
+    contact = contact_of("ann@x.io", account_id=acme.record_key)
+    command = author(contact, "push-1", contract=CONTACT)
     _drop_frozen_vector(command)
     _deliver()
     hubspot_crm_sandbox.set_faults(fail_before_commit={"status": 429, "count": 1})
     assert egress.effect_try_dispatch_one(worker_id="t", lanes=CONFIGURED) is True
     assert _effect(command).state == "prepared"  # 429: proven not performed, another Attempt may follow
     _save(contact, account_id=other.record_key)
-    _zero_backoff()
+    zero_backoff()
     _work(CONFIGURED)
     first, second = RemoteEffectAttempt.objects.filter(effect__command=command).order_by("attempt_number")
     assert (first.state, second.state) == ("no_effect", "confirmed")
@@ -358,11 +333,11 @@ def test_a_retried_create_reuses_the_association_body_frozen_on_its_first_attemp
 @pytest.mark.parametrize("how", ["target_record_deleted", "target_link_suspended_drift", "target_create_failed"])
 def test_a_target_that_can_never_resolve_quarantines_the_deferred_create(org, hubspot_crm_sandbox, how):
     acme = _account("Acme")
-    command = _author(_contact("ann@x.io", acme), CONTACT)
+    command = author(contact_of("ann@x.io", account_id=acme.record_key), "push-1", contract=CONTACT)
     _deliver()
     if how == "target_create_failed":
         # The company's own create is refused for good (it keeps its slot until an operator supersedes it).
-        company = _author(acme, COMPANY)
+        company = author(acme, "push-1", contract=COMPANY)
         _deliver()
         refusal = httpx.Client(transport=httpx.MockTransport(lambda request: httpx.Response(
             400, json={"status": "error", "category": "VALIDATION_ERROR"})))
@@ -380,7 +355,7 @@ def test_a_target_that_can_never_resolve_quarantines_the_deferred_create(org, hu
             locked = RemoteLinkStore.lock(ORG, link.pk)
             RemoteLinkStore.transition(org_id=ORG, pk=link.pk, src="active", dst="suspended_drift",
                                        version=locked.version, set_fields={"reason_code": reasons.LINK_DRIFT})
-    _zero_backoff()
+    zero_backoff()
     _work(DEFERRED)
     effect = _effect(command)
     _refused_before_post(effect, reasons.ASSOCIATION_TARGET_UNRESOLVED)
@@ -392,14 +367,14 @@ def test_a_target_that_can_never_resolve_quarantines_the_deferred_create(org, hu
 
 def test_a_deferred_create_whose_source_is_deleted_while_it_waits_never_posts(org, hubspot_crm_sandbox):
     acme = _account("Acme")
-    contact = _contact("ann@x.io", acme)
-    command = _author(contact, CONTACT)
+    contact = contact_of("ann@x.io", account_id=acme.record_key)
+    command = author(contact, "push-1", contract=CONTACT)
     _deliver()
     assert egress.effect_try_dispatch_one(worker_id="t", lanes=DEFERRED) is False
     with transaction.atomic():  # a deletion without the lifecycle hooks (the intent is still pending)
         RecordStore.soft_delete(record_lock(org=OrgScope(ORG), object_name="Contact", record_key=contact.record_key))
     _push_company(acme)
-    _zero_backoff()
+    zero_backoff()
     _work(DEFERRED)
     _refused_before_post(_effect(command), reasons.SOURCE_DELETED_BEFORE_POST)
     assert _contact_posts(hubspot_crm_sandbox) == 0
@@ -409,12 +384,12 @@ def test_a_deferred_create_whose_source_is_deleted_while_it_waits_never_posts(or
 def test_a_later_save_authors_an_intent_that_waits_behind_the_deferred_create_and_follows_as_a_patch(
         org, hubspot_crm_sandbox):
     acme = _account("Acme")
-    contact = _contact("ann@x.io", acme)
-    create = _author(contact, CONTACT, "push-1")
+    contact = contact_of("ann@x.io", account_id=acme.record_key)
+    create = author(contact, "push-1", contract=CONTACT)
     _deliver()
     assert egress.effect_try_dispatch_one(worker_id="t", lanes=DEFERRED) is False  # waiting for the company
     pending = _effect(create)
-    follow_up = _author(contact, CONTACT, "push-2", lastname="Lee")
+    follow_up = author(contact, "push-2", contract=CONTACT, lastname="Lee")
     _deliver()
     pending_after = _effect(create)
     # The request thread neither recovered, moved nor called out for the pending create.
@@ -425,14 +400,14 @@ def test_a_later_save_authors_an_intent_that_waits_behind_the_deferred_create_an
     assert hubspot_crm_sandbox.state()["requests"] == 0
 
     company = _push_company(acme)
-    _zero_backoff()
+    zero_backoff()
     # Head of lane: the follow-up is never granted before the create, whatever lane it is in.
     grant = egress.permit_try_grant_one(worker_id="t", lanes=("configured", "deferred_association"))
     assert grant.effect_id == pending.pk
     assert egress.permit_try_grant_one(worker_id="t", lanes=("configured", "deferred_association")) is None
     response = egress.permit_send(grant)
     assert egress.permit_settle(grant, response) == "remote_confirmed"
-    _zero_backoff()
+    zero_backoff()
     _work(("configured", "deferred_association"))
     assert set(RemoteEffect.objects.filter(contract_key=CONTACT).values_list("state", flat=True)) == {"finalized"}
     [remote] = hubspot_crm_sandbox.state()["contacts"]
@@ -467,8 +442,8 @@ def test_the_deferred_role_recovers_and_finalizes_only_its_lane_and_an_unknown_l
         org, hubspot_crm_sandbox):
     deferred_units, general_units = _units("egress-deferred"), _units("egress")
     acme, other = _account("Acme"), _account("Other")
-    contact = _author(_contact("ann@x.io", acme), CONTACT)
-    company = _author(acme, COMPANY)
+    contact = author(contact_of("ann@x.io", account_id=acme.record_key), "push-1", contract=CONTACT)
+    company = author(acme, "push-1", contract=COMPANY)
     _deliver()
     # A configured Permit whose holder died before I/O: only a claimant of its lane recovers it.
     grant = egress.permit_try_grant_one(worker_id=_dead_holder(), lanes=CONFIGURED)
@@ -478,19 +453,19 @@ def test_the_deferred_role_recovers_and_finalizes_only_its_lane_and_an_unknown_l
     assert general_units["permit.abandon"]() is True
     assert (DispatchPermit.objects.get(pk=grant.permit_id).state, _effect(company).state) == ("abandoned", "prepared")
     # A configured writeback: the deferred role never finalizes it.
-    _zero_backoff()
+    zero_backoff()
     assert egress.effect_try_dispatch_one(worker_id="t", lanes=CONFIGURED) is True
     assert _effect(company).state == "remote_confirmed"
     assert deferred_units["effect.finalize"]() is False
     assert general_units["effect.finalize"]() is True and _effect(company).state == "finalized"
     # A deferred Permit whose holder died before I/O: the deferred role recovers it.
-    _zero_backoff()
+    zero_backoff()
     deferred = egress.permit_try_grant_one(worker_id=_dead_holder(), lanes=DEFERRED)
     assert deferred.effect_id == _effect(contact).pk
     assert deferred_units["permit.abandon"]() is True
     assert _effect(contact).state == "prepared"
     # A row of a lane this release does not know is never claimed, recovered or finalized.
-    unknown = _author(other, COMPANY)
+    unknown = author(other, "push-1", contract=COMPANY)
     _deliver()
     stranger = egress.permit_try_grant_one(worker_id=_dead_holder(), lanes=CONFIGURED)
     assert stranger.effect_id == _effect(unknown).pk
@@ -501,7 +476,7 @@ def test_the_deferred_role_recovers_and_finalizes_only_its_lane_and_an_unknown_l
         assert units["permit.abandon"]() is False
     assert DispatchPermit.objects.get(pk=stranger.permit_id).state == "granted"
     assert _effect(unknown).state == "dispatching"
-    _zero_backoff()
+    zero_backoff()
     _work(DEFERRED)
     assert _effect(contact).state == "finalized"
     assert [row["create_requests"] for row in hubspot_crm_sandbox.state()["contacts"]] == [1]
@@ -517,8 +492,8 @@ def test_the_deferred_role_recovers_and_finalizes_only_its_lane_and_an_unknown_l
 def test_a_killed_deferred_worker_recovers_its_orphaned_create_only_through_the_effect_machine(
         org, hubspot_crm_sandbox, failpoint, permit_state, effect_after, attempts_after, posts_after):
     acme = _account("Acme")
-    contact = _contact("ann@x.io", acme)
-    command = _author(contact, CONTACT)
+    contact = contact_of("ann@x.io", account_id=acme.record_key)
+    command = author(contact, "push-1", contract=CONTACT)
     _deliver()
     company = _push_company(acme)
     _save(contact, account_id="")  # the lookup is cleared after the save; the frozen vector still names Acme

@@ -2,7 +2,7 @@
 import threading
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 
 from connectors.egress import (
     effect_try_dispatch_one,
@@ -11,15 +11,13 @@ from connectors.egress import (
 )
 from connectors.models import DispatchPermit, RemoteEffect, RemoteEffectAttempt, RemoteLink
 from connectors.outbound import remote_effect_accept
-from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
-from nexusflow.records.services import record_create, record_lock, record_update
 from runtime_outbox.models import IntentResultReceipt, OutboundCommand
-from runtime_outbox.services import outbound_command_author, outbox_try_deliver_one
-from tests.conftest import ORG, drain, make_serving_org
+from runtime_outbox.services import outbox_try_deliver_one
+from tests.conftest import drain, make_serving_org
+from tests.kits.outbound import author, zero_backoff
+from tests.kits.records import create_contact
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
-
-SCOPE = TrustedRuntimeWorkScope(ORG, "core", "flow-runtime", "test-binding")
 
 
 @pytest.fixture
@@ -27,29 +25,9 @@ def org(billing_sandbox):
     return make_serving_org(billing_sandbox.base_url, deploy_flow=False)
 
 
-def _contact(**fields):
-    with transaction.atomic():
-        return record_create(org=OrgScope(ORG), object_name="Contact", values=fields)
-
-
-def _author(record_key, slot, **changes):
-    with transaction.atomic():
-        record = record_lock(org=OrgScope(ORG), object_name="Contact", record_key=record_key)
-        if changes:
-            record_update(org=OrgScope(ORG), record=record, changes=changes)
-        return outbound_command_author(scope=SCOPE, effect_root_id="root-" + record_key, effect_slot_id=slot,
-                                       effect_generation_id="1", contract_key="billing.customer", record=record,
-                                       origin_flow_run_id=None)
-
-
-def _zero_backoff():
-    with connection.cursor() as cursor:
-        cursor.execute("UPDATE connectors_remoteeffect SET next_attempt_at = NULL")
-
-
 def test_first_push_creates_then_later_pushes_update_through_the_link(org, billing_sandbox):
-    contact = _contact(email="ann@x.io", firstname="Ann", lastname="Lee", lifecyclestage="customer")
-    _author(contact.record_key, "push-1")
+    contact = create_contact(email="ann@x.io", firstname="Ann", lastname="Lee", lifecyclestage="customer")
+    author(contact.record_key, "push-1")
     drain()
     customers = billing_sandbox.state()["customers"]
     assert [(c["email"], c["name"], c["create_requests"]) for c in customers] == [("ann@x.io", "Ann Lee", 1)]
@@ -57,7 +35,7 @@ def test_first_push_creates_then_later_pushes_update_through_the_link(org, billi
     assert link.remote_id == customers[0]["id"] and link.state == "active"
     contact.refresh_from_db()
     assert contact.mirrors["billing_id"] == link.remote_id
-    _author(contact.record_key, "push-2", lastname="Lee-Park")
+    author(contact.record_key, "push-2", lastname="Lee-Park")
     drain()
     customers = billing_sandbox.state()["customers"]
     assert len(customers) == 1
@@ -67,9 +45,9 @@ def test_first_push_creates_then_later_pushes_update_through_the_link(org, billi
 
 
 def test_change_saved_while_create_in_flight_follows_as_update(org, billing_sandbox):
-    contact = _contact(email="bo@x.io", firstname="Bo", lifecyclestage="customer")
-    _author(contact.record_key, "push-1")
-    _author(contact.record_key, "push-2", email="bo@new.io")
+    contact = create_contact(email="bo@x.io", firstname="Bo", lifecyclestage="customer")
+    author(contact.record_key, "push-1")
+    author(contact.record_key, "push-2", email="bo@new.io")
     outbox_try_deliver_one()
     outbox_try_deliver_one()
     grant = permit_try_grant_one(worker_id="t")
@@ -89,14 +67,14 @@ def test_change_saved_while_create_in_flight_follows_as_update(org, billing_sand
 
 
 def test_lost_response_is_repeated_byte_identically_under_the_same_key(org, billing_sandbox):
-    contact = _contact(email="cy@x.io", firstname="Cy", lifecyclestage="customer")
-    _author(contact.record_key, "push-1")
+    contact = create_contact(email="cy@x.io", firstname="Cy", lifecyclestage="customer")
+    author(contact.record_key, "push-1")
     billing_sandbox.set_faults(drop_response_after_commit=1)
     outbox_try_deliver_one()
     assert effect_try_dispatch_one(worker_id="t") is True
     effect = RemoteEffect.objects.get()
     assert effect.state == "uncertain"
-    _zero_backoff()
+    zero_backoff()
     drain()
     effect.refresh_from_db()
     assert effect.state == "finalized"
@@ -109,22 +87,22 @@ def test_lost_response_is_repeated_byte_identically_under_the_same_key(org, bill
 
 
 def test_definite_refusal_is_terminal_no_effect(org, billing_sandbox):
-    contact = _contact(email="di@x.io", firstname="Di", lifecyclestage="customer")
-    command = _author(contact.record_key, "push-1")
+    contact = create_contact(email="di@x.io", firstname="Di", lifecyclestage="customer")
+    command = author(contact.record_key, "push-1")
     billing_sandbox.set_faults(fail_before_commit={"status": 400, "count": 1})
     drain()
     effect = RemoteEffect.objects.get()
     assert effect.state == "no_effect" and effect.reason_code == "definite_refusal"
     assert IntentResultReceipt.objects.get(command=command).outcome == "no_effect"
-    _zero_backoff()
+    zero_backoff()
     drain()
     assert RemoteEffectAttempt.objects.count() == 1
     assert billing_sandbox.state()["customers"] == []
 
 
 def test_connection_refused_proves_no_effect_and_retries(org, billing_sandbox):
-    contact = _contact(email="ed@x.io", firstname="Ed", lifecyclestage="customer")
-    _author(contact.record_key, "push-1")
+    contact = create_contact(email="ed@x.io", firstname="Ed", lifecyclestage="customer")
+    author(contact.record_key, "push-1")
     billing_sandbox.stop()
     outbox_try_deliver_one()
     assert effect_try_dispatch_one(worker_id="t") is True
@@ -135,9 +113,9 @@ def test_connection_refused_proves_no_effect_and_retries(org, billing_sandbox):
 
 
 def test_outbox_redelivery_converges_on_one_effect(org):
-    contact = _contact(email="fa@x.io", firstname="Fa", lifecyclestage="customer")
-    command = _author(contact.record_key, "push-1")
-    again = _author(contact.record_key, "push-1")
+    contact = create_contact(email="fa@x.io", firstname="Fa", lifecyclestage="customer")
+    command = author(contact.record_key, "push-1")
+    again = author(contact.record_key, "push-1")
     assert again.pk == command.pk
     effects, barrier = [], threading.Barrier(3)
 
@@ -158,8 +136,8 @@ def test_outbox_redelivery_converges_on_one_effect(org):
 
 
 def test_a_permit_sends_once(org, billing_sandbox):
-    contact = _contact(email="gi@x.io", firstname="Gi", lifecyclestage="customer")
-    _author(contact.record_key, "push-1")
+    contact = create_contact(email="gi@x.io", firstname="Gi", lifecyclestage="customer")
+    author(contact.record_key, "push-1")
     outbox_try_deliver_one()
     grant = permit_try_grant_one(worker_id="t")
     assert permit_send(grant) is not None
@@ -171,8 +149,8 @@ def test_a_permit_sends_once(org, billing_sandbox):
 def test_empty_mapping_fails_closed_before_any_post(org, billing_sandbox):
     from connectors.outbound import PushContractError
 
-    contact = _contact(lifecyclestage="customer")
+    contact = create_contact(lifecyclestage="customer")
     with pytest.raises(PushContractError):
-        _author(contact.record_key, "push-1")
+        author(contact.record_key, "push-1")
     assert OutboundCommand.objects.count() == 0
     assert billing_sandbox.state()["requests"] == 0

@@ -18,7 +18,6 @@ from typing import Callable
 import httpx
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection, transaction
 
 from connectors import reasons
 from connectors.egress import (
@@ -29,17 +28,15 @@ from connectors.egress import (
 )
 from connectors.models import DispatchPermit, RemoteEffect, RemoteEffectAttempt, RemoteEffectEvidence, RemoteLink
 from connectors.packs import load_pack
-from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
-from nexusflow.records.models import Record
-from nexusflow.records.services import record_create, record_lock, record_update
 from packs.hubspot.crm_sandbox import CONTACTS_PATH
 from runtime_outbox.models import IntentResultReceipt
-from runtime_outbox.services import outbound_command_author, outbox_try_deliver_one
+from runtime_outbox.services import outbox_try_deliver_one
 from tests.conftest import HUBSPOT_ACCOUNT, HUBSPOT_TOKEN, ORG, drain, make_serving_org
+from tests.kits.outbound import author, zero_backoff
+from tests.kits.records import create_contact
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 
-SCOPE = TrustedRuntimeWorkScope(ORG, "core", "flow-runtime", "test-binding")
 CONTRACT = "hubspot.contact"
 POSTS = f"POST {CONTACTS_PATH}"
 
@@ -47,26 +44,6 @@ POSTS = f"POST {CONTACTS_PATH}"
 @pytest.fixture
 def org(billing_sandbox, hubspot_crm_sandbox):
     return make_serving_org(billing_sandbox.base_url, deploy_flow=False, hubspot_url=hubspot_crm_sandbox.base_url)
-
-
-def _contact(**fields) -> Record:
-    with transaction.atomic():
-        return record_create(org=OrgScope(ORG), object_name="Contact", values=fields)
-
-
-def _author(record_key: str, slot: str, *, contract: str = CONTRACT, **changes):
-    with transaction.atomic():
-        record = record_lock(org=OrgScope(ORG), object_name="Contact", record_key=record_key)
-        if changes:
-            record_update(org=OrgScope(ORG), record=record, changes=changes)
-        return outbound_command_author(scope=SCOPE, effect_root_id=f"root-{contract}-{record_key}",
-                                       effect_slot_id=slot, effect_generation_id="1", contract_key=contract,
-                                       record=record, origin_flow_run_id=None)
-
-
-def _zero_backoff() -> None:
-    with connection.cursor() as cursor:
-        cursor.execute("UPDATE connectors_remoteeffect SET next_attempt_at = NULL")
 
 
 def _dispatch_one() -> RemoteEffect:
@@ -97,8 +74,8 @@ def _max_attempts() -> int:
 
 # --- 1. create, link, receipt; a later edit PATCHes the linked id -------------------------------
 def test_create_links_the_provider_id_and_a_later_edit_patches_it(org, hubspot_crm_sandbox, billing_sandbox):
-    contact = _contact(email="ann@x.io", firstname="Ann", lastname="Lee", lifecyclestage="customer")
-    command = _author(contact.record_key, "push-1")
+    contact = create_contact(email="ann@x.io", firstname="Ann", lastname="Lee", lifecyclestage="customer")
+    command = author(contact.record_key, "push-1", contract=CONTRACT)
     assert command.frozen_binding["provider_idempotency_key"] is None  # the frozen policy is not replay-safe
     drain()
     [remote] = hubspot_crm_sandbox.state()["contacts"]
@@ -116,7 +93,7 @@ def test_create_links_the_provider_id_and_a_later_edit_patches_it(org, hubspot_c
         "create", "POST", CONTACTS_PATH, "")
     assert json.loads(bytes(create.request_body)) == {"properties": remote["properties"]}
 
-    second = _author(contact.record_key, "push-2", lastname="Lee-Park")
+    second = author(contact.record_key, "push-2", contract=CONTRACT, lastname="Lee-Park")
     drain()
     state = hubspot_crm_sandbox.state()
     [remote] = state["contacts"]
@@ -135,8 +112,8 @@ def test_duplicate_email_on_create_is_recovered_to_the_existing_contact_without_
     existing = httpx.post(f"{hubspot_crm_sandbox.base_url}{CONTACTS_PATH}",
                           json={"properties": {"email": "dup@x.io", "firstname": "Old"}},
                           headers={"Authorization": f"Bearer {HUBSPOT_TOKEN}"}).json()["id"]
-    contact = _contact(email="DUP@x.io", firstname="New")
-    command = _author(contact.record_key, "push-1")
+    contact = create_contact(email="DUP@x.io", firstname="New")
+    command = author(contact.record_key, "push-1", contract=CONTRACT)
     effect = _dispatch_one()
     # The contract's create_conflict_recovery: not a no_effect, parked with the candidate id as evidence.
     assert (effect.state, effect.reason_code) == ("uncertain", reasons.CREATE_CONFLICT_EXISTING)
@@ -173,8 +150,8 @@ def test_duplicate_email_on_create_is_terminal_no_effect_and_never_reopens(billi
     existing = httpx.post(f"{hubspot_crm_sandbox.base_url}{CONTACTS_PATH}",
                           json={"properties": {"email": "dup@x.io", "firstname": "Old"}},
                           headers={"Authorization": f"Bearer {HUBSPOT_TOKEN}"}).json()["id"]
-    contact = _contact(email="dup@x.io", firstname="New")
-    command = _author(contact.record_key, "push-1")
+    contact = create_contact(email="dup@x.io", firstname="New")
+    command = author(contact.record_key, "push-1", contract=CONTRACT)
     effect = _dispatch_one()
     assert (effect.state, effect.reason_code) == ("no_effect", reasons.DEFINITE_REFUSAL)
     [attempt] = RemoteEffectAttempt.objects.filter(org_id=ORG)
@@ -190,7 +167,7 @@ def test_duplicate_email_on_create_is_terminal_no_effect_and_never_reopens(billi
     assert state["requests_by_route"] == {POSTS: 2}  # the set-up create and the one refused push
 
     # Terminal: no backoff, worker or operator reopens it.
-    _zero_backoff()
+    zero_backoff()
     assert permit_try_grant_one(worker_id="t") is None
     assert effect_try_reconcile_one() is False
     drain()
@@ -207,8 +184,8 @@ def test_duplicate_email_on_create_is_terminal_no_effect_and_never_reopens(billi
 
 # --- 3. response lost after commit: uncertain, never repeated; operator confirms -------------------------
 def test_lost_response_stays_uncertain_until_an_operator_confirms_the_contact(org, hubspot_crm_sandbox):
-    contact = _contact(email="cy@x.io", firstname="Cy")
-    command = _author(contact.record_key, "push-1")
+    contact = create_contact(email="cy@x.io", firstname="Cy")
+    command = author(contact.record_key, "push-1", contract=CONTRACT)
     hubspot_crm_sandbox.set_faults(drop_response_after_commit=1)
     effect = _dispatch_one()
     assert (effect.state, effect.reason_code) == ("uncertain", reasons.RESPONSE_AMBIGUOUS)
@@ -217,7 +194,7 @@ def test_lost_response_stays_uncertain_until_an_operator_confirms_the_contact(or
     before = _attempt_facts(attempt)
 
     # Not replay-safe: the reconcile worker leaves it parked, even with the backoff served.
-    _zero_backoff()
+    zero_backoff()
     assert effect_try_reconcile_one() is False
     drain()
     effect.refresh_from_db()
@@ -252,7 +229,7 @@ def test_lost_response_stays_uncertain_until_an_operator_confirms_the_contact(or
     assert state["requests_by_route"] == {POSTS: 1, f"GET {CONTACTS_PATH}/cy@x.io": 1}  # no second provider write
 
     # The reconciled link is PATCH authority for the next edit.
-    _author(contact.record_key, "push-2", firstname="Cyril")
+    author(contact.record_key, "push-2", contract=CONTRACT, firstname="Cyril")
     drain()
     state = hubspot_crm_sandbox.state()
     assert state["requests_by_route"][f"PATCH {CONTACTS_PATH}/{remote['id']}"] == 1
@@ -260,12 +237,12 @@ def test_lost_response_stays_uncertain_until_an_operator_confirms_the_contact(or
 
 
 def test_an_ambiguous_5xx_blocks_the_repeat_until_an_operator_proves_no_effect(org, hubspot_crm_sandbox):
-    contact = _contact(email="di@x.io", firstname="Di")
-    command = _author(contact.record_key, "push-1")
+    contact = create_contact(email="di@x.io", firstname="Di")
+    command = author(contact.record_key, "push-1", contract=CONTRACT)
     hubspot_crm_sandbox.set_faults(fail_before_commit={"status": 503, "count": 1})
     effect = _dispatch_one()
     assert (effect.state, effect.reason_code) == ("uncertain", reasons.RESPONSE_AMBIGUOUS)
-    _zero_backoff()
+    zero_backoff()
     assert effect_try_reconcile_one() is False
     drain()
     assert hubspot_crm_sandbox.state()["requests_by_route"] == {POSTS: 1}
@@ -290,8 +267,8 @@ def test_an_ambiguous_5xx_blocks_the_repeat_until_an_operator_proves_no_effect(o
 def test_a_timeout_is_ambiguous_and_the_late_create_is_not_repeated(org, hubspot_crm_sandbox):
     pack = load_pack("hubspot")
     timeout = pack.callout_profile(pack.push_contract(CONTRACT)["callout_profile"])["timeout_seconds"]
-    contact = _contact(email="ty@x.io", firstname="Ty")
-    _author(contact.record_key, "push-1")
+    contact = create_contact(email="ty@x.io", firstname="Ty")
+    author(contact.record_key, "push-1", contract=CONTRACT)
     hubspot_crm_sandbox.set_faults(delay_seconds=timeout + 1)
     effect = _dispatch_one()
     assert (effect.state, effect.reason_code) == ("uncertain", reasons.RESPONSE_AMBIGUOUS)
@@ -302,7 +279,7 @@ def test_a_timeout_is_ambiguous_and_the_late_create_is_not_repeated(org, hubspot
     while hubspot_crm_sandbox.contact_by_email("ty@x.io") is None:  # the provider finishes after the client gave up
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    _zero_backoff()
+    zero_backoff()
     assert effect_try_reconcile_one() is False
     drain()
     assert RemoteEffect.objects.get(pk=effect.pk).state == "uncertain"
@@ -313,8 +290,8 @@ def test_a_timeout_is_ambiguous_and_the_late_create_is_not_repeated(org, hubspot
 # --- 4. proven not performed (429 / 477): another Attempt while the frozen policy permits ---------------
 @pytest.mark.parametrize("status", [429, 477])
 def test_a_rate_limited_create_is_retried_and_creates_once(org, hubspot_crm_sandbox, status):
-    contact = _contact(email="ed@x.io", firstname="Ed")
-    command = _author(contact.record_key, "push-1")
+    contact = create_contact(email="ed@x.io", firstname="Ed")
+    command = author(contact.record_key, "push-1", contract=CONTRACT)
     hubspot_crm_sandbox.set_faults(fail_before_commit={"status": status, "count": 1})
     effect = _dispatch_one()
     assert (effect.state, effect.reason_code, effect.attempt_count) == ("prepared", "", 1)
@@ -324,7 +301,7 @@ def test_a_rate_limited_create_is_retried_and_creates_once(org, hubspot_crm_sand
     assert not IntentResultReceipt.objects.filter(command=command).exists()
     assert hubspot_crm_sandbox.state()["contacts"] == []
 
-    _zero_backoff()
+    zero_backoff()
     drain()
     effect.refresh_from_db()
     assert effect.state == "finalized" and effect.attempt_count == 2
@@ -339,13 +316,13 @@ def test_a_rate_limited_create_is_retried_and_creates_once(org, hubspot_crm_sand
 
 def test_rate_limited_until_the_frozen_retry_cap_is_terminal_no_effect(org, hubspot_crm_sandbox):
     cap = _max_attempts()
-    contact = _contact(email="fa@x.io", firstname="Fa")
-    command = _author(contact.record_key, "push-1")
+    contact = create_contact(email="fa@x.io", firstname="Fa")
+    command = author(contact.record_key, "push-1", contract=CONTRACT)
     hubspot_crm_sandbox.set_faults(fail_before_commit={"status": 429, "count": cap + 1})
     while outbox_try_deliver_one():
         pass
     for _ in range(cap):
-        _zero_backoff()
+        zero_backoff()
         assert effect_try_dispatch_one(worker_id="t") is True
     effect = RemoteEffect.objects.get(org_id=ORG)
     assert (effect.state, effect.reason_code, effect.attempt_count) == ("no_effect", reasons.RETRY_EXHAUSTED, cap)
@@ -354,7 +331,7 @@ def test_rate_limited_until_the_frozen_retry_cap_is_terminal_no_effect(org, hubs
     assert {a.state for a in RemoteEffectAttempt.objects.filter(org_id=ORG)} == {"no_effect"}
     assert hubspot_crm_sandbox.state()["requests_by_route"] == {POSTS: cap}
 
-    _zero_backoff()
+    zero_backoff()
     assert permit_try_grant_one(worker_id="t") is None
     drain()
     assert hubspot_crm_sandbox.state()["requests_by_route"] == {POSTS: cap}  # the last injected 429 was never used
@@ -364,20 +341,20 @@ def test_rate_limited_until_the_frozen_retry_cap_is_terminal_no_effect(org, hubs
 
 # --- update against a contact the provider no longer has ---------------------------------------------
 def test_an_update_of_an_archived_contact_is_refused_and_suspends_the_link(org, hubspot_crm_sandbox):
-    contact = _contact(email="gi@x.io", firstname="Gi")
-    _author(contact.record_key, "push-1")
+    contact = create_contact(email="gi@x.io", firstname="Gi")
+    author(contact.record_key, "push-1", contract=CONTRACT)
     drain()
     remote_id = RemoteLink.objects.get(org_id=ORG).remote_id
     assert httpx.delete(f"{hubspot_crm_sandbox.base_url}{CONTACTS_PATH}/{remote_id}",
                         headers={"Authorization": f"Bearer {HUBSPOT_TOKEN}"}).status_code == 204
-    command = _author(contact.record_key, "push-2", firstname="Gil")
+    command = author(contact.record_key, "push-2", contract=CONTRACT, firstname="Gil")
     drain()
     effect = RemoteEffect.objects.get(command=command)
     assert (effect.state, effect.reason_code) == ("no_effect", reasons.DEFINITE_REFUSAL)
     link = RemoteLink.objects.get(org_id=ORG)
     assert (link.state, link.reason_code, link.remote_id) == ("suspended_drift", reasons.REMOTE_NOT_FOUND, remote_id)
     # A later edit never falls back to a create: the link is not PATCH authority while suspended.
-    third = _author(contact.record_key, "push-3", firstname="Gilbert")
+    third = author(contact.record_key, "push-3", contract=CONTRACT, firstname="Gilbert")
     drain()
     assert RemoteEffect.objects.get(command=third).reason_code == reasons.LINK_NOT_PATCHABLE
     routes = hubspot_crm_sandbox.state()["requests_by_route"]
@@ -386,9 +363,9 @@ def test_an_update_of_an_archived_contact_is_refused_and_suspends_the_link(org, 
 
 # --- 5. the same fault against a replay-safe provider and one without idempotency keys ------------------
 def test_a_lost_response_is_repeated_only_under_a_replay_safe_frozen_policy(org, hubspot_crm_sandbox, billing_sandbox):
-    contact = _contact(email="hu@x.io", firstname="Hu", lifecyclestage="customer")
-    billing_command = _author(contact.record_key, "push-1", contract="billing.customer")
-    crm_command = _author(contact.record_key, "push-1")
+    contact = create_contact(email="hu@x.io", firstname="Hu", lifecyclestage="customer")
+    billing_command = author(contact.record_key, "push-1", contract="billing.customer")
+    crm_command = author(contact.record_key, "push-1", contract=CONTRACT)
     billing_sandbox.set_faults(drop_response_after_commit=1)
     hubspot_crm_sandbox.set_faults(drop_response_after_commit=1)
     while outbox_try_deliver_one():
@@ -398,7 +375,7 @@ def test_a_lost_response_is_repeated_only_under_a_replay_safe_frozen_policy(org,
     crm_effect = RemoteEffect.objects.get(command=crm_command)
     assert billing_effect.state == crm_effect.state == "uncertain"
 
-    _zero_backoff()
+    zero_backoff()
     drain()
     billing_effect.refresh_from_db()
     crm_effect.refresh_from_db()
@@ -453,10 +430,10 @@ def test_two_structurally_different_push_contracts_share_one_egress_model(org, r
     sandbox = request.getfixturevalue(provider.fixture)
     pack_key = provider.contract.split(".")[0]
     contract = load_pack(pack_key).push_contract(provider.contract)
-    contact = _contact(email="ivy@x.io", firstname="Ivy", lastname="Ng", lifecyclestage="customer")
-    commands = [_author(contact.record_key, "push-1", contract=provider.contract)]
+    contact = create_contact(email="ivy@x.io", firstname="Ivy", lastname="Ng", lifecyclestage="customer")
+    commands = [author(contact.record_key, "push-1", contract=provider.contract)]
     drain()
-    commands.append(_author(contact.record_key, "push-2", contract=provider.contract, lastname="Ng-Ho"))
+    commands.append(author(contact.record_key, "push-2", contract=provider.contract, lastname="Ng-Ho"))
     drain()
     assert provider.writes(sandbox) == (1, 1, 1)
     effects = list(RemoteEffect.objects.filter(org_id=ORG).order_by("id"))
@@ -484,19 +461,19 @@ def test_parked_uncertain_effects_do_not_starve_an_exact_repeat_of_a_replay_safe
     parked = 21
     hubspot_crm_sandbox.set_faults(drop_response_after_commit=parked)
     for n in range(parked):
-        _author(_contact(email=f"p{n}@x.io", firstname="P").record_key, "push-1")
+        author(create_contact(email=f"p{n}@x.io", firstname="P"), "push-1", contract=CONTRACT)
     while outbox_try_deliver_one():
         pass
     for _ in range(parked):
         assert effect_try_dispatch_one(worker_id="t") is True
     assert RemoteEffect.objects.filter(org_id=ORG, state="uncertain").count() == parked
     billing_sandbox.set_faults(drop_response_after_commit=1)
-    command = _author(_contact(email="b@x.io", firstname="B").record_key, "push-1", contract="billing.customer")
+    command = author(create_contact(email="b@x.io", firstname="B"), "push-1", contract="billing.customer")
     while outbox_try_deliver_one():
         pass
     assert effect_try_dispatch_one(worker_id="t") is True
     assert RemoteEffect.objects.get(command=command).state == "uncertain"
-    _zero_backoff()
+    zero_backoff()
     drain()
     assert RemoteEffect.objects.get(command=command).state == "finalized"
     assert hubspot_crm_sandbox.state()["requests_by_route"] == {POSTS: parked}

@@ -7,11 +7,10 @@ connections; crashes kill a real process at a named failpoint.
 from __future__ import annotations
 
 import signal
-import threading
 import time
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 
 from connectors import reasons
 from connectors.executions import (
@@ -44,8 +43,10 @@ from connectors.windows import window_try_close_one
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.models import Record
 from runtime_outbox.models import ApplicationResult
+from tests.concurrency import run_at_once
 from tests.conftest import ORG, hubspot_event, make_serving_org, post_signed, run_manage, subprocess_env
 from tests.connectors import variant_pack
+from tests.kits.records import only_record
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 
@@ -55,33 +56,6 @@ def _run_all() -> int:
     while execution_try_run_one(worker_id="t"):
         done += 1
     return done
-
-
-def _contact() -> dict:
-    return Record.objects.get().fields
-
-
-def _threads(*targets):
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(len(targets))
-
-    def wrap(fn):
-        def run():
-            try:
-                barrier.wait()
-                fn()
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                errors.append(exc)
-            finally:
-                connection.close()
-        return run
-
-    threads = [threading.Thread(target=wrap(fn)) for fn in targets]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    return errors
 
 
 # --- S003-RP-11: transport redelivery, partial batch recovery, V1 tombstones -----------------
@@ -126,7 +100,7 @@ def test_partial_batch_recovery_materializes_every_component_once_under_the_orig
     assert set(Event.objects.values_list("epoch_id", flat=True)) == {receipt.epoch_id}
     assert Receipt.objects.count() == 1 and ReceiptAdmissionKey.objects.count() == 1
     _run_all()
-    assert _contact() == {"email": "ada@x.io", "firstname": "Ada"}
+    assert only_record().fields == {"email": "ada@x.io", "firstname": "Ada"}
 
 
 def test_partial_batch_recovery_by_the_reconciler_without_redelivery(org):
@@ -226,7 +200,7 @@ def test_strict_source_sequence_cannot_cross_a_gap(client, billing_sandbox, sett
     assert execution_try_claim_one(worker_id="t") is None  # the gap is not crossed
     post_signed(client, [hubspot_event(2, 801, 2000, "email", "two@x.io")])
     assert _run_all() == 2
-    assert _contact()["email"] == "three@x.io"
+    assert only_record().fields["email"] == "three@x.io"
     assert list(Execution.objects.order_by("position").values_list("state", flat=True)) == ["completed"] * 3
     dependency.refresh_from_db()
     assert dependency.state == "satisfied"
@@ -239,7 +213,7 @@ def test_strict_source_sequence_cannot_cross_a_gap(client, billing_sandbox, sett
 
 @pytest.mark.parametrize("disposition", ["quarantine", "skip"])
 def test_a_strict_gap_past_its_frozen_deadline_follows_its_disposition(client, billing_sandbox, settings, monkeypatch,
-                                                                      tmp_path, disposition):
+                                                                      tmp_path, disposition, db_clock_advance):
     variant_pack.use_variant(settings, monkeypatch, tmp_path,
                              variant_pack.strict(deadline_seconds=1, disposition=disposition))
     make_serving_org(billing_sandbox.base_url, deploy_flow=False)
@@ -247,7 +221,7 @@ def test_a_strict_gap_past_its_frozen_deadline_follows_its_disposition(client, b
     _run_all()
     dependency = ExecutionDependency.objects.get()
     assert dependency_try_expire_one() is False  # the deadline has not passed
-    time.sleep(1.2)
+    db_clock_advance(1.2)
     assert dependency_try_expire_one() is True
     dependency.refresh_from_db()
     assert dependency.state == "expired"
@@ -256,13 +230,13 @@ def test_a_strict_gap_past_its_frozen_deadline_follows_its_disposition(client, b
     if disposition == "quarantine":
         assert third.state == "quarantined" and third.reason_code == reasons.SOURCE_SEQUENCE_GAP
         assert _run_all() == 0
-        assert "email" not in _contact()
+        assert "email" not in only_record().fields
     else:
         assert _run_all() == 1
-        assert _contact()["email"] == "three@x.io"
+        assert only_record().fields["email"] == "three@x.io"
         post_signed(client, [hubspot_event(2, 802, 2000, "email", "two@x.io")])
         _run_all()
-        assert _contact()["email"] == "three@x.io"  # the skipped position arrives late: superseded
+        assert only_record().fields["email"] == "three@x.io"  # the skipped position arrives late: superseded
         assert Execution.objects.get(projection__event__source_event_key__endswith="/1:2").state == "superseded"
 
 
@@ -278,10 +252,10 @@ def test_dependencies_hold_no_lease_their_deadline_never_moves_and_satisfy_or_ex
         ExecutionDependencyStore.transition(org_id=ORG, pk=dependency.pk, src="waiting", dst="expired",
                                             version=dependency.version, set_fields={"deadline_at": deadline})
     assert not ExecutionAttempt.objects.filter(execution=dependency.execution, state="started").exists()
-    time.sleep(1.2)
+    time.sleep(1.2)  # the suite's one real wait: the deadline fixed at insert passes on the unmoved database clock
     # the missing position arrives and runs while the expiry sweep races it
     post_signed(client, [hubspot_event(2, 803, 2000, "email", "two@x.io")])
-    errors = _threads(lambda: _run_all(), lambda: dependency_try_expire_one())
+    _, errors = run_at_once(lambda: _run_all(), lambda: dependency_try_expire_one())
     assert not errors, errors
     _run_all()
     dependency.refresh_from_db()
@@ -302,8 +276,8 @@ def test_order_independent_bypasses_the_lane_and_a_claim_is_taken_once(client, b
     assert set(Execution.objects.values_list("lane_id", flat=True)) == {None}
     target = Execution.objects.order_by("id").first()
     claims: list = []
-    errors = _threads(lambda: claims.append(_claim_unlaned(ORG, target.pk, "w1")),
-                      lambda: claims.append(_claim_unlaned(ORG, target.pk, "w2")))
+    _, errors = run_at_once(lambda: claims.append(_claim_unlaned(ORG, target.pk, "w1")),
+                            lambda: claims.append(_claim_unlaned(ORG, target.pk, "w2")))
     assert not errors, errors
     assert len([c for c in claims if c is not None]) == 1
     assert ExecutionAttempt.objects.filter(execution=target, state="started").count() == 1
@@ -314,34 +288,35 @@ def test_order_independent_bypasses_the_lane_and_a_claim_is_taken_once(client, b
 
 
 def test_latest_source_position_waits_for_its_settle_window_before_choosing(client, billing_sandbox, settings,
-                                                                          monkeypatch, tmp_path):
+                                                                          monkeypatch, tmp_path, db_clock_advance):
     variant_pack.use_variant(settings, monkeypatch, tmp_path, variant_pack.settle(1))
     make_serving_org(billing_sandbox.base_url, deploy_flow=False)
     post_signed(client, [hubspot_event(2, 805, 2000, "email", "new@x.io")])
     assert execution_try_claim_one(worker_id="t") is None
     assert not ExecutionAttempt.objects.exists() and not Execution.objects.exclude(state="ready").exists()
     post_signed(client, [hubspot_event(1, 805, 1000, "email", "old@x.io")])  # late but inside the window
-    time.sleep(1.2)
+    db_clock_advance(1.2)
     _run_all()
-    assert _contact()["email"] == "new@x.io"
+    assert only_record().fields["email"] == "new@x.io"
     assert Execution.objects.filter(state="superseded").count() == 1
 
 
 # --- S003-RP-19: concurrent window close and Execution minting ------------------------------
 def test_concurrent_window_close_and_execution_minting_produce_one_active_generation(
-        client, billing_sandbox, settings, monkeypatch, tmp_path):
+        client, billing_sandbox, settings, monkeypatch, tmp_path, db_clock_advance):
     variant_pack.use_variant(settings, monkeypatch, tmp_path,
                              variant_pack.window(policy="batch", close_after_seconds=1, max_items=50))
     make_serving_org(billing_sandbox.base_url, deploy_flow=False)
     post_signed(client, [hubspot_event(1, 806, 1000), hubspot_event(2, 806, 2000, "email", "b@x.io")])
     window = ProjectionWindow.objects.get()
     assert window.state == "open" and window.member_count == 2 and not Execution.objects.exists()
-    time.sleep(1.2)
+    db_clock_advance(1.2)
     from django.test import Client
 
     late = {}
-    errors = _threads(window_try_close_one, window_try_close_one,
-                      lambda: late.update(r=post_signed(Client(), [hubspot_event(3, 806, 3000, "firstname", "Bo")])))
+    late_post = [hubspot_event(3, 806, 3000, "firstname", "Bo")]
+    _, errors = run_at_once(window_try_close_one, window_try_close_one,
+                            lambda: late.update(r=post_signed(Client(), late_post)))
     assert not errors, errors
     assert late["r"].status_code == 202
     window.refresh_from_db()
@@ -353,11 +328,11 @@ def test_concurrent_window_close_and_execution_minting_produce_one_active_genera
         assert successor.state == "open" and successor.grouping_key == window.grouping_key
     assert Projection.objects.filter(window=window).count() == window.member_count
     _run_all()
-    time.sleep(1.2)
+    db_clock_advance(1.2)
     while window_try_close_one():
         pass
     _run_all()
-    assert _contact() == {"email": "b@x.io", "firstname": "Bo"}
+    assert only_record().fields == {"email": "b@x.io", "firstname": "Bo"}
     assert Execution.objects.count() == ProjectionWindow.objects.count()
     assert set(Execution.objects.values_list("state", flat=True)) == {"completed"}
 
@@ -390,8 +365,9 @@ def test_concurrent_claim_and_result_recording_advance_the_high_water_in_one_fen
                                         command=build_runtime_command(execution))
     post_signed(client, [hubspot_event(2, 808, 2000, "email", "two@x.io")])
     outcomes: list = []
-    errors = _threads(lambda: outcomes.append(("complete", execution_complete(claim, result_id=result.pk))),
-                      lambda: outcomes.append(("claim", _claim_in_lane(ORG, "crm-webhooks", claim.lane_id, "w2"))))
+    _, errors = run_at_once(
+        lambda: outcomes.append(("complete", execution_complete(claim, result_id=result.pk))),
+        lambda: outcomes.append(("claim", _claim_in_lane(ORG, "crm-webhooks", claim.lane_id, "w2"))))
     assert not errors, errors
     lane = OrderingLane.objects.get(pk=claim.lane_id)
     execution.refresh_from_db()
@@ -409,7 +385,7 @@ def test_concurrent_claim_and_result_recording_advance_the_high_water_in_one_fen
 
 
 # --- S003-RP-21 / S003-RP-22: lease loss and Runtime result loss after commit ---------------------
-def test_runtime_commit_followed_by_response_loss_returns_the_original_result_and_applies_once(client, org, monkeypatch):
+def test_runtime_commit_followed_by_response_loss_returns_the_original_result_and_applies_once(client, org, monkeypatch, db_clock_advance):
     post_signed(client, [hubspot_event(1, 809, 1000, "email", "once@x.io")])
     monkeypatch.setenv("NEXUS_EXECUTION_LEASE_SECONDS", "1")
     claim = execution_try_claim_one(worker_id="w1")
@@ -422,7 +398,7 @@ def test_runtime_commit_followed_by_response_loss_returns_the_original_result_an
                                        command=build_runtime_command(execution))
     version_after_first = Record.objects.get().version
     # the response is lost: the worker never records completion and its lease expires
-    time.sleep(1.2)
+    db_clock_advance(1.2)
     second_claim = execution_try_claim_one(worker_id="w2")
     assert second_claim is not None and second_claim.execution_id == claim.execution_id
     assert second_claim.attempt_id != claim.attempt_id
@@ -442,7 +418,7 @@ def test_runtime_commit_followed_by_response_loss_returns_the_original_result_an
 
 
 def test_every_item_of_one_waiting_source_operation_shares_one_gap_deadline(client, billing_sandbox, settings,
-                                                                            monkeypatch, tmp_path):
+                                                                            monkeypatch, tmp_path, db_clock_advance):
     variant_pack.use_variant(settings, monkeypatch, tmp_path, variant_pack.strict(deadline_seconds=1))
     make_serving_org(billing_sandbox.base_url, deploy_flow=False)
     post_signed(client, [hubspot_event(1, 810, 1000)])
@@ -454,7 +430,7 @@ def test_every_item_of_one_waiting_source_operation_shares_one_gap_deadline(clie
     dependencies = list(ExecutionDependency.objects.order_by("id"))
     assert len(dependencies) == 2 and len({d.deadline_at for d in dependencies}) == 1
     assert not ExecutionAttempt.objects.filter(state="started").exists()
-    time.sleep(1.2)
+    db_clock_advance(1.2)
     while dependency_try_expire_one():
         pass
     assert sorted(Execution.objects.values_list("state", flat=True)) == ["completed", "quarantined", "quarantined"]

@@ -37,6 +37,7 @@ from runtime_outbox.models import IntentResultReceipt, OutboundCommand
 from runtime_outbox.services import outbound_command_author, outbox_try_deliver_one
 from tests.concurrency import race_behind_hold
 from tests.conftest import BILLING_KEY, ORG, SECRET_VERSION, drain, make_serving_org, service_document
+from tests.kits.outbound import zero_backoff
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 
@@ -69,11 +70,6 @@ def _push(email: str = "ann@x.io", slot: str = "push-1", *, deliver: bool = True
 def _credential_gate() -> CredentialGenerationDispatchGate:
     return CredentialGenerationDispatchGate.objects.get(org_id=ORG, credential_generation__account_key="billing-main",
                                                        credential_generation__secret_version=SECRET_VERSION)
-
-
-def _zero_backoff() -> None:
-    with connection.cursor() as cursor:
-        cursor.execute("UPDATE connectors_remoteeffect SET next_attempt_at = NULL")
 
 
 def _run(*args) -> str:
@@ -211,7 +207,7 @@ def test_rotation_while_queued_or_dispatching_uses_the_frozen_generation(org, bi
     response = egress.permit_send(grant)
     assert response.status == 200
     assert egress.permit_settle(grant, response) == "remote_confirmed"
-    _zero_backoff()
+    zero_backoff()
     drain()
     assert {c["email"] for c in billing_sandbox.state()["customers"]} == {"queued@x.io", "inflight@x.io"}
     assert set(RemoteEffect.objects.values_list("state", flat=True)) == {"finalized"}
@@ -318,12 +314,12 @@ def test_not_performed_retries_only_while_the_frozen_policy_has_attempts_left(or
     billing_sandbox.set_faults(fail_before_commit={"status": 429, "count": 1000})
     max_attempts = 10  # packs/billing/pack.json retry.max_attempts, frozen with the pack generation
     for _ in range(max_attempts):
-        _zero_backoff()
+        zero_backoff()
         assert egress.effect_try_dispatch_one(worker_id="w1")
     effect = RemoteEffect.objects.get(command=command)
     assert (effect.state, effect.reason_code, effect.attempt_count) == ("no_effect", "retry_exhausted", max_attempts)
     assert IntentResultReceipt.objects.get(command=command).outcome == "no_effect"
-    _zero_backoff()
+    zero_backoff()
     assert not egress.effect_try_dispatch_one(worker_id="w1")
     assert set(RemoteEffectAttempt.objects.values_list("state", flat=True)) == {"no_effect"}
     assert billing_sandbox.state()["customers"] == []
@@ -335,7 +331,7 @@ def test_an_unclassified_status_is_parked_for_an_operator(org, billing_sandbox):
     assert egress.effect_try_dispatch_one(worker_id="w1")
     effect = RemoteEffect.objects.get(command=command)
     assert (effect.state, effect.reason_code) == ("uncertain", "unclassified_response")
-    _zero_backoff()
+    zero_backoff()
     assert not egress.effect_try_reconcile_one()
     assert RemoteEffect.objects.get(command=command).state == "uncertain"
     assert billing_sandbox.state()["requests"] == 1

@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from connectors import egress, revalidation
@@ -39,16 +39,16 @@ from connectors.serving import epoch_prepare, epoch_verify, service_configuratio
 from connectors.store import RemoteLinkStore
 from nexusflow.kernel import canonical_json
 from nexusflow.kernel.digests import digest_v2
-from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
-from nexusflow.records.services import record_create, record_lock, record_update
+from nexusflow.kernel.scope import OrgScope
 from runtime_outbox.models import OutboundCommand
-from runtime_outbox.services import outbound_command_author, outbox_try_deliver_one
+from runtime_outbox.services import outbox_try_deliver_one
 from tests.concurrency import race_behind_hold
 from tests.conftest import ORG, ROOT, drain, make_serving_org, run_manage, service_document, subprocess_env
+from tests.kits.outbound import author
+from tests.kits.records import customer_contact
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 
-SCOPE = TrustedRuntimeWorkScope(ORG, "core", "flow-runtime", "test-binding")
 CONTRACT = "billing.customer"
 #: Every table a revalidation entry point could write, or must leave alone (effects, records, intents).
 TABLES = ("connectors_remotelink", "connectors_pushlinkrevalidationreceipt", "connectors_remotelinkevidence",
@@ -65,31 +65,15 @@ def org(billing_sandbox) -> OrgScope:
 
 
 # --- helpers ------------------------------------------------------------------------------------------
-_saves = iter(range(1, 10_000))
-
-
-def _contact(email: str, first: str = "Ann", last: str = "Lee"):
-    with transaction.atomic():
-        return record_create(org=OrgScope(ORG), object_name="Contact",
-                             values={"email": email, "firstname": first, "lastname": last,
-                                     "lifecyclestage": "customer"})
-
-
 def _save(record_key: str, **changes) -> OutboundCommand:
     """A record save that pushes: change the record, author its intent, deliver it (effect ``prepared``)."""
-    with transaction.atomic():
-        record = record_lock(org=OrgScope(ORG), object_name="Contact", record_key=record_key)
-        if changes:
-            record_update(org=OrgScope(ORG), record=record, changes=changes)
-        command = outbound_command_author(scope=SCOPE, effect_root_id="root-" + record_key,
-                                          effect_slot_id=f"push-{next(_saves)}", effect_generation_id="1",
-                                          contract_key=CONTRACT, record=record, origin_flow_run_id=None)
+    command = author(record_key, contract=CONTRACT, **changes)
     assert outbox_try_deliver_one()
     return command
 
 
 def _finalized_link(email: str, first: str = "Ann") -> RemoteLink:
-    record = _contact(email, first)
+    record = customer_contact(email, firstname=first, lastname="Lee")
     command = _save(record.record_key)
     drain()
     assert RemoteEffect.objects.get(command=command).state == "finalized"

@@ -11,11 +11,11 @@ from connectors.egress import permit_try_grant_one
 from connectors.executions import execution_try_claim_one
 from connectors.models import DispatchPermit, Event, ExecutionAttempt, Receipt
 from connectors.serving import NotServing
-from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
-from nexusflow.records.services import record_create
 from runtime_outbox.models import OutboundCommand
-from runtime_outbox.services import outbound_command_author, outbox_try_deliver_one
-from tests.conftest import ORG, hubspot_event, make_serving_org, post_signed
+from runtime_outbox.services import outbox_try_deliver_one
+from tests.conftest import hubspot_event, make_serving_org, post_signed
+from tests.kits.outbound import author
+from tests.kits.records import create_contact
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 
@@ -31,13 +31,10 @@ def _break(kind):
         cursor.execute(BREAKS[kind])
 
 
-def _author():
-    scope = TrustedRuntimeWorkScope(ORG, "core", "flow-runtime", "test-binding")
+def _author_new_contact():
+    """Create a Contact and author its push in one application transaction."""
     with transaction.atomic():
-        record = record_create(org=OrgScope(ORG), object_name="Contact",
-                               values={"email": "f@x.io", "lifecyclestage": "customer"})
-        return outbound_command_author(scope=scope, effect_root_id="r", effect_slot_id="s", effect_generation_id="1",
-                                       contract_key="billing.customer", record=record, origin_flow_run_id=None)
+        return author(create_contact(email="f@x.io", lifecyclestage="customer"), "s", root="r")
 
 
 @pytest.mark.parametrize("kind", sorted(BREAKS))
@@ -63,14 +60,14 @@ def test_outbound_authoring_is_refused(billing_sandbox, kind):
     make_serving_org(billing_sandbox.base_url, deploy_flow=False)
     _break(kind)
     with pytest.raises(NotServing):
-        _author()
+        _author_new_contact()
     assert OutboundCommand.objects.count() == 0
 
 
 @pytest.mark.parametrize("kind", sorted(BREAKS))
 def test_permit_acquisition_is_refused(billing_sandbox, kind):
     make_serving_org(billing_sandbox.base_url, deploy_flow=False)
-    _author()
+    _author_new_contact()
     assert outbox_try_deliver_one()
     _break(kind)
     assert permit_try_grant_one(worker_id="w") is None

@@ -1,0 +1,10 @@
+"""Settings of a child process started by a test that moved the database clock (tests/db_clock.py).
+
+The project settings, plus the test's clock offset (``NEXUS_TEST_DB_CLOCK_OFFSET_SECONDS``) on ``db_now()``.
+"""
+import os
+
+from nexusflow.settings import *  # noqa: F401,F403
+from tests.db_clock import OFFSET_ENV, install
+
+install(float(os.environ[OFFSET_ENV]))
