@@ -41,7 +41,7 @@ demo: venv db static
 chaos: venv db static
 	$(PY) -m pytest -p no:cacheprovider -m chaos --run-chaos $(PYTEST_ARGS)
 
-# The chaos demo (README "What `make chaos-demo` does") with a fixed seed (override: make chaos-demo CHAOS_SEED=N).
+# The chaos demo (docs/operations.md "What `make chaos-demo` does") with a fixed seed (override: make chaos-demo CHAOS_SEED=N).
 CHAOS_SEED ?= 7
 .PHONY: chaos-demo
 chaos-demo: venv db static

@@ -177,7 +177,7 @@ class FlowRun(GuardedModel):
     run_after = models.DateTimeField(null=True)
     queue_class = models.CharField(max_length=32, default="default")
     priority = models.SmallIntegerField(default=0)
-    # Recursive saves (README "Flows that save their own records"): the run whose
+    # Recursive saves (docs/operations.md "Flows that save their own records"): the run whose
     # own record write admitted this run (null: an outside save admitted it), and
     # how many such Flow-caused re-saves lie between the logical save and this run.
     triggered_by_run = models.ForeignKey("self", null=True, on_delete=models.PROTECT, related_name="triggered_runs")

@@ -40,7 +40,7 @@ def retry_base_seconds() -> float:
     return _number("NEXUS_FLOW_RETRY_BASE_SECONDS", 2.0)
 
 
-#: Recursive saves one logical save may cause (README "Flows that save their own records").
+#: Recursive saves one logical save may cause (docs/operations.md "Flows that save their own records").
 #: A save that a Flow run's own record write makes is a recursive save of the
 #: logical save that started that run: the runs it admits are one level deeper.
 #: Runs at depths 1..RECURSIVE_SAVE_LIMIT run as usual; a run one level past the

@@ -72,7 +72,7 @@ SLOT_MENUS: dict[str, tuple[str, ...]] = {
     "egress": ("permit.after_grant", "permit.after_sending", "permit.after_response", "effect.after_settle"),
 }
 ROLE_GROUPS: tuple[str, ...] = ("ingress", "runtime", "flow", "egress")
-#: The one Flow failure the demo input causes by design (a push with nothing to send, see README); its reason
+#: The one Flow failure the demo input causes by design (a push with nothing to send, see docs/operations.md); its reason
 #: code is of class ``benign``, so the chaos invariants do not count it.
 EXPECTED_FLOW_FAILURE = "flow_step_expected_refusal"
 REQUIRED_FAILPOINT = "permit.after_sending"

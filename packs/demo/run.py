@@ -301,7 +301,7 @@ def _inbound_field_map(service: dict) -> dict[str, str]:
 
 
 def reason_class_counts() -> dict[str, Any]:
-    """Rows that carry a reason code now, by the code's severity class (README "What `make demo` does").
+    """Rows that carry a reason code now, by the code's severity class (docs/operations.md "What `make demo` does").
 
     Every row of every installed model with a ``reason_code`` column counts
     once (a row carries a code only while it is halted, refused, superseded

@@ -1,4 +1,4 @@
-"""Flow documents for the prior-value and recursive-save tests (README "Flows that save their own records").
+"""Flow documents for the prior-value and recursive-save tests (docs/operations.md "Flows that save their own records").
 
 Every builder returns Salesforce Flow metadata for the test metadata view:
 the demo ``Contact`` object, plus ``Affiliation`` where a flow creates one.

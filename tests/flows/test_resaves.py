@@ -1,4 +1,4 @@
-"""Prior values and recursive saves of record-triggered Flows (README "Flows that save their own records").
+"""Prior values and recursive saves of record-triggered Flows (docs/operations.md "Flows that save their own records").
 
 - ``ISCHANGED``, ``PRIORVALUE`` and ``$Record__Prior`` compare with the values
   the triggering save replaced, frozen with the run, in every profile;

@@ -77,7 +77,7 @@ def flow_trigger_on_record_saved(*, org: OrgScope, record, change) -> None:
     replaced; ``None`` on create), which ``$Record__Prior``, ``ISCHANGED``
     and ``PRIORVALUE`` read in every step. A save made by a Flow run's own
     record write admits its runs one recursive-save level deeper than that
-    run (``save_depth``, ``triggered_by_run``; README "Flows that save their
+    run (``save_depth``, ``triggered_by_run``; docs/operations.md "Flows that save their
     own records").
 
     Raises:

@@ -243,7 +243,7 @@ _exec_decision = _exec_graph
 def _exec_recursion_limited(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any]) -> str:
     """End a run admitted past the recursive-save bound before it runs any element.
 
-    README "Flows that save their own records": a run whose ``save_depth``
+    docs/operations.md "Flows that save their own records": a run whose ``save_depth``
     exceeds :data:`policy.RECURSIVE_SAVE_LIMIT` takes no business lock and
     makes no write, so it admits no further run; its step ends ``Failed`` and
     the run ``TerminalFailed`` with ``flow_recursion_limit`` (visible in the
