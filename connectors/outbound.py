@@ -2,8 +2,11 @@
 
 - :func:`freeze_push_binding` freezes the FrozenDispatchBinding while the
   application transaction holds the gate and its exact active epoch;
-- :func:`remote_effect_accept` turns a delivered OutboundCommand into its one
-  RemoteEffect (outbox redelivery loads the same row).
+- :func:`outbound_message_accept` is the inbox of the Runtime message families
+  ``outbound.command`` and ``flow.effect.submit``: in one transaction it
+  records the InboxAcceptance and creates (or finds) the command's one
+  RemoteEffect, so a redelivered envelope loads the same rows
+  (:func:`remote_effect_accept` does the same without the inbox, for direct callers).
 
 Dispatch, settlement and recovery live in :mod:`connectors.egress`.
 """
@@ -14,6 +17,9 @@ from django.db import IntegrityError, transaction
 from nexusflow.kernel import canonical_json
 from nexusflow.kernel.digests import PROFILE_V2, digest_v2
 from nexusflow.kernel.errors import NexusError
+from nexusflow.kernel.ids import require_id
+from runtime_outbox import messages
+from runtime_outbox.models import OutboundCommand
 
 from . import outcomes
 from .egress import policy_digest
@@ -202,18 +208,80 @@ def freeze_push_binding(*, org_id: str, contract_key: str, record, intent_key: s
     }
 
 
-def remote_effect_accept(*, command) -> RemoteEffect:
-    """Return the one RemoteEffect of ``command``, creating it on first delivery.
+#: The consumer name the inbox rows of this app carry.
+INBOX_CONSUMER = "connectors.outbound"
+
+
+class InboxEnvelopeMismatch(NexusError):
+    """A delivered envelope does not describe its OutboundCommand exactly: fail closed, create nothing."""
+
+    code = "inbox_envelope_mismatch"
+    definite = True
+
+
+def outbound_message_accept(envelope: messages.Envelope) -> None:
+    """Accept one ``outbound.command`` / ``flow.effect.submit`` envelope: InboxAcceptance + the one RemoteEffect.
+
+    The registered consumer of both families (``ConnectorsConfig.ready``).
+    One transaction validates the envelope against its OutboundCommand (the
+    full trusted scope, family, message key and payload digest recomputed
+    from the intent row), then records the InboxAcceptance and creates (or
+    finds) the RemoteEffect, and commits before returning: the Runtime
+    relay acknowledges only after that. A duplicate delivery finds the
+    acceptance and creates nothing. Seed 004 sections 10.7 and 15.1.
+
+    Args:
+        envelope: the immutable envelope; its payload's ``command_id`` names the intent.
 
     Raises:
-        PushContractError: an existing effect's logical-effect digest differs
-            from the command's (fail closed).
+        InboxEnvelopeMismatch: no such intent in the envelope's org, or the envelope differs from it.
+        InboxConflict / InboxRejected / InboxAcceptanceRaced: see :func:`runtime_outbox.messages.inbox_accept`.
+        PushContractError: an existing effect does not match the command, or a successor's predecessor is
+            not proven ``no_effect``.
     """
-    existing = RemoteEffect.objects.filter(command=command).first()
+    with transaction.atomic(durable=True):
+        command = _envelope_command(envelope)
+
+        def accept_effect() -> str:
+            return f"remote_effect:{remote_effect_find_or_create(command=command).pk}"
+
+        messages.inbox_accept(envelope, consumer=INBOX_CONSUMER, accepted_ref_fn=accept_effect)
+
+
+def _envelope_command(envelope: messages.Envelope) -> OutboundCommand:
+    scope = envelope.scope
+    try:
+        command_id = require_id(envelope.payload.get("command_id"), OutboundCommand, field="command_id")
+    except NexusError as exc:
+        raise InboxEnvelopeMismatch(f"{envelope.family} message {envelope.outbox_message_id}: {exc}") from None
+    command = OutboundCommand.objects.filter(org_id=scope.org_id, pk=command_id).first()
+    if command is None:
+        raise InboxEnvelopeMismatch(f"{envelope.family} message {envelope.outbox_message_id}: no such intent")
+    family, key, payload = messages.command_message(command)
+    expected = messages.message_digest(family, messages.REGISTRY.family(family).payload_schema_version, key, payload)
+    if (messages.scope_of(command), family, key, expected) != (
+            scope, envelope.family, envelope.message_key, envelope.payload_digest):
+        raise InboxEnvelopeMismatch(f"{envelope.family} message {envelope.outbox_message_id} does not describe "
+                                    f"intent {command.pk}")
+    return command
+
+
+def remote_effect_find_or_create(*, command) -> RemoteEffect:
+    """Return the one RemoteEffect of ``command``, creating it in the caller's transaction on first delivery.
+
+    Raises:
+        RuntimeError: called outside a transaction.
+        PushContractError: an existing effect's logical-effect digest differs
+            from the command's (fail closed), or a successor's predecessor is
+            not proven ``no_effect``.
+    """
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("the remote effect is created inside the accepting transaction")
+    existing = RemoteEffect.objects.filter(org_id=command.org_id, command=command).first()
     if existing is None:
         slot = command.frozen_binding.get("slot") or {}
         try:
-            with transaction.atomic(durable=True):
+            with transaction.atomic():
                 ordinal = _supersede_predecessor_create(command)
                 existing = RemoteEffectStore.create(
                     org_id=command.org_id, command=command, logical_effect_digest=command.idempotency_key,
@@ -224,10 +292,24 @@ def remote_effect_accept(*, command) -> RemoteEffect:
                     destination_slot_id=slot.get("destination_slot_id", ""), source_object=command.source_object,
                     source_record_key=command.source_record_key, attempt_ordinal=ordinal)
         except IntegrityError:
-            existing = RemoteEffect.objects.get(command=command)
+            # A concurrent delivery committed the effect first (the insert waited for it).
+            existing = RemoteEffect.objects.get(org_id=command.org_id, command=command)
     if existing.logical_effect_digest != command.idempotency_key or existing.org_id != command.org_id:
         raise PushContractError(f"remote effect {existing.pk} does not match command {command.pk}")
     return existing
+
+
+def remote_effect_accept(*, command) -> RemoteEffect:
+    """Return the one RemoteEffect of ``command``, creating it in its own transaction on first call.
+
+    For direct callers outside the Runtime relay (which delivers through
+    :func:`outbound_message_accept`); it records no InboxAcceptance.
+
+    Raises:
+        PushContractError: as :func:`remote_effect_find_or_create`.
+    """
+    with transaction.atomic(durable=True):
+        return remote_effect_find_or_create(command=command)
 
 
 def _supersede_predecessor_create(command) -> int:
