@@ -11,7 +11,7 @@ class ConnectorsConfig(AppConfig):
         from runtime_outbox.services import no_effect_reasons_declare
 
         from . import reasons
-        from .outbound import outbound_message_accept
+        from .inbox import outbound_message_accept
         from .source_deletion import links_before_source_delete
 
         # Seed 000: after Runtime's owner work check, a deleted source's push links stop being PATCH authority.

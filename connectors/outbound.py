@@ -2,11 +2,10 @@
 
 - :func:`freeze_push_binding` freezes the FrozenDispatchBinding while the
   application transaction holds the gate and its exact active epoch;
-- :func:`outbound_message_accept` is the inbox of the Runtime message families
-  ``outbound.command`` and ``flow.effect.submit``: in one transaction it
-  records the InboxAcceptance and creates (or finds) the command's one
-  RemoteEffect, so a redelivered envelope loads the same rows
-  (:func:`remote_effect_accept` does the same without the inbox, for direct callers).
+- :func:`remote_effect_find_or_create` turns a delivered OutboundCommand into
+  its one RemoteEffect inside the accepting transaction of
+  :mod:`connectors.inbox` (redelivery loads the same row);
+  :func:`remote_effect_accept` does it in its own transaction, for direct callers.
 
 Dispatch, settlement and recovery live in :mod:`connectors.egress`.
 """
@@ -17,9 +16,6 @@ from django.db import IntegrityError, transaction
 from nexusflow.kernel import canonical_json
 from nexusflow.kernel.digests import PROFILE_V2, digest_v2
 from nexusflow.kernel.errors import NexusError
-from nexusflow.kernel.ids import require_id
-from runtime_outbox import messages
-from runtime_outbox.models import OutboundCommand
 
 from . import outcomes
 from .egress import policy_digest
@@ -208,64 +204,6 @@ def freeze_push_binding(*, org_id: str, contract_key: str, record, intent_key: s
     }
 
 
-#: The consumer name the inbox rows of this app carry.
-INBOX_CONSUMER = "connectors.outbound"
-
-
-class InboxEnvelopeMismatch(NexusError):
-    """A delivered envelope does not describe its OutboundCommand exactly: fail closed, create nothing."""
-
-    code = "inbox_envelope_mismatch"
-    definite = True
-
-
-def outbound_message_accept(envelope: messages.Envelope) -> None:
-    """Accept one ``outbound.command`` / ``flow.effect.submit`` envelope: InboxAcceptance + the one RemoteEffect.
-
-    The registered consumer of both families (``ConnectorsConfig.ready``).
-    One transaction validates the envelope against its OutboundCommand (the
-    full trusted scope, family, message key and payload digest recomputed
-    from the intent row), then records the InboxAcceptance and creates (or
-    finds) the RemoteEffect, and commits before returning: the Runtime
-    relay acknowledges only after that. A duplicate delivery finds the
-    acceptance and creates nothing. Seed 004 sections 10.7 and 15.1.
-
-    Args:
-        envelope: the immutable envelope; its payload's ``command_id`` names the intent.
-
-    Raises:
-        InboxEnvelopeMismatch: no such intent in the envelope's org, or the envelope differs from it.
-        InboxConflict / InboxRejected / InboxAcceptanceRaced: see :func:`runtime_outbox.messages.inbox_accept`.
-        PushContractError: an existing effect does not match the command, or a successor's predecessor is
-            not proven ``no_effect``.
-    """
-    with transaction.atomic(durable=True):
-        command = _envelope_command(envelope)
-
-        def accept_effect() -> str:
-            return f"remote_effect:{remote_effect_find_or_create(command=command).pk}"
-
-        messages.inbox_accept(envelope, consumer=INBOX_CONSUMER, accepted_ref_fn=accept_effect)
-
-
-def _envelope_command(envelope: messages.Envelope) -> OutboundCommand:
-    scope = envelope.scope
-    try:
-        command_id = require_id(envelope.payload.get("command_id"), OutboundCommand, field="command_id")
-    except NexusError as exc:
-        raise InboxEnvelopeMismatch(f"{envelope.family} message {envelope.outbox_message_id}: {exc}") from None
-    command = OutboundCommand.objects.filter(org_id=scope.org_id, pk=command_id).first()
-    if command is None:
-        raise InboxEnvelopeMismatch(f"{envelope.family} message {envelope.outbox_message_id}: no such intent")
-    family, key, payload = messages.command_message(command)
-    expected = messages.message_digest(family, messages.REGISTRY.family(family).payload_schema_version, key, payload)
-    if (messages.scope_of(command), family, key, expected) != (
-            scope, envelope.family, envelope.message_key, envelope.payload_digest):
-        raise InboxEnvelopeMismatch(f"{envelope.family} message {envelope.outbox_message_id} does not describe "
-                                    f"intent {command.pk}")
-    return command
-
-
 def remote_effect_find_or_create(*, command) -> RemoteEffect:
     """Return the one RemoteEffect of ``command``, creating it in the caller's transaction on first delivery.
 
@@ -303,7 +241,7 @@ def remote_effect_accept(*, command) -> RemoteEffect:
     """Return the one RemoteEffect of ``command``, creating it in its own transaction on first call.
 
     For direct callers outside the Runtime relay (which delivers through
-    :func:`outbound_message_accept`); it records no InboxAcceptance.
+    :func:`connectors.inbox.outbound_message_accept`); it records no InboxAcceptance.
 
     Raises:
         PushContractError: as :func:`remote_effect_find_or_create`.

@@ -473,7 +473,7 @@ def inbox_accept(envelope: Envelope, *, consumer: str, accepted_ref_fn: Callable
 
     Args:
         envelope: the delivered envelope.
-        consumer: stable consumer name stored on the row (e.g. ``"connectors.outbound"``).
+        consumer: stable consumer name stored on the row (e.g. ``"connectors.inbox"``).
         accepted_ref_fn: ``() -> str`` run in the caller's transaction; returns e.g. ``"remote_effect:<id>"``.
 
     Returns:

@@ -15,7 +15,7 @@ from django.db import connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 
 from connectors.models import RemoteEffect
-from connectors.outbound import INBOX_CONSUMER, InboxEnvelopeMismatch, outbound_message_accept
+from connectors.inbox import INBOX_CONSUMER, InboxEnvelopeMismatch, outbound_message_accept
 from nexusflow.flows.errors import WakeSignalRejected
 from nexusflow.flows.models import FlowRun, FlowWakeSignal
 from nexusflow.flows.services import flow_try_run_step_one
@@ -445,3 +445,18 @@ def test_envelope_is_the_only_thing_a_consumer_receives(org, monkeypatch):
     [envelope] = received
     assert type(envelope) is Envelope and isinstance(envelope.scope, TrustedRuntimeWorkScope)
     assert not any(isinstance(getattr(envelope, f.name), OutboxMessage) for f in dataclasses.fields(envelope))
+
+
+def test_the_support_views_list_messages_by_family_and_their_acceptances(org, client):
+    from django.contrib.auth.models import User
+
+    command = _push()
+    _drain_relay()
+    client.force_login(User.objects.create_superuser("root", password="pw"))
+    listed = client.get("/admin/runtime_outbox/outboxmessage/?family=" + OUTBOUND_COMMAND)
+    assert listed.status_code == 200
+    assert [m.pk for m in listed.context["cl"].result_list] == [_message(command).pk]
+    assert client.get("/admin/runtime_outbox/outboxmessage/?family=" + INTENT_COMPLETED).context[
+        "cl"].result_count == 0
+    acceptances = client.get("/admin/runtime_outbox/inboxacceptance/?state=accepted")
+    assert acceptances.status_code == 200 and command.idempotency_key.encode() in acceptances.content
