@@ -10,9 +10,11 @@ class ConnectorsConfig(AppConfig):
         from nexusflow.records.remote_links import RemoteLinks, register_remote_links
         from nexusflow.records.services import DELETE_STAGE_REMOTE_LINKS, register_before_delete
         from runtime_outbox import ports as runtime_ports
+        from runtime_outbox.messages import FLOW_EFFECT_SUBMIT, OUTBOUND_COMMAND, register_consumer
         from runtime_outbox.services import no_effect_reasons_declare
 
         from . import link_transfer, reasons, selectors, worker_roles, workers
+        from .inbox import outbound_message_accept
         from .links import inbound_link_create, inbound_link_find, record_links_describe
         from .outbound import freeze_push_binding, no_effect_unsettled_attempt, predecessor_effect_read
         from .source_deletion import links_before_source_delete
@@ -43,3 +45,6 @@ class ConnectorsConfig(AppConfig):
         register_open_work("permits", selectors.permits_open_count)
         register_open_work("uncertain_effects", selectors.effects_uncertain_count, parked=True)
         register_open_work("reconcilable", selectors.effects_create_conflict_count, parked=True)
+        # The effect owner's inbox for both command families (ARCHITECTURE.md section 2, "Runtime message families").
+        register_consumer(OUTBOUND_COMMAND, outbound_message_accept)
+        register_consumer(FLOW_EFFECT_SUBMIT, outbound_message_accept)

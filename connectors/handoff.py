@@ -207,6 +207,7 @@ def predecessor_inventory(gate: AccountServingGate) -> PredecessorInventory:
     outbound authoring and Permit acquisition of the account lock the same
     gate, so none of them can add work while the count is taken.
     """
+    from runtime_outbox.messages import COMMAND_FAMILIES
     from runtime_outbox.models import OutboxMessage
 
     from .selectors import partial_receipts_count
@@ -218,7 +219,7 @@ def predecessor_inventory(gate: AccountServingGate) -> PredecessorInventory:
             org_id=org_id, projection__event__account_key=account_key, projection__event__epoch_id=gate.epoch_id,
             state__in=NONTERMINAL_EXECUTION_STATES).count(),
         windows=_open_windows(org_id, account_key, gate.epoch_id),
-        outbox_messages=OutboxMessage.objects.filter(org_id=org_id, state="pending",
+        outbox_messages=OutboxMessage.objects.filter(org_id=org_id, state="pending", family__in=COMMAND_FAMILIES,
                                                      command__account_key=account_key).count(),
         effects_needing_serving=effects.filter(state__in=EFFECTS_NEEDING_SERVING).count(),
         effects_in_flight=effects.filter(state__in=EFFECTS_IN_FLIGHT).count(),

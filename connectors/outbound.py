@@ -2,8 +2,10 @@
 
 - :func:`freeze_push_binding` freezes the FrozenDispatchBinding while the
   application transaction holds the gate and its exact active epoch;
-- :func:`remote_effect_accept` turns a delivered OutboundCommand into its one
-  RemoteEffect (outbox redelivery loads the same row).
+- :func:`remote_effect_find_or_create` turns a delivered OutboundCommand into
+  its one RemoteEffect inside the accepting transaction of
+  :mod:`connectors.inbox` (redelivery loads the same row);
+  :func:`remote_effect_accept` does it in its own transaction, for direct callers.
 
 Dispatch, settlement and recovery live in :mod:`connectors.egress`, which checks a
 binding against :func:`policy_digest` and :func:`mapping_source_fields` from here.
@@ -207,18 +209,22 @@ def freeze_push_binding(*, org_id: str, contract_key: str, record, intent_key: s
     }
 
 
-def remote_effect_accept(*, command) -> RemoteEffect:
-    """Return the one RemoteEffect of ``command``, creating it on first delivery.
+def remote_effect_find_or_create(*, command) -> RemoteEffect:
+    """Return the one RemoteEffect of ``command``, creating it in the caller's transaction on first delivery.
 
     Raises:
+        RuntimeError: called outside a transaction.
         PushContractError: an existing effect's logical-effect digest differs
-            from the command's (fail closed).
+            from the command's (fail closed), or a successor's predecessor is
+            not proven ``no_effect``.
     """
-    existing = RemoteEffect.objects.filter(command=command).first()
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("the remote effect is created inside the accepting transaction")
+    existing = RemoteEffect.objects.filter(org_id=command.org_id, command=command).first()
     if existing is None:
         slot = command.frozen_binding.get("slot") or {}
         try:
-            with transaction.atomic(durable=True):
+            with transaction.atomic():
                 ordinal = _supersede_predecessor_create(command)
                 existing = RemoteEffectStore.create(
                     org_id=command.org_id, command=command, logical_effect_digest=command.idempotency_key,
@@ -229,10 +235,24 @@ def remote_effect_accept(*, command) -> RemoteEffect:
                     destination_slot_id=slot.get("destination_slot_id", ""), source_object=command.source_object,
                     source_record_key=command.source_record_key, attempt_ordinal=ordinal)
         except IntegrityError:
-            existing = RemoteEffect.objects.get(command=command)
+            # A concurrent delivery committed the effect first (the insert waited for it).
+            existing = RemoteEffect.objects.get(org_id=command.org_id, command=command)
     if existing.logical_effect_digest != command.idempotency_key or existing.org_id != command.org_id:
         raise PushContractError(f"remote effect {existing.pk} does not match command {command.pk}")
     return existing
+
+
+def remote_effect_accept(*, command) -> RemoteEffect:
+    """Return the one RemoteEffect of ``command``, creating it in its own transaction on first call.
+
+    For direct callers outside the Runtime relay (which delivers through
+    :func:`connectors.inbox.outbound_message_accept`); it records no InboxAcceptance.
+
+    Raises:
+        PushContractError: as :func:`remote_effect_find_or_create`.
+    """
+    with transaction.atomic(durable=True):
+        return remote_effect_find_or_create(command=command)
 
 
 def _supersede_predecessor_create(command) -> int:

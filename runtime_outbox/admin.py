@@ -21,8 +21,18 @@ class ApplicationResultAdmin(ReadOnlyAdmin):
 
 @admin.register(models.OutboxMessage)
 class OutboxMessageAdmin(ReadOnlyAdmin):
-    list_display = ("id", "command", "state", "delivery_attempts", "delivered_at")
-    list_filter = ("state",)
+    list_display = ("id", "org_id", "family", "message_key", "command", "state", "delivery_attempts",
+                    "next_attempt_at", "delivered_at")
+    list_filter = ("state", "family")
+    search_fields = ("message_key", "payload_digest")
+
+
+@admin.register(models.InboxAcceptance)
+class InboxAcceptanceAdmin(ReadOnlyAdmin):
+    list_display = ("id", "org_id", "family", "message_key", "state", "consumer", "accepted_ref",
+                    "outbox_message_id", "created_at")
+    list_filter = ("state", "family")
+    search_fields = ("message_key", "accepted_ref")
 
 
 @admin.register(models.IntentResultReceipt)

@@ -6,10 +6,13 @@ class RuntimeOutboxConfig(AppConfig):
     verbose_name = "Runtime outbox"
 
     def ready(self):
+        from django.core import checks
+
         from nexusflow.kernel.workers import register_open_work, register_role
         from nexusflow.records.owner import register_owner_work
         from nexusflow.records.services import DELETE_STAGE_OWNER_WORK, register_after_save, register_before_delete
 
+        from .messages import check_every_family_consumed
         from .owner import owner_before_delete, owner_intents_read, owner_work_check
         from .replay_guard import record_replay_write
         from .selectors import outbox_pending_count
@@ -22,3 +25,5 @@ class RuntimeOutboxConfig(AppConfig):
         register_owner_work(check=owner_work_check, read=owner_intents_read)
         register_role("runtime", runtime_units, order=20)
         register_open_work("outbox", outbox_pending_count)
+        # Every declared message family has its one consumer once all apps are ready (``manage.py check``).
+        checks.register(check_every_family_consumed)

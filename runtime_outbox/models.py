@@ -73,10 +73,25 @@ class OutboundCommand(GuardedModel):
 
 
 class OutboxMessage(GuardedModel):
-    """Transport delivery of one OutboundCommand to Connector."""
+    """Transport delivery of one Runtime message to the consumer of its family.
+
+    ARCHITECTURE.md section 2 "Runtime message families"; seed 004 section
+    10.7. ``(family, message_key)`` is the canonical dedupe key; the payload,
+    its digest and the full trusted Runtime work scope are immutable after
+    insert. Only the delivery columns move (``OutboxMessageStore``).
+    """
 
     org_id = IdentityField(max_length=64)
-    command = models.OneToOneField(OutboundCommand, on_delete=models.PROTECT)
+    app_installation_id = IdentityField(max_length=128)
+    runtime_capability_id = IdentityField(max_length=128)
+    binding_digest = IdentityField(max_length=128)
+    family = IdentityField(max_length=64)
+    message_key = IdentityField(max_length=128)
+    payload_schema_version = models.PositiveIntegerField()
+    payload = models.JSONField(help_text="The frozen, safe payload handed to the consumer (as an immutable envelope).")
+    payload_digest = IdentityField(**DIGEST)
+    command = models.ForeignKey(OutboundCommand, null=True, blank=True, on_delete=models.PROTECT,
+                                help_text="The intent the message is about, when it is about one.")
     state = models.CharField(max_length=16)
     version = models.PositiveBigIntegerField(default=1)
     delivery_attempts = models.PositiveIntegerField(default=0)
@@ -85,7 +100,36 @@ class OutboxMessage(GuardedModel):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
+        constraints = [models.UniqueConstraint(fields=["family", "message_key"], name="outbox_message_key_uniq")]
         indexes = [models.Index(fields=["state", "next_attempt_at"], name="outbox_message_due_idx")]
+
+
+class InboxAcceptance(GuardedModel):
+    """The Runtime transport authority's durable acceptance (or rejection) of one message key.
+
+    Seed 004 section 10.7 ("RejectIfUnaccepted" fence) and section 15.1:
+    ``message_key`` (the ``EffectHandoffKey``) alone is unique; family,
+    outbox message id, payload digest and the full trusted Runtime work scope
+    are immutable validation attributes, never alternate key parts. A row is
+    ``accepted`` (the consumer's own record, named by ``accepted_ref``,
+    committed in the same transaction) or a ``rejected`` tombstone that
+    refuses every later acceptance. Retained beyond the outbox row.
+    """
+
+    org_id = IdentityField(max_length=64)
+    app_installation_id = IdentityField(max_length=128)
+    runtime_capability_id = IdentityField(max_length=128)
+    binding_digest = IdentityField(max_length=128)
+    family = IdentityField(max_length=64)
+    message_key = IdentityField(max_length=128, unique=True)
+    outbox_message_id = TypedIdReference(to="runtime_outbox.OutboxMessage")
+    payload_digest = IdentityField(**DIGEST)
+    consumer = IdentityField(max_length=80)
+    state = models.CharField(max_length=16)
+    version = models.PositiveBigIntegerField(default=1)
+    accepted_ref = models.CharField(max_length=160, blank=True, default="",
+                                    help_text="The consumer's record created on acceptance, e.g. remote_effect:<id>.")
+    created_at = models.DateTimeField(auto_now_add=True)
 
 
 class IntentResultReceipt(GuardedModel):

@@ -38,6 +38,7 @@ from nexusflow.records.owner import (
     OwnerWorkPending,
 )
 
+from .messages import COMMAND_FAMILIES
 from .models import IntentResultReceipt, OutboxMessage
 from .store import OutboundCommandStore
 
@@ -113,7 +114,8 @@ def _with_states(org_id: str, commands) -> tuple[OwnerIntent, ...]:
     ids = [row[0] for row in commands]
     terminal = set(IntentResultReceipt.objects.filter(org_id=org_id, command_id__in=ids)
                    .values_list("command_id", flat=True))
-    messages = dict(OutboxMessage.objects.filter(org_id=org_id, command_id__in=ids).values_list("command_id", "state"))
+    messages = dict(OutboxMessage.objects.filter(org_id=org_id, command_id__in=ids, family__in=COMMAND_FAMILIES)
+                    .values_list("command_id", "state"))
     intents = []
     for command_id, contract_key, link_key in commands:
         if command_id in terminal:

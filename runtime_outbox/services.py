@@ -1,7 +1,8 @@
 """Runtime use cases: application results, outbound intents, outbox delivery, intent receipts.
 
 Seed 003 "Runtime-owned result" and "Outbound facts"; ARCHITECTURE.md
-section 4 (the single outbound effect model).
+section 4 (the single outbound effect model) and section 2 "Runtime message
+families" (:mod:`runtime_outbox.messages`).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from nexusflow.kernel.errors import NexusError, StaleVersion
 from nexusflow.kernel.models import insert
 from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
 
-from . import commands, ports, replay_guard
+from . import commands, messages, ports, replay_guard
 from .models import ApplicationResult, IntentResultReceipt, OutboundCommand, OutboxMessage
 from .owner import OwnerDeleted, OwnerFenceMissing
 from .store import OutboxMessageStore
@@ -110,6 +111,11 @@ def outbound_command_author(*, scope: TrustedRuntimeWorkScope, effect_root_id: s
                             origin: dict | None = None) -> OutboundCommand:
     """Author (or return) the immutable OutboundCommand + outbox message in the caller's transaction.
 
+    The message is ``flow.effect.submit`` for an intent of a Flow
+    EffectSubmit step (``origin_flow_run_id`` set), else ``outbound.command``
+    (:func:`runtime_outbox.messages.command_message`); its key is the intent
+    idempotency key.
+
     ``record`` must already be locked by the caller's transaction (business
     lock first: ``record_lock``, ``record_lock_owner`` or ``record_create``);
     that row lock is the owner fence of seed 000 ("Resource enqueue ... use
@@ -169,7 +175,8 @@ def outbound_command_author(*, scope: TrustedRuntimeWorkScope, effect_root_id: s
         origin_flow_run_id=origin_flow_run_id, origin_dependency_key=origin_dependency_key,
         predecessor=predecessor, successor_authorization=(successor or {}).get("authorization"),
     )
-    OutboxMessageStore.create(org_id=scope.org_id, command=command, state="pending")
+    family, message_key, payload = messages.command_message(command)
+    messages.publish(scope, family, message_key, payload, command=command)
     return command
 
 
@@ -282,23 +289,32 @@ def _author_successor(org_id: str, scope: TrustedRuntimeWorkScope, predecessor: 
 
 # --- Outbox delivery ----------------------------------------------------------
 def outbox_try_deliver_one() -> bool:
-    """Deliver one due outbox message to Connector (outside any transaction).
+    """Deliver one due outbox message to its family's consumer (outside any transaction).
 
     The relay first claims the message by counting the delivery attempt and
     moving its next due time (exponential backoff, capped at 60 s) in its own
-    transaction; then it creates (or loads) the command's one RemoteEffect and
-    marks the message delivered. A crash between the two redelivers onto the
-    same effect; a message whose delivery keeps killing the relay backs off
-    instead of blocking every later message, and ``delivery_attempts`` counts
-    every try, crashed ones included.
-    """
-    from connectors.outbound import remote_effect_accept
+    transaction; then it hands the consumer the message's immutable
+    :class:`~runtime_outbox.messages.Envelope` (the consumer commits its
+    acceptance, e.g. the InboxAcceptance and the command's one RemoteEffect,
+    before it returns) and only then marks the message delivered. A crash
+    between the two redelivers the same envelope, which the consumer's
+    acceptance turns into a no-op; a message whose consumer refuses or keeps
+    killing the relay backs off alone instead of blocking every later
+    message of its org, and ``delivery_attempts`` counts every try, crashed
+    ones included.
 
+    Returns:
+        True when a message was claimed (delivered or backed off), False when none is due.
+
+    Raises:
+        RuntimeError: called inside a transaction.
+        django.db.Error: a database error of the consumer (the claim's backoff is already committed).
+    """
     if transaction.get_connection().in_atomic_block:
         raise RuntimeError("outbox draining runs outside any transaction")
     now = db_now()
     message = (OutboxMessage.objects.filter(state="pending")
-               .exclude(next_attempt_at__gt=now).order_by("next_attempt_at", "id").select_related("command").first())
+               .exclude(next_attempt_at__gt=now).order_by("next_attempt_at", "id").first())
     if message is None:
         return False
     backoff = min(60, 2 ** min(message.delivery_attempts, 6))
@@ -311,10 +327,11 @@ def outbox_try_deliver_one() -> bool:
         except StaleVersion:
             return True  # another relay claimed or delivered it first
     try:
-        remote_effect_accept(command=message.command)
+        messages.deliver(messages.envelope_of(message))
     except NexusError as exc:
-        log.warning("outbox delivery of command %s failed (attempt %s, next in %s s): %s", message.command_id,
-                    message.delivery_attempts + 1, backoff, exc)
+        log.warning("outbox delivery of %s message %s failed (attempt %s, next in %s s): %s", message.family,
+                    message.pk, message.delivery_attempts + 1, backoff, exc,
+                    extra={"org_id": message.org_id, "code": exc.code})
         return True
     failpoints.hit(FP_AFTER_EFFECT_ACCEPT)
     with transaction.atomic(durable=True):
@@ -322,7 +339,7 @@ def outbox_try_deliver_one() -> bool:
             OutboxMessageStore.transition(org_id=message.org_id, pk=message.pk, src="pending", dst="delivered",
                                           version=version, set_fields={"delivered_at": now})
         except StaleVersion:
-            pass  # another relay delivered it after our claim expired; the effect is the same row
+            pass  # another relay delivered it after our claim expired; the acceptance is the same row
     return True
 
 
@@ -398,6 +415,13 @@ def _validate_no_effect(command: OutboundCommand, remote_id: str, evidence: dict
 def intent_result_record(*, command: OutboundCommand, outcome: str, remote_id: str, evidence: dict) -> IntentResultReceipt:
     """Record the completed result of an intent inside the caller's transaction and wake its Flow.
 
+    For an intent of a Flow (``origin_flow_run_id`` set) the receipt commits
+    with an ``intent.completed`` message, delivered at once in a savepoint of
+    the same transaction (seed 004 section 14.2 step 1): the Flow's
+    FlowWakeSignal commits with the receipt; if the Flow side refuses, only
+    the savepoint rolls back and the message stays pending for the relay, so
+    the Connector finalize is never blocked by the Flow.
+
     Idempotent: an equal receipt is returned; a different one raises. A
     ``no_effect`` result is validated first (:func:`_validate_no_effect`,
     seed 000 "A validated NO_EFFECT resource result"): ``remote_id`` empty,
@@ -432,10 +456,8 @@ def intent_result_record(*, command: OutboundCommand, outcome: str, remote_id: s
     receipt = insert(IntentResultReceipt, org_id=command.org_id, command=command, outcome=outcome,
                      remote_id=remote_id, evidence=evidence, digest=digest)
     if command.origin_flow_run_id is not None:
-        from nexusflow.flows.services import flow_wake_signal_accept
-
-        scope = TrustedRuntimeWorkScope(command.org_id, command.app_installation_id, command.runtime_capability_id,
-                                        command.binding_digest)
-        flow_wake_signal_accept(scope=scope, flow_run_id=command.origin_flow_run_id,
-                                dependency_key=command.origin_dependency_key or str(command.pk), receipt_id=receipt.pk)
+        key, payload = messages.intent_completed_message(command, receipt)
+        message = messages.publish(messages.scope_of(command), messages.INTENT_COMPLETED, key, payload,
+                                   command=command)
+        messages.deliver_in_transaction(message)
     return receipt

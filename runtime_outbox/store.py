@@ -1,4 +1,5 @@
-"""Runtime CAS store: outbox message delivery is the only mutable Runtime row."""
+"""Runtime CAS stores: outbox message delivery is the only mutable Runtime row; inbox acceptances are
+inserted in their final state and only locked."""
 from nexusflow.kernel import locks
 from nexusflow.kernel.locks import LockClass
 from nexusflow.kernel.store import CasStore
@@ -10,6 +11,26 @@ class OutboxMessageStore(CasStore):
     model = models.OutboxMessage
     machine = transitions.OUTBOX_MESSAGE
     lock_class = LockClass.RUNTIME
+
+
+class InboxAcceptanceStore(CasStore):
+    model = models.InboxAcceptance
+    machine = transitions.INBOX_ACCEPTANCE
+    lock_class = LockClass.RUNTIME
+    lock_label = "InboxAcceptance"
+
+    @classmethod
+    def lock_key(cls, message_key: str) -> models.InboxAcceptance | None:
+        """Lock the acceptance row of ``message_key`` ``FOR UPDATE`` (Runtime lock class), or return None.
+
+        The key alone is unique (seed 004 section 10.7): the row is found
+        whatever its scope, so that a caller of another scope is refused
+        against it instead of inserting beside it. Under READ COMMITTED a
+        missing key takes no gap lock; an uncommitted insert of the same key
+        makes this read wait for its commit.
+        """
+        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label)
+        return cls.model.objects.select_for_update().filter(message_key=message_key).first()
 
 
 class OutboundCommandStore:

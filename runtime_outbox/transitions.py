@@ -1,7 +1,8 @@
 """Runtime state machines as data.
 
 OutboundCommand, ApplicationResult and IntentResultReceipt are immutable
-facts; only transport delivery of the outbox message has a lifecycle.
+facts; only transport delivery of the outbox message has a lifecycle. An
+InboxAcceptance is inserted ``accepted`` or ``rejected`` and never moves.
 No state here needs a reason code (``reason_required``): a quarantined or
 no-effect intent receipt copies the RemoteEffect's code into its evidence.
 """
@@ -12,6 +13,15 @@ OUTBOX_MESSAGE = machine(
     {"pending": {"delivered"}, "delivered": set()},
     initial={"pending"},
     seed='ARCHITECTURE.md section 4; seed 004 section 10.7',
+)
+
+INBOX_ACCEPTANCE = machine(
+    "runtime_outbox.InboxAcceptance",
+    #: ``accepted``: the consumer's record committed with this row; ``rejected``: the RejectIfUnaccepted
+    #: tombstone, proof that no acceptance committed and that none ever will (seed 004 section 10.7).
+    {"accepted": set(), "rejected": set()},
+    initial={"accepted", "rejected"},
+    seed="seed 004 sections 10.7 and 15.4",
 )
 
 APPLICATION_RESULT_OUTCOMES = frozenset({"applied", "noop", "rejected", "failed"})

@@ -13,12 +13,16 @@ def connection_id() -> int:
         return int(cursor.fetchone()[0])
 
 
-def wait_until_blocked_on(thread_connection_id: int, table: str, timeout: float = 60) -> None:
+def wait_until_blocked_on(thread_connection_id: int, table: str, timeout: float = 60,
+                          statement: str = "FOR UPDATE") -> None:
     """Block until the connection ``thread_connection_id`` runs a locking read of ``table``.
 
     The caller holds that row's lock in another transaction, so a connection
     seen inside the statement is waiting for it (a connection sees its own
-    user's threads in PROCESSLIST without extra privileges). Fails after ``timeout``.
+    user's threads in PROCESSLIST without extra privileges). ``statement``
+    is the text that marks the waiting statement: ``"INSERT INTO"`` for an
+    insert queued behind another transaction's uncommitted row of the same
+    unique key. Fails after ``timeout``.
     """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -26,7 +30,7 @@ def wait_until_blocked_on(thread_connection_id: int, table: str, timeout: float 
             cursor.execute("SELECT INFO FROM information_schema.PROCESSLIST WHERE ID = %s", [thread_connection_id])
             row = cursor.fetchone()
         info = (row[0] or "") if row else ""
-        if table in info and "FOR UPDATE" in info:
+        if table in info and statement in info:
             return
         time.sleep(0.02)
     raise AssertionError(f"connection {thread_connection_id} never waited on a lock of {table}")
@@ -87,7 +91,8 @@ class Worker(threading.Thread):
 
 
 def race_behind_hold(holds, failpoint: str, held_fn, queued_fn, table: str,
-                     names: tuple[str, str] = ("held", "queued")) -> tuple[Worker, Worker]:
+                     names: tuple[str, str] = ("held", "queued"),
+                     statement: str = "FOR UPDATE") -> tuple[Worker, Worker]:
     """Run ``held_fn`` until its transaction is held at ``failpoint``, queue ``queued_fn`` behind it, release.
 
     ``holds`` is the ``holds`` fixture (tests/conftest.py). The second worker
@@ -105,7 +110,7 @@ def race_behind_hold(holds, failpoint: str, held_fn, queued_fn, table: str,
     queued = Worker(queued_fn, names[1])
     queued.start()
     assert queued.ready.wait(60)
-    wait_until_blocked_on(queued.connection_id, table)
+    wait_until_blocked_on(queued.connection_id, table, statement=statement)
     holds.release(marker)
     held.join(60)
     queued.join(60)

@@ -249,15 +249,9 @@ def test_explicit_transactions_and_store_locks_pass():
 #: Imports that point the wrong way today, ``(importing file, imported module) -> the port replacing it``.
 #: The list only shrinks: a new violation fails the test, and so does an entry whose import is gone.
 IMPORT_DIRECTION_TODO: dict[tuple[str, str], str] = {
-    ("runtime_outbox/services.py", "connectors.outbound"):
-        "being replaced by a port: the outbound.command consumer connectors registers in ready()",
-    ("runtime_outbox/services.py", "nexusflow.flows.services"):
-        "being replaced by a port: the intent.completed consumer flows registers in ready()",
 }
 #: Import cycles allowed for now, keyed by the modules of their strongly connected component.
 IMPORT_CYCLE_TODO: dict[frozenset[str], str] = {
-    frozenset({"nexusflow.flows.services", "runtime_outbox.services"}):
-        "closed only by the TODO runtime_outbox/services.py -> nexusflow.flows.services; goes with it",
 }
 
 

@@ -89,7 +89,7 @@ ADMIN_MODELS = (
     "connectors.replayrequest", "connectors.workerprocess", "connectors.remotelinkevidence",
     "connectors.pushlinkrevalidationreceipt",
     "runtime_outbox.outboundcommand", "runtime_outbox.applicationresult", "runtime_outbox.outboxmessage",
-    "runtime_outbox.intentresultreceipt", "runtime_outbox.replayrecordwrite",
+    "runtime_outbox.intentresultreceipt", "runtime_outbox.replayrecordwrite", "runtime_outbox.inboxacceptance",
     "cutover.cutoverdecision", "cutover.cutoverevidence",
 )
 

@@ -2,11 +2,15 @@
 import signal
 
 import pytest
+from django.db import connection, transaction
 
 from connectors.models import Execution, ExecutionAttempt, RemoteEffect
-from runtime_outbox.models import ApplicationResult
+from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
+from nexusflow.records.services import record_create, record_lock
+from runtime_outbox.models import ApplicationResult, InboxAcceptance, OutboxMessage
+from runtime_outbox.services import outbound_command_author
 from tests.adversarial.helpers import check_end_state, pending_work, run_parallel
-from tests.conftest import hubspot_event, post_signed, run_manage, subprocess_env
+from tests.conftest import ORG, hubspot_event, make_serving_org, post_signed, run_manage, subprocess_env
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 
@@ -67,3 +71,36 @@ def test_kill_at_failpoint_full_pipeline_converges(client, serving_org, role, fa
     customers = serving_org.sandbox.state()["customers"]
     assert len(customers) == 1
     assert RemoteEffect.objects.filter(state="finalized").count() == RemoteEffect.objects.count()
+
+
+def test_runtime_killed_between_inbox_commit_and_acknowledgement_redelivers_onto_one_acceptance(billing_sandbox):
+    """Seed 004 section 15.1: the owner commits inbox acceptance + its one effect before Runtime acknowledges."""
+    make_serving_org(billing_sandbox.base_url, deploy_flow=False)
+    with transaction.atomic():
+        record = record_create(org=OrgScope(ORG), object_name="Contact",
+                               values={"email": "kim@x.io", "firstname": "Kim", "lifecyclestage": "customer"})
+    with transaction.atomic():
+        record = record_lock(org=OrgScope(ORG), object_name="Contact", record_key=record.record_key)
+        command = outbound_command_author(
+            scope=TrustedRuntimeWorkScope(ORG, "core", "flow-runtime", "test-binding"),
+            effect_root_id="root-" + record.record_key, effect_slot_id="push-1", effect_generation_id="1",
+            contract_key="billing.customer", record=record, origin_flow_run_id=None)
+    crashed = run_manage(["run_workers", "--role", "runtime"],
+                         subprocess_env(NEXUS_FAILPOINTS="outbox.after_effect_accept"), timeout=60)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    message = OutboxMessage.objects.get(org_id=ORG, command=command)
+    # The consumer's transaction committed; only the acknowledgement was lost.
+    assert (message.state, message.delivery_attempts) == ("pending", 1)
+    effect = RemoteEffect.objects.get(org_id=ORG, command=command)
+    assert InboxAcceptance.objects.get(org_id=ORG).accepted_ref == f"remote_effect:{effect.pk}"
+    with connection.cursor() as cursor:  # the database clock passes the claim's backoff
+        cursor.execute("UPDATE runtime_outbox_outboxmessage SET next_attempt_at = NULL WHERE id = %s", [message.pk])
+
+    restarted = run_manage(["run_workers", "--role", "runtime", "--until-idle"], subprocess_env(), timeout=120)
+    assert restarted.returncode == 0, restarted.stderr[-2000:]
+    message = OutboxMessage.objects.get(org_id=ORG, pk=message.pk)
+    assert (message.state, message.delivery_attempts) == ("delivered", 2)
+    assert list(RemoteEffect.objects.filter(org_id=ORG).values_list("pk", flat=True)) == [effect.pk]
+    acceptance = InboxAcceptance.objects.get(org_id=ORG)
+    assert (acceptance.message_key, acceptance.outbox_message_id, acceptance.payload_digest, acceptance.state) == (
+        command.idempotency_key, message.pk, message.payload_digest, "accepted")

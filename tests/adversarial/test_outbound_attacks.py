@@ -121,7 +121,7 @@ def test_a_late_delivered_earlier_version_never_dispatches_beside_an_in_flight_c
 
     import connectors.outbound as outbound
 
-    real_accept = outbound.remote_effect_accept
+    real_accept = outbound.remote_effect_find_or_create
     calls = {"n": 0}
 
     def flaky_accept(*, command):
@@ -130,7 +130,7 @@ def test_a_late_delivered_earlier_version_never_dispatches_beside_an_in_flight_c
             raise OperationalError(2013, "Lost connection to server during query")
         return real_accept(command=command)
 
-    monkeypatch.setattr(outbound, "remote_effect_accept", flaky_accept)
+    monkeypatch.setattr(outbound, "remote_effect_find_or_create", flaky_accept)
     with pytest.raises(OperationalError):
         outbox_try_deliver_one()  # claims the first command's message, then fails: it backs off
     assert outbox_try_deliver_one()  # the second command is delivered first

@@ -98,6 +98,14 @@ def test_unlisted_pairs_are_rejected_before_sql(name, pair_counts):
 def test_listed_pairs_are_accepted_by_the_store(name, pair_counts):
     machine, store = MACHINES[name], STORES[name]
     builder = rows.RowBuilder(ORG)
+    if not machine.pairs():
+        # An insert-only machine: rows are created in their final state and never move (e.g. an
+        # InboxAcceptance, accepted or a rejected tombstone). Every state must be terminal and insertable.
+        assert machine.initial == machine.states == machine.terminal, name
+        for state in sorted(machine.initial):
+            assert store.model.objects.get(org_id=ORG, pk=builder.row(store, state).pk).state == state
+        pair_counts[name]["accepted"] = 0
+        return
     accepted = 0
     for src, dst in machine.pairs():
         row = builder.row(store, src)
