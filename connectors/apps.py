@@ -16,7 +16,7 @@ class ConnectorsConfig(AppConfig):
         from . import link_transfer, reasons, selectors, worker_roles, workers
         from .inbox import outbound_message_accept
         from .links import inbound_link_create, inbound_link_find, record_links_describe
-        from .outbound import freeze_push_binding, no_effect_unsettled_attempt, predecessor_effect_read
+        from .runtime_answers import freeze_push_binding, no_effect_unsettled_attempt, predecessor_effect_read
         from .source_deletion import links_before_source_delete
 
         # Seed 000: after Runtime's owner work check, a deleted source's push links stop being PATCH authority.
