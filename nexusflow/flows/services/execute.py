@@ -50,10 +50,10 @@ from .step_txn import (
     _commit_step,
     _CommitUnknown,
     _lock_fenced,
+    _lock_live_step,
     _RollbackUnknown,
     _step_fences,
     _step_txn,
-    _verify_root,
 )
 
 log = logging.getLogger("nexusflow.flows")
@@ -68,11 +68,7 @@ def _start(claim: StepClaim) -> StepClaim:
     """Lifecycle-only transaction: step Claimed -> Running under the claim fence."""
     with transaction.atomic(durable=True):
         now = db_now()
-        run = FlowRunStore.lock(claim.org_id, claim.run_id)
-        _verify_root(run, claim)
-        step = FlowStepStore.lock(claim.org_id, claim.step_id)
-        if step.lease_expires_at is None or step.lease_expires_at <= now:
-            raise FenceRejected(f"step {claim.step_id}: lease expired before execution started")
+        run, _ = _lock_live_step(claim, now, "lease expired before execution started")
         version = FlowStepStore.transition(
             org_id=claim.org_id, pk=claim.step_id, src=t.STEP_CLAIMED, dst=t.STEP_RUNNING,
             version=claim.step_version,

@@ -15,7 +15,6 @@ from typing import Any
 from django.db import transaction
 
 from nexusflow.kernel.clock import db_now
-from nexusflow.kernel.errors import FenceRejected
 from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.scope import OrgScope
 
@@ -25,7 +24,7 @@ from ..errors import FlowRunNotFound
 from ..models import FlowRun, FlowStepAttempt, FlowStepExecution
 from ..store import FlowAttemptStore, FlowDependencyStore, FlowRunStore, FlowStepStore, audit_insert
 from .claim import StepClaim
-from .step_txn import _step_fences, _verify_root
+from .step_txn import _lock_live_step, _step_fences
 
 
 # =============================================================================
@@ -45,11 +44,7 @@ def flow_step_heartbeat(*, claim: StepClaim) -> StepClaim:
     """
     with transaction.atomic(durable=True):
         now = db_now()
-        run = FlowRunStore.lock(claim.org_id, claim.run_id)
-        _verify_root(run, claim)
-        step = FlowStepStore.lock(claim.org_id, claim.step_id)
-        if step.lease_expires_at is None or step.lease_expires_at <= now:
-            raise FenceRejected(f"step {claim.step_id}: lease already expired")
+        _lock_live_step(claim, now, "lease already expired")
         expires = now + dt.timedelta(seconds=policy.lease_seconds())
         version = FlowStepStore.touch(
             org_id=claim.org_id, pk=claim.step_id, state=t.STEP_RUNNING, version=claim.step_version,

@@ -36,6 +36,20 @@ def _verify_root(run: FlowRun, claim: StepClaim) -> None:
         )
 
 
+def _lock_live_step(claim: StepClaim, now, expired: str) -> tuple[FlowRun, FlowStepExecution]:
+    """Lock root then step (lifecycle-only transactions) and refuse a claim whose lease has run out.
+
+    Raises:
+        FenceRejected: the root moved, or the step's lease ended at or before ``now`` (``expired`` says how).
+    """
+    run = FlowRunStore.lock(claim.org_id, claim.run_id)
+    _verify_root(run, claim)
+    step = FlowStepStore.lock(claim.org_id, claim.step_id)
+    if step.lease_expires_at is None or step.lease_expires_at <= now:
+        raise FenceRejected(f"step {claim.step_id}: {expired}")
+    return run, step
+
+
 def _lock_fenced(claim: StepClaim) -> tuple[FlowRun, FlowStepExecution, FlowStepAttempt]:
     """Lock root -> step -> attempt and verify the complete claim fence.
 
