@@ -3,7 +3,7 @@ from django.contrib import admin
 
 from nexusflow.kernel.admin import ReadOnlyAdmin, ReasonClassFilter
 
-from . import models
+from connectors import models
 
 
 @admin.register(models.AccountServingGate)

@@ -13,11 +13,16 @@ class ConnectorsConfig(AppConfig):
         from runtime_outbox.messages import FLOW_EFFECT_SUBMIT, OUTBOUND_COMMAND, register_consumer
         from runtime_outbox.services import no_effect_reasons_declare
 
-        from . import link_transfer, reasons, selectors, worker_roles, workers
-        from .inbox import outbound_message_accept
-        from .links import inbound_link_create, inbound_link_find, record_links_describe
-        from .runtime_answers import freeze_push_binding, no_effect_unsettled_attempt, predecessor_effect_read
-        from .source_deletion import links_before_source_delete
+        from connectors import reasons, selectors, worker_roles, workers
+        from connectors.links import identity_transfer as link_transfer
+        from connectors.outbound.inbox import outbound_message_accept
+        from connectors.links.link_keys import inbound_link_create, inbound_link_find, record_links_describe
+        from connectors.runtime_answers import (
+            freeze_push_binding,
+            no_effect_unsettled_attempt,
+            predecessor_effect_read,
+        )
+        from connectors.links.source_deletion import links_before_source_delete
 
         # Seed 000: after Runtime's owner work check, a deleted source's push links stop being PATCH authority.
         register_before_delete(links_before_source_delete, stage=DELETE_STAGE_REMOTE_LINKS)

@@ -8,7 +8,7 @@ from django.db import models
 from nexusflow.kernel.identity import IdentityField
 from nexusflow.kernel.models import GuardedModel, TypedIdReference, reason_code_constraint, reason_code_field
 
-from . import transitions
+from connectors import transitions
 
 DIGEST = {"max_length": 64}
 PROFILE = {"max_length": 64}
@@ -21,7 +21,7 @@ class PackGeneration(GuardedModel):
     Published by ``manage.py connector_pack_publish``; unique by pack key and
     version and by payload digest. ``digest`` is the pack owner's payload digest
     of the canonical document; the owner receipt is rebuilt by
-    :func:`connectors.generations.pack_generation_read`, never stored.
+    :func:`connectors.serving.generations.pack_generation_read`, never stored.
     """
 
     pack_key = IdentityField(max_length=80)
@@ -708,7 +708,7 @@ class RemoteLinkEvidence(GuardedModel):
 class PushLinkRevalidationReceipt(GuardedModel):
     """Append-only receipt of one finalized-link mapping revalidation (seed 002 "2026-07-22 ... CARVE_DOWN").
 
-    Written only by ``connectors.revalidation.revalidation_apply`` together with
+    Written only by ``connectors.links.mapping_revalidation.revalidation_apply`` together with
     the link's fingerprint move; never read by PATCH validation; blocked from
     generic CRUD and admin writes.
     """

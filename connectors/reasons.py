@@ -86,7 +86,7 @@ REMOTE_NOT_FOUND = register(
     "remote_not_found", owner=OWNER, evidence=_S + "remote_links_with_reason",
     severity_class=ATTENTION, alert_after_seconds=3600, remediations=("relink_or_retire",))
 
-# --- seed 002 push protocol (connectors/pushlinks.py) ------------------------------------
+# --- seed 002 push protocol (connectors/links/push_rules.py) ------------------------------------
 #: An older record version whose PATCH finds this version or a newer one already at the provider: stored as
 #: RemoteEffect ``quarantined`` (the seed's state machine), nothing sent, a Runtime ``superseded`` receipt.
 #: Benign: the provider holds the right values.
@@ -127,7 +127,7 @@ ASSOCIATION_TARGET_UNRESOLVED = register(
     "association_target_unresolved", owner=OWNER, evidence=_S + "remote_effects_with_reason",
     severity_class=ATTENTION, alert_after_seconds=3600, remediations=("reauthor_intent",))
 
-# --- create-conflict recovery (connectors/conflict_recovery.py) -----------------------------------
+# --- create-conflict recovery (connectors/contracts/create_conflict_recovery.py) -----------------------------------
 #: A create was refused because its identity already exists remotely; the answer named a candidate id.
 #: Parked for the reconciler's verify read (never a second create).
 CREATE_CONFLICT_EXISTING = register(
@@ -154,7 +154,7 @@ OPERATOR_QUARANTINE = register(
     "operator_quarantine", owner=OWNER, evidence=_S + "remote_effect_evidence_for_reason",
     severity_class=ATTENTION, alert_after_seconds=3600, remediations=("operator_reconcile",))
 
-# --- credential dispatch gates (CredentialGenerationDispatchGate; connectors/credentials.py) ----
+# --- credential dispatch gates (CredentialGenerationDispatchGate; connectors/serving/credential_gates.py) ----
 CREDENTIAL_REVOKED = register(
     "credential_revoked", owner=OWNER, evidence=_S + "credential_gates_with_reason",
     severity_class=ATTENTION, alert_after_seconds=3600, remediations=("reenable_credential_generation", "publish_credential_generation"))
@@ -173,7 +173,7 @@ NO_EFFECT_REASONS = frozenset({DEFINITE_REFUSAL, RETRY_EXHAUSTED})
 #: Uncertain effects that only an operator may move on (the reconciler skips them).
 OPERATOR_ONLY_UNCERTAIN = frozenset({UNCLASSIFIED_RESPONSE, RESPONSE_ID_MISSING, REMOTE_LOCATOR_CONFLICT})
 
-# --- halt and successor epochs (AccountServingGate, OrderingHandoff; connectors/handoff.py) ----------
+# --- halt and successor epochs (AccountServingGate, OrderingHandoff; connectors/serving/handoff.py) ----------
 HALTED_FOR_SUCCESSOR = register(
     "halted_for_successor", owner=OWNER, evidence=_S + "gates_with_reason",
     severity_class=ATTENTION, alert_after_seconds=3600, remediations=("complete_successor_switch",))

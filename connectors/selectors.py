@@ -16,8 +16,8 @@ import datetime as dt
 from django.db import connection, connections
 from django.db.models import Exists, OuterRef, QuerySet
 
-from . import reasons, transitions
-from .models import (
+from connectors import reasons, transitions
+from connectors.models import (
     AccountServingGate,
     CredentialGenerationDispatchGate,
     DispatchPermit,
@@ -147,7 +147,7 @@ def remote_effects_with_reason(*, org_id: str, reason_code: str | None = None) -
 
 def remote_link_evidence_for_reason(*, org_id: str, reason_code: str | None = None) -> QuerySet:
     """The evidence rows of links carrying ``reason_code``: which drift surface, conflict or deletion, and when."""
-    from .models import RemoteLinkEvidence
+    from connectors.models import RemoteLinkEvidence
 
     links = _with_reason(RemoteLink.objects.filter(org_id=org_id), reason_code).values("pk")
     return RemoteLinkEvidence.objects.filter(org_id=org_id, link__in=links).order_by("link_id", "id")
@@ -265,7 +265,7 @@ def receipts_missing_children(limit: int = 20) -> list[tuple[str, "Receipt.Id"]]
     exists. Receipts whose gate does not serve their own epoch cannot be
     materialized now and are left out, so they never fill the page ahead of
     Receipts that can; replay Receipts materialize through their
-    ReplayRequest (``connectors/replay.py``), never here.
+    ReplayRequest (``connectors/inbound/replay.py``), never here.
 
     Returns:
         ``[(org_id, receipt_id), ...]`` oldest first. Seed 003 "Inbound facts".

@@ -21,7 +21,7 @@ RANK_EFFECT, RANK_PERMIT, RANK_EFFECT_ATTEMPT, RANK_LINK = 4, 5, 6, 7
 RANK_HANDOFF = 8
 from nexusflow.kernel.store import CasStore
 
-from . import models, transitions
+from connectors import models, transitions
 
 
 class AccountServingGateStore(CasStore):

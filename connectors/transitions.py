@@ -159,7 +159,7 @@ REMOTE_EFFECT_ATTEMPT = machine(
 )
 
 # ProjectionWindow and ExecutionDependency rows are written by
-# connectors/windows.py and connectors/ordering.py. The barrier set is fixed
+# connectors/inbound/windows.py and connectors/contracts/ordering.py. The barrier set is fixed
 # here before its rows exist (tests/kernel/test_transition_pairs.py lists it as
 # "table only" until a store claims it).
 

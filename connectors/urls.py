@@ -1,7 +1,7 @@
 from django.urls import path
 
-from .api import HealthApi, IngressAdmitApi
-from .replay_api import ReplayCreateApi, ReplayDetailApi
+from connectors.inbound.ingress_api import HealthApi, IngressAdmitApi
+from connectors.inbound.replay_api import ReplayCreateApi, ReplayDetailApi
 
 urlpatterns = [
     path("health/", HealthApi.as_view(), name="health"),

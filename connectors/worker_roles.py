@@ -8,14 +8,14 @@ from __future__ import annotations
 from nexusflow.kernel.workers import Unit
 
 # The units are imported when a worker asks for its role, not when the app loads: loading the
-# app must not load the egress adapter or its HTTP client (tests/connectors/test_push_revalidation.py).
+# app must not load the egress adapter or its HTTP client (tests/connectors/links/test_push_revalidation.py).
 
 
 def connector_units(worker_id: str) -> list[tuple[str, Unit]]:
     """The ``connector`` role: inbound receipts, windows, dependencies and executions."""
-    from .executions import dependency_try_expire_one, execution_try_recover_one, execution_try_run_one
-    from .inbound import receipt_try_reconcile_one
-    from .windows import window_try_close_one
+    from connectors.inbound.executions import dependency_try_expire_one, execution_try_recover_one, execution_try_run_one
+    from connectors.inbound.admission import receipt_try_reconcile_one
+    from connectors.inbound.windows import window_try_close_one
 
     return [("receipt.reconcile", receipt_try_reconcile_one),
             ("window.close", window_try_close_one),
@@ -25,7 +25,12 @@ def connector_units(worker_id: str) -> list[tuple[str, Unit]]:
 
 
 def _egress_units(worker_id: str, lanes: tuple[str, ...]) -> list[tuple[str, Unit]]:
-    from .egress import effect_try_dispatch_one, effect_try_finalize_one, effect_try_reconcile_one, permit_try_abandon_one
+    from connectors.outbound.egress import (
+        effect_try_dispatch_one,
+        effect_try_finalize_one,
+        effect_try_reconcile_one,
+        permit_try_abandon_one,
+    )
 
     return [("permit.abandon", lambda: permit_try_abandon_one(lanes=lanes)),
             ("effect.finalize", lambda: effect_try_finalize_one(lanes=lanes)),
@@ -35,7 +40,7 @@ def _egress_units(worker_id: str, lanes: tuple[str, ...]) -> list[tuple[str, Uni
 
 def egress_units(worker_id: str) -> list[tuple[str, Unit]]:
     """The ``egress`` role: every known DispatchLane."""
-    from .egress import KNOWN_LANES
+    from connectors.outbound.egress import KNOWN_LANES
 
     return _egress_units(worker_id, KNOWN_LANES)
 
@@ -47,6 +52,6 @@ def egress_deferred_units(worker_id: str) -> list[tuple[str, Unit]]:
 
 def stream_units(worker_id: str) -> list[tuple[str, Unit]]:
     """The ``stream`` role: poll the pulled routes."""
-    from .stream import stream_try_poll_one
+    from connectors.inbound.stream_poll import stream_try_poll_one
 
     return [("stream.poll", stream_try_poll_one)]

@@ -20,7 +20,7 @@ from django.db import transaction
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.models import insert
 
-from .models import WorkerProcess
+from connectors.models import WorkerProcess
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -68,7 +68,7 @@ def record_holder_termination(worker_id: str, proof: dict) -> dict:
     sole egress adapter runs in the worker process, so its connections close
     when the process is gone (seed 003 "State machines", Permit abandonment).
     """
-    from .store import WorkerProcessStore
+    from connectors.store import WorkerProcessStore
 
     proof = {**proof, "worker_id": worker_id, "egress": "closed_with_process"}
     with transaction.atomic():

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from django.db import transaction
 
 from connectors.models import AccountServingGate, ServingEpoch
-from connectors.epoch import epoch_recheck_for_activation
-from connectors.serving import epoch_prepare, epoch_verify, gate_transition
+from connectors.serving.epoch import epoch_recheck_for_activation
+from connectors.serving.gates import epoch_prepare, epoch_verify, gate_transition
 from connectors.store import AccountServingGateStore, ServingEpochStore
 from nexusflow.kernel import canonical_json, failpoints
 from nexusflow.kernel.clock import db_now

@@ -151,7 +151,7 @@ def publish_owner_generations(org: OrgScope, *, hubspot_push: bool = False) -> N
 
     ``hubspot_push`` also publishes the CRM objects push account's private app token.
     """
-    from connectors.generations import credential_publish, pack_publish_file
+    from connectors.serving.generations import credential_publish, pack_publish_file
 
     for pack in ("hubspot", "billing"):
         pack_publish_file(Path(settings.NEXUS_PACKS_DIR) / pack / "pack.json")
@@ -161,7 +161,7 @@ def publish_owner_generations(org: OrgScope, *, hubspot_push: bool = False) -> N
 
 def apply_service_configuration(org: OrgScope, billing_url: str, hubspot_url: str | None = None):
     """Publish the owner generations, then author the L2 configuration generation."""
-    from connectors.serving import service_configuration_apply
+    from connectors.serving.gates import service_configuration_apply
 
     publish_owner_generations(org, hubspot_push=hubspot_url is not None)
     return service_configuration_apply(org=org, document=service_document(billing_url, hubspot_url))
@@ -222,15 +222,15 @@ def post_signed(client, events_or_body, *, sign: str = "valid", account="crm-web
 
 def drain(*, worker_id: str = "test-worker", max_rounds: int = 2000, client=None) -> int:
     """Run every worker unit in-process until none has work; return units done."""
-    from connectors.egress import (
+    from connectors.outbound.egress import (
         effect_try_dispatch_one,
         effect_try_finalize_one,
         effect_try_reconcile_one,
         permit_try_abandon_one,
     )
-    from connectors.executions import dependency_try_expire_one, execution_try_run_one
-    from connectors.inbound import receipt_try_reconcile_one
-    from connectors.windows import window_try_close_one
+    from connectors.inbound.executions import dependency_try_expire_one, execution_try_run_one
+    from connectors.inbound.admission import receipt_try_reconcile_one
+    from connectors.inbound.windows import window_try_close_one
     from nexusflow.flows.services import flow_try_run_step_one, flow_try_wake_one
     from runtime_outbox.services import outbox_try_deliver_one
 

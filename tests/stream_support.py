@@ -68,7 +68,7 @@ def stream_org(billing_sandbox, cdc_sandbox, tmp_path, django_db_blocker) -> Str
 
 
 def stream_target():
-    from connectors.stream import pull_targets
+    from connectors.inbound.stream_poll import pull_targets
 
     (target,) = pull_targets(account_key=STREAM_ACCOUNT)
     return target

@@ -5,7 +5,7 @@ import pytest
 from django.db import OperationalError
 from rest_framework import exceptions
 
-from connectors.serving import NotServing
+from connectors.serving.gates import NotServing
 from nexusflow.api_errors import exception_handler
 from nexusflow.kernel.errors import InvalidIdentity, NexusError, RetryableConflict, StaleVersion
 from nexusflow.kernel.permissions import OrgNotAuthorized

@@ -39,8 +39,10 @@ UNSCOPED_READ_EXEMPT: frozenset[tuple[str, int]] = frozenset()
 
 #: Files that may import an HTTP client, each with its reason.
 HTTP_CLIENT_ALLOWED = {
-    "connectors/egress.py": "the sole egress adapter (ARCHITECTURE.md section 2)",
-    "connectors/stream_transport.py": "the one read-only fetch of pulled routes; no transaction, no write",
+    "connectors/outbound/egress.py": "the sole egress adapter (ARCHITECTURE.md section 2): composes its steps",
+    "connectors/outbound/permit_send.py": "the egress adapter's one provider call per DispatchPermit",
+    "connectors/outbound/recovery.py": "the egress adapter's verify read of a provider's create conflict",
+    "connectors/inbound/stream_transport.py": "the one read-only fetch of pulled routes; no transaction, no write",
     "packs/hubspot/sender.py": "L1 provider sandbox: sends provider-shaped webhooks to the ingress",
     "packs/demo/run.py": "L1 demo driver: plays the provider against a running web process",
     "packs/journeys.py": "L1 journey harness: waits for the running web process and posts webhooks to it",
@@ -64,7 +66,7 @@ def test_l0_reads_by_id_are_org_scoped(path):
 def test_the_unscoped_read_scan_covers_stores_selectors_services_apis_and_commands():
     names = {relative(p) for p in SCOPED_READ_FILES}
     assert {"nexusflow/kernel/store.py", "nexusflow/flows/selectors.py", "nexusflow/flows/services/execute.py",
-            "connectors/api.py", "cutover/management/commands/cutover.py", "connectors/egress.py"} <= names
+            "connectors/inbound/ingress_api.py", "cutover/management/commands/cutover.py", "connectors/outbound/egress.py"} <= names
     assert not [n for n in names if n.endswith("admin.py") or "/migrations/" in n]
 
 
@@ -142,7 +144,7 @@ def test_raw_sql_outside_a_store_is_caught():
         "        c.execute('SELECT id FROM connectors_orderinglane')\n"
         "        return c.fetchall()\n"
     )
-    found = [(v.line, v.detail) for v in check_raw_sql(broken, "connectors/executions.py")]
+    found = [(v.line, v.detail) for v in check_raw_sql(broken, "connectors/inbound/executions.py")]
     assert found == [(4, "cursor.execute()"), (4, "SQL literal 'SELECT id FROM connectors_orderinglane'")]
     assert check_raw_sql(broken, "connectors/selectors.py") == []
     assert check_raw_sql(broken, "nexusflow/flows/store.py") == []
@@ -207,7 +209,7 @@ def test_an_http_client_import_is_caught(line, module):
 
 def test_parsing_and_serving_modules_are_not_http_clients():
     text = "import urllib.parse\nfrom http import HTTPStatus\nfrom http.server import ThreadingHTTPServer\n"
-    assert check_http_imports(text, "connectors/signatures.py") == []
+    assert check_http_imports(text, "connectors/contracts/signatures.py") == []
 
 
 # --- 6. locks and state writes go through stores --------------------------------------
@@ -304,12 +306,12 @@ def _direction(source: str, path: str) -> list[tuple[int, str]]:
     ("nexusflow/records/edits.py", "import os\nfrom runtime_outbox.owner import OwnerContended\n", 2,
      "imports runtime_outbox.owner.OwnerContended: nexusflow.records (layer 1) imports upward "
      "from runtime_outbox (layer 2)"),
-    ("runtime_outbox/services.py", "def deliver():\n    from connectors.outbound import remote_effect_accept\n", 2,
-     "imports connectors.outbound.remote_effect_accept: runtime_outbox (layer 2) imports upward "
+    ("runtime_outbox/services.py", "def deliver():\n    from connectors.outbound.intents import remote_effect_accept\n", 2,
+     "imports connectors.outbound.intents.remote_effect_accept: runtime_outbox (layer 2) imports upward "
      "from connectors (layer 3)"),
     ("nexusflow/flows/services.py", "import connectors.workers\n", 1,
      "imports connectors.workers: nexusflow.flows and connectors never import each other"),
-    ("connectors/egress.py", "def f():\n    from nexusflow.flows import services\n", 2,
+    ("connectors/outbound/egress.py", "def f():\n    from nexusflow.flows import services\n", 2,
      "imports nexusflow.flows.services: connectors and nexusflow.flows never import each other"),
     ("nexusflow/records/transfer.py", "from ..flows.models import FlowRun\n", 1,
      "imports nexusflow.flows.models.FlowRun: nexusflow.records (layer 1) imports upward "
@@ -321,8 +323,8 @@ def _direction(source: str, path: str) -> list[tuple[int, str]]:
     ("nexusflow/records/store.py", "from importlib import import_module\n"
                                    "import_module('..flows.store', package='nexusflow.records')\n", 2,
      "imports nexusflow.flows.store: nexusflow.records (layer 1) imports upward from nexusflow.flows (layer 3)"),
-    ("nexusflow/api_errors.py", "from connectors.api import x\n", 1,
-     "imports connectors.api.x: nexusflow.kernel (layer 0) imports upward from connectors (layer 3)"),
+    ("nexusflow/api_errors.py", "from connectors.inbound.ingress_api import x\n", 1,
+     "imports connectors.inbound.ingress_api.x: nexusflow.kernel (layer 0) imports upward from connectors (layer 3)"),
     ("packs/loopback.py", "from nexusflow import urls\n", 1,
      "imports nexusflow.urls: packs (layer 5) imports upward from composition root (layer 6)"),
     ("cutover/services.py", "from tests.concurrency import holds\n", 1,
@@ -343,16 +345,16 @@ def test_the_imported_module_is_named_when_the_tree_knows_it():
 
 
 @pytest.mark.parametrize("path,source", [
-    ("connectors/egress.py", "import json\nfrom django.db import transaction\nfrom .outbound import policy_digest\n"
+    ("connectors/outbound/egress.py", "import json\nfrom django.db import transaction\nfrom .intents import policy_digest\n"
                              "from nexusflow.kernel.models import insert\nfrom nexusflow.records.models import R\n"
                              "from runtime_outbox.services import intent_result_record\n"),
     ("cutover/services.py", "def f():\n    from connectors.models import AccountServingGate\n"
                             "    from nexusflow.flows.models import FlowRun\n"),
     ("packs/demo/run.py", "from cutover.models import X\nfrom .common import DemoError\n"),
     ("nexusflow/records/edits.py", "from . import metadata\nfrom ..kernel import errors\nfrom nexusflow import api_errors\n"),
-    ("nexusflow/urls.py", "from connectors.api import x\nfrom packs.journeys import y\n"),
+    ("nexusflow/urls.py", "from connectors.inbound.ingress_api import x\nfrom packs.journeys import y\n"),
     ("connectors/migrations/0013_push.py", "import nexusflow.kernel.models\ndef f(apps, schema):\n"
-                                           "    from connectors.pushlinks import body_fingerprint\n"),
+                                           "    from connectors.links.push_rules import body_fingerprint\n"),
     ("tests/records/test_x.py", "from packs.demo.run import run_demo\n"),
     ("scripts/create_databases.py", "from packs.demo.run import demo_database_names\n"),
 ])
@@ -366,16 +368,18 @@ def _cycles(files: dict[str, str]) -> list[tuple[list[str], int, str]]:
 
 def test_an_import_cycle_is_caught_with_its_chain():
     files = {
-        "connectors/epoch.py": "from .generations import read\n",
-        "connectors/generations.py": "import json\nfrom .packs import validate\n",
-        "connectors/packs.py": "def validate():\n    from connectors import serving\n",
-        "connectors/serving.py": "from connectors.epoch import prepare\nfrom .store import S\n",
+        "connectors/serving/epoch.py": "from .generations import read\n",
+        "connectors/serving/generations.py": "import json\nfrom ..contracts.pack_document import validate\n",
+        "connectors/contracts/pack_document.py": "def validate():\n    from connectors.serving import gates\n",
+        "connectors/serving/gates.py": "from connectors.serving.epoch import prepare\nfrom ..store import S\n",
         "connectors/store.py": "from nexusflow.kernel.store import CasStore\n",
     }
     assert _cycles(files) == [(
-        ["connectors.epoch", "connectors.generations", "connectors.packs", "connectors.serving"], 1,
-        "connectors.epoch -> connectors.generations -> connectors.packs -> connectors.serving -> connectors.epoch")]
-    files["connectors/packs.py"] = "def validate():\n    pass\n"
+        ["connectors.contracts.pack_document", "connectors.serving.epoch", "connectors.serving.gates",
+         "connectors.serving.generations"], 2,
+        "connectors.contracts.pack_document -> connectors.serving.gates -> connectors.serving.epoch -> "
+        "connectors.serving.generations -> connectors.contracts.pack_document")]
+    files["connectors/contracts/pack_document.py"] = "def validate():\n    pass\n"
     assert _cycles(files) == []
 
 

@@ -54,7 +54,7 @@ def test_the_forbidden_list_holds_the_explicit_and_the_derived_words():
 
 def test_every_l0_area_is_scanned():
     scanned = {"/".join(relative(p).split("/")[:2]) for p in l0_files(SUFFIXES)}
-    assert {"connectors/egress.py", "runtime_outbox/services.py", "cutover/services.py", "nexusflow/kernel",
+    assert {"connectors/outbound", "connectors/inbound", "runtime_outbox/services.py", "cutover/services.py", "nexusflow/kernel",
             "nexusflow/records", "nexusflow/flows", "nexusflow/settings.py"} <= scanned
     assert not [p for p in l0_files(SUFFIXES) if "migrations" in p.parts]
 

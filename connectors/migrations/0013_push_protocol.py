@@ -10,7 +10,7 @@ def backfill_slots(apps, schema_editor):
     """Existing effects get their stable slot and source columns from their command's frozen binding; an
     existing create effect that is not superseded holds its link key's create slot; existing push links get
     their fingerprints and installation lineage from the pack generation that created them."""
-    from connectors.pushlinks import body_fingerprint, mapping_fingerprint
+    from connectors.links.push_rules import body_fingerprint, mapping_fingerprint
 
     effect_model = apps.get_model("connectors", "RemoteEffect")
     link_model = apps.get_model("connectors", "RemoteLink")

@@ -3,7 +3,7 @@
 RemoteLink rows are Connector facts: the one external-identity authority of
 a record. The records app never reads or writes them itself; it asks the
 Connector through the port registered in ``ConnectorsConfig.ready``
-(:mod:`connectors.link_transfer` implements it):
+(:mod:`connectors.links.identity_transfer` implements it):
 
 - ``lock(org_id=, owners=)``: lock every link of the given ``(object, record
   key)`` pairs, ascending id (class 2 of the transfer's lock order, after the

@@ -18,7 +18,7 @@ order (ARCHITECTURE.md section 6):
    checks passed.
 
 Then remote authority moves, per connector owner (``RemoteLink.owner_key``;
-the Connector plans and writes the links, :mod:`connectors.link_transfer`):
+the Connector plans and writes the links, :mod:`connectors.links.identity_transfer`):
 each active source link retires (evidence ``transferred``) and the target
 gets a link with the same remote id under the target's own link key for the
 same destination slot (the key egress computes for the target's contract), so

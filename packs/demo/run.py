@@ -293,7 +293,7 @@ def _run_chaos(seed: int, *, procs: Processes, env: dict, run_dir: Path, web_por
 
 
 def _inbound_field_map(service: dict) -> dict[str, str]:
-    from connectors.packs import load_pack
+    from connectors.contracts.pack_document import load_pack
 
     account = next(a for a in service["accounts"] if a["account_key"] == service["ingress"]["account_key"])
     route = load_pack(account["pack"]).route_for_channel(service["ingress"]["channel"], account["routes"])

@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 
 import httpx
 
-from connectors.signatures import header_timestamp, sign_request
+from connectors.contracts.signatures import header_timestamp, sign_request
 from packs.hubspot import webhook_route
 
 SIGN_MODES: frozenset[str] = frozenset({"valid", "invalid", "stale", "missing"})

@@ -12,7 +12,7 @@ BASE = hubspot_event(1, 901, 1000)
 
 
 def post_raw(client, body: bytes):
-    from connectors.signatures import header_timestamp, sign_request
+    from connectors.contracts.signatures import header_timestamp, sign_request
     from packs.hubspot.sender import webhook_route
 
     auth = webhook_route()["auth"]
@@ -118,7 +118,7 @@ def test_bad_value_is_rejected_not_crash(client, serving_org):
 @pytest.mark.parametrize("content_type", ["multipart/form-data; boundary=xyz", "application/x-www-form-urlencoded",
                                           "text/plain; charset=latin-1", "application/json; charset=utf-16", ""])
 def test_content_types_never_5xx(client, serving_org, content_type):
-    from connectors.signatures import header_timestamp, sign_request
+    from connectors.contracts.signatures import header_timestamp, sign_request
     from packs.hubspot.sender import webhook_route
 
     body = json.dumps([hubspot_event(11, 990, 1000)]).encode()

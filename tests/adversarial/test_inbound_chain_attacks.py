@@ -19,7 +19,7 @@ from django.db import transaction
 from django.test import Client
 
 from connectors import reasons
-from connectors.executions import (
+from connectors.inbound.executions import (
     _claim_in_lane,
     _claim_unlaned,
     dependency_try_expire_one,
@@ -27,7 +27,7 @@ from connectors.executions import (
     execution_try_claim_one,
     execution_try_run_one,
 )
-from connectors.inbound import (
+from connectors.inbound.admission import (
     _admit_locked,
     _route_and_secret,
     classify_items,
@@ -50,9 +50,9 @@ from connectors.models import (
     ReplayRequest,
     StreamCursor,
 )
-from connectors.serving import gate_transition
+from connectors.serving.gates import gate_transition
 from connectors.store import AccountServingGateStore
-from connectors.windows import window_try_close_one
+from connectors.inbound.windows import window_try_close_one
 from cutover.reasons import CUTOVER_IN_PROGRESS
 from nexusflow.kernel.scope import OrgScope
 from runtime_outbox.models import ApplicationResult
@@ -105,7 +105,7 @@ def org(billing_sandbox) -> OrgScope:
 
 ADMIT_IN_CHILD = """
 import json, time
-from connectors.inbound import admit
+from connectors.inbound.admission import admit
 from packs.hubspot.sender import Delivery, signed_headers, webhook_route
 from tests.conftest import WEBHOOK_SECRET
 batch = json.loads({batch!r})
@@ -178,7 +178,7 @@ BATCH3 = [hubspot_event(1, 701, 1000), hubspot_event(2, 701, 2000, "email", "ada
 
 def test_halt_does_not_complete_while_a_receipt_of_the_epoch_still_lacks_children(org):
     """A halted predecessor epoch can never materialize its partial Receipts: halting must wait for them."""
-    from connectors.handoff import HaltRefused, halt_begin, halt_try_complete
+    from connectors.serving.handoff import HaltRefused, halt_begin, halt_try_complete
 
     receipt_id = _reserve_only(BATCH3)
     with pytest.raises(HaltRefused):
@@ -193,8 +193,8 @@ def test_halt_does_not_complete_while_a_receipt_of_the_epoch_still_lacks_childre
 
 def test_non_serving_partial_receipts_do_not_starve_the_reconciler_of_serving_ones(org):
     """A page of partial Receipts on a halted account must not hide another org's serving Receipt."""
-    from connectors.generations import credential_publish
-    from connectors.serving import service_configuration_apply
+    from connectors.serving.generations import credential_publish
+    from connectors.serving.gates import service_configuration_apply
     from cutover.services import cutover_greenfield
 
     other = OrgScope("test-org-2")
@@ -216,8 +216,8 @@ def test_non_serving_partial_receipts_do_not_starve_the_reconciler_of_serving_on
 def test_an_unmaterialized_replay_receipt_does_not_poison_the_receipt_reconciler(client, org, monkeypatch):
     """A replay admitted while the gate left v2_serving keeps a Receipt without children; the transport
     reconciler must neither crash on it nor turn it into a live Event, and must still reach other Receipts."""
-    from connectors import replay as replay_module
-    from connectors.serving import NotServing
+    from connectors.inbound import replay as replay_module
+    from connectors.serving.gates import NotServing
 
     event = _terminal_event(client)
     with monkeypatch.context() as patch:
@@ -400,7 +400,7 @@ def test_seal_racing_admission_of_a_full_window_mints_one_execution_per_window(
 
 def test_a_window_of_a_halted_gate_is_neither_sealed_nor_lets_the_halt_through(client, billing_sandbox, settings,
                                                                                 monkeypatch, tmp_path):
-    from connectors.handoff import HaltRefused, halt_begin
+    from connectors.serving.handoff import HaltRefused, halt_begin
 
     variant_pack.use_variant(settings, monkeypatch, tmp_path,
                              variant_pack.window(policy="batch", close_after_seconds=0, max_items=50))
@@ -635,9 +635,9 @@ def test_concurrent_submissions_of_one_replay_id_converge_on_one_generation(clie
 
 
 def test_replay_racing_a_forced_halt_leaves_either_nothing_or_a_resumable_request(client, org):
-    from connectors.handoff import halt_begin
-    from connectors.replay import replay_lookup, replay_submit
-    from connectors.serving import NotServing
+    from connectors.serving.handoff import halt_begin
+    from connectors.inbound.replay import replay_lookup, replay_submit
+    from connectors.serving.gates import NotServing
 
     event = _terminal_event(client)
 
@@ -691,7 +691,7 @@ def _publish(sandbox, prefix: str, n: int) -> list[int]:
 
 
 def test_stop_and_resume_racing_pollers_never_skip_or_double_an_envelope(stream_org):
-    from connectors.stream import stream_cursor_set_state, stream_poll_once
+    from connectors.inbound.stream_poll import stream_cursor_set_state, stream_poll_once
 
     _publish(stream_org.stream, "R", 12)
     target = stream_target()
@@ -738,7 +738,7 @@ def test_stream_poll_command_bad_input_exits_with_a_message_and_moves_nothing(st
 def test_stream_status_and_stop_still_answer_while_the_account_is_halted(stream_org):
     """Stopping a poller must not need a serving gate (operators stop pollers to halt)."""
     target = stream_target()
-    from connectors.stream import stream_cursor_for
+    from connectors.inbound.stream_poll import stream_cursor_for
 
     stream_cursor_for(target)
     _halt_gate(STREAM_ACCOUNT)
@@ -779,7 +779,7 @@ def test_ingress_to_a_gate_outside_v2_serving_is_a_clean_503_and_writes_nothing(
 # === 5b. replay of a window member =================================================================
 def test_a_member_of_a_still_open_window_cannot_be_replayed(client, batch_window_org):
     """Its application is still pending (the window has not sealed): the predecessor is not terminal."""
-    from connectors.replay import ReplayPredecessorNotTerminal, replay_submit
+    from connectors.inbound.replay import ReplayPredecessorNotTerminal, replay_submit
 
     assert post_signed(client, [hubspot_event(1, 880, 1000, "email", "w@x.io")]).status_code == 202
     member = Event.objects.get()
@@ -791,9 +791,9 @@ def test_a_member_of_a_still_open_window_cannot_be_replayed(client, batch_window
 
 
 def test_a_member_of_a_sealed_window_replays_only_once_its_window_execution_is_terminal(client, batch_window_org):
-    from connectors.replay import ReplayPredecessorNotTerminal, replay_submit
-    from connectors.windows import seal
-    from connectors.serving import serving_lock
+    from connectors.inbound.replay import ReplayPredecessorNotTerminal, replay_submit
+    from connectors.inbound.windows import seal
+    from connectors.serving.gates import serving_lock
 
     post_signed(client, [hubspot_event(1, 881, 1000), hubspot_event(2, 881, 2000, "email", "s@x.io")])
     first = Event.objects.order_by("id").first()  # not the window's chosen (greatest) member
@@ -818,8 +818,8 @@ ORG2, ACCOUNT2 = "test-org-2", "crm-webhooks-2"
 
 
 def _second_serving_org() -> OrgScope:
-    from connectors.generations import credential_publish
-    from connectors.serving import service_configuration_apply
+    from connectors.serving.generations import credential_publish
+    from connectors.serving.gates import service_configuration_apply
     from cutover.services import cutover_greenfield
 
     other = OrgScope(ORG2)
@@ -835,7 +835,7 @@ def _second_serving_org() -> OrgScope:
 @pytest.mark.parametrize("variant", ["latest", "independent", "window", "strict"])
 def test_work_of_a_force_halted_org_does_not_starve_another_orgs_workers(client, billing_sandbox, settings,
                                                                         monkeypatch, tmp_path, variant, db_clock_advance):
-    from connectors.handoff import halt_begin
+    from connectors.serving.handoff import halt_begin
 
     mutate = {"latest": None, "independent": variant_pack.independent,
               "window": variant_pack.window(policy="grouped", grouping=["objectId"], close_after_seconds=0,
@@ -881,7 +881,7 @@ def _window_on(ordering_mutate, **spec):
 def test_a_batch_window_on_a_latest_position_route_never_loses_an_earlier_windows_members(
         client, billing_sandbox, settings, monkeypatch, tmp_path):
     """Each batch window applies every member; a later window on the same lane must not supersede it."""
-    from connectors.packs import PackError
+    from connectors.contracts.pack_document import PackError
 
     try:
         variant_pack.use_variant(settings, monkeypatch, tmp_path,
@@ -903,7 +903,7 @@ def test_a_batch_window_on_a_latest_position_route_never_loses_an_earlier_window
 
 def test_a_latest_window_on_a_strict_route_does_not_strand_its_members(client, billing_sandbox, settings,
                                                                        monkeypatch, tmp_path, db_clock_advance):
-    from connectors.packs import PackError
+    from connectors.contracts.pack_document import PackError
 
     try:
         variant_pack.use_variant(settings, monkeypatch, tmp_path,
@@ -941,8 +941,8 @@ def test_settle_windows_on_a_latest_position_lane_apply_the_newest_value(client,
 
 
 def test_pack_validation_refuses_windows_that_do_not_fit_the_ordering_contract():
-    from connectors.ordering import validate_contract
-    from connectors.window_contract import validate_window, validate_window_ordering
+    from connectors.contracts.ordering import validate_contract
+    from connectors.contracts.windows import validate_window, validate_window_ordering
 
     latest = {"contract": "latest_source_position", "partition": ["objectId"], "position": ["eventId"],
               "tie_breaker": "eventId", "comparator_version": "1"}
@@ -967,8 +967,8 @@ def test_pack_validation_refuses_windows_that_do_not_fit_the_ordering_contract()
 
 # === 5c. redelivery after a successor epoch ========================================================
 def _switch_to_successor(org, billing_url, monkeypatch):
-    from connectors.handoff import halt_begin, halt_try_complete, handoff_stage, successor_activate
-    from tests.connectors.test_successor_handoff import successor_epoch
+    from connectors.serving.handoff import halt_begin, halt_try_complete, handoff_stage, successor_activate
+    from tests.connectors.serving.test_successor_handoff import successor_epoch
 
     successor = successor_epoch(org, billing_url, monkeypatch)
     halt_begin(org=org)
@@ -994,17 +994,17 @@ def test_a_redelivery_of_a_predecessor_epoch_delivery_resolves_its_receipt_after
 
 def test_a_stream_batch_admitted_before_the_switch_does_not_block_the_cursor_after_it(stream_org, monkeypatch):
     """A poll that admitted its envelopes but did not advance its cursor refetches them under the successor."""
-    from connectors.handoff import halt_begin, halt_try_complete, handoff_stage, successor_activate
-    from connectors.serving import epoch_prepare, epoch_verify, service_configuration_apply
-    from connectors.stream import stream_poll_once
+    from connectors.serving.handoff import halt_begin, halt_try_complete, handoff_stage, successor_activate
+    from connectors.serving.gates import epoch_prepare, epoch_verify, service_configuration_apply
+    from connectors.inbound.stream_poll import stream_poll_once
     from tests.stream_support import stream_service_document
 
     _publish(stream_org.stream, "S", 3)
     with monkeypatch.context() as patch:  # the poll admits its batch, then loses the cursor advance
-        patch.setattr("connectors.stream.stream_cursor_advance", lambda *a, **k: False)
+        patch.setattr("connectors.inbound.stream_poll.stream_cursor_advance", lambda *a, **k: False)
         assert stream_poll_once(stream_target()).receipts_created == 3
     drain()
-    from connectors.generations import credential_publish
+    from connectors.serving.generations import credential_publish
 
     credential_publish(org=stream_org.org, document={
         "account_key": STREAM_ACCOUNT, "credential_ref": "stream_token", "version": "test-next",
@@ -1048,7 +1048,7 @@ def test_a_receipt_that_cannot_materialize_does_not_stop_the_reconciler_reaching
     """Defense in depth: one Receipt failing with a column error is logged and skipped, not retried first forever."""
     from django.db import DataError
 
-    from connectors import inbound
+    from connectors.inbound import admission as inbound
 
     poisoned = _reserve_only([hubspot_event(1, 970, 1000, "email", "a@x.io")])
     healthy = _reserve_only([hubspot_event(2, 971, 1000, "email", "b@x.io")])
@@ -1068,7 +1068,7 @@ def test_a_receipt_that_cannot_materialize_does_not_stop_the_reconciler_reaching
 def test_a_v1_tombstone_of_a_pulled_envelope_is_refused_or_matches_what_the_stream_serves(
         billing_sandbox, cdc_sandbox, tmp_path):  # noqa: F811
     """A tombstone imported with another transport key than the stream derives would let V2 apply it again."""
-    from connectors.stream import stream_poll_once
+    from connectors.inbound.stream_poll import stream_poll_once
     from packs.salesforce_cdc import change_event
     from tests.conftest import CREDENTIAL_DOCUMENTS, ROOT, SECRET_VERSION
     from tests.stream_support import STREAM_TOKEN, stream_service_document
@@ -1142,7 +1142,7 @@ def test_overlapping_batch_and_reconciler_on_a_partial_receipt_create_each_event
 
 
 def test_halt_racing_admissions_never_halts_over_a_partial_receipt(org):
-    from connectors.handoff import HaltRefused, halt_begin
+    from connectors.serving.handoff import HaltRefused, halt_begin
 
     def post(n):
         return lambda: post_signed(Client(), [hubspot_event(100 * n + k, 600 + n, 1000 + k, "email", f"{k}@x.io")
@@ -1160,7 +1160,7 @@ def test_halt_racing_admissions_never_halts_over_a_partial_receipt(org):
     for receipt in Receipt.objects.all():  # every Receipt is complete, or the gate still waits for it
         complete = ReceiptComponent.objects.filter(receipt=receipt).count() == receipt.component_count
         assert complete or AccountServingGate.objects.get(account_key=ACCOUNT).state != "v2_halted"
-    from connectors.handoff import halt_try_complete
+    from connectors.serving.handoff import halt_try_complete
 
     report = halt_try_complete(org=org)
     partial = [r.pk for r in Receipt.objects.all()

@@ -22,10 +22,11 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import OperationalError, connection, transaction
 
-from connectors import egress, reasons
-from connectors.credentials import credential_reenable, credential_revoke
-from connectors.effects import EffectOperationRefused, effect_quarantine, effect_reconcile
-from connectors.generations import pack_publish
+from connectors import reasons
+from connectors.outbound import egress
+from connectors.serving.credential_gates import credential_reenable, credential_revoke
+from connectors.outbound.effect_decisions import EffectOperationRefused, effect_quarantine, effect_reconcile
+from connectors.serving.generations import pack_publish
 from connectors.models import (
     CredentialGenerationDispatchGate,
     DispatchPermit,
@@ -34,8 +35,8 @@ from connectors.models import (
     RemoteEffectEvidence,
     RemoteLink,
 )
-from connectors.packs import PackError
-from connectors.secret_store import secret_path
+from connectors.contracts.pack_document import PackError
+from connectors.serving.secret_store import secret_path
 from connectors.store import RemoteEffectStore
 from nexusflow.kernel.errors import NexusError, StaleVersion
 from nexusflow.kernel.scope import OrgScope
@@ -119,7 +120,7 @@ def test_a_late_delivered_earlier_version_never_dispatches_beside_an_in_flight_c
     second = author(record.record_key, "push", root="root-b", email="lee@new.io")
     assert first.source_record_version < second.source_record_version and first.link_key == second.link_key
 
-    import connectors.outbound as outbound
+    import connectors.outbound.intents as outbound
 
     real_accept = outbound.remote_effect_find_or_create
     calls = {"n": 0}
@@ -574,7 +575,7 @@ def test_worker_killed_after_settle_finalizes_without_a_second_call(org, billing
 
 
 def test_halt_waits_for_a_killed_holders_granted_permit_then_the_effect_resumes(org, billing_sandbox, tmp_path):
-    from connectors.handoff import halt_begin, halt_try_complete
+    from connectors.serving.handoff import halt_begin, halt_try_complete
 
     command = _push()
     env = subprocess_env(NEXUS_FAILPOINTS="permit.after_grant=pause", NEXUS_FAILPOINT_DIR=str(tmp_path))

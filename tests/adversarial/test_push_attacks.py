@@ -19,8 +19,9 @@ import time
 import pytest
 from django.db import connection, transaction
 
-from connectors import egress, reasons
-from connectors.effects import effect_reconcile
+from connectors import reasons
+from connectors.outbound import egress
+from connectors.outbound.effect_decisions import effect_reconcile
 from connectors.models import (
     DispatchPermit,
     PackGeneration,
@@ -30,8 +31,8 @@ from connectors.models import (
     RemoteLinkEvidence,
     ServingEpoch,
 )
-from connectors.pushlink_ops import link_rebind, link_retire
-from connectors.revalidation import Applied, revalidation_apply, revalidation_draft
+from connectors.links.link_decisions import link_rebind, link_retire
+from connectors.links.mapping_revalidation import Applied, revalidation_apply, revalidation_draft
 from nexusflow.kernel.scope import OrgScope
 from runtime_outbox.models import OutboundCommand
 from runtime_outbox.services import outbox_try_deliver_one
@@ -283,8 +284,8 @@ def test_a_rebind_racing_a_create_grant_on_the_new_link_key_never_makes_a_second
 def _mapping_pack(serve: bool = True) -> PackGeneration:
     """Publish the billing pack with a reordered ``name`` mapping; ``serve``: switch the org to it (a
     revalidation applies only the fingerprints the org serves)."""
-    from connectors.generations import pack_publish
-    from tests.connectors.test_push_revalidation import _serve_newest_pack
+    from connectors.serving.generations import pack_publish
+    from tests.connectors.links.test_push_revalidation import _serve_newest_pack
 
     document = json.loads((ROOT / "packs" / "billing" / "pack.json").read_text(encoding="utf-8"))
     document["version"] += "-mapping-attack"
@@ -423,7 +424,7 @@ def _link_facts() -> tuple:
 def test_a_malformed_manifest_exits_with_a_stable_code_and_writes_nothing(org, billing_sandbox, tmp_path):
     """``push_link_revalidation validate|apply``: a manifest that cannot be read as bounded UTF-8 JSON is
     ``manifest_unreadable`` / ``manifest_too_large`` (exit 1), never a traceback, never a write."""
-    from connectors.revalidation import MAX_MANIFEST_BYTES
+    from connectors.links.mapping_revalidation import MAX_MANIFEST_BYTES
 
     _linked()
     manifest = revalidation_draft(org=org, contract_key=CONTRACT, approved_by="mapping-owner", reason="reorder",

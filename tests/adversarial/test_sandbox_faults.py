@@ -13,9 +13,10 @@ pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "cont
 
 @pytest.fixture
 def no_backoff(monkeypatch):
-    import connectors.egress as egress
+    from connectors.outbound import permit_settle, recovery
 
-    monkeypatch.setattr(egress, "_backoff", lambda attempts: dt.timedelta(0))
+    for step in (permit_settle, recovery):
+        monkeypatch.setattr(step, "backoff", lambda attempts: dt.timedelta(0))
 
 
 def _drain_until_settled(timeout=90):

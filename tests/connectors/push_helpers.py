@@ -26,10 +26,10 @@ from django.conf import settings
 from django.db import transaction
 
 from connectors import reasons
-from connectors.effects import effect_reconcile
-from connectors.egress import effect_try_dispatch_one, effect_try_finalize_one
-from connectors.generations import credential_publish, pack_publish
-from connectors.handoff import (
+from connectors.outbound.effect_decisions import effect_reconcile
+from connectors.outbound.egress import effect_try_dispatch_one, effect_try_finalize_one
+from connectors.serving.generations import credential_publish, pack_publish
+from connectors.serving.handoff import (
     HaltRefused,
     HandoffRefused,
     halt_begin,
@@ -45,7 +45,7 @@ from connectors.models import (
     RemoteLinkEvidence,
     ServingEpoch,
 )
-from connectors.serving import epoch_prepare, epoch_verify, service_configuration_apply
+from connectors.serving.gates import epoch_prepare, epoch_verify, service_configuration_apply
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.models import Record
 from nexusflow.records.services import record_lock, record_update

@@ -33,7 +33,7 @@ def test_health_endpoint(client):
 
 
 def test_unreadable_credential_is_503_without_naming_the_secret(client, billing_sandbox):
-    from connectors.secret_store import secret_path
+    from connectors.serving.secret_store import secret_path
 
     make_serving_org(billing_sandbox.base_url, deploy_flow=False)
     path = secret_path(org_id=ORG, account_key="crm-webhooks", credential_ref="webhook_secret",

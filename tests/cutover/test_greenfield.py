@@ -5,7 +5,7 @@ import signal
 import pytest
 
 from connectors.models import AccountServingGate, GateTransitionEvidence, PackGeneration, ServingEpoch
-from connectors.serving import EpochVerificationFailed, epoch_prepare
+from connectors.serving.gates import EpochVerificationFailed, epoch_prepare
 from cutover.models import CutoverDecision, CutoverEvidence
 from cutover.services import CutoverRefused, cutover_greenfield
 from nexusflow.kernel.scope import OrgScope

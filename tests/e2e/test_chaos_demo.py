@@ -46,8 +46,8 @@ def test_the_schedule_is_a_function_of_the_seed_and_covers_every_role():
 def test_every_scheduled_failpoint_is_declared_where_the_role_runs():
     from nexusflow.kernel import failpoints
 
-    for module in ("connectors.inbound", "connectors.executions", "runtime_outbox.services",
-                   "nexusflow.flows.services", "connectors.egress"):
+    for module in ("connectors.inbound.admission", "connectors.inbound.executions", "runtime_outbox.services",
+                   "nexusflow.flows.services", "connectors.outbound.egress"):
         importlib.import_module(module)  # each declares its failpoints on import
 
     named = {fp for menu in SLOT_MENUS.values() for fp in menu} - {EXTERNAL_KILL}

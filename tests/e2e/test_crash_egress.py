@@ -103,8 +103,8 @@ def test_permit_age_alone_proves_nothing_while_the_holder_lives(billing_sandbox,
     import sys
     import time
 
-    from connectors.egress import permit_try_abandon_one
-    from connectors.handoff import halt_begin, halt_try_complete
+    from connectors.outbound.egress import permit_try_abandon_one
+    from connectors.serving.handoff import halt_begin, halt_try_complete
     from nexusflow.kernel.scope import OrgScope
     from tests.conftest import ROOT
 

@@ -68,7 +68,7 @@ def test_lock_order_reversal_is_refused():
 def test_failpoints_are_declared_and_kill_a_real_process():
     with pytest.raises(KeyError):
         failpoints.hit("no.such.failpoint")
-    import connectors.egress  # noqa: F401  (declares its failpoints)
+    import connectors.outbound.egress  # noqa: F401  (declares its failpoints)
 
     failpoints.hit("permit.after_sending")  # inert when not armed
     code = ("import nexusflow.kernel.failpoints as f; f.declare('test.point'); f.hit('test.point'); print('survived')")

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from connectors.signatures import SignatureError, verify_request
+from connectors.contracts.signatures import SignatureError, verify_request
 from packs.hubspot import webhook_route
 from packs.hubspot.fixtures.make_demo_webhooks import OUTPUT_PATH
 from packs.hubspot.sender import Delivery, deliver_all, load_deliveries

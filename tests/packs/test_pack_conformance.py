@@ -10,7 +10,7 @@ Receipt, ReceiptComponent, Event, Projection, Execution) and the route's own
 pack data, never a provider name. The no-branch check also covers the words of
 both push contracts and callout profiles (a form-encoded, replay-safe POST
 contract and a JSON-wrapped PATCH contract without idempotency keys), whose
-egress behaviour is exercised in ``tests/connectors/test_egress_hubspot.py``.
+egress behaviour is exercised in ``tests/connectors/outbound/test_egress_hubspot.py``.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from connectors.models import (
     ReceiptAdmissionKey,
     ReceiptComponent,
 )
-from connectors.packs import load_pack
+from connectors.contracts.pack_document import load_pack
 from tests.conftest import ORG, billing_sandbox, hubspot_event, post_signed  # noqa: F401 (fixture)
 from tests.guardrails import ROOT, Violation, l0_files, relative
 from tests.stream_support import STREAM_ACCOUNT, STREAM_ROUTE, cdc_sandbox, stream_org, stream_target  # noqa: F401
@@ -84,7 +84,7 @@ def _pushed(client) -> Driver:
 
 
 def _pulled(sandbox) -> Driver:
-    from connectors.stream import stream_poll_once
+    from connectors.inbound.stream_poll import stream_poll_once
     from packs.salesforce_cdc import change_event
 
     def poll() -> None:
@@ -161,7 +161,7 @@ def test_quarantined_items_carry_a_registered_connectors_reason_and_are_found_by
 
 
 def test_events_carry_the_ordering_facts_their_route_declares(driver):
-    from connectors.ordering import encode_position
+    from connectors.contracts.ordering import encode_position
 
     driver.deliver(2)
     ordering = driver.route["ordering"]
@@ -181,7 +181,7 @@ def test_events_carry_the_ordering_facts_their_route_declares(driver):
 
 def test_two_structurally_different_packs_pass_through_the_same_l0_admission_model(stream_org, client, monkeypatch):
     """Pushed and pulled units reach one classify/admit path; no pack has a path of its own."""
-    import connectors.inbound as inbound
+    import connectors.inbound.admission as inbound
 
     seen: dict[str, list[str]] = {"classify_items": [], "_admit_locked": []}
     for name in seen:
@@ -204,7 +204,7 @@ def test_two_structurally_different_packs_pass_through_the_same_l0_admission_mod
 _L0_OWNED = {"command", "canonical_kind", "contract", "mechanism", "kind", "disposition", "comparator_version",
              "unit", "timestamp_unit", "encoding", "algorithm", "message", "method", "delivery", "body_encoding",
              "join", "mode",
-             # the create-conflict recovery comparator (``connectors.conflict_recovery.COMPARATORS``)
+             # the create-conflict recovery comparator (``connectors.contracts.create_conflict_recovery.COMPARATORS``)
              "compare"}
 #: Maps whose keys are pack words but whose values are L0 schema type names ("integer", "string").
 _TYPED_MAPS = {"common_required", "required"}
@@ -303,9 +303,9 @@ def test_a_branch_on_a_pack_field_in_l0_is_caught():
 def test_a_push_contract_word_in_the_egress_adapter_is_caught():
     broken = ("def encode(contract, fields):\n    if contract['create']['path'] == '/crm/v3/objects/contacts':\n"
               "        return {'properties': fields}\n    return fields\n")
-    violations = branch_violations(broken, "connectors/egress.py", pack_vocabulary())
+    violations = branch_violations(broken, "connectors/outbound/egress.py", pack_vocabulary())
     assert sorted((v.line, v.detail) for v in violations) == [
         (2, "names '/crm/v3/objects/contacts' of pack hubspot"), (3, "names 'properties' of pack hubspot")]
     fixed = ("def encode(contract, fields):\n"
              "    return {contract['body_wrap']: fields} if contract.get('body_wrap') else fields\n")
-    assert branch_violations(fixed, "connectors/egress.py", pack_vocabulary()) == []
+    assert branch_violations(fixed, "connectors/outbound/egress.py", pack_vocabulary()) == []

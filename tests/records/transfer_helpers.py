@@ -13,7 +13,7 @@ import itertools
 from django.db import transaction
 
 from connectors.models import RemoteLink
-from connectors.serving import service_configuration_apply
+from connectors.serving.gates import service_configuration_apply
 from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
 from nexusflow.records.models import Record
 from nexusflow.records.services import record_create, record_lock

@@ -15,7 +15,7 @@ from django.db import connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 
 from connectors.models import RemoteEffect
-from connectors.inbox import INBOX_CONSUMER, InboxEnvelopeMismatch, outbound_message_accept
+from connectors.outbound.inbox import INBOX_CONSUMER, InboxEnvelopeMismatch, outbound_message_accept
 from nexusflow.flows.errors import WakeSignalRejected
 from nexusflow.flows.models import FlowRun, FlowWakeSignal
 from nexusflow.flows.services import flow_try_run_step_one
@@ -222,7 +222,7 @@ def test_a_duplicate_handoff_delivery_accepts_once_and_creates_one_remote_effect
     message = _message(command)
     assert message.family == FLOW_EFFECT_SUBMIT and message.message_key == command.idempotency_key
     envelope = envelope_of(message)
-    import connectors.outbound as outbound
+    import connectors.outbound.intents as outbound
 
     created = []
     real = outbound.remote_effect_find_or_create

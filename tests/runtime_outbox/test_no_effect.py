@@ -15,7 +15,7 @@ import pytest
 from django.db import transaction
 
 from connectors import reasons
-from connectors.effects import effect_reconcile
+from connectors.outbound.effect_decisions import effect_reconcile
 from connectors.models import RemoteEffectAttempt, RemoteLink
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.models import Record

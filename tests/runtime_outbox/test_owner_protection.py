@@ -18,7 +18,7 @@ import itertools
 import pytest
 from django.db import transaction
 
-from connectors.egress import effect_try_finalize_one
+from connectors.outbound.egress import effect_try_finalize_one
 from connectors.models import RemoteLink
 from nexusflow.kernel import failpoints
 from nexusflow.kernel.scope import OrgScope

@@ -8,7 +8,7 @@ import json
 
 from django.core.management.base import CommandError
 
-from connectors.handoff import REQUIRES_DRAIN, UnknownEpoch, UnknownOrg
+from connectors.serving.handoff import REQUIRES_DRAIN, UnknownEpoch, UnknownOrg
 from nexusflow.kernel.errors import InvalidIdentity
 
 EXIT_BAD_INPUT, EXIT_REFUSED, EXIT_PENDING = 1, 3, 4

@@ -1,7 +1,7 @@
 """``manage.py connector_config_apply --org ORG FILE``: author an L2 configuration generation."""
 from django.core.management.base import BaseCommand, CommandError
 
-from connectors.generations import load_json_document, service_configuration_apply, service_configuration_read
+from connectors.serving.generations import load_json_document, service_configuration_apply, service_configuration_read
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.scope import OrgScope
 

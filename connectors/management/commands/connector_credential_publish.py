@@ -1,7 +1,7 @@
 """``manage.py connector_credential_publish --org ORG FILE``: publish an immutable credential generation."""
 from django.core.management.base import BaseCommand, CommandError
 
-from connectors.generations import credential_generation_read, credential_publish, load_json_document
+from connectors.serving.generations import credential_generation_read, credential_publish, load_json_document
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.scope import OrgScope
 

@@ -1,11 +1,11 @@
 """``manage.py connector_credential_reenable --org ORG --generation ID --actor A``: explicitly re-enable a revoked CredentialGeneration.
 
-Seed 003 "State machines" (CredentialGenerationDispatchGate); see :mod:`connectors.credentials`.
+Seed 003 "State machines" (CredentialGenerationDispatchGate); see :mod:`connectors.serving.credential_gates`.
 Exit 0 done (also when already enabled), 1 refused.
 """
 from django.core.management.base import BaseCommand, CommandError
 
-from connectors.credentials import credential_reenable
+from connectors.serving.credential_gates import credential_reenable
 from nexusflow.kernel.errors import NexusError
 
 

@@ -1,11 +1,11 @@
 """``manage.py connector_credential_revoke --org ORG --generation ID --actor A``: revoke a CredentialGeneration for dispatch.
 
-Seed 003 "State machines" (CredentialGenerationDispatchGate); see :mod:`connectors.credentials`.
+Seed 003 "State machines" (CredentialGenerationDispatchGate); see :mod:`connectors.serving.credential_gates`.
 Exit 0 done (also when already revoked), 1 refused.
 """
 from django.core.management.base import BaseCommand, CommandError
 
-from connectors.credentials import credential_revoke
+from connectors.serving.credential_gates import credential_revoke
 from nexusflow.kernel.errors import NexusError
 
 

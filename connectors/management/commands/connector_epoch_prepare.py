@@ -1,8 +1,8 @@
 """``manage.py connector_epoch_prepare --org ORG``: prepare and verify the next ServingEpoch candidate."""
 from django.core.management.base import BaseCommand, CommandError
 
-from connectors.epoch import EpochVerificationDeferred, EpochVerificationFailed, epoch_prepare, epoch_verify
-from connectors.generations import ConfigurationError, OwnerUnavailable
+from connectors.serving.epoch import EpochVerificationDeferred, EpochVerificationFailed, epoch_prepare, epoch_verify
+from connectors.serving.generations import ConfigurationError, OwnerUnavailable
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.scope import OrgScope
 

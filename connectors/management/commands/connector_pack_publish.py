@@ -1,7 +1,7 @@
 """``manage.py connector_pack_publish PATH...``: publish immutable pack generations."""
 from django.core.management.base import BaseCommand, CommandError
 
-from connectors.generations import pack_generation_read, pack_publish, pack_read_file
+from connectors.serving.generations import pack_generation_read, pack_publish, pack_read_file
 from nexusflow.kernel.errors import NexusError
 
 

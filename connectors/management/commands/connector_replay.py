@@ -6,8 +6,8 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from connectors.replay import ReplayError, replay_lookup, replay_submit
-from connectors.serving import NotServing
+from connectors.inbound.replay import ReplayError, replay_lookup, replay_submit
+from connectors.serving.gates import NotServing
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.scope import OrgScope
 from runtime_outbox.replay_guard import SUPPRESS_EXTERNAL_EFFECTS, ReplayModeUnsupported

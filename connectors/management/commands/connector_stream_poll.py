@@ -2,7 +2,7 @@
 
 Polls the pulled routes of one serving account: fetch a batch after the
 durable cursor, admit every envelope, then advance the cursor (seed 003
-"Inbound facts"; ``connectors/stream.py``). ``--stop`` / ``--resume`` pause
+"Inbound facts"; ``connectors/inbound/stream_poll.py``). ``--stop`` / ``--resume`` pause
 or resume the route's poller without moving its cursor; ``--status`` prints
 the cursors. SIGTERM or Ctrl-C ends the loop after the batch in hand; its
 cursor advances only if its Receipts committed.
@@ -22,8 +22,8 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections
 
-from connectors.serving import NotServing
-from connectors.stream import (
+from connectors.serving.gates import NotServing
+from connectors.inbound.stream_poll import (
     POLL_ERRORS,
     UnknownStream,
     pull_targets,

@@ -1,8 +1,8 @@
 """``manage.py connector_v1_tombstones_import --org ORG FILE``: import V1 acceptance tombstones."""
 from django.core.management.base import BaseCommand, CommandError
 
-from connectors.inbound import MalformedBody, parse_body
-from connectors.tombstones import TombstoneConflict, TombstoneGateState, TombstoneImportError, v1_tombstones_import
+from connectors.inbound.admission import MalformedBody, parse_body
+from connectors.inbound.v1_tombstones import TombstoneConflict, TombstoneGateState, TombstoneImportError, v1_tombstones_import
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.scope import OrgScope
 

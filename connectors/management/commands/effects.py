@@ -167,7 +167,7 @@ class Command(BaseCommand):
             self.stdout.write(f"  evidence {e['id']}: {e['kind']} by {e['actor']} {e['from']} -> {e['to']}")
 
     def _reconcile(self, *, effect, org, confirmed, no_effect, retry, actor, note, **_):
-        from connectors.effects import effect_reconcile
+        from connectors.outbound.effect_decisions import effect_reconcile
 
         if retry and not no_effect:
             raise CommandError("invalid_arguments: --retry goes with --no-effect", returncode=2)
@@ -179,7 +179,7 @@ class Command(BaseCommand):
                           f"(evidence {change.evidence_id})")
 
     def _quarantine(self, *, effect, org, actor, note, **_):
-        from connectors.effects import effect_quarantine
+        from connectors.outbound.effect_decisions import effect_quarantine
 
         change = effect_quarantine(org_id=org, effect_id=effect, actor=actor, note=note)
         self.stdout.write(f"effect {change.effect_id}: {change.from_state} -> {change.to_state} "

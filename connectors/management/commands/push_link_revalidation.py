@@ -1,6 +1,6 @@
 """``manage.py push_link_revalidation draft|validate|apply``: finalized-link mapping revalidation.
 
-Seed 002 "2026-07-22 Finalized Mapping Revalidation CARVE_DOWN" (see :mod:`connectors.revalidation`).
+Seed 002 "2026-07-22 Finalized Mapping Revalidation CARVE_DOWN" (see :mod:`connectors.links.mapping_revalidation`).
 
 - ``draft --org ORG (--contract KEY | --link-key KEY ...) [--pack-generation ID] --approved-by A --reason R
   [--approval-ref REF] [--operation-id ID]``: print the sealed manifest (JSON) of the current drift for
@@ -24,7 +24,7 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
-from connectors.revalidation import (
+from connectors.links.mapping_revalidation import (
     MAX_MANIFEST_BYTES,
     AlreadyApplied,
     ManifestInvalid,
@@ -130,7 +130,7 @@ def _read_manifest(path: str, stdin) -> object:
         ManifestInvalid: ``manifest_unreadable`` (cannot be opened, not UTF-8, not
             JSON, duplicate keys, non-finite numbers, nested past the parser's
             depth) or ``manifest_too_large`` (more than
-            :data:`connectors.revalidation.MAX_MANIFEST_BYTES` bytes; never read further).
+            :data:`connectors.links.mapping_revalidation.MAX_MANIFEST_BYTES` bytes; never read further).
     """
     try:
         if path == "-":

@@ -86,7 +86,7 @@ class Command(BaseCommand):
             raise CommandError(f"{exc.code}: {exc}") from exc
 
     def _list(self, *, org, state, record, limit, json: bool, **_):
-        from connectors.links import PUSH_ACTION_TYPE
+        from connectors.links.link_keys import PUSH_ACTION_TYPE
 
         if limit < 1:
             raise CommandError("invalid_limit: --limit must be at least 1", returncode=2)
@@ -109,7 +109,7 @@ class Command(BaseCommand):
         self.stdout.write(f"{len(rows)} link(s)")
 
     def _show(self, *, link_key, org, json: bool, **_):
-        from connectors.pushlink_ops import effects_of_link
+        from connectors.links.link_decisions import effects_of_link
 
         link = RemoteLink.objects.filter(org_id=org, link_key=link_key).first()
         if link is None:
@@ -143,17 +143,17 @@ class Command(BaseCommand):
                               f"{'  holds the create slot' if e['create_slot'] else ''}")
 
     def _revalidate(self, *, link_key, org, actor, reason, **_):
-        from connectors.pushlink_ops import link_revalidate
+        from connectors.links.link_decisions import link_revalidate
 
         self._report(link_revalidate(org_id=org, link_key=link_key, actor=actor, reason=reason))
 
     def _retire(self, *, link_key, org, actor, reason, **_):
-        from connectors.pushlink_ops import link_retire
+        from connectors.links.link_decisions import link_retire
 
         self._report(link_retire(org_id=org, link_key=link_key, actor=actor, reason=reason))
 
     def _rebind(self, *, link_key, org, contract, actor, reason, **_):
-        from connectors.pushlink_ops import link_rebind
+        from connectors.links.link_decisions import link_rebind
 
         self._report(link_rebind(org_id=org, link_key=link_key, contract_key=contract, actor=actor, reason=reason))
 

@@ -1,0 +1,119 @@
+"""Ingress REST endpoint (ARCHITECTURE.md section 5, seed 003 "Inbound facts").
+
+``POST /api/v2/ingress/<account_key>/<channel>/`` takes the raw provider body.
+
+- 202 ``{"receipt_id": n}``: admitted now; 200 with the same id: a redelivery;
+- 200 ``{"receipt_id": null, "status": "already_accepted"}``: V1 accepted this
+  exact delivery before the upgrade (a tombstone); nothing runs again;
+- 401 ``signature_invalid`` / ``signature_stale`` / ``signature_missing``;
+- 400 ``malformed_body``; 404 ``unknown_ingress``; 409 ``admission_conflict``;
+- 503 ``not_serving`` / ``credential_unavailable`` / ``temporarily_unavailable`` with ``Retry-After``.
+
+Nothing is acknowledged before its Receipt commits. The provider is not a
+user: the view is open to anonymous callers (``AllowAny``, no authenticator)
+and admission verifies the provider's signature of every request. The
+errors are raised and answered by :func:`nexusflow.api_errors.exception_handler`;
+the view only rewords what the provider may learn.
+"""
+from __future__ import annotations
+
+import logging
+
+from django.db import DataError, DatabaseError
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import serializers, status
+from rest_framework.parsers import BaseParser
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from nexusflow.api_errors import error_response
+from nexusflow.kernel.errors import InvalidIdentity
+
+from connectors.inbound.admission import MalformedBody, admit
+from connectors.selectors import database_answers
+from connectors.serving.gates import CredentialUnavailable, NotServing
+
+log = logging.getLogger(__name__)
+
+
+class RawBodyParser(BaseParser):
+    media_type = "*/*"
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        return stream.read() if stream is not None else b""
+
+
+class IngressAdmitApi(APIView):
+    """Admit one signed provider request exactly once."""
+
+    parser_classes = [RawBodyParser]
+    # Open on purpose: the caller is the provider, authenticated by its signature of the request,
+    # which admission verifies before anything is written (401 signature_*).
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+
+    class OutputSerializer(serializers.Serializer):
+        receipt_id = serializers.IntegerField(allow_null=True)
+        status = serializers.ChoiceField(choices=["admitted", "redelivered", "already_accepted"])
+
+        class Meta:
+            ref_name = "IngressReceipt"
+
+    @extend_schema(
+        request={"application/json": {"type": "string", "format": "binary"}},
+        responses={202: OutputSerializer, 200: OutputSerializer,
+                   400: OpenApiResponse(description="malformed_body"),
+                   401: OpenApiResponse(description="signature_invalid | signature_stale | signature_missing"),
+                   404: OpenApiResponse(description="unknown_ingress"),
+                   409: OpenApiResponse(description="admission_conflict"),
+                   503: OpenApiResponse(description="not_serving | credential_unavailable | temporarily_unavailable"
+                                                    " (Retry-After)")},
+    )
+    def post(self, request, account_key: str, channel: str):
+        body = request.body
+        try:
+            result = admit(account_key=account_key, channel=channel, method=request.method,
+                           url=request.build_absolute_uri(), body=body, headers=request.headers)
+        except InvalidIdentity as exc:
+            # A key in the provider's body failed validation: the body is at fault.
+            raise MalformedBody(str(exc)) from exc
+        except NotServing as exc:
+            # The gate's state is the operator's business: the provider learns only to retry.
+            raise NotServing("the account is not admitting work now", code=exc.code) from exc
+        except CredentialUnavailable as exc:
+            # The detail names an internal secret locator: log it, never return it.
+            log.error("ingress credential unavailable for %s/%s: %s", account_key, channel, exc)
+            raise CredentialUnavailable("the account's credential is unavailable", code=exc.code) from exc
+        except DataError as exc:
+            # A value that does not fit its column: the input is at fault, retrying cannot help.
+            log.warning("ingress data error for %s/%s: %s", account_key, channel, exc)
+            raise MalformedBody("a value does not fit the route's schema") from exc
+        if result.already_accepted:
+            return Response({"receipt_id": None, "status": "already_accepted"}, status=status.HTTP_200_OK)
+        code = status.HTTP_202_ACCEPTED if result.created else status.HTTP_200_OK
+        return Response({"receipt_id": result.receipt_id, "status": "admitted" if result.created else "redelivered"},
+                        status=code)
+
+
+class HealthApi(APIView):
+    """``GET /api/v2/health/``: 200 ``{"status": "ok"}`` when the database answers, else 503."""
+
+    # Open on purpose: load balancers and the process supervisor probe it without credentials; it
+    # reads nothing but the database's answer.
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+
+    class OutputSerializer(serializers.Serializer):
+        status = serializers.CharField()
+
+        class Meta:
+            ref_name = "Health"
+
+    @extend_schema(responses={200: OutputSerializer, 503: OpenApiResponse(description="database_unavailable")})
+    def get(self, request):
+        try:
+            database_answers()
+        except DatabaseError:
+            return error_response("database_unavailable", "the database does not answer", status.HTTP_503_SERVICE_UNAVAILABLE)
+        return Response({"status": "ok"})

@@ -1,0 +1,165 @@
+"""Replay REST endpoints (seed 003 "Replay identity and predecessor", "Replay and external effects").
+
+Authenticated operators only (HTTP basic or session; active staff users,
+:class:`nexusflow.kernel.permissions.IsOperator`). The org comes from the operator's ``org:<id>`` groups, never from the payload, and the
+authorizing principal is the authenticated user.
+
+``POST /api/v2/replays/`` ``{"account_key", "replay_id", "predecessor_event_id", "reason", "external_effects"}``:
+
+- 201: admitted and materialized now; 200: the same ReplayRequest ID with the
+  same bytes, converged on the same descendants; 202: admitted, but the gate
+  left ``v2_serving`` before materialization (submit again to resume);
+- 400 ``replay_mode_unsupported`` (before anything is read or written),
+  ``replay_invalid``, ``invalid_identity``, ``invalid_request``;
+- 404 ``unknown_account``, ``unknown_predecessor``;
+- 409 ``replay_mismatch``, ``replay_predecessor_not_terminal``, ``replay_route_not_served``;
+- 503 ``not_serving`` / ``replay_target_not_serving`` with ``Retry-After``.
+
+``GET /api/v2/replays/<account_key>/<replay_id>/``: read-only lookup, also
+while the gate is halted; 404 ``replay_not_found``.
+
+Both answer 401 ``not_authenticated`` (with ``WWW-Authenticate``) without
+credentials and 403 ``permission_denied`` for a user who is no operator. The
+errors are raised and answered by :func:`nexusflow.api_errors.exception_handler`.
+"""
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import serializers, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from nexusflow.api_errors import error_response
+from nexusflow.kernel.identity import validate_key
+from nexusflow.kernel.permissions import IsOperator, operator_org_ids
+from nexusflow.kernel.scope import OrgScope
+from runtime_outbox.replay_guard import require_replay_mode
+
+from connectors.models import AccountServingGate
+from connectors.inbound.replay import ReplayUnknownAccount, replay_lookup, replay_submit
+
+_UNAUTHORIZED = {401: OpenApiResponse(description="not_authenticated | authentication_failed (WWW-Authenticate)"),
+                 403: OpenApiResponse(description="permission_denied")}
+
+
+def operator_org_for_account(user, account_key: str) -> OrgScope:
+    """The org of ``account_key`` among the orgs the operator may act for.
+
+    Raises:
+        InvalidIdentity: malformed ``account_key``.
+        ReplayUnknownAccount: no such account in the operator's orgs (or it is ambiguous).
+    """
+    validate_key(account_key, field="account_key", max_length=80)
+    orgs = operator_org_ids(user)
+    gates = AccountServingGate.objects.filter(account_key=account_key)
+    if orgs is not None:
+        gates = gates.filter(org_id__in=sorted(orgs))
+    found = list(gates.values_list("org_id", flat=True)[:2])
+    if len(found) != 1:
+        raise ReplayUnknownAccount(f"unknown account {account_key!r}")
+    return OrgScope(found[0])
+
+
+class _PredecessorSerializer(serializers.Serializer):
+    protocol = serializers.CharField()
+    receipt_id = serializers.IntegerField()
+    event_id = serializers.IntegerField()
+    epoch_id = serializers.IntegerField()
+    epoch_digest = serializers.CharField()
+    payload_digest = serializers.CharField()
+    result_digest = serializers.CharField(allow_blank=True)
+    route_key = serializers.CharField()
+    source_event_key = serializers.CharField()
+
+    class Meta:
+        ref_name = "ReplayPredecessor"
+
+
+class _ExecutionSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    state = serializers.CharField()
+    reason_code = serializers.CharField(allow_blank=True)
+    execution_ref_digest = serializers.CharField()
+
+    class Meta:
+        ref_name = "ReplayExecution"
+
+
+class ReplayOutputSerializer(serializers.Serializer):
+    replay_id = serializers.CharField()
+    account_key = serializers.CharField()
+    request_digest = serializers.CharField()
+    target_epoch_id = serializers.IntegerField()
+    target_epoch_digest = serializers.CharField()
+    external_effects = serializers.CharField()
+    receipt_id = serializers.IntegerField()
+    predecessor = _PredecessorSerializer()
+    reason = serializers.CharField()
+    principal = serializers.CharField()
+    created = serializers.BooleanField()
+    materialized = serializers.BooleanField()
+    event_ids = serializers.ListField(child=serializers.IntegerField())
+    executions = _ExecutionSerializer(many=True)
+
+    class Meta:
+        ref_name = "ReplayRequest"
+
+
+class ReplayCreateApi(APIView):
+    """Admit one operator-authorized replay of a terminal predecessor Event and materialize it."""
+
+    permission_classes = [IsOperator]
+
+    class InputSerializer(serializers.Serializer):
+        account_key = serializers.CharField(max_length=80, trim_whitespace=False)
+        replay_id = serializers.CharField(max_length=80, trim_whitespace=False)
+        predecessor_event_id = serializers.IntegerField(min_value=1)
+        reason = serializers.CharField(max_length=500, trim_whitespace=False)
+        external_effects = serializers.CharField(max_length=64, trim_whitespace=False)
+
+        class Meta:
+            ref_name = "ReplayCreateInput"
+
+    @extend_schema(
+        request=InputSerializer,
+        responses={201: ReplayOutputSerializer, 200: ReplayOutputSerializer, 202: ReplayOutputSerializer,
+                   400: OpenApiResponse(description="replay_mode_unsupported | replay_invalid | invalid_identity"),
+                   404: OpenApiResponse(description="unknown_account | unknown_predecessor"),
+                   409: OpenApiResponse(description="replay_mismatch | replay_predecessor_not_terminal | "
+                                                    "replay_route_not_served"),
+                   503: OpenApiResponse(description="not_serving | replay_target_not_serving (Retry-After)"),
+                   **_UNAUTHORIZED},
+    )
+    def post(self, request):
+        data = request.data if isinstance(request.data, dict) else {}
+        # The mode is refused before any other check, read or write.
+        if "external_effects" in data:
+            require_replay_mode(data["external_effects"])
+        serializer = self.InputSerializer(data=data)
+        if not serializer.is_valid():
+            return error_response("invalid_request", serializer.errors, status.HTTP_400_BAD_REQUEST)
+        values = serializer.validated_data
+        org = operator_org_for_account(request.user, values["account_key"])
+        result = replay_submit(org=org, account_key=values["account_key"], replay_id=values["replay_id"],
+                               predecessor_event_id=values["predecessor_event_id"], reason=values["reason"],
+                               principal=request.user.get_username(), external_effects=values["external_effects"])
+        if not result.materialized:
+            code = status.HTTP_202_ACCEPTED
+        else:
+            code = status.HTTP_201_CREATED if result.created else status.HTTP_200_OK
+        return Response(ReplayOutputSerializer(result.as_dict()).data, status=code)
+
+
+class ReplayDetailApi(APIView):
+    """Read one ReplayRequest and its descendants; never creates or repairs anything."""
+
+    permission_classes = [IsOperator]
+
+    @extend_schema(responses={200: ReplayOutputSerializer,
+                              400: OpenApiResponse(description="invalid_identity"),
+                              404: OpenApiResponse(description="unknown_account | replay_not_found"),
+                              **_UNAUTHORIZED})
+    def get(self, request, account_key: str, replay_id: str):
+        org = operator_org_for_account(request.user, account_key)
+        result = replay_lookup(org=org, account_key=account_key, replay_id=replay_id)
+        return Response(ReplayOutputSerializer(result.as_dict()).data)

@@ -1,0 +1,1 @@
+"""Serving authority: account gates, ServingEpochs, immutable generations, successor handoff, credential gates."""

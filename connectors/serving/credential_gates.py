@@ -1,0 +1,153 @@
+"""Credential dispatch gates: revocation and explicit re-enablement (seed 003 "State machines").
+
+``CredentialGenerationDispatchGate: enabled -> revoked``, ``revoked -> enabled``
+(explicit authorized re-enablement only). Every transition advances the
+gate's fence token. Both Permit acquisition and the adapter's
+``granted -> sending`` lock this exact gate row, so:
+
+- revocation first: acquisition sees ``revoked`` and grants nothing; a
+  ``granted`` Permit can never reach ``sending`` (its credential fence is
+  stale), so revocation closes it in the same transaction (``abandoned``
+  with proof of no I/O; the effect returns to ``prepared`` and stays
+  blocked while the gate is revoked);
+- ``sending`` first: the Permit authorized its one call; revocation leaves
+  it open and it settles normally (settlement uses Permit and holder fences).
+
+Re-enablement uses a new fence, so no Permit granted before revocation can
+ever send. Dispatch never falls forward to another generation.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from django.db import transaction
+
+from nexusflow.kernel import failpoints, locks
+from nexusflow.kernel.errors import NexusError
+
+from connectors import reasons
+from connectors.models import (
+    CredentialGeneration,
+    CredentialGenerationDispatchGate,
+    DispatchPermit,
+    RemoteEffectAttempt,
+)
+from connectors.store import (
+    CredentialDispatchGateStore,
+    DispatchPermitStore,
+    RemoteEffectAttemptStore,
+    RemoteEffectStore,
+)
+
+
+FP_REVOKE_BEFORE_COMMIT = failpoints.declare("credential.revoke_before_commit")
+
+
+class CredentialGateError(NexusError):
+    code = "credential_gate_invalid"
+
+
+@dataclass(frozen=True)
+class GateChange:
+    """Outcome of a revocation or re-enablement: the gate after it and the Permits it closed."""
+
+    credential_generation_id: int
+    state: str
+    fence_token: int
+    changed: bool
+    closed_permits: tuple[int, ...]
+    open_sending_permits: tuple[int, ...]
+
+
+def _gate_of(org_id: str, credential_generation_id: int) -> CredentialGenerationDispatchGate:
+    if not CredentialGeneration.objects.filter(org_id=org_id, pk=credential_generation_id).exists():
+        raise CredentialGateError(f"no credential generation {credential_generation_id} in org {org_id}",
+                                  code="credential_generation_unknown")
+    return CredentialDispatchGateStore.lock_where(org_id, credential_generation_id=credential_generation_id)
+
+
+def credential_revoke(*, org_id: str, credential_generation_id: int, actor: str, note: str = "") -> GateChange:
+    """Revoke one CredentialGeneration for dispatch; idempotent when already revoked.
+
+    Args:
+        org_id: trusted org of the operator.
+        credential_generation_id: the generation to revoke.
+        actor: who revoked it (recorded on each closed Permit).
+        note: free text kept with the closure evidence.
+
+    Returns:
+        The :class:`GateChange`; ``open_sending_permits`` lists Permits that
+        crossed ``granted -> sending`` before revocation and will settle.
+
+    Raises:
+        CredentialGateError: unknown generation (``credential_generation_unknown``) or an empty
+            ``actor`` (``credential_revoke_unauthorized``).
+    """
+    if not actor.strip():
+        raise CredentialGateError("revocation is an operator action: name the actor",
+                                  code="credential_revoke_unauthorized")
+    actor = actor.strip()
+    with transaction.atomic(durable=True):
+        gate = _gate_of(org_id, credential_generation_id)
+        changed = gate.state == "enabled"
+        fence = gate.fence_token
+        if changed:
+            fence = gate.fence_token + 1
+            CredentialDispatchGateStore.transition(
+                org_id=org_id, pk=gate.pk, src="enabled", dst="revoked", version=gate.version,
+                set_fields={"fence_token": fence, "reason_code": reasons.CREDENTIAL_REVOKED})
+        closed = []
+        granted = list(DispatchPermit.objects.filter(org_id=org_id, credential_gate_id=gate.pk,
+                                                     state="granted").order_by("id"))
+        attempts = {a.pk: a for a in RemoteEffectAttempt.objects.filter(
+            org_id=org_id, pk__in=[p.attempt_id for p in granted])}
+        # Every closed Permit's rows are locked as one set in the canonical order (all effects,
+        # then all Permits, then all Attempts): locking them Permit by Permit would take an
+        # effect after an Attempt.
+        rows = locks.acquire([resource for permit in granted for resource in (
+            locks.store_resource(RemoteEffectStore, org_id, attempts[permit.attempt_id].effect_id),
+            locks.store_resource(DispatchPermitStore, org_id, permit.pk),
+            locks.store_resource(RemoteEffectAttemptStore, org_id, permit.attempt_id))])
+        for index in range(0, len(rows), 3):
+            effect, locked, attempt = rows[index:index + 3]
+            if locked.state != "granted" or effect.state != "dispatching":
+                continue
+            from connectors.outbound.egress_common import append_evidence
+            from connectors.outbound.permit_send import close_pre_io
+
+            proof = {"proof": "credential_revoked_before_sending", "credential_fence_token": fence, "actor": actor,
+                     "note": note}
+            append_evidence(effect, kind="credential_revoked", actor=actor, to_state="prepared", detail=proof)
+            close_pre_io(effect, locked, attempt, proof=proof, error=reasons.CREDENTIAL_REVOKED)
+            closed.append(int(locked.pk))
+        sending = tuple(int(pk) for pk in DispatchPermit.objects.filter(
+            org_id=org_id, credential_gate_id=gate.pk, state="sending").values_list("pk", flat=True))
+        failpoints.hit(FP_REVOKE_BEFORE_COMMIT)
+    return GateChange(credential_generation_id, "revoked", fence, changed, tuple(closed), sending)
+
+
+def credential_reenable(*, org_id: str, credential_generation_id: int, actor: str) -> GateChange:
+    """Explicitly re-enable a revoked generation under a new fence; idempotent when enabled.
+
+    Raises:
+        CredentialGateError: unknown generation, or an empty ``actor``.
+    """
+    if not actor.strip():
+        raise CredentialGateError("re-enablement is an authorized operator action: name the actor",
+                                  code="credential_reenable_unauthorized")
+    with transaction.atomic(durable=True):
+        gate = _gate_of(org_id, credential_generation_id)
+        if gate.state == "enabled":
+            return GateChange(credential_generation_id, "enabled", gate.fence_token, False, (), ())
+        fence = gate.fence_token + 1
+        CredentialDispatchGateStore.transition(
+            org_id=org_id, pk=gate.pk, src="revoked", dst="enabled", version=gate.version,
+            set_fields={"fence_token": fence, "reason_code": ""})
+    return GateChange(credential_generation_id, "enabled", fence, True, (), ())
+
+
+def gate_summary(gate: CredentialGenerationDispatchGate) -> str:
+    """One line for operators."""
+    return json.dumps({"credential_generation": gate.credential_generation_id, "state": gate.state,
+                       "fence_token": gate.fence_token, "reason_code": gate.reason_code})
