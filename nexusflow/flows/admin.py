@@ -79,7 +79,7 @@ class FlowCheckpointAdmin(ReadOnlyAdmin):
 @admin.register(FlowDependency)
 class FlowDependencyAdmin(ReadOnlyAdmin):
     list_display = ("id", "org_id", "run", "step", "producer_kind", "dependency_key", "state", "reason_code",
-                    "reason_class", "deadline")
+                    "reason_class", "deadline", "expiry_policy", "resolved_at")
     list_filter = ("state", "reason_code", ReasonClassFilter, "producer_kind")
     search_fields = ("dependency_key",)
 

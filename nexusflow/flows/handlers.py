@@ -21,6 +21,7 @@ from typing import Any
 from .catalog import CatalogEntry, CatalogSnapshot, binding_fingerprint_of
 from .compiler import (
     KIND_CURRENT_READ,
+    KIND_DEPENDENCY_WAIT,
     KIND_EFFECT_COMPLETION,
     KIND_EFFECT_SUBMIT,
     KIND_EMBEDDED,
@@ -32,7 +33,7 @@ from .compiler import (
     PROFILE_EMBEDDED,
     Diagnostic,
 )
-from .interpreter import SUPPORTED_ASSIGNMENT_OPERATORS, SUPPORTED_ELEMENTS
+from .interpreter import ALARM_OFFSET_UNITS, SUPPORTED_ASSIGNMENT_OPERATORS, SUPPORTED_ELEMENTS
 
 #: handler_ref -> implementation version compiled into this binary.
 IN_BINARY_HANDLERS: dict[str, str] = {
@@ -168,6 +169,36 @@ def _node_blockers(node: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
+def _wait_blockers(step: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(feature, detail)`` for each part of a Wait element the time-wait executor cannot run.
+
+    Runs: ``AlarmEvent`` events with an ``AlarmTime`` value and, when a
+    ``TimeOffset`` is given, a literal ``TimeOffsetUnit`` of Hours or Days;
+    waiting conditions the decision evaluator runs.
+    """
+    out: list[tuple[str, str]] = _traversal_blockers(step)
+    for event in step.get("events") or []:
+        name, inputs = event.get("name"), event.get("inputs") or {}
+        if event.get("event_type") != "AlarmEvent":
+            out.append((f"wait_event:{event.get('event_type')}",
+                        f"event {name}: only AlarmEvent (a time) waits in this engine generation"))
+            continue
+        if inputs.get("AlarmTime") is None or not _value_ok(inputs["AlarmTime"]):
+            out.append(("wait_event:AlarmTime", f"event {name}: AlarmTime needs a value the executor reads"))
+        unit = inputs.get("TimeOffsetUnit")
+        if inputs.get("TimeOffset") is not None:
+            if not _value_ok(inputs["TimeOffset"]) or (inputs["TimeOffset"].get("kind") not in (
+                    "numberValue", "elementReference", "formulaExpression")):
+                out.append(("wait_event:TimeOffset", f"event {name}: TimeOffset is not a number"))
+            if unit is None or unit.get("kind") != "stringValue" or unit.get("value") not in ALARM_OFFSET_UNITS:
+                out.append(("wait_event:TimeOffsetUnit",
+                            f"event {name}: TimeOffsetUnit must be one of {', '.join(sorted(ALARM_OFFSET_UNITS))}"))
+        for c in event.get("conditions") or []:
+            if c.get("operator") not in ENGINE_OPERATORS or not _value_ok(c.get("right")):
+                out.append(("wait_event:condition", f"event {name}: {c.get('operator')} is not evaluated"))
+    return out
+
+
 def engine_support_diagnostics(payload: dict[str, Any], snapshot: CatalogSnapshot) -> list[Diagnostic]:
     """What in a compiled plan this engine generation cannot run (empty list: activatable).
 
@@ -211,6 +242,10 @@ def engine_support_diagnostics(payload: dict[str, Any], snapshot: CatalogSnapsho
             entry = snapshot.entries.get(step.get("action_key"))
             if entry is None or not binary_supports(entry):
                 bad("handler", element, f"{step.get('action_key')} has no handler binding in this binary")
+            continue
+        if kind == KIND_DEPENDENCY_WAIT and step.get("type") == "waits":
+            for feature, detail in _wait_blockers(step):
+                bad(feature, element, detail)
             continue
         if kind not in RUNNABLE_KINDS:
             bad(f"step:{kind}", element, f"the executor has no {kind} handler for {step.get('type', kind)} yet")

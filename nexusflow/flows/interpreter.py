@@ -87,8 +87,9 @@ def to_field_text(value: Any) -> str | None:
 class _Run:
     def __init__(self, *, plan_payload: dict[str, Any], record: dict[str, Any], object_name: str,
                  prior: dict[str, Any] | None, is_new: bool, now: dt.datetime, reader: RecordReader | None,
-                 budget: int, fan_out_limit: int):
+                 budget: int, fan_out_limit: int, interview_start: dt.datetime | None = None):
         self.payload = plan_payload
+        self.interview_start = interview_start or now
         self.record = dict(record)
         self.object_name = object_name
         self.prior = prior
@@ -131,8 +132,10 @@ class _Run:
         elif head == "$Flow":
             if rest == "CurrentDate":
                 return self.now.date()
-            if rest in ("CurrentDateTime", "InterviewStartTime"):
+            if rest == "CurrentDateTime":
                 return self.now
+            if rest == "InterviewStartTime":
+                return self.interview_start
             raise FlowExecutionError(f"unsupported global {ref!r}")
         elif head in self.vars:
             base = self.vars[head]
@@ -456,7 +459,8 @@ def _decimal(value: Any) -> Decimal:
 def run_graph(*, plan_payload: dict[str, Any], graph: list[dict[str, Any]], entry: str | None,
               record: dict[str, Any], object_name: str, now: dt.datetime, reader: RecordReader | None,
               prior: dict[str, Any] | None = None, is_new: bool = False, budget: int = DEFAULT_VISIT_BUDGET,
-              fan_out_limit: int = 200, state: dict[str, Any] | None = None) -> Outcome:
+              fan_out_limit: int = 200, state: dict[str, Any] | None = None,
+              interview_start: dt.datetime | None = None) -> Outcome:
     """Run ``graph`` from ``entry`` over ``record``; return what it decided, writing nothing.
 
     Args:
@@ -476,6 +480,8 @@ def run_graph(*, plan_payload: dict[str, Any], graph: list[dict[str, Any]], entr
         fan_out_limit: the largest collection a loop or lookup may return.
         state: a previous step's exported state (variables, element results,
             loop cursors, the in-memory ``$Record``), from its checkpoint.
+        interview_start: when the run started (``$Flow.InterviewStartTime``);
+            ``now`` when not given.
 
     Returns:
         The :class:`Outcome`; ``next_step`` is the first element outside
@@ -487,9 +493,114 @@ def run_graph(*, plan_payload: dict[str, Any], graph: list[dict[str, Any]], entr
             ``flow_budget_exhausted``). Always definite: replay cannot fix it.
     """
     run = _Run(plan_payload=plan_payload, record=record, object_name=object_name, prior=prior, is_new=is_new,
-               now=now, reader=reader, budget=budget, fan_out_limit=fan_out_limit)
+               now=now, reader=reader, budget=budget, fan_out_limit=fan_out_limit, interview_start=interview_start)
     if state:
         run.load_state(state)
     nxt = run.run(graph, entry)
     return Outcome(record=run.record, writes=run.writes, path=run.path, next_step=nxt,
                    state=run.export_state(), rule=run.last_rule)
+
+
+# --- time waits -------------------------------------------------------------------------------------------
+#: Seconds per ``TimeOffsetUnit`` of a Wait element's ``AlarmEvent`` (the Flow metadata allows Hours and Days).
+ALARM_OFFSET_UNITS = {"Hours": 3600, "Days": 86400}
+
+
+@dataclass(frozen=True)
+class WaitEvent:
+    """One time event a Wait element waits for: its name and when it fires (aware UTC)."""
+
+    name: str
+    resume_at: dt.datetime
+
+    def as_json(self) -> dict[str, Any]:
+        return {"event": self.name, "resume_at": self.resume_at.isoformat()}
+
+
+def to_instant(value: Any, *, what: str) -> dt.datetime:
+    """A date/time value as an aware UTC datetime (a date is its midnight UTC).
+
+    Accepts ``datetime`` (naive means UTC), ``date`` and ISO 8601 text
+    (``2026-12-04T09:30:00Z``, ``2026-12-04T09:30:00.000+0100``, ``2026-12-04``).
+
+    Raises:
+        FlowExecutionError: ``value`` is empty or not a date/time (definite).
+    """
+    if isinstance(value, dt.datetime):
+        return value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None else value.astimezone(dt.timezone.utc)
+    if isinstance(value, dt.date):
+        return dt.datetime(value.year, value.month, value.day, tzinfo=dt.timezone.utc)
+    if isinstance(value, str) and value.strip() == value and value:
+        text = value[:-1] + "+00:00" if value.endswith("Z") else value
+        try:
+            parsed = dt.datetime.fromisoformat(text)
+        except ValueError:
+            parsed = None
+        if parsed is not None:
+            return to_instant(parsed, what=what)
+    raise FlowExecutionError(f"{what}: {value!r} is not a date/time")
+
+
+def alarm_offset(inputs: dict[str, Any], run_value: Any, *, what: str) -> dt.timedelta:
+    """``TimeOffset`` x ``TimeOffsetUnit`` of an ``AlarmEvent`` (no offset: zero).
+
+    Raises:
+        FlowExecutionError: the offset is not a number or the unit is not Hours/Days (definite).
+    """
+    raw = inputs.get("TimeOffset")
+    if raw is None:
+        return dt.timedelta(0)
+    number = run_value(raw)
+    unit = run_value(inputs.get("TimeOffsetUnit")) if inputs.get("TimeOffsetUnit") is not None else None
+    if unit not in ALARM_OFFSET_UNITS:
+        raise FlowExecutionError(f"{what}: TimeOffsetUnit {unit!r} is not one of {sorted(ALARM_OFFSET_UNITS)}")
+    if isinstance(number, bool) or not _numeric(number) or not Decimal(str(number)).is_finite():
+        raise FlowExecutionError(f"{what}: TimeOffset {number!r} is not a number")
+    return dt.timedelta(seconds=float(Decimal(str(number)) * ALARM_OFFSET_UNITS[unit]))
+
+
+def wait_schedule(*, plan_payload: dict[str, Any], node: dict[str, Any], record: dict[str, Any], object_name: str,
+                  now: dt.datetime, interview_start: dt.datetime, prior: dict[str, Any] | None = None,
+                  is_new: bool = False, state: dict[str, Any] | None = None) -> list[WaitEvent]:
+    """The time events a compiled Wait element waits for, earliest first (ties: declaration order).
+
+    An event whose waiting conditions do not hold is skipped; an empty list
+    means the run takes the Wait element's default path at once (the Flow
+    language's rule: the default path runs when no event's waiting conditions are met).
+    An ``AlarmEvent`` fires at ``AlarmTime + TimeOffset x TimeOffsetUnit``
+    (Hours or Days); a time already past fires at the next resume sweep.
+
+    Args:
+        node: the durable step's element (``{"events": [...]}`` as the compiler wrote it).
+        record, object_name, prior, is_new, state: as :func:`run_graph`.
+        now: the database clock; interview_start: the run's start (``$Flow.InterviewStartTime``).
+
+    Raises:
+        FlowExecutionError: an event that is not a time event, an empty or
+            malformed ``AlarmTime``, offset or unit (definite: replay cannot fix it).
+    """
+    run = _Run(plan_payload=plan_payload, record=record, object_name=object_name, prior=prior, is_new=is_new,
+               now=now, reader=None, budget=DEFAULT_VISIT_BUDGET, fan_out_limit=0, interview_start=interview_start)
+    if state:
+        run.load_state(state)
+    found: list[tuple[dt.datetime, int, WaitEvent]] = []
+    for index, event in enumerate(node.get("events") or []):
+        what = f"wait {node.get('element')} event {event.get('name')}"
+        try:
+            waiting = conditions_hold(event.get("conditions") or [], event.get("logic") or "and", dict(run.record),
+                                      run.resolve)
+        except ValueError as exc:
+            raise FlowExecutionError(f"{what}: {exc}") from None
+        if not waiting:
+            continue
+        if event.get("event_type") != "AlarmEvent":
+            raise FlowExecutionError(f"{what}: {event.get('event_type')} is not a time event this engine runs")
+        inputs = event.get("inputs") or {}
+        if inputs.get("AlarmTime") is None:
+            raise FlowExecutionError(f"{what}: AlarmTime is required")
+        base = run.value(inputs["AlarmTime"])
+        if base is None:
+            raise FlowExecutionError(f"{what}: AlarmTime is empty")
+        at = to_instant(base, what=f"{what} AlarmTime") + alarm_offset(inputs, run.value, what=what)
+        found.append((at, index, WaitEvent(name=event["name"], resume_at=at)))
+    return [event for _at, _i, event in sorted(found, key=lambda f: (f[0], f[1]))]

@@ -319,12 +319,16 @@ class FlowDependency(GuardedModel):
     producer_kind = models.CharField(max_length=64)
     dependency_key = IdentityField(max_length=128, help_text="Producer key, e.g. the Runtime intent id.")
     condition_digest = DigestField()
+    condition = models.JSONField(default=dict, help_text=(
+        "The immutable satisfaction rule the digest covers, e.g. a time wait's events and resume times."))
     expiry_policy = models.CharField(max_length=32)
     state = models.CharField(max_length=16)
     version = models.PositiveBigIntegerField(default=1)
     deadline = models.DateTimeField()
     resolved_at = models.DateTimeField(null=True)
     resolution_receipt_id = TypedIdReference(to="runtime_outbox.IntentResultReceipt", null=True)
+    resolution = models.JSONField(null=True, help_text=(
+        "Safe resolution evidence set with the satisfied transition, e.g. which time event fired and when."))
     reason_code = reason_code_field()
     created_at = models.DateTimeField()
 
@@ -336,7 +340,8 @@ class FlowDependency(GuardedModel):
             ),
             reason_code_constraint(transitions.FLOW_DEPENDENCY, name="flow_dependency_reason_chk"),
         ]
-        indexes = [models.Index(fields=["org_id", "run", "dependency_key"], name="flow_dependency_key_idx")]
+        indexes = [models.Index(fields=["org_id", "run", "dependency_key"], name="flow_dependency_key_idx"),
+                   models.Index(fields=["state", "producer_kind", "deadline", "id"], name="flow_dependency_due_idx")]
 
 
 class FlowWakeSignal(GuardedModel):

@@ -113,13 +113,18 @@ def update_record(org: OrgScope, record, changes: dict):
 
 def run_until_idle(*, worker_id: str = "test-worker", max_rounds: int = 50) -> int:
     """Run the Flow worker units in-process until none has work."""
-    from nexusflow.flows.services import flow_try_recover_expired_one, flow_try_run_step_one, flow_try_wake_one
-    from nexusflow.flows.services import flow_try_cancel_cleanup_one
+    from nexusflow.flows.services import (
+        flow_try_cancel_cleanup_one,
+        flow_try_recover_expired_one,
+        flow_try_resume_due_one,
+        flow_try_run_step_one,
+        flow_try_wake_one,
+    )
 
     done = 0
     for _ in range(max_rounds):
-        worked = [flow_try_wake_one(), flow_try_run_step_one(worker_id=worker_id), flow_try_recover_expired_one(),
-                  flow_try_cancel_cleanup_one()]
+        worked = [flow_try_wake_one(), flow_try_resume_due_one(), flow_try_run_step_one(worker_id=worker_id),
+                  flow_try_recover_expired_one(), flow_try_cancel_cleanup_one()]
         done += sum(worked)
         if not any(worked):
             return done

@@ -275,10 +275,13 @@ def _el_waits(ctx: CompileContext, node: _Node) -> None:
             continue
         event_type = ev.get("eventType")
         ev_name = ev.get("name") or "event"
-        params = {p.get("name"): normalize_value(p.get("value")) for p in _as_list(ev.get("inputParameters"))
-                  if isinstance(p, dict)}
+        params = {p.get("name"): resolve_value(ctx, p.get("value"), node.name)
+                  for p in _as_list(ev.get("inputParameters")) if isinstance(p, dict)}
         kind = "time" if event_type in ("AlarmEvent", "DateRefAlarmEvent") else "producer"
-        events.append({"name": ev_name, "event_type": event_type, "class": kind, "inputs": params})
+        # The event's waiting conditions: the run waits for it only while they hold (else it is skipped).
+        conds, logic = conditions_of(ctx, ev, node.name, ev_name)
+        events.append({"name": ev_name, "event_type": event_type, "class": kind, "inputs": params,
+                       "conditions": conds, "logic": logic})
         node.edges.append((f"wait:{ev_name}", _target(ev.get("connector"))))
     if not events:
         ctx.diag("unsupported_wait_event:none", node.name, "a wait needs at least one event")

@@ -13,14 +13,17 @@
   :func:`effect_root_id_for`.
 - :mod:`.waits`: the producer entry point :func:`flow_wake_signal_accept`
   and :func:`flow_try_wake_one`.
+- :mod:`.time_waits`: Wait elements on the database clock, the
+  ``DependencyWait`` executor and :func:`flow_try_resume_due_one`.
 - :mod:`.recovery`: :func:`flow_try_recover_expired_one`.
 - :mod:`.lifecycle`: :func:`flow_step_heartbeat`, :func:`flow_run_delete`,
   :func:`flow_try_cancel_cleanup_one`.
 - :mod:`.before_save`: :func:`flow_before_save` (the records before-save hook).
-- :mod:`.support`: :func:`flow_run_support_read`.
+- :mod:`.support`: :func:`flow_run_support_read`, :func:`flow_waits_list`
+  (the operator's ``flows waits``).
 
 Workers, one unit per call, each returning True when it did work:
-:func:`flow_try_run_step_one`, :func:`flow_try_wake_one`,
+:func:`flow_try_run_step_one`, :func:`flow_try_wake_one`, :func:`flow_try_resume_due_one`,
 :func:`flow_try_recover_expired_one`, :func:`flow_try_cancel_cleanup_one`.
 
 Transactions are short and never span I/O: a claim transaction, a
@@ -47,14 +50,15 @@ from .effects import effect_root_id_for
 from .execute import flow_run_drive, flow_step_execute, flow_try_run_step_one
 from .lifecycle import CancelResult, flow_run_delete, flow_step_heartbeat, flow_try_cancel_cleanup_one
 from .recovery import flow_try_recover_expired_one
-from .support import flow_run_support_read
+from .support import flow_run_support_read, flow_waits_list
+from .time_waits import flow_try_resume_due_one
 from .waits import flow_try_wake_one, flow_wake_signal_accept
 
 __all__ = [
-    "CancelResult", "DeployResult", "StartResult", "StepClaim",
-    "effect_root_id_for", "flow_activate", "flow_before_save", "flow_compile_check", "flow_deploy",
-    "flow_plan_compile", "flow_run_delete", "flow_run_drive", "flow_run_start", "flow_run_support_read",
-    "flow_start_inputs", "flow_step_claim_one", "flow_step_execute", "flow_step_heartbeat",
-    "flow_trigger_on_record_saved", "flow_try_cancel_cleanup_one", "flow_try_recover_expired_one",
-    "flow_try_run_step_one", "flow_try_wake_one", "flow_wake_signal_accept", "metadata_view_seal", "plan_inputs",
+    "CancelResult", "DeployResult", "StartResult", "StepClaim", "effect_root_id_for", "flow_activate",
+    "flow_before_save", "flow_compile_check", "flow_deploy", "flow_plan_compile", "flow_run_delete",
+    "flow_run_drive", "flow_run_start", "flow_run_support_read", "flow_start_inputs", "flow_step_claim_one",
+    "flow_step_execute", "flow_step_heartbeat", "flow_trigger_on_record_saved", "flow_try_cancel_cleanup_one",
+    "flow_try_recover_expired_one", "flow_try_resume_due_one", "flow_try_run_step_one", "flow_try_wake_one",
+    "flow_waits_list", "flow_wake_signal_accept", "metadata_view_seal", "plan_inputs",
 ]

@@ -31,6 +31,7 @@ from ..compiler import (
     ATOMIC_MAX_FANOUT,
     ATOMIC_MAX_WRITES,
     KIND_CURRENT_READ,
+    KIND_DEPENDENCY_WAIT,
     KIND_EFFECT_COMPLETION,
     KIND_EFFECT_SUBMIT,
     KIND_MUTATION,
@@ -39,16 +40,18 @@ from ..compiler import (
 )
 from ..errors import FlowExecutionError, FlowRunNotFound, LateLockDiscovery, PlanMismatch
 from ..interpreter import Outcome, run_graph
-from ..models import FlowCheckpoint, FlowExecutionPlan, FlowRun, FlowStepAttempt, FlowStepExecution
+from ..models import FlowCheckpoint, FlowExecutionPlan, FlowRun, FlowStepAttempt
 from ..store import FlowAttemptStore, FlowRunStore, FlowStepStore
 from .admission import _SAVE_ORIGIN, TRIGGER_CHECKPOINT_SEQUENCE, _SaveOrigin, _step_def
 from .claim import StepClaim, _claim, flow_step_claim_one
 from .effects import _exec_effect_completion, _exec_effect_submit
+from .time_waits import _exec_dependency_wait
 from .step_txn import (
     FP_BEFORE_COMMIT,
     _attempt_fences,
     _commit_step,
     _CommitUnknown,
+    _input_state,
     _lock_fenced,
     _lock_live_step,
     _RollbackUnknown,
@@ -103,12 +106,11 @@ def _trigger_snapshot(claim: StepClaim) -> dict[str, Any]:
                                       sequence=TRIGGER_CHECKPOINT_SEQUENCE).context_payload["record"]
 
 
-def _input_state(claim: StepClaim) -> dict[str, Any]:
-    """The interpreter state the step starts from: its input checkpoint's context, else the trigger record."""
-    step = FlowStepExecution.objects.only("input_checkpoint_id").get(org_id=claim.org_id, pk=claim.step_id)
-    payload = FlowCheckpoint.objects.values_list("context_payload", flat=True).get(
-        org_id=claim.org_id, pk=step.input_checkpoint_id)
-    return payload.get("context") or {}
+def _interview_start(claim: StepClaim) -> dt.datetime:
+    """When the run started (``$Flow.InterviewStartTime``): its first claim, else its creation."""
+    started, created = FlowRun.objects.values_list("started_at", "created_at").get(org_id=claim.org_id,
+                                                                                   pk=claim.run_id)
+    return started or created
 
 
 def _graph_of(plan: FlowExecutionPlan, step_def: dict[str, Any]) -> tuple[list[dict[str, Any]], str | None]:
@@ -135,7 +137,8 @@ def _interpret(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, An
     outcome = run_graph(plan_payload=plan.plan_payload, graph=graph, entry=entry, record=record,
                         object_name=snapshot["object"], now=now, reader=reader, state=_input_state(claim),
                         prior=None if prior is None else {"Id": snapshot["record_key"], **prior},
-                        is_new=snapshot.get("record_version") == 1, fan_out_limit=ATOMIC_MAX_FANOUT)
+                        is_new=snapshot.get("record_version") == 1, fan_out_limit=ATOMIC_MAX_FANOUT,
+                        interview_start=_interview_start(claim))
     if "graph" in step_def:
         next_key = step_def.get("next")
     else:
@@ -275,6 +278,7 @@ EXECUTORS: dict[str, Callable[[StepClaim, FlowExecutionPlan, dict[str, Any]], st
     KIND_TERMINAL: _exec_terminal,
     KIND_EFFECT_SUBMIT: _exec_effect_submit,
     KIND_EFFECT_COMPLETION: _exec_effect_completion,
+    KIND_DEPENDENCY_WAIT: _exec_dependency_wait,
 }
 
 

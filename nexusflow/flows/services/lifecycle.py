@@ -14,6 +14,7 @@ from typing import Any
 
 from django.db import transaction
 
+from nexusflow.kernel import failpoints
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.scope import OrgScope
@@ -25,6 +26,8 @@ from ..models import FlowRun, FlowStepAttempt, FlowStepExecution
 from ..store import FlowAttemptStore, FlowDependencyStore, FlowRunStore, FlowStepStore, audit_insert
 from .claim import StepClaim
 from .step_txn import _lock_live_step, _step_fences
+
+FP_CANCEL_BEFORE_COMMIT = failpoints.declare("flow.cancel.before_commit")
 
 
 # =============================================================================
@@ -134,6 +137,7 @@ def flow_run_delete(*, org: OrgScope, run_id: FlowRun.Id | int) -> CancelResult:
                 )
         audit_insert(org_id=org.org_id, run=run, step=step, attempt=live, event="run_cancel_requested",
                      detail={"from_state": run.state, "step_state": step.state if step else None}, created_at=now)
+        failpoints.hit(FP_CANCEL_BEFORE_COMMIT)
     _cancel_cleanup(org_id=org.org_id, run_id=run.pk)
     state = FlowRun.objects.values_list("state", flat=True).get(org_id=org.org_id, pk=run.pk)
     return CancelResult(run.pk, state, True, now, True)

@@ -71,6 +71,14 @@ def _lock_fenced(claim: StepClaim) -> tuple[FlowRun, FlowStepExecution, FlowStep
     return run, step, attempt
 
 
+def _input_state(claim: StepClaim) -> dict[str, Any]:
+    """The interpreter state the step starts from: its input checkpoint's context (``{}`` when it has none)."""
+    step = FlowStepExecution.objects.only("input_checkpoint_id").get(org_id=claim.org_id, pk=claim.step_id)
+    payload = FlowCheckpoint.objects.values_list("context_payload", flat=True).get(
+        org_id=claim.org_id, pk=step.input_checkpoint_id)
+    return payload.get("context") or {}
+
+
 def _attempt_fences(claim: StepClaim) -> dict[str, Any]:
     return {"lease_token_digest": claim.lease_token_digest, "ownership_epoch": claim.ownership_epoch,
             "root_state_version_at_claim": claim.root_version}

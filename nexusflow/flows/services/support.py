@@ -1,4 +1,4 @@
-"""Support read of one run (seed 004 section 19)."""
+"""Support reads: one run (seed 004 section 19) and an org's waits (section 14)."""
 from __future__ import annotations
 
 from typing import Any
@@ -7,7 +7,60 @@ from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.scope import OrgScope
 
 from ..errors import FlowRunNotFound
-from ..models import FlowDependency, FlowEffectLink, FlowRun, FlowStepAttempt, FlowStepExecution
+from .. import transitions as t
+from ..models import FlowDependency, FlowEffectLink, FlowRun, FlowStepAttempt, FlowStepExecution, FlowWakeSignal
+
+#: The most rows :func:`flow_waits_list` returns in one call.
+WAITS_PAGE_MAX = 500
+
+
+def _ts(value):
+    return value.isoformat() if value is not None else None
+
+
+def _dependency_json(d: FlowDependency) -> dict[str, Any]:
+    return {"dependency_id": int(d.pk), "run_id": int(d.run_id), "step_id": int(d.step_id),
+            "producer_kind": d.producer_kind, "dependency_key": d.dependency_key, "state": d.state,
+            "deadline": _ts(d.deadline), "expiry_policy": d.expiry_policy, "condition": d.condition,
+            "condition_digest": d.condition_digest, "resolved_at": _ts(d.resolved_at), "resolution": d.resolution,
+            "reason_code": d.reason_code, "created_at": _ts(d.created_at)}
+
+
+def flow_waits_list(*, org: OrgScope, state: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+    """The waits of one trusted org, oldest deadline first, as JSON-safe dicts (seed 004 sections 10.5, 14).
+
+    Each row: dependency and run/step identity, producer kind and key, state,
+    deadline, expiry policy, the condition (for a time wait its events and
+    resume times), resolution evidence, and the wake signals accepted for the
+    same producer key (id, state, received and consumed times).
+
+    Args:
+        state: one FlowDependency state (``waiting``, ``satisfied``, ...), or every state.
+        limit: at most this many rows (1..:data:`WAITS_PAGE_MAX`).
+
+    Raises:
+        ValueError: an unknown ``state`` or a ``limit`` out of range (before SQL).
+    """
+    if state is not None and state not in t.FLOW_DEPENDENCY.states:
+        raise ValueError(f"unknown wait state {state!r}; one of {', '.join(sorted(t.FLOW_DEPENDENCY.states))}")
+    if not 1 <= limit <= WAITS_PAGE_MAX:
+        raise ValueError(f"limit must be within 1..{WAITS_PAGE_MAX}")
+    qs = FlowDependency.objects.filter(org_id=org.org_id)
+    if state is not None:
+        qs = qs.filter(state=state)
+    rows = [_dependency_json(d) for d in qs.order_by("deadline", "id")[:limit]]
+    keys = {(r["run_id"], r["dependency_key"]) for r in rows}
+    signals: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    if keys:
+        for sig in FlowWakeSignal.objects.filter(org_id=org.org_id, flow_run_id__in={k[0] for k in keys}):
+            key = (int(sig.flow_run_id), sig.dependency_key)
+            if key in keys:
+                signals.setdefault(key, []).append({
+                    "signal_id": int(sig.pk), "producer_kind": sig.producer_kind, "state": sig.state,
+                    "received_at": _ts(sig.received_at), "consumed_at": _ts(sig.consumed_at)})
+    for r in rows:
+        r["signals"] = sorted(signals.get((r["run_id"], r["dependency_key"]), []), key=lambda x: x["signal_id"])
+    return rows
 
 
 def flow_run_support_read(*, org: OrgScope, run_id: FlowRun.Id | int, include_deleted: bool = False) -> dict[str, Any]:
@@ -51,8 +104,7 @@ def flow_run_support_read(*, org: OrgScope, run_id: FlowRun.Id | int, include_de
         steps.append({"step_id": int(step.pk), "plan_step_key": step.plan_step_key, "step_kind": step.step_kind,
                       "state": step.state, "version": step.version, "attempt_count": step.attempt_count,
                       "run_after": ts(step.run_after), "reason_code": step.reason_code, "attempts": attempts})
-    dependencies = [{"dependency_id": int(d.pk), "step_id": int(d.step_id), "producer_kind": d.producer_kind,
-                     "dependency_key": d.dependency_key, "state": d.state, "deadline": ts(d.deadline)}
+    dependencies = [_dependency_json(d)
                     for d in FlowDependency.objects.filter(org_id=org.org_id, run_id=run.pk).order_by("id")]
     effects = [{"effect_link_id": int(e.pk), "step_id": int(e.step_id), "effect_owner_kind": e.effect_owner_kind,
                 "outbound_command_id": int(e.outbound_command_id), "effect_handoff_key": e.effect_handoff_key}

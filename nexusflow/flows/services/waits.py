@@ -53,6 +53,14 @@ def _wait(claim: StepClaim, run: FlowRun, step: FlowStepExecution, now: dt.datet
             expiry_policy="quarantine", state=t.DEP_WAITING,
             deadline=now + dt.timedelta(seconds=policy.dependency_deadline_seconds()), created_at=now,
         )
+    _enter_waiting(claim, now)
+
+
+def _enter_waiting(claim: StepClaim, now: dt.datetime) -> None:
+    """Attempt Committed, step Running -> Waiting and root Running -> Waiting, under the claim fence.
+
+    Runs in the step transaction that commits the dependency (seed 004 section 14.2 step 3).
+    """
     FlowAttemptStore.transition(
         org_id=claim.org_id, pk=claim.attempt_id, src=t.ATTEMPT_STARTED, dst=t.ATTEMPT_COMMITTED,
         version=claim.attempt_version, fences=_attempt_fences(claim), set_fields={"finished_at": now},

@@ -24,6 +24,12 @@ Subcommands:
   section 10.1): cancellation plus ``IsDeleted`` soft delete; idempotent.
 - ``show RUN_ID --org ORG [--include-deleted]``: the section 19 support read
   as JSON.
+- ``waits --org ORG [--state S] [--limit N]``: the org's waits as a JSON
+  array, oldest deadline first (seed 004 sections 10.5 and 14): each
+  dependency with its run and step, producer kind and key, state, deadline,
+  condition (a time wait's events and resume times), expiry policy,
+  resolution and the wake signals accepted for its key. Exit 2 on a
+  malformed org, an unknown state or a limit out of range.
 
 ``run``/``cancel``/``show`` exit 0 on success, 2 on bad input (a malformed
 id or org), 3 when the run is not in that org (``flow_run_not_found``).
@@ -36,6 +42,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from nexusflow.flows.errors import FlowInputRejected, FlowNotStartable, FlowRunNotFound, FlowStartConflict
 from nexusflow.flows.inventory import flow_inventory
+from nexusflow.flows.services.support import WAITS_PAGE_MAX
+from nexusflow.flows.transitions import FLOW_DEPENDENCY
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.scope import OrgScope
@@ -43,11 +51,11 @@ from nexusflow.kernel.scope import OrgScope
 
 class Command(BaseCommand):
     help = ("Flow operator commands: inventory (compile-only report of a folder of Flow metadata files); "
-            "run, cancel and show one run of an org.")
+            "start an autolaunched flow; run, cancel and show one run of an org; list an org's waits.")
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="subcommand", required=True,
-                                    metavar="{inventory,start,run,cancel,show}")
+                                    metavar="{inventory,start,run,cancel,show,waits}")
         inv = sub.add_parser("inventory", help="Compile every *.flow-meta.xml in DIR; execute nothing.")
         inv.add_argument("directory", metavar="DIR")
         inv.add_argument("--json", action="store_true", help="One JSON array, one object per file.")
@@ -62,6 +70,13 @@ class Command(BaseCommand):
                            help="One input value (text); repeat for more inputs or collection items.")
         start.add_argument("--input-json", metavar="FILE", help="A JSON object of input values.")
         start.add_argument("--request-id", help="Operator request id: a retried start returns the same run.")
+        waits = sub.add_parser("waits", help="List an org's waits (JSON): dependency, producer, deadline, "
+                                             "condition, expiry policy, resolution and wake signals.")
+        waits.add_argument("--org", required=True, help="The trusted org whose waits to list.")
+        waits.add_argument("--state", choices=sorted(FLOW_DEPENDENCY.states),
+                           help="Only waits in this state (default: every state).")
+        waits.add_argument("--limit", type=int, default=100,
+                           help=f"At most N rows, oldest deadline first (1..{WAITS_PAGE_MAX}, default 100).")
         for name, text in (("run", "Execute one run's due steps in this process."),
                            ("cancel", "Cancel and soft-delete one run (idempotent)."),
                            ("show", "Print the support read of one run as JSON.")):
@@ -82,6 +97,8 @@ class Command(BaseCommand):
             return self._start(**options)
         if subcommand in ("run", "cancel", "show"):
             return self._one_run(subcommand, **options)
+        if subcommand == "waits":
+            return self._waits(**options)
         raise CommandError(f"unknown subcommand {subcommand!r}", returncode=2)
 
     def _inventory(self, *, directory: str, json: bool, detail: bool, schema: str, **_options):
@@ -123,6 +140,18 @@ class Command(BaseCommand):
             raise CommandError(f"{exc.code}: {exc}", returncode=3) from None
         self.stdout.write(_dumps({"run_id": int(started.run.pk), "created": started.created,
                                   "state": started.run.state}))
+
+    def _waits(self, *, org: str, state: str | None, limit: int, **_options):
+        from nexusflow.flows import services
+
+        try:
+            validate_key(org, field="org", max_length=64)
+            rows = services.flow_waits_list(org=OrgScope(org), state=state, limit=limit)
+        except InvalidIdentity as exc:
+            raise CommandError(f"{exc.code}: {exc}", returncode=2) from None
+        except ValueError as exc:
+            raise CommandError(f"invalid_argument: {exc}", returncode=2) from None
+        self.stdout.write(_dumps(rows))
 
     def _one_run(self, subcommand: str, *, run_id: str, org: str, **options):
         from nexusflow.flows import services

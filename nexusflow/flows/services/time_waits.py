@@ -1,0 +1,192 @@
+"""Time waits: a Wait element's ``AlarmEvent`` on the database clock (seed 004 sections 10.5, 14.2-14.4).
+
+First visit of a Wait step (:func:`_exec_dependency_wait`, in the step
+transaction, root -> step -> attempt -> dependency): evaluate every event's
+waiting conditions and resume time (:func:`nexusflow.flows.interpreter.wait_schedule`).
+No event to wait for: the step succeeds along the default path at once.
+Otherwise one ``FlowDependency`` (producer ``runtime.clock``, its condition the
+events and their times, its ``deadline`` the earliest) commits with attempt
+``Committed``, step and root ``Waiting``.
+
+The clock producer needs no signal: the database clock is its evidence.
+:func:`flow_try_resume_due_one` (worker unit ``flow.resume_due``) discovers a
+due dependency without locks, then locks root -> step -> dependency, checks
+state, versions, scope and ``deadline <= db_now()``, and commits dependency
+``satisfied`` (resolution: the event that fired, when it was due, when it
+resolved), step ``Pending`` and root ``Runnable`` together. The next claim of
+the step sees the satisfied dependency and continues along that event's path.
+A wait survives any process or deployment restart: nothing but rows holds it.
+Cancellation (:func:`.lifecycle.flow_run_delete`) cancels the waiting
+dependency in the same root-first transaction, so resume and cancel race on
+the same versions and exactly one wins.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from typing import Any
+
+from django.db import transaction
+
+from nexusflow.kernel import canonical_json, failpoints
+from nexusflow.kernel.clock import db_now
+from nexusflow.kernel.digests import digest_v2
+
+from .. import policy
+from .. import transitions as t
+from ..binding import scope_of
+from ..errors import FlowExecutionError, PlanMismatch
+from ..interpreter import wait_schedule
+from ..models import FlowCheckpoint, FlowDependency, FlowExecutionPlan, FlowRun
+from ..store import FlowDependencyStore, FlowRunStore, FlowStepStore, audit_insert
+from .admission import TRIGGER_CHECKPOINT_SEQUENCE
+from .claim import StepClaim
+from .step_txn import FP_BEFORE_COMMIT, _commit_step, _input_state, _lock_fenced, _step_txn
+from .waits import _enter_waiting
+
+log = logging.getLogger("nexusflow.flows")
+
+#: The producer kind of a time wait: the database clock.
+PRODUCER_CLOCK = "runtime.clock"
+#: A time wait's expiry policy: reaching the deadline resolves it along the event that is due.
+EXPIRY_FIRES = "fires"
+
+FP_WAIT_CREATED = failpoints.declare("flow.wait.created")
+FP_RESUME_BEFORE_COMMIT = failpoints.declare("flow.wait.resume_before_commit")
+FP_AFTER_RESUME = failpoints.declare("flow.wait.after_resume")
+
+
+def _scope_filter(run: FlowRun) -> dict[str, Any]:
+    scope = scope_of(run)
+    return dict(org_id=scope.org_id, app_installation_id=scope.app_installation_id,
+                runtime_capability_id=scope.runtime_capability_id, binding_digest=scope.binding_digest)
+
+
+def _schedule(claim: StepClaim, run: FlowRun, plan: FlowExecutionPlan, step_def: dict[str, Any],
+              now: dt.datetime) -> list:
+    snapshot = FlowCheckpoint.objects.get(org_id=claim.org_id, run_id=claim.run_id,
+                                          sequence=TRIGGER_CHECKPOINT_SEQUENCE).context_payload["record"]
+    prior = snapshot.get("prior_fields")
+    return wait_schedule(plan_payload=plan.plan_payload, node=step_def, object_name=snapshot["object"],
+                         record={"Id": snapshot["record_key"], **snapshot["fields"]},
+                         prior=None if prior is None else {"Id": snapshot["record_key"], **prior},
+                         is_new=snapshot.get("record_version") == 1, now=now,
+                         interview_start=run.started_at or run.created_at, state=_input_state(claim))
+
+
+def _exec_dependency_wait(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any]) -> str:
+    """Execute a ``DependencyWait`` step of a Wait element (module docstring).
+
+    Returns ``"waiting"`` (dependency committed), or ``"succeeded"`` (default
+    path, or the path of the event whose time came).
+
+    Raises:
+        PlanMismatch: the step is not a Wait element, or its dependency is in
+            a state no claim should see (cancelled, expired).
+        FlowExecutionError: an event's time cannot be computed (definite).
+    """
+    if step_def.get("type") != "waits":
+        raise PlanMismatch(f"no executor for a {step_def.get('type')} dependency wait")
+    context = _input_state(claim)
+    with _step_txn():
+        now = db_now()
+        run, step, attempt = _lock_fenced(claim)
+        scope = _scope_filter(run)
+        dependency = FlowDependency.objects.filter(
+            org_id=claim.org_id, step_id=claim.step_id, **{k: v for k, v in scope.items() if k != "org_id"}).first()
+        if dependency is not None:
+            dependency = FlowDependencyStore.lock(claim.org_id, dependency.pk)
+        if dependency is None:
+            events = _schedule(claim, run, plan, step_def, now)
+            if not events:
+                _commit_step(claim, plan, run, attempt, now, output={"wait": "default"}, step_dst=t.STEP_SUCCEEDED,
+                             root_dst=t.RUN_RUNNABLE, next_key=step_def["next"]["default"], context=context)
+                failpoints.hit(FP_BEFORE_COMMIT)
+                return "succeeded"
+            condition = {"kind": "time", "events": [e.as_json() for e in events]}
+            FlowDependencyStore.create(
+                **scope, run=run, step=step, producer_kind=PRODUCER_CLOCK, dependency_key=claim.step_key,
+                condition=condition,
+                condition_digest=digest_v2("flows.dependency-condition", [
+                    ("producer_kind", PRODUCER_CLOCK), ("dependency_key", claim.step_key),
+                    ("condition", canonical_json.dumps(condition)),
+                ]).hexdigest,
+                expiry_policy=EXPIRY_FIRES, state=t.DEP_WAITING, deadline=events[0].resume_at, created_at=now,
+            )
+            _enter_waiting(claim, now)
+            failpoints.hit(FP_WAIT_CREATED)
+            return "waiting"
+        if dependency.state == t.DEP_WAITING:
+            _enter_waiting(claim, now)  # a re-claimed waiting step waits again on the same dependency
+            failpoints.hit(FP_BEFORE_COMMIT)
+            return "waiting"
+        if dependency.state != t.DEP_SATISFIED or not dependency.resolution:
+            raise PlanMismatch(f"wait dependency {dependency.pk} is {dependency.state}")
+        event = dependency.resolution["event"]
+        next_key = (step_def.get("next") or {}).get(f"wait:{event}")
+        if f"wait:{event}" not in (step_def.get("next") or {}):
+            raise FlowExecutionError(f"wait {step_def.get('element')}: no path for event {event}")
+        _commit_step(claim, plan, run, attempt, now, output={"wait": "event", **dependency.resolution},
+                     step_dst=t.STEP_SUCCEEDED, root_dst=t.RUN_RUNNABLE, next_key=next_key, context=context)
+        failpoints.hit(FP_BEFORE_COMMIT)
+    return "succeeded"
+
+
+def flow_try_resume_due_one() -> bool:
+    """Resolve one due time wait (seed 004 sections 14.2 step 6 and 14.4). True when one resolved.
+
+    Discovers waiting ``runtime.clock`` dependencies with ``deadline <=
+    db_now()`` without locks (oldest deadline first, a bounded batch), then
+    resolves the first that still qualifies under root -> step -> dependency
+    locks. A candidate that moved meanwhile (cancelled, already resolved,
+    another worker won) is skipped, never forced.
+    """
+    now = db_now()
+    candidates = list(
+        FlowDependency.objects.filter(state=t.DEP_WAITING, producer_kind=PRODUCER_CLOCK, deadline__lte=now)
+        .order_by("deadline", "id").values_list("org_id", "run_id", "step_id", "id")[: policy.CLAIM_BATCH]
+    )
+    for org_id, run_id, step_id, dependency_id in candidates:
+        if _resume(org_id=org_id, run_id=run_id, step_id=step_id, dependency_id=dependency_id):
+            return True
+    return False
+
+
+def _resume(*, org_id: str, run_id: int, step_id: int, dependency_id: int) -> bool:
+    with transaction.atomic(durable=True):
+        now = db_now()
+        run = FlowRunStore.lock(org_id, run_id)
+        if (run.state != t.RUN_WAITING or run.current_step_id != step_id or run.is_deleted
+                or run.delete_requested_at is not None):
+            return False
+        step = FlowStepStore.lock(org_id, step_id)
+        if step.state != t.STEP_WAITING:
+            return False
+        dependency = FlowDependencyStore.lock(org_id, dependency_id)
+        if (dependency.state != t.DEP_WAITING or dependency.producer_kind != PRODUCER_CLOCK
+                or dependency.deadline > now or dependency.step_id != step.pk):
+            return False
+        if any(getattr(dependency, k) != v for k, v in _scope_filter(run).items()):
+            log.error("time wait %s does not share its run's work scope; left waiting", dependency_id,
+                      extra={"org_id": org_id, "run_id": run_id})
+            return False
+        due = dependency.condition["events"][0]
+        resolution = {"event": due["event"], "due_at": due["resume_at"], "resolved_at": now.isoformat()}
+        FlowDependencyStore.transition(
+            org_id=org_id, pk=dependency.pk, src=t.DEP_WAITING, dst=t.DEP_SATISFIED, version=dependency.version,
+            set_fields={"resolved_at": now, "resolution": canonical_json.dumps(resolution).decode()},
+        )
+        FlowStepStore.transition(
+            org_id=org_id, pk=step.pk, src=t.STEP_WAITING, dst=t.STEP_PENDING, version=step.version,
+            set_fields={"run_after": now, "updated_at": now},
+        )
+        FlowRunStore.transition(
+            org_id=org_id, pk=run.pk, src=t.RUN_WAITING, dst=t.RUN_RUNNABLE, version=run.version,
+            fences={"current_step_id": step.pk, "is_deleted": False, "delete_requested_at": None},
+            set_fields={"run_after": now, "updated_at": now},
+        )
+        audit_insert(org_id=org_id, run=run, step_id=step.pk, attempt=None, event="wait_resolved",
+                     detail={"dependency": int(dependency.pk), **resolution}, created_at=now)
+        failpoints.hit(FP_RESUME_BEFORE_COMMIT)
+    failpoints.hit(FP_AFTER_RESUME)
+    return True
