@@ -102,8 +102,16 @@ def conditions_hold(conditions: list[dict[str, Any]], logic: Any, fields: dict[s
     return _combine(logic, [condition_holds(c, fields, resolve) for c in conditions])
 
 
-def trigger_matches(trigger: dict[str, Any], *, object_name: str, created: bool, fields: dict[str, Any]) -> bool:
-    """Return True when a saved record matches a plan's record-trigger selection."""
+def trigger_matches(trigger: dict[str, Any], *, object_name: str, created: bool, fields: dict[str, Any],
+                    prior: dict[str, Any] | None = None) -> bool:
+    """Return True when a saved record matches a plan's record-trigger selection.
+
+    ``prior`` holds the field values the save replaced (``None`` on create).
+    A trigger that ``requires_change`` (the Flow metadata's
+    ``doesRequireRecordChangedToMeetCriteria``) matches an update only when
+    its conditions hold now and did not hold on ``prior``: the record was
+    updated to meet them.
+    """
     if trigger.get("object") != object_name:
         return False
     rtt = trigger.get("record_trigger_type")
@@ -111,4 +119,8 @@ def trigger_matches(trigger: dict[str, Any], *, object_name: str, created: bool,
         return False
     if not created and rtt not in ("Update", "CreateAndUpdate"):
         return False
-    return conditions_hold(trigger["filters"], trigger["filter_logic"], fields)
+    if not conditions_hold(trigger["filters"], trigger["filter_logic"], fields):
+        return False
+    if trigger.get("requires_change") and not created and prior is not None:
+        return not conditions_hold(trigger["filters"], trigger["filter_logic"], prior)
+    return True

@@ -199,6 +199,33 @@ def _wait_blockers(step: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
+#: Seconds per ``offsetUnit`` of a record-triggered scheduled path.
+PATH_OFFSET_UNITS = {"Minutes": 60, "Hours": 3600, "Days": 86400}
+#: The scheduled-path time sources the executor reads: the triggering save, or a date/time field of the record.
+PATH_TIME_SOURCES = ("RecordTriggerEvent", "RecordField")
+
+
+def _scheduled_path_blockers(path: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(feature, detail)`` for a scheduled path the executor cannot time (docs/operations.md "Scheduled paths")."""
+    name = path.get("name")
+    if path.get("path_type") == "AsyncAfterCommit":
+        return []
+    out = []
+    if path.get("time_source") not in PATH_TIME_SOURCES:
+        out.append(("scheduled_path:time_source", f"path {name}: time source {path.get('time_source')} "
+                                                  f"is not one of {', '.join(PATH_TIME_SOURCES)}"))
+    if path.get("time_source") == "RecordField" and not isinstance(path.get("record_field"), str):
+        out.append(("scheduled_path:record_field", f"path {name}: a RecordField time source names its field"))
+    if path.get("unit") not in PATH_OFFSET_UNITS:
+        out.append(("scheduled_path:unit", f"path {name}: offset unit {path.get('unit')} is not one of "
+                                           f"{', '.join(PATH_OFFSET_UNITS)}"))
+    try:
+        int(str(path.get("offset")))
+    except ValueError:
+        out.append(("scheduled_path:offset", f"path {name}: offset {path.get('offset')!r} is not a whole number"))
+    return out
+
+
 def engine_support_diagnostics(payload: dict[str, Any], snapshot: CatalogSnapshot) -> list[Diagnostic]:
     """What in a compiled plan this engine generation cannot run (empty list: activatable).
 
@@ -226,8 +253,11 @@ def engine_support_diagnostics(payload: dict[str, Any], snapshot: CatalogSnapsho
                                                      and trigger.get("object")):
         bad("trigger", "start", f"{profile} plans are admitted on {' or '.join(wanted)} starts, "
                                 f"not {trigger.get('trigger_type')}")
-    if trigger.get("scheduled_paths") or trigger.get("filter_formula") or trigger.get("requires_change"):
-        bad("trigger", "start", "scheduled paths, filter formulas and changed-record criteria are not admitted yet")
+    if trigger.get("filter_formula"):
+        bad("trigger", "start", "filter formulas are not admitted yet")
+    for path in trigger.get("scheduled_paths") or []:
+        for feature, detail in _scheduled_path_blockers(path):
+            bad(feature, "start", detail)
     for f in trigger.get("filters", []):
         if not _condition_ok(f):
             bad("trigger", "start", f"filter {f.get('field')} {f.get('operator')} is not evaluated at admission")
@@ -243,6 +273,8 @@ def engine_support_diagnostics(payload: dict[str, Any], snapshot: CatalogSnapsho
             if entry is None or not binary_supports(entry):
                 bad("handler", element, f"{step.get('action_key')} has no handler binding in this binary")
             continue
+        if kind == KIND_DEPENDENCY_WAIT and step.get("type") == "scheduled_path":
+            continue  # its path is checked with the trigger above
         if kind == KIND_DEPENDENCY_WAIT and step.get("type") == "waits":
             for feature, detail in _wait_blockers(step):
                 bad(feature, element, detail)

@@ -193,13 +193,15 @@ class FlowRun(GuardedModel):
     delete_requested_at = models.DateTimeField(null=True)
     started_at = models.DateTimeField(null=True)
     completed_at = models.DateTimeField(null=True)
+    entry_path = IdentityField(max_length=80, default="@immediate", help_text=(
+        "The path this run runs: @immediate (the start connector) or a record-triggered scheduled path's name."))
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["org_id", "plan", "record_key", "record_version"],
-                                    name="flow_run_trigger_uniq"),
+            models.UniqueConstraint(fields=["org_id", "plan", "record_key", "record_version", "entry_path"],
+                                    name="flow_run_trigger_path_uniq"),
             reason_code_constraint(transitions.FLOW_RUN, name="flow_run_reason_chk"),
             models.CheckConstraint(
                 condition=transitions.legacy_projection_q(), name="flow_run_legacy_projection_chk"),

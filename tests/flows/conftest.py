@@ -14,7 +14,8 @@ from .rows import Rows
 
 ROOT = Path(settings.BASE_DIR)
 DEMO_FLOW = ROOT / "metadata" / "flows" / "Contact_Push_Customer_To_Billing.flow-meta.xml"
-CORPUS = Path("/work/shared/corpus/flows")
+#: The shared Flow corpus beside the repository (``../shared/corpus/flows``).
+CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpus" / "flows"
 FLOW_ORG = "flows-test-org"
 OBJECT = "Contact"  # the demo metadata object (tests may name it; L0 code may not)
 

@@ -54,6 +54,7 @@ from .constants import (
     PROFILE_EMBEDDED,
     PROFILES,
     STEP_KINDS,
+    SCHEDULED_STEP_PREFIX,
     TERMINAL_STEP_KEY,
 )
 from .context import Analysis, CompiledPlan
@@ -66,7 +67,7 @@ __all__ = [
     "EMBEDDED_MAX_READS", "KIND_CURRENT_READ", "KIND_DEPENDENCY_WAIT", "KIND_EFFECT_COMPLETION",
     "KIND_EFFECT_SUBMIT", "KIND_EMBEDDED", "KIND_EXPLICIT_FAULT", "KIND_MUTATION", "KIND_PURE_COMPUTE",
     "KIND_SNAPSHOT_READ", "KIND_TERMINAL", "MAX_STEPS", "MAX_SUBFLOW_DEPTH", "PAYLOAD_SCHEMA", "POLICY_VERSION",
-    "PROFILE_ATOMIC", "PROFILE_DURABLE", "PROFILE_EMBEDDED", "PROFILES", "STEP_KINDS", "TERMINAL_STEP_KEY",
+    "PROFILE_ATOMIC", "PROFILE_DURABLE", "PROFILE_EMBEDDED", "PROFILES", "SCHEDULED_STEP_PREFIX", "STEP_KINDS", "TERMINAL_STEP_KEY",
     "Analysis", "CompileError", "CompiledPlan", "Diagnostic", "analyze_flow", "compile_flow", "normalize_value",
     "parse_logic", "trigger_binding_digest_of", "validate_effect_pairs",
 ]

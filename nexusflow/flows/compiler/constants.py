@@ -31,6 +31,8 @@ KIND_PURE_COMPUTE = "PureCompute"
 KIND_CURRENT_READ = "CurrentRead"
 KIND_SNAPSHOT_READ = "VerifiedSnapshotRead"
 KIND_MUTATION = "BoundedMutation"
+#: Key prefix of the first step of a scheduled path's run (its wait for the path's time).
+SCHEDULED_STEP_PREFIX = "scheduled:"
 KIND_DEPENDENCY_WAIT = "DependencyWait"
 KIND_EFFECT_SUBMIT = "EffectSubmit"
 KIND_EFFECT_COMPLETION = "EffectCompletion"

@@ -29,6 +29,7 @@ from .constants import (
     POLICY_VERSION,
     PROFILE_ATOMIC,
     PROFILE_EMBEDDED,
+    SCHEDULED_STEP_PREFIX,
     STEP_PREFIX,
     TERMINAL_STEP_KEY,
 )
@@ -117,6 +118,13 @@ def group_steps(ctx: CompileContext, order: list[str],
             step["next"] = {k: t for k, t in out_edges}
         steps.append(step)
         edges += [{"from": key, "to": t, "kind": k} for k, t in out_edges]
+    for path in (ctx.trigger or {}).get("scheduled_paths") or []:
+        # A scheduled path runs as its own run: its first step waits for the path's time on the database clock.
+        target = next((t for k, t in ctx.entry_edges if k == f"scheduled:{path['name']}"), None)
+        key = f"{SCHEDULED_STEP_PREFIX}{path['name']}"
+        steps.append({"key": key, "kind": KIND_DEPENDENCY_WAIT, "type": "scheduled_path", "element": "start",
+                      "path": path, "next": {"resume": _entry_key(ctx, target)}})
+        edges.append({"from": key, "to": _entry_key(ctx, target), "kind": "resume"})
     steps.append({"key": TERMINAL_STEP_KEY, "kind": KIND_TERMINAL})
     return steps, edges
 
@@ -202,9 +210,10 @@ def build_plan(ctx: CompileContext, profile: str, steps: list[dict[str, Any]],
                 for name, (kind, body) in sorted(ctx.resources.items()) if kind == "formulas"}
     templates = {name: fx.parse_template(body.get("text") or "")
                  for name, (kind, body) in sorted(ctx.resources.items()) if kind == "textTemplates"}
+    paths = trigger.get("scheduled_paths") or []
     dependencies = [{"step": s["key"], "producer": "runtime.intent_result"} for s in steps
                     if s["kind"] == KIND_EFFECT_COMPLETION]
-    dependencies += [{"step": s["key"], "producer": "subflow" if s.get("type") == "subflows" else "wait"}
+    dependencies += [{"step": s["key"], "producer": "subflow" if s.get("type") == "subflows" else "runtime.clock"}
                      for s in steps if s["kind"] == KIND_DEPENDENCY_WAIT]
     referenced = sorted({(s["action_key"], s["entry_digest"], s["binding_fingerprint"])
                          for s in _all_step_nodes(steps) if s.get("action_key") and s.get("entry_digest")})
@@ -213,7 +222,8 @@ def build_plan(ctx: CompileContext, profile: str, steps: list[dict[str, Any]],
         "flow_api_name": ctx.flow_api_name,
         "profile": profile,
         "trigger": trigger,
-        "entry_step": steps[0]["key"],
+        "entry_step": steps[0]["key"] if not paths else _entry_key(
+            ctx, next((t for k, t in ctx.entry_edges if k == "success"), None)),
         "steps": steps,
         "edges": edges,
         "checkpoint_schema": {"record": trigger.get("object"), "variables": variables},
@@ -223,6 +233,8 @@ def build_plan(ctx: CompileContext, profile: str, steps: list[dict[str, Any]],
         "referenced_entries": [list(r) for r in referenced],
         "loops": ctx.analysis.loops,
     }
+    if paths:
+        payload["scheduled_paths"] = [{"name": p["name"], "step": f"{SCHEDULED_STEP_PREFIX}{p['name']}"} for p in paths]
     payload_digest = digest_json_v2("flows.plan-payload", canonical_json.dumps(payload)).hexdigest
     fields: list[tuple[str, Any]] = [
         ("org_id", binding.org_id),

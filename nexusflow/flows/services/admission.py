@@ -27,12 +27,13 @@ from nexusflow.records.metadata import current_view
 
 from .. import transitions as t
 from ..binding import flow_runtime_binding
-from ..compiler import PROFILE_EMBEDDED, trigger_binding_digest_of
+from ..compiler import PROFILE_EMBEDDED, TERMINAL_STEP_KEY, trigger_binding_digest_of
 from ..conditions import trigger_matches
 from ..errors import FlowAdmissionRejected, FlowInputRejected, FlowNotStartable, FlowStartConflict, PlanMismatch
 from ..interpreter import to_field_text
 from ..models import FlowActivation, FlowCheckpoint, FlowExecutionPlan, FlowRun
 from ..store import FlowRunStore, FlowStepStore, checkpoint_insert
+from .wait_resolution import IMMEDIATE_PATH, scheduled_paths_recheck
 
 log = logging.getLogger("nexusflow.flows")
 
@@ -71,8 +72,11 @@ def flow_trigger_on_record_saved(*, org: OrgScope, record, change) -> None:
     """Admit one FlowRun per matching active activation (records after-save hook).
 
     Runs inside the saving transaction, after the record row is written and
-    locked: inserts only, no lock on any existing Flow row. Idempotent per
-    ``(org, plan, record key, record version)``. The trigger snapshot freezes
+    locked: inserts only, except that an update first makes the record's
+    waiting scheduled paths look again (:func:`.wait_resolution.scheduled_paths_recheck`,
+    root -> step -> dependency after the record lock). Idempotent per
+    ``(org, plan, record key, record version, entry path)``: one run for the
+    start connector and one per scheduled path, each waiting for its time. The trigger snapshot freezes
     the saved values and ``change.prior_fields`` (the values this save
     replaced; ``None`` on create), which ``$Record__Prior``, ``ISCHANGED``
     and ``PRIORVALUE`` read in every step. A save made by a Flow run's own
@@ -85,6 +89,8 @@ def flow_trigger_on_record_saved(*, org: OrgScope, record, change) -> None:
             another metadata view; the save fails closed rather than run a
             stale plan.
     """
+    if not change.created:
+        scheduled_paths_recheck(org=org, record=record, change=change)
     activations = list(
         FlowActivation.objects.filter(org_id=org.org_id, state=t.ACTIVATION_ACTIVE,
                                       plan__trigger_object_name=record.object_name)
@@ -106,8 +112,13 @@ def flow_trigger_on_record_saved(*, org: OrgScope, record, change) -> None:
                 "trigger set; recompile and activate it for the current metadata view"
             )
         if trigger_matches(plan.plan_payload["trigger"], object_name=record.object_name, created=change.created,
-                           fields=record.fields):
-            _run_admit(org=org, plan=plan, record=record, prior_fields=change.prior_fields)
+                           fields=record.fields, prior=change.prior_fields):
+            paths = plan.plan_payload.get("scheduled_paths") or []
+            if not paths or plan.plan_payload["entry_step"] != TERMINAL_STEP_KEY:
+                _run_admit(org=org, plan=plan, record=record, prior_fields=change.prior_fields)
+            for path in paths:  # each scheduled path is a run of its own, first waiting for its time
+                _run_admit(org=org, plan=plan, record=record, prior_fields=change.prior_fields,
+                           entry_path=path["name"], entry_key=path["step"])
 
 
 def _admit_first_step(*, org: OrgScope, run: FlowRun, entry: dict[str, Any], snapshot: dict[str, Any],
@@ -129,9 +140,10 @@ def _admit_first_step(*, org: OrgScope, run: FlowRun, entry: dict[str, Any], sna
     )
 
 
-def _run_admit(*, org: OrgScope, plan: FlowExecutionPlan, record, prior_fields: dict | None) -> FlowRun | None:
+def _run_admit(*, org: OrgScope, plan: FlowExecutionPlan, record, prior_fields: dict | None,
+               entry_path: str = IMMEDIATE_PATH, entry_key: str | None = None) -> FlowRun | None:
     now = db_now()
-    entry = _step_def(plan, plan.plan_payload["entry_step"])
+    entry = _step_def(plan, entry_key or plan.plan_payload["entry_step"])
     snapshot = {
         "record": {"object": record.object_name, "record_key": record.record_key,
                    "record_version": record.version, "fields": record.fields,
@@ -146,8 +158,8 @@ def _run_admit(*, org: OrgScope, plan: FlowExecutionPlan, record, prior_fields: 
                 runtime_capability_id=plan.runtime_capability_id, binding_digest=plan.runtime_work_binding_digest,
                 plan=plan, plan_digest=plan.plan_digest, execution_profile=plan.execution_profile,
                 execution_owner=EXECUTION_OWNER, state=t.RUN_ACCEPTED, trigger_object_name=record.object_name,
-                record_key=record.record_key, record_version=record.version, created_at=now, updated_at=now,
-                triggered_by_run_id=None if origin is None else origin.run_id,
+                record_key=record.record_key, record_version=record.version, entry_path=entry_path,
+                created_at=now, updated_at=now, triggered_by_run_id=None if origin is None else origin.run_id,
                 save_depth=0 if origin is None else origin.save_depth + 1,
             )
             _admit_first_step(org=org, run=run, entry=entry, snapshot=snapshot, now=now)

@@ -36,18 +36,20 @@ from .. import policy
 from .. import transitions as t
 from ..binding import scope_of
 from ..errors import FlowExecutionError, PlanMismatch
-from ..interpreter import wait_schedule
+from ..compiler import TERMINAL_STEP_KEY
+from ..conditions import conditions_hold
+from ..handlers import PATH_OFFSET_UNITS
+from ..interpreter import to_instant, wait_schedule
 from ..models import FlowCheckpoint, FlowDependency, FlowExecutionPlan, FlowRun
-from ..store import FlowDependencyStore, FlowRunStore, FlowStepStore, audit_insert
+from ..store import FlowDependencyStore
 from .admission import TRIGGER_CHECKPOINT_SEQUENCE
 from .claim import StepClaim
 from .step_txn import FP_BEFORE_COMMIT, _commit_step, _input_state, _lock_fenced, _step_txn
+from .wait_resolution import PRODUCER_CLOCK, clock_wait_resolve
 from .waits import _enter_waiting
 
 log = logging.getLogger("nexusflow.flows")
 
-#: The producer kind of a time wait: the database clock.
-PRODUCER_CLOCK = "runtime.clock"
 #: A time wait's expiry policy: reaching the deadline resolves it along the event that is due.
 EXPIRY_FIRES = "fires"
 
@@ -74,6 +76,21 @@ def _schedule(claim: StepClaim, run: FlowRun, plan: FlowExecutionPlan, step_def:
                          interview_start=run.started_at or run.created_at, state=_input_state(claim))
 
 
+def _clock_wait_create(claim: StepClaim, run: FlowRun, step, condition: dict[str, Any], *, deadline: dt.datetime,
+                       now: dt.datetime) -> None:
+    """Insert the step's ``runtime.clock`` dependency and enter ``Waiting`` (in the step transaction)."""
+    FlowDependencyStore.create(
+        **_scope_filter(run), run=run, step=step, producer_kind=PRODUCER_CLOCK, dependency_key=claim.step_key,
+        condition=condition,
+        condition_digest=digest_v2("flows.dependency-condition", [
+            ("producer_kind", PRODUCER_CLOCK), ("dependency_key", claim.step_key),
+            ("condition", canonical_json.dumps(condition)),
+        ]).hexdigest,
+        expiry_policy=EXPIRY_FIRES, state=t.DEP_WAITING, deadline=deadline, created_at=now,
+    )
+    _enter_waiting(claim, now)
+
+
 def _exec_dependency_wait(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any]) -> str:
     """Execute a ``DependencyWait`` step of a Wait element (module docstring).
 
@@ -85,6 +102,8 @@ def _exec_dependency_wait(claim: StepClaim, plan: FlowExecutionPlan, step_def: d
             a state no claim should see (cancelled, expired).
         FlowExecutionError: an event's time cannot be computed (definite).
     """
+    if step_def.get("type") == "scheduled_path":
+        return _exec_scheduled_path(claim, plan, step_def)
     if step_def.get("type") != "waits":
         raise PlanMismatch(f"no executor for a {step_def.get('type')} dependency wait")
     context = _input_state(claim)
@@ -103,17 +122,8 @@ def _exec_dependency_wait(claim: StepClaim, plan: FlowExecutionPlan, step_def: d
                              root_dst=t.RUN_RUNNABLE, next_key=step_def["next"]["default"], context=context)
                 failpoints.hit(FP_BEFORE_COMMIT)
                 return "succeeded"
-            condition = {"kind": "time", "events": [e.as_json() for e in events]}
-            FlowDependencyStore.create(
-                **scope, run=run, step=step, producer_kind=PRODUCER_CLOCK, dependency_key=claim.step_key,
-                condition=condition,
-                condition_digest=digest_v2("flows.dependency-condition", [
-                    ("producer_kind", PRODUCER_CLOCK), ("dependency_key", claim.step_key),
-                    ("condition", canonical_json.dumps(condition)),
-                ]).hexdigest,
-                expiry_policy=EXPIRY_FIRES, state=t.DEP_WAITING, deadline=events[0].resume_at, created_at=now,
-            )
-            _enter_waiting(claim, now)
+            _clock_wait_create(claim, run, step, {"kind": "time", "events": [e.as_json() for e in events]},
+                               deadline=events[0].resume_at, now=now)
             failpoints.hit(FP_WAIT_CREATED)
             return "waiting"
         if dependency.state == t.DEP_WAITING:
@@ -128,6 +138,88 @@ def _exec_dependency_wait(claim: StepClaim, plan: FlowExecutionPlan, step_def: d
             raise FlowExecutionError(f"wait {step_def.get('element')}: no path for event {event}")
         _commit_step(claim, plan, run, attempt, now, output={"wait": "event", **dependency.resolution},
                      step_dst=t.STEP_SUCCEEDED, root_dst=t.RUN_RUNNABLE, next_key=next_key, context=context)
+        failpoints.hit(FP_BEFORE_COMMIT)
+    return "succeeded"
+
+
+def _path_verdict(run: FlowRun, plan: FlowExecutionPlan, path: dict[str, Any],
+                  now: dt.datetime) -> tuple[str, dt.datetime | None, str]:
+    """``(outcome, due, why)`` of a scheduled path against its record as it is now.
+
+    ``withdrawn`` when the record is gone, no longer meets the flow's entry
+    conditions, or its time field is empty; else ``wait`` (due later) or
+    ``due``. The time is the triggering save (``RecordTriggerEvent``: the
+    run's admission) or the record's field (``RecordField``) plus
+    ``offset`` x ``unit`` (negative: before); ``AsyncAfterCommit`` is due at once.
+    """
+    from nexusflow.records.models import Record
+
+    record = (Record.objects.filter(org_id=run.org_id, object_name=run.trigger_object_name, record_key=run.record_key)
+              .only("fields", "is_deleted").first())
+    if record is None or record.is_deleted:
+        return "withdrawn", None, "the record was deleted"
+    trigger = plan.plan_payload["trigger"]
+    if not conditions_hold(trigger.get("filters") or [], trigger.get("filter_logic") or "and", record.fields):
+        return "withdrawn", None, "entry conditions no longer hold"
+    if path.get("path_type") == "AsyncAfterCommit":
+        return "due", run.created_at, ""
+    if path.get("time_source") == "RecordField":
+        value = record.fields.get(path["record_field"])
+        if value in (None, ""):
+            return "withdrawn", None, f"time field {path['record_field']} is empty"
+        base = to_instant(value, what=f"scheduled path {path['name']} field {path['record_field']}")
+    else:
+        base = run.created_at
+    due = base + dt.timedelta(seconds=int(str(path["offset"])) * PATH_OFFSET_UNITS[path["unit"]])
+    return ("wait" if due > now else "due"), due, ""
+
+
+def _exec_scheduled_path(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any]) -> str:
+    """The first step of a scheduled path's run (docs/operations.md "Scheduled paths").
+
+    Evaluates the record as it is now (:func:`_path_verdict`): withdrawn (the
+    run ends without running the path), waits on the clock until the path's
+    time, or continues into the path. A resolved wait (time came, or a
+    record save ended it early) commits this step and evaluates again in the
+    step's next invocation, so a moved date waits anew and a record that left
+    the entry conditions withdraws the path.
+    """
+    path = step_def["path"]
+    context = _input_state(claim)
+    with _step_txn():
+        now = db_now()
+        run, step, attempt = _lock_fenced(claim)
+        scope = _scope_filter(run)
+        dependency = FlowDependency.objects.filter(
+            org_id=claim.org_id, step_id=claim.step_id, **{k: v for k, v in scope.items() if k != "org_id"}).first()
+        if dependency is not None:
+            dependency = FlowDependencyStore.lock(claim.org_id, dependency.pk)
+            if dependency.state == t.DEP_WAITING:
+                _enter_waiting(claim, now)
+                failpoints.hit(FP_BEFORE_COMMIT)
+                return "waiting"
+            if dependency.state != t.DEP_SATISFIED:
+                raise PlanMismatch(f"scheduled path dependency {dependency.pk} is {dependency.state}")
+            _commit_step(claim, plan, run, attempt, now, output={"scheduled_path": path["name"], "outcome": "recheck",
+                                                                 **(dependency.resolution or {})},
+                         step_dst=t.STEP_SUCCEEDED, root_dst=t.RUN_RUNNABLE, next_key=claim.step_key, context=context)
+            failpoints.hit(FP_BEFORE_COMMIT)
+            return "succeeded"
+        outcome, due, why = _path_verdict(run, plan, path, now)
+        output = {"scheduled_path": path["name"], "outcome": outcome, "due_at": due.isoformat() if due else None}
+        if outcome == "withdrawn":
+            _commit_step(claim, plan, run, attempt, now, output={**output, "why": why}, step_dst=t.STEP_SUCCEEDED,
+                         root_dst=t.RUN_RUNNABLE, next_key=TERMINAL_STEP_KEY, context=context)
+        elif outcome == "due":
+            _commit_step(claim, plan, run, attempt, now, output=output, step_dst=t.STEP_SUCCEEDED,
+                         root_dst=t.RUN_RUNNABLE, next_key=step_def["next"]["resume"], context=context)
+        else:
+            condition = {"kind": "scheduled_path", "path": path["name"], "time_source": path.get("time_source"),
+                         "record_field": path.get("record_field"),
+                         "events": [{"event": path["name"], "resume_at": due.isoformat()}]}
+            _clock_wait_create(claim, run, step, condition, deadline=due, now=now)
+            failpoints.hit(FP_WAIT_CREATED)
+            return "waiting"
         failpoints.hit(FP_BEFORE_COMMIT)
     return "succeeded"
 
@@ -154,39 +246,9 @@ def flow_try_resume_due_one() -> bool:
 
 def _resume(*, org_id: str, run_id: int, step_id: int, dependency_id: int) -> bool:
     with transaction.atomic(durable=True):
-        now = db_now()
-        run = FlowRunStore.lock(org_id, run_id)
-        if (run.state != t.RUN_WAITING or run.current_step_id != step_id or run.is_deleted
-                or run.delete_requested_at is not None):
-            return False
-        step = FlowStepStore.lock(org_id, step_id)
-        if step.state != t.STEP_WAITING:
-            return False
-        dependency = FlowDependencyStore.lock(org_id, dependency_id)
-        if (dependency.state != t.DEP_WAITING or dependency.producer_kind != PRODUCER_CLOCK
-                or dependency.deadline > now or dependency.step_id != step.pk):
-            return False
-        if any(getattr(dependency, k) != v for k, v in _scope_filter(run).items()):
-            log.error("time wait %s does not share its run's work scope; left waiting", dependency_id,
-                      extra={"org_id": org_id, "run_id": run_id})
-            return False
-        due = dependency.condition["events"][0]
-        resolution = {"event": due["event"], "due_at": due["resume_at"], "resolved_at": now.isoformat()}
-        FlowDependencyStore.transition(
-            org_id=org_id, pk=dependency.pk, src=t.DEP_WAITING, dst=t.DEP_SATISFIED, version=dependency.version,
-            set_fields={"resolved_at": now, "resolution": canonical_json.dumps(resolution).decode()},
-        )
-        FlowStepStore.transition(
-            org_id=org_id, pk=step.pk, src=t.STEP_WAITING, dst=t.STEP_PENDING, version=step.version,
-            set_fields={"run_after": now, "updated_at": now},
-        )
-        FlowRunStore.transition(
-            org_id=org_id, pk=run.pk, src=t.RUN_WAITING, dst=t.RUN_RUNNABLE, version=run.version,
-            fences={"current_step_id": step.pk, "is_deleted": False, "delete_requested_at": None},
-            set_fields={"run_after": now, "updated_at": now},
-        )
-        audit_insert(org_id=org_id, run=run, step_id=step.pk, attempt=None, event="wait_resolved",
-                     detail={"dependency": int(dependency.pk), **resolution}, created_at=now)
-        failpoints.hit(FP_RESUME_BEFORE_COMMIT)
-    failpoints.hit(FP_AFTER_RESUME)
-    return True
+        resolved = clock_wait_resolve(org_id=org_id, run_id=run_id, step_id=step_id, dependency_id=dependency_id)
+        if resolved:
+            failpoints.hit(FP_RESUME_BEFORE_COMMIT)
+    if resolved:
+        failpoints.hit(FP_AFTER_RESUME)
+    return resolved

@@ -1,0 +1,131 @@
+"""Resolving a clock wait, and the record saves that make a scheduled path look again (seed 004 section 14.2).
+
+:func:`clock_wait_resolve` is the one resolution transition of a
+``runtime.clock`` dependency, in the caller's transaction: root -> step ->
+dependency locks, state, version and scope checks, then dependency
+``satisfied`` (with its resolution evidence), step ``Pending`` and root
+``Runnable`` together. The resume sweep (:mod:`.time_waits`) calls it for a
+due wait; :func:`scheduled_paths_recheck` calls it, inside a record save, for
+a waiting scheduled path whose record no longer meets the flow's entry
+conditions or whose time field changed, so the path's step evaluates the
+record again (docs/operations.md "Scheduled paths").
+
+This module imports no executor module: the records after-save hook
+(:mod:`.admission`) reaches it without an import cycle.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.db import transaction
+
+from nexusflow.kernel import canonical_json
+from nexusflow.kernel.clock import db_now
+from nexusflow.kernel.scope import OrgScope
+
+from .. import transitions as t
+from ..binding import scope_of
+from ..conditions import conditions_hold
+from ..models import FlowDependency, FlowRun
+from ..store import FlowDependencyStore, FlowRunStore, FlowStepStore, audit_insert
+
+log = logging.getLogger("nexusflow.flows")
+
+#: The producer kind of a time wait: the database clock.
+PRODUCER_CLOCK = "runtime.clock"
+#: ``FlowRun.entry_path`` of a run of the start connector.
+IMMEDIATE_PATH = "@immediate"
+#: The resolution event of a scheduled path's wait ended early by a record save.
+EVENT_RECORD_CHANGED = "record_changed"
+
+
+def clock_wait_resolve(*, org_id: str, run_id: int, step_id: int, dependency_id: int,
+                       early: dict[str, Any] | None = None) -> bool:
+    """Resolve one waiting clock dependency in the caller's transaction; True when it did.
+
+    Without ``early`` the dependency must be due (``deadline <= db_now()``)
+    and resolves with its earliest event. With ``early`` (a record save made
+    a scheduled path look again) it resolves now with event
+    ``record_changed`` and ``early`` as evidence. A run, step or dependency
+    that moved (cancelled, resolved, another worker won) is left alone.
+    """
+    now = db_now()
+    run = FlowRunStore.lock(org_id, run_id)
+    if (run.state != t.RUN_WAITING or run.current_step_id != step_id or run.is_deleted
+            or run.delete_requested_at is not None):
+        return False
+    step = FlowStepStore.lock(org_id, step_id)
+    if step.state != t.STEP_WAITING:
+        return False
+    dependency = FlowDependencyStore.lock(org_id, dependency_id)
+    if (dependency.state != t.DEP_WAITING or dependency.producer_kind != PRODUCER_CLOCK
+            or dependency.step_id != step.pk or (early is None and dependency.deadline > now)):
+        return False
+    scope = scope_of(run)
+    if (dependency.app_installation_id, dependency.runtime_capability_id, dependency.binding_digest) != (
+            scope.app_installation_id, scope.runtime_capability_id, scope.binding_digest):
+        log.error("clock wait %s does not share its run's work scope; left waiting", dependency_id,
+                  extra={"org_id": org_id, "run_id": run_id})
+        return False
+    if early is None:
+        due = dependency.condition["events"][0]
+        resolution = {"event": due["event"], "due_at": due["resume_at"], "resolved_at": now.isoformat()}
+    else:
+        resolution = {"event": EVENT_RECORD_CHANGED, "due_at": dependency.condition["events"][0]["resume_at"],
+                      "resolved_at": now.isoformat(), **early}
+    FlowDependencyStore.transition(
+        org_id=org_id, pk=dependency.pk, src=t.DEP_WAITING, dst=t.DEP_SATISFIED, version=dependency.version,
+        set_fields={"resolved_at": now, "resolution": canonical_json.dumps(resolution).decode()},
+    )
+    FlowStepStore.transition(
+        org_id=org_id, pk=step.pk, src=t.STEP_WAITING, dst=t.STEP_PENDING, version=step.version,
+        set_fields={"run_after": now, "updated_at": now},
+    )
+    FlowRunStore.transition(
+        org_id=org_id, pk=run.pk, src=t.RUN_WAITING, dst=t.RUN_RUNNABLE, version=run.version,
+        fences={"current_step_id": step.pk, "is_deleted": False, "delete_requested_at": None},
+        set_fields={"run_after": now, "updated_at": now},
+    )
+    audit_insert(org_id=org_id, run=run, step_id=step.pk, attempt=None, event="wait_resolved",
+                 detail={"dependency": int(dependency.pk), **resolution}, created_at=now)
+    return True
+
+
+def scheduled_paths_recheck(*, org: OrgScope, record, change) -> int:
+    """Make the waiting scheduled paths of a just-updated record look again (records after-save hook).
+
+    Runs inside the saving transaction, which holds the record's lock (the
+    business lock comes before Flow rows in the one lock order). A path run
+    waits for its time; when this save leaves the flow's entry conditions
+    unmet, or changes the record field the path's time is counted from, its
+    wait resolves early (event ``record_changed``) and the path's step
+    evaluates the record again: it is withdrawn, waits for the recomputed
+    time, or runs. Returns how many waits it resolved.
+    """
+    runs = list(FlowRun.objects.filter(org_id=org.org_id, trigger_object_name=record.object_name,
+                                       record_key=record.record_key, state=t.RUN_WAITING)
+                .exclude(entry_path=IMMEDIATE_PATH).select_related("plan").order_by("id"))
+    resolved = 0
+    for run in runs:
+        trigger = run.plan.plan_payload.get("trigger") or {}
+        path = next((p for p in trigger.get("scheduled_paths") or [] if p["name"] == run.entry_path), None)
+        if path is None or run.current_step_id is None:
+            continue
+        why = None
+        if not conditions_hold(trigger.get("filters") or [], trigger.get("filter_logic") or "and", record.fields):
+            why = "entry conditions no longer hold"
+        elif path.get("time_source") == "RecordField" and path.get("record_field") in change.changed_fields:
+            why = f"time field {path['record_field']} changed"
+        if why is None:
+            continue
+        dependency = (FlowDependency.objects.filter(org_id=org.org_id, run_id=run.pk, step_id=run.current_step_id,
+                                                    state=t.DEP_WAITING, producer_kind=PRODUCER_CLOCK)
+                      .values_list("pk", flat=True).first())
+        if dependency is None:
+            continue
+        with transaction.atomic():
+            if clock_wait_resolve(org_id=org.org_id, run_id=run.pk, step_id=run.current_step_id,
+                                  dependency_id=dependency, early={"why": why, "record_version": record.version}):
+                resolved += 1
+    return resolved

@@ -1,0 +1,189 @@
+"""Record-triggered scheduled paths on the database clock (seed 004 section 14.4; docs/operations.md "Scheduled paths").
+
+``fixtures/waits/Renewal_Notice.flow-meta.xml`` is written in Salesforce's
+metadata format: after-save on ``Renewal__c`` when a renewal is created open
+or updated to become open, with no immediate path, a path three days before
+the record's ``Renewal_Date__c`` and an ``AsyncAfterCommit`` path. The rule
+implemented for pending paths: a save that changes the time field recomputes
+the path's time; a save after which the record no longer meets the entry
+conditions withdraws it. Time moves with the database clock, never a sleep.
+"""
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+
+from nexusflow.flows import transitions as t
+from nexusflow.flows.compiler import analyze_flow
+from nexusflow.flows.errors import ActivationRejected
+from nexusflow.flows.models import FlowCheckpoint, FlowDependency, FlowRun
+from nexusflow.flows.services import flow_deploy, flow_try_resume_due_one
+from nexusflow.kernel.clock import db_now
+from nexusflow.records.metadata import current_view
+from nexusflow.records.models import Record
+
+from .conftest import CORPUS, run_until_idle, save_record, update_record
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+WAITS = Path(__file__).with_name("fixtures") / "waits"
+FLOW = "Renewal_Notice"
+SOURCE = (WAITS / f"{FLOW}.flow-meta.xml").read_bytes()
+OBJECT = "Renewal__c"
+DAY = 86400
+DATE_PATH = "Three_Days_Before_Renewal"
+
+
+@pytest.fixture
+def renewal_view(settings):
+    """The process metadata view holds ``Renewal__c`` for one test."""
+    current_view.cache_clear()
+    settings.NEXUS_METADATA_DIR = WAITS
+    current_view.cache_clear()
+    yield current_view()
+    current_view.cache_clear()
+
+
+@pytest.fixture
+def deployed(org, renewal_view):
+    result = flow_deploy(org=org, source=SOURCE, flow_api_name=FLOW)
+    assert result.activated and result.plan.execution_profile == "durable_orchestration"
+    return result.plan
+
+
+def _day(offset: int) -> str:
+    return (db_now().date() + dt.timedelta(days=offset)).isoformat()
+
+
+def _midnight(date_text: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(date_text).replace(tzinfo=dt.timezone.utc)
+
+
+def _fields(org, record) -> dict:
+    return Record.objects.get(org_id=org.org_id, object_name=OBJECT, record_key=record.record_key).fields
+
+
+def _path_runs(org, record) -> dict[str, FlowRun]:
+    return {r.entry_path: r for r in FlowRun.objects.filter(org_id=org.org_id, record_key=record.record_key)
+            .exclude(entry_path="@immediate").order_by("id")}
+
+
+def _waits(org, run) -> list[FlowDependency]:
+    return list(FlowDependency.objects.filter(org_id=org.org_id, run_id=run.pk).order_by("id"))
+
+
+def _open(org, *, renewal_in_days: int = 10):
+    return save_record(org, {"Name": "r-1", "Status__c": "Open", "Renewal_Date__c": _day(renewal_in_days)},
+                       object_name=OBJECT)
+
+
+def test_each_scheduled_path_is_its_own_run_and_the_dated_one_waits_for_its_time(org, deployed, db_clock_advance):
+    renewal_date = _day(10)
+    record = save_record(org, {"Name": "r-1", "Status__c": "Open", "Renewal_Date__c": renewal_date},
+                         object_name=OBJECT)
+    runs = _path_runs(org, record)
+    assert set(runs) == {DATE_PATH, "AsyncAfterCommit"}
+    assert not FlowRun.objects.filter(org_id=org.org_id, entry_path="@immediate").exists()  # no immediate path
+    run_until_idle()
+    assert _fields(org, record)["Seen__c"] == "yes"  # the after-commit path ran at once
+    dated = FlowRun.objects.get(pk=runs[DATE_PATH].pk)
+    [wait] = _waits(org, dated)
+    due = _midnight(renewal_date) - dt.timedelta(days=3)
+    assert (dated.state, wait.state, wait.deadline, wait.condition["record_field"]) == (
+        t.RUN_WAITING, t.DEP_WAITING, due, "Renewal_Date__c")
+    db_clock_advance((due - db_now()).total_seconds() - 60)
+    assert flow_try_resume_due_one() is False and _fields(org, record).get("Notice__c") is None
+    db_clock_advance(120)
+    run_until_idle()
+    assert _fields(org, record)["Notice__c"] == "due-soon"
+    assert FlowRun.objects.get(pk=dated.pk).state == t.RUN_SUCCEEDED
+
+
+def test_moving_the_date_recomputes_the_pending_path(org, deployed, db_clock_advance):
+    record = _open(org, renewal_in_days=10)
+    run_until_idle()
+    dated = _path_runs(org, record)[DATE_PATH]
+    later = _day(20)
+    update_record(org, record, {"Renewal_Date__c": later})
+    assert _path_runs(org, record).keys() == {DATE_PATH, "AsyncAfterCommit"}  # the update admitted no new run
+    run_until_idle()
+    first, second = _waits(org, dated)
+    assert (first.state, first.resolution["event"]) == (t.DEP_SATISFIED, "record_changed")
+    assert (second.state, second.deadline) == (t.DEP_WAITING, _midnight(later) - dt.timedelta(days=3))
+    db_clock_advance(8 * DAY)  # past the first date's time: nothing runs
+    run_until_idle()
+    assert _fields(org, record).get("Notice__c") is None and FlowRun.objects.get(pk=dated.pk).state == t.RUN_WAITING
+    db_clock_advance(10 * DAY)
+    run_until_idle()
+    assert _fields(org, record)["Notice__c"] == "due-soon"
+
+
+def test_a_date_moved_into_the_past_runs_the_path_at_once(org, deployed):
+    record = _open(org, renewal_in_days=10)
+    run_until_idle()
+    update_record(org, record, {"Renewal_Date__c": _day(1)})  # three days before tomorrow is already past
+    run_until_idle()
+    assert _fields(org, record)["Notice__c"] == "due-soon"
+
+
+def test_leaving_the_entry_conditions_withdraws_the_pending_path(org, deployed, db_clock_advance):
+    record = _open(org, renewal_in_days=10)
+    run_until_idle()
+    dated = _path_runs(org, record)[DATE_PATH]
+    update_record(org, record, {"Status__c": "Closed"})
+    run_until_idle()
+    run = FlowRun.objects.get(pk=dated.pk)
+    assert run.state == t.RUN_SUCCEEDED
+    outputs = [p["output"] for p in FlowCheckpoint.objects.filter(org_id=org.org_id, run_id=run.pk)
+               .order_by("sequence").values_list("context_payload", flat=True) if "output" in p]
+    assert {"outcome": "withdrawn", "why": "entry conditions no longer hold"}.items() <= outputs[-2].items()
+    db_clock_advance(30 * DAY)
+    run_until_idle()
+    assert _fields(org, record).get("Notice__c") is None
+
+
+def test_only_an_update_that_makes_the_record_meet_the_conditions_schedules_paths(org, deployed):
+    record = save_record(org, {"Name": "r-2", "Status__c": "Draft", "Renewal_Date__c": _day(10)}, object_name=OBJECT)
+    assert _path_runs(org, record) == {}
+    update_record(org, record, {"Status__c": "Open"})
+    assert set(_path_runs(org, record)) == {DATE_PATH, "AsyncAfterCommit"}
+    run_until_idle()
+    update_record(org, record, {"Name": "r-2 renamed"})  # still open: no change to meet the criteria
+    assert FlowRun.objects.filter(org_id=org.org_id, record_key=record.record_key).count() == 2
+
+
+def test_an_empty_date_withdraws_the_path(org, deployed):
+    record = save_record(org, {"Name": "r-3", "Status__c": "Open"}, object_name=OBJECT)
+    run_until_idle()
+    run = FlowRun.objects.get(pk=_path_runs(org, record)[DATE_PATH].pk)
+    assert run.state == t.RUN_SUCCEEDED and _waits(org, run) == []
+    assert _fields(org, record).get("Notice__c") is None
+
+
+@pytest.mark.parametrize("old,new,code", [
+    ("<offsetUnit>Days</offsetUnit>", "<offsetUnit>Months</offsetUnit>", "engine_unsupported:scheduled_path:unit"),
+    ("<timeSource>RecordField</timeSource>", "<timeSource>Calendar</timeSource>",
+     "engine_unsupported:scheduled_path:time_source"),
+])
+def test_a_scheduled_path_the_engine_cannot_time_is_refused_at_activation(org, renewal_view, old, new, code):
+    with pytest.raises(ActivationRejected) as refused:
+        flow_deploy(org=org, source=SOURCE.replace(old.encode(), new.encode()), flow_api_name=FLOW)
+    assert code in {d.code for d in refused.value.diagnostics}
+
+
+def test_the_corpus_scheduled_path_is_compiled_into_the_trigger():
+    """The corpus after-save flow with an AsyncAfterCommit path: its schedule is read even though its actions
+    stay unknown (the plan is rejected for those, not for the path)."""
+    from nexusflow.flows.binding import flow_runtime_binding
+    from nexusflow.flows.catalog import catalog_current
+    from nexusflow.flows.inventory import CHECK_ORG
+
+    source = next(CORPUS.glob("*Create_Slack_Channel_For_Reseller_Order_Collaboration.flow-meta.xml")).read_bytes()
+    view = current_view()
+    catalog = catalog_current(binding=flow_runtime_binding(org_id=CHECK_ORG, metadata_view_digest=view.digest))
+    result = analyze_flow(source=source, flow_api_name="Create_Slack_Channel", catalog=catalog, view=view,
+                          subflows={}, schema="open")
+    assert {d.code.split(":")[0] for d in result.errors} == {"unknown_action"}
+    assert not [d for d in result.diagnostics if "scheduled" in d.code or d.element == "start"]
