@@ -231,10 +231,11 @@ def engine_support_diagnostics(payload: dict[str, Any], snapshot: CatalogSnapsho
 
     The executor runs (seed 004 sections 9.1-9.3): Embedded Before-Save plans
     on before-save record triggers; Bounded Atomic and Durable Orchestration
-    plans on after-save record triggers, or autolaunched (no start object,
+    plans on after-save record triggers (with scheduled paths and
+    changed-record entry criteria), or autolaunched (no start object,
     started by ``flows start`` with input variables), whose elements are assignments,
-    decisions, loops, record lookups/updates/creates and PushToConnector
-    effects. A reference that reads through a relationship
+    decisions, loops, record lookups/updates/creates, PushToConnector
+    effects and Wait elements of ``AlarmEvent`` time events. A reference that reads through a relationship
     (``engine_unsupported:reference``) is refused in every profile. Codes:
     ``engine_unsupported:<feature>``; ``element`` names the step element (or
     the formula).

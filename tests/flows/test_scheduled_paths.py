@@ -24,6 +24,8 @@ from nexusflow.kernel.clock import db_now
 from nexusflow.records.metadata import current_view
 from nexusflow.records.models import Record
 
+from tests.concurrency import race_behind_hold
+
 from .conftest import CORPUS, run_until_idle, save_record, update_record
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -142,6 +144,46 @@ def test_leaving_the_entry_conditions_withdraws_the_pending_path(org, deployed, 
     db_clock_advance(30 * DAY)
     run_until_idle()
     assert _fields(org, record).get("Notice__c") is None
+
+
+def _date_moves_during(org, holds, db_clock_advance, *, held: str):
+    """The dated path's time comes while a save moves the date ten days later; ``held`` commits first."""
+    record = _open(org, renewal_in_days=10)
+    run_until_idle()
+    dated = _path_runs(org, record)[DATE_PATH]
+    db_clock_advance(8 * DAY)  # three days before the old date has passed
+    later = _day(20)
+
+    def save():
+        return update_record(org, record, {"Renewal_Date__c": later})
+
+    first, second = (flow_try_resume_due_one, save) if held == "resume" else (save, flow_try_resume_due_one)
+    failpoint = "flow.wait.resume_before_commit" if held == "resume" else "flow.path.recheck_resolved"
+    a, b = race_behind_hold(holds, failpoint, first, second, "flows_flowrun")
+    assert (a.error, b.error) == (None, None)
+    run_until_idle()
+    return record, dated, later, (a.result, b.result)
+
+
+@pytest.mark.parametrize("held", ["resume", "save"])
+def test_the_time_coming_and_a_save_moving_the_date_race_onto_one_resolution(org, deployed, holds, db_clock_advance,
+                                                                              held):
+    """Seed 004 22.4-11 for a clock wait: deadline and notification (the save's recheck) race on the run's row.
+
+    Whichever commits first resolves the wait; the other finds it resolved and does nothing. The path's step then
+    reads the record as it is: the date moved, so it waits for the new time and has not run.
+    """
+    record, dated, later, results = _date_moves_during(org, holds, db_clock_advance, held=held)
+    if held == "resume":
+        assert results[0] is True  # the clock resolved it; the save's recheck found it no longer waiting
+    else:
+        assert results[1] is False  # the save resolved it early; the sweep found it no longer waiting
+    first, second = _waits(org, dated)
+    assert first.state == t.DEP_SATISFIED
+    assert first.resolution["event"] == (DATE_PATH if held == "resume" else "record_changed")
+    assert (second.state, second.deadline) == (t.DEP_WAITING, _midnight(later) - dt.timedelta(days=3))
+    assert _fields(org, record).get("Notice__c") is None
+    assert FlowRun.objects.get(pk=dated.pk).state == t.RUN_WAITING
 
 
 def test_only_an_update_that_makes_the_record_meet_the_conditions_schedules_paths(org, deployed):

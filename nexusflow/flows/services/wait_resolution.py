@@ -20,7 +20,7 @@ from typing import Any
 
 from django.db import transaction
 
-from nexusflow.kernel import canonical_json
+from nexusflow.kernel import canonical_json, failpoints
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.scope import OrgScope
 
@@ -38,6 +38,8 @@ PRODUCER_CLOCK = "runtime.clock"
 IMMEDIATE_PATH = "@immediate"
 #: The resolution event of a scheduled path's wait ended early by a record save.
 EVENT_RECORD_CHANGED = "record_changed"
+
+FP_RECHECK_RESOLVED = failpoints.declare("flow.path.recheck_resolved")
 
 
 def clock_wait_resolve(*, org_id: str, run_id: int, step_id: int, dependency_id: int,
@@ -128,4 +130,5 @@ def scheduled_paths_recheck(*, org: OrgScope, record, change) -> int:
             if clock_wait_resolve(org_id=org.org_id, run_id=run.pk, step_id=run.current_step_id,
                                   dependency_id=dependency, early={"why": why, "record_version": record.version}):
                 resolved += 1
+                failpoints.hit(FP_RECHECK_RESOLVED)
     return resolved
