@@ -41,7 +41,14 @@ LEASE_EXPIRY_EXHAUSTED = register(
     "flow_lease_expiry_exhausted", owner=OWNER, evidence=_S + "flow_attempts_for_reason",
     severity_class=ATTENTION, alert_after_seconds=600, remediations=("reauthor_intent",))
 
+DEPENDENCY_EXPIRED = register(
+    "flow_dependency_expired", owner=OWNER, evidence=_S + "flow_runs_with_reason",
+    severity_class=ATTENTION, alert_after_seconds=3600, remediations=("reauthor_intent",))
+
 # --- Quarantined ---------------------------------------------------------------
+DEPENDENCY_EXPIRED_UNKNOWN = register(
+    "flow_dependency_expired_unknown", owner=OWNER, evidence=_S + "flow_runs_with_reason",
+    severity_class=ATTENTION, alert_after_seconds=900, remediations=("operator_reconcile",))
 EFFECT_QUARANTINED = register(
     "flow_effect_quarantined", owner=OWNER, evidence=_S + "flow_effect_links_for_reason",
     severity_class=ATTENTION, alert_after_seconds=900, remediations=("operator_reconcile",))

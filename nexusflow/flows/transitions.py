@@ -151,19 +151,22 @@ DEP_SATISFIED = "satisfied"
 DEP_EXPIRED = "expired"
 DEP_REJECTED = "rejected"
 DEP_CANCELLED = "cancelled"
+#: Expiry under the quarantine policy: the producer's outcome is unknown (seed 004 sections 10.5 and 14.3).
+DEP_QUARANTINED = "quarantined"
 
 FLOW_DEPENDENCY = machine(
     "flows.FlowDependency",
     {
-        DEP_WAITING: {DEP_SATISFIED, DEP_EXPIRED, DEP_REJECTED, DEP_CANCELLED},
+        DEP_WAITING: {DEP_SATISFIED, DEP_EXPIRED, DEP_REJECTED, DEP_CANCELLED, DEP_QUARANTINED},
         DEP_SATISFIED: set(),
         DEP_EXPIRED: set(),
         DEP_REJECTED: set(),
         DEP_CANCELLED: set(),
+        DEP_QUARANTINED: set(),
     },
     initial={DEP_WAITING},
     seed='Seed 004, sections 10.5 and 14 "FlowDependency"',
-    reason_required={DEP_REJECTED},
+    reason_required={DEP_REJECTED, DEP_EXPIRED, DEP_QUARANTINED},
 )
 
 # --- FlowWakeSignal resolution (seed 004 section 10.6) ------------------------

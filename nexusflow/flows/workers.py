@@ -5,10 +5,13 @@ from nexusflow.kernel.workers import Unit
 
 
 def flow_units(worker_id: str) -> list[tuple[str, Unit]]:
-    """The ``flow`` role: wake signals, due time waits, runnable steps, expired leases, cancel cleanup."""
+    """The ``flow`` role: wake signals, due time waits, runnable steps, expired leases and dependencies,
+    runs left waiting on a terminal dependency, cancel cleanup."""
     from .services import (
         flow_try_cancel_cleanup_one,
+        flow_try_expire_one,
         flow_try_recover_expired_one,
+        flow_try_repair_one,
         flow_try_resume_due_one,
         flow_try_run_step_one,
         flow_try_wake_one,
@@ -18,4 +21,6 @@ def flow_units(worker_id: str) -> list[tuple[str, Unit]]:
             ("flow.resume_due", flow_try_resume_due_one),
             ("flow.step", lambda: flow_try_run_step_one(worker_id=worker_id)),
             ("flow.recover", flow_try_recover_expired_one),
+            ("flow.expire", flow_try_expire_one),
+            ("flow.repair", flow_try_repair_one),
             ("flow.cancel_cleanup", flow_try_cancel_cleanup_one)]

@@ -116,7 +116,9 @@ def run_until_idle(*, worker_id: str = "test-worker", max_rounds: int = 50) -> i
     """Run the Flow worker units in-process until none has work."""
     from nexusflow.flows.services import (
         flow_try_cancel_cleanup_one,
+        flow_try_expire_one,
         flow_try_recover_expired_one,
+        flow_try_repair_one,
         flow_try_resume_due_one,
         flow_try_run_step_one,
         flow_try_wake_one,
@@ -125,7 +127,8 @@ def run_until_idle(*, worker_id: str = "test-worker", max_rounds: int = 50) -> i
     done = 0
     for _ in range(max_rounds):
         worked = [flow_try_wake_one(), flow_try_resume_due_one(), flow_try_run_step_one(worker_id=worker_id),
-                  flow_try_recover_expired_one(), flow_try_cancel_cleanup_one()]
+                  flow_try_recover_expired_one(), flow_try_expire_one(), flow_try_repair_one(),
+                  flow_try_cancel_cleanup_one()]
         done += sum(worked)
         if not any(worked):
             return done

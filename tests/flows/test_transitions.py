@@ -24,7 +24,8 @@ def test_the_machines_are_the_seed_tables():
     assert t.FLOW_STEP_ATTEMPT.transitions[t.ATTEMPT_STARTED] == {
         "Committed", "RolledBack", "CommitUnknown", "RollbackUnknown", "PreTransactionFailed", "Fenced",
         "Cancelled", "Abandoned"}
-    assert t.FLOW_DEPENDENCY.transitions[t.DEP_WAITING] == {"satisfied", "expired", "rejected", "cancelled"}
+    assert t.FLOW_DEPENDENCY.transitions[t.DEP_WAITING] == {"satisfied", "expired", "rejected", "cancelled",
+                                                            "quarantined"}
 
 
 @pytest.mark.parametrize("name", sorted(ROW_FACTORY))

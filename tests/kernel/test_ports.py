@@ -107,7 +107,8 @@ def test_a_second_provider_of_a_port_is_refused(name, port, ask, other):
 ROLE_UNITS = {
     "connector": ["receipt.reconcile", "window.close", "dependency.expire", "execution.run", "execution.recover"],
     "runtime": ["outbox.deliver"],
-    "flow": ["flow.wake", "flow.resume_due", "flow.step", "flow.recover", "flow.cancel_cleanup"],
+    "flow": ["flow.wake", "flow.resume_due", "flow.step", "flow.recover", "flow.expire", "flow.repair",
+             "flow.cancel_cleanup"],
     "egress": ["permit.abandon", "effect.finalize", "effect.reconcile", "effect.dispatch"],
     "egress-deferred": ["permit.abandon", "effect.finalize", "effect.reconcile", "effect.dispatch"],
     "stream": ["stream.poll"],

@@ -16,6 +16,9 @@
 - :mod:`.time_waits`: Wait elements on the database clock, the
   ``DependencyWait`` executor and :func:`flow_try_resume_due_one`.
 - :mod:`.recovery`: :func:`flow_try_recover_expired_one`.
+- :mod:`.expiry`: :func:`flow_try_expire_one` (a producer dependency past its
+  deadline, under its compiled expiry policy) and :func:`flow_try_repair_one`
+  (a run left ``Waiting`` on a terminal dependency).
 - :mod:`.lifecycle`: :func:`flow_step_heartbeat`, :func:`flow_run_delete`,
   :func:`flow_try_cancel_cleanup_one`.
 - :mod:`.before_save`: :func:`flow_before_save` (the records before-save hook).
@@ -47,6 +50,7 @@ from .deploy import (
     metadata_view_seal,
 )
 from .effects import effect_root_id_for
+from .expiry import flow_try_expire_one, flow_try_repair_one
 from .execute import flow_run_drive, flow_step_execute, flow_try_run_step_one
 from .lifecycle import CancelResult, flow_run_delete, flow_step_heartbeat, flow_try_cancel_cleanup_one
 from .recovery import flow_try_recover_expired_one
@@ -59,6 +63,7 @@ __all__ = [
     "flow_before_save", "flow_compile_check", "flow_deploy", "flow_plan_compile", "flow_run_delete",
     "flow_run_drive", "flow_run_start", "flow_run_support_read", "flow_start_inputs", "flow_step_claim_one",
     "flow_step_execute", "flow_step_heartbeat", "flow_trigger_on_record_saved", "flow_try_cancel_cleanup_one",
-    "flow_try_recover_expired_one", "flow_try_resume_due_one", "flow_try_run_step_one", "flow_try_wake_one",
-    "flow_waits_list", "flow_wake_signal_accept", "metadata_view_seal", "plan_inputs",
+    "flow_try_expire_one", "flow_try_recover_expired_one", "flow_try_repair_one", "flow_try_resume_due_one",
+    "flow_try_run_step_one", "flow_try_wake_one", "flow_waits_list", "flow_wake_signal_accept",
+    "metadata_view_seal", "plan_inputs",
 ]

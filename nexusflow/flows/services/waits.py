@@ -12,6 +12,7 @@ import datetime as dt
 from django.db import IntegrityError, transaction
 from django.db.models import Exists, OuterRef
 
+from nexusflow.kernel import failpoints
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.errors import InvalidIdentity
@@ -36,6 +37,8 @@ from .claim import StepClaim
 from .step_txn import _attempt_fences, _step_fences
 
 PRODUCER_RUNTIME_INTENT = "runtime.intent_result"
+
+FP_WAKE_BEFORE_COMMIT = failpoints.declare("flow.wake.before_commit")
 
 
 def _wait(claim: StepClaim, run: FlowRun, step: FlowStepExecution, now: dt.datetime,
@@ -191,4 +194,5 @@ def _wake(*, org_id: str, run_id: int, signal_id: int) -> bool:
             org_id=org_id, pk=run.pk, src=t.RUN_WAITING, dst=t.RUN_RUNNABLE, version=run.version,
             fences={"current_step_id": step.pk}, set_fields={"run_after": now, "updated_at": now},
         )
+        failpoints.hit(FP_WAKE_BEFORE_COMMIT)
     return True
