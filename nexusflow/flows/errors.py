@@ -139,3 +139,9 @@ class FlowStartConflict(NexusError):
 
     code = "flow_start_conflict"
     definite = True
+
+
+class WaitSignalRefused(NexusError):
+    """An operator's signal names a producer that takes none, or a run that does not wait on it (seed 004 14.1)."""
+
+    code = "flow_wait_signal_refused"

@@ -222,6 +222,31 @@ def test_the_waits_command_lists_the_org_s_waits_with_their_events(org, deployed
         assert refused.returncode == 2 and message in refused.stderr, (bad, refused.stderr)
 
 
+def test_an_operator_resumes_a_waiting_run_by_hand_along_its_earliest_event(org, deployed):
+    run = _start(org, urgent=True)
+    run_until_idle()
+    env = subprocess_env()
+    base = ["flows", "signal", str(run.pk), "--org", org.org_id, "--actor", "ops-ann", "--reason", "customer called"]
+    refused = run_manage([*base[:5], "--producer", "runtime.intent_result", *base[5:]], env)
+    assert refused.returncode == 2 and "flow_wait_signal_refused" in refused.stderr  # only its owner's receipt
+    unknown = run_manage([*base[:5], "--producer", "no.such.producer", *base[5:]], env)
+    assert unknown.returncode == 2 and "flow_wait_signal_refused" in unknown.stderr
+    other_org = run_manage(["flows", "signal", str(run.pk), "--org", "another-org", "--producer", "runtime.clock",
+                            "--actor", "ops-ann", "--reason", "x"], env)
+    assert other_org.returncode == 3 and "flow_run_not_found" in other_org.stderr
+    assert _run(org, run).state == t.RUN_WAITING  # nothing above moved it
+    done = run_manage([*base[:5], "--producer", "runtime.clock", *base[5:]], env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"run_id": int(run.pk), "dependency_id": int(_dependency(org, run).pk),
+                                       "producer_kind": PRODUCER_CLOCK, "event": "Urgent_Hour",
+                                       "state": t.DEP_SATISFIED}
+    assert _dependency(org, run).resolution["operator"] == {"actor": "ops-ann", "reason": "customer called"}
+    again = run_manage([*base[:5], "--producer", "runtime.clock", *base[5:]], env)
+    assert again.returncode == 2 and "does not wait" in again.stderr  # resolved once
+    run_until_idle()
+    assert (_run(org, run).state, _status(org, run)) == (t.RUN_SUCCEEDED, "urgent")
+
+
 def _wait_flow(event_type: str = "AlarmEvent", unit: str = "Days", alarm: str | None = "$Flow.CurrentDateTime") -> bytes:
     params = ""
     if alarm is not None:

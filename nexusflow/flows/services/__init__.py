@@ -14,7 +14,8 @@
 - :mod:`.waits`: the producer entry point :func:`flow_wake_signal_accept`
   and :func:`flow_try_wake_one`.
 - :mod:`.time_waits`: Wait elements on the database clock, the
-  ``DependencyWait`` executor and :func:`flow_try_resume_due_one`.
+  ``DependencyWait`` executor, :func:`flow_try_resume_due_one` and
+  :func:`flow_wait_signal` (the operator's ``flows signal``).
 - :mod:`.recovery`: :func:`flow_try_recover_expired_one`.
 - :mod:`.expiry`: :func:`flow_try_expire_one` (a producer dependency past its
   deadline, under its compiled expiry policy) and :func:`flow_try_repair_one`
@@ -55,7 +56,7 @@ from .execute import flow_run_drive, flow_step_execute, flow_try_run_step_one
 from .lifecycle import CancelResult, flow_run_delete, flow_step_heartbeat, flow_try_cancel_cleanup_one
 from .recovery import flow_try_recover_expired_one
 from .support import flow_run_support_read, flow_waits_list
-from .time_waits import flow_try_resume_due_one
+from .time_waits import flow_try_resume_due_one, flow_wait_signal
 from .waits import flow_try_wake_one, flow_wake_signal_accept
 
 __all__ = [
@@ -64,6 +65,6 @@ __all__ = [
     "flow_run_drive", "flow_run_start", "flow_run_support_read", "flow_start_inputs", "flow_step_claim_one",
     "flow_step_execute", "flow_step_heartbeat", "flow_trigger_on_record_saved", "flow_try_cancel_cleanup_one",
     "flow_try_expire_one", "flow_try_recover_expired_one", "flow_try_repair_one", "flow_try_resume_due_one",
-    "flow_try_run_step_one", "flow_try_wake_one", "flow_waits_list", "flow_wake_signal_accept",
+    "flow_try_run_step_one", "flow_try_wake_one", "flow_wait_signal", "flow_waits_list", "flow_wake_signal_accept",
     "metadata_view_seal", "plan_inputs",
 ]

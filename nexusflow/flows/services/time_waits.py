@@ -31,11 +31,15 @@ from django.db import transaction
 from nexusflow.kernel import canonical_json, failpoints
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import digest_v2
+from nexusflow.kernel.errors import InvalidIdentity
+from nexusflow.kernel.identity import validate_key
+from nexusflow.kernel.ids import require_id
+from nexusflow.kernel.scope import OrgScope
 
 from .. import policy
 from .. import transitions as t
 from ..binding import scope_of
-from ..errors import FlowExecutionError, PlanMismatch
+from ..errors import FlowExecutionError, FlowRunNotFound, PlanMismatch, WaitSignalRefused
 from ..compiler import TERMINAL_STEP_KEY
 from ..conditions import conditions_hold
 from ..handlers import PATH_OFFSET_UNITS
@@ -252,3 +256,51 @@ def _resume(*, org_id: str, run_id: int, step_id: int, dependency_id: int) -> bo
     if resolved:
         failpoints.hit(FP_AFTER_RESUME)
     return resolved
+
+
+#: Producers an operator may signal by hand, each with what its signal means. The Runtime intent receipt is
+#: not one: only its owner's finalize transaction can tell whether the remote effect happened.
+OPERATOR_SIGNALABLE = {PRODUCER_CLOCK: "resume now, along the earliest event, as if its time had come"}
+
+
+def flow_wait_signal(*, org: OrgScope, run_id: FlowRun.Id | int, producer_kind: str, actor: str,
+                     reason: str) -> dict[str, Any]:
+    """An operator's resume of one waiting run (``manage.py flows signal``; seed 004 sections 14.1-14.2).
+
+    Resolves the run's waiting dependency of ``producer_kind`` now, through
+    the same root -> step -> dependency transition as the producer itself,
+    recording ``actor`` and ``reason`` in the resolution evidence.
+
+    Returns:
+        ``{"run_id", "dependency_id", "producer_kind", "event", "state"}``.
+
+    Raises:
+        InvalidIdentity: a malformed ``run_id``, ``actor`` or ``reason`` (before SQL).
+        WaitSignalRefused: ``producer_kind`` takes no operator signal, or the
+            run does not wait on it now.
+        FlowRunNotFound: no visible run ``run_id`` in ``org``.
+    """
+    run_id = require_id(run_id, FlowRun, field="run_id")
+    validate_key(actor, field="actor", max_length=120)
+    if not isinstance(reason, str) or not reason.strip() or len(reason) > 500:
+        raise InvalidIdentity("reason must be 1..500 characters of text")
+    if producer_kind not in OPERATOR_SIGNALABLE:
+        raise WaitSignalRefused(f"producer {producer_kind!r} takes no operator signal; one of: "
+                                f"{', '.join(sorted(OPERATOR_SIGNALABLE))}")
+    run = FlowRun.objects.filter(org_id=org.org_id, pk=run_id, is_deleted=False).first()
+    if run is None:
+        raise FlowRunNotFound(f"no flow run {int(run_id)} in this org")
+    dependency = (FlowDependency.objects.filter(org_id=org.org_id, run_id=run.pk, step_id=run.current_step_id,
+                                                state=t.DEP_WAITING, producer_kind=producer_kind)
+                  .values_list("pk", flat=True).first())
+    if dependency is None or run.current_step_id is None:
+        raise WaitSignalRefused(f"run {int(run_id)} does not wait on {producer_kind} (state {run.state})")
+    with transaction.atomic(durable=True):
+        resolved = clock_wait_resolve(org_id=org.org_id, run_id=run.pk, step_id=run.current_step_id,
+                                      dependency_id=dependency,
+                                      operator={"actor": actor, "reason": reason.strip()})
+    if not resolved:
+        raise WaitSignalRefused(f"run {int(run_id)} stopped waiting meanwhile")
+    row = FlowDependency.objects.get(org_id=org.org_id, pk=dependency)
+    return {"run_id": int(run.pk), "dependency_id": int(row.pk), "producer_kind": producer_kind,
+            "event": row.resolution["event"], "state": row.state}

@@ -43,14 +43,17 @@ FP_RECHECK_RESOLVED = failpoints.declare("flow.path.recheck_resolved")
 
 
 def clock_wait_resolve(*, org_id: str, run_id: int, step_id: int, dependency_id: int,
-                       early: dict[str, Any] | None = None) -> bool:
+                       early: dict[str, Any] | None = None, operator: dict[str, Any] | None = None) -> bool:
     """Resolve one waiting clock dependency in the caller's transaction; True when it did.
 
-    Without ``early`` the dependency must be due (``deadline <= db_now()``)
-    and resolves with its earliest event. With ``early`` (a record save made
-    a scheduled path look again) it resolves now with event
-    ``record_changed`` and ``early`` as evidence. A run, step or dependency
-    that moved (cancelled, resolved, another worker won) is left alone.
+    Without ``early`` or ``operator`` the dependency must be due
+    (``deadline <= db_now()``) and resolves with its earliest event. With
+    ``early`` (a record save made a scheduled path look again) it resolves
+    now with event ``record_changed`` and ``early`` as evidence. With
+    ``operator`` (an operator's resume) it resolves now with its earliest
+    event, as if that time had come, and the operator's evidence. A run,
+    step or dependency that moved (cancelled, resolved, another worker won)
+    is left alone.
     """
     now = db_now()
     run = FlowRunStore.lock(org_id, run_id)
@@ -62,7 +65,7 @@ def clock_wait_resolve(*, org_id: str, run_id: int, step_id: int, dependency_id:
         return False
     dependency = FlowDependencyStore.lock(org_id, dependency_id)
     if (dependency.state != t.DEP_WAITING or dependency.producer_kind != PRODUCER_CLOCK
-            or dependency.step_id != step.pk or (early is None and dependency.deadline > now)):
+            or dependency.step_id != step.pk or (early is None and operator is None and dependency.deadline > now)):
         return False
     scope = scope_of(run)
     if (dependency.app_installation_id, dependency.runtime_capability_id, dependency.binding_digest) != (
@@ -73,6 +76,8 @@ def clock_wait_resolve(*, org_id: str, run_id: int, step_id: int, dependency_id:
     if early is None:
         due = dependency.condition["events"][0]
         resolution = {"event": due["event"], "due_at": due["resume_at"], "resolved_at": now.isoformat()}
+        if operator is not None:
+            resolution["operator"] = operator
     else:
         resolution = {"event": EVENT_RECORD_CHANGED, "due_at": dependency.condition["events"][0]["resume_at"],
                       "resolved_at": now.isoformat(), **early}

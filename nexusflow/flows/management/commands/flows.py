@@ -30,6 +30,15 @@ Subcommands:
   condition (a time wait's events and resume times), expiry policy,
   resolution and the wake signals accepted for its key. Exit 2 on a
   malformed org, an unknown state or a limit out of range.
+- ``signal RUN_ID --org ORG --producer KIND --actor A --reason R``: an
+  operator's resume of one waiting run: its waiting dependency of producer
+  ``KIND`` resolves now through the producer's own transition (for
+  ``runtime.clock``: along the earliest event, as if its time had come), the
+  actor and reason recorded with the resolution. Prints
+  ``{"run_id", "dependency_id", "producer_kind", "event", "state"}``. Exit 2
+  for a producer that takes no operator signal (a Runtime intent receipt
+  comes only from its owner), a run not waiting on it, or bad input; 3 when
+  the run is not in that org.
 
 ``run``/``cancel``/``show`` exit 0 on success, 2 on bad input (a malformed
 id or org), 3 when the run is not in that org (``flow_run_not_found``).
@@ -40,7 +49,13 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from nexusflow.flows.errors import FlowInputRejected, FlowNotStartable, FlowRunNotFound, FlowStartConflict
+from nexusflow.flows.errors import (
+    FlowInputRejected,
+    FlowNotStartable,
+    FlowRunNotFound,
+    FlowStartConflict,
+    WaitSignalRefused,
+)
 from nexusflow.flows.inventory import flow_inventory
 from nexusflow.flows.services.support import WAITS_PAGE_MAX
 from nexusflow.flows.transitions import FLOW_DEPENDENCY
@@ -55,7 +70,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="subcommand", required=True,
-                                    metavar="{inventory,start,run,cancel,show,waits}")
+                                    metavar="{inventory,start,run,cancel,show,waits,signal}")
         inv = sub.add_parser("inventory", help="Compile every *.flow-meta.xml in DIR; execute nothing.")
         inv.add_argument("directory", metavar="DIR")
         inv.add_argument("--json", action="store_true", help="One JSON array, one object per file.")
@@ -77,6 +92,13 @@ class Command(BaseCommand):
                            help="Only waits in this state (default: every state).")
         waits.add_argument("--limit", type=int, default=100,
                            help=f"At most N rows, oldest deadline first (1..{WAITS_PAGE_MAX}, default 100).")
+        signal = sub.add_parser("signal", help="An operator's resume: deliver a producer's signal to one waiting run "
+                                               "by hand (producers that take one: runtime.clock).")
+        signal.add_argument("run_id", metavar="RUN_ID")
+        signal.add_argument("--org", required=True, help="The trusted org the run belongs to.")
+        signal.add_argument("--producer", required=True, help="The producer kind the run waits on.")
+        signal.add_argument("--actor", required=True, help="Who resumes it (recorded with the resolution).")
+        signal.add_argument("--reason", required=True, help="Why (recorded with the resolution).")
         for name, text in (("run", "Execute one run's due steps in this process."),
                            ("cancel", "Cancel and soft-delete one run (idempotent)."),
                            ("show", "Print the support read of one run as JSON.")):
@@ -99,6 +121,8 @@ class Command(BaseCommand):
             return self._one_run(subcommand, **options)
         if subcommand == "waits":
             return self._waits(**options)
+        if subcommand == "signal":
+            return self._signal(**options)
         raise CommandError(f"unknown subcommand {subcommand!r}", returncode=2)
 
     def _inventory(self, *, directory: str, json: bool, detail: bool, schema: str, **_options):
@@ -152,6 +176,21 @@ class Command(BaseCommand):
         except ValueError as exc:
             raise CommandError(f"invalid_argument: {exc}", returncode=2) from None
         self.stdout.write(_dumps(rows))
+
+    def _signal(self, *, run_id: str, org: str, producer: str, actor: str, reason: str, **_options):
+        from nexusflow.flows import services
+
+        try:
+            validate_key(org, field="org", max_length=64)
+            if not run_id.isdigit() or int(run_id) < 1:
+                raise InvalidIdentity(f"run id {run_id!r} is not a positive integer")
+            result = services.flow_wait_signal(org=OrgScope(org), run_id=int(run_id), producer_kind=producer,
+                                               actor=actor, reason=reason)
+        except (InvalidIdentity, WaitSignalRefused) as exc:
+            raise CommandError(f"{exc.code}: {exc}", returncode=2) from None
+        except FlowRunNotFound as exc:
+            raise CommandError(f"{exc.code}: {exc}", returncode=3) from None
+        self.stdout.write(_dumps(result))
 
     def _one_run(self, subcommand: str, *, run_id: str, org: str, **options):
         from nexusflow.flows import services
