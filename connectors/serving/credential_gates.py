@@ -25,6 +25,7 @@ from django.db import transaction
 
 from nexusflow.kernel import failpoints, locks
 from nexusflow.kernel.errors import NexusError
+from nexusflow.kernel.retry import retry_deadlock_victim
 
 from connectors import reasons
 from connectors.models import (
@@ -67,6 +68,7 @@ def _gate_of(org_id: str, credential_generation_id: int) -> CredentialGeneration
     return CredentialDispatchGateStore.lock_where(org_id, credential_generation_id=credential_generation_id)
 
 
+@retry_deadlock_victim
 def credential_revoke(*, org_id: str, credential_generation_id: int, actor: str, note: str = "") -> GateChange:
     """Revoke one CredentialGeneration for dispatch; idempotent when already revoked.
 
@@ -127,6 +129,7 @@ def credential_revoke(*, org_id: str, credential_generation_id: int, actor: str,
     return GateChange(credential_generation_id, "revoked", fence, changed, tuple(closed), sending)
 
 
+@retry_deadlock_victim
 def credential_reenable(*, org_id: str, credential_generation_id: int, actor: str) -> GateChange:
     """Explicitly re-enable a revoked generation under a new fence; idempotent when enabled.
 
