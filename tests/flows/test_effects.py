@@ -188,3 +188,24 @@ def test_submit_killed_before_commit_authors_exactly_one_intent(serving, short_l
     assert FlowCheckpoint.objects.filter(step=submit).count() == 1
     assert [a.state for a in FlowStepAttempt.objects.filter(step=submit).order_by("attempt_number")] == [
         t.ATTEMPT_FENCED, t.ATTEMPT_COMMITTED]
+
+
+def test_variables_set_before_an_effect_are_read_after_it(billing_sandbox):
+    """The submit and completion checkpoints carry the run's variables on to the steps after the effect."""
+    from nexusflow.flows.services import flow_deploy
+
+    from . import flowxml as fx
+
+    org = make_serving_org(billing_sandbox.base_url, deploy_flow=False)
+    push = fx.push("Push", "Echo").replace("crm.sync", "billing.customer")
+    source = fx.flow(fx.variable("tag"), fx.variable("echo"),
+                     fx.assignment("Tag", "Push", [("tag", "Assign", "<stringValue>set-before</stringValue>")]),
+                     push, fx.assignment("Echo", None, [("echo", "Assign", "<elementReference>tag</elementReference>")]),
+                     start=fx.start("Tag", trigger="RecordAfterSave"))
+    assert flow_deploy(org=org, source=source, flow_api_name="Tag_Push_Echo").activated
+    _customer(org)
+    drain()
+    run = FlowRun.objects.get(org_id=ORG)
+    assert run.state == t.RUN_SUCCEEDED, run.reason_code
+    last = FlowCheckpoint.objects.filter(run=run, step=_step(run, "assign:Echo")).get().context_payload
+    assert last["context"]["vars"] == {"tag": "set-before", "echo": "set-before"}

@@ -26,7 +26,7 @@ from ..models import FlowDependency, FlowEffectLink, FlowExecutionPlan, FlowRun,
 from ..store import FlowDependencyStore, FlowWakeSignalStore, effect_link_insert
 from .claim import StepClaim
 from .deploy import _persisted_snapshot
-from .step_txn import FP_BEFORE_COMMIT, _commit_step, _lock_fenced, _step_txn
+from .step_txn import FP_BEFORE_COMMIT, _commit_step, _input_state, _lock_fenced, _step_txn
 from .waits import _wait
 
 EFFECT_OWNER_KIND = "runtime.outbound_command"
@@ -76,6 +76,7 @@ def _exec_effect_submit(claim: StepClaim, plan: FlowExecutionPlan, step_def: dic
         return "quarantined"
     identity = FlowRun.objects.only("org_id", "trigger_object_name", "record_key").get(
         org_id=claim.org_id, pk=claim.run_id)
+    context = _input_state(claim)  # the variables the steps after the effect read
     effect_root_id = effect_root_id_for(org_id=claim.org_id, plan_id=plan.plan_id, run_id=claim.run_id)
     with _step_txn():
         now = db_now()
@@ -120,7 +121,7 @@ def _exec_effect_submit(claim: StepClaim, plan: FlowExecutionPlan, step_def: dic
             claim, plan, run, attempt, now,
             output={"outbound_command_id": command.pk, "effect_handoff_key": command.idempotency_key,
                     "dependency_key": str(command.pk)},
-            step_dst=t.STEP_SUCCEEDED, root_dst=t.RUN_RUNNABLE, next_key=step_def["next"],
+            step_dst=t.STEP_SUCCEEDED, root_dst=t.RUN_RUNNABLE, next_key=step_def["next"], context=context,
         )
         failpoints.hit(FP_BEFORE_COMMIT)
     return "succeeded"
@@ -175,7 +176,8 @@ def _exec_effect_completion(claim: StepClaim, plan: FlowExecutionPlan, step_def:
             result = "quarantined"
         elif receipt.outcome in SUCCESS_OUTCOMES:
             _commit_step(claim, plan, run, attempt, now, output={**evidence, "outcome": receipt.outcome},
-                         step_dst=t.STEP_SUCCEEDED, root_dst=t.RUN_RUNNABLE, next_key=step_def["next"])
+                         step_dst=t.STEP_SUCCEEDED, root_dst=t.RUN_RUNNABLE, next_key=step_def["next"],
+                         context=_input_state(claim))
             result = "succeeded"
         elif receipt.outcome == "no_effect":
             _commit_step(claim, plan, run, attempt, now, output={**evidence, "outcome": receipt.outcome},
