@@ -40,7 +40,7 @@ from .. import transitions as t
 from ..models import FlowDependency, FlowRun, FlowStepExecution
 from ..store import FlowDependencyStore, FlowRunStore, FlowStepStore, audit_insert
 from .admission import _step_def
-from .wait_resolution import PRODUCER_CLOCK
+from .wait_resolution import PRODUCER_CLOCK, lock_waiting
 
 log = logging.getLogger("nexusflow.flows")
 
@@ -75,16 +75,11 @@ def flow_try_expire_one() -> bool:
 def _expire(*, org_id: str, run_id: int, step_id: int, dependency_id: int) -> bool:
     with transaction.atomic(durable=True):
         now = db_now()
-        run = FlowRunStore.lock(org_id, run_id)
-        if (run.state != t.RUN_WAITING or run.current_step_id != step_id or run.is_deleted
-                or run.delete_requested_at is not None):
+        locked = lock_waiting(org_id=org_id, run_id=run_id, step_id=step_id, dependency_id=dependency_id)
+        if locked is None:
             return False
-        step = FlowStepStore.lock(org_id, step_id)
-        if step.state != t.STEP_WAITING:
-            return False
-        dependency = FlowDependencyStore.lock(org_id, dependency_id)
-        if (dependency.state != t.DEP_WAITING or dependency.step_id != step.pk or dependency.deadline > now
-                or dependency.producer_kind == PRODUCER_CLOCK):
+        run, step, dependency = locked
+        if dependency.deadline > now or dependency.producer_kind == PRODUCER_CLOCK:
             return False
         outcome = _finalize(run, step, dependency, now)
         audit_insert(org_id=org_id, run=run, step_id=step.pk, attempt=None, event="dependency_expired",

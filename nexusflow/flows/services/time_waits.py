@@ -80,6 +80,14 @@ def _schedule(claim: StepClaim, run: FlowRun, plan: FlowExecutionPlan, step_def:
                          interview_start=run.started_at or run.created_at, state=_input_state(claim))
 
 
+def _step_dependency(claim: StepClaim, run: FlowRun) -> FlowDependency | None:
+    """The claimed step's dependency in the run's complete work scope, locked (after root -> step -> attempt)."""
+    scope = _scope_filter(run)
+    dependency = FlowDependency.objects.filter(
+        org_id=claim.org_id, step_id=claim.step_id, **{k: v for k, v in scope.items() if k != "org_id"}).first()
+    return None if dependency is None else FlowDependencyStore.lock(claim.org_id, dependency.pk)
+
+
 def _clock_wait_create(claim: StepClaim, run: FlowRun, step, condition: dict[str, Any], *, deadline: dt.datetime,
                        now: dt.datetime) -> None:
     """Insert the step's ``runtime.clock`` dependency and enter ``Waiting`` (in the step transaction)."""
@@ -114,11 +122,7 @@ def _exec_dependency_wait(claim: StepClaim, plan: FlowExecutionPlan, step_def: d
     with _step_txn():
         now = db_now()
         run, step, attempt = _lock_fenced(claim)
-        scope = _scope_filter(run)
-        dependency = FlowDependency.objects.filter(
-            org_id=claim.org_id, step_id=claim.step_id, **{k: v for k, v in scope.items() if k != "org_id"}).first()
-        if dependency is not None:
-            dependency = FlowDependencyStore.lock(claim.org_id, dependency.pk)
+        dependency = _step_dependency(claim, run)
         if dependency is None:
             events = _schedule(claim, run, plan, step_def, now)
             if not events:
@@ -193,11 +197,8 @@ def _exec_scheduled_path(claim: StepClaim, plan: FlowExecutionPlan, step_def: di
     with _step_txn():
         now = db_now()
         run, step, attempt = _lock_fenced(claim)
-        scope = _scope_filter(run)
-        dependency = FlowDependency.objects.filter(
-            org_id=claim.org_id, step_id=claim.step_id, **{k: v for k, v in scope.items() if k != "org_id"}).first()
+        dependency = _step_dependency(claim, run)
         if dependency is not None:
-            dependency = FlowDependencyStore.lock(claim.org_id, dependency.pk)
             if dependency.state == t.DEP_WAITING:
                 _enter_waiting(claim, now)
                 failpoints.hit(FP_BEFORE_COMMIT)

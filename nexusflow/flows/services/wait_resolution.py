@@ -27,7 +27,7 @@ from nexusflow.kernel.scope import OrgScope
 from .. import transitions as t
 from ..binding import scope_of
 from ..conditions import conditions_hold
-from ..models import FlowDependency, FlowRun
+from ..models import FlowDependency, FlowRun, FlowStepExecution
 from ..store import FlowDependencyStore, FlowRunStore, FlowStepStore, audit_insert
 
 log = logging.getLogger("nexusflow.flows")
@@ -40,6 +40,27 @@ IMMEDIATE_PATH = "@immediate"
 EVENT_RECORD_CHANGED = "record_changed"
 
 FP_RECHECK_RESOLVED = failpoints.declare("flow.path.recheck_resolved")
+
+
+def lock_waiting(*, org_id: str, run_id: int, step_id: int,
+                 dependency_id: int) -> tuple[FlowRun, FlowStepExecution, FlowDependency] | None:
+    """Lock root -> step -> dependency (section 12 order) and return them while all three still wait.
+
+    ``None`` when the run left ``Waiting`` or moved past ``step_id`` (or is
+    being deleted), the step left ``Waiting``, or the dependency is no longer
+    ``waiting`` on that step: whoever moved it won, and the caller does nothing.
+    """
+    run = FlowRunStore.lock(org_id, run_id)
+    if (run.state != t.RUN_WAITING or run.current_step_id != step_id or run.is_deleted
+            or run.delete_requested_at is not None):
+        return None
+    step = FlowStepStore.lock(org_id, step_id)
+    if step.state != t.STEP_WAITING:
+        return None
+    dependency = FlowDependencyStore.lock(org_id, dependency_id)
+    if dependency.state != t.DEP_WAITING or dependency.step_id != step.pk:
+        return None
+    return run, step, dependency
 
 
 def clock_wait_resolve(*, org_id: str, run_id: int, step_id: int, dependency_id: int,
@@ -56,16 +77,11 @@ def clock_wait_resolve(*, org_id: str, run_id: int, step_id: int, dependency_id:
     is left alone.
     """
     now = db_now()
-    run = FlowRunStore.lock(org_id, run_id)
-    if (run.state != t.RUN_WAITING or run.current_step_id != step_id or run.is_deleted
-            or run.delete_requested_at is not None):
+    locked = lock_waiting(org_id=org_id, run_id=run_id, step_id=step_id, dependency_id=dependency_id)
+    if locked is None:
         return False
-    step = FlowStepStore.lock(org_id, step_id)
-    if step.state != t.STEP_WAITING:
-        return False
-    dependency = FlowDependencyStore.lock(org_id, dependency_id)
-    if (dependency.state != t.DEP_WAITING or dependency.producer_kind != PRODUCER_CLOCK
-            or dependency.step_id != step.pk or (early is None and operator is None and dependency.deadline > now)):
+    run, step, dependency = locked
+    if dependency.producer_kind != PRODUCER_CLOCK or (early is None and operator is None and dependency.deadline > now):
         return False
     scope = scope_of(run)
     if (dependency.app_installation_id, dependency.runtime_capability_id, dependency.binding_digest) != (
