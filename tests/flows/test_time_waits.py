@@ -213,6 +213,7 @@ def test_the_waits_command_lists_the_org_s_waits_with_their_events(org, deployed
     assert (row["run_id"], row["producer_kind"], row["state"], row["expiry_policy"]) == (
         int(run.pk), PRODUCER_CLOCK, t.DEP_WAITING, EXPIRY_FIRES)
     assert [e["event"] for e in row["condition"]["events"]] == ["Three_Days"] and row["signals"] == []
+    assert row["producer"]["kind"] == PRODUCER_CLOCK and row["producer"]["operator_signal"]
     assert flow_waits_list(org=org, state=t.DEP_SATISFIED) == []
     other = run_manage(["flows", "waits", "--org", "another-org"], subprocess_env())
     assert (other.returncode, json.loads(other.stdout)) == (0, [])

@@ -8,6 +8,7 @@ from nexusflow.kernel.scope import OrgScope
 
 from ..errors import FlowRunNotFound
 from .. import transitions as t
+from ..producers import PRODUCERS
 from ..models import FlowDependency, FlowEffectLink, FlowRun, FlowStepAttempt, FlowStepExecution, FlowWakeSignal
 
 #: The most rows :func:`flow_waits_list` returns in one call.
@@ -18,9 +19,15 @@ def _ts(value):
     return value.isoformat() if value is not None else None
 
 
+def _contract_of(kind: str) -> dict[str, Any] | None:
+    contract = PRODUCERS.get(kind)
+    return None if contract is None else contract.as_dict()
+
+
 def _dependency_json(d: FlowDependency) -> dict[str, Any]:
     return {"dependency_id": int(d.pk), "run_id": int(d.run_id), "step_id": int(d.step_id),
-            "producer_kind": d.producer_kind, "dependency_key": d.dependency_key, "state": d.state,
+            "producer_kind": d.producer_kind, "producer": _contract_of(d.producer_kind),
+            "dependency_key": d.dependency_key, "state": d.state,
             "deadline": _ts(d.deadline), "expiry_policy": d.expiry_policy, "condition": d.condition,
             "condition_digest": d.condition_digest, "resolved_at": _ts(d.resolved_at), "resolution": d.resolution,
             "reason_code": d.reason_code, "created_at": _ts(d.created_at)}

@@ -44,6 +44,7 @@ from ..compiler import TERMINAL_STEP_KEY
 from ..conditions import conditions_hold
 from ..handlers import PATH_OFFSET_UNITS
 from ..interpreter import to_instant, wait_schedule
+from ..producers import PRODUCERS, producer_contract
 from ..models import FlowCheckpoint, FlowDependency, FlowExecutionPlan, FlowRun
 from ..store import FlowDependencyStore
 from .admission import TRIGGER_CHECKPOINT_SEQUENCE
@@ -91,6 +92,7 @@ def _step_dependency(claim: StepClaim, run: FlowRun) -> FlowDependency | None:
 def _clock_wait_create(claim: StepClaim, run: FlowRun, step, condition: dict[str, Any], *, deadline: dt.datetime,
                        now: dt.datetime) -> None:
     """Insert the step's ``runtime.clock`` dependency and enter ``Waiting`` (in the step transaction)."""
+    producer_contract(PRODUCER_CLOCK)
     FlowDependencyStore.create(
         **_scope_filter(run), run=run, step=step, producer_kind=PRODUCER_CLOCK, dependency_key=claim.step_key,
         condition=condition,
@@ -259,11 +261,6 @@ def _resume(*, org_id: str, run_id: int, step_id: int, dependency_id: int) -> bo
     return resolved
 
 
-#: Producers an operator may signal by hand, each with what its signal means. The Runtime intent receipt is
-#: not one: only its owner's finalize transaction can tell whether the remote effect happened.
-OPERATOR_SIGNALABLE = {PRODUCER_CLOCK: "resume now, along the earliest event, as if its time had come"}
-
-
 def flow_wait_signal(*, org: OrgScope, run_id: FlowRun.Id | int, producer_kind: str, actor: str,
                      reason: str) -> dict[str, Any]:
     """An operator's resume of one waiting run (``manage.py flows signal``; seed 004 sections 14.1-14.2).
@@ -285,9 +282,10 @@ def flow_wait_signal(*, org: OrgScope, run_id: FlowRun.Id | int, producer_kind: 
     validate_key(actor, field="actor", max_length=120)
     if not isinstance(reason, str) or not reason.strip() or len(reason) > 500:
         raise InvalidIdentity("reason must be 1..500 characters of text")
-    if producer_kind not in OPERATOR_SIGNALABLE:
-        raise WaitSignalRefused(f"producer {producer_kind!r} takes no operator signal; one of: "
-                                f"{', '.join(sorted(OPERATOR_SIGNALABLE))}")
+    signalable = sorted(k for k, c in PRODUCERS.items() if c.operator_signal)
+    if producer_kind not in signalable:
+        # The Runtime intent receipt is not one: only its owner's finalize can tell whether the effect happened.
+        raise WaitSignalRefused(f"producer {producer_kind!r} takes no operator signal; one of: {', '.join(signalable)}")
     run = FlowRun.objects.filter(org_id=org.org_id, pk=run_id, is_deleted=False).first()
     if run is None:
         raise FlowRunNotFound(f"no flow run {int(run_id)} in this org")

@@ -24,6 +24,7 @@ from .. import policy
 from .. import transitions as t
 from ..binding import scope_of
 from ..errors import WakeSignalConflict, WakeSignalRejected
+from ..producers import producer_contract
 from ..models import FlowDependency, FlowRun, FlowStepExecution, FlowWakeSignal
 from ..store import (
     FlowAttemptStore,
@@ -45,6 +46,7 @@ def _wait(claim: StepClaim, run: FlowRun, step: FlowStepExecution, now: dt.datet
           dependency: FlowDependency | None, dependency_key: str, scope: TrustedRuntimeWorkScope) -> None:
     """Commit the durable wait: dependency, attempt Committed, step and root Waiting (section 14.2 step 3)."""
     if dependency is None:
+        producer_contract(PRODUCER_RUNTIME_INTENT)
         FlowDependencyStore.create(
             org_id=scope.org_id, app_installation_id=scope.app_installation_id,
             runtime_capability_id=scope.runtime_capability_id, binding_digest=scope.binding_digest, run=run,

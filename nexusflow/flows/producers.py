@@ -1,0 +1,74 @@
+"""The producer contracts a Flow wait may depend on (seed 004 section 14.1).
+
+Every ``FlowDependency.producer_kind`` and every ``FlowWakeSignal`` names a
+registered :class:`ProducerContract`: who the producer is, how it notifies,
+what identifies one wake, what evidence resolves the wait, how the wait
+expires and whether an operator may signal it by hand. A dependency on an
+unregistered producer is refused before it is written (:func:`producer_contract`),
+so no wait can poll a producer that does not exist.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from nexusflow.kernel.errors import NexusError
+
+
+class UnknownProducer(NexusError):
+    """A wait or signal names a producer kind that is not registered (seed 004 sections 10.5 and 14.1)."""
+
+    code = "flow_producer_unknown"
+
+
+@dataclass(frozen=True)
+class ProducerContract:
+    """One producer kind's published contract (seed 004 section 14.1)."""
+
+    #: Stable producer identity, stored on dependencies and signals.
+    kind: str
+    #: How the wait learns of the producer's outcome.
+    notification: str
+    #: What makes one wake idempotent.
+    wake_identity: str
+    #: The safe evidence the resolution records.
+    resolution_receipt: str
+    #: The compiled expiry policy a wait on it carries, and what it means.
+    expiry: str
+    #: What an operator's hand signal means (``manage.py flows signal``), or ``None`` when refused.
+    operator_signal: str | None
+
+    def as_dict(self) -> dict[str, str | None]:
+        return asdict(self)
+
+
+PRODUCERS: dict[str, ProducerContract] = {c.kind: c for c in (
+    ProducerContract(
+        kind="runtime.intent_result",
+        notification="same-transaction FlowWakeSignal written by the effect owner's finalize (intent.completed)",
+        wake_identity="one signal per (work scope, run, dependency key = the OutboundCommand id)",
+        resolution_receipt="the Runtime IntentResultReceipt id",
+        expiry="quarantine: the remote effect may or may not have happened",
+        operator_signal=None,
+    ),
+    ProducerContract(
+        kind="runtime.clock",
+        notification="the database clock: the flow.resume_due sweep resolves a wait at its deadline",
+        wake_identity="the dependency itself (one per waiting step invocation)",
+        resolution_receipt="the event that fired, when it was due and when it resolved",
+        expiry="fires: the deadline is the wait's time",
+        operator_signal="resume now, along the earliest event, as if its time had come",
+    ),
+)}
+
+
+def producer_contract(kind: str) -> ProducerContract:
+    """The registered contract of ``kind``.
+
+    Raises:
+        UnknownProducer: ``kind`` is not registered.
+    """
+    try:
+        return PRODUCERS[kind]
+    except KeyError:
+        raise UnknownProducer(f"producer {kind!r} is not registered; one of: {', '.join(sorted(PRODUCERS))}") \
+            from None
