@@ -20,6 +20,7 @@ from nexusflow.flows import policy
 from nexusflow.flows import transitions as t
 from nexusflow.flows.models import FlowAuditEvent, FlowDependency, FlowRun, FlowStepExecution, FlowWakeSignal
 from nexusflow.flows.services import flow_try_expire_one, flow_try_repair_one, flow_try_run_step_one, flow_try_wake_one
+from nexusflow.kernel.scope import OrgScope
 from runtime_outbox.models import OutboundCommand
 from runtime_outbox.services import intent_result_record
 from tests.concurrency import Worker, race_behind_hold, run_at_once
@@ -165,6 +166,36 @@ def test_a_severed_connection_during_expiry_commits_nothing_and_the_wake_then_wi
     run = FlowRun.objects.get(pk=waiting.pk)
     assert (run.state, FlowWakeSignal.objects.get().state) == (t.RUN_SUCCEEDED, t.SIGNAL_CONSUMED)
     assert not FlowAuditEvent.objects.filter(run_id=run.pk, event="dependency_expired").exists()
+
+
+@pytest.mark.parametrize("held", ["expiry", "cancel"])
+def test_dependency_expiry_racing_cancel_ends_in_exactly_one_of_them(waiting, holds, db_clock_advance, held):
+    """Seed 004 22.3-07: both lock the run first; the one queued behind finds the other's terminal fact."""
+    from nexusflow.flows.services import flow_run_delete
+
+    _past_deadline(db_clock_advance)
+
+    def cancel():
+        return flow_run_delete(org=OrgScope(ORG), run_id=waiting.pk)
+
+    if held == "expiry":
+        first, second = race_behind_hold(holds, "flow.dependency.expire_before_commit", flow_try_expire_one, cancel,
+                                         "flows_flowrun")
+    else:
+        first, second = race_behind_hold(holds, "flow.cancel.before_commit", cancel, flow_try_expire_one,
+                                         "flows_flowrun")
+    assert (first.error, second.error) == (None, None)
+    run_until_idle()
+    run = FlowRun.objects.get(pk=waiting.pk)
+    dependency = _dependency(run)
+    assert run.is_deleted  # the cancel is the public delete either way
+    if held == "expiry":
+        assert first.result is True
+        assert (run.state, dependency.state) == (t.RUN_QUARANTINED, t.DEP_QUARANTINED)  # terminal: only soft-deleted
+    else:
+        assert second.result is False
+        assert (run.state, dependency.state) == (t.RUN_CANCELLED, t.DEP_CANCELLED)
+        assert not FlowAuditEvent.objects.filter(run_id=run.pk, event="dependency_expired").exists()
 
 
 def test_a_run_left_waiting_on_a_satisfied_dependency_is_repaired_root_first(waiting):
