@@ -209,3 +209,54 @@ def test_variables_set_before_an_effect_are_read_after_it(billing_sandbox):
     assert run.state == t.RUN_SUCCEEDED, run.reason_code
     last = FlowCheckpoint.objects.filter(run=run, step=_step(run, "assign:Echo")).get().context_payload
     assert last["context"]["vars"] == {"tag": "set-before", "echo": "set-before"}
+
+
+def _submitted(serving) -> FlowRun:
+    _customer(serving)
+    assert flow_try_run_step_one(worker_id="w")  # EffectSubmit
+    run = FlowRun.objects.get(org_id=ORG)
+    assert (run.state, run.current_step.plan_step_key) == (t.RUN_RUNNABLE, COMPLETE)
+    return run
+
+
+def test_a_receipt_committed_while_the_wait_commits_is_matched_right_after_it(serving, holds):
+    """Seed 004 22.4-02: the signal commits after the waiting step read none and before its dependency committed;
+    the fresh-snapshot match right after that commit resumes the run, no sweep needed."""
+    from tests.concurrency import Worker
+
+    run = _submitted(serving)
+    holds.arm("flow.step.before_commit")
+    waiter = Worker(lambda: flow_try_run_step_one(worker_id="w"), "completion")
+    waiter.start()
+    marker = holds.wait_held("flow.step.before_commit")  # its transaction has read no signal and waits to commit
+    _complete(OutboundCommand.objects.get(origin_flow_run_id=run.pk))  # the producer commits, locking no Flow row
+    assert FlowWakeSignal.objects.get().state == t.SIGNAL_UNMATCHED
+    holds.release(marker)
+    waiter.join(60)
+    assert (waiter.error, waiter.result) == (None, True)
+    run.refresh_from_db()
+    assert run.state == t.RUN_RUNNABLE  # resumed by the completion's own fresh match
+    assert (FlowWakeSignal.objects.get().state, FlowDependency.objects.get().state) == (
+        t.SIGNAL_CONSUMED, t.DEP_SATISFIED)
+    run_until_idle()
+    run.refresh_from_db()
+    assert run.state == t.RUN_SUCCEEDED
+
+
+def test_a_worker_killed_after_the_wait_committed_leaves_the_match_to_the_periodic_sweep(serving):
+    """Seed 004 22.4-04 and -05: the dependency committed, the worker died before its fresh match; the producer's
+    signal stays unmatched until the periodic reconciliation matches it."""
+    from tests.conftest import run_manage
+
+    run = _submitted(serving)
+    crashed = run_manage(["run_workers", "--role", "flow", "--until-idle"],
+                         subprocess_env(NEXUS_FAILPOINTS="flow.effect.wait_committed"), timeout=120)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    run.refresh_from_db()
+    assert (run.state, FlowDependency.objects.get().state) == (t.RUN_WAITING, t.DEP_WAITING)
+    _complete(OutboundCommand.objects.get(origin_flow_run_id=run.pk))
+    assert FlowWakeSignal.objects.get().state == t.SIGNAL_UNMATCHED  # the producer side matches nothing itself
+    assert flow_try_wake_one() is True and flow_try_wake_one() is False
+    run_until_idle()
+    run.refresh_from_db()
+    assert (run.state, FlowWakeSignal.objects.get().state) == (t.RUN_SUCCEEDED, t.SIGNAL_CONSUMED)

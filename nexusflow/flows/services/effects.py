@@ -27,7 +27,9 @@ from ..store import FlowDependencyStore, FlowWakeSignalStore, effect_link_insert
 from .claim import StepClaim
 from .deploy import _persisted_snapshot
 from .step_txn import FP_BEFORE_COMMIT, _commit_step, _input_state, _lock_fenced, _step_txn
-from .waits import _wait
+from .waits import _wait, flow_wake_reconcile
+
+FP_WAIT_COMMITTED = failpoints.declare("flow.effect.wait_committed")
 
 EFFECT_OWNER_KIND = "runtime.outbound_command"
 EFFECT_GENERATION_ID = "1"
@@ -128,6 +130,23 @@ def _exec_effect_submit(claim: StepClaim, plan: FlowExecutionPlan, step_def: dic
 
 
 def _exec_effect_completion(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any]) -> str:
+    """Continue on the intent's receipt, or wait for it; right after a wait commits, match a signal afresh.
+
+    Seed 004 section 14.2 step 4: the receipt's signal may have committed
+    after this step's in-transaction read and before its dependency
+    committed; a fresh-snapshot match right after the commit resolves it at
+    once (the periodic ``flow.wake`` sweep remains for a crash in between).
+    """
+    result = _complete_or_wait(claim, plan, step_def)
+    if result == "waiting":
+        link = FlowEffectLink.objects.get(org_id=claim.org_id, run_id=claim.run_id,
+                                          step__plan_step_key=step_def["submit_step"])
+        failpoints.hit(FP_WAIT_COMMITTED)
+        flow_wake_reconcile(org_id=claim.org_id, run_id=claim.run_id, dependency_key=str(link.outbound_command_id))
+    return result
+
+
+def _complete_or_wait(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any]) -> str:
     from runtime_outbox.selectors import intent_result_receipt_for
 
     link = FlowEffectLink.objects.get(org_id=claim.org_id, run_id=claim.run_id,

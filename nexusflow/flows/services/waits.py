@@ -135,6 +135,18 @@ def flow_wake_signal_accept(*, scope: TrustedRuntimeWorkScope, flow_run_id: Flow
         raise WakeSignalConflict(f"dependency {dependency_key} was accepted with another receipt")
 
 
+def flow_wake_reconcile(*, org_id: str, run_id: FlowRun.Id | int, dependency_key: str) -> bool:
+    """Match the run's unmatched signal for ``dependency_key`` now, in a fresh transaction (section 14.2 step 4).
+
+    Called right after a waiting step's dependency committed. True when a
+    signal resolved the wait; False when there is none yet (or another
+    resolver won).
+    """
+    signal_id = (FlowWakeSignal.objects.filter(org_id=org_id, flow_run_id=run_id, dependency_key=dependency_key,
+                                               state=t.SIGNAL_UNMATCHED).values_list("pk", flat=True).first())
+    return signal_id is not None and _wake(org_id=org_id, run_id=run_id, signal_id=signal_id)
+
+
 def flow_try_wake_one() -> bool:
     """Resolve one waiting dependency from an accepted wake signal (section 14.2 step 6).
 
