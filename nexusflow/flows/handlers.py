@@ -203,6 +203,8 @@ def _wait_blockers(step: dict[str, Any]) -> list[tuple[str, str]]:
 PATH_OFFSET_UNITS = {"Minutes": 60, "Hours": 3600, "Days": 86400}
 #: The scheduled-path time sources the executor reads: the triggering save, or a date/time field of the record.
 PATH_TIME_SOURCES = ("RecordTriggerEvent", "RecordField")
+#: The largest offset of a scheduled path, in seconds (100 years either way): a larger one is refused at activation.
+PATH_MAX_OFFSET_SECONDS = 100 * 366 * 86400
 
 
 def _scheduled_path_blockers(path: dict[str, Any]) -> list[tuple[str, str]]:
@@ -220,9 +222,13 @@ def _scheduled_path_blockers(path: dict[str, Any]) -> list[tuple[str, str]]:
         out.append(("scheduled_path:unit", f"path {name}: offset unit {path.get('unit')} is not one of "
                                            f"{', '.join(PATH_OFFSET_UNITS)}"))
     try:
-        int(str(path.get("offset")))
+        offset = int(str(path.get("offset")))
     except ValueError:
         out.append(("scheduled_path:offset", f"path {name}: offset {path.get('offset')!r} is not a whole number"))
+    else:
+        if abs(offset) * PATH_OFFSET_UNITS.get(path.get("unit"), 1) > PATH_MAX_OFFSET_SECONDS:
+            out.append(("scheduled_path:offset", f"path {name}: offset {offset} {path.get('unit')} is more than "
+                                                 f"{PATH_MAX_OFFSET_SECONDS // 86400} days"))
     return out
 
 

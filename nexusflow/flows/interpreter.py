@@ -545,7 +545,8 @@ def alarm_offset(inputs: dict[str, Any], run_value: Any, *, what: str) -> dt.tim
     """``TimeOffset`` x ``TimeOffsetUnit`` of an ``AlarmEvent`` (no offset: zero).
 
     Raises:
-        FlowExecutionError: the offset is not a number or the unit is not Hours/Days (definite).
+        FlowExecutionError: the offset is not a number, the unit is not Hours/Days, or the
+            offset is out of the calendar's range (definite).
     """
     raw = inputs.get("TimeOffset")
     if raw is None:
@@ -556,7 +557,10 @@ def alarm_offset(inputs: dict[str, Any], run_value: Any, *, what: str) -> dt.tim
         raise FlowExecutionError(f"{what}: TimeOffsetUnit {unit!r} is not one of {sorted(ALARM_OFFSET_UNITS)}")
     if isinstance(number, bool) or not _numeric(number) or not Decimal(str(number)).is_finite():
         raise FlowExecutionError(f"{what}: TimeOffset {number!r} is not a number")
-    return dt.timedelta(seconds=float(Decimal(str(number)) * ALARM_OFFSET_UNITS[unit]))
+    try:
+        return dt.timedelta(seconds=float(Decimal(str(number)) * ALARM_OFFSET_UNITS[unit]))
+    except (OverflowError, ValueError):
+        raise FlowExecutionError(f"{what}: TimeOffset {number!r} {unit} is out of the calendar's range") from None
 
 
 def wait_schedule(*, plan_payload: dict[str, Any], node: dict[str, Any], record: dict[str, Any], object_name: str,
@@ -577,7 +581,8 @@ def wait_schedule(*, plan_payload: dict[str, Any], node: dict[str, Any], record:
 
     Raises:
         FlowExecutionError: an event that is not a time event, an empty or
-            malformed ``AlarmTime``, offset or unit (definite: replay cannot fix it).
+            malformed ``AlarmTime``, offset or unit, or a resume time out of
+            the calendar's range (definite: replay cannot fix it).
     """
     run = _Run(plan_payload=plan_payload, record=record, object_name=object_name, prior=prior, is_new=is_new,
                now=now, reader=None, budget=DEFAULT_VISIT_BUDGET, fan_out_limit=0, interview_start=interview_start)
@@ -601,6 +606,11 @@ def wait_schedule(*, plan_payload: dict[str, Any], node: dict[str, Any], record:
         base = run.value(inputs["AlarmTime"])
         if base is None:
             raise FlowExecutionError(f"{what}: AlarmTime is empty")
-        at = to_instant(base, what=f"{what} AlarmTime") + alarm_offset(inputs, run.value, what=what)
+        start = to_instant(base, what=f"{what} AlarmTime")
+        offset = alarm_offset(inputs, run.value, what=what)
+        try:
+            at = start + offset
+        except OverflowError:
+            raise FlowExecutionError(f"{what}: {start.isoformat()} plus {offset} is out of the calendar's range") from None
         found.append((at, index, WaitEvent(name=event["name"], resume_at=at)))
     return [event for _at, _i, event in sorted(found, key=lambda f: (f[0], f[1]))]

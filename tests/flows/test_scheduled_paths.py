@@ -14,6 +14,7 @@ import datetime as dt
 from pathlib import Path
 
 import pytest
+from django.db import transaction
 
 from nexusflow.flows import transitions as t
 from nexusflow.flows.compiler import analyze_flow
@@ -229,3 +230,154 @@ def test_the_corpus_scheduled_path_is_compiled_into_the_trigger():
                           subflows={}, schema="open")
     assert {d.code.split(":")[0] for d in result.errors} == {"unknown_action"}
     assert not [d for d in result.diagnostics if "scheduled" in d.code or d.element == "start"]
+
+
+# --- Three dated paths on one record (fixtures/waits/Renewal_Lapse.flow-meta.xml) ---------------------------------
+LAPSE = "Renewal_Lapse"
+BEFORE, LAPSED, ARCHIVE = "Three_Days_Before", "One_Day_After", "Thirty_Days_After"
+
+
+@pytest.fixture
+def lapse_deployed(org, renewal_view):
+    source = (WAITS / f"{LAPSE}.flow-meta.xml").read_bytes()
+    result = flow_deploy(org=org, source=source, flow_api_name=LAPSE)
+    assert result.activated
+    return result.plan
+
+
+def _advance_to(db_clock_advance, instant: dt.datetime) -> None:
+    db_clock_advance((instant - db_now()).total_seconds())
+
+
+def _step_outputs(org, run) -> list[dict]:
+    return [p["output"] for p in FlowCheckpoint.objects.filter(org_id=org.org_id, run_id=run.pk)
+            .order_by("sequence").values_list("context_payload", flat=True) if "output" in p]
+
+
+def _path_output(org, run) -> dict:
+    """The output of the run's last scheduled-path step (its verdict)."""
+    return [o for o in _step_outputs(org, run) if "scheduled_path" in o][-1]
+
+
+def test_one_save_withdraws_every_waiting_path_of_its_record(org, lapse_deployed, db_clock_advance):
+    """Three runs wait at their paths' first steps; one save that closes the renewal wakes all three in one
+    transaction (roots, then steps, then dependencies, in the one lock order) and each withdraws."""
+    record = _open(org, renewal_in_days=10)
+    run_until_idle()
+    runs = _path_runs(org, record)
+    assert {p: FlowRun.objects.get(pk=r.pk).state for p, r in runs.items()} == dict.fromkeys(
+        (BEFORE, LAPSED, ARCHIVE), t.RUN_WAITING)
+    update_record(org, record, {"Status__c": "Closed"})
+    assert {p: _waits(org, r)[0].resolution["event"] for p, r in runs.items()} == dict.fromkeys(
+        (BEFORE, LAPSED, ARCHIVE), "record_changed")
+    run_until_idle()
+    for run in runs.values():
+        assert FlowRun.objects.get(pk=run.pk).state == t.RUN_SUCCEEDED
+        assert _path_output(org, run)["outcome"] == "withdrawn"
+    db_clock_advance(60 * DAY)
+    run_until_idle()
+    assert _fields(org, record)["Status__c"] == "Closed" and _fields(org, record).get("Notice__c") is None
+
+
+def test_a_save_leaves_a_wait_element_inside_a_started_path_alone(org, lapse_deployed, db_clock_advance):
+    """The renewal's date moves after the three-days-before path entered its Grace_Period Wait element: the
+    path has started, so the save does not end that wait (it only re-times the paths still waiting for their
+    time); the grace period ends when it was computed to and the path finishes."""
+    renewal_date = _day(10)
+    record = _open(org, renewal_in_days=10)
+    run_until_idle()
+    before = _path_runs(org, record)[BEFORE]
+    _advance_to(db_clock_advance, _midnight(renewal_date) - dt.timedelta(days=3) + dt.timedelta(hours=1))
+    run_until_idle()
+    path_wait, grace = _waits(org, before)
+    assert (path_wait.state, grace.state, grace.condition["kind"]) == (t.DEP_SATISFIED, t.DEP_WAITING, "time")
+    update_record(org, record, {"Renewal_Date__c": _day(40)})
+    run_until_idle()
+    assert FlowDependency.objects.get(pk=grace.pk).state == t.DEP_WAITING
+    assert FlowRun.objects.get(pk=before.pk).state == t.RUN_WAITING
+    _advance_to(db_clock_advance, _midnight(renewal_date) + dt.timedelta(days=2, hours=1))
+    run_until_idle()
+    assert FlowRun.objects.get(pk=before.pk).state == t.RUN_SUCCEEDED
+    assert _fields(org, record)["Notice__c"] == "grace-ended"
+    assert _fields(org, record)["Status__c"] == "Open"  # the lapse path moved to the new date with the save
+
+
+def test_a_path_that_closes_its_record_withdraws_the_other_waiting_paths(org, lapse_deployed, db_clock_advance):
+    """The one-day-after path's own record write takes the renewal out of the entry conditions while the
+    thirty-days-after run waits for its time and the three-days-before run waits inside its path: the write's
+    step transaction holds its own run, so the recheck runs right after it commits (record lock first); the
+    waiting path withdraws, the started one finishes."""
+    renewal_date = _day(10)
+    record = _open(org, renewal_in_days=10)
+    run_until_idle()
+    runs = _path_runs(org, record)
+    _advance_to(db_clock_advance, _midnight(renewal_date) + dt.timedelta(days=1, hours=1))
+    run_until_idle()
+    assert _fields(org, record)["Status__c"] == "Lapsed"
+    assert FlowRun.objects.get(pk=runs[LAPSED].pk).state == t.RUN_SUCCEEDED
+    archive = FlowRun.objects.get(pk=runs[ARCHIVE].pk)
+    assert archive.state == t.RUN_SUCCEEDED
+    assert (_path_output(org, archive)["outcome"], _path_output(org, archive)["why"]) == (
+        "withdrawn", "entry conditions no longer hold")
+    assert FlowRun.objects.get(pk=runs[BEFORE].pk).state == t.RUN_WAITING  # inside its Grace_Period wait
+    _advance_to(db_clock_advance, _midnight(renewal_date) + dt.timedelta(days=31))
+    run_until_idle()
+    assert FlowRun.objects.get(pk=runs[BEFORE].pk).state == t.RUN_SUCCEEDED
+    assert _fields(org, record)["Notice__c"] == "grace-ended" and _fields(org, record).get("Seen__c") is None
+
+
+def test_an_operators_resume_runs_a_waiting_path_now(org, lapse_deployed):
+    from nexusflow.flows.services import flow_wait_signal
+
+    record = _open(org, renewal_in_days=10)
+    run_until_idle()
+    archive = _path_runs(org, record)[ARCHIVE]
+    out = flow_wait_signal(org=org, run_id=archive.pk, producer_kind="runtime.clock", actor="ops-1",
+                           reason="archive now")
+    assert (out["state"], out["event"]) == (t.DEP_SATISFIED, ARCHIVE)
+    run_until_idle()
+    assert FlowRun.objects.get(pk=archive.pk).state == t.RUN_SUCCEEDED
+    assert _fields(org, record)["Seen__c"] == "archived"
+    assert (_path_output(org, archive)["outcome"], _path_output(org, archive)["operator"]) == (
+        "due", {"actor": "ops-1", "reason": "archive now"})
+
+
+def test_an_operators_resume_of_a_path_whose_record_left_the_conditions_withdraws_it(org, lapse_deployed):
+    from nexusflow.flows.services import flow_wait_signal
+    from nexusflow.records.services import record_lock
+    from nexusflow.records.store import RecordStore
+
+    record = _open(org, renewal_in_days=10)
+    run_until_idle()
+    archive = _path_runs(org, record)[ARCHIVE]
+    with transaction.atomic():  # closed behind the Flow's back: the bare store write runs no after-save hook
+        locked = record_lock(org=org, object_name=OBJECT, record_key=record.record_key)
+        RecordStore.write(locked, fields={**locked.fields, "Status__c": "Closed"})
+    flow_wait_signal(org=org, run_id=archive.pk, producer_kind="runtime.clock", actor="ops-1", reason="now")
+    run_until_idle()
+    assert _path_output(org, archive)["outcome"] == "withdrawn"
+    assert _fields(org, record).get("Seen__c") is None
+
+
+def test_a_save_landing_while_the_path_decides_its_time_is_seen(org, lapse_deployed, holds):
+    """The path's first step holds its trigger record's lock while it decides the path's time (held at
+    ``flow.wait.created``, before its commit): a save moving the date queues on the record, and once the
+    wait committed the save's recheck re-times it. Without the record lock the save would slip in between
+    the step's read and its commit, and the path would wait for the old date."""
+    from nexusflow.flows.services import flow_try_run_step_one
+
+    record = _open(org, renewal_in_days=10)
+    later = _day(50)
+
+    def first_path_step():
+        while flow_try_run_step_one(worker_id="w-held"):
+            pass
+
+    held, queued = race_behind_hold(holds, "flow.wait.created", first_path_step,
+                                    lambda: update_record(org, record, {"Renewal_Date__c": later}), "records_record")
+    assert (held.error, queued.error) == (None, None)
+    run_until_idle()
+    for name, offset in ((BEFORE, -3), (LAPSED, 1), (ARCHIVE, 30)):
+        waits = _waits(org, _path_runs(org, record)[name])
+        assert waits[-1].state == t.DEP_WAITING
+        assert waits[-1].deadline == _midnight(later) + dt.timedelta(days=offset)

@@ -90,7 +90,8 @@ def flow_trigger_on_record_saved(*, org: OrgScope, record, change) -> None:
             stale plan.
     """
     if not change.created:
-        scheduled_paths_recheck(org=org, record=record, change=change)
+        # A Flow step's own record write holds that run's root: its recheck runs right after that commit.
+        scheduled_paths_recheck(org=org, record=record, change=change, deferred=_SAVE_ORIGIN.get() is not None)
     activations = list(
         FlowActivation.objects.filter(org_id=org.org_id, state=t.ACTIVATION_ACTIVE,
                                       plan__trigger_object_name=record.object_name)

@@ -50,7 +50,7 @@ from ..store import FlowDependencyStore
 from .admission import TRIGGER_CHECKPOINT_SEQUENCE
 from .claim import StepClaim
 from .step_txn import FP_BEFORE_COMMIT, _commit_step, _input_state, _lock_fenced, _step_txn
-from .wait_resolution import PRODUCER_CLOCK, clock_wait_resolve
+from .wait_resolution import CONDITION_SCHEDULED_PATH, PRODUCER_CLOCK, clock_wait_resolve
 from .waits import _enter_waiting
 
 log = logging.getLogger("nexusflow.flows")
@@ -152,20 +152,33 @@ def _exec_dependency_wait(claim: StepClaim, plan: FlowExecutionPlan, step_def: d
     return "succeeded"
 
 
-def _path_verdict(run: FlowRun, plan: FlowExecutionPlan, path: dict[str, Any],
+def _lock_trigger_record(claim: StepClaim):
+    """Lock the run's trigger record (business class, before the Flow root); ``None`` when it is gone."""
+    from nexusflow.records.models import Record
+    from nexusflow.records.services import record_lock
+
+    run = FlowRun.objects.only("trigger_object_name", "record_key").get(org_id=claim.org_id, pk=claim.run_id)
+    try:
+        return record_lock(org=OrgScope(claim.org_id), object_name=run.trigger_object_name,
+                           record_key=run.record_key)
+    except Record.DoesNotExist:
+        return None
+
+
+def _path_verdict(run: FlowRun, plan: FlowExecutionPlan, path: dict[str, Any], record,
                   now: dt.datetime) -> tuple[str, dt.datetime | None, str]:
-    """``(outcome, due, why)`` of a scheduled path against its record as it is now.
+    """``(outcome, due, why)`` of a scheduled path against its record as it is now (``record`` locked, or ``None``).
 
     ``withdrawn`` when the record is gone, no longer meets the flow's entry
     conditions, or its time field is empty; else ``wait`` (due later) or
     ``due``. The time is the triggering save (``RecordTriggerEvent``: the
     run's admission) or the record's field (``RecordField``) plus
     ``offset`` x ``unit`` (negative: before); ``AsyncAfterCommit`` is due at once.
-    """
-    from nexusflow.records.models import Record
 
-    record = (Record.objects.filter(org_id=run.org_id, object_name=run.trigger_object_name, record_key=run.record_key)
-              .only("fields", "is_deleted").first())
+    Raises:
+        FlowExecutionError: the time field is not a date/time, or the path's
+            time is out of the calendar's range (definite).
+    """
     if record is None or record.is_deleted:
         return "withdrawn", None, "the record was deleted"
     trigger = plan.plan_payload["trigger"]
@@ -180,23 +193,32 @@ def _path_verdict(run: FlowRun, plan: FlowExecutionPlan, path: dict[str, Any],
         base = to_instant(value, what=f"scheduled path {path['name']} field {path['record_field']}")
     else:
         base = run.created_at
-    due = base + dt.timedelta(seconds=int(str(path["offset"])) * PATH_OFFSET_UNITS[path["unit"]])
+    try:
+        due = base + dt.timedelta(seconds=int(str(path["offset"])) * PATH_OFFSET_UNITS[path["unit"]])
+    except OverflowError:
+        raise FlowExecutionError(f"scheduled path {path['name']}: {base.isoformat()} plus {path['offset']} "
+                                 f"{path['unit']} is out of the calendar's range") from None
     return ("wait" if due > now else "due"), due, ""
 
 
 def _exec_scheduled_path(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any]) -> str:
     """The first step of a scheduled path's run (docs/operations.md "Scheduled paths").
 
+    Locks the trigger record first (business class, before root -> step ->
+    attempt), so a save of the record either lands before this step reads it
+    or waits until this step's wait committed and then makes it look again.
     Evaluates the record as it is now (:func:`_path_verdict`): withdrawn (the
     run ends without running the path), waits on the clock until the path's
     time, or continues into the path. A resolved wait (time came, or a
     record save ended it early) commits this step and evaluates again in the
     step's next invocation, so a moved date waits anew and a record that left
-    the entry conditions withdraws the path.
+    the entry conditions withdraws the path. An operator's resume
+    (``flows signal``) runs the path now unless the record is withdrawn.
     """
     path = step_def["path"]
     context = _input_state(claim)
     with _step_txn():
+        record = _lock_trigger_record(claim)
         now = db_now()
         run, step, attempt = _lock_fenced(claim)
         dependency = _step_dependency(claim, run)
@@ -207,13 +229,22 @@ def _exec_scheduled_path(claim: StepClaim, plan: FlowExecutionPlan, step_def: di
                 return "waiting"
             if dependency.state != t.DEP_SATISFIED:
                 raise PlanMismatch(f"scheduled path dependency {dependency.pk} is {dependency.state}")
-            _commit_step(claim, plan, run, attempt, now, output={"scheduled_path": path["name"], "outcome": "recheck",
-                                                                 **(dependency.resolution or {})},
-                         step_dst=t.STEP_SUCCEEDED, root_dst=t.RUN_RUNNABLE, next_key=claim.step_key, context=context)
-            failpoints.hit(FP_BEFORE_COMMIT)
-            return "succeeded"
-        outcome, due, why = _path_verdict(run, plan, path, now)
-        output = {"scheduled_path": path["name"], "outcome": outcome, "due_at": due.isoformat() if due else None}
+            resolution = dependency.resolution or {}
+            if "operator" not in resolution:
+                _commit_step(claim, plan, run, attempt, now, output={"scheduled_path": path["name"],
+                                                                     "outcome": "recheck", **resolution},
+                             step_dst=t.STEP_SUCCEEDED, root_dst=t.RUN_RUNNABLE, next_key=claim.step_key,
+                             context=context)
+                failpoints.hit(FP_BEFORE_COMMIT)
+                return "succeeded"
+            outcome, due, why = _path_verdict(run, plan, path, record, now)
+            if outcome == "wait":
+                outcome = "due"  # the operator's resume: the path's time is now
+            output = {"scheduled_path": path["name"], "outcome": outcome, "due_at": resolution.get("due_at"),
+                      "operator": resolution["operator"]}
+        else:
+            outcome, due, why = _path_verdict(run, plan, path, record, now)
+            output = {"scheduled_path": path["name"], "outcome": outcome, "due_at": due.isoformat() if due else None}
         if outcome == "withdrawn":
             _commit_step(claim, plan, run, attempt, now, output={**output, "why": why}, step_dst=t.STEP_SUCCEEDED,
                          root_dst=t.RUN_RUNNABLE, next_key=TERMINAL_STEP_KEY, context=context)
@@ -221,8 +252,8 @@ def _exec_scheduled_path(claim: StepClaim, plan: FlowExecutionPlan, step_def: di
             _commit_step(claim, plan, run, attempt, now, output=output, step_dst=t.STEP_SUCCEEDED,
                          root_dst=t.RUN_RUNNABLE, next_key=step_def["next"]["resume"], context=context)
         else:
-            condition = {"kind": "scheduled_path", "path": path["name"], "time_source": path.get("time_source"),
-                         "record_field": path.get("record_field"),
+            condition = {"kind": CONDITION_SCHEDULED_PATH, "path": path["name"],
+                         "time_source": path.get("time_source"), "record_field": path.get("record_field"),
                          "events": [{"event": path["name"], "resume_at": due.isoformat()}]}
             _clock_wait_create(claim, run, step, condition, deadline=due, now=now)
             failpoints.hit(FP_WAIT_CREATED)

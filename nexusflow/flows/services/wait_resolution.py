@@ -20,7 +20,7 @@ from typing import Any
 
 from django.db import transaction
 
-from nexusflow.kernel import canonical_json, failpoints
+from nexusflow.kernel import canonical_json, failpoints, locks
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.scope import OrgScope
 
@@ -38,6 +38,8 @@ PRODUCER_CLOCK = "runtime.clock"
 IMMEDIATE_PATH = "@immediate"
 #: The resolution event of a scheduled path's wait ended early by a record save.
 EVENT_RECORD_CHANGED = "record_changed"
+#: ``FlowDependency.condition["kind"]`` of the wait of a scheduled path's first step for the path's time.
+CONDITION_SCHEDULED_PATH = "scheduled_path"
 
 FP_RECHECK_RESOLVED = failpoints.declare("flow.path.recheck_resolved")
 
@@ -76,18 +78,21 @@ def clock_wait_resolve(*, org_id: str, run_id: int, step_id: int, dependency_id:
     step or dependency that moved (cancelled, resolved, another worker won)
     is left alone.
     """
-    now = db_now()
     locked = lock_waiting(org_id=org_id, run_id=run_id, step_id=step_id, dependency_id=dependency_id)
-    if locked is None:
-        return False
-    run, step, dependency = locked
+    return locked is not None and _resolve_locked(*locked, now=db_now(), early=early, operator=operator)
+
+
+def _resolve_locked(run: FlowRun, step: FlowStepExecution, dependency: FlowDependency, *, now,
+                    early: dict[str, Any] | None = None, operator: dict[str, Any] | None = None) -> bool:
+    """:func:`clock_wait_resolve` on rows the caller locked root -> step -> dependency and found waiting."""
+    org_id = run.org_id
     if dependency.producer_kind != PRODUCER_CLOCK or (early is None and operator is None and dependency.deadline > now):
         return False
     scope = scope_of(run)
     if (dependency.app_installation_id, dependency.runtime_capability_id, dependency.binding_digest) != (
             scope.app_installation_id, scope.runtime_capability_id, scope.binding_digest):
-        log.error("clock wait %s does not share its run's work scope; left waiting", dependency_id,
-                  extra={"org_id": org_id, "run_id": run_id})
+        log.error("clock wait %s does not share its run's work scope; left waiting", dependency.pk,
+                  extra={"org_id": org_id, "run_id": run.pk})
         return False
     if early is None:
         due = dependency.condition["events"][0]
@@ -115,41 +120,110 @@ def clock_wait_resolve(*, org_id: str, run_id: int, step_id: int, dependency_id:
     return True
 
 
-def scheduled_paths_recheck(*, org: OrgScope, record, change) -> int:
+def scheduled_paths_recheck(*, org: OrgScope, record, change, deferred: bool = False) -> int:
     """Make the waiting scheduled paths of a just-updated record look again (records after-save hook).
 
     Runs inside the saving transaction, which holds the record's lock (the
     business lock comes before Flow rows in the one lock order). A path run
-    waits for its time; when this save leaves the flow's entry conditions
-    unmet, or changes the record field the path's time is counted from, its
-    wait resolves early (event ``record_changed``) and the path's step
-    evaluates the record again: it is withdrawn, waits for the recomputed
-    time, or runs. Returns how many waits it resolved.
+    waiting at its path's first step for the path's time resolves early
+    (event ``record_changed``) when this save leaves the flow's entry
+    conditions unmet or changes the record field the path's time is counted
+    from; the path's step then evaluates the record again: it is withdrawn,
+    waits for the recomputed time, or runs. A run that already entered its
+    path (waiting at a Wait element inside it) is not touched: the path has
+    started. Every resolved run's root, step and dependency are locked as one
+    declared set in the one order (all roots, then all steps, then all
+    dependencies).
+
+    ``deferred`` (the save is a Flow step's own record write, whose
+    transaction already holds that run's root, step and attempt): nothing is
+    locked here; the recheck runs right after that transaction commits, in a
+    transaction of its own that locks the record first. A crash in between
+    loses only the early look: the path's step evaluates the record again
+    when its time comes (docs/operations.md "Scheduled paths").
+
+    Returns how many waits it resolved (0 when deferred).
     """
+    candidates = _recheck_candidates(org=org, record=record, changed_fields=frozenset(change.changed_fields))
+    if not candidates:
+        return 0
+    if deferred:
+        object_name, record_key, changed = record.object_name, record.record_key, frozenset(change.changed_fields)
+        transaction.on_commit(lambda: _recheck_after_commit(org=org, object_name=object_name, record_key=record_key,
+                                                            changed_fields=changed), robust=True)
+        return 0
+    return _resolve_rechecks(org_id=org.org_id, candidates=candidates, record=record)
+
+
+def _recheck_candidates(*, org: OrgScope, record, changed_fields: frozenset[str]) -> list[tuple[int, int, int, str]]:
+    """``(run id, step id, dependency id, why)`` of the record's path runs a save should wake (unlocked reads)."""
     runs = list(FlowRun.objects.filter(org_id=org.org_id, trigger_object_name=record.object_name,
                                        record_key=record.record_key, state=t.RUN_WAITING)
                 .exclude(entry_path=IMMEDIATE_PATH).select_related("plan").order_by("id"))
-    resolved = 0
+    out = []
     for run in runs:
         trigger = run.plan.plan_payload.get("trigger") or {}
         path = next((p for p in trigger.get("scheduled_paths") or [] if p["name"] == run.entry_path), None)
-        if path is None or run.current_step_id is None:
+        entry = next((p for p in run.plan.plan_payload.get("scheduled_paths") or [] if p["name"] == run.entry_path),
+                     None)
+        if path is None or entry is None or run.current_step_id is None:
             continue
         why = None
         if not conditions_hold(trigger.get("filters") or [], trigger.get("filter_logic") or "and", record.fields):
             why = "entry conditions no longer hold"
-        elif path.get("time_source") == "RecordField" and path.get("record_field") in change.changed_fields:
+        elif path.get("time_source") == "RecordField" and path.get("record_field") in changed_fields:
             why = f"time field {path['record_field']} changed"
         if why is None:
             continue
+        # Only the wait of the path's own first step (its time): a Wait element inside the path is the path's own.
         dependency = (FlowDependency.objects.filter(org_id=org.org_id, run_id=run.pk, step_id=run.current_step_id,
-                                                    state=t.DEP_WAITING, producer_kind=PRODUCER_CLOCK)
-                      .values_list("pk", flat=True).first())
-        if dependency is None:
+                                                    step__plan_step_key=entry["step"], state=t.DEP_WAITING,
+                                                    producer_kind=PRODUCER_CLOCK)
+                      .values_list("pk", "condition").first())
+        if dependency is None or (dependency[1] or {}).get("kind") != CONDITION_SCHEDULED_PATH:
             continue
+        out.append((int(run.pk), int(run.current_step_id), int(dependency[0]), why))
+    return out
+
+
+def _resolve_rechecks(*, org_id: str, candidates: list[tuple[int, int, int, str]], record) -> int:
+    """Lock every candidate's root, step and dependency as one declared set, then resolve those still waiting."""
+    resources = []
+    for run_id, step_id, dependency_id, _why in candidates:
+        resources += [locks.store_resource(FlowRunStore, org_id, run_id),
+                      locks.store_resource(FlowStepStore, org_id, step_id),
+                      locks.store_resource(FlowDependencyStore, org_id, dependency_id)]
+    rows = locks.acquire(resources)
+    now = db_now()
+    resolved = 0
+    for index, (_run_id, step_id, _dependency_id, why) in enumerate(candidates):
+        run, step, dependency = rows[3 * index: 3 * index + 3]
+        if not _still_waiting(run, step, dependency, step_id=step_id):
+            continue  # whoever moved it won: the clock, a cancel, or another save
         with transaction.atomic():
-            if clock_wait_resolve(org_id=org.org_id, run_id=run.pk, step_id=run.current_step_id,
-                                  dependency_id=dependency, early={"why": why, "record_version": record.version}):
+            if _resolve_locked(run, step, dependency, now=now,
+                               early={"why": why, "record_version": record.version}):
                 resolved += 1
                 failpoints.hit(FP_RECHECK_RESOLVED)
     return resolved
+
+
+def _still_waiting(run: FlowRun, step: FlowStepExecution, dependency: FlowDependency, *, step_id: int) -> bool:
+    return (run.state == t.RUN_WAITING and run.current_step_id == step_id and not run.is_deleted
+            and run.delete_requested_at is None and step.state == t.STEP_WAITING
+            and dependency.state == t.DEP_WAITING and dependency.step_id == step.pk)
+
+
+def _recheck_after_commit(*, org: OrgScope, object_name: str, record_key: str, changed_fields: frozenset[str]) -> None:
+    """The deferred recheck of a Flow step's own record write: record lock, then the runs (own transaction)."""
+    from nexusflow.records.models import Record
+    from nexusflow.records.services import record_lock
+
+    with transaction.atomic(durable=True):
+        try:
+            record = record_lock(org=org, object_name=object_name, record_key=record_key)
+        except Record.DoesNotExist:
+            return  # deleted since: the path's step finds it gone and withdraws
+        candidates = _recheck_candidates(org=org, record=record, changed_fields=changed_fields)
+        if candidates:
+            _resolve_rechecks(org_id=org.org_id, candidates=candidates, record=record)

@@ -46,6 +46,7 @@ id or org), 3 when the run is not in that org (``flow_run_not_found``).
 from __future__ import annotations
 
 import json
+import re
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -182,9 +183,8 @@ class Command(BaseCommand):
 
         try:
             validate_key(org, field="org", max_length=64)
-            if not run_id.isdigit() or int(run_id) < 1:
-                raise InvalidIdentity(f"run id {run_id!r} is not a positive integer")
-            result = services.flow_wait_signal(org=OrgScope(org), run_id=int(run_id), producer_kind=producer,
+            run_id = _run_id(run_id)
+            result = services.flow_wait_signal(org=OrgScope(org), run_id=run_id, producer_kind=producer,
                                                actor=actor, reason=reason)
         except (InvalidIdentity, WaitSignalRefused) as exc:
             raise CommandError(f"{exc.code}: {exc}", returncode=2) from None
@@ -197,24 +197,30 @@ class Command(BaseCommand):
 
         try:
             validate_key(org, field="org", max_length=64)
-            if not run_id.isdigit() or int(run_id) < 1:
-                raise InvalidIdentity(f"run id {run_id!r} is not a positive integer")
+            run_id = _run_id(run_id)
             scope = OrgScope(org)
             if subcommand == "run":
                 if options["max_steps"] < 1:
                     raise InvalidIdentity("--max-steps must be at least 1")
-                state = services.flow_run_drive(org=scope, run_id=int(run_id), worker_id=options["worker_id"],
+                state = services.flow_run_drive(org=scope, run_id=run_id, worker_id=options["worker_id"],
                                                 max_steps=options["max_steps"])
-                self.stdout.write(_dumps({"run_id": int(run_id), "state": state}))
+                self.stdout.write(_dumps({"run_id": run_id, "state": state}))
             elif subcommand == "cancel":
-                self.stdout.write(_dumps(services.flow_run_delete(org=scope, run_id=int(run_id)).as_dict()))
+                self.stdout.write(_dumps(services.flow_run_delete(org=scope, run_id=run_id).as_dict()))
             else:
                 self.stdout.write(_dumps(services.flow_run_support_read(
-                    org=scope, run_id=int(run_id), include_deleted=options["include_deleted"])))
+                    org=scope, run_id=run_id, include_deleted=options["include_deleted"])))
         except InvalidIdentity as exc:
             raise CommandError(f"{exc.code}: {exc}", returncode=2) from None
         except FlowRunNotFound as exc:
             raise CommandError(f"{exc.code}: {exc}", returncode=3) from None
+
+
+def _run_id(text: str) -> int:
+    """A run id argument as an int: 1..2**63-1 written in ASCII digits, else InvalidIdentity."""
+    if not re.fullmatch(r"[1-9][0-9]{0,18}", text) or int(text) >= 2**63:
+        raise InvalidIdentity(f"run id {text!r} is not a positive integer")
+    return int(text)
 
 
 def _start_inputs(pairs: list[str], json_file: str | None) -> tuple[dict, dict[str, list[str]]]:
