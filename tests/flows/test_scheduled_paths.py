@@ -209,6 +209,10 @@ def test_an_empty_date_withdraws_the_path(org, deployed):
     ("<offsetUnit>Days</offsetUnit>", "<offsetUnit>Months</offsetUnit>", "engine_unsupported:scheduled_path:unit"),
     ("<timeSource>RecordField</timeSource>", "<timeSource>Calendar</timeSource>",
      "engine_unsupported:scheduled_path:time_source"),
+    ("<offsetNumber>-3</offsetNumber>", "<offsetNumber>-99999999</offsetNumber>",
+     "engine_unsupported:scheduled_path:offset"),
+    ("<offsetNumber>-3</offsetNumber>", "<offsetNumber>" + "9" * 5000 + "</offsetNumber>",
+     "engine_unsupported:scheduled_path:offset"),
 ])
 def test_a_scheduled_path_the_engine_cannot_time_is_refused_at_activation(org, renewal_view, old, new, code):
     with pytest.raises(ActivationRejected) as refused:
@@ -381,3 +385,18 @@ def test_a_save_landing_while_the_path_decides_its_time_is_seen(org, lapse_deplo
         waits = _waits(org, _path_runs(org, record)[name])
         assert waits[-1].state == t.DEP_WAITING
         assert waits[-1].deadline == _midnight(later) + dt.timedelta(days=offset)
+
+
+def test_a_path_time_beyond_the_calendar_fails_its_run_after_one_attempt(org, lapse_deployed):
+    """A renewal dated 9999-12-31: one day after it is past the calendar's end. That path's run fails
+    definitely on its first attempt (not retried as if transient); the paths whose time exists wait."""
+    from nexusflow.flows.models import FlowStepExecution
+
+    record = save_record(org, {"Name": "r-far", "Status__c": "Open", "Renewal_Date__c": "9999-12-31"},
+                         object_name=OBJECT)
+    run_until_idle()
+    runs = _path_runs(org, record)
+    lapsed = FlowRun.objects.get(pk=runs[LAPSED].pk)
+    assert lapsed.state == t.RUN_TERMINAL_FAILED
+    assert FlowStepExecution.objects.get(org_id=org.org_id, run_id=lapsed.pk).attempts.count() == 1
+    assert FlowRun.objects.get(pk=runs[BEFORE].pk).state == t.RUN_WAITING

@@ -231,7 +231,7 @@ def test_an_operator_resumes_a_waiting_run_by_hand_along_its_earliest_event(org,
     refused = run_manage([*base[:5], "--producer", "runtime.intent_result", *base[5:]], env)
     assert refused.returncode == 2 and "flow_wait_signal_refused" in refused.stderr  # only its owner's receipt
     unknown = run_manage([*base[:5], "--producer", "no.such.producer", *base[5:]], env)
-    assert unknown.returncode == 2 and "flow_wait_signal_refused" in unknown.stderr
+    assert unknown.returncode == 2 and "unknown producer 'no.such.producer'" in unknown.stderr
     other_org = run_manage(["flows", "signal", str(run.pk), "--org", "another-org", "--producer", "runtime.clock",
                             "--actor", "ops-ann", "--reason", "x"], env)
     assert other_org.returncode == 3 and "flow_run_not_found" in other_org.stderr
@@ -339,3 +339,37 @@ def test_an_empty_record_date_or_a_bad_unit_fails_the_step_definitely():
     now = {"kind": "elementReference", "value": "$Flow.CurrentDateTime"}
     with pytest.raises(FlowExecutionError, match="TimeOffsetUnit"):
         _schedule(_node(_alarm("Weeks", base=now, offset=1, unit="Weeks")))
+
+
+@pytest.mark.parametrize("base,offset", [
+    ("9999-12-30", 5), ("0001-01-02", -5), ("2026-12-10", 10**9), ("2026-12-10", "1e308"),
+])
+def test_a_resume_time_beyond_the_calendar_fails_the_step_definitely(base, offset):
+    """A date plus an offset past year 9999 (or before year 1) is a definite error, never an OverflowError that
+    the executor would retry as if it were transient."""
+    record_date = {"kind": "elementReference", "value": "$Record.closedate"}
+    with pytest.raises(FlowExecutionError, match="out of the calendar's range"):
+        _schedule(_node(_alarm("Far", base=record_date, offset=offset, unit="Days")),
+                  record={"Id": "1", "closedate": base})
+
+
+def test_a_wait_far_beyond_the_calendar_fails_its_run_after_one_attempt(org):
+    """End to end: the step fails definitely (one attempt, run TerminalFailed), not after five retries."""
+    source = _wait_flow().replace(b"<numberValue>2</numberValue>", b"<numberValue>999999999999</numberValue>")
+    assert flow_deploy(org=org, source=source, flow_api_name="Pause_Flow").activated
+    run = flow_run_start(org=org, flow_api_name="Pause_Flow", inputs={}, request_id="far").run
+    run_until_idle()
+    assert _run(org, run).state == t.RUN_TERMINAL_FAILED
+    assert FlowStepExecution.objects.get(org_id=org.org_id, run_id=run.pk).attempts.count() == 1
+
+
+@pytest.mark.parametrize("run_id", ["²", "0", "-1", "01", "1.0", " 1", "9" * 19, "9223372036854775808", "١"])
+def test_the_flows_commands_refuse_a_malformed_run_id_with_exit_2(org, run_id):
+    from django.core.management import CommandError, call_command
+
+    for argv in (["cancel", run_id, "--org", org.org_id], ["show", run_id, "--org", org.org_id],
+                 ["signal", run_id, "--org", org.org_id, "--producer", "runtime.clock", "--actor", "ops-ann",
+                  "--reason", "x"]):
+        with pytest.raises(CommandError) as refused:
+            call_command("flows", *argv)
+        assert refused.value.returncode == 2 and "invalid_identity" in str(refused.value), argv

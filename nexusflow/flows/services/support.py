@@ -39,7 +39,8 @@ def flow_waits_list(*, org: OrgScope, state: str | None = None, limit: int = 100
     Each row: dependency and run/step identity, producer kind and key, state,
     deadline, expiry policy, the condition (for a time wait its events and
     resume times), resolution evidence, and the wake signals accepted for the
-    same producer key (id, state, received and consumed times).
+    same producer key (id, producer, state, the producer's resolution receipt
+    id, received and consumed times).
 
     Args:
         state: one FlowDependency state (``waiting``, ``satisfied``, ...), or every state.
@@ -64,6 +65,7 @@ def flow_waits_list(*, org: OrgScope, state: str | None = None, limit: int = 100
             if key in keys:
                 signals.setdefault(key, []).append({
                     "signal_id": int(sig.pk), "producer_kind": sig.producer_kind, "state": sig.state,
+                    "resolution_receipt_id": int(sig.receipt_id),
                     "received_at": _ts(sig.received_at), "consumed_at": _ts(sig.consumed_at)})
     for r in rows:
         r["signals"] = sorted(signals.get((r["run_id"], r["dependency_key"]), []), key=lambda x: x["signal_id"])

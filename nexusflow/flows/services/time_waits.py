@@ -305,7 +305,7 @@ def flow_wait_signal(*, org: OrgScope, run_id: FlowRun.Id | int, producer_kind: 
 
     Raises:
         InvalidIdentity: a malformed ``run_id``, ``actor`` or ``reason`` (before SQL).
-        WaitSignalRefused: ``producer_kind`` takes no operator signal, or the
+        WaitSignalRefused: ``producer_kind`` is unknown or takes no operator signal, or the
             run does not wait on it now.
         FlowRunNotFound: no visible run ``run_id`` in ``org``.
     """
@@ -314,6 +314,9 @@ def flow_wait_signal(*, org: OrgScope, run_id: FlowRun.Id | int, producer_kind: 
     if not isinstance(reason, str) or not reason.strip() or len(reason) > 500:
         raise InvalidIdentity("reason must be 1..500 characters of text")
     signalable = sorted(k for k, c in PRODUCERS.items() if c.operator_signal)
+    if producer_kind not in PRODUCERS:
+        raise WaitSignalRefused(f"unknown producer {producer_kind!r}; the producers that take an operator signal: "
+                                f"{', '.join(signalable)}")
     if producer_kind not in signalable:
         # The Runtime intent receipt is not one: only its owner's finalize can tell whether the effect happened.
         raise WaitSignalRefused(f"producer {producer_kind!r} takes no operator signal; one of: {', '.join(signalable)}")
