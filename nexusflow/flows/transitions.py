@@ -111,7 +111,9 @@ FLOW_STEP_EXECUTION = machine(
         STEP_QUARANTINED: set(),
         STEP_CANCELLED: set(),
     },
-    initial={STEP_PENDING},
+    # Waiting: an EffectSubmit step's transaction inserts its EffectCompletion step already waiting on the
+    # completion dependency it commits with it (seed 004 section 15.1 step 5).
+    initial={STEP_PENDING, STEP_WAITING},
     seed='Seed 004, section 11.2 "FlowStepExecution"',
     reason_required={STEP_FAILED, STEP_QUARANTINED},
 )

@@ -38,8 +38,7 @@ def waiting(billing_sandbox):
     """A run waiting in EffectCompletion for its intent receipt (the push itself is never dispatched)."""
     org = make_serving_org(billing_sandbox.base_url)
     save_record(org, {"email": "ann@example.com", "firstname": "Ann", "lastname": "Lee", "lifecyclestage": "customer"})
-    assert flow_try_run_step_one(worker_id="w")  # EffectSubmit
-    assert flow_try_run_step_one(worker_id="w")  # EffectCompletion waits
+    assert flow_try_run_step_one(worker_id="w")  # EffectSubmit commits the completion step already waiting
     run = FlowRun.objects.get(org_id=ORG)
     assert run.state == t.RUN_WAITING
     return run

@@ -81,53 +81,64 @@ def test_effect_end_to_end_with_the_real_runtime(serving, billing_sandbox):
     assert flow_runs_nonterminal_count(org_id=ORG) == 0
 
 
-def test_wake_before_wait_consumes_the_signal_directly(serving):
+def test_the_submit_commits_intent_message_link_wait_and_root_together(serving):
+    """Seed 004 15.1 (22.5-01): one EffectSubmit transaction commits the canonical Runtime outbox message, the
+    effect link, the completion dependency bound to the EffectCompletion step (never to the submit), the
+    checkpoint, the submit attempt Committed and step Succeeded, the completion step Waiting, and the root
+    Waiting on it."""
+    from runtime_outbox.messages import FLOW_EFFECT_SUBMIT
+    from runtime_outbox.models import OutboxMessage
+
     _customer(serving)
-    assert flow_try_run_step_one(worker_id="w")  # EffectSubmit commits the intent
+    assert flow_try_run_step_one(worker_id="w")  # EffectSubmit
     run = FlowRun.objects.get(org_id=ORG)
-    assert (run.state, run.current_step.plan_step_key) == (t.RUN_RUNNABLE, COMPLETE)
+    submit, completion = _step(run, SUBMIT), _step(run, COMPLETE)
     command = OutboundCommand.objects.get(origin_flow_run_id=run.pk)
-    receipt = _complete(command)  # the producer wakes before the Flow waits
-    wake = FlowWakeSignal.objects.get()
-    assert (wake.dependency_key, wake.receipt_id, wake.state) == (str(command.pk), receipt.pk, t.SIGNAL_UNMATCHED)
-    assert flow_try_wake_one() is False  # no dependency to resolve yet
-    assert flow_try_run_step_one(worker_id="w")  # completion finds the accepted signal
-    wake.refresh_from_db()
-    assert wake.state == t.SIGNAL_CONSUMED and not FlowDependency.objects.exists()
-    run_until_idle()
-    run.refresh_from_db()
-    assert run.state == t.RUN_SUCCEEDED
-    assert FlowCheckpoint.objects.filter(step=_step(run, COMPLETE)).count() == 1
+    message = OutboxMessage.objects.get(command=command)
+    link = FlowEffectLink.objects.get(run=run)
+    dependency = FlowDependency.objects.get(run=run)
+    assert (message.family, message.message_key, message.state) == (FLOW_EFFECT_SUBMIT, command.idempotency_key,
+                                                                    "pending")
+    assert (link.step_id, link.outbound_command_id, link.effect_handoff_key) == (
+        submit.pk, command.pk, command.idempotency_key)
+    assert (dependency.step_id, dependency.dependency_key, dependency.state) == (
+        completion.pk, str(command.pk), t.DEP_WAITING)
+    assert [a.state for a in FlowStepAttempt.objects.filter(step=submit)] == [t.ATTEMPT_COMMITTED]
+    assert (submit.state, completion.state) == (t.STEP_SUCCEEDED, t.STEP_WAITING)
+    assert not FlowStepAttempt.objects.filter(step=completion).exists()  # nothing ran the completion yet
+    assert submit.output_checkpoint.context_payload["output"]["outbound_command_id"] == command.pk
+    assert (run.state, run.current_step_id, run.current_checkpoint_id) == (
+        t.RUN_WAITING, completion.pk, submit.output_checkpoint_id)
+    assert flow_try_run_step_one(worker_id="w") is False  # a waiting completion is not claimable
 
 
-def test_wait_before_wake_resolves_through_the_dependency(serving):
+def test_a_receipt_before_the_scheduler_sees_the_wait_resumes_the_bound_completion_once(serving):
+    """Seed 004 22.5-10 and 22.4-05: the owner's receipt commits right after the submit, before any Flow
+    worker looked at the run; its signal stays unmatched until the periodic match resolves the dependency,
+    which wakes only the bound EffectCompletion step; a duplicate wake changes nothing."""
     _customer(serving)
     assert flow_try_run_step_one(worker_id="w")
-    assert flow_try_run_step_one(worker_id="w")  # completion: nothing yet, wait durably
     run = FlowRun.objects.get(org_id=ORG)
-    completion = _step(run, COMPLETE)
-    dependency = FlowDependency.objects.get()
     command = OutboundCommand.objects.get(origin_flow_run_id=run.pk)
-    assert (run.state, completion.state, dependency.state) == (t.RUN_WAITING, t.STEP_WAITING, t.DEP_WAITING)
-    assert (dependency.step_id, dependency.dependency_key) == (completion.pk, str(command.pk))
-    assert (dependency.binding_digest, dependency.org_id) == (run.binding_digest, ORG)
-    assert flow_runs_nonterminal_count(org_id=ORG) == 1  # waiting on an effect counts
-    assert flow_try_run_step_one(worker_id="w") is False
     receipt = _complete(command)
-    assert flow_try_wake_one() is True
-    dependency.refresh_from_db()
     wake = FlowWakeSignal.objects.get()
+    assert (wake.dependency_key, wake.receipt_id, wake.state) == (str(command.pk), receipt.pk, t.SIGNAL_UNMATCHED)
+    assert flow_try_wake_one() is True
+    dependency = FlowDependency.objects.get()
+    wake.refresh_from_db()
     assert (dependency.state, dependency.resolution_receipt_id) == (t.DEP_SATISFIED, receipt.pk)
     assert (wake.state, wake.dependency_id) == (t.SIGNAL_CONSUMED, dependency.pk)
     run.refresh_from_db()
-    assert (run.state, _step(run, COMPLETE).state) == (t.RUN_RUNNABLE, t.STEP_PENDING)
+    assert (run.state, run.current_step_id, _step(run, COMPLETE).state) == (
+        t.RUN_RUNNABLE, _step(run, COMPLETE).pk, t.STEP_PENDING)
     assert flow_try_wake_one() is False  # a duplicate wake is a no-op
     run_until_idle()
     run.refresh_from_db()
     assert run.state == t.RUN_SUCCEEDED
-    attempts = FlowStepAttempt.objects.filter(step=completion).order_by("attempt_number")
-    assert [a.state for a in attempts] == [t.ATTEMPT_COMMITTED, t.ATTEMPT_COMMITTED]
+    assert [a.state for a in FlowStepAttempt.objects.filter(step=_step(run, COMPLETE))] == [t.ATTEMPT_COMMITTED]
+    assert [a.state for a in FlowStepAttempt.objects.filter(step=_step(run, SUBMIT))] == [t.ATTEMPT_COMMITTED]
     assert OutboundCommand.objects.count() == 1  # completion never resubmits
+    assert FlowCheckpoint.objects.filter(step=_step(run, COMPLETE)).count() == 1
 
 
 def test_no_effect_outcome_fails_the_run(serving):
@@ -211,52 +222,3 @@ def test_variables_set_before_an_effect_are_read_after_it(billing_sandbox):
     assert last["context"]["vars"] == {"tag": "set-before", "echo": "set-before"}
 
 
-def _submitted(serving) -> FlowRun:
-    _customer(serving)
-    assert flow_try_run_step_one(worker_id="w")  # EffectSubmit
-    run = FlowRun.objects.get(org_id=ORG)
-    assert (run.state, run.current_step.plan_step_key) == (t.RUN_RUNNABLE, COMPLETE)
-    return run
-
-
-def test_a_receipt_committed_while_the_wait_commits_is_matched_right_after_it(serving, holds):
-    """Seed 004 22.4-02: the signal commits after the waiting step read none and before its dependency committed;
-    the fresh-snapshot match right after that commit resumes the run, no sweep needed."""
-    from tests.concurrency import Worker
-
-    run = _submitted(serving)
-    holds.arm("flow.step.before_commit")
-    waiter = Worker(lambda: flow_try_run_step_one(worker_id="w"), "completion")
-    waiter.start()
-    marker = holds.wait_held("flow.step.before_commit")  # its transaction has read no signal and waits to commit
-    _complete(OutboundCommand.objects.get(origin_flow_run_id=run.pk))  # the producer commits, locking no Flow row
-    assert FlowWakeSignal.objects.get().state == t.SIGNAL_UNMATCHED
-    holds.release(marker)
-    waiter.join(60)
-    assert (waiter.error, waiter.result) == (None, True)
-    run.refresh_from_db()
-    assert run.state == t.RUN_RUNNABLE  # resumed by the completion's own fresh match
-    assert (FlowWakeSignal.objects.get().state, FlowDependency.objects.get().state) == (
-        t.SIGNAL_CONSUMED, t.DEP_SATISFIED)
-    run_until_idle()
-    run.refresh_from_db()
-    assert run.state == t.RUN_SUCCEEDED
-
-
-def test_a_worker_killed_after_the_wait_committed_leaves_the_match_to_the_periodic_sweep(serving):
-    """Seed 004 22.4-04 and -05: the dependency committed, the worker died before its fresh match; the producer's
-    signal stays unmatched until the periodic reconciliation matches it."""
-    from tests.conftest import run_manage
-
-    run = _submitted(serving)
-    crashed = run_manage(["run_workers", "--role", "flow", "--until-idle"],
-                         subprocess_env(NEXUS_FAILPOINTS="flow.effect.wait_committed"), timeout=120)
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
-    run.refresh_from_db()
-    assert (run.state, FlowDependency.objects.get().state) == (t.RUN_WAITING, t.DEP_WAITING)
-    _complete(OutboundCommand.objects.get(origin_flow_run_id=run.pk))
-    assert FlowWakeSignal.objects.get().state == t.SIGNAL_UNMATCHED  # the producer side matches nothing itself
-    assert flow_try_wake_one() is True and flow_try_wake_one() is False
-    run_until_idle()
-    run.refresh_from_db()
-    assert (run.state, FlowWakeSignal.objects.get().state) == (t.RUN_SUCCEEDED, t.SIGNAL_CONSUMED)

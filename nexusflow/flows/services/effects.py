@@ -1,11 +1,15 @@
 """Effect steps: hand one external effect to its owner and complete on its receipt (seed 004 sections 7.5 and 15).
 
 ``EffectSubmit`` (:func:`_exec_effect_submit`) re-verifies the plan's pinned
-handler binding, takes the record owner fence, authors the one
-``OutboundCommand`` and links it to the run. ``EffectCompletion``
-(:func:`_exec_effect_completion`) waits durably (:func:`.waits._wait`) until
-the Runtime intent receipt arrives, then continues, fails or quarantines on
-its outcome.
+handler binding, takes the record owner fence, and in one transaction
+(section 15.1) authors the one ``OutboundCommand`` with its canonical
+``flow.effect.submit`` outbox message, writes the effect link and the
+checkpoint, commits its attempt and step, and inserts the bound
+``EffectCompletion`` step ``Waiting`` on its ``runtime.intent_result``
+dependency with the root ``Waiting`` on it. When the receipt's wake resolves
+the dependency, ``EffectCompletion`` (:func:`_exec_effect_completion`)
+continues, fails or quarantines on the receipt's outcome; it has no path that
+authors another intent.
 """
 from __future__ import annotations
 
@@ -22,12 +26,12 @@ from .. import reasons
 from .. import transitions as t
 from ..binding import scope_of
 from ..handlers import binary_supports
-from ..models import FlowDependency, FlowEffectLink, FlowExecutionPlan, FlowRun, FlowWakeSignal
+from ..models import FlowDependency, FlowEffectLink, FlowExecutionPlan, FlowRun, FlowStepExecution, FlowWakeSignal
 from ..store import FlowDependencyStore, FlowWakeSignalStore, effect_link_insert
 from .claim import StepClaim
 from .deploy import _persisted_snapshot
 from .step_txn import FP_BEFORE_COMMIT, _commit_step, _input_state, _lock_fenced, _step_txn
-from .waits import _wait, flow_wake_reconcile
+from .waits import _wait, completion_dependency_create, flow_wake_reconcile
 
 FP_WAIT_COMMITTED = failpoints.declare("flow.effect.wait_committed")
 
@@ -119,23 +123,34 @@ def _exec_effect_submit(claim: StepClaim, plan: FlowExecutionPlan, step_def: dic
             step_id=claim.step_id, effect_owner_kind=EFFECT_OWNER_KIND, outbound_command_id=command.pk,
             effect_handoff_key=command.idempotency_key, submission_attempt=attempt, created_at=now,
         )
+        dependency_key = str(command.pk)
         _commit_step(
             claim, plan, run, attempt, now,
             output={"outbound_command_id": command.pk, "effect_handoff_key": command.idempotency_key,
-                    "dependency_key": str(command.pk)},
-            step_dst=t.STEP_SUCCEEDED, root_dst=t.RUN_RUNNABLE, next_key=step_def["next"], context=context,
+                    "dependency_key": dependency_key},
+            step_dst=t.STEP_SUCCEEDED, root_dst=t.RUN_WAITING, next_key=step_def["next"], context=context,
+            next_state=t.STEP_WAITING,
         )
+        completion = (FlowStepExecution.objects.filter(org_id=claim.org_id, run_id=claim.run_id,
+                                                       plan_step_key=step_def["next"], state=t.STEP_WAITING)
+                      .order_by("-invocation_ordinal").values_list("pk", flat=True).first())
+        completion_dependency_create(run=run, step_id=completion, dependency_key=dependency_key, scope=scope,
+                                     now=now)
         failpoints.hit(FP_BEFORE_COMMIT)
-    return "succeeded"
+    return "waiting"
 
 
 def _exec_effect_completion(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any]) -> str:
     """Continue on the intent's receipt, or wait for it; right after a wait commits, match a signal afresh.
 
-    Seed 004 section 14.2 step 4: the receipt's signal may have committed
-    after this step's in-transaction read and before its dependency
-    committed; a fresh-snapshot match right after the commit resolves it at
-    once (the periodic ``flow.wake`` sweep remains for a crash in between).
+    The submit commits this step already ``Waiting`` on its dependency
+    (section 15.1), so a claim normally finds the dependency satisfied. A run
+    whose submit committed under an earlier release, without the dependency,
+    waits here instead; section 14.2 step 4 then applies: the receipt's
+    signal may have committed after this step's in-transaction read and
+    before its dependency committed, so a fresh-snapshot match runs right
+    after the commit (the periodic ``flow.wake`` sweep remains for a crash in
+    between).
     """
     result = _complete_or_wait(claim, plan, step_def)
     if result == "waiting":

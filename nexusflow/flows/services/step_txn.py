@@ -91,13 +91,15 @@ def _step_fences(claim: StepClaim) -> dict[str, Any]:
 def _commit_step(
     claim: StepClaim, plan: FlowExecutionPlan, run: FlowRun, attempt: FlowStepAttempt, now: dt.datetime, *,
     output: dict[str, Any], step_dst: str, root_dst: str, next_key: str | None, cause: str = "",
-    context: dict[str, Any] | None = None,
+    context: dict[str, Any] | None = None, next_state: str = t.STEP_PENDING,
 ) -> FlowCheckpoint:
     """Insert audit evidence and the checkpoint, then move attempt, step and root together (fenced CAS).
 
     Seed 004 section 12.2 steps 11-12: runs inside the step transaction after
     the business writes; any failure here (audit, checkpoint, a lost fence)
-    rolls the whole transaction back, business writes included.
+    rolls the whole transaction back, business writes included. The next
+    step is inserted in ``next_state`` (``Waiting`` only for the
+    EffectCompletion step an EffectSubmit commits, seed 004 section 15.1).
     """
     sequence = (FlowCheckpoint.objects.filter(org_id=claim.org_id, run_id=claim.run_id)
                 .aggregate(m=Max("sequence"))["m"] or 0) + 1
@@ -129,7 +131,7 @@ def _commit_step(
         ordinal = (FlowStepExecution.objects.filter(org_id=claim.org_id, run_id=claim.run_id, plan_step_key=nxt["key"])
                    .aggregate(m=Max("invocation_ordinal"))["m"] or 0) + 1
         current_step_id = FlowStepStore.create(
-            org_id=claim.org_id, run=run, plan_step_key=nxt["key"], step_kind=nxt["kind"], state=t.STEP_PENDING,
+            org_id=claim.org_id, run=run, plan_step_key=nxt["key"], step_kind=nxt["kind"], state=next_state,
             input_checkpoint=checkpoint, run_after=now, created_at=now, updated_at=now, invocation_ordinal=ordinal,
         ).pk
     root_fields: dict[str, Any] = {"current_step_id": current_step_id, "current_checkpoint_id": checkpoint.pk,

@@ -46,19 +46,31 @@ def _wait(claim: StepClaim, run: FlowRun, step: FlowStepExecution, now: dt.datet
           dependency: FlowDependency | None, dependency_key: str, scope: TrustedRuntimeWorkScope) -> None:
     """Commit the durable wait: dependency, attempt Committed, step and root Waiting (section 14.2 step 3)."""
     if dependency is None:
-        producer_contract(PRODUCER_RUNTIME_INTENT)
-        FlowDependencyStore.create(
-            org_id=scope.org_id, app_installation_id=scope.app_installation_id,
-            runtime_capability_id=scope.runtime_capability_id, binding_digest=scope.binding_digest, run=run,
-            step=step, producer_kind=PRODUCER_RUNTIME_INTENT, dependency_key=dependency_key,
-            condition_digest=digest_v2("flows.dependency-condition", [
-                ("producer_kind", PRODUCER_RUNTIME_INTENT), ("dependency_key", dependency_key),
-                ("accepts", "remote_confirmed|finalized|superseded|no_effect|quarantined"),
-            ]).hexdigest,
-            expiry_policy="quarantine", state=t.DEP_WAITING,
-            deadline=now + dt.timedelta(seconds=policy.dependency_deadline_seconds()), created_at=now,
-        )
+        completion_dependency_create(run=run, step_id=step.pk, dependency_key=dependency_key, scope=scope, now=now)
     _enter_waiting(claim, now)
+
+
+def completion_dependency_create(*, run: FlowRun, step_id: int, dependency_key: str,
+                                 scope: TrustedRuntimeWorkScope, now: dt.datetime) -> FlowDependency:
+    """Insert the ``runtime.intent_result`` dependency of an EffectCompletion step (caller's transaction).
+
+    Seed 004 sections 10.5 and 15.1 step 3: bound to the completion step,
+    keyed by the intent (``dependency_key``), expiring after the runtime
+    policy's deadline under the ``quarantine`` policy (an effect whose
+    receipt never came may or may not have happened).
+    """
+    producer_contract(PRODUCER_RUNTIME_INTENT)
+    return FlowDependencyStore.create(
+        org_id=scope.org_id, app_installation_id=scope.app_installation_id,
+        runtime_capability_id=scope.runtime_capability_id, binding_digest=scope.binding_digest, run=run,
+        step_id=step_id, producer_kind=PRODUCER_RUNTIME_INTENT, dependency_key=dependency_key,
+        condition_digest=digest_v2("flows.dependency-condition", [
+            ("producer_kind", PRODUCER_RUNTIME_INTENT), ("dependency_key", dependency_key),
+            ("accepts", "remote_confirmed|finalized|superseded|no_effect|quarantined"),
+        ]).hexdigest,
+        expiry_policy="quarantine", state=t.DEP_WAITING,
+        deadline=now + dt.timedelta(seconds=policy.dependency_deadline_seconds()), created_at=now,
+    )
 
 
 def _enter_waiting(claim: StepClaim, now: dt.datetime) -> None:
