@@ -19,7 +19,7 @@ from nexusflow.kernel.errors import NexusError, StaleVersion
 from nexusflow.kernel.models import insert
 from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
 
-from . import commands, messages, ports, replay_guard
+from . import commands, handoff, messages, ports, replay_guard
 from .models import ApplicationResult, IntentResultReceipt, OutboundCommand, OutboxMessage
 from .owner import OwnerDeleted, OwnerFenceMissing
 from .store import OutboxMessageStore
@@ -301,7 +301,9 @@ def outbox_try_deliver_one() -> bool:
     acceptance turns into a no-op; a message whose consumer refuses or keeps
     killing the relay backs off alone instead of blocking every later
     message of its org, and ``delivery_attempts`` counts every try, crashed
-    ones included.
+    ones included. A ``flow.effect.submit`` message whose delivery budget is
+    spent moves to ``reconciling`` instead of being tried again
+    (:mod:`runtime_outbox.handoff`, seed 004 section 15.4).
 
     Returns:
         True when a message was claimed (delivered or backed off), False when none is due.
@@ -318,6 +320,17 @@ def outbox_try_deliver_one() -> bool:
     if message is None:
         return False
     backoff = min(60, 2 ** min(message.delivery_attempts, 6))
+    if handoff.delivery_budget_spent(message, now):
+        # Seed 004 section 15.4: never a silent dead letter; the owner's fence decides (runtime_outbox/handoff.py).
+        with transaction.atomic(durable=True):
+            try:
+                OutboxMessageStore.transition(org_id=message.org_id, pk=message.pk, src="pending", dst="reconciling",
+                                              version=message.version, set_fields={"next_attempt_at": now})
+            except StaleVersion:
+                pass  # another relay claimed or delivered it first
+        log.warning("outbox %s message %s spent its delivery budget (%s tries); reconciling its acceptance",
+                    message.family, message.pk, message.delivery_attempts, extra={"org_id": message.org_id})
+        return True
     with transaction.atomic(durable=True):
         try:
             version = OutboxMessageStore.touch(

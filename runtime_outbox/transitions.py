@@ -10,7 +10,11 @@ from nexusflow.kernel.transitions import machine
 
 OUTBOX_MESSAGE = machine(
     "runtime_outbox.OutboxMessage",
-    {"pending": {"delivered"}, "delivered": set()},
+    # reconciling: a flow.effect.submit message whose delivery budget is spent, waiting for the owner's
+    # RejectIfUnaccepted answer; handoff_rejected / dead_lettered commit only with the Flow's own transition
+    # (seed 004 section 15.4; runtime_outbox/handoff.py).
+    {"pending": {"delivered", "reconciling"}, "reconciling": {"delivered", "handoff_rejected", "dead_lettered"},
+     "delivered": set(), "handoff_rejected": set(), "dead_lettered": set()},
     initial={"pending"},
     seed='ARCHITECTURE.md section 4; seed 004 section 10.7',
 )

@@ -10,12 +10,13 @@ class FlowsConfig(AppConfig):
         from nexusflow.kernel.workers import register_open_work, register_role
         from nexusflow.records.services import register_after_save, register_before_save
         from runtime_outbox.messages import INTENT_COMPLETED, register_consumer
+        from runtime_outbox.handoff import register_handoff_finalizer
         from runtime_outbox.replay_guard import register_flow_trigger_lookup
 
         from . import reasons, transitions  # noqa: F401  register the reason codes and state machines
         from .inbox import intent_completed_accept
         from .selectors import flow_run_trigger, flow_runs_nonterminal_count
-        from .services import flow_before_save, flow_trigger_on_record_saved
+        from .services import effect_handoff_finalize, flow_before_save, flow_trigger_on_record_saved
         from .workers import flow_units
 
         register_before_save(flow_before_save)
@@ -26,3 +27,6 @@ class FlowsConfig(AppConfig):
         register_open_work("flow_runs", flow_runs_nonterminal_count)
         # A completed Runtime intent wakes its Flow through the message boundary (seed 004 sections 14.2, 15.2).
         register_consumer(INTENT_COMPLETED, intent_completed_accept)
+        # A flow.effect.submit handoff the owner rejected (or whose acceptance stayed unknown) ends its wait
+        # root-first before the Runtime marks the message terminal (seed 004 section 15.4).
+        register_handoff_finalizer(effect_handoff_finalize)

@@ -45,7 +45,18 @@ DEPENDENCY_EXPIRED = register(
     "flow_dependency_expired", owner=OWNER, evidence=_S + "flow_runs_with_reason",
     severity_class=ATTENTION, alert_after_seconds=3600, remediations=("reauthor_intent",))
 
+#: The effect owner's RejectIfUnaccepted fence proved that no command was accepted for the run's effect
+#: handoff (seed 004 section 15.4): the effect never happened; the completion step's no-effect route ran.
+EFFECT_HANDOFF_REJECTED = register(
+    "flow_effect_handoff_rejected", owner=OWNER, evidence=_S + "flow_runs_with_reason",
+    severity_class=ATTENTION, alert_after_seconds=3600, remediations=("reauthor_intent",))
+
 # --- Quarantined ---------------------------------------------------------------
+#: The handoff's delivery and reconciliation budgets ran out without a durable owner answer, or the owner's
+#: fence failed closed: whether the owner accepted the effect is unknown (seed 004 section 15.4).
+EFFECT_ACCEPTANCE_UNKNOWN = register(
+    "flow_effect_acceptance_unknown", owner=OWNER, evidence=_S + "flow_runs_with_reason",
+    severity_class=ATTENTION, alert_after_seconds=900, remediations=("operator_reconcile",))
 DEPENDENCY_EXPIRED_UNKNOWN = register(
     "flow_dependency_expired_unknown", owner=OWNER, evidence=_S + "flow_runs_with_reason",
     severity_class=ATTENTION, alert_after_seconds=900, remediations=("operator_reconcile",))

@@ -222,3 +222,34 @@ def test_variables_set_before_an_effect_are_read_after_it(billing_sandbox):
     assert last["context"]["vars"] == {"tag": "set-before", "echo": "set-before"}
 
 
+
+
+def test_a_completion_killed_and_recovered_never_resubmits_the_effect(serving, short_lease):
+    """Seed 004 22.5-11: the receipt wakes only the bound EffectCompletion step; a worker killed inside that
+    step's transaction, the lease recovery and the retry of the step, and a duplicate wake never run the
+    EffectSubmit again nor enqueue another flow.effect.submit message."""
+    from runtime_outbox.messages import FLOW_EFFECT_SUBMIT
+    from runtime_outbox.models import OutboxMessage
+
+    _customer(serving)
+    assert flow_try_run_step_one(worker_id="w")  # EffectSubmit
+    run = FlowRun.objects.get(org_id=ORG)
+    _complete(OutboundCommand.objects.get(origin_flow_run_id=run.pk))
+    assert flow_try_wake_one() is True
+    env = subprocess_env(NEXUS_FAILPOINTS="flow.step.before_commit", NEXUS_FLOW_LEASE_SECONDS="1",
+                         NEXUS_FLOW_RETRY_BASE_SECONDS="0")
+    code = "from nexusflow.flows.services import flow_try_run_step_one; flow_try_run_step_one(worker_id='doomed')"
+    proc = subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert _step(run, COMPLETE).state == t.STEP_RUNNING
+    wait_for_recovery()
+    assert flow_try_wake_one() is False  # the consumed signal does not wake it twice
+    run_until_idle()
+    run.refresh_from_db()
+    assert run.state == t.RUN_SUCCEEDED
+    assert [a.state for a in FlowStepAttempt.objects.filter(step=_step(run, COMPLETE)).order_by("attempt_number")] == [
+        t.ATTEMPT_FENCED, t.ATTEMPT_COMMITTED]
+    assert FlowStepAttempt.objects.filter(step=_step(run, SUBMIT)).count() == 1
+    assert OutboundCommand.objects.count() == 1 and FlowEffectLink.objects.count() == 1
+    assert OutboxMessage.objects.filter(family=FLOW_EFFECT_SUBMIT).count() == 1

@@ -106,7 +106,7 @@ def test_a_second_provider_of_a_port_is_refused(name, port, ask, other):
 #: The units each role runs, in priority order (as before the registry).
 ROLE_UNITS = {
     "connector": ["receipt.reconcile", "window.close", "dependency.expire", "execution.run", "execution.recover"],
-    "runtime": ["outbox.deliver"],
+    "runtime": ["outbox.deliver", "outbox.reconcile"],
     "flow": ["flow.wake", "flow.resume_due", "flow.step", "flow.recover", "flow.expire", "flow.repair",
              "flow.cancel_cleanup"],
     "egress": ["permit.abandon", "effect.finalize", "effect.reconcile", "effect.dispatch"],
@@ -142,7 +142,7 @@ def test_the_role_registry_refuses_an_unknown_role_and_a_second_factory():
         units_for("nope", "w-1")
     with pytest.raises(ValueError, match="worker role 'runtime' is registered already"):
         register_role("runtime", lambda worker_id: [], order=20)
-    assert [name for name, _ in units_for("runtime", "w-1")] == ["outbox.deliver"]
+    assert [name for name, _ in units_for("runtime", "w-1")] == ["outbox.deliver", "outbox.reconcile"]
 
 
 # --- open work ---------------------------------------------------------------------------
@@ -161,7 +161,8 @@ KINDS = {
     "effects": ("connectors.RemoteEffect", ("prepared", "dispatching", "remote_confirmed"),
                 ("uncertain", "finalized", "no_effect", "quarantined")),
     "permits": ("connectors.DispatchPermit", ("granted", "sending"), ("returned", "abandoned")),
-    "outbox": ("runtime_outbox.OutboxMessage", ("pending",), ("delivered",)),
+    "outbox": ("runtime_outbox.OutboxMessage", ("pending", "reconciling"),
+               ("delivered", "handoff_rejected", "dead_lettered")),
     "flow_runs": ("flows.FlowRun", ("Accepted", "Runnable", "Running", "Waiting", "CancelRequested"),
                   ("Succeeded", "TerminalFailed", "Quarantined", "Cancelled")),
 }

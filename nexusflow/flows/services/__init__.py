@@ -20,6 +20,9 @@
 - :mod:`.expiry`: :func:`flow_try_expire_one` (a producer dependency past its
   deadline, under its compiled expiry policy) and :func:`flow_try_repair_one`
   (a run left ``Waiting`` on a terminal dependency).
+- :mod:`.handoff`: :func:`effect_handoff_finalize`, the Flow side of a
+  ``flow.effect.submit`` handoff the owner rejected or whose acceptance
+  stayed unknown (section 15.4; the Runtime calls it through its port).
 - :mod:`.lifecycle`: :func:`flow_step_heartbeat`, :func:`flow_run_delete`,
   :func:`flow_try_cancel_cleanup_one`.
 - :mod:`.before_save`: :func:`flow_before_save` (the records before-save hook).
@@ -52,6 +55,7 @@ from .deploy import (
 )
 from .effects import effect_root_id_for
 from .expiry import flow_try_expire_one, flow_try_repair_one
+from .handoff import effect_handoff_finalize
 from .execute import flow_run_drive, flow_step_execute, flow_try_run_step_one
 from .lifecycle import CancelResult, flow_run_delete, flow_step_heartbeat, flow_try_cancel_cleanup_one
 from .recovery import flow_try_recover_expired_one

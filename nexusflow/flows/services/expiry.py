@@ -89,15 +89,25 @@ def _expire(*, org_id: str, run_id: int, step_id: int, dependency_id: int) -> bo
     return True
 
 
-def _finalize(run: FlowRun, step: FlowStepExecution, dependency: FlowDependency, now) -> str:
-    """Commit the expiry outcome of ``dependency`` (rows already locked root -> step -> dependency)."""
+def _finalize(run: FlowRun, step: FlowStepExecution, dependency: FlowDependency, now, *,
+              policy_name: str | None = None, fault_step: str | None = None,
+              unknown_cause: str = reasons.DEPENDENCY_EXPIRED_UNKNOWN, definite_cause: str = reasons.DEPENDENCY_EXPIRED,
+              definite_state: str = t.DEP_EXPIRED) -> str:
+    """Commit one policy outcome for ``dependency`` (rows already locked root -> step -> dependency).
+
+    Without ``policy_name`` the dependency's own compiled ``expiry_policy``
+    (and its condition's ``fault_step``) applies, with the expiry causes;
+    the effect-handoff finalizer (:mod:`.handoff`) passes its own policy,
+    causes and the dependency's definite state (``rejected``).
+    """
     org_id = run.org_id
-    policy_name = dependency.expiry_policy if dependency.expiry_policy in EXPIRY_POLICIES else EXPIRY_QUARANTINE
-    fault_step = (dependency.condition or {}).get("fault_step")
+    if policy_name is None:
+        policy_name = dependency.expiry_policy if dependency.expiry_policy in EXPIRY_POLICIES else EXPIRY_QUARANTINE
+        fault_step = (dependency.condition or {}).get("fault_step")
     if policy_name == EXPIRY_FAULT_PATH and not fault_step:
         policy_name = EXPIRY_TERMINAL  # no compiled successor: the run cannot continue
     if policy_name == EXPIRY_QUARANTINE:
-        cause = reasons.DEPENDENCY_EXPIRED_UNKNOWN
+        cause = unknown_cause
         if dependency.state == t.DEP_WAITING:
             FlowDependencyStore.transition(org_id=org_id, pk=dependency.pk, src=t.DEP_WAITING, dst=t.DEP_QUARANTINED,
                                            version=dependency.version,
@@ -109,9 +119,9 @@ def _finalize(run: FlowRun, step: FlowStepExecution, dependency: FlowDependency,
                                 version=run.version, fences={"current_step_id": step.pk, **_ROOT_FENCES},
                                 set_fields={"reason_code": cause, "completed_at": now, "updated_at": now})
         return "quarantined"
-    cause = reasons.DEPENDENCY_EXPIRED
+    cause = definite_cause
     if dependency.state == t.DEP_WAITING:
-        FlowDependencyStore.transition(org_id=org_id, pk=dependency.pk, src=t.DEP_WAITING, dst=t.DEP_EXPIRED,
+        FlowDependencyStore.transition(org_id=org_id, pk=dependency.pk, src=t.DEP_WAITING, dst=definite_state,
                                        version=dependency.version, set_fields={"resolved_at": now, "reason_code": cause})
     FlowStepStore.transition(org_id=org_id, pk=step.pk, src=t.STEP_WAITING, dst=t.STEP_FAILED, version=step.version,
                              set_fields={"failure_class": "terminal", "updated_at": now, "reason_code": cause})

@@ -1,0 +1,299 @@
+"""Handoff dead-letter convergence of ``flow.effect.submit`` (seed 004 sections 10.7, 15.1 and 15.4).
+
+The org is configured like an operator would and the demo Flow's EffectSubmit
+authors the real intent and its canonical message. The effect owner is made
+unavailable by replacing the family's consumer in this process (its inbox
+refuses every delivery); the owner's real ``RejectIfUnaccepted`` fence
+answers the reconciliation. Budgets are the runtime policy's settings; time
+moves with the database clock, never a sleep.
+"""
+from __future__ import annotations
+
+import signal
+
+import pytest
+from django.db import OperationalError, transaction
+
+from connectors.models import RemoteEffect
+from nexusflow.flows import transitions as t
+from nexusflow.flows.models import FlowAuditEvent, FlowDependency, FlowRun, FlowStepExecution
+from nexusflow.flows.services import flow_try_run_step_one, flow_try_wake_one
+from nexusflow.kernel.errors import NexusError
+from runtime_outbox import handoff, messages
+from runtime_outbox.models import InboxAcceptance, OutboundCommand, OutboxMessage
+from runtime_outbox.services import intent_result_record, outbox_try_deliver_one
+from tests.conftest import ORG, make_serving_org, run_manage, subprocess_env
+
+from .conftest import run_until_idle, save_record
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
+
+COMPLETE = "complete:Push_Customer_To_Billing"
+HOUR = 3600
+
+
+class OwnerUnavailable(NexusError):
+    code = "owner_unavailable"
+
+
+@pytest.fixture
+def budgets(settings):
+    settings.NEXUS_HANDOFF_DELIVERY_MAX_ATTEMPTS = 3
+    settings.NEXUS_HANDOFF_DELIVERY_MIN_AGE_SECONDS = HOUR
+    settings.NEXUS_HANDOFF_RECONCILE_MAX_ATTEMPTS = 2
+
+
+@pytest.fixture
+def submitted(billing_sandbox, budgets) -> FlowRun:
+    """A run whose EffectSubmit committed: completion step and root Waiting, its message pending."""
+    org = make_serving_org(billing_sandbox.base_url)
+    save_record(org, {"email": "ann@example.com", "firstname": "Ann", "lastname": "Lee", "lifecyclestage": "customer"})
+    assert flow_try_run_step_one(worker_id="w")
+    run = FlowRun.objects.get(org_id=ORG)
+    assert run.state == t.RUN_WAITING
+    return run
+
+
+@pytest.fixture
+def owner_down(monkeypatch):
+    """The effect owner's inbox refuses every delivery; ``owner_down.calls`` counts them."""
+    calls = []
+
+    def refuse(envelope):
+        calls.append(envelope.outbox_message_id)
+        raise OwnerUnavailable("the effect owner is down")
+
+    monkeypatch.setitem(messages.REGISTRY._consumers, messages.FLOW_EFFECT_SUBMIT, refuse)
+    refuse.calls = calls
+    return refuse
+
+
+def _message(run) -> OutboxMessage:
+    return OutboxMessage.objects.get(family=messages.FLOW_EFFECT_SUBMIT, payload__flow_run_id=int(run.pk))
+
+
+def _spend_delivery_budget(run, db_clock_advance) -> OutboxMessage:
+    """Deliver until the budget is spent (each try backs off; the clock moves past it); the message reconciles."""
+    for _ in range(handoff.delivery_max_attempts()):
+        assert outbox_try_deliver_one() is True
+        assert _message(run).state == "pending"
+        db_clock_advance(61)
+    assert _message(run).state == "pending"  # tries spent, but younger than the minimum age: it keeps trying
+    db_clock_advance(HOUR)
+    assert outbox_try_deliver_one() is True
+    message = _message(run)
+    assert message.state == "reconciling"
+    return message
+
+
+def _flow_rows(run):
+    run = FlowRun.objects.get(pk=run.pk)
+    completion = FlowStepExecution.objects.get(run=run, plan_step_key=COMPLETE)
+    dependency = FlowDependency.objects.get(run=run)
+    return run, completion, dependency
+
+
+def _no_terminal_non_delivery_beside_a_waiting_flow():
+    """Seed 004 22.5-20: a handoff_rejected / dead_lettered message never coexists with its waiting Flow."""
+    for message in OutboxMessage.objects.filter(state__in=("handoff_rejected", "dead_lettered")):
+        dependency = FlowDependency.objects.get(run_id=message.payload["flow_run_id"],
+                                                dependency_key=str(message.payload["command_id"]))
+        assert dependency.state != t.DEP_WAITING
+        assert FlowRun.objects.get(pk=message.payload["flow_run_id"]).state != t.RUN_WAITING
+
+
+def test_a_handoff_the_owner_never_accepted_is_rejected_and_takes_the_no_effect_route(
+        submitted, owner_down, db_clock_advance):
+    """Seed 004 22.5-13: delivery budget spent -> reconciling (never a silent dead letter) -> the owner's fence
+    records a rejected tombstone -> one root-first transaction fails the completion step and the run along
+    its compiled no-effect route, and only then the message becomes handoff_rejected. A late delivery of the
+    same message can never create the effect."""
+    message = _spend_delivery_budget(submitted, db_clock_advance)
+    assert len(owner_down.calls) == handoff.delivery_max_attempts()
+    run, completion, dependency = _flow_rows(submitted)
+    assert (run.state, completion.state, dependency.state) == (t.RUN_WAITING, t.STEP_WAITING, t.DEP_WAITING)
+    assert handoff.outbox_try_reconcile_one() is True
+    run, completion, dependency = _flow_rows(submitted)
+    assert (run.state, run.reason_code) == (t.RUN_TERMINAL_FAILED, "flow_effect_handoff_rejected")
+    assert (completion.state, dependency.state, dependency.reason_code) == (
+        t.STEP_FAILED, t.DEP_REJECTED, "flow_effect_handoff_rejected")
+    fence = InboxAcceptance.objects.get(message_key=message.message_key)
+    assert (fence.state, fence.outbox_message_id, fence.payload_digest) == (
+        "rejected", message.pk, message.payload_digest)
+    assert _message(submitted).state == "handoff_rejected"
+    audit = FlowAuditEvent.objects.get(run=run, event="effect_handoff_finalized")
+    assert (audit.detail["verdict"], audit.detail["outcome"]) == ("rejected", "terminal_failure")
+    _no_terminal_non_delivery_beside_a_waiting_flow()
+    assert handoff.outbox_try_reconcile_one() is False  # nothing left to reconcile
+    # The owner comes back and the same envelope arrives late: the tombstone refuses it; no effect exists.
+    with pytest.raises(messages.InboxRejected):
+        messages.REGISTRY._consumers.pop(messages.FLOW_EFFECT_SUBMIT)
+        from connectors.outbound.inbox import outbound_message_accept
+
+        outbound_message_accept(messages.envelope_of(_message(submitted)))
+    assert not RemoteEffect.objects.exists()
+    assert OutboundCommand.objects.count() == 1
+
+
+def test_a_lost_acknowledgement_is_repaired_as_delivered_and_the_flow_keeps_waiting(
+        submitted, monkeypatch, db_clock_advance):
+    """Seed 004 15.4 ``Accepted`` and 22.5-20: the owner accepted (its effect exists) but every acknowledgement
+    was lost; reconciliation finds the acceptance, marks the message delivered, and the run keeps waiting for
+    the separate completion receipt (DELIVERED beside a Waiting root)."""
+    from connectors.outbound.inbox import outbound_message_accept
+
+    def accept_then_lose_the_answer(envelope):
+        outbound_message_accept(envelope)
+        raise OwnerUnavailable("the acknowledgement was lost")
+
+    monkeypatch.setitem(messages.REGISTRY._consumers, messages.FLOW_EFFECT_SUBMIT, accept_then_lose_the_answer)
+    _spend_delivery_budget(submitted, db_clock_advance)
+    assert RemoteEffect.objects.count() == 1
+    assert handoff.outbox_try_reconcile_one() is True
+    assert _message(submitted).state == "delivered"
+    run, completion, dependency = _flow_rows(submitted)
+    assert (run.state, completion.state, dependency.state) == (t.RUN_WAITING, t.STEP_WAITING, t.DEP_WAITING)
+    assert InboxAcceptance.objects.get().state == "accepted" and RemoteEffect.objects.count() == 1
+    with transaction.atomic():  # the owner's completion receipt still resumes the run
+        intent_result_record(command=OutboundCommand.objects.get(), outcome="finalized", remote_id="cus_1",
+                             evidence={})
+    assert flow_try_wake_one() is True
+    run_until_idle()
+    assert FlowRun.objects.get(pk=submitted.pk).state == t.RUN_SUCCEEDED
+
+
+@pytest.mark.parametrize("fence_error", ["unavailable", "conflict"])
+def test_acceptance_unknown_quarantines_dependency_step_and_root_together(
+        submitted, owner_down, monkeypatch, db_clock_advance, fence_error):
+    """Seed 004 22.5-14 and 22.5-19: a fence that stays unavailable past the reconciliation budget, or fails
+    closed on a conflicting key, is AcceptanceUnknown, never proof of rejection: the dependency, the
+    completion step and the run are quarantined in one transaction, the message dead-lettered with them, and
+    no tombstone is written (the owner may still hold the command)."""
+    _spend_delivery_budget(submitted, db_clock_advance)
+    asked = []
+
+    def fence(**kwargs):
+        asked.append(kwargs)
+        if fence_error == "unavailable":
+            raise OperationalError(2013, "Lost connection to MySQL server during query")
+        raise messages.InboxConflict("fenced with other validation attributes", code="inbox_digest_conflict")
+
+    monkeypatch.setattr(messages, "inbox_reject_if_unaccepted", fence)
+    assert handoff.outbox_try_reconcile_one() is True
+    if fence_error == "unavailable":  # a lost answer is asked again, after a backoff
+        assert _message(submitted).state == "reconciling"
+        assert _flow_rows(submitted)[0].state == t.RUN_WAITING
+        assert handoff.outbox_try_reconcile_one() is False  # not due yet
+        db_clock_advance(61)
+        assert handoff.outbox_try_reconcile_one() is True
+    assert len(asked) == (handoff.reconcile_max_attempts() if fence_error == "unavailable" else 1)
+    run, completion, dependency = _flow_rows(submitted)
+    assert (run.state, run.reason_code) == (t.RUN_QUARANTINED, "flow_effect_acceptance_unknown")
+    assert (completion.state, dependency.state) == (t.STEP_QUARANTINED, t.DEP_QUARANTINED)
+    assert _message(submitted).state == "dead_lettered"
+    assert not InboxAcceptance.objects.exists()
+    _no_terminal_non_delivery_beside_a_waiting_flow()
+
+
+def test_reconciliation_asks_the_fence_with_the_persisted_message_values(submitted, owner_down, monkeypatch,
+                                                                         db_clock_advance):
+    """Seed 004 22.5-17: the four values handed to RejectIfUnaccepted are the persisted message's own."""
+    message = _spend_delivery_budget(submitted, db_clock_advance)
+    real, asked = messages.inbox_reject_if_unaccepted, []
+
+    def spy(**kwargs):
+        asked.append(kwargs)
+        return real(**kwargs)
+
+    monkeypatch.setattr(messages, "inbox_reject_if_unaccepted", spy)
+    assert handoff.outbox_try_reconcile_one() is True
+    [values] = asked
+    assert (values["scope"], values["family"], values["message_key"], values["payload_digest"],
+            values["outbox_message_id"]) == (messages.scope_of(message), message.family, message.message_key,
+                                             message.payload_digest, message.pk)
+    assert (message.org_id, message.binding_digest) == (submitted.org_id, submitted.binding_digest)
+
+
+def test_a_receipt_that_won_before_the_reconciliation_is_left_alone(submitted, owner_down, monkeypatch,
+                                                                   db_clock_advance):
+    """The owner's completion came (through another path) before the reconciliation finalized: the Flow's
+    finalizer finds the dependency satisfied and changes nothing; the message still ends terminal."""
+    _spend_delivery_budget(submitted, db_clock_advance)
+    with transaction.atomic():
+        intent_result_record(command=OutboundCommand.objects.get(), outcome="finalized", remote_id="cus_1",
+                             evidence={})
+    assert flow_try_wake_one() is True
+    assert handoff.outbox_try_reconcile_one() is True
+    assert _message(submitted).state == "handoff_rejected"
+    run_until_idle()
+    assert FlowRun.objects.get(pk=submitted.pk).state == t.RUN_SUCCEEDED
+    assert not FlowAuditEvent.objects.filter(event="effect_handoff_finalized").exists()
+
+
+@pytest.mark.parametrize("failpoint", ["outbox.reconcile.after_fence", "outbox.reconcile.finalize_before_commit"])
+def test_a_runtime_worker_killed_while_reconciling_converges_once(submitted, owner_down, db_clock_advance,
+                                                                  failpoint):
+    """Killed after the tombstone committed (before the Flow finalized), or inside the finalizing transaction:
+    the message stays reconciling beside the waiting run; the next sweep reads the same tombstone and
+    finalizes exactly once."""
+    _spend_delivery_budget(submitted, db_clock_advance)
+    crashed = run_manage(["run_workers", "--role", "runtime", "--until-idle"],
+                         subprocess_env(NEXUS_FAILPOINTS=failpoint, NEXUS_HANDOFF_DELIVERY_MAX_ATTEMPTS="3",
+                                        NEXUS_HANDOFF_DELIVERY_MIN_AGE_SECONDS=str(HOUR)), timeout=120)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    assert _message(submitted).state == "reconciling"
+    assert _flow_rows(submitted)[0].state == t.RUN_WAITING
+    assert InboxAcceptance.objects.get().state == "rejected"  # the fence's answer is durable
+    db_clock_advance(61)
+    assert handoff.outbox_try_reconcile_one() is True
+    assert _message(submitted).state == "handoff_rejected"
+    assert _flow_rows(submitted)[0].state == t.RUN_TERMINAL_FAILED
+    assert FlowAuditEvent.objects.filter(event="effect_handoff_finalized").count() == 1
+    assert InboxAcceptance.objects.count() == 1
+    _no_terminal_non_delivery_beside_a_waiting_flow()
+
+
+def test_no_owner_command_exists_and_no_remote_call_happens_before_the_submit_commits(billing_sandbox, budgets,
+                                                                                      holds):
+    """Seed 004 22.5-04 and 22.5-23: while the EffectSubmit transaction is held open right before its commit,
+    the relay sees no message, the owner holds no command (RemoteEffect) and the provider got no request; the
+    remote call happens only after the owner accepted the committed message."""
+    from tests.concurrency import Worker
+
+    from connectors.outbound.egress import effect_try_dispatch_one
+
+    org = make_serving_org(billing_sandbox.base_url)
+    save_record(org, {"email": "ann@example.com", "firstname": "Ann", "lastname": "Lee", "lifecyclestage": "customer"})
+    holds.arm("flow.step.before_commit")
+    submit = Worker(lambda: flow_try_run_step_one(worker_id="w"), "submit")
+    submit.start()
+    marker = holds.wait_held("flow.step.before_commit")
+    assert outbox_try_deliver_one() is False  # the message is not visible before the commit
+    assert not RemoteEffect.objects.exists() and not OutboxMessage.objects.exists()
+    assert billing_sandbox._state.requests.count == 0
+    holds.release(marker)
+    submit.join(60)
+    assert (submit.error, submit.result) == (None, True)
+    assert billing_sandbox._state.requests.count == 0  # the submit itself called nobody
+    assert outbox_try_deliver_one() is True
+    assert RemoteEffect.objects.count() == 1 and billing_sandbox._state.requests.count == 0
+    while effect_try_dispatch_one(worker_id="egress-1"):
+        pass
+    assert billing_sandbox._state.requests.count >= 1  # the owner's egress, after acceptance, outside Flow
+
+
+def test_no_flow_specific_outbox_claimer_or_state_machine_exists():
+    """Seed 004 22.5-03: the Flow app has no outbox table, claimer or delivery state machine of its own; the
+    one Runtime outbox delivers and reconciles ``flow.effect.submit`` (its worker units are the Runtime's)."""
+    from django.apps import apps
+
+    from nexusflow.kernel.transitions import load_all_machines
+    from nexusflow.kernel.workers import units_for
+
+    flow_models = {m.__name__ for m in apps.get_app_config("flows").get_models()}
+    assert not {name for name in flow_models if "Outbox" in name or "Dispatch" in name}
+    assert not [name for name in load_all_machines() if name.startswith("flows.") and "Outbox" in name]
+    flow_units = {name for name, _ in units_for("flow", "w-1")}
+    assert not {name for name in flow_units if name.startswith("outbox") or "deliver" in name}
+    assert {"outbox.deliver", "outbox.reconcile"} <= {name for name, _ in units_for("runtime", "w-1")}
+    assert messages.REGISTRY.consumer(messages.FLOW_EFFECT_SUBMIT).__module__ == "connectors.outbound.inbox"
