@@ -51,7 +51,7 @@ from packs.demo.run import (
 
 ROOT = Path(settings.BASE_DIR)
 #: Pack modules that register journeys (imported by :func:`registry`).
-JOURNEY_MODULES = ("packs.hubspot.journeys", "packs.hubspot.conversion_journeys")
+JOURNEY_MODULES = ("packs.hubspot.journeys", "packs.hubspot.conversion_journeys", "packs.hubspot.wait_journeys")
 WORKER_ROLES = ("connector", "runtime", "flow", "egress")
 IDLE_STABLE_SECONDS = 1.5
 STALL_TIMEOUT_SECONDS = 60.0
@@ -198,6 +198,28 @@ class Harness:
         except DemoError as exc:
             raise JourneyError(str(exc)) from None
         _use_database(*self.databases)
+
+    def restart_worker(self, role: str) -> None:
+        """Kill the running ``run_workers --role ROLE`` process (SIGKILL, its whole group) and start a new one.
+
+        Raises:
+            JourneyError: no worker of ``role`` is running.
+        """
+        for index, (name, proc) in enumerate(self.procs.procs):
+            if name.startswith(f"worker-{role}-") and proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+                del self.procs.procs[index]
+                break
+        else:
+            raise JourneyError(f"no running {role} worker to kill")
+        restarts = self.values["worker_restarts"] = self.values.get("worker_restarts", 0) + 1
+        self.say(f"journey: killed the {role} worker; starting another")
+        self.procs.start(f"worker-{role}-restart{restarts}", [sys.executable, "manage.py", "run_workers", "--role",
+                                                               role], self.env, self.run_dir)
 
     # -- driving the system ---------------------------------------------------------------------------
     def post_webhook(self, events: list[dict], *, account_key: str, channel: str, secret: bytes) -> int:

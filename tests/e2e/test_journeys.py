@@ -57,7 +57,8 @@ def test_journeys_list_names_both_and_an_unknown_journey_cannot_run():
     listed = run_manage(["journeys", "list"], subprocess_env(), timeout=60)
     assert listed.returncode == 0
     names = [line.split("\t")[0] for line in listed.stdout.splitlines()]
-    assert {"out-409-recover", "out-409-create-frozen-recover", "bi-conv-01", "post-convert-contact-storm"} <= set(names)
+    assert {"out-409-recover", "out-409-create-frozen-recover", "bi-conv-01", "post-convert-contact-storm",
+            "push-after-cooling-off"} <= set(names)
     unknown = run_manage(["journeys", "run", "no-such-journey"], subprocess_env(), timeout=60)
     assert unknown.returncode == 2 and "unknown journey" in unknown.stderr and "Traceback" not in unknown.stderr
 
@@ -96,3 +97,17 @@ def test_post_convert_contact_storm_conflicts_are_retryable_and_everything_conve
             "the merge racing the contact's in-flight pushes got a retryable 409",
             "every mutation finally succeeded",
             "the provider's contact N equals the local contact's mapped fields"} <= checks
+
+
+def test_push_after_cooling_off_waits_twice_through_killed_workers_and_creates_once():
+    """Seed 004 section 14 end to end (issue "Flows that wait"): the push waits on the database clock, then on
+    the owner's receipt; the flow worker is killed during the first wait, flow and runtime workers during the
+    second; one create POST, one contact, one remote effect, the run succeeded."""
+    report = _run("push-after-cooling-off")
+    provider = report["provider"]
+    [contact] = provider["contacts"]
+    assert provider["requests_by_route"] == {f"POST {CONTACTS}": 1}
+    assert (contact["create_requests"], contact["update_requests"], contact["archived"]) == (1, 0, False)
+    checks = {check["check"] for check in report["checks"]}
+    assert {"the run waited on the clock, then on the receipt; both resolved",
+            "the intent was authored only after the cooling-off time resolved"} <= checks

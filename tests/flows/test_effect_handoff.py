@@ -22,6 +22,7 @@ from nexusflow.kernel.errors import NexusError
 from runtime_outbox import handoff, messages
 from runtime_outbox.models import InboxAcceptance, OutboundCommand, OutboxMessage
 from runtime_outbox.services import intent_result_record, outbox_try_deliver_one
+from nexusflow.kernel.scope import OrgScope
 from tests.conftest import ORG, make_serving_org, run_manage, subprocess_env
 
 from .conftest import run_until_idle, save_record
@@ -29,6 +30,7 @@ from .conftest import run_until_idle, save_record
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 
 COMPLETE = "complete:Push_Customer_To_Billing"
+ORG_SCOPE = OrgScope(ORG)
 HOUR = 3600
 
 
@@ -297,3 +299,91 @@ def test_no_flow_specific_outbox_claimer_or_state_machine_exists():
     assert not {name for name in flow_units if name.startswith("outbox") or "deliver" in name}
     assert {"outbox.deliver", "outbox.reconcile"} <= {name for name, _ in units_for("runtime", "w-1")}
     assert messages.REGISTRY.consumer(messages.FLOW_EFFECT_SUBMIT).__module__ == "connectors.outbound.inbox"
+
+
+# --- explicit compensation and cancellation after the effect (seed 004 22.5-21, 22.5-22) -----------------------
+def _compensating_flow(billing_sandbox):
+    """Push the customer; the push's fault connector leads to an explicit compensation step (Compensate)."""
+    from nexusflow.flows.services import flow_deploy
+
+    from . import flowxml as fx
+
+    org = make_serving_org(billing_sandbox.base_url, deploy_flow=False)
+    push = fx.push("Push", "Done", fault="Compensate").replace("crm.sync", "billing.customer")
+    source = fx.flow(fx.variable("outcome"), push,
+                     fx.assignment("Done", None, [("outcome", "Assign", "<stringValue>pushed</stringValue>")]),
+                     fx.assignment("Compensate", None, [("outcome", "Assign", "<stringValue>compensated</stringValue>")]),
+                     start=fx.start("Push", trigger="RecordAfterSave"))
+    assert flow_deploy(org=org, source=source, flow_api_name="Push_Or_Compensate").activated
+    save_record(org, {"email": "ann@example.com", "firstname": "Ann", "lastname": "Lee", "lifecyclestage": "customer"})
+    assert flow_try_run_step_one(worker_id="w")  # EffectSubmit
+    return FlowRun.objects.get(org_id=ORG)
+
+
+def _outcome_var(run):
+    from nexusflow.flows.models import FlowCheckpoint
+
+    payloads = FlowCheckpoint.objects.filter(run=run).order_by("-sequence").values_list("context_payload", flat=True)
+    return next(p["context"].get("vars", {}).get("outcome") for p in payloads if "context" in p)
+
+
+@pytest.mark.parametrize("how", ["no_effect_receipt", "handoff_rejected"])
+def test_an_effect_proven_not_to_happen_takes_the_explicit_compensation_path(billing_sandbox, budgets, monkeypatch,
+                                                                             db_clock_advance, how):
+    """Seed 004 22.5-22: the push element's fault connector is an explicit compensation path. A ``no_effect``
+    receipt, or a handoff the owner's fence rejected, fails the completion step and runs that path (never the
+    success path); nothing is retried or resubmitted."""
+    run = _compensating_flow(billing_sandbox)
+    command = OutboundCommand.objects.get(origin_flow_run_id=run.pk)
+    if how == "no_effect_receipt":
+        with transaction.atomic():
+            intent_result_record(command=command, outcome="no_effect", remote_id="",
+                                 evidence={"reason": "definite_refusal"})
+        assert flow_try_wake_one() is True
+    else:
+        monkeypatch.setitem(messages.REGISTRY._consumers, messages.FLOW_EFFECT_SUBMIT,
+                            lambda envelope: (_ for _ in ()).throw(OwnerUnavailable("down")))
+        _spend_delivery_budget(run, db_clock_advance)
+        assert handoff.outbox_try_reconcile_one() is True
+    run_until_idle()
+    run = FlowRun.objects.get(pk=run.pk)
+    assert run.state == t.RUN_SUCCEEDED and _outcome_var(run) == "compensated"
+    completion = FlowStepExecution.objects.get(run=run, plan_step_key="complete:Push")
+    assert completion.state == t.STEP_FAILED
+    assert completion.reason_code == ("flow_effect_no_effect" if how == "no_effect_receipt"
+                                      else "flow_effect_handoff_rejected")
+    assert not FlowStepExecution.objects.filter(run=run, plan_step_key="assign:Done").exists()
+    assert OutboundCommand.objects.count() == 1 and FlowStepExecution.objects.filter(
+        run=run, plan_step_key="submit:Push").count() == 1
+
+
+def test_cancelling_a_run_after_its_effect_reached_the_provider_rolls_nothing_back(billing_sandbox, budgets):
+    """Seed 004 22.5-21 (section 11.1): a run cancelled while it waits on an effect the provider already
+    performed ends Cancelled with its dependency cancelled; the remote effect stays (cancellation claims no
+    rollback), the owner's late receipt is kept unmatched and wakes nothing, and no compensation runs unless
+    the Flow has one."""
+    from connectors.outbound.egress import effect_try_dispatch_one, effect_try_finalize_one
+    from nexusflow.flows.models import FlowWakeSignal
+    from nexusflow.flows.services import flow_run_delete, flow_try_cancel_cleanup_one
+
+    run = _compensating_flow(billing_sandbox)
+    assert outbox_try_deliver_one() is True
+    while effect_try_dispatch_one(worker_id="egress-1"):
+        pass
+    assert len(billing_sandbox.state()["customers"]) == 1  # the provider performed it
+    assert RemoteEffect.objects.get().state in ("remote_confirmed", "finalized")
+    flow_run_delete(org=ORG_SCOPE, run_id=run.pk)
+    while flow_try_cancel_cleanup_one():
+        pass
+    while effect_try_finalize_one():
+        pass
+    assert flow_try_wake_one() is False
+    run_until_idle()
+    run = FlowRun.objects.get(pk=run.pk)
+    assert run.state == t.RUN_CANCELLED
+    assert FlowDependency.objects.get(run=run).state == t.DEP_CANCELLED
+    assert RemoteEffect.objects.get().state == "finalized" and len(billing_sandbox.state()["customers"]) == 1
+    assert FlowWakeSignal.objects.get().state == t.SIGNAL_UNMATCHED  # kept, never consumed
+    assert _outcome_var(run) is None  # neither the success nor the compensation path ran
+    assert not FlowStepExecution.objects.filter(run=run, plan_step_key__in=("assign:Done", "assign:Compensate"))
+    assert OutboundCommand.objects.count() == 1

@@ -177,14 +177,19 @@ def test_a_push_with_nothing_to_send_ends_benign_while_other_definite_refusals_s
     assert severity_class_of("flow_step_definite_refusal") == ATTENTION
 
 
-def test_submit_killed_before_commit_authors_exactly_one_intent(serving, short_lease):
-    _customer(serving)
+def _kill_one_step_before_commit() -> None:
+    """Run one step in a worker process that is killed right before its step transaction commits."""
     env = subprocess_env(NEXUS_FAILPOINTS="flow.step.before_commit", NEXUS_FLOW_LEASE_SECONDS="1",
                          NEXUS_FLOW_RETRY_BASE_SECONDS="0")
     code = "from nexusflow.flows.services import flow_try_run_step_one; flow_try_run_step_one(worker_id='doomed')"
     proc = subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
+
+
+def test_submit_killed_before_commit_authors_exactly_one_intent(serving, short_lease):
+    _customer(serving)
+    _kill_one_step_before_commit()
     run = FlowRun.objects.get(org_id=ORG)
     submit = _step(run, SUBMIT)
     assert submit.state == t.STEP_RUNNING and not OutboundCommand.objects.exists()
@@ -222,8 +227,6 @@ def test_variables_set_before_an_effect_are_read_after_it(billing_sandbox):
     assert last["context"]["vars"] == {"tag": "set-before", "echo": "set-before"}
 
 
-
-
 def test_a_completion_killed_and_recovered_never_resubmits_the_effect(serving, short_lease):
     """Seed 004 22.5-11: the receipt wakes only the bound EffectCompletion step; a worker killed inside that
     step's transaction, the lease recovery and the retry of the step, and a duplicate wake never run the
@@ -236,12 +239,7 @@ def test_a_completion_killed_and_recovered_never_resubmits_the_effect(serving, s
     run = FlowRun.objects.get(org_id=ORG)
     _complete(OutboundCommand.objects.get(origin_flow_run_id=run.pk))
     assert flow_try_wake_one() is True
-    env = subprocess_env(NEXUS_FAILPOINTS="flow.step.before_commit", NEXUS_FLOW_LEASE_SECONDS="1",
-                         NEXUS_FLOW_RETRY_BASE_SECONDS="0")
-    code = "from nexusflow.flows.services import flow_try_run_step_one; flow_try_run_step_one(worker_id='doomed')"
-    proc = subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    _kill_one_step_before_commit()
     assert _step(run, COMPLETE).state == t.STEP_RUNNING
     wait_for_recovery()
     assert flow_try_wake_one() is False  # the consumed signal does not wake it twice

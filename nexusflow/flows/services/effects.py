@@ -213,6 +213,12 @@ def _complete_or_wait(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[
                          step_dst=t.STEP_SUCCEEDED, root_dst=t.RUN_RUNNABLE, next_key=step_def["next"],
                          context=_input_state(claim))
             result = "succeeded"
+        elif receipt.outcome == "no_effect" and step_def.get("on_no_effect") not in (None, "terminal_failure"):
+            # The element's fault connector: an explicit compensation path of the Flow (seed 004 section 15.2).
+            _commit_step(claim, plan, run, attempt, now, output={**evidence, "outcome": receipt.outcome},
+                         step_dst=t.STEP_FAILED, root_dst=t.RUN_RUNNABLE, next_key=step_def["on_no_effect"],
+                         cause=reasons.EFFECT_NO_EFFECT, context=_input_state(claim))
+            result = "failed"
         elif receipt.outcome == "no_effect":
             _commit_step(claim, plan, run, attempt, now, output={**evidence, "outcome": receipt.outcome},
                          step_dst=t.STEP_FAILED, root_dst=t.RUN_TERMINAL_FAILED, next_key=None,
