@@ -62,7 +62,10 @@ def test_a_worker_killed_after_the_finalize_commit_replays_without_a_second_rece
     receipts = _receipt_facts()
     assert [(outcome, remote_id) for _pk, outcome, remote_id, _d in receipts] == [("finalized", effect.remote_id)]
     run = FlowRun.objects.get(org_id=ORG)
-    assert FlowWakeSignal.objects.filter(org_id=ORG).count() == 1
+    # Seed 004 22.4-03: the producer's wake signal committed and the producer died before any matching; the
+    # run still waits, and only the periodic match (the flow worker below) resolves it.
+    assert [s.state for s in FlowWakeSignal.objects.filter(org_id=ORG)] == [t.SIGNAL_UNMATCHED]
+    assert run.state == t.RUN_WAITING
     assert billing_sandbox.state()["requests"] == 1
     link = RemoteLink.objects.get(org_id=ORG, link_key=effect.link_key)
 

@@ -294,6 +294,8 @@ def test_wake_signal_acceptance_is_idempotent_and_scoped(org, decide_plan):
                                           scope.runtime_capability_id, scope.binding_digest),
                   TrustedRuntimeWorkScope(scope.org_id, "another-installation", scope.runtime_capability_id,
                                           scope.binding_digest),
+                  TrustedRuntimeWorkScope(scope.org_id, scope.app_installation_id, "another-capability",
+                                          scope.binding_digest),
                   TrustedRuntimeWorkScope(scope.org_id, scope.app_installation_id, scope.runtime_capability_id,
                                           "f" * 64)):
         with pytest.raises(WakeSignalRejected):
