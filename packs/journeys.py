@@ -199,8 +199,10 @@ class Harness:
             raise JourneyError(str(exc)) from None
         _use_database(*self.databases)
 
-    def restart_worker(self, role: str) -> None:
+    def restart_worker(self, role: str, *, during: str = "") -> None:
         """Kill the running ``run_workers --role ROLE`` process (SIGKILL, its whole group) and start a new one.
+
+        ``during`` names the moment, for the progress line.
 
         Raises:
             JourneyError: no worker of ``role`` is running.
@@ -217,7 +219,7 @@ class Harness:
         else:
             raise JourneyError(f"no running {role} worker to kill")
         restarts = self.values["worker_restarts"] = self.values.get("worker_restarts", 0) + 1
-        self.say(f"journey: killed the {role} worker; starting another")
+        self.say(f"journey: killed the {role} worker{' ' + during if during else ''}; starting another")
         self.procs.start(f"worker-{role}-restart{restarts}", [sys.executable, "manage.py", "run_workers", "--role",
                                                                role], self.env, self.run_dir)
 
@@ -457,9 +459,9 @@ def run_journey(name: str, *, as_json: bool = False, report_out: dict | None = N
         say(f"journey {name}: migrated in {time.monotonic() - started:.1f} s")
         journey.stage(harness)
         harness.start_web_and_workers()
-        say(f"journey {name}: staged in {time.monotonic() - started:.1f} s")
+        say(f"journey {name}: staged at {time.monotonic() - started:.1f} s (since the start)")
         journey.story(harness)
-        say(f"journey {name}: story done in {time.monotonic() - started:.1f} s")
+        say(f"journey {name}: story done at {time.monotonic() - started:.1f} s (since the start)")
         report = journey_report(harness, journey, journey.provider_report(harness))
     except (JourneyError, DemoError) as exc:
         print(f"journey {name}: could not run: {exc}\nlogs: {run_dir}", file=sys.stderr)

@@ -142,18 +142,18 @@ def outbox_try_reconcile_one() -> bool:
                .order_by("next_attempt_at", "id").first())
     if message is None:
         return False
-    asked = message.delivery_attempts - delivery_max_attempts()  # fence questions already asked
+    asked = message.reconcile_attempts  # fence questions already asked (a crashed one counts too)
     with transaction.atomic(durable=True):
         try:
             OutboxMessageStore.touch(
                 org_id=message.org_id, pk=message.pk, state="reconciling", version=message.version,
-                set_fields={"delivery_attempts": message.delivery_attempts + 1,
-                            "next_attempt_at": now + dt.timedelta(seconds=_backoff(max(asked, 0)))})
+                set_fields={"reconcile_attempts": asked + 1,
+                            "next_attempt_at": now + dt.timedelta(seconds=_backoff(asked))})
         except StaleVersion:
             return True  # another reconciler claimed or finalized it first
     verdict, evidence = _ask_fence(message)
     if verdict == _RETRY:
-        if max(asked, 0) + 1 < reconcile_max_attempts():
+        if asked + 1 < reconcile_max_attempts():
             log.warning("RejectIfUnaccepted for outbox message %s gave no answer (%s); asking again later",
                         message.pk, evidence.get("code"), extra={"org_id": message.org_id})
             return True

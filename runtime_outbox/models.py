@@ -95,6 +95,8 @@ class OutboxMessage(GuardedModel):
     state = models.CharField(max_length=16)
     version = models.PositiveBigIntegerField(default=1)
     delivery_attempts = models.PositiveIntegerField(default=0)
+    reconcile_attempts = models.PositiveIntegerField(
+        default=0, help_text="RejectIfUnaccepted questions asked while reconciling (seed 004 section 15.4).")
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     delivered_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -8,7 +8,12 @@ class FlowsConfig(AppConfig):
 
     def ready(self) -> None:
         from nexusflow.kernel.workers import register_open_work, register_role
-        from nexusflow.records.services import register_after_save, register_before_save
+        from nexusflow.records.services import (
+            DELETE_STAGE_FLOW_WAITS,
+            register_after_save,
+            register_before_delete,
+            register_before_save,
+        )
         from runtime_outbox.messages import INTENT_COMPLETED, register_consumer
         from runtime_outbox.handoff import register_handoff_finalizer
         from runtime_outbox.replay_guard import register_flow_trigger_lookup
@@ -17,10 +22,13 @@ class FlowsConfig(AppConfig):
         from .inbox import intent_completed_accept
         from .selectors import flow_run_trigger, flow_runs_nonterminal_count
         from .services import effect_handoff_finalize, flow_before_save, flow_trigger_on_record_saved
+        from .services.wait_resolution import scheduled_paths_before_delete
         from .workers import flow_units
 
         register_before_save(flow_before_save)
         register_after_save(flow_trigger_on_record_saved)
+        # A record being deleted withdraws its scheduled paths still waiting for their time.
+        register_before_delete(scheduled_paths_before_delete, stage=DELETE_STAGE_FLOW_WAITS)
         # The replay guard asks which record version triggered a run.
         register_flow_trigger_lookup(flow_run_trigger)
         register_role("flow", flow_units, order=30)

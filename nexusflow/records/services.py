@@ -61,6 +61,9 @@ _BEFORE_DELETE: list[tuple[int, int, Callable[..., None]]] = []
 
 #: Before-delete stages (seed 000): Runtime's owner work check runs first, before any remote link is
 #: enumerated; the Connector's link handling runs after it. Lower stages run first.
+#: Flow runs waiting on the record (scheduled paths) wake first: Flow rows come before the Runtime intents
+#: and Connector links the later stages lock (one lock order); a later refusal rolls the wake back with it.
+DELETE_STAGE_FLOW_WAITS = 50
 DELETE_STAGE_OWNER_WORK = 100
 DELETE_STAGE_REMOTE_LINKS = 200
 

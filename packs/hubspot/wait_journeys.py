@@ -47,13 +47,13 @@ def push_after_cooling_off(h: Harness) -> None:
     h.wait_idle()
     c.contact_changed(9301, lifecyclestage="customer")
     h.wait_until("the push run waits for its cooling-off time", lambda: _waiting_on(PRODUCER_CLOCK))
-    h.restart_worker("flow")  # killed in the middle of the time wait
+    h.restart_worker("flow", during="while the run waits for its cooling-off time")
     c.set_faults(delay_seconds=4)  # hold the create in flight at the provider
     h.wait_until("the create reached the provider", lambda: c.pushed_creates() == 1, timeout=60)
     h.check("the run waits for the owner's receipt while the create is in flight", _waiting_on(PRODUCER_RECEIPT),
             "no waiting runtime.intent_result dependency")
-    h.restart_worker("flow")
-    h.restart_worker("runtime")
+    h.restart_worker("flow", during="while the create is held in flight and the run waits for the receipt")
+    h.restart_worker("runtime", during="while the create is held in flight and the run waits for the receipt")
     c.set_faults(delay_seconds=0)
     h.wait_idle()
     record = local_contact(9301)

@@ -74,9 +74,10 @@ def _message(run) -> OutboxMessage:
     return OutboxMessage.objects.get(family=messages.FLOW_EFFECT_SUBMIT, payload__flow_run_id=int(run.pk))
 
 
-def _spend_delivery_budget(run, db_clock_advance) -> OutboxMessage:
-    """Deliver until the budget is spent (each try backs off; the clock moves past it); the message reconciles."""
-    for _ in range(handoff.delivery_max_attempts()):
+def _spend_delivery_budget(run, db_clock_advance, *, tries: int | None = None) -> OutboxMessage:
+    """Deliver ``tries`` times (default: the budget; each try backs off, the clock moves past it), then once
+    the message is old enough the relay moves it to reconciling."""
+    for _ in range(tries or handoff.delivery_max_attempts()):
         assert outbox_try_deliver_one() is True
         assert _message(run).state == "pending"
         db_clock_advance(61)
@@ -387,3 +388,27 @@ def test_cancelling_a_run_after_its_effect_reached_the_provider_rolls_nothing_ba
     assert _outcome_var(run) is None  # neither the success nor the compensation path ran
     assert not FlowStepExecution.objects.filter(run=run, plan_step_key__in=("assign:Done", "assign:Compensate"))
     assert OutboundCommand.objects.count() == 1
+
+
+def test_a_fence_that_fails_once_after_many_delivery_tries_is_asked_again(submitted, owner_down, monkeypatch,
+                                                                        db_clock_advance):
+    """The relay kept trying far past the attempt budget while the message was younger than the minimum age;
+    those delivery tries are not fence questions: one lost answer from the fence is asked again (the message
+    stays reconciling, the run waiting) and the next answer decides."""
+    _spend_delivery_budget(submitted, db_clock_advance, tries=4 * handoff.delivery_max_attempts())
+    real, calls = messages.inbox_reject_if_unaccepted, []
+
+    def once_lost(**kwargs):
+        calls.append(kwargs)
+        if len(calls) == 1:
+            raise OperationalError(2013, "Lost connection to MySQL server during query")
+        return real(**kwargs)
+
+    monkeypatch.setattr(messages, "inbox_reject_if_unaccepted", once_lost)
+    assert handoff.outbox_try_reconcile_one() is True
+    assert (_message(submitted).state, _message(submitted).reconcile_attempts) == ("reconciling", 1)
+    assert _flow_rows(submitted)[0].state == t.RUN_WAITING
+    db_clock_advance(2)
+    assert handoff.outbox_try_reconcile_one() is True
+    assert _message(submitted).state == "handoff_rejected" and len(calls) == 2
+    assert _flow_rows(submitted)[0].reason_code == "flow_effect_handoff_rejected"

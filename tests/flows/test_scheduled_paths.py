@@ -19,7 +19,7 @@ from django.db import transaction
 from nexusflow.flows import transitions as t
 from nexusflow.flows.compiler import analyze_flow
 from nexusflow.flows.errors import ActivationRejected
-from nexusflow.flows.models import FlowCheckpoint, FlowDependency, FlowRun
+from nexusflow.flows.models import FlowAuditEvent, FlowCheckpoint, FlowDependency, FlowRun
 from nexusflow.flows.services import flow_deploy, flow_try_resume_due_one
 from nexusflow.kernel.clock import db_now
 from nexusflow.records.metadata import current_view
@@ -400,3 +400,65 @@ def test_a_path_time_beyond_the_calendar_fails_its_run_after_one_attempt(org, la
     assert lapsed.state == t.RUN_TERMINAL_FAILED
     assert FlowStepExecution.objects.get(org_id=org.org_id, run_id=lapsed.pk).attempts.count() == 1
     assert FlowRun.objects.get(pk=runs[BEFORE].pk).state == t.RUN_WAITING
+
+
+def test_deleting_the_record_withdraws_its_waiting_paths_at_once(org, lapse_deployed):
+    """The deletion (records before-delete hook, under the record lock, before the Connector's link handling)
+    wakes every path still waiting for its time; each finds the record deleted and withdraws: nothing is left
+    waiting until a time that no longer means anything. The support read shows each path's verdict."""
+    from nexusflow.flows.services import flow_run_support_read
+    from nexusflow.records.services import record_delete_by_key
+
+    record = _open(org, renewal_in_days=10)
+    run_until_idle()
+    runs = _path_runs(org, record)
+    record_delete_by_key(org=org, object_name=OBJECT, record_key=record.record_key)
+    assert not FlowDependency.objects.filter(org_id=org.org_id, state=t.DEP_WAITING).exists()
+    run_until_idle()
+    for run in runs.values():
+        assert FlowRun.objects.get(pk=run.pk).state == t.RUN_SUCCEEDED
+        [verdict] = [s["wait_outcome"] for s in flow_run_support_read(org=org, run_id=run.pk)["steps"]
+                     if s["wait_outcome"]]
+        assert (verdict["outcome"], verdict["why"], verdict["event"]) == (
+            "withdrawn", "the record was deleted", "record_changed")
+
+
+def test_closing_then_reopening_before_any_worker_runs_withdraws_the_old_paths_once(org, lapse_deployed,
+                                                                                  db_clock_advance):
+    """The save that closed the renewal withdrew its waiting paths; re-opening it before a Flow worker looked
+    admits a new set of paths but does not revive the old ones: each path's elements run once."""
+    record = _open(org, renewal_in_days=10)
+    run_until_idle()
+    old = _path_runs(org, record)
+    update_record(org, record, {"Status__c": "Closed"})
+    update_record(org, record, {"Status__c": "Open"})  # updated to meet the conditions again: a new set
+    run_until_idle()
+    for run in old.values():
+        assert FlowRun.objects.get(pk=run.pk).state == t.RUN_SUCCEEDED
+        assert _path_output(org, run)["outcome"] == "withdrawn"
+    waiting = FlowRun.objects.filter(org_id=org.org_id, record_key=record.record_key, state=t.RUN_WAITING)
+    assert sorted(waiting.values_list("entry_path", flat=True)) == sorted([BEFORE, LAPSED, ARCHIVE])
+    _advance_to(db_clock_advance, _midnight(_day(10)) + dt.timedelta(days=1, hours=1))
+    run_until_idle()
+    assert FlowAuditEvent.objects.filter(run__record_key=record.record_key, event="step_committed",
+                                         detail__step="write:Mark_Lapsed").count() == 1
+
+
+def test_a_transaction_that_saves_the_record_then_locks_another_keeps_the_lock_order(org, lapse_deployed):
+    """A save that wakes waiting paths locks no Flow row in the saving transaction (the recheck runs right
+    after its commit), so the same transaction may go on to lock and save further records: nothing raises
+    a lock-order violation, and the paths are withdrawn once it commits."""
+    from nexusflow.records.services import record_lock, record_update
+
+    first = _open(org, renewal_in_days=10)
+    second = save_record(org, {"Name": "r-2", "Status__c": "Draft"}, object_name=OBJECT)
+    run_until_idle()
+    with transaction.atomic():
+        a = record_lock(org=org, object_name=OBJECT, record_key=first.record_key)
+        record_update(org=org, record=a, changes={"Status__c": "Closed"})
+        b = record_lock(org=org, object_name=OBJECT, record_key=second.record_key)
+        record_update(org=org, record=b, changes={"Name": "r-2 renamed"})
+        assert FlowDependency.objects.filter(org_id=org.org_id, state=t.DEP_WAITING).count() == 3  # not yet
+    run_until_idle()
+    for run in _path_runs(org, first).values():
+        assert _path_output(org, run)["outcome"] == "withdrawn"

@@ -373,3 +373,16 @@ def test_the_flows_commands_refuse_a_malformed_run_id_with_exit_2(org, run_id):
         with pytest.raises(CommandError) as refused:
             call_command("flows", *argv)
         assert refused.value.returncode == 2 and "invalid_identity" in str(refused.value), argv
+
+
+
+@pytest.mark.parametrize("reason", ["undecodable \udcff reason", "bell \x07 in it", "escape \x1b[31m red"])
+def test_a_signal_reason_that_is_not_printable_text_is_refused_before_sql(org, deployed, reason):
+    from nexusflow.flows.services import flow_wait_signal
+    from nexusflow.kernel.errors import InvalidIdentity
+
+    run = _start(org, urgent=True)
+    run_until_idle()
+    with pytest.raises(InvalidIdentity, match="printable text"):
+        flow_wait_signal(org=org, run_id=run.pk, producer_kind=PRODUCER_CLOCK, actor="ops-ann", reason=reason)
+    assert _dependency(org, run).state == t.DEP_WAITING

@@ -72,9 +72,9 @@ def flow_trigger_on_record_saved(*, org: OrgScope, record, change) -> None:
     """Admit one FlowRun per matching active activation (records after-save hook).
 
     Runs inside the saving transaction, after the record row is written and
-    locked: inserts only, except that an update first makes the record's
-    waiting scheduled paths look again (:func:`.wait_resolution.scheduled_paths_recheck`,
-    root -> step -> dependency after the record lock). Idempotent per
+    locked: inserts only; an update also makes the record's waiting
+    scheduled paths look again right after it commits
+    (:func:`.wait_resolution.scheduled_paths_recheck`). Idempotent per
     ``(org, plan, record key, record version, entry path)``: one run for the
     start connector and one per scheduled path, each waiting for its time. The trigger snapshot freezes
     the saved values and ``change.prior_fields`` (the values this save
@@ -90,8 +90,7 @@ def flow_trigger_on_record_saved(*, org: OrgScope, record, change) -> None:
             stale plan.
     """
     if not change.created:
-        # A Flow step's own record write holds that run's root: its recheck runs right after that commit.
-        scheduled_paths_recheck(org=org, record=record, change=change, deferred=_SAVE_ORIGIN.get() is not None)
+        scheduled_paths_recheck(org=org, record=record, change=change)
     activations = list(
         FlowActivation.objects.filter(org_id=org.org_id, state=t.ACTIVATION_ACTIVE,
                                       plan__trigger_object_name=record.object_name)

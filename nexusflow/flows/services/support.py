@@ -72,13 +72,29 @@ def flow_waits_list(*, org: OrgScope, state: str | None = None, limit: int = 100
     return rows
 
 
+#: The keys of a wait step's output the support read shows (never the run's context or variables).
+_WAIT_OUTCOME_KEYS = ("scheduled_path", "outcome", "why", "due_at", "wait", "event", "resolved_at")
+
+
+def _wait_outcome(step: FlowStepExecution) -> dict[str, Any] | None:
+    """What a committed wait step decided (a scheduled path withdrawn, waiting again or due; the event a Wait
+    element took), from its output checkpoint; None for other steps."""
+    checkpoint = step.output_checkpoint
+    output = (checkpoint.context_payload or {}).get("output") if checkpoint is not None else None
+    if not isinstance(output, dict) or not ({"scheduled_path", "wait"} & output.keys()):
+        return None
+    return {key: output[key] for key in _WAIT_OUTCOME_KEYS if key in output}
+
+
 def flow_run_support_read(*, org: OrgScope, run_id: FlowRun.Id | int, include_deleted: bool = False) -> dict[str, Any]:
     """The section 19 support read of one run of the trusted org, as a JSON-safe dict.
 
     Returns the immutable plan identity, canonical run state and legacy
     projection, current step, current checkpoint metadata (no raw context),
-    every step with its attempt history, dependency and effect correlation
-    and the safe terminal cause.
+    every step with its attempt history (a wait step with ``wait_outcome``:
+    a scheduled path's verdict ``outcome`` withdrawn / wait / due / recheck
+    and ``why``, or the event a Wait element took), dependency and effect
+    correlation and the safe terminal cause.
 
     Args:
         include_deleted: an authorized include-deleted read; otherwise a
@@ -101,7 +117,8 @@ def flow_run_support_read(*, org: OrgScope, run_id: FlowRun.Id | int, include_de
         return value.isoformat() if value is not None else None
 
     steps = []
-    for step in FlowStepExecution.objects.filter(org_id=org.org_id, run_id=run.pk).order_by("id"):
+    for step in (FlowStepExecution.objects.filter(org_id=org.org_id, run_id=run.pk)
+                 .select_related("output_checkpoint").order_by("id")):
         attempts = [{
             "attempt_id": int(a.pk), "attempt_number": a.attempt_number, "outcome": a.state,
             "lease_owner": a.lease_owner, "lease_correlation": a.lease_token_digest[:12],
@@ -112,7 +129,8 @@ def flow_run_support_read(*, org: OrgScope, run_id: FlowRun.Id | int, include_de
         } for a in FlowStepAttempt.objects.filter(org_id=org.org_id, step_id=step.pk).order_by("attempt_number")]
         steps.append({"step_id": int(step.pk), "plan_step_key": step.plan_step_key, "step_kind": step.step_kind,
                       "state": step.state, "version": step.version, "attempt_count": step.attempt_count,
-                      "run_after": ts(step.run_after), "reason_code": step.reason_code, "attempts": attempts})
+                      "run_after": ts(step.run_after), "reason_code": step.reason_code,
+                      "wait_outcome": _wait_outcome(step), "attempts": attempts})
     dependencies = [_dependency_json(d)
                     for d in FlowDependency.objects.filter(org_id=org.org_id, run_id=run.pk).order_by("id")]
     effects = [{"effect_link_id": int(e.pk), "step_id": int(e.step_id), "effect_owner_kind": e.effect_owner_kind,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import unicodedata
 from typing import Any
 
 from django.db import transaction
@@ -230,6 +231,16 @@ def _exec_scheduled_path(claim: StepClaim, plan: FlowExecutionPlan, step_def: di
             if dependency.state != t.DEP_SATISFIED:
                 raise PlanMismatch(f"scheduled path dependency {dependency.pk} is {dependency.state}")
             resolution = dependency.resolution or {}
+            if resolution.get("withdraw"):
+                # The save (or deletion) that ended this wait took the record out of the flow: that save's
+                # verdict stands, whatever later saves did (docs/operations.md "Scheduled paths").
+                _commit_step(claim, plan, run, attempt, now,
+                             output={"scheduled_path": path["name"], "outcome": "withdrawn", "why": resolution["why"],
+                                     "event": resolution.get("event"), "record_version": resolution.get("record_version")},
+                             step_dst=t.STEP_SUCCEEDED, root_dst=t.RUN_RUNNABLE, next_key=TERMINAL_STEP_KEY,
+                             context=context)
+                failpoints.hit(FP_BEFORE_COMMIT)
+                return "succeeded"
             if "operator" not in resolution:
                 _commit_step(claim, plan, run, attempt, now, output={"scheduled_path": path["name"],
                                                                      "outcome": "recheck", **resolution},
@@ -311,8 +322,9 @@ def flow_wait_signal(*, org: OrgScope, run_id: FlowRun.Id | int, producer_kind: 
     """
     run_id = require_id(run_id, FlowRun, field="run_id")
     validate_key(actor, field="actor", max_length=120)
-    if not isinstance(reason, str) or not reason.strip() or len(reason) > 500:
-        raise InvalidIdentity("reason must be 1..500 characters of text")
+    if (not isinstance(reason, str) or not reason.strip() or len(reason) > 500
+            or any(unicodedata.category(c) in ("Cc", "Cs") and c not in "\t\n" for c in reason)):
+        raise InvalidIdentity("reason must be 1..500 characters of printable text")
     signalable = sorted(k for k, c in PRODUCERS.items() if c.operator_signal)
     if producer_kind not in PRODUCERS:
         raise WaitSignalRefused(f"unknown producer {producer_kind!r}; the producers that take an operator signal: "

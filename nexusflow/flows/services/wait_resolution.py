@@ -5,10 +5,10 @@
 dependency locks, state, version and scope checks, then dependency
 ``satisfied`` (with its resolution evidence), step ``Pending`` and root
 ``Runnable`` together. The resume sweep (:mod:`.time_waits`) calls it for a
-due wait; :func:`scheduled_paths_recheck` calls it, inside a record save, for
-a waiting scheduled path whose record no longer meets the flow's entry
-conditions or whose time field changed, so the path's step evaluates the
-record again (docs/operations.md "Scheduled paths").
+due wait; :func:`scheduled_paths_recheck` calls it, right after a record save
+commits, for a waiting scheduled path whose record no longer meets the flow's
+entry conditions or whose time field changed, so the path's step withdraws
+the path or evaluates the record again (docs/operations.md "Scheduled paths").
 
 This module imports no executor module: the records after-save hook
 (:mod:`.admission`) reaches it without an import cycle.
@@ -120,45 +120,66 @@ def _resolve_locked(run: FlowRun, step: FlowStepExecution, dependency: FlowDepen
     return True
 
 
-def scheduled_paths_recheck(*, org: OrgScope, record, change, deferred: bool = False) -> int:
+def scheduled_paths_recheck(*, org: OrgScope, record, change) -> int:
     """Make the waiting scheduled paths of a just-updated record look again (records after-save hook).
 
-    Runs inside the saving transaction, which holds the record's lock (the
-    business lock comes before Flow rows in the one lock order). A path run
-    waiting at its path's first step for the path's time resolves early
-    (event ``record_changed``) when this save leaves the flow's entry
-    conditions unmet or changes the record field the path's time is counted
-    from; the path's step then evaluates the record again: it is withdrawn,
-    waits for the recomputed time, or runs. A run that already entered its
-    path (waiting at a Wait element inside it) is not touched: the path has
-    started. Every resolved run's root, step and dependency are locked as one
-    declared set in the one order (all roots, then all steps, then all
-    dependencies).
+    A path run waiting at its path's first step for the path's time resolves
+    early (event ``record_changed``) when this save leaves the flow's entry
+    conditions unmet (the resolution then carries ``withdraw``: the path is
+    withdrawn whatever later saves do) or changes the record field the
+    path's time is counted from (its step then waits for the recomputed time,
+    or runs). A run that already entered its path (waiting at a Wait element
+    inside it) is not touched: the path has started.
 
-    ``deferred`` (the save is a Flow step's own record write, whose
-    transaction already holds that run's root, step and attempt): nothing is
-    locked here; the recheck runs right after that transaction commits, in a
-    transaction of its own that locks the record first. A crash in between
-    loses only the early look: the path's step evaluates the record again
-    when its time comes (docs/operations.md "Scheduled paths").
+    Nothing is locked in the saving transaction, which may lock further
+    records after this save: the recheck runs right after it commits, in a
+    transaction of its own that locks the record first, then every such
+    run's root, then their steps, then their dependencies (one declared
+    set), and judges each run on the values this save wrote. A crash in
+    between loses only the early look: the path's step evaluates the record
+    again when its time comes (docs/operations.md "Scheduled paths").
 
-    Returns how many waits it resolved (0 when deferred).
+    Returns how many waiting runs the recheck will look at (0: none, nothing deferred).
     """
-    candidates = _recheck_candidates(org=org, record=record, changed_fields=frozenset(change.changed_fields))
-    if not candidates:
-        return 0
-    if deferred:
-        object_name, record_key, changed = record.object_name, record.record_key, frozenset(change.changed_fields)
-        transaction.on_commit(lambda: _recheck_after_commit(org=org, object_name=object_name, record_key=record_key,
-                                                            changed_fields=changed), robust=True)
-        return 0
-    return _resolve_rechecks(org_id=org.org_id, candidates=candidates, record=record)
+    changed = frozenset(change.changed_fields)
+    candidates = _recheck_candidates(org=org, object_name=record.object_name, record_key=record.record_key,
+                                     fields=record.fields, changed_fields=changed)
+    if candidates:
+        _defer_recheck(org=org, record=record, changed_fields=changed, deleting=False)
+    return len(candidates)
 
 
-def _recheck_candidates(*, org: OrgScope, record, changed_fields: frozenset[str]) -> list[tuple[int, int, int, str]]:
-    """``(run id, step id, dependency id, why)`` of the record's path runs a save should wake (unlocked reads)."""
-    runs = list(FlowRun.objects.filter(org_id=org.org_id, trigger_object_name=record.object_name,
-                                       record_key=record.record_key, state=t.RUN_WAITING)
+def scheduled_paths_before_delete(*, org: OrgScope, record) -> int:
+    """Withdraw every scheduled path of ``record`` still waiting for its time (records before-delete hook).
+
+    Registered at ``DELETE_STAGE_FLOW_WAITS``. Like
+    :func:`scheduled_paths_recheck` it locks nothing in the deleting
+    transaction: right after that commits, each such wait resolves early with
+    ``withdraw`` (why ``the record was deleted``) and its step withdraws the
+    path. A refused deletion rolls the deferred recheck back with it. Returns
+    how many waiting runs the recheck will look at.
+    """
+    candidates = _recheck_candidates(org=org, object_name=record.object_name, record_key=record.record_key,
+                                     fields=record.fields, changed_fields=frozenset(), deleting=True)
+    if candidates:
+        _defer_recheck(org=org, record=record, changed_fields=frozenset(), deleting=True)
+    return len(candidates)
+
+
+def _defer_recheck(*, org: OrgScope, record, changed_fields: frozenset[str], deleting: bool) -> None:
+    object_name, record_key, version = record.object_name, record.record_key, record.version
+    fields = dict(record.fields)  # the values this save wrote: the verdict is this save's, not a later one's
+    transaction.on_commit(lambda: _recheck_after_commit(
+        org=org, object_name=object_name, record_key=record_key, fields=fields, version=version,
+        changed_fields=changed_fields, deleting=deleting), robust=True)
+
+
+def _recheck_candidates(*, org: OrgScope, object_name: str, record_key: str, fields: dict[str, Any],
+                        changed_fields: frozenset[str],
+                        deleting: bool = False) -> list[tuple[int, int, int, str, bool]]:
+    """``(run id, step id, dependency id, why, withdraw)`` of the record's path runs to wake (unlocked reads)."""
+    runs = list(FlowRun.objects.filter(org_id=org.org_id, trigger_object_name=object_name,
+                                       record_key=record_key, state=t.RUN_WAITING)
                 .exclude(entry_path=IMMEDIATE_PATH).select_related("plan").order_by("id"))
     out = []
     for run in runs:
@@ -168,11 +189,13 @@ def _recheck_candidates(*, org: OrgScope, record, changed_fields: frozenset[str]
                      None)
         if path is None or entry is None or run.current_step_id is None:
             continue
-        why = None
-        if not conditions_hold(trigger.get("filters") or [], trigger.get("filter_logic") or "and", record.fields):
+        why, withdraw = None, True
+        if deleting:
+            why = "the record was deleted"
+        elif not conditions_hold(trigger.get("filters") or [], trigger.get("filter_logic") or "and", fields):
             why = "entry conditions no longer hold"
         elif path.get("time_source") == "RecordField" and path.get("record_field") in changed_fields:
-            why = f"time field {path['record_field']} changed"
+            why, withdraw = f"time field {path['record_field']} changed", False
         if why is None:
             continue
         # Only the wait of the path's own first step (its time): a Wait element inside the path is the path's own.
@@ -182,27 +205,27 @@ def _recheck_candidates(*, org: OrgScope, record, changed_fields: frozenset[str]
                       .values_list("pk", "condition").first())
         if dependency is None or (dependency[1] or {}).get("kind") != CONDITION_SCHEDULED_PATH:
             continue
-        out.append((int(run.pk), int(run.current_step_id), int(dependency[0]), why))
+        out.append((int(run.pk), int(run.current_step_id), int(dependency[0]), why, withdraw))
     return out
 
 
-def _resolve_rechecks(*, org_id: str, candidates: list[tuple[int, int, int, str]], record) -> int:
+def _resolve_rechecks(*, org_id: str, candidates: list[tuple[int, int, int, str, bool]], record_version: int) -> int:
     """Lock every candidate's root, step and dependency as one declared set, then resolve those still waiting."""
     resources = []
-    for run_id, step_id, dependency_id, _why in candidates:
+    for run_id, step_id, dependency_id, _why, _withdraw in candidates:
         resources += [locks.store_resource(FlowRunStore, org_id, run_id),
                       locks.store_resource(FlowStepStore, org_id, step_id),
                       locks.store_resource(FlowDependencyStore, org_id, dependency_id)]
     rows = locks.acquire(resources)
     now = db_now()
     resolved = 0
-    for index, (_run_id, step_id, _dependency_id, why) in enumerate(candidates):
+    for index, (_run_id, step_id, _dependency_id, why, withdraw) in enumerate(candidates):
         run, step, dependency = rows[3 * index: 3 * index + 3]
         if not _still_waiting(run, step, dependency, step_id=step_id):
             continue  # whoever moved it won: the clock, a cancel, or another save
+        early = {"why": why, "record_version": record_version, **({"withdraw": True} if withdraw else {})}
         with transaction.atomic():
-            if _resolve_locked(run, step, dependency, now=now,
-                               early={"why": why, "record_version": record.version}):
+            if _resolve_locked(run, step, dependency, now=now, early=early):
                 resolved += 1
                 failpoints.hit(FP_RECHECK_RESOLVED)
     return resolved
@@ -214,16 +237,17 @@ def _still_waiting(run: FlowRun, step: FlowStepExecution, dependency: FlowDepend
             and dependency.state == t.DEP_WAITING and dependency.step_id == step.pk)
 
 
-def _recheck_after_commit(*, org: OrgScope, object_name: str, record_key: str, changed_fields: frozenset[str]) -> None:
-    """The deferred recheck of a Flow step's own record write: record lock, then the runs (own transaction)."""
+def _recheck_after_commit(*, org: OrgScope, object_name: str, record_key: str, fields: dict[str, Any],
+                          version: int, changed_fields: frozenset[str], deleting: bool) -> int:
+    """The recheck of one committed save or deletion: record lock, then the runs (own transaction)."""
     from nexusflow.records.models import Record
-    from nexusflow.records.services import record_lock
+    from nexusflow.records.services import record_lock_owner
 
     with transaction.atomic(durable=True):
         try:
-            record = record_lock(org=org, object_name=object_name, record_key=record_key)
+            record_lock_owner(org=org, object_name=object_name, record_key=record_key)  # live or deleted
         except Record.DoesNotExist:
-            return  # deleted since: the path's step finds it gone and withdraws
-        candidates = _recheck_candidates(org=org, record=record, changed_fields=changed_fields)
-        if candidates:
-            _resolve_rechecks(org_id=org.org_id, candidates=candidates, record=record)
+            return 0
+        candidates = _recheck_candidates(org=org, object_name=object_name, record_key=record_key, fields=fields,
+                                         changed_fields=changed_fields, deleting=deleting)
+        return _resolve_rechecks(org_id=org.org_id, candidates=candidates, record_version=version) if candidates else 0

@@ -201,7 +201,7 @@ class Command(BaseCommand):
             scope = OrgScope(org)
             if subcommand == "run":
                 if options["max_steps"] < 1:
-                    raise InvalidIdentity("--max-steps must be at least 1")
+                    raise CommandError("invalid_argument: --max-steps must be at least 1", returncode=2)
                 state = services.flow_run_drive(org=scope, run_id=run_id, worker_id=options["worker_id"],
                                                 max_steps=options["max_steps"])
                 self.stdout.write(_dumps({"run_id": run_id, "state": state}))
