@@ -22,7 +22,7 @@ class ApplicationResultAdmin(ReadOnlyAdmin):
 @admin.register(models.OutboxMessage)
 class OutboxMessageAdmin(ReadOnlyAdmin):
     list_display = ("id", "org_id", "family", "message_key", "command", "state", "delivery_attempts",
-                    "next_attempt_at", "delivered_at")
+                    "reconcile_attempts", "next_attempt_at", "delivered_at")
     list_filter = ("state", "family")
     search_fields = ("message_key", "payload_digest")
 
