@@ -47,7 +47,9 @@ from django.db import OperationalError, transaction
 
 from nexusflow.kernel import failpoints
 from nexusflow.kernel.clock import db_now
-from nexusflow.kernel.errors import StaleVersion
+from nexusflow.kernel.errors import NexusError, StaleVersion
+from nexusflow.kernel.identity import validate_key, validate_note
+from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.ports import Port
 from nexusflow.kernel.scope import TrustedRuntimeWorkScope
 
@@ -142,6 +144,16 @@ def outbox_try_reconcile_one() -> bool:
                .order_by("next_attempt_at", "id").first())
     if message is None:
         return False
+    _reconcile(message, now)
+    return True
+
+
+def _reconcile(message: OutboxMessage, now: dt.datetime, *, operator: dict[str, str] | None = None) -> str | None:
+    """Claim one ``reconciling`` message (count the question, back off), ask the fence, finalize or wait.
+
+    Returns the message's terminal state, or None when it stays ``reconciling`` (asked again later) or
+    another reconciler claimed it first.
+    """
     asked = message.reconcile_attempts  # fence questions already asked (a crashed one counts too)
     with transaction.atomic(durable=True):
         try:
@@ -150,17 +162,80 @@ def outbox_try_reconcile_one() -> bool:
                 set_fields={"reconcile_attempts": asked + 1,
                             "next_attempt_at": now + dt.timedelta(seconds=_backoff(asked))})
         except StaleVersion:
-            return True  # another reconciler claimed or finalized it first
+            return None  # another reconciler claimed or finalized it first
     verdict, evidence = _ask_fence(message)
     if verdict == _RETRY:
         if asked + 1 < reconcile_max_attempts():
             log.warning("RejectIfUnaccepted for outbox message %s gave no answer (%s); asking again later",
                         message.pk, evidence.get("code"), extra={"org_id": message.org_id})
-            return True
+            return None
         verdict, evidence = VERDICT_UNKNOWN, {**evidence, "why": "reconciliation attempts spent"}
     failpoints.hit(FP_AFTER_FENCE)
-    handoff_finalize(message_id=int(message.pk), org_id=message.org_id, verdict=verdict, evidence=evidence)
-    return True
+    if operator is not None:
+        evidence = {**evidence, "operator": operator}
+    return handoff_finalize(message_id=int(message.pk), org_id=message.org_id, verdict=verdict, evidence=evidence)
+
+
+class HandoffReconcileRefused(NexusError):
+    """The message cannot be reconciled by hand: not a ``flow.effect.submit`` message, or already settled."""
+
+    code = "outbox_reconcile_refused"
+    definite = True
+
+
+def handoff_reconcile_now(*, org_id: str, message_id: int, actor: str, reason: str) -> dict[str, Any]:
+    """An operator gives up waiting on one ``flow.effect.submit`` delivery (``manage.py outbox reconcile``).
+
+    A ``pending`` message moves to ``reconciling`` at once, whatever its
+    delivery budget; then (as for a ``reconciling`` one) the owner's fence is
+    asked and the verdict finalized exactly as the sweep does (module
+    docstring): the owner accepted it (delivered, the run keeps waiting), or
+    a tombstone now refuses it for good and the run takes its no-effect
+    route, or ``AcceptanceUnknown`` quarantines the run. ``actor`` and
+    ``reason`` go into the Flow's audit evidence.
+
+    Returns:
+        ``{"message_id", "family", "state", "reconcile_attempts"}`` after the attempt.
+
+    Raises:
+        InvalidIdentity: a malformed id, actor or reason (before SQL).
+        OutboxMessageNotFound: no such message in ``org_id``.
+        HandoffReconcileRefused: another family, or a message already delivered or terminal.
+        RuntimeError: called inside a transaction.
+    """
+    message_id = require_id(message_id, OutboxMessage, field="message_id")
+    validate_key(actor, field="actor", max_length=120)
+    reason = validate_note(reason, field="reason")
+    if transaction.get_connection().in_atomic_block:
+        raise RuntimeError("handoff reconciliation runs outside any transaction")
+    message = OutboxMessage.objects.filter(org_id=org_id, pk=message_id).first()
+    if message is None:
+        raise OutboxMessageNotFound(f"no outbox message {int(message_id)} in this org")
+    if message.family not in RECONCILED_FAMILIES:
+        raise HandoffReconcileRefused(f"message {int(message_id)} is {message.family}: only "
+                                      f"{', '.join(sorted(RECONCILED_FAMILIES))} messages are reconciled")
+    now = db_now()
+    if message.state == "pending":
+        with transaction.atomic(durable=True):
+            try:
+                OutboxMessageStore.transition(org_id=org_id, pk=message.pk, src="pending", dst="reconciling",
+                                              version=message.version, set_fields={"next_attempt_at": now})
+            except StaleVersion:
+                pass  # delivered or moved meanwhile: read it again below
+        message = OutboxMessage.objects.get(org_id=org_id, pk=message_id)
+    if message.state != "reconciling":
+        raise HandoffReconcileRefused(f"message {int(message_id)} is {message.state}: nothing to reconcile")
+    _reconcile(message, now, operator={"actor": actor, "reason": reason})
+    message = OutboxMessage.objects.get(org_id=org_id, pk=message_id)
+    return {"message_id": int(message.pk), "family": message.family, "state": message.state,
+            "reconcile_attempts": message.reconcile_attempts}
+
+
+class OutboxMessageNotFound(NexusError):
+    """No such outbox message in the org."""
+
+    code = "outbox_message_not_found"
+    http_status = 404
 
 
 def _ask_fence(message: OutboxMessage) -> tuple[str, dict[str, Any]]:

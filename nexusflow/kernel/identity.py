@@ -64,6 +64,20 @@ def validate_key(value: object, *, field: str = "key", max_length: int = DEFAULT
     return value
 
 
+def validate_note(value: object, *, field: str = "reason", max_length: int = 500) -> str:
+    """Return an operator's free-text note (a reason) stripped, when it is printable text, else raise.
+
+    Raises:
+        InvalidIdentity: not text, blank, longer than ``max_length`` characters, or holding a control
+            character other than tab and newline, or a lone surrogate (text that cannot be stored as UTF-8).
+    """
+    if not isinstance(value, str) or not value.strip() or len(value) > max_length:
+        raise InvalidIdentity(f"{field} must be 1..{max_length} characters of printable text")
+    if any(unicodedata.category(c) in ("Cc", "Cs") and c not in "\t\n" for c in value):
+        raise InvalidIdentity(f"{field} must be 1..{max_length} characters of printable text")
+    return value.strip()
+
+
 def canonical_locator(value: object, *, field: str = "locator", max_length: int = DEFAULT_MAX_LENGTH) -> str:
     """Render an external locator (int or text) as its canonical key.
 

@@ -412,3 +412,71 @@ def test_a_fence_that_fails_once_after_many_delivery_tries_is_asked_again(submit
     assert handoff.outbox_try_reconcile_one() is True
     assert _message(submitted).state == "handoff_rejected" and len(calls) == 2
     assert _flow_rows(submitted)[0].reason_code == "flow_effect_handoff_rejected"
+
+
+# --- manage.py outbox -----------------------------------------------------------------------------------------
+def test_an_operator_reconciles_a_pending_handoff_by_hand(submitted, owner_down):
+    """``outbox reconcile``: the operator stops waiting on a delivery the owner keeps refusing, long before its
+    budget is spent; the fence writes the tombstone and the run takes its no-effect route, with the operator in
+    the Flow's audit. A second call is refused (already settled); ``outbox list`` shows it."""
+    from django.core.management import CommandError, call_command
+    from io import StringIO
+
+    import json
+
+    assert outbox_try_deliver_one() is True  # one refused try: nowhere near the budget
+    message = _message(submitted)
+    out = StringIO()
+    call_command("outbox", "reconcile", str(message.pk), "--org", ORG, "--actor", "ops-ann",
+                 "--reason", "owner decommissioned", stdout=out)
+    assert json.loads(out.getvalue()) == {"message_id": message.pk, "family": messages.FLOW_EFFECT_SUBMIT,
+                                          "state": "handoff_rejected", "reconcile_attempts": 1}
+    run = FlowRun.objects.get(pk=submitted.pk)
+    assert (run.state, run.reason_code) == (t.RUN_TERMINAL_FAILED, "flow_effect_handoff_rejected")
+    audit = FlowAuditEvent.objects.get(run=run, event="effect_handoff_finalized")
+    assert audit.detail["operator"] == {"actor": "ops-ann", "reason": "owner decommissioned"}
+    with pytest.raises(CommandError) as again:
+        call_command("outbox", "reconcile", str(message.pk), "--org", ORG, "--actor", "ops-ann", "--reason", "x")
+    assert again.value.returncode == 2 and "outbox_reconcile_refused" in str(again.value)
+    listed = StringIO()
+    call_command("outbox", "list", "--org", ORG, "--state", "handoff_rejected", stdout=listed)
+    [row] = json.loads(listed.getvalue())
+    assert (row["message_id"], row["flow_run_id"], row["reconcile_attempts"]) == (message.pk, submitted.pk, 1)
+
+
+@pytest.mark.parametrize("argv,code,returncode", [
+    (["reconcile", "0", "--org", ORG, "--actor", "a", "--reason", "r"], "invalid_identity", 2),
+    (["reconcile", "²", "--org", ORG, "--actor", "a", "--reason", "r"], "invalid_identity", 2),
+    (["reconcile", "1", "--org", ORG, "--actor", "a", "--reason", "bell \x07"], "invalid_identity", 2),
+    (["reconcile", "999999", "--org", ORG, "--actor", "a", "--reason", "r"], "outbox_message_not_found", 3),
+    (["reconcile", "1", "--org", " x", "--actor", "a", "--reason", "r"], "invalid_identity", 2),
+    (["list", "--org", ORG, "--state", "lost"], "invalid_argument", 2),
+    (["list", "--org", ORG, "--family", "no.such"], "invalid_argument", 2),
+    (["list", "--org", ORG, "--limit", "0"], "invalid_argument", 2),
+])
+def test_the_outbox_command_refuses_bad_input_with_a_stable_code(submitted, argv, code, returncode):
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError) as refused:
+        call_command("outbox", *argv)
+    assert refused.value.returncode == returncode and code in str(refused.value)
+    assert _message(submitted).state == "pending"
+
+
+def test_an_outbound_command_message_is_not_reconciled_by_hand(submitted):
+    """Only flow.effect.submit handoffs are reconciled: a record push (``outbound.command``) must never be
+    rejected for being late; it keeps its delivery state."""
+    from django.core.management import CommandError, call_command
+
+    from nexusflow.records.models import Record
+    from tests.kits.outbound import author
+
+    contact = Record.objects.get(org_id=ORG, object_name="Contact")
+    command = author(contact, lastname="Lee-Smith")
+    push = OutboxMessage.objects.get(command=command)
+    assert push.family == messages.OUTBOUND_COMMAND
+    with pytest.raises(CommandError) as refused:
+        call_command("outbox", "reconcile", str(push.pk), "--org", ORG, "--actor", "a", "--reason", "r")
+    assert refused.value.returncode == 2 and "outbox_reconcile_refused" in str(refused.value)
+    assert OutboxMessage.objects.get(pk=push.pk).state == "pending"
+    assert not InboxAcceptance.objects.filter(message_key=push.message_key).exists()

@@ -64,7 +64,8 @@ from .time_waits import flow_try_resume_due_one, flow_wait_signal
 from .waits import flow_try_wake_one, flow_wake_signal_accept
 
 __all__ = [
-    "CancelResult", "DeployResult", "StartResult", "StepClaim", "effect_root_id_for", "flow_activate",
+    "CancelResult", "DeployResult", "StartResult", "StepClaim", "effect_handoff_finalize", "effect_root_id_for",
+    "flow_activate",
     "flow_before_save", "flow_compile_check", "flow_deploy", "flow_plan_compile", "flow_run_delete",
     "flow_run_drive", "flow_run_start", "flow_run_support_read", "flow_start_inputs", "flow_step_claim_one",
     "flow_step_execute", "flow_step_heartbeat", "flow_trigger_on_record_saved", "flow_try_cancel_cleanup_one",

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import unicodedata
 from typing import Any
 
 from django.db import transaction
@@ -32,8 +31,7 @@ from django.db import transaction
 from nexusflow.kernel import canonical_json, failpoints
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import digest_v2
-from nexusflow.kernel.errors import InvalidIdentity
-from nexusflow.kernel.identity import validate_key
+from nexusflow.kernel.identity import validate_key, validate_note
 from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.scope import OrgScope
 
@@ -322,9 +320,7 @@ def flow_wait_signal(*, org: OrgScope, run_id: FlowRun.Id | int, producer_kind: 
     """
     run_id = require_id(run_id, FlowRun, field="run_id")
     validate_key(actor, field="actor", max_length=120)
-    if (not isinstance(reason, str) or not reason.strip() or len(reason) > 500
-            or any(unicodedata.category(c) in ("Cc", "Cs") and c not in "\t\n" for c in reason)):
-        raise InvalidIdentity("reason must be 1..500 characters of printable text")
+    reason = validate_note(reason, field="reason")
     signalable = sorted(k for k, c in PRODUCERS.items() if c.operator_signal)
     if producer_kind not in PRODUCERS:
         raise WaitSignalRefused(f"unknown producer {producer_kind!r}; the producers that take an operator signal: "
@@ -343,7 +339,7 @@ def flow_wait_signal(*, org: OrgScope, run_id: FlowRun.Id | int, producer_kind: 
     with transaction.atomic(durable=True):
         resolved = clock_wait_resolve(org_id=org.org_id, run_id=run.pk, step_id=run.current_step_id,
                                       dependency_id=dependency,
-                                      operator={"actor": actor, "reason": reason.strip()})
+                                      operator={"actor": actor, "reason": reason})
     if not resolved:
         raise WaitSignalRefused(f"run {int(run_id)} stopped waiting meanwhile")
     row = FlowDependency.objects.get(org_id=org.org_id, pk=dependency)
