@@ -462,3 +462,25 @@ def test_a_transaction_that_saves_the_record_then_locks_another_keeps_the_lock_o
     run_until_idle()
     for run in _path_runs(org, first).values():
         assert _path_output(org, run)["outcome"] == "withdrawn"
+
+
+def test_a_late_recheck_of_a_close_never_withdraws_the_paths_a_later_reopen_admitted(org, lapse_deployed):
+    """A close's recheck that runs late (after a re-opening save admitted a new set of paths, which already
+    wait) judges only the runs admitted before the close: the new set keeps waiting."""
+    from nexusflow.flows.services import wait_resolution
+
+    record = _open(org, renewal_in_days=10)
+    run_until_idle()
+    old = _path_runs(org, record)
+    closed = update_record(org, record, {"Status__c": "Closed"})
+    closed_fields, closed_version = dict(closed.fields), closed.version
+    update_record(org, record, {"Status__c": "Open"})
+    run_until_idle()
+    new = FlowRun.objects.filter(org_id=org.org_id, record_key=record.record_key, state=t.RUN_WAITING)
+    assert new.count() == 3 and not set(new.values_list("pk", flat=True)) & {r.pk for r in old.values()}
+    # The close's recheck, replayed late with the values and version of the close:
+    assert wait_resolution._recheck_after_commit(
+        org=org, object_name=OBJECT, record_key=record.record_key, fields=closed_fields, version=closed_version,
+        admitted_before=closed_version, changed_fields=frozenset({"Status__c"}), deleting=False) == 0
+    assert FlowRun.objects.filter(org_id=org.org_id, record_key=record.record_key,
+                                  state=t.RUN_WAITING).count() == 3

@@ -143,7 +143,7 @@ def scheduled_paths_recheck(*, org: OrgScope, record, change) -> int:
     """
     changed = frozenset(change.changed_fields)
     candidates = _recheck_candidates(org=org, object_name=record.object_name, record_key=record.record_key,
-                                     fields=record.fields, changed_fields=changed)
+                                     fields=record.fields, changed_fields=changed, admitted_before=record.version)
     if candidates:
         _defer_recheck(org=org, record=record, changed_fields=changed, deleting=False)
     return len(candidates)
@@ -160,7 +160,8 @@ def scheduled_paths_before_delete(*, org: OrgScope, record) -> int:
     how many waiting runs the recheck will look at.
     """
     candidates = _recheck_candidates(org=org, object_name=record.object_name, record_key=record.record_key,
-                                     fields=record.fields, changed_fields=frozenset(), deleting=True)
+                                     fields=record.fields, changed_fields=frozenset(),
+                                     admitted_before=record.version + 1, deleting=True)
     if candidates:
         _defer_recheck(org=org, record=record, changed_fields=frozenset(), deleting=True)
     return len(candidates)
@@ -169,17 +170,24 @@ def scheduled_paths_before_delete(*, org: OrgScope, record) -> int:
 def _defer_recheck(*, org: OrgScope, record, changed_fields: frozenset[str], deleting: bool) -> None:
     object_name, record_key, version = record.object_name, record.record_key, record.version
     fields = dict(record.fields)  # the values this save wrote: the verdict is this save's, not a later one's
+    # A save judges the runs admitted before it; a deletion (no new version) every run admitted so far.
+    admitted_before = version + 1 if deleting else version
     transaction.on_commit(lambda: _recheck_after_commit(
         org=org, object_name=object_name, record_key=record_key, fields=fields, version=version,
-        changed_fields=changed_fields, deleting=deleting), robust=True)
+        admitted_before=admitted_before, changed_fields=changed_fields, deleting=deleting), robust=True)
 
 
 def _recheck_candidates(*, org: OrgScope, object_name: str, record_key: str, fields: dict[str, Any],
-                        changed_fields: frozenset[str],
+                        changed_fields: frozenset[str], admitted_before: int,
                         deleting: bool = False) -> list[tuple[int, int, int, str, bool]]:
-    """``(run id, step id, dependency id, why, withdraw)`` of the record's path runs to wake (unlocked reads)."""
+    """``(run id, step id, dependency id, why, withdraw)`` of the record's path runs to wake (unlocked reads).
+
+    Only runs admitted by a save older than the one judged (``record_version < admitted_before``): a run a
+    later save admitted is that save's, and ``fields`` say nothing about it.
+    """
     runs = list(FlowRun.objects.filter(org_id=org.org_id, trigger_object_name=object_name,
-                                       record_key=record_key, state=t.RUN_WAITING)
+                                       record_key=record_key, state=t.RUN_WAITING,
+                                       record_version__lt=admitted_before)
                 .exclude(entry_path=IMMEDIATE_PATH).select_related("plan").order_by("id"))
     out = []
     for run in runs:
@@ -238,7 +246,7 @@ def _still_waiting(run: FlowRun, step: FlowStepExecution, dependency: FlowDepend
 
 
 def _recheck_after_commit(*, org: OrgScope, object_name: str, record_key: str, fields: dict[str, Any],
-                          version: int, changed_fields: frozenset[str], deleting: bool) -> int:
+                          version: int, admitted_before: int, changed_fields: frozenset[str], deleting: bool) -> int:
     """The recheck of one committed save or deletion: record lock, then the runs (own transaction)."""
     from nexusflow.records.models import Record
     from nexusflow.records.services import record_lock_owner
@@ -249,5 +257,6 @@ def _recheck_after_commit(*, org: OrgScope, object_name: str, record_key: str, f
         except Record.DoesNotExist:
             return 0
         candidates = _recheck_candidates(org=org, object_name=object_name, record_key=record_key, fields=fields,
-                                         changed_fields=changed_fields, deleting=deleting)
+                                         changed_fields=changed_fields, admitted_before=admitted_before,
+                                         deleting=deleting)
         return _resolve_rechecks(org_id=org.org_id, candidates=candidates, record_version=version) if candidates else 0
