@@ -480,3 +480,35 @@ def test_an_outbound_command_message_is_not_reconciled_by_hand(submitted):
     assert refused.value.returncode == 2 and "outbox_reconcile_refused" in str(refused.value)
     assert OutboxMessage.objects.get(pk=push.pk).state == "pending"
     assert not InboxAcceptance.objects.filter(message_key=push.message_key).exists()
+
+
+@pytest.mark.parametrize("held", ["finalizer", "cancel"])
+def test_the_handoff_finalizer_takes_the_flow_root_before_the_outbox_row(submitted, owner_down, holds,
+                                                                        db_clock_advance, held):
+    """Seed 004 22.5-02 and 15.4: the finalizer discovers its message without a lock and locks the Flow root
+    before the outbox row. Held inside its transaction, a cancel of the run queues on the run's row; a held
+    cancel makes the finalizer queue on the run's row too (it holds no outbox row while it waits), so the two
+    never wait on each other in reverse; whichever commits first wins and the other finds it."""
+    from nexusflow.flows.services import flow_run_delete
+    from tests.concurrency import race_behind_hold
+
+    _spend_delivery_budget(submitted, db_clock_advance)
+    reconcile = handoff.outbox_try_reconcile_one
+
+    def cancel():
+        return flow_run_delete(org=ORG_SCOPE, run_id=submitted.pk)
+
+    if held == "finalizer":
+        first, second = race_behind_hold(holds, "outbox.reconcile.finalize_before_commit", reconcile, cancel,
+                                         "flows_flowrun")
+    else:
+        first, second = race_behind_hold(holds, "flow.cancel.before_commit", cancel, reconcile, "flows_flowrun")
+    assert (first.error, second.error) == (None, None)
+    run, _completion, dependency = _flow_rows(submitted)
+    assert _message(submitted).state == "handoff_rejected"
+    if held == "finalizer":  # the rejection committed first: the cancel found a terminal run
+        assert (run.state, dependency.state) == (t.RUN_TERMINAL_FAILED, t.DEP_REJECTED)
+    else:  # the cancel committed first: the finalizer found the dependency cancelled and changed no Flow row
+        assert dependency.state == t.DEP_CANCELLED and run.state in (t.RUN_CANCEL_REQUESTED, t.RUN_CANCELLED)
+        assert not FlowAuditEvent.objects.filter(run=run, event="effect_handoff_finalized").exists()
+    _no_terminal_non_delivery_beside_a_waiting_flow()
