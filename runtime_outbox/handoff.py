@@ -126,8 +126,22 @@ def register_handoff_finalizer(finalize: HandoffFinalizer) -> None:
 
 
 # --- reconciliation -------------------------------------------------------------------------------------
-def _backoff(attempts: int) -> int:
+def retry_backoff_seconds(attempts: int) -> int:
+    """Seconds before the next try after ``attempts`` earlier ones: 1, 2, 4 ... capped at 60 (delivery and fence)."""
     return min(60, 2 ** min(attempts, 6))
+
+
+def start_reconciling(message: OutboxMessage, now: dt.datetime) -> None:
+    """Move a ``pending`` message to ``reconciling``, due at once (its own transaction).
+
+    A message another relay claimed or delivered meanwhile (version moved) is left as it is.
+    """
+    with transaction.atomic(durable=True):
+        try:
+            OutboxMessageStore.transition(org_id=message.org_id, pk=message.pk, src="pending", dst="reconciling",
+                                          version=message.version, set_fields={"next_attempt_at": now})
+        except StaleVersion:
+            pass
 
 
 def outbox_try_reconcile_one() -> bool:
@@ -160,7 +174,7 @@ def _reconcile(message: OutboxMessage, now: dt.datetime, *, operator: dict[str, 
             OutboxMessageStore.touch(
                 org_id=message.org_id, pk=message.pk, state="reconciling", version=message.version,
                 set_fields={"reconcile_attempts": asked + 1,
-                            "next_attempt_at": now + dt.timedelta(seconds=_backoff(asked))})
+                            "next_attempt_at": now + dt.timedelta(seconds=retry_backoff_seconds(asked))})
         except StaleVersion:
             return None  # another reconciler claimed or finalized it first
     verdict, evidence = _ask_fence(message)
@@ -174,6 +188,13 @@ def _reconcile(message: OutboxMessage, now: dt.datetime, *, operator: dict[str, 
     if operator is not None:
         evidence = {**evidence, "operator": operator}
     return handoff_finalize(message_id=int(message.pk), org_id=message.org_id, verdict=verdict, evidence=evidence)
+
+
+class OutboxMessageNotFound(NexusError):
+    """No such outbox message in the org."""
+
+    code = "outbox_message_not_found"
+    http_status = 404
 
 
 class HandoffReconcileRefused(NexusError):
@@ -216,26 +237,14 @@ def handoff_reconcile_now(*, org_id: str, message_id: int, actor: str, reason: s
                                       f"{', '.join(sorted(RECONCILED_FAMILIES))} messages are reconciled")
     now = db_now()
     if message.state == "pending":
-        with transaction.atomic(durable=True):
-            try:
-                OutboxMessageStore.transition(org_id=org_id, pk=message.pk, src="pending", dst="reconciling",
-                                              version=message.version, set_fields={"next_attempt_at": now})
-            except StaleVersion:
-                pass  # delivered or moved meanwhile: read it again below
-        message = OutboxMessage.objects.get(org_id=org_id, pk=message_id)
+        start_reconciling(message, now)
+        message = OutboxMessage.objects.get(org_id=org_id, pk=message_id)  # delivered meanwhile, or reconciling
     if message.state != "reconciling":
         raise HandoffReconcileRefused(f"message {int(message_id)} is {message.state}: nothing to reconcile")
     _reconcile(message, now, operator={"actor": actor, "reason": reason})
     message = OutboxMessage.objects.get(org_id=org_id, pk=message_id)
     return {"message_id": int(message.pk), "family": message.family, "state": message.state,
             "reconcile_attempts": message.reconcile_attempts}
-
-
-class OutboxMessageNotFound(NexusError):
-    """No such outbox message in the org."""
-
-    code = "outbox_message_not_found"
-    http_status = 404
 
 
 def _ask_fence(message: OutboxMessage) -> tuple[str, dict[str, Any]]:

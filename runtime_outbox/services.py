@@ -319,15 +319,10 @@ def outbox_try_deliver_one() -> bool:
                .exclude(next_attempt_at__gt=now).order_by("next_attempt_at", "id").first())
     if message is None:
         return False
-    backoff = min(60, 2 ** min(message.delivery_attempts, 6))
+    backoff = handoff.retry_backoff_seconds(message.delivery_attempts)
     if handoff.delivery_budget_spent(message, now):
         # Seed 004 section 15.4: never a silent dead letter; the owner's fence decides (runtime_outbox/handoff.py).
-        with transaction.atomic(durable=True):
-            try:
-                OutboxMessageStore.transition(org_id=message.org_id, pk=message.pk, src="pending", dst="reconciling",
-                                              version=message.version, set_fields={"next_attempt_at": now})
-            except StaleVersion:
-                pass  # another relay claimed or delivered it first
+        handoff.start_reconciling(message, now)
         log.warning("outbox %s message %s spent its delivery budget (%s tries); reconciling its acceptance",
                     message.family, message.pk, message.delivery_attempts, extra={"org_id": message.org_id})
         return True

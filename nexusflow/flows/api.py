@@ -28,11 +28,12 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from nexusflow.api_errors import error_response
-from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.identity import validate_key
+from nexusflow.kernel.ids import id_from_text
 from nexusflow.kernel.permissions import IsOperator, require_operator_org
 from nexusflow.kernel.scope import OrgScope
 
+from .models import FlowRun
 from .services import flow_run_support_read
 
 _UNAUTHENTICATED = OpenApiResponse(description="not_authenticated | authentication_failed (WWW-Authenticate)")
@@ -53,10 +54,9 @@ class FlowRunSupportReadApi(APIView):
         if include not in ("0", "1"):
             return error_response("invalid_request", "include_deleted is 0 or 1", status.HTTP_400_BAD_REQUEST)
         validate_key(org_id, field="org_id", max_length=64)
-        if not run_id.isdigit() or int(run_id) < 1:
-            raise InvalidIdentity(f"run id {run_id!r} is not a positive integer")
+        run = id_from_text(run_id, FlowRun, field="run id")
         require_operator_org(request.user, org_id, detail="the operator may not read this org")
-        body = flow_run_support_read(org=OrgScope(org_id), run_id=int(run_id), include_deleted=include == "1")
+        body = flow_run_support_read(org=OrgScope(org_id), run_id=run, include_deleted=include == "1")
         return Response(body)
 
 

@@ -14,6 +14,7 @@ binds :func:`sql_param` of a value.
 """
 from __future__ import annotations
 
+import re
 import threading
 from typing import Any
 
@@ -130,6 +131,22 @@ def require_id(value: Any, kind: Any, *, field: str = "id") -> TypedId:
     if value < 1:
         raise InvalidIdentity(f"{field}: {value!r} is not a row id")
     return id_cls(value)
+
+
+#: An id written as text: ASCII digits, no sign, no leading zero, below 2**63 (a BIGINT primary key).
+_ID_TEXT = re.compile(r"[1-9][0-9]{0,18}")
+
+
+def id_from_text(text: str, kind: Any, *, field: str = "id") -> TypedId:
+    """Parse an id given as text (a command argument, a URL segment) and return it as an id of ``kind``.
+
+    Raises:
+        InvalidIdentity: anything but ASCII digits without a leading zero (no sign, space, other
+            Unicode digits such as superscripts) or a value of 2**63 or more. Runs no SQL.
+    """
+    if not isinstance(text, str) or not _ID_TEXT.fullmatch(text) or int(text) >= 2**63:
+        raise InvalidIdentity(f"{field} {text!r} is not a positive integer")
+    return require_id(int(text), kind, field=field)
 
 
 def sql_param(value: Any) -> Any:

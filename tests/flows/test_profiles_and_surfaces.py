@@ -126,6 +126,9 @@ def test_support_read_endpoint_is_scoped_by_the_operators_trusted_org(org, clien
     forbidden = client.get(f"/api/v2/flows/orgs/flows-other-org/runs/{int(run.pk)}/")
     assert (forbidden.status_code, forbidden.json()["error"]) == (403, "org_not_authorized")
     assert client.get(f"/api/v2/flows/orgs/{org.org_id}/runs/x1/").status_code == 400
+    for odd in ("%C2%B2", "9223372036854775808", "01"):  # a superscript two, 2**63, a leading zero: never a 500
+        refused = client.get(f"/api/v2/flows/orgs/{org.org_id}/runs/{odd}/")
+        assert (refused.status_code, refused.json()["error"]) == (400, "invalid_identity"), odd
     missing = client.get(f"/api/v2/flows/orgs/{org.org_id}/runs/99999999/")
     assert (missing.status_code, missing.json()["error"]) == (404, "flow_run_not_found")
     assert client.get(f"/api/v2/flows/orgs/{org.org_id}/runs/{int(run.pk)}/?include_deleted=yes").status_code == 400

@@ -255,3 +255,20 @@ def test_to_python_refuses_another_models_id():
     with pytest.raises(InvalidIdentity):
         field.to_python(Epoch.Id(12))
     assert type(field.to_python(12)) is AccountServingGate.Id
+
+
+@pytest.mark.parametrize("text", ["", "0", "01", "-1", "+1", " 1", "1 ", "1.0", "\u00b2", "\u0661", "\uff11",
+                                  "9223372036854775808", "9" * 20, None])
+def test_an_id_given_as_text_is_ascii_digits_below_2_63(text):
+    from nexusflow.kernel.errors import InvalidIdentity
+    from nexusflow.kernel.ids import id_from_text
+
+    with pytest.raises(InvalidIdentity):
+        id_from_text(text, FlowRun, field="run id")
+
+
+def test_an_id_given_as_text_becomes_an_id_of_its_kind():
+    from nexusflow.kernel.ids import id_from_text
+
+    parsed = id_from_text("9223372036854775807", FlowRun, field="run id")
+    assert parsed == 2**63 - 1 and type(parsed) is FlowRun.Id

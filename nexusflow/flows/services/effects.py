@@ -26,7 +26,7 @@ from .. import reasons
 from .. import transitions as t
 from ..binding import scope_of
 from ..handlers import binary_supports
-from ..models import FlowDependency, FlowEffectLink, FlowExecutionPlan, FlowRun, FlowStepExecution, FlowWakeSignal
+from ..models import FlowDependency, FlowEffectLink, FlowExecutionPlan, FlowRun, FlowWakeSignal
 from ..store import FlowDependencyStore, FlowWakeSignalStore, effect_link_insert
 from .claim import StepClaim
 from .deploy import _persisted_snapshot
@@ -124,20 +124,24 @@ def _exec_effect_submit(claim: StepClaim, plan: FlowExecutionPlan, step_def: dic
             effect_handoff_key=command.idempotency_key, submission_attempt=attempt, created_at=now,
         )
         dependency_key = str(command.pk)
-        _commit_step(
+        completion = _commit_step(
             claim, plan, run, attempt, now,
             output={"outbound_command_id": command.pk, "effect_handoff_key": command.idempotency_key,
                     "dependency_key": dependency_key},
             step_dst=t.STEP_SUCCEEDED, root_dst=t.RUN_WAITING, next_key=step_def["next"], context=context,
             next_state=t.STEP_WAITING,
         )
-        completion = (FlowStepExecution.objects.filter(org_id=claim.org_id, run_id=claim.run_id,
-                                                       plan_step_key=step_def["next"], state=t.STEP_WAITING)
-                      .order_by("-invocation_ordinal").values_list("pk", flat=True).first())
         completion_dependency_create(run=run, step_id=completion, dependency_key=dependency_key, scope=scope,
                                      now=now)
         failpoints.hit(FP_BEFORE_COMMIT)
     return "waiting"
+
+
+def no_effect_route(step_def: dict[str, Any]) -> str | None:
+    """The step an EffectCompletion continues to when its effect proved not to happen (the element's fault
+    connector, compiled as ``on_no_effect``), or None: the run ends ``TerminalFailed``."""
+    route = step_def.get("on_no_effect")
+    return None if route in (None, "terminal_failure") else route
 
 
 def _exec_effect_completion(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any]) -> str:
@@ -213,16 +217,13 @@ def _complete_or_wait(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[
                          step_dst=t.STEP_SUCCEEDED, root_dst=t.RUN_RUNNABLE, next_key=step_def["next"],
                          context=_input_state(claim))
             result = "succeeded"
-        elif receipt.outcome == "no_effect" and step_def.get("on_no_effect") not in (None, "terminal_failure"):
-            # The element's fault connector: an explicit compensation path of the Flow (seed 004 section 15.2).
-            _commit_step(claim, plan, run, attempt, now, output={**evidence, "outcome": receipt.outcome},
-                         step_dst=t.STEP_FAILED, root_dst=t.RUN_RUNNABLE, next_key=step_def["on_no_effect"],
-                         cause=reasons.EFFECT_NO_EFFECT, context=_input_state(claim))
-            result = "failed"
         elif receipt.outcome == "no_effect":
+            # The element's fault connector, if any, is the Flow's explicit compensation path (section 15.2).
+            fault = no_effect_route(step_def)
             _commit_step(claim, plan, run, attempt, now, output={**evidence, "outcome": receipt.outcome},
-                         step_dst=t.STEP_FAILED, root_dst=t.RUN_TERMINAL_FAILED, next_key=None,
-                         cause=reasons.EFFECT_NO_EFFECT)
+                         step_dst=t.STEP_FAILED, root_dst=t.RUN_TERMINAL_FAILED if fault is None else t.RUN_RUNNABLE,
+                         next_key=fault, cause=reasons.EFFECT_NO_EFFECT,
+                         context=None if fault is None else _input_state(claim))
             result = "failed"
         else:
             _commit_step(claim, plan, run, attempt, now, output={**evidence, "outcome": receipt.outcome},

@@ -34,6 +34,7 @@ from .. import transitions as t
 from ..models import FlowDependency
 from ..store import audit_insert
 from .admission import _step_def
+from .effects import no_effect_route
 from .expiry import EXPIRY_FAULT_PATH, EXPIRY_QUARANTINE, EXPIRY_TERMINAL, _finalize
 from .wait_resolution import lock_waiting
 from .waits import PRODUCER_RUNTIME_INTENT
@@ -69,12 +70,12 @@ def effect_handoff_finalize(*, scope: TrustedRuntimeWorkScope, flow_run_id: int,
         org_id=scope.org_id, app_installation_id=scope.app_installation_id,
         runtime_capability_id=scope.runtime_capability_id, binding_digest=scope.binding_digest,
         run_id=flow_run_id, dependency_key=dependency_key, producer_kind=PRODUCER_RUNTIME_INTENT)
-        .values_list("pk", "step_id", "state").first())
+        .values_list("pk", "step_id").first())
     if dependency is None:
         log.error("no completion dependency %s for run %s in the message's scope", dependency_key, flow_run_id,
                   extra={"org_id": scope.org_id, "run_id": flow_run_id})
         return "no_dependency"
-    dependency_id, step_id, state = dependency
+    dependency_id, step_id = dependency
     locked = lock_waiting(org_id=scope.org_id, run_id=flow_run_id, step_id=step_id, dependency_id=dependency_id)
     if locked is None:
         current = FlowDependency.objects.values_list("state", flat=True).get(org_id=scope.org_id, pk=dependency_id)
@@ -85,10 +86,9 @@ def effect_handoff_finalize(*, scope: TrustedRuntimeWorkScope, flow_run_id: int,
         outcome = _finalize(run, step, dependency_row, now, policy_name=EXPIRY_QUARANTINE,
                             unknown_cause=reasons.EFFECT_ACCEPTANCE_UNKNOWN)
     else:
-        route = _step_def(run.plan, step.plan_step_key).get("on_no_effect") or EXPIRY_TERMINAL
+        fault = no_effect_route(_step_def(run.plan, step.plan_step_key))
         outcome = _finalize(run, step, dependency_row, now,
-                            policy_name=EXPIRY_TERMINAL if route == EXPIRY_TERMINAL else EXPIRY_FAULT_PATH,
-                            fault_step=None if route == EXPIRY_TERMINAL else route,
+                            policy_name=EXPIRY_TERMINAL if fault is None else EXPIRY_FAULT_PATH, fault_step=fault,
                             definite_cause=reasons.EFFECT_HANDOFF_REJECTED, definite_state=t.DEP_REJECTED)
     audit_insert(org_id=scope.org_id, run=run, step_id=step.pk, attempt=None, event="effect_handoff_finalized",
                  detail={"dependency": int(dependency_id), "verdict": verdict, "outcome": outcome, **evidence},

@@ -92,7 +92,7 @@ def _commit_step(
     claim: StepClaim, plan: FlowExecutionPlan, run: FlowRun, attempt: FlowStepAttempt, now: dt.datetime, *,
     output: dict[str, Any], step_dst: str, root_dst: str, next_key: str | None, cause: str = "",
     context: dict[str, Any] | None = None, next_state: str = t.STEP_PENDING,
-) -> FlowCheckpoint:
+) -> int:
     """Insert audit evidence and the checkpoint, then move attempt, step and root together (fenced CAS).
 
     Seed 004 section 12.2 steps 11-12: runs inside the step transaction after
@@ -100,6 +100,9 @@ def _commit_step(
     rolls the whole transaction back, business writes included. The next
     step is inserted in ``next_state`` (``Waiting`` only for the
     EffectCompletion step an EffectSubmit commits, seed 004 section 15.1).
+
+    Returns:
+        The id of the run's current step after the commit: the next step, or this one when there is none.
     """
     sequence = (FlowCheckpoint.objects.filter(org_id=claim.org_id, run_id=claim.run_id)
                 .aggregate(m=Max("sequence"))["m"] or 0) + 1
@@ -143,7 +146,7 @@ def _commit_step(
         fences={"current_step_id": claim.step_id, "is_deleted": False, "delete_requested_at": None},
         set_fields=root_fields,
     )
-    return checkpoint
+    return current_step_id
 
 
 # Lost-connection client errors: after one of these the server's outcome is unknown to this worker.

@@ -53,16 +53,24 @@ def lock_waiting(*, org_id: str, run_id: int, step_id: int,
     ``waiting`` on that step: whoever moved it won, and the caller does nothing.
     """
     run = FlowRunStore.lock(org_id, run_id)
-    if (run.state != t.RUN_WAITING or run.current_step_id != step_id or run.is_deleted
-            or run.delete_requested_at is not None):
+    if not _root_waits_on(run, step_id):
         return None
     step = FlowStepStore.lock(org_id, step_id)
     if step.state != t.STEP_WAITING:
         return None
     dependency = FlowDependencyStore.lock(org_id, dependency_id)
-    if dependency.state != t.DEP_WAITING or dependency.step_id != step.pk:
+    if not _dependency_waits(dependency, step):
         return None
     return run, step, dependency
+
+
+def _root_waits_on(run: FlowRun, step_id: int) -> bool:
+    return (run.state == t.RUN_WAITING and run.current_step_id == step_id and not run.is_deleted
+            and run.delete_requested_at is None)
+
+
+def _dependency_waits(dependency: FlowDependency, step: FlowStepExecution) -> bool:
+    return dependency.state == t.DEP_WAITING and dependency.step_id == step.pk
 
 
 def clock_wait_resolve(*, org_id: str, run_id: int, step_id: int, dependency_id: int,
@@ -141,12 +149,8 @@ def scheduled_paths_recheck(*, org: OrgScope, record, change) -> int:
 
     Returns how many waiting runs the recheck will look at (0: none, nothing deferred).
     """
-    changed = frozenset(change.changed_fields)
-    candidates = _recheck_candidates(org=org, object_name=record.object_name, record_key=record.record_key,
-                                     fields=record.fields, changed_fields=changed, admitted_before=record.version)
-    if candidates:
-        _defer_recheck(org=org, record=record, changed_fields=changed, deleting=False)
-    return len(candidates)
+    return _recheck_after_commit_of(org=org, record=record, changed_fields=frozenset(change.changed_fields),
+                                    deleting=False)
 
 
 def scheduled_paths_before_delete(*, org: OrgScope, record) -> int:
@@ -159,22 +163,23 @@ def scheduled_paths_before_delete(*, org: OrgScope, record) -> int:
     path. A refused deletion rolls the deferred recheck back with it. Returns
     how many waiting runs the recheck will look at.
     """
-    candidates = _recheck_candidates(org=org, object_name=record.object_name, record_key=record.record_key,
-                                     fields=record.fields, changed_fields=frozenset(),
-                                     admitted_before=record.version + 1, deleting=True)
-    if candidates:
-        _defer_recheck(org=org, record=record, changed_fields=frozenset(), deleting=True)
-    return len(candidates)
+    return _recheck_after_commit_of(org=org, record=record, changed_fields=frozenset(), deleting=True)
 
 
-def _defer_recheck(*, org: OrgScope, record, changed_fields: frozenset[str], deleting: bool) -> None:
+def _recheck_after_commit_of(*, org: OrgScope, record, changed_fields: frozenset[str], deleting: bool) -> int:
+    """Register the recheck of this save (or deletion) to run after its commit when a run may need it."""
     object_name, record_key, version = record.object_name, record.record_key, record.version
     fields = dict(record.fields)  # the values this save wrote: the verdict is this save's, not a later one's
     # A save judges the runs admitted before it; a deletion (no new version) every run admitted so far.
     admitted_before = version + 1 if deleting else version
-    transaction.on_commit(lambda: _recheck_after_commit(
-        org=org, object_name=object_name, record_key=record_key, fields=fields, version=version,
-        admitted_before=admitted_before, changed_fields=changed_fields, deleting=deleting), robust=True)
+    candidates = _recheck_candidates(org=org, object_name=object_name, record_key=record_key, fields=fields,
+                                     changed_fields=changed_fields, admitted_before=admitted_before,
+                                     deleting=deleting)
+    if candidates:
+        transaction.on_commit(lambda: _recheck_after_commit(
+            org=org, object_name=object_name, record_key=record_key, fields=fields, version=version,
+            admitted_before=admitted_before, changed_fields=changed_fields, deleting=deleting), robust=True)
+    return len(candidates)
 
 
 def _recheck_candidates(*, org: OrgScope, object_name: str, record_key: str, fields: dict[str, Any],
@@ -229,7 +234,8 @@ def _resolve_rechecks(*, org_id: str, candidates: list[tuple[int, int, int, str,
     resolved = 0
     for index, (_run_id, step_id, _dependency_id, why, withdraw) in enumerate(candidates):
         run, step, dependency = rows[3 * index: 3 * index + 3]
-        if not _still_waiting(run, step, dependency, step_id=step_id):
+        if not (_root_waits_on(run, step_id) and step.state == t.STEP_WAITING
+                and _dependency_waits(dependency, step)):
             continue  # whoever moved it won: the clock, a cancel, or another save
         early = {"why": why, "record_version": record_version, **({"withdraw": True} if withdraw else {})}
         with transaction.atomic():
@@ -237,12 +243,6 @@ def _resolve_rechecks(*, org_id: str, candidates: list[tuple[int, int, int, str,
                 resolved += 1
                 failpoints.hit(FP_RECHECK_RESOLVED)
     return resolved
-
-
-def _still_waiting(run: FlowRun, step: FlowStepExecution, dependency: FlowDependency, *, step_id: int) -> bool:
-    return (run.state == t.RUN_WAITING and run.current_step_id == step_id and not run.is_deleted
-            and run.delete_requested_at is None and step.state == t.STEP_WAITING
-            and dependency.state == t.DEP_WAITING and dependency.step_id == step.pk)
 
 
 def _recheck_after_commit(*, org: OrgScope, object_name: str, record_key: str, fields: dict[str, Any],

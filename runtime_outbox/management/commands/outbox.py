@@ -21,12 +21,12 @@ Subcommands:
 from __future__ import annotations
 
 import json
-import re
 
 from django.core.management.base import BaseCommand, CommandError
 
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.identity import validate_key
+from nexusflow.kernel.ids import id_from_text
 
 LIST_MAX = 500
 
@@ -89,9 +89,10 @@ class Command(BaseCommand):
 
         try:
             validate_key(org, field="org", max_length=64)
-            if not re.fullmatch(r"[1-9][0-9]{0,18}", message_id) or int(message_id) >= 2**63:
-                raise InvalidIdentity(f"message id {message_id!r} is not a positive integer")
-            result = handoff_reconcile_now(org_id=org, message_id=int(message_id), actor=actor, reason=reason)
+            from runtime_outbox.models import OutboxMessage
+
+            result = handoff_reconcile_now(org_id=org, actor=actor, reason=reason,
+                                           message_id=id_from_text(message_id, OutboxMessage, field="message id"))
         except (InvalidIdentity, HandoffReconcileRefused) as exc:
             raise CommandError(f"{exc.code}: {exc}", returncode=2) from None
         except OutboxMessageNotFound as exc:

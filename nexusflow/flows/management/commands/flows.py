@@ -46,7 +46,6 @@ id or org), 3 when the run is not in that org (``flow_run_not_found``).
 from __future__ import annotations
 
 import json
-import re
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -58,10 +57,12 @@ from nexusflow.flows.errors import (
     WaitSignalRefused,
 )
 from nexusflow.flows.inventory import flow_inventory
+from nexusflow.flows.models import FlowRun
 from nexusflow.flows.services.support import WAITS_PAGE_MAX
 from nexusflow.flows.transitions import FLOW_DEPENDENCY
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.identity import validate_key
+from nexusflow.kernel.ids import id_from_text
 from nexusflow.kernel.scope import OrgScope
 
 
@@ -183,7 +184,7 @@ class Command(BaseCommand):
 
         try:
             validate_key(org, field="org", max_length=64)
-            run_id = _run_id(run_id)
+            run_id = id_from_text(run_id, FlowRun, field="run id")
             result = services.flow_wait_signal(org=OrgScope(org), run_id=run_id, producer_kind=producer,
                                                actor=actor, reason=reason)
         except (InvalidIdentity, WaitSignalRefused) as exc:
@@ -197,7 +198,7 @@ class Command(BaseCommand):
 
         try:
             validate_key(org, field="org", max_length=64)
-            run_id = _run_id(run_id)
+            run_id = id_from_text(run_id, FlowRun, field="run id")
             scope = OrgScope(org)
             if subcommand == "run":
                 if options["max_steps"] < 1:
@@ -214,13 +215,6 @@ class Command(BaseCommand):
             raise CommandError(f"{exc.code}: {exc}", returncode=2) from None
         except FlowRunNotFound as exc:
             raise CommandError(f"{exc.code}: {exc}", returncode=3) from None
-
-
-def _run_id(text: str) -> int:
-    """A run id argument as an int: 1..2**63-1 written in ASCII digits, else InvalidIdentity."""
-    if not re.fullmatch(r"[1-9][0-9]{0,18}", text) or int(text) >= 2**63:
-        raise InvalidIdentity(f"run id {text!r} is not a positive integer")
-    return int(text)
 
 
 def _start_inputs(pairs: list[str], json_file: str | None) -> tuple[dict, dict[str, list[str]]]:
