@@ -34,6 +34,7 @@ from .compiler import (
     Diagnostic,
 )
 from .interpreter import ALARM_OFFSET_UNITS, SUPPORTED_ASSIGNMENT_OPERATORS, SUPPORTED_ELEMENTS
+from .producers import RECORD_ID_INPUT, TRIGGER_RECORD_ID, change_event_object
 
 #: handler_ref -> implementation version compiled into this binary.
 IN_BINARY_HANDLERS: dict[str, str] = {
@@ -169,19 +170,59 @@ def _node_blockers(node: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def _wait_blockers(step: dict[str, Any]) -> list[tuple[str, str]]:
-    """``(feature, detail)`` for each part of a Wait element the time-wait executor cannot run.
+def _record_event_blockers(event: dict[str, Any], trigger: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(feature, detail)`` for a record event (``<Object>ChangeEvent``) the executor cannot wait on.
+
+    Runs: an event on the flow's own trigger object, watching the triggering
+    record (``RecordId`` absent or ``$Record.Id``), whose other inputs are
+    ``field = value`` resume conditions with a literal or reference value
+    (docs/operations.md "Waiting for a record").
+    """
+    name, inputs = event.get("name"), event.get("inputs") or {}
+    object_name = change_event_object(event.get("event_type"))
+    if trigger.get("trigger_type") != "RecordAfterSave" or object_name != trigger.get("object"):
+        return [("wait_event:record", f"event {name}: {event.get('event_type')} waits on a record of "
+                                      f"{object_name}; only a record-triggered flow's own trigger object is watched")]
+    out = []
+    record_id = inputs.get(RECORD_ID_INPUT)
+    if record_id is not None and (record_id.get("kind"), record_id.get("value")) != ("elementReference",
+                                                                                      TRIGGER_RECORD_ID):
+        out.append(("wait_event:RecordId", f"event {name}: RecordId must be {TRIGGER_RECORD_ID} (the triggering "
+                                           "record)"))
+    match = {k: v for k, v in inputs.items() if k != RECORD_ID_INPUT}
+    if not match:
+        out.append(("wait_event:resume_condition", f"event {name}: a record event needs at least one "
+                                                   "field = value resume condition"))
+    for field, value in sorted(match.items()):
+        if not _value_ok(value) or (value or {}).get("kind") == "formulaExpression":
+            out.append(("wait_event:resume_condition", f"event {name}: {field} needs a literal or reference value"))
+    return out
+
+
+def _wait_blockers(step: dict[str, Any], trigger: dict[str, Any] | None = None) -> list[tuple[str, str]]:
+    """``(feature, detail)`` for each part of a Wait element the wait executor cannot run.
 
     Runs: ``AlarmEvent`` events with an ``AlarmTime`` value and, when a
     ``TimeOffset`` is given, a literal ``TimeOffsetUnit`` of Hours or Days;
-    waiting conditions the decision evaluator runs.
+    at most one record event (:func:`_record_event_blockers`); waiting
+    conditions the decision evaluator runs.
     """
     out: list[tuple[str, str]] = _traversal_blockers(step)
+    record_events = [e for e in step.get("events") or [] if change_event_object(e.get("event_type"))]
+    if len(record_events) > 1:
+        out.append(("wait_event:record", f"wait {step.get('element')}: at most one record event per Wait element"))
     for event in step.get("events") or []:
         name, inputs = event.get("name"), event.get("inputs") or {}
+        if change_event_object(event.get("event_type")):
+            out += _record_event_blockers(event, trigger or {})
+            for c in event.get("conditions") or []:
+                if c.get("operator") not in ENGINE_OPERATORS or not _value_ok(c.get("right")):
+                    out.append(("wait_event:condition", f"event {name}: {c.get('operator')} is not evaluated"))
+            continue
         if event.get("event_type") != "AlarmEvent":
             out.append((f"wait_event:{event.get('event_type')}",
-                        f"event {name}: only AlarmEvent (a time) waits in this engine generation"))
+                        f"event {name}: only AlarmEvent (a time) and <Object>ChangeEvent (a record) waits "
+                        "in this engine generation"))
             continue
         if inputs.get("AlarmTime") is None or not _value_ok(inputs["AlarmTime"]):
             out.append(("wait_event:AlarmTime", f"event {name}: AlarmTime needs a value the executor reads"))
@@ -283,7 +324,7 @@ def engine_support_diagnostics(payload: dict[str, Any], snapshot: CatalogSnapsho
         if kind == KIND_DEPENDENCY_WAIT and step.get("type") == "scheduled_path":
             continue  # its path is checked with the trigger above
         if kind == KIND_DEPENDENCY_WAIT and step.get("type") == "waits":
-            for feature, detail in _wait_blockers(step):
+            for feature, detail in _wait_blockers(step, trigger):
                 bad(feature, element, detail)
             continue
         if kind not in RUNNABLE_KINDS:

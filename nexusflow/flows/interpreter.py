@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from . import formula as fx
 from .conditions import conditions_hold
 from .errors import FlowExecutionError
+from .producers import RECORD_ID_INPUT, change_event_object
 
 #: Elements the interpreter runs.
 SUPPORTED_ELEMENTS = frozenset({"assignments", "decisions", "loops", "recordLookups", "recordUpdates",
@@ -596,8 +597,8 @@ def wait_schedule(*, plan_payload: dict[str, Any], node: dict[str, Any], record:
                                       run.resolve)
         except ValueError as exc:
             raise FlowExecutionError(f"{what}: {exc}") from None
-        if not waiting:
-            continue
+        if not waiting or change_event_object(event.get("event_type")):
+            continue  # a record event is the record producer's (wait_record_event)
         if event.get("event_type") != "AlarmEvent":
             raise FlowExecutionError(f"{what}: {event.get('event_type')} is not a time event this engine runs")
         inputs = event.get("inputs") or {}
@@ -614,3 +615,57 @@ def wait_schedule(*, plan_payload: dict[str, Any], node: dict[str, Any], record:
             raise FlowExecutionError(f"{what}: {start.isoformat()} plus {offset} is out of the calendar's range") from None
         found.append((at, index, WaitEvent(name=event["name"], resume_at=at)))
     return [event for _at, _i, event in sorted(found, key=lambda f: (f[0], f[1]))]
+
+
+@dataclass(frozen=True)
+class RecordEvent:
+    """The record event a Wait element waits for: its name and the ``field -> value`` resume conditions."""
+
+    name: str
+    object_name: str
+    match: dict[str, Any]
+
+
+def wait_record_event(*, plan_payload: dict[str, Any], node: dict[str, Any], record: dict[str, Any],
+                      object_name: str, now: dt.datetime, interview_start: dt.datetime,
+                      prior: dict[str, Any] | None = None, is_new: bool = False,
+                      state: dict[str, Any] | None = None) -> RecordEvent | None:
+    """The record event (``<Object>ChangeEvent``) of a compiled Wait element, or ``None``.
+
+    ``None`` when the Wait has no record event or its waiting conditions do
+    not hold. The resume conditions (every input but ``RecordId``) are
+    resolved now, against the run's state, into plain values: a wait's
+    satisfaction rule is immutable once its dependency commits. Arguments as
+    :func:`wait_schedule`.
+
+    Raises:
+        FlowExecutionError: a waiting condition or a resume value cannot be evaluated (definite).
+    """
+    run = _Run(plan_payload=plan_payload, record=record, object_name=object_name, prior=prior, is_new=is_new,
+               now=now, reader=None, budget=DEFAULT_VISIT_BUDGET, fan_out_limit=0, interview_start=interview_start)
+    if state:
+        run.load_state(state)
+    for event in node.get("events") or []:
+        watched = change_event_object(event.get("event_type"))
+        if watched is None:
+            continue
+        what = f"wait {node.get('element')} event {event.get('name')}"
+        try:
+            waiting = conditions_hold(event.get("conditions") or [], event.get("logic") or "and", dict(run.record),
+                                      run.resolve)
+        except ValueError as exc:
+            raise FlowExecutionError(f"{what}: {exc}") from None
+        if not waiting:
+            return None
+        match = {}
+        for field_name, value in sorted((event.get("inputs") or {}).items()):
+            if field_name == RECORD_ID_INPUT:
+                continue
+            resolved = run.value(value)
+            if isinstance(resolved, Decimal):
+                resolved = str(resolved)
+            elif isinstance(resolved, (dt.datetime, dt.date)):
+                resolved = resolved.isoformat()
+            match[field_name] = resolved
+        return RecordEvent(name=event["name"], object_name=watched, match=match)
+    return None

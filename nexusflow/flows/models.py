@@ -362,8 +362,12 @@ class FlowWakeSignal(GuardedModel):
     flow_run_id = TypedIdReference(to="flows.FlowRun")
     producer_kind = models.CharField(max_length=64)
     dependency_key = IdentityField(max_length=128)
-    receipt_id = TypedIdReference(to="runtime_outbox.IntentResultReceipt",
-                                  help_text="Producer-owned evidence: the intent result receipt.")
+    receipt_id = TypedIdReference(to="runtime_outbox.IntentResultReceipt", null=True,
+                                  help_text="Producer-owned evidence of a runtime.intent_result wake: the intent "
+                                            "result receipt (empty for other producers).")
+    wake_version = models.PositiveBigIntegerField(default=0, help_text=(
+        "Monotonic producer version of this wake (a record.condition wake: the record version the save wrote; "
+        "0 for a producer that wakes once per key)."))
     evidence_digest = DigestField()
     state = models.CharField(max_length=16, help_text="unmatched -> consumed | expired.")
     version = models.PositiveBigIntegerField(default=1)
@@ -375,7 +379,7 @@ class FlowWakeSignal(GuardedModel):
         constraints = [
             models.UniqueConstraint(
                 fields=["org_id", "app_installation_id", "runtime_capability_id", "binding_digest",
-                        "flow_run_id", "dependency_key"],
+                        "flow_run_id", "dependency_key", "wake_version"],
                 name="flow_wake_signal_uniq",
             ),
         ]

@@ -57,6 +57,11 @@ def dependency_deadline_seconds() -> float:
     return _number("NEXUS_FLOW_DEPENDENCY_DEADLINE_SECONDS", 7 * 24 * 3600.0)
 
 
+def max_wait_age_seconds() -> float:
+    """Seconds a producer wait with no AlarmEvent may wait before its expiry policy applies (seed 004 14.4)."""
+    return _number("NEXUS_FLOW_MAX_WAIT_AGE_SECONDS", 30 * 24 * 3600.0)
+
+
 def retry_policy_digest() -> str:
     """Digest of the retry policy selected at claim (immutable on the attempt)."""
     return digest_v2("flows.retry-policy", [

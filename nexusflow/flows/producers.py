@@ -58,7 +58,42 @@ PRODUCERS: dict[str, ProducerContract] = {c.kind: c for c in (
         expiry="fires: the deadline is the wait's time",
         operator_signal="resume now, along the earliest event, as if its time had come",
     ),
+    ProducerContract(
+        kind="record.condition",
+        notification=("same-transaction FlowWakeSignal written by every save (or deletion) of the run's trigger "
+                      "record while the run lives, whether or not the run waits yet"),
+        wake_identity=("one signal per (work scope, run, dependency key = object/record key, wake version = the "
+                       "record version the save wrote); an older version than the wait's is stale"),
+        resolution_receipt="the event, the record version that met the condition and the signal that woke it",
+        expiry=("fires along the Wait's earliest AlarmEvent when it has one, else the runtime policy's maximum "
+                "wait age; a deleted record takes the fault path, or fails the run"),
+        operator_signal="resume now, along the record event, as if the record met its condition",
+    ),
 )}
+
+
+#: ``ProducerKind`` of a Wait element's record event (:func:`change_event_object`).
+PRODUCER_RECORD = "record.condition"
+#: The ``inputParameters`` name of a record event that says which record it watches.
+RECORD_ID_INPUT = "RecordId"
+#: The one ``RecordId`` this engine generation watches: the flow's triggering record.
+TRIGGER_RECORD_ID = "$Record.Id"
+
+
+def change_event_object(event_type: object) -> str | None:
+    """The object a Wait event's ``eventType`` watches, or ``None`` when it is not a record event.
+
+    A record event uses the Change Data Capture name of its object:
+    ``<Object>ChangeEvent`` for a standard object, ``<Name>__ChangeEvent`` for
+    the custom object ``<Name>__c`` (docs/operations.md "Waiting for a
+    record"). Pure; no metadata lookup.
+    """
+    if not isinstance(event_type, str) or not event_type.endswith("ChangeEvent"):
+        return None
+    stem = event_type[: -len("ChangeEvent")]
+    if stem.endswith("__"):
+        stem = f"{stem}c"
+    return stem or None
 
 
 def producer_contract(kind: str) -> ProducerContract:

@@ -44,6 +44,11 @@ LEASE_EXPIRY_EXHAUSTED = register(
 DEPENDENCY_EXPIRED = register(
     "flow_dependency_expired", owner=OWNER, evidence=_S + "flow_runs_with_reason",
     severity_class=ATTENTION, alert_after_seconds=3600, remediations=("reauthor_intent",))
+#: The record a Wait element's record event watched was deleted while the run waited: it can never meet the
+#: resume condition, so the wait's fault path ran or, without one, the run failed (seed 004 22.4-10).
+WAIT_PRODUCER_DELETED = register(
+    "flow_wait_producer_deleted", owner=OWNER, evidence=_S + "flow_runs_with_reason",
+    severity_class=ATTENTION, alert_after_seconds=3600, remediations=("reauthor_intent",))
 
 #: The effect owner's RejectIfUnaccepted fence proved that no command was accepted for the run's effect
 #: handoff (seed 004 section 15.4): the effect never happened; the completion step's no-effect route ran.

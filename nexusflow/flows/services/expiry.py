@@ -18,7 +18,8 @@ transaction:
 Resolution (:mod:`.waits`, :mod:`.wait_resolution`), expiry and
 cancellation lock the same rows in the same order and compare the same
 versions, so exactly one wins and the losers find the terminal fact.
-``runtime.clock`` waits do not expire: their deadline is their time.
+Waits with a time event (``runtime.clock``, and a record event beside
+AlarmEvents: policy ``fires``) do not expire: their deadline is their time.
 
 :func:`flow_try_repair_one` (worker unit ``flow.repair``) treats a run still
 ``Waiting`` on a step whose dependency is already terminal as invariant
@@ -40,7 +41,7 @@ from .. import transitions as t
 from ..models import FlowDependency, FlowRun, FlowStepExecution
 from ..store import FlowDependencyStore, FlowRunStore, FlowStepStore, audit_insert
 from .admission import _step_def
-from .wait_resolution import PRODUCER_CLOCK, lock_waiting
+from .wait_resolution import EXPIRY_FIRES, lock_waiting
 
 log = logging.getLogger("nexusflow.flows")
 
@@ -63,7 +64,7 @@ def flow_try_expire_one() -> bool:
     """
     now = db_now()
     candidates = list(
-        FlowDependency.objects.filter(state=t.DEP_WAITING, deadline__lte=now).exclude(producer_kind=PRODUCER_CLOCK)
+        FlowDependency.objects.filter(state=t.DEP_WAITING, deadline__lte=now).exclude(expiry_policy=EXPIRY_FIRES)
         .order_by("deadline", "id").values_list("org_id", "run_id", "step_id", "id")[: policy.CLAIM_BATCH]
     )
     for org_id, run_id, step_id, dependency_id in candidates:
@@ -79,7 +80,7 @@ def _expire(*, org_id: str, run_id: int, step_id: int, dependency_id: int) -> bo
         if locked is None:
             return False
         run, step, dependency = locked
-        if dependency.deadline > now or dependency.producer_kind == PRODUCER_CLOCK:
+        if dependency.deadline > now or dependency.expiry_policy == EXPIRY_FIRES:
             return False
         outcome = _finalize(run, step, dependency, now)
         audit_insert(org_id=org_id, run=run, step_id=step.pk, attempt=None, event="dependency_expired",

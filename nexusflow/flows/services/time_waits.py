@@ -6,7 +6,12 @@ waiting conditions and resume time (:func:`nexusflow.flows.interpreter.wait_sche
 No event to wait for: the step succeeds along the default path at once.
 Otherwise one ``FlowDependency`` (producer ``runtime.clock``, its condition the
 events and their times, its ``deadline`` the earliest) commits with attempt
-``Committed``, step and root ``Waiting``.
+``Committed``, step and root ``Waiting``. A Wait element with a record
+event (``<Object>ChangeEvent``, :mod:`.record_waits`) locks the watched
+record first and waits on a ``record.condition`` dependency instead, its
+AlarmEvents as that dependency's deadline; a record that already meets the
+resume condition takes the event's path at once, and a missing record fails
+the step (``flow_wait_producer_missing``): a missing producer is never polled.
 
 The clock producer needs no signal: the database clock is its evidence.
 :func:`flow_try_resume_due_one` (worker unit ``flow.resume_due``) discovers a
@@ -42,22 +47,22 @@ from ..errors import FlowExecutionError, FlowRunNotFound, PlanMismatch, WaitSign
 from ..compiler import TERMINAL_STEP_KEY
 from ..conditions import conditions_hold
 from ..handlers import PATH_OFFSET_UNITS
-from ..interpreter import to_instant, wait_schedule
-from ..producers import PRODUCERS, producer_contract
+from ..interpreter import RecordEvent, WaitEvent, to_instant, wait_record_event, wait_schedule
+from ..producers import PRODUCER_RECORD, PRODUCERS, change_event_object, producer_contract
 from ..models import FlowCheckpoint, FlowDependency, FlowExecutionPlan, FlowRun
 from ..store import FlowDependencyStore
 from .admission import TRIGGER_CHECKPOINT_SEQUENCE
 from .claim import StepClaim
 from .step_txn import FP_BEFORE_COMMIT, _commit_step, _input_state, _lock_fenced, _step_txn
-from .wait_resolution import CONDITION_SCHEDULED_PATH, PRODUCER_CLOCK, clock_wait_resolve
-from .waits import _enter_waiting
+from .record_waits import CONDITION_RECORD, record_condition_met, record_dependency_key
+from .wait_resolution import CONDITION_SCHEDULED_PATH, EXPIRY_FIRES, PRODUCER_CLOCK, clock_wait_resolve
+from .waits import _enter_waiting, flow_wake_reconcile
 
 log = logging.getLogger("nexusflow.flows")
 
-#: A time wait's expiry policy: reaching the deadline resolves it along the event that is due.
-EXPIRY_FIRES = "fires"
 
 FP_WAIT_CREATED = failpoints.declare("flow.wait.created")
+FP_RECORD_WAIT_COMMITTED = failpoints.declare("flow.wait.record_wait_committed")
 FP_RESUME_BEFORE_COMMIT = failpoints.declare("flow.wait.resume_before_commit")
 FP_AFTER_RESUME = failpoints.declare("flow.wait.after_resume")
 
@@ -69,15 +74,55 @@ def _scope_filter(run: FlowRun) -> dict[str, Any]:
 
 
 def _schedule(claim: StepClaim, run: FlowRun, plan: FlowExecutionPlan, step_def: dict[str, Any],
-              now: dt.datetime) -> list:
+              now: dt.datetime) -> tuple[list[WaitEvent], RecordEvent | None]:
+    """The Wait element's time events (earliest first) and its record event, whose waiting conditions hold."""
     snapshot = FlowCheckpoint.objects.get(org_id=claim.org_id, run_id=claim.run_id,
                                           sequence=TRIGGER_CHECKPOINT_SEQUENCE).context_payload["record"]
     prior = snapshot.get("prior_fields")
-    return wait_schedule(plan_payload=plan.plan_payload, node=step_def, object_name=snapshot["object"],
-                         record={"Id": snapshot["record_key"], **snapshot["fields"]},
-                         prior=None if prior is None else {"Id": snapshot["record_key"], **prior},
-                         is_new=snapshot.get("record_version") == 1, now=now,
-                         interview_start=run.started_at or run.created_at, state=_input_state(claim))
+    args = dict(plan_payload=plan.plan_payload, node=step_def, object_name=snapshot["object"],
+                record={"Id": snapshot["record_key"], **snapshot["fields"]},
+                prior=None if prior is None else {"Id": snapshot["record_key"], **prior},
+                is_new=snapshot.get("record_version") == 1, now=now,
+                interview_start=run.started_at or run.created_at, state=_input_state(claim))
+    return wait_schedule(**args), wait_record_event(**args)
+
+
+def _watches_record(step_def: dict[str, Any]) -> bool:
+    return any(change_event_object(e.get("event_type")) for e in step_def.get("events") or [])
+
+
+def _record_wait_create(claim: StepClaim, run: FlowRun, step, step_def: dict[str, Any], event: RecordEvent,
+                        record, times: list[WaitEvent], now: dt.datetime) -> None:
+    """Insert the step's ``record.condition`` dependency and enter ``Waiting`` (in the step transaction).
+
+    The condition freezes the watched record, the resume rule and the
+    record version this step saw (``after_version``: a signal no newer is
+    stale). With AlarmEvents beside it the earliest is its deadline and it
+    fires along that event (policy ``fires``); without, the runtime policy's
+    maximum wait age is its deadline under the wait's fault path, or
+    terminal failure. A deletion of the record takes the same path at once.
+    """
+    producer_contract(PRODUCER_RECORD)
+    fault_step = (step_def.get("next") or {}).get("fault")
+    on_deleted = "fault_path" if fault_step else "terminal_failure"
+    key = record_dependency_key(record.object_name, record.record_key)
+    condition = {"kind": CONDITION_RECORD, "event": event.name, "object": record.object_name,
+                 "record_key": record.record_key, "match": event.match, "after_version": int(record.version),
+                 "events": [e.as_json() for e in times], "on_deleted": on_deleted, "fault_step": fault_step}
+    if times:
+        policy_name, deadline = EXPIRY_FIRES, times[0].resume_at
+    else:
+        policy_name, deadline = on_deleted, now + dt.timedelta(seconds=policy.max_wait_age_seconds())
+    FlowDependencyStore.create(
+        **_scope_filter(run), run=run, step=step, producer_kind=PRODUCER_RECORD, dependency_key=key,
+        condition=condition,
+        condition_digest=digest_v2("flows.dependency-condition", [
+            ("producer_kind", PRODUCER_RECORD), ("dependency_key", key),
+            ("condition", canonical_json.dumps(condition)),
+        ]).hexdigest,
+        expiry_policy=policy_name, state=t.DEP_WAITING, deadline=deadline, created_at=now,
+    )
+    _enter_waiting(claim, now)
 
 
 def _step_dependency(claim: StepClaim, run: FlowRun) -> FlowDependency | None:
@@ -121,34 +166,62 @@ def _exec_dependency_wait(claim: StepClaim, plan: FlowExecutionPlan, step_def: d
         raise PlanMismatch(f"no executor for a {step_def.get('type')} dependency wait")
     context = _input_state(claim)
     with _step_txn():
+        # A record event's wait locks its record first (business class, before root -> step -> attempt), so a
+        # save either lands before this step reads the record or after the wait committed (and then signals it).
+        record = _lock_trigger_record(claim) if _watches_record(step_def) else None
         now = db_now()
         run, step, attempt = _lock_fenced(claim)
         dependency = _step_dependency(claim, run)
         if dependency is None:
-            events = _schedule(claim, run, plan, step_def, now)
-            if not events:
+            events, record_event = _schedule(claim, run, plan, step_def, now)
+            if record_event is not None:
+                if record is None:
+                    raise FlowExecutionError(f"wait {step_def.get('element')}: the record its event "
+                                             f"{record_event.name} watches does not exist",
+                                             code="flow_wait_producer_missing")
+                if record_condition_met(record_event.match, record.fields):
+                    _commit_step(claim, plan, run, attempt, now, output={
+                        "wait": "event", "event": record_event.name, "record_version": int(record.version),
+                        "met_on_arrival": True,
+                    }, step_dst=t.STEP_SUCCEEDED, root_dst=t.RUN_RUNNABLE,
+                        next_key=step_def["next"][f"wait:{record_event.name}"], context=context)
+                    failpoints.hit(FP_BEFORE_COMMIT)
+                    return "succeeded"
+                _record_wait_create(claim, run, step, step_def, record_event, record, events, now)
+                failpoints.hit(FP_WAIT_CREATED)
+                watched = record_dependency_key(record.object_name, record.record_key)
+            elif not events:
                 _commit_step(claim, plan, run, attempt, now, output={"wait": "default"}, step_dst=t.STEP_SUCCEEDED,
                              root_dst=t.RUN_RUNNABLE, next_key=step_def["next"]["default"], context=context)
                 failpoints.hit(FP_BEFORE_COMMIT)
                 return "succeeded"
-            _clock_wait_create(claim, run, step, {"kind": "time", "events": [e.as_json() for e in events]},
-                               deadline=events[0].resume_at, now=now)
-            failpoints.hit(FP_WAIT_CREATED)
-            return "waiting"
-        if dependency.state == t.DEP_WAITING:
+            else:
+                _clock_wait_create(claim, run, step, {"kind": "time", "events": [e.as_json() for e in events]},
+                                   deadline=events[0].resume_at, now=now)
+                failpoints.hit(FP_WAIT_CREATED)
+                return "waiting"
+        elif dependency.state == t.DEP_WAITING:
             _enter_waiting(claim, now)  # a re-claimed waiting step waits again on the same dependency
             failpoints.hit(FP_BEFORE_COMMIT)
-            return "waiting"
-        if dependency.state != t.DEP_SATISFIED or not dependency.resolution:
-            raise PlanMismatch(f"wait dependency {dependency.pk} is {dependency.state}")
-        event = dependency.resolution["event"]
-        next_key = (step_def.get("next") or {}).get(f"wait:{event}")
-        if f"wait:{event}" not in (step_def.get("next") or {}):
-            raise FlowExecutionError(f"wait {step_def.get('element')}: no path for event {event}")
-        _commit_step(claim, plan, run, attempt, now, output={"wait": "event", **dependency.resolution},
-                     step_dst=t.STEP_SUCCEEDED, root_dst=t.RUN_RUNNABLE, next_key=next_key, context=context)
-        failpoints.hit(FP_BEFORE_COMMIT)
-    return "succeeded"
+            if dependency.producer_kind != PRODUCER_RECORD:
+                return "waiting"
+            watched = dependency.dependency_key
+        else:
+            if dependency.state != t.DEP_SATISFIED or not dependency.resolution:
+                raise PlanMismatch(f"wait dependency {dependency.pk} is {dependency.state}")
+            event = dependency.resolution["event"]
+            next_key = (step_def.get("next") or {}).get(f"wait:{event}")
+            if f"wait:{event}" not in (step_def.get("next") or {}):
+                raise FlowExecutionError(f"wait {step_def.get('element')}: no path for event {event}")
+            _commit_step(claim, plan, run, attempt, now, output={"wait": "event", **dependency.resolution},
+                         step_dst=t.STEP_SUCCEEDED, root_dst=t.RUN_RUNNABLE, next_key=next_key, context=context)
+            failpoints.hit(FP_BEFORE_COMMIT)
+            return "succeeded"
+    # A record event's wait committed. Section 14.2 step 4: a save may have signalled between this step's read
+    # and its commit; match now, in a fresh transaction (the flow.wake sweep repeats it if this process dies first).
+    failpoints.hit(FP_RECORD_WAIT_COMMITTED)
+    flow_wake_reconcile(org_id=claim.org_id, run_id=claim.run_id, dependency_key=watched)
+    return "waiting"
 
 
 def _lock_trigger_record(claim: StepClaim):
@@ -282,7 +355,8 @@ def flow_try_resume_due_one() -> bool:
     """
     now = db_now()
     candidates = list(
-        FlowDependency.objects.filter(state=t.DEP_WAITING, producer_kind=PRODUCER_CLOCK, deadline__lte=now)
+        FlowDependency.objects.filter(state=t.DEP_WAITING, producer_kind__in=(PRODUCER_CLOCK, PRODUCER_RECORD),
+                                      expiry_policy=EXPIRY_FIRES, deadline__lte=now)
         .order_by("deadline", "id").values_list("org_id", "run_id", "step_id", "id")[: policy.CLAIM_BATCH]
     )
     for org_id, run_id, step_id, dependency_id in candidates:

@@ -28,12 +28,15 @@ from .. import transitions as t
 from ..binding import scope_of
 from ..conditions import conditions_hold
 from ..models import FlowDependency, FlowRun, FlowStepExecution
+from ..producers import PRODUCER_RECORD
 from ..store import FlowDependencyStore, FlowRunStore, FlowStepStore, audit_insert
 
 log = logging.getLogger("nexusflow.flows")
 
 #: The producer kind of a time wait: the database clock.
 PRODUCER_CLOCK = "runtime.clock"
+#: A wait's expiry policy when reaching the deadline resolves it along its earliest time event.
+EXPIRY_FIRES = "fires"
 #: ``FlowRun.entry_path`` of a run of the start connector.
 IMMEDIATE_PATH = "@immediate"
 #: The resolution event of a scheduled path's wait ended early by a record save.
@@ -75,14 +78,17 @@ def _dependency_waits(dependency: FlowDependency, step: FlowStepExecution) -> bo
 
 def clock_wait_resolve(*, org_id: str, run_id: int, step_id: int, dependency_id: int,
                        early: dict[str, Any] | None = None, operator: dict[str, Any] | None = None) -> bool:
-    """Resolve one waiting clock dependency in the caller's transaction; True when it did.
+    """Resolve one waiting time dependency in the caller's transaction; True when it did.
 
+    A time dependency is a ``runtime.clock`` wait, or a record event's wait
+    whose Wait element also has AlarmEvents (expiry policy ``fires``).
     Without ``early`` or ``operator`` the dependency must be due
     (``deadline <= db_now()``) and resolves with its earliest event. With
     ``early`` (a record save made a scheduled path look again) it resolves
     now with event ``record_changed`` and ``early`` as evidence. With
     ``operator`` (an operator's resume) it resolves now with its earliest
-    event, as if that time had come, and the operator's evidence. A run,
+    event, as if that time had come (a record event's wait: along the record
+    event, as if the record met its condition), and the operator's evidence. A run,
     step or dependency that moved (cancelled, resolved, another worker won)
     is left alone.
     """
@@ -94,7 +100,12 @@ def _resolve_locked(run: FlowRun, step: FlowStepExecution, dependency: FlowDepen
                     early: dict[str, Any] | None = None, operator: dict[str, Any] | None = None) -> bool:
     """:func:`clock_wait_resolve` on rows the caller locked root -> step -> dependency and found waiting."""
     org_id = run.org_id
-    if dependency.producer_kind != PRODUCER_CLOCK or (early is None and operator is None and dependency.deadline > now):
+    record_operator = operator is not None and dependency.producer_kind == PRODUCER_RECORD
+    if early is not None and dependency.producer_kind != PRODUCER_CLOCK:
+        return False  # only a scheduled path's clock wait ends early on a save
+    if not record_operator and dependency.expiry_policy != EXPIRY_FIRES:
+        return False  # no time event decides this wait
+    if early is None and operator is None and dependency.deadline > now:
         return False
     scope = scope_of(run)
     if (dependency.app_installation_id, dependency.runtime_capability_id, dependency.binding_digest) != (
@@ -102,7 +113,9 @@ def _resolve_locked(run: FlowRun, step: FlowStepExecution, dependency: FlowDepen
         log.error("clock wait %s does not share its run's work scope; left waiting", dependency.pk,
                   extra={"org_id": org_id, "run_id": run.pk})
         return False
-    if early is None:
+    if record_operator:
+        resolution = {"event": dependency.condition["event"], "resolved_at": now.isoformat(), "operator": operator}
+    elif early is None:
         due = dependency.condition["events"][0]
         resolution = {"event": due["event"], "due_at": due["resume_at"], "resolved_at": now.isoformat()}
         if operator is not None:

@@ -12,7 +12,7 @@ import datetime as dt
 from django.db import IntegrityError, transaction
 from django.db.models import Exists, OuterRef
 
-from nexusflow.kernel import failpoints
+from nexusflow.kernel import canonical_json, failpoints
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.errors import InvalidIdentity
@@ -20,7 +20,7 @@ from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.scope import TrustedRuntimeWorkScope
 
-from .. import policy
+from .. import policy, reasons
 from .. import transitions as t
 from ..binding import scope_of
 from ..errors import WakeSignalConflict, WakeSignalRejected
@@ -32,9 +32,11 @@ from ..store import (
     FlowRunStore,
     FlowStepStore,
     FlowWakeSignalStore,
+    audit_insert,
     wake_signal_insert,
 )
 from .claim import StepClaim
+from .record_waits import PRODUCER_RECORD, record_wake_verdict
 from .step_txn import _attempt_fences, _step_fences
 
 PRODUCER_RUNTIME_INTENT = "runtime.intent_result"
@@ -127,7 +129,7 @@ def flow_wake_signal_accept(*, scope: TrustedRuntimeWorkScope, flow_run_id: Flow
                         runtime_capability_id=scope.runtime_capability_id, binding_digest=scope.binding_digest)
     if not FlowRun.objects.filter(pk=flow_run_id, **scope_filter).exists():
         raise WakeSignalRejected("no flow run in this work scope")
-    key = dict(flow_run_id=flow_run_id, dependency_key=dependency_key, **scope_filter)
+    key = dict(flow_run_id=flow_run_id, dependency_key=dependency_key, wake_version=0, **scope_filter)
     existing = FlowWakeSignal.objects.filter(**key).first()
     if existing is None:
         try:
@@ -148,15 +150,18 @@ def flow_wake_signal_accept(*, scope: TrustedRuntimeWorkScope, flow_run_id: Flow
 
 
 def flow_wake_reconcile(*, org_id: str, run_id: FlowRun.Id | int, dependency_key: str) -> bool:
-    """Match the run's unmatched signal for ``dependency_key`` now, in a fresh transaction (section 14.2 step 4).
+    """Match the run's unmatched signals for ``dependency_key`` now, in a fresh transaction (section 14.2 step 4).
 
-    Called right after a waiting step's dependency committed. True when a
-    signal resolved the wait; False when there is none yet (or another
-    resolver won).
+    Called right after a waiting step's dependency committed, and by a
+    producer right after its signal committed (step 2). Newest wake version
+    first; a signal that does not resolve the wait (stale, or its record no
+    longer meets the condition) is expired on the way. True when a signal
+    resolved the wait; False when there is none yet (or another resolver won).
     """
-    signal_id = (FlowWakeSignal.objects.filter(org_id=org_id, flow_run_id=run_id, dependency_key=dependency_key,
-                                               state=t.SIGNAL_UNMATCHED).values_list("pk", flat=True).first())
-    return signal_id is not None and _wake(org_id=org_id, run_id=run_id, signal_id=signal_id)
+    signal_ids = list(FlowWakeSignal.objects.filter(org_id=org_id, flow_run_id=run_id, dependency_key=dependency_key,
+                                                    state=t.SIGNAL_UNMATCHED)
+                      .order_by("-wake_version", "-id").values_list("pk", flat=True)[: policy.CLAIM_BATCH])
+    return any(_wake(org_id=org_id, run_id=run_id, signal_id=signal_id) for signal_id in signal_ids)
 
 
 def flow_try_wake_one() -> bool:
@@ -202,8 +207,14 @@ def _wake(*, org_id: str, run_id: int, signal_id: int) -> bool:
             return False
         dependency = FlowDependencyStore.lock(org_id, dependency.pk)
         signal = FlowWakeSignalStore.lock(org_id, signal_id)
-        if dependency.state != t.DEP_WAITING or signal.state != t.SIGNAL_UNMATCHED:
+        if (dependency.state != t.DEP_WAITING or signal.state != t.SIGNAL_UNMATCHED
+                or signal.producer_kind != dependency.producer_kind):
             return False
+        if dependency.producer_kind == PRODUCER_RECORD:
+            resolved = _record_wake(run, step, dependency, signal, now)
+            if resolved:
+                failpoints.hit(FP_WAKE_BEFORE_COMMIT)
+            return resolved
         FlowDependencyStore.transition(
             org_id=org_id, pk=dependency.pk, src=t.DEP_WAITING, dst=t.DEP_SATISFIED, version=dependency.version,
             set_fields={"resolved_at": now, "resolution_receipt_id": signal.receipt_id},
@@ -221,4 +232,56 @@ def _wake(*, org_id: str, run_id: int, signal_id: int) -> bool:
             fences={"current_step_id": step.pk}, set_fields={"run_after": now, "updated_at": now},
         )
         failpoints.hit(FP_WAKE_BEFORE_COMMIT)
+    return True
+
+
+def _record_wake(run: FlowRun, step: FlowStepExecution, dependency: FlowDependency, signal: FlowWakeSignal,
+                 now: dt.datetime) -> bool:
+    """Decide one ``record.condition`` signal on rows locked root -> step -> dependency -> signal (section 14.2).
+
+    The record as it is now decides (:func:`.record_waits.record_wake_verdict`):
+    ``met`` satisfies the dependency with the event, consumes the signal and
+    makes step ``Pending`` and root ``Runnable``; ``deleted`` consumes the
+    signal and applies the wait's compiled policy for a record that can no
+    longer meet it (fault path, or terminal failure ``flow_wait_producer_deleted``);
+    ``stale`` and ``unmet`` expire the signal and leave the wait as it is.
+    True when the wait resolved or ended.
+    """
+    from .expiry import EXPIRY_TERMINAL, _finalize
+
+    org_id = run.org_id
+    verdict, record_version = record_wake_verdict(dependency, signal)
+    condition = dependency.condition or {}
+    if verdict in ("stale", "unmet"):
+        FlowWakeSignalStore.transition(org_id=org_id, pk=signal.pk, src=t.SIGNAL_UNMATCHED, dst=t.SIGNAL_EXPIRED,
+                                       version=signal.version, set_fields={"consumed_at": now})
+        return False
+    FlowWakeSignalStore.transition(
+        org_id=org_id, pk=signal.pk, src=t.SIGNAL_UNMATCHED, dst=t.SIGNAL_CONSUMED, version=signal.version,
+        set_fields={"consumed_at": now, "dependency_id": dependency.pk},
+    )
+    if verdict == "deleted":
+        outcome = _finalize(run, step, dependency, now, policy_name=condition.get("on_deleted", EXPIRY_TERMINAL),
+                            fault_step=condition.get("fault_step"), definite_cause=reasons.WAIT_PRODUCER_DELETED)
+        audit_insert(org_id=org_id, run=run, step_id=step.pk, attempt=None, event="wait_producer_deleted",
+                     detail={"dependency": int(dependency.pk), "signal": int(signal.pk),
+                             "wake_version": int(signal.wake_version), "outcome": outcome}, created_at=now)
+        return True
+    resolution = {"event": condition["event"], "record_version": record_version, "signal": int(signal.pk),
+                  "wake_version": int(signal.wake_version), "resolved_at": now.isoformat()}
+    FlowDependencyStore.transition(
+        org_id=org_id, pk=dependency.pk, src=t.DEP_WAITING, dst=t.DEP_SATISFIED, version=dependency.version,
+        set_fields={"resolved_at": now, "resolution": canonical_json.dumps(resolution).decode()},
+    )
+    FlowStepStore.transition(
+        org_id=org_id, pk=step.pk, src=t.STEP_WAITING, dst=t.STEP_PENDING, version=step.version,
+        set_fields={"run_after": now, "updated_at": now},
+    )
+    FlowRunStore.transition(
+        org_id=org_id, pk=run.pk, src=t.RUN_WAITING, dst=t.RUN_RUNNABLE, version=run.version,
+        fences={"current_step_id": step.pk, "is_deleted": False, "delete_requested_at": None},
+        set_fields={"run_after": now, "updated_at": now},
+    )
+    audit_insert(org_id=org_id, run=run, step_id=step.pk, attempt=None, event="wait_resolved",
+                 detail={"dependency": int(dependency.pk), **resolution}, created_at=now)
     return True
