@@ -92,7 +92,9 @@ def flow_trigger_on_record_saved(*, org: OrgScope, record, change) -> None:
             stale plan.
     """
     if not change.created:
-        record_wait_signals_write(org=org, record=record)  # runs whose Wait element watches this record
+        # Runs whose Wait element watches this record; a run's own write never signals that run (it is running).
+        origin = _SAVE_ORIGIN.get()
+        record_wait_signals_write(org=org, record=record, saving_run_id=None if origin is None else origin.run_id)
         scheduled_paths_recheck(org=org, record=record, change=change)
     activations = list(
         FlowActivation.objects.filter(org_id=org.org_id, state=t.ACTIVATION_ACTIVE,

@@ -32,6 +32,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
+from nexusflow.kernel import failpoints
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.scope import OrgScope
@@ -48,6 +49,8 @@ log = logging.getLogger("nexusflow.flows")
 CONDITION_RECORD = "record"
 #: Run states in which a run may still reach (or be at) a record event's wait.
 LIVE_RUN_STATES = (t.RUN_ACCEPTED, t.RUN_RUNNABLE, t.RUN_RUNNING, t.RUN_WAITING)
+
+FP_PRODUCER_MATCH = failpoints.declare("flow.wake.record_producer_match")
 
 #: plan digest -> the objects its record events watch (a plan's payload never changes under its digest).
 _WATCHED: dict[str, frozenset[str]] = {}
@@ -81,12 +84,15 @@ def _watched_by(plan_pk: int, plan_digest: str) -> frozenset[str]:
     return watched
 
 
-def record_wait_signals_write(*, org: OrgScope, record, deleting: bool = False) -> int:
+def record_wait_signals_write(*, org: OrgScope, record, deleting: bool = False,
+                              saving_run_id: int | None = None) -> int:
     """Write this save's (or deletion's) wake signals, in the saving transaction (records hook).
 
     One ``record.condition`` signal per live run of ``record`` whose plan
     watches its object, with ``wake_version`` = the version this save wrote
-    (a deletion: one past the last). Idempotent per (run, version). Right
+    (a deletion: one past the last), except ``saving_run_id``: a run's own
+    record write is not news to it (a later Wait of that run reads the record
+    anyway). Idempotent per (run, version). Right
     after the saving transaction commits, each signal is matched in a fresh
     transaction; nothing is registered when the save rolls back.
 
@@ -96,7 +102,7 @@ def record_wait_signals_write(*, org: OrgScope, record, deleting: bool = False) 
                                        trigger_object_name=record.object_name, is_deleted=False)
                 .values_list("pk", "plan_id", "plan_digest", "app_installation_id", "runtime_capability_id",
                              "binding_digest"))
-    runs = [r for r in runs if record.object_name in _watched_by(r[1], r[2])]
+    runs = [r for r in runs if r[0] != saving_run_id and record.object_name in _watched_by(r[1], r[2])]
     if not runs:
         return 0
     key = record_dependency_key(record.object_name, record.record_key)
@@ -137,6 +143,7 @@ def _match_after_commit(*, org_id: str, run_ids: list[int], key: str) -> None:
     """The producer path's fresh-transaction match (seed 004 section 14.2 step 2)."""
     from .waits import flow_wake_reconcile
 
+    failpoints.hit(FP_PRODUCER_MATCH)  # the save committed its signals; a crash here leaves them to the sweep
     for run_id in run_ids:
         flow_wake_reconcile(org_id=org_id, run_id=run_id, dependency_key=key)
 
