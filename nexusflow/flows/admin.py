@@ -86,9 +86,9 @@ class FlowDependencyAdmin(ReadOnlyAdmin):
 
 @admin.register(FlowWakeSignal)
 class FlowWakeSignalAdmin(ReadOnlyAdmin):
-    list_display = ("id", "org_id", "flow_run_id", "dependency_key", "receipt_id", "state", "received_at",
-                    "consumed_at")
-    list_filter = ("state",)
+    list_display = ("id", "org_id", "flow_run_id", "producer_kind", "dependency_key", "wake_version", "receipt_id",
+                    "state", "received_at", "consumed_at")
+    list_filter = ("state", "producer_kind")
     search_fields = ("dependency_key",)
 
 

@@ -39,8 +39,8 @@ def flow_waits_list(*, org: OrgScope, state: str | None = None, limit: int = 100
     Each row: dependency and run/step identity, producer kind and key, state,
     deadline, expiry policy, the condition (for a time wait its events and
     resume times), resolution evidence, and the wake signals accepted for the
-    same producer key (id, producer, state, the producer's resolution receipt
-    id, received and consumed times).
+    same producer key (id, producer, state, wake version, the producer's
+    resolution receipt id when it has one, received and consumed times).
 
     Args:
         state: one FlowDependency state (``waiting``, ``satisfied``, ...), or every state.
@@ -65,7 +65,8 @@ def flow_waits_list(*, org: OrgScope, state: str | None = None, limit: int = 100
             if key in keys:
                 signals.setdefault(key, []).append({
                     "signal_id": int(sig.pk), "producer_kind": sig.producer_kind, "state": sig.state,
-                    "resolution_receipt_id": int(sig.receipt_id),
+                    "wake_version": int(sig.wake_version),
+                    "resolution_receipt_id": None if sig.receipt_id is None else int(sig.receipt_id),
                     "received_at": _ts(sig.received_at), "consumed_at": _ts(sig.consumed_at)})
     for r in rows:
         r["signals"] = sorted(signals.get((r["run_id"], r["dependency_key"]), []), key=lambda x: x["signal_id"])
@@ -73,7 +74,8 @@ def flow_waits_list(*, org: OrgScope, state: str | None = None, limit: int = 100
 
 
 #: The keys of a wait step's output the support read shows (never the run's context or variables).
-_WAIT_OUTCOME_KEYS = ("scheduled_path", "outcome", "why", "due_at", "wait", "event", "resolved_at")
+_WAIT_OUTCOME_KEYS = ("scheduled_path", "outcome", "why", "due_at", "wait", "event", "resolved_at", "record_version",
+                      "met_on_arrival")
 
 
 def _wait_outcome(step: FlowStepExecution) -> dict[str, Any] | None:
