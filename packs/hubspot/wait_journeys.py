@@ -1,4 +1,4 @@
-"""A HubSpot journey whose push waits (``manage.py journeys run push-after-cooling-off``).
+"""HubSpot journeys whose push waits (``manage.py journeys run push-after-cooling-off | push-when-customer``).
 
 Set-up: as :mod:`packs.hubspot.journeys`, with ``journey_service_waits.json``
 whose Flow ``Contact_Push_Customer_After_Cooling_Off`` (written in
@@ -15,6 +15,16 @@ owner's completion receipt).
     waits for the owner's receipt, the flow and runtime workers are killed and
     restarted. The run resumes from its rows each time: one create POST, one
     contact at the provider, one RemoteEffect, and the run succeeded.
+
+``push-when-customer`` (``journey_service_record_wait.json``, Flow
+``Contact_Push_When_Customer``)
+    A contact becomes an opportunity; its run waits on a record event (the
+    contact's ``lifecyclestage`` becomes ``customer``, producer
+    ``record.condition``) while the flow worker is killed and restarted. The
+    CRM's webhook then makes it a customer: the inbound save signals the run,
+    which waits for its cooling-off time (flow worker killed again), pushes and
+    waits for the owner's receipt. One create POST, one remote effect, and the
+    record event resolved by the signal of the save that made it a customer.
 """
 from __future__ import annotations
 
@@ -23,11 +33,17 @@ from packs.hubspot.journeys import stage as hubspot_stage
 from packs.journeys import Harness, Journey, register
 
 SERVICE_FILE = PACK_DIR / "journey_service_waits.json"
+RECORD_WAIT_SERVICE_FILE = PACK_DIR / "journey_service_record_wait.json"
 PRODUCER_CLOCK, PRODUCER_RECEIPT = "runtime.clock", "runtime.intent_result"
+PRODUCER_RECORD = "record.condition"
 
 
 def stage(h: Harness) -> None:
     hubspot_stage(h, SERVICE_FILE)
+
+
+def stage_record_wait(h: Harness) -> None:
+    hubspot_stage(h, RECORD_WAIT_SERVICE_FILE)
 
 
 def _waiting_on(producer_kind: str) -> bool:
@@ -81,6 +97,49 @@ def push_after_cooling_off(h: Harness) -> None:
             f"{facts['receipts']}")
 
 
+def push_when_customer(h: Harness) -> None:
+    from connectors.models import RemoteEffect
+    from nexusflow.flows.models import FlowDependency, FlowRun, FlowWakeSignal
+    from nexusflow.records.models import Record
+    from runtime_outbox.models import OutboundCommand
+
+    c = crm(h)
+    c.contact_created(9302, email="ada@example.com", firstname="Ada", lastname="Moss")
+    h.wait_idle()
+    c.contact_changed(9302, lifecyclestage="opportunity")
+    h.wait_until("the run waits for the contact to become a customer", lambda: _waiting_on(PRODUCER_RECORD))
+    h.restart_worker("flow", during="while the run waits for the contact to become a customer")
+    record = local_contact(9302)
+    h.check_equal("nothing was pushed while the contact was an opportunity", c.pushed_creates(), 0)
+    c.contact_changed(9302, lifecyclestage="customer")
+    h.wait_until("the run waits for its cooling-off time", lambda: _waiting_on(PRODUCER_CLOCK))
+    h.restart_worker("flow", during="while the run waits for its cooling-off time")
+    h.wait_idle()
+    runs = list(FlowRun.objects.filter(record_key=record.record_key).values_list("state", flat=True))
+    h.check_equal("one push run, succeeded", runs, ["Succeeded"])
+    waits = sorted(FlowDependency.objects.filter(run__record_key=record.record_key)
+                   .values_list("producer_kind", "state"))
+    h.check_equal("the run waited on the record, the clock and the receipt; all resolved", waits,
+                  [(PRODUCER_RECORD, "satisfied"), (PRODUCER_CLOCK, "satisfied"), (PRODUCER_RECEIPT, "satisfied")])
+    record_wait = FlowDependency.objects.get(run__record_key=record.record_key, producer_kind=PRODUCER_RECORD)
+    consumed = list(FlowWakeSignal.objects.filter(dependency=record_wait).values_list("state", "wake_version"))
+    stage_now = Record.objects.get(pk=record.pk).fields.get("lifecyclestage")
+    h.check("the record event resolved on the signal of the save that made the contact a customer",
+            record_wait.resolution["event"] == "Became_Customer" and len(consumed) == 1
+            and consumed[0] == ("consumed", record_wait.resolution["record_version"]) and stage_now == "customer",
+            f"resolution {record_wait.resolution}, consumed signals {consumed}, lifecyclestage {stage_now!r}")
+    h.check_equal("NexusFlow sent exactly one create POST", c.pushed_creates(), 1)
+    h.check_equal("one intent and one remote effect", (
+        OutboundCommand.objects.filter(source_record_key=record.record_key).count(),
+        RemoteEffect.objects.filter(command__source_record_key=record.record_key).count()), (1, 1))
+    live = [x for x in c.state()["contacts"] if not x["archived"]]
+    h.check_equal("the provider holds exactly one contact", len(live), 1)
+
+
+register(Journey("push-when-customer",
+                 "A push waits until its contact becomes a customer (a record event met by the CRM's webhook), then "
+                 "for a cooling-off time and the provider's answer, with the flow worker killed in the waits; one "
+                 "create, one remote effect.", stage_record_wait, push_when_customer, provider_report))
 register(Journey("push-after-cooling-off",
                  "A customer push waits for a cooling-off time and then for the provider's answer, with the flow "
                  "and runtime workers killed in both waits; one create, one remote effect.", stage,

@@ -58,7 +58,7 @@ def test_journeys_list_names_both_and_an_unknown_journey_cannot_run():
     assert listed.returncode == 0
     names = [line.split("\t")[0] for line in listed.stdout.splitlines()]
     assert {"out-409-recover", "out-409-create-frozen-recover", "bi-conv-01", "post-convert-contact-storm",
-            "push-after-cooling-off"} <= set(names)
+            "push-after-cooling-off", "push-when-customer"} <= set(names)
     unknown = run_manage(["journeys", "run", "no-such-journey"], subprocess_env(), timeout=60)
     assert unknown.returncode == 2 and "unknown journey" in unknown.stderr and "Traceback" not in unknown.stderr
 
@@ -111,3 +111,18 @@ def test_push_after_cooling_off_waits_twice_through_killed_workers_and_creates_o
     checks = {check["check"] for check in report["checks"]}
     assert {"the run waited on the clock, then on the receipt; both resolved",
             "the intent was authored only after the cooling-off time resolved"} <= checks
+
+
+def test_push_when_customer_waits_on_the_record_the_crm_webhook_changes_and_creates_once():
+    """Seed 004 sections 14.1-14.2 end to end: the run waits on a record event (producer record.condition) that the
+    CRM's webhook meets through the inbound chain, then on the clock and the owner's receipt; the flow worker is
+    killed in the record and clock waits; one create POST, one contact, one remote effect."""
+    report = _run("push-when-customer")
+    provider = report["provider"]
+    [contact] = provider["contacts"]
+    assert provider["requests_by_route"] == {f"POST {CONTACTS}": 1}
+    assert (contact["create_requests"], contact["properties"]["lifecyclestage"]) == (1, "customer")
+    checks = {check["check"] for check in report["checks"]}
+    assert {"nothing was pushed while the contact was an opportunity",
+            "the run waited on the record, the clock and the receipt; all resolved",
+            "the record event resolved on the signal of the save that made the contact a customer"} <= checks
