@@ -484,3 +484,24 @@ def test_a_late_recheck_of_a_close_never_withdraws_the_paths_a_later_reopen_admi
         admitted_before=closed_version, changed_fields=frozenset({"Status__c"}), deleting=False) == 0
     assert FlowRun.objects.filter(org_id=org.org_id, record_key=record.record_key,
                                   state=t.RUN_WAITING).count() == 3
+
+
+def test_closing_and_reopening_after_a_paths_time_came_runs_only_the_new_path(org, lapse_deployed, db_clock_advance):
+    """Once a path's time came (its wait resolved) and before a Flow worker ran it, the renewal is closed and
+    re-opened: the close's recheck finds no waiting path, the re-opening save admits a new set; the old path,
+    when its step runs, finds itself admitted again by a later save and is withdrawn. The path's elements run once."""
+    record = _open(org, renewal_in_days=10)
+    run_until_idle()
+    old = _path_runs(org, record)
+    _advance_to(db_clock_advance, _midnight(_day(10)) + dt.timedelta(days=1, hours=1))
+    while flow_try_resume_due_one():
+        pass  # the times came; no step has run
+    assert FlowRun.objects.get(pk=old[LAPSED].pk).state == t.RUN_RUNNABLE
+    update_record(org, record, {"Status__c": "Closed"})
+    update_record(org, record, {"Status__c": "Open"})
+    run_until_idle()
+    assert _path_output(org, FlowRun.objects.get(pk=old[LAPSED].pk)) == {
+        "scheduled_path": LAPSED, "outcome": "withdrawn", "due_at": None,
+        "why": "the record left the entry conditions and a later save admitted this path again"}
+    assert FlowAuditEvent.objects.filter(run__record_key=record.record_key, event="step_committed",
+                                         detail__step="write:Mark_Lapsed").count() == 1

@@ -242,7 +242,9 @@ def _path_verdict(run: FlowRun, plan: FlowExecutionPlan, path: dict[str, Any], r
     """``(outcome, due, why)`` of a scheduled path against its record as it is now (``record`` locked, or ``None``).
 
     ``withdrawn`` when the record is gone, no longer meets the flow's entry
-    conditions, or its time field is empty; else ``wait`` (due later) or
+    conditions, or its time field is empty, or (a flow admitted only when a
+    record is updated to meet its conditions) a later save admitted the same
+    path again (:func:`_readmitted`); else ``wait`` (due later) or
     ``due``. The time is the triggering save (``RecordTriggerEvent``: the
     run's admission) or the record's field (``RecordField``) plus
     ``offset`` x ``unit`` (negative: before); ``AsyncAfterCommit`` is due at once.
@@ -256,6 +258,10 @@ def _path_verdict(run: FlowRun, plan: FlowExecutionPlan, path: dict[str, Any], r
     trigger = plan.plan_payload["trigger"]
     if not conditions_hold(trigger.get("filters") or [], trigger.get("filter_logic") or "and", record.fields):
         return "withdrawn", None, "entry conditions no longer hold"
+    if trigger.get("requires_change") and _readmitted(run, plan):
+        # Only a save that made the record meet the conditions again admits the path again: the record left
+        # them after this run's save, which withdrew this path, whether or not that save's recheck saw it.
+        return "withdrawn", None, "the record left the entry conditions and a later save admitted this path again"
     if path.get("path_type") == "AsyncAfterCommit":
         return "due", run.created_at, ""
     if path.get("time_source") == "RecordField":
@@ -271,6 +277,17 @@ def _path_verdict(run: FlowRun, plan: FlowExecutionPlan, path: dict[str, Any], r
         raise FlowExecutionError(f"scheduled path {path['name']}: {base.isoformat()} plus {path['offset']} "
                                  f"{path['unit']} is out of the calendar's range") from None
     return ("wait" if due > now else "due"), due, ""
+
+
+def _readmitted(run: FlowRun, plan: FlowExecutionPlan) -> bool:
+    """True when a later save of the run's record admitted the same flow's same path (any plan version).
+
+    Read under the record lock the path step holds, which every admitting save of that record takes first.
+    """
+    return FlowRun.objects.filter(
+        org_id=run.org_id, trigger_object_name=run.trigger_object_name, record_key=run.record_key,
+        entry_path=run.entry_path, plan__flow_api_name=plan.flow_api_name, record_version__gt=run.record_version,
+    ).exists()
 
 
 def _exec_scheduled_path(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any]) -> str:
