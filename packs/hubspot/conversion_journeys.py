@@ -46,7 +46,7 @@ from pathlib import Path
 import httpx
 
 from packs.hubspot.journeys import CONTACTS_PATH, PACK_DIR, crm, stage
-from packs.journeys import Harness, Journey, JourneyError, register
+from packs.journeys import Attributed, Harness, Journey, JourneyError, register
 
 SERVICE_FILE = PACK_DIR / "journey_service_bidirectional.json"
 #: The fields both push contracts map (local field == provider property).
