@@ -23,7 +23,7 @@ import pytest
 from django.db import connection
 
 from nexusflow.flows import transitions as t
-from nexusflow.flows.errors import ActivationRejected, WaitSignalRefused
+from nexusflow.flows.errors import CompileError, WaitSignalRefused
 from nexusflow.flows.models import (
     FlowAuditEvent,
     FlowCheckpoint,
@@ -398,11 +398,24 @@ def test_an_operator_resume_takes_the_record_event_path(org, payment):
 @pytest.mark.parametrize(("edit", "code"), [
     (lambda s: s.replace(b"<elementReference>$Record.Id</elementReference>",
                          b"<stringValue>a7R000000000001</stringValue>"), "engine_unsupported:wait_event:RecordId"),
-    (lambda s: s.replace(b"Renewal__ChangeEvent", b"ContactChangeEvent"), "engine_unsupported:wait_event:record"),
-    (lambda s: s.replace(b"<eventType>AlarmEvent</eventType>", b"<eventType>Renewal__ChangeEvent</eventType>"),
-     "engine_unsupported:wait_event:record"),
+    # An object the metadata view lacks is refused by the compiler, before the engine looks at the wait.
+    (lambda s: s.replace(b"Renewal__ChangeEvent", b"ContactChangeEvent"), "unknown_object:Contact"),
+    # A second record event on the same Wait element (its inputs renamed to fields the object defines).
+    (lambda s: s.replace(b"<eventType>AlarmEvent</eventType>", b"<eventType>Renewal__ChangeEvent</eventType>")
+     .replace(b"<name>AlarmTime</name>", b"<name>Name</name>").replace(b"<name>TimeOffset</name>",
+                                                                      b"<name>Notice__c</name>")
+     .replace(b"<name>TimeOffsetUnit</name>", b"<name>Seen__c</name>"), "engine_unsupported:wait_event:record"),
 ])
 def test_a_record_event_the_engine_cannot_watch_is_refused_at_activation(org, renewal_view, edit, code):
-    with pytest.raises(ActivationRejected) as refused:
+    with pytest.raises(CompileError) as refused:
         flow_deploy(org=org, source=edit(_source(PAYMENT)), flow_api_name=PAYMENT)
     assert code in {d.code for d in refused.value.diagnostics}
+
+
+def test_a_resume_condition_on_a_field_the_object_lacks_is_refused_at_deploy(org, renewal_view):
+    """A misspelled resume field would never match: the compiler refuses it like any unknown field."""
+    source = _source(SIGNATURE).replace(b"<name>Status__c</name>", b"<name>Stauts__c</name>")
+    with pytest.raises(CompileError) as refused:
+        flow_deploy(org=org, source=source, flow_api_name=SIGNATURE)
+    assert "unknown_field:Stauts__c" in {d.code for d in refused.value.diagnostics}
+    assert not FlowRun.objects.filter(org_id=org.org_id).exists()

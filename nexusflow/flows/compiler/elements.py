@@ -16,6 +16,7 @@ from nexusflow.kernel.identity import validate_key
 
 from ..catalog import CatalogEntry, action_key
 from ..errors import Diagnostic
+from ..producers import RECORD_ID_INPUT, change_event_object
 from .constants import (
     ASSIGNMENT_OPERATORS,
     ELEMENT_ENTRY,
@@ -278,6 +279,11 @@ def _el_waits(ctx: CompileContext, node: _Node) -> None:
         params = {p.get("name"): resolve_value(ctx, p.get("value"), node.name)
                   for p in _as_list(ev.get("inputParameters")) if isinstance(p, dict)}
         kind = "time" if event_type in ("AlarmEvent", "DateRefAlarmEvent") else "producer"
+        watched = change_event_object(event_type)
+        if watched is not None:  # a record event: its resume conditions name fields of the watched object
+            check_object(ctx, watched, node.name)
+            for field_name in sorted(k for k in params if k != RECORD_ID_INPUT):
+                check_object_field(ctx, watched, field_name, node.name)
         # The event's waiting conditions: the run waits for it only while they hold (else it is skipped).
         conds, logic = conditions_of(ctx, ev, node.name, ev_name)
         events.append({"name": ev_name, "event_type": event_type, "class": kind, "inputs": params,

@@ -426,7 +426,10 @@ def flow_wait_signal(*, org: OrgScope, run_id: FlowRun.Id | int, producer_kind: 
                                                 state=t.DEP_WAITING, producer_kind=producer_kind)
                   .values_list("pk", flat=True).first())
     if dependency is None or run.current_step_id is None:
-        raise WaitSignalRefused(f"run {int(run_id)} does not wait on {producer_kind} (state {run.state})")
+        waits_on = sorted(FlowDependency.objects.filter(org_id=org.org_id, run_id=run.pk, state=t.DEP_WAITING)
+                          .values_list("producer_kind", flat=True))
+        now_on = f"; it waits on {', '.join(waits_on)}" if waits_on else ""
+        raise WaitSignalRefused(f"run {int(run_id)} does not wait on {producer_kind} (state {run.state}{now_on})")
     with transaction.atomic(durable=True):
         resolved = clock_wait_resolve(org_id=org.org_id, run_id=run.pk, step_id=run.current_step_id,
                                       dependency_id=dependency,

@@ -33,7 +33,8 @@ Subcommands:
 - ``signal RUN_ID --org ORG --producer KIND --actor A --reason R``: an
   operator's resume of one waiting run: its waiting dependency of producer
   ``KIND`` resolves now through the producer's own transition (for
-  ``runtime.clock``: along the earliest event, as if its time had come), the
+  ``runtime.clock``: along the earliest event, as if its time had come; for
+  ``record.condition``: along the record event, as if the record met it), the
   actor and reason recorded with the resolution. Prints
   ``{"run_id", "dependency_id", "producer_kind", "event", "state"}``. Exit 2
   for a producer that takes no operator signal (a Runtime intent receipt
@@ -58,6 +59,7 @@ from nexusflow.flows.errors import (
 )
 from nexusflow.flows.inventory import flow_inventory
 from nexusflow.flows.models import FlowRun
+from nexusflow.flows.producers import PRODUCERS
 from nexusflow.flows.services.support import WAITS_PAGE_MAX
 from nexusflow.flows.transitions import FLOW_DEPENDENCY
 from nexusflow.kernel.errors import InvalidIdentity
@@ -94,8 +96,9 @@ class Command(BaseCommand):
                            help="Only waits in this state (default: every state).")
         waits.add_argument("--limit", type=int, default=100,
                            help=f"At most N rows, oldest deadline first (1..{WAITS_PAGE_MAX}, default 100).")
+        signalable = ", ".join(sorted(k for k, c in PRODUCERS.items() if c.operator_signal))
         signal = sub.add_parser("signal", help="An operator's resume: deliver a producer's signal to one waiting run "
-                                               "by hand (producers that take one: runtime.clock).")
+                                               f"by hand (producers that take one: {signalable}).")
         signal.add_argument("run_id", metavar="RUN_ID")
         signal.add_argument("--org", required=True, help="The trusted org the run belongs to.")
         signal.add_argument("--producer", required=True, help="The producer kind the run waits on.")
