@@ -505,3 +505,19 @@ def test_closing_and_reopening_after_a_paths_time_came_runs_only_the_new_path(or
         "why": "the record left the entry conditions and a later save admitted this path again"}
     assert FlowAuditEvent.objects.filter(run__record_key=record.record_key, event="step_committed",
                                          detail__step="write:Mark_Lapsed").count() == 1
+
+
+def test_a_wait_inside_a_path_reads_the_record_as_it_is_when_the_path_runs(org, lapse_deployed, db_clock_advance):
+    """The renewal date moved after admission: the path's time was recomputed, and the Wait element inside the
+    path (two days after the renewal date) counts from the moved date too, not from the admitting save's."""
+    record = _open(org, renewal_in_days=10)
+    run_until_idle()
+    before = _path_runs(org, record)[BEFORE]
+    moved = _day(20)
+    update_record(org, record, {"Renewal_Date__c": moved})
+    run_until_idle()
+    _advance_to(db_clock_advance, _midnight(moved) - dt.timedelta(days=3) + dt.timedelta(hours=1))
+    run_until_idle()
+    [grace] = [w for w in _waits(org, FlowRun.objects.get(pk=before.pk)) if w.state == t.DEP_WAITING]
+    assert grace.deadline == _midnight(moved) + dt.timedelta(days=2)
+    assert _path_output(org, FlowRun.objects.get(pk=before.pk))["outcome"] == "due"

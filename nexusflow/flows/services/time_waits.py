@@ -301,7 +301,8 @@ def _exec_scheduled_path(claim: StepClaim, plan: FlowExecutionPlan, step_def: di
     time, or continues into the path. A resolved wait (time came, or a
     record save ended it early) commits this step and evaluates again in the
     step's next invocation, so a moved date waits anew and a record that left
-    the entry conditions withdraws the path. An operator's resume
+    the entry conditions withdraws the path. A path that runs gives its
+    elements the record as it is now as ``$Record``. An operator's resume
     (``flows signal``) runs the path now unless the record is withdrawn.
     """
     path = step_def["path"]
@@ -348,8 +349,12 @@ def _exec_scheduled_path(claim: StepClaim, plan: FlowExecutionPlan, step_def: di
             _commit_step(claim, plan, run, attempt, now, output={**output, "why": why}, step_dst=t.STEP_SUCCEEDED,
                          root_dst=t.RUN_RUNNABLE, next_key=TERMINAL_STEP_KEY, context=context)
         elif outcome == "due":
-            _commit_step(claim, plan, run, attempt, now, output=output, step_dst=t.STEP_SUCCEEDED,
-                         root_dst=t.RUN_RUNNABLE, next_key=step_def["next"]["resume"], context=context)
+            # The path's elements see the record as it is when the path runs, not as its admitting save left it
+            # ($Record__Prior stays that save's prior values).
+            entered = {**context, "record": {"Id": record.record_key, **record.fields}}
+            _commit_step(claim, plan, run, attempt, now, output={**output, "record_version": int(record.version)},
+                         step_dst=t.STEP_SUCCEEDED, root_dst=t.RUN_RUNNABLE, next_key=step_def["next"]["resume"],
+                         context=entered)
         else:
             condition = {"kind": CONDITION_SCHEDULED_PATH, "path": path["name"],
                          "time_source": path.get("time_source"), "record_field": path.get("record_field"),
