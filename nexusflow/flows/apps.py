@@ -22,16 +22,19 @@ class FlowsConfig(AppConfig):
         from .inbox import intent_completed_accept
         from .selectors import flow_run_trigger, flow_runs_nonterminal_count
         from .services import effect_handoff_finalize, flow_before_save, flow_trigger_on_record_saved
-        from .services.record_waits import record_waits_before_delete
+        from .services.waits import record_deleting_signal, record_saved_signal
         from .services.wait_resolution import scheduled_paths_before_delete
         from .workers import flow_units
 
         register_before_save(flow_before_save)
+        # A save signals the runs whose Wait element watches its record (producer record.condition), before
+        # admission, so the runs it admits are not signalled by their own admitting save.
+        register_after_save(record_saved_signal)
         register_after_save(flow_trigger_on_record_saved)
         # A record being deleted withdraws its scheduled paths still waiting for their time.
         register_before_delete(scheduled_paths_before_delete, stage=DELETE_STAGE_FLOW_WAITS)
         # ... and signals each run whose Wait element watches it (producer record.condition).
-        register_before_delete(record_waits_before_delete, stage=DELETE_STAGE_FLOW_WAITS)
+        register_before_delete(record_deleting_signal, stage=DELETE_STAGE_FLOW_WAITS)
         # The replay guard asks which record version triggered a run.
         register_flow_trigger_lookup(flow_run_trigger)
         register_role("flow", flow_units, order=30)

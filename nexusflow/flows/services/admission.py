@@ -33,7 +33,6 @@ from ..errors import FlowAdmissionRejected, FlowInputRejected, FlowNotStartable,
 from ..interpreter import to_field_text
 from ..models import FlowActivation, FlowCheckpoint, FlowExecutionPlan, FlowRun
 from ..store import FlowRunStore, FlowStepStore, checkpoint_insert
-from .record_waits import record_wait_signals_write
 from .wait_resolution import IMMEDIATE_PATH, scheduled_paths_recheck
 
 log = logging.getLogger("nexusflow.flows")
@@ -73,10 +72,11 @@ def flow_trigger_on_record_saved(*, org: OrgScope, record, change) -> None:
     """Admit one FlowRun per matching active activation (records after-save hook).
 
     Runs inside the saving transaction, after the record row is written and
-    locked: inserts only; an update also signals the record's live runs
-    whose Wait element watches it (:func:`.record_waits.record_wait_signals_write`)
-    and makes its waiting scheduled paths look again right after it commits
-    (:func:`.wait_resolution.scheduled_paths_recheck`). Idempotent per
+    locked: inserts only; an update also makes the record's waiting
+    scheduled paths look again right after it commits
+    (:func:`.wait_resolution.scheduled_paths_recheck`). (The runs whose Wait
+    element watches the record are signalled by a hook of their own,
+    :func:`.waits.record_saved_signal`, registered before this one.) Idempotent per
     ``(org, plan, record key, record version, entry path)``: one run for the
     start connector and one per scheduled path, each waiting for its time. The trigger snapshot freezes
     the saved values and ``change.prior_fields`` (the values this save
@@ -92,9 +92,6 @@ def flow_trigger_on_record_saved(*, org: OrgScope, record, change) -> None:
             stale plan.
     """
     if not change.created:
-        # Runs whose Wait element watches this record; a run's own write never signals that run (it is running).
-        origin = _SAVE_ORIGIN.get()
-        record_wait_signals_write(org=org, record=record, saving_run_id=None if origin is None else origin.run_id)
         scheduled_paths_recheck(org=org, record=record, change=change)
     activations = list(
         FlowActivation.objects.filter(org_id=org.org_id, state=t.ACTIVATION_ACTIVE,

@@ -9,8 +9,9 @@ name (``<Object>ChangeEvent``) with ``field = value`` resume conditions
 - **Producer and notification** (14.2 step 1): every save or deletion of a
   record writes, in the saving transaction, one ``FlowWakeSignal`` for each
   live run of that record whose plan has a record event on its object,
-  whether or not the run waits yet (:func:`record_wait_signals_write`). It
-  locks no Flow row: the signal carries the run id as a typed column.
+  whether or not the run waits yet (:func:`record_wait_signals_write`, called
+  by the records hooks in :mod:`.waits`). It locks no Flow row: the signal
+  carries the run id as a typed column.
 - **Wake version**: the record version the save wrote (a deletion: the next
   one). A signal no newer than the version the wait saw when it committed
   is stale and changes nothing.
@@ -22,8 +23,8 @@ name (``<Object>ChangeEvent``) with ``field = value`` resume conditions
   record as it is when the match runs, not the signal, decides: ``met``,
   ``unmet`` (a later save undid it), ``stale`` or ``deleted``.
 
-This module imports no executor module, so the records hooks reach it
-without an import cycle.
+This module imports no executor module: the executor's wait step and the
+wake (:mod:`.waits`) import it, never the other way round.
 """
 from __future__ import annotations
 
@@ -32,7 +33,6 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from nexusflow.kernel import failpoints
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.scope import OrgScope
@@ -49,8 +49,6 @@ log = logging.getLogger("nexusflow.flows")
 CONDITION_RECORD = "record"
 #: Run states in which a run may still reach (or be at) a record event's wait.
 LIVE_RUN_STATES = (t.RUN_ACCEPTED, t.RUN_RUNNABLE, t.RUN_RUNNING, t.RUN_WAITING)
-
-FP_PRODUCER_MATCH = failpoints.declare("flow.wake.record_producer_match")
 
 #: plan digest -> the objects its record events watch (a plan's payload never changes under its digest).
 _WATCHED: dict[str, frozenset[str]] = {}
@@ -74,38 +72,37 @@ def record_event_objects(plan_payload: dict[str, Any]) -> frozenset[str]:
     return frozenset(out)
 
 
-def _watched_by(plan_pk: int, plan_digest: str) -> frozenset[str]:
+def _watched_by(org_id: str, plan_pk: int, plan_digest: str) -> frozenset[str]:
     watched = _WATCHED.get(plan_digest)
     if watched is None:
         from ..models import FlowExecutionPlan
 
-        payload = FlowExecutionPlan.objects.values_list("plan_payload", flat=True).get(pk=plan_pk)
+        payload = FlowExecutionPlan.objects.values_list("plan_payload", flat=True).get(org_id=org_id, pk=plan_pk)
         watched = _WATCHED[plan_digest] = record_event_objects(payload)
     return watched
 
 
 def record_wait_signals_write(*, org: OrgScope, record, deleting: bool = False,
-                              saving_run_id: int | None = None) -> int:
-    """Write this save's (or deletion's) wake signals, in the saving transaction (records hook).
+                              saving_run_id: int | None = None) -> tuple[str, list[int]]:
+    """Write this save's (or deletion's) wake signals, in the saving transaction.
 
     One ``record.condition`` signal per live run of ``record`` whose plan
     watches its object, with ``wake_version`` = the version this save wrote
     (a deletion: one past the last), except ``saving_run_id``: a run's own
     record write is not news to it (a later Wait of that run reads the record
-    anyway). Idempotent per (run, version). Right
-    after the saving transaction commits, each signal is matched in a fresh
-    transaction; nothing is registered when the save rolls back.
+    anyway). Idempotent per (run, version). The records hooks
+    (:mod:`.waits`) match them right after the saving transaction commits.
 
-    Returns how many signals this call wrote.
+    Returns ``(producer key, ids of the runs signalled)``.
     """
+    key = record_dependency_key(record.object_name, record.record_key)
     runs = list(FlowRun.objects.filter(org_id=org.org_id, record_key=record.record_key, state__in=LIVE_RUN_STATES,
                                        trigger_object_name=record.object_name, is_deleted=False)
                 .values_list("pk", "plan_id", "plan_digest", "app_installation_id", "runtime_capability_id",
                              "binding_digest"))
-    runs = [r for r in runs if r[0] != saving_run_id and record.object_name in _watched_by(r[1], r[2])]
+    runs = [r for r in runs if r[0] != saving_run_id and record.object_name in _watched_by(org.org_id, r[1], r[2])]
     if not runs:
-        return 0
-    key = record_dependency_key(record.object_name, record.record_key)
+        return key, []
     version = int(record.version) + (1 if deleting else 0)
     evidence = digest_v2("flows.wake-evidence", [
         ("producer_kind", PRODUCER_RECORD), ("dependency_key", key), ("wake_version", version),
@@ -124,28 +121,7 @@ def record_wait_signals_write(*, org: OrgScope, record, deleting: bool = False,
         except IntegrityError:
             continue  # this version's signal for this run exists already
         written.append(int(run_id))
-    if written:
-        transaction.on_commit(lambda: _match_after_commit(org_id=org.org_id, run_ids=written, key=key), robust=True)
-    return len(written)
-
-
-def record_waits_before_delete(*, org: OrgScope, record) -> int:
-    """Signal every live run watching ``record`` that it is being deleted (records before-delete hook).
-
-    Registered at ``DELETE_STAGE_FLOW_WAITS``: the deletion's signals commit
-    with it (a refused deletion rolls them back); the match right after the
-    commit finds the record gone and ends each such wait under its policy.
-    """
-    return record_wait_signals_write(org=org, record=record, deleting=True)
-
-
-def _match_after_commit(*, org_id: str, run_ids: list[int], key: str) -> None:
-    """The producer path's fresh-transaction match (seed 004 section 14.2 step 2)."""
-    from .waits import flow_wake_reconcile
-
-    failpoints.hit(FP_PRODUCER_MATCH)  # the save committed its signals; a crash here leaves them to the sweep
-    for run_id in run_ids:
-        flow_wake_reconcile(org_id=org_id, run_id=run_id, dependency_key=key)
+    return key, written
 
 
 def record_wake_verdict(dependency: FlowDependency, signal: FlowWakeSignal) -> tuple[str, int | None]:

@@ -36,12 +36,14 @@ from ..store import (
     wake_signal_insert,
 )
 from .claim import StepClaim
-from .record_waits import PRODUCER_RECORD, record_wake_verdict
+from .admission import _SAVE_ORIGIN
+from .record_waits import PRODUCER_RECORD, record_wait_signals_write, record_wake_verdict
 from .step_txn import _attempt_fences, _step_fences
 
 PRODUCER_RUNTIME_INTENT = "runtime.intent_result"
 
 FP_WAKE_BEFORE_COMMIT = failpoints.declare("flow.wake.before_commit")
+FP_RECORD_PRODUCER_MATCH = failpoints.declare("flow.wake.record_producer_match")
 
 
 def _wait(claim: StepClaim, run: FlowRun, step: FlowStepExecution, now: dt.datetime,
@@ -285,3 +287,46 @@ def _record_wake(run: FlowRun, step: FlowStepExecution, dependency: FlowDependen
     audit_insert(org_id=org_id, run=run, step_id=step.pk, attempt=None, event="wait_resolved",
                  detail={"dependency": int(dependency.pk), **resolution}, created_at=now)
     return True
+
+
+# =============================================================================
+# The record.condition producer's hooks on record saves and deletions (seed 004 section 14.2 steps 1-2)
+# =============================================================================
+
+def record_saved_signal(*, org, record, change) -> int:
+    """Records after-save hook: signal the live runs whose Wait element watches ``record`` (an update only).
+
+    Writes the signals in the saving transaction
+    (:func:`.record_waits.record_wait_signals_write`; a run's own record write
+    does not signal that run) and matches them right after it commits.
+    Registered before the Flow admission hook, so the runs this save admits
+    are not signalled by it. Returns how many signals it wrote.
+    """
+    if change.created:
+        return 0
+    origin = _SAVE_ORIGIN.get()
+    return _signal(org=org, record=record, deleting=False, saving_run_id=None if origin is None else origin.run_id)
+
+
+def record_deleting_signal(*, org, record) -> int:
+    """Records before-delete hook (``DELETE_STAGE_FLOW_WAITS``): signal each live run watching ``record``.
+
+    The signals commit with the deletion (a refused deletion rolls them back);
+    the match right after the commit finds the record gone and ends each
+    such wait under its policy. Returns how many signals it wrote.
+    """
+    return _signal(org=org, record=record, deleting=True, saving_run_id=None)
+
+
+def _signal(*, org, record, deleting: bool, saving_run_id: int | None) -> int:
+    key, run_ids = record_wait_signals_write(org=org, record=record, deleting=deleting, saving_run_id=saving_run_id)
+    if run_ids:
+        transaction.on_commit(lambda: _match_after_commit(org_id=org.org_id, run_ids=run_ids, key=key), robust=True)
+    return len(run_ids)
+
+
+def _match_after_commit(*, org_id: str, run_ids: list[int], key: str) -> None:
+    """The producer path's fresh-transaction match (section 14.2 step 2); the sweep repeats it after a crash."""
+    failpoints.hit(FP_RECORD_PRODUCER_MATCH)  # the save committed its signals; a crash here leaves them to the sweep
+    for run_id in run_ids:
+        flow_wake_reconcile(org_id=org_id, run_id=run_id, dependency_key=key)
