@@ -207,6 +207,21 @@ def record_update(*, org: OrgScope, record: Record, changes: dict[str, str | Non
     return change
 
 
+def record_retiring_hooks(*, org: OrgScope, record: Record) -> None:
+    """Run the before-delete hooks that react to ``record`` leaving (stages below :data:`DELETE_STAGE_OWNER_WORK`).
+
+    For a caller that retires a record other than by :func:`record_delete`
+    (a merge or conversion soft-deletes its source, :mod:`.transfer`) and
+    handles owner work and remote links itself: the Flow waits on the record
+    (scheduled paths, Wait elements watching it) learn it is gone exactly as
+    from a deletion, in the caller's transaction and rolled back with it.
+    """
+    _require_atomic()
+    for stage, _n, hook in list(_BEFORE_DELETE):
+        if stage < DELETE_STAGE_OWNER_WORK:
+            hook(org=org, record=record)
+
+
 def record_delete(*, org: OrgScope, record: Record) -> Record:
     """Soft-delete a record locked by this transaction after its before-delete hooks allow it.
 

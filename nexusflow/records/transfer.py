@@ -53,7 +53,7 @@ from .metadata import current_view
 from .models import IdentityTransfer, Record
 from .owner import OwnerContended, OwnerWorkPending, owner_work_check
 from .remote_links import remote_links
-from .services import new_record_key, record_write_mirror
+from .services import new_record_key, record_retiring_hooks, record_write_mirror
 from .store import RecordStore
 
 __all__ = [
@@ -266,7 +266,12 @@ def _lock_records(org: OrgScope, keys: list[tuple[str, str]]) -> dict[tuple[str,
 
 def _apply(org: OrgScope, kind: str, transfer_id: str, digest: str, source: Record, target: Record | None,
            target_object: str, actor: str) -> IdentityTransfer:
-    """Lock links, check owner work on both records, plan every move, then write (records already locked)."""
+    """Lock links, check owner work on both records, plan every move, then write (records already locked).
+
+    The source leaves as a deletion would for the Flow waits on it (:func:`record_retiring_hooks`, first: Flow
+    rows before the Runtime intents and Connector links locked next); owner work and links are handled here.
+    """
+    record_retiring_hooks(org=org, record=source)
     port = remote_links()
     links = port.lock(org_id=org.org_id, owners=[(source.object_name, source.record_key)] + (
         [(target.object_name, target.record_key)] if target is not None else []))

@@ -419,3 +419,30 @@ def test_a_resume_condition_on_a_field_the_object_lacks_is_refused_at_deploy(org
         flow_deploy(org=org, source=source, flow_api_name=SIGNATURE)
     assert "unknown_field:Stauts__c" in {d.code for d in refused.value.diagnostics}
     assert not FlowRun.objects.filter(org_id=org.org_id).exists()
+
+
+def test_merging_away_the_watched_record_ends_the_wait_as_a_deletion_does(org, signature):
+    """A merge soft-deletes its source without record_delete: the waits on the source learn it is gone all the same."""
+    from nexusflow.records.transfer import record_merge
+
+    record = _waiting(org)
+    other = save_record(org, {"Name": "r-2", "Status__c": "Closed"}, object_name=OBJECT)
+    record_merge(org=org, transfer_id="m-1", object_name=OBJECT, source_key=record.record_key,
+                 target_key=other.record_key, actor="ops")
+    run = _run(org, record)
+    assert (run.state, run.reason_code) == (t.RUN_TERMINAL_FAILED, "flow_wait_producer_deleted")
+    assert [s.state for s in _signals(org, record)] == [t.SIGNAL_CONSUMED]
+
+
+def test_flows_waits_lists_a_record_wait_with_its_signals_under_the_wait_they_touched(org, payment):
+    from nexusflow.flows.services import flow_waits_list
+
+    record = _waiting(org)
+    update_record(org, record, {"Name": "renamed"})  # wake version 2: not paid, expired
+    update_record(org, record, {"Status__c": "Paid"})  # wake version 3: resolves
+    [row] = flow_waits_list(org=org, state=t.DEP_SATISFIED)
+    assert (row["producer_kind"], row["dependency_key"], row["condition"]["match"]) == (
+        PRODUCER, f"{OBJECT}/{record.record_key}", {"Status__c": "Paid"})
+    assert row["producer"]["kind"] == PRODUCER and row["signals_total"] == 2
+    assert [(s["wake_version"], s["state"], s["dependency_id"], s["resolution_receipt_id"]) for s in row["signals"]] == [
+        (2, t.SIGNAL_EXPIRED, None, None), (3, t.SIGNAL_CONSUMED, row["dependency_id"], None)]

@@ -13,6 +13,8 @@ from ..models import FlowDependency, FlowEffectLink, FlowRun, FlowStepAttempt, F
 
 #: The most rows :func:`flow_waits_list` returns in one call.
 WAITS_PAGE_MAX = 500
+#: The newest wake signals :func:`flow_waits_list` shows per wait (``signals_total`` counts them all).
+SIGNALS_PER_WAIT = 20
 
 
 def _ts(value):
@@ -40,7 +42,10 @@ def flow_waits_list(*, org: OrgScope, state: str | None = None, limit: int = 100
     deadline, expiry policy, the condition (for a time wait its events and
     resume times), resolution evidence, and the wake signals accepted for the
     same producer key (id, producer, state, wake version, the producer's
-    resolution receipt id when it has one, received and consumed times).
+    resolution receipt id when it has one, the dependency a consumed signal
+    resolved, received and consumed times): a consumed signal is listed only
+    under the wait it resolved; at most :data:`SIGNALS_PER_WAIT` newest per
+    wait, ``signals_total`` counting them all.
 
     Args:
         state: one FlowDependency state (``waiting``, ``satisfied``, ...), or every state.
@@ -58,18 +63,32 @@ def flow_waits_list(*, org: OrgScope, state: str | None = None, limit: int = 100
         qs = qs.filter(state=state)
     rows = [_dependency_json(d) for d in qs.order_by("deadline", "id")[:limit]]
     keys = {(r["run_id"], r["dependency_key"]) for r in rows}
-    signals: dict[tuple[int, str], list[dict[str, Any]]] = {}
-    if keys:
-        for sig in FlowWakeSignal.objects.filter(org_id=org.org_id, flow_run_id__in={k[0] for k in keys}):
-            key = (int(sig.flow_run_id), sig.dependency_key)
-            if key in keys:
-                signals.setdefault(key, []).append({
-                    "signal_id": int(sig.pk), "producer_kind": sig.producer_kind, "state": sig.state,
-                    "wake_version": int(sig.wake_version),
-                    "resolution_receipt_id": None if sig.receipt_id is None else int(sig.receipt_id),
-                    "received_at": _ts(sig.received_at), "consumed_at": _ts(sig.consumed_at)})
+    by_dependency = {r["dependency_id"]: r for r in rows}
     for r in rows:
-        r["signals"] = sorted(signals.get((r["run_id"], r["dependency_key"]), []), key=lambda x: x["signal_id"])
+        r["signals"], r["signals_total"] = [], 0
+    if keys:
+        for sig in (FlowWakeSignal.objects.filter(org_id=org.org_id, flow_run_id__in={k[0] for k in keys})
+                    .order_by("-id")):
+            key = (int(sig.flow_run_id), sig.dependency_key)
+            if key not in keys:
+                continue
+            # A consumed signal belongs to the dependency it resolved; an unmatched or expired one to its key.
+            if sig.dependency_id is not None:
+                owner = by_dependency.get(int(sig.dependency_id))
+                owners = [] if owner is None else [owner]
+            else:
+                owners = [r for r in rows if (r["run_id"], r["dependency_key"]) == key]
+            for r in owners:
+                r["signals_total"] += 1
+                if len(r["signals"]) < SIGNALS_PER_WAIT:
+                    r["signals"].append({
+                        "signal_id": int(sig.pk), "producer_kind": sig.producer_kind, "state": sig.state,
+                        "wake_version": int(sig.wake_version),
+                        "resolution_receipt_id": None if sig.receipt_id is None else int(sig.receipt_id),
+                        "dependency_id": None if sig.dependency_id is None else int(sig.dependency_id),
+                        "received_at": _ts(sig.received_at), "consumed_at": _ts(sig.consumed_at)})
+    for r in rows:
+        r["signals"].sort(key=lambda x: x["signal_id"])
     return rows
 
 
