@@ -47,7 +47,10 @@ CHAOS_SEED ?= 7
 chaos-demo: venv db static
 	$(PY) manage.py demo --chaos $(CHAOS_SEED) $(DEMO_ARGS)
 
+# NexusFlow beside the database floor and django-q2 (var/bench/report.json), then the capacity checks.
+BENCH_SCALE ?= 1
 bench: venv db static
+	$(PY) manage.py bench --scale $(BENCH_SCALE)
 	$(PY) -m pytest -p no:cacheprovider -m bench --run-bench $(PYTEST_ARGS)
 
 clean:

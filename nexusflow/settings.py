@@ -133,7 +133,10 @@ SPECTACULAR_SETTINGS = {"TITLE": "NexusFlow API", "VERSION": "2.0.0", "SWAGGER_U
                         "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
                         "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"]}
 
-Q_CLUSTER = {"name": "nexusflow", "orm": "default", "workers": 1, "timeout": 60, "retry": 120}
+# django-q2 runs the periodic schedules; NEXUS_Q_WORKERS and NEXUS_Q_SAVE_LIMIT size it (``make bench`` runs it as
+# the peer with 1, 2 and 4 workers and keeps every task result to count them).
+Q_CLUSTER = {"name": "nexusflow", "orm": "default", "workers": int(os.environ.get("NEXUS_Q_WORKERS", "1")),
+             "timeout": 60, "retry": 120, "save_limit": int(os.environ.get("NEXUS_Q_SAVE_LIMIT", "250"))}
 
 # Where L1 packs and tenant metadata live (ARCHITECTURE.md section 1).
 # Lock-order reversals (nexusflow.kernel.locks): "raise" in tests and debug, "log" in production.
