@@ -49,7 +49,11 @@ chaos-demo: venv db static
 
 # NexusFlow beside the database floor and django-q2 (var/bench/report.json), then the capacity checks.
 BENCH_SCALE ?= 1
-bench: venv db static
+BENCH_STAMP := $(VENV)/.requirements-bench.stamp
+$(BENCH_STAMP): requirements-bench.txt $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-bench.txt
+	@touch $(BENCH_STAMP)
+bench: venv db static $(BENCH_STAMP)
 	$(PY) manage.py bench --scale $(BENCH_SCALE)
 	$(PY) -m pytest -p no:cacheprovider -m bench --run-bench $(PYTEST_ARGS)
 

@@ -21,7 +21,7 @@ process start-up is not counted for either side. Transactions and
 statements per unit are the server's ``Com_commit`` and ``Questions``
 deltas over the worker phase (nothing else runs then), not estimates.
 
-The report (``var/bench/report.json``) holds every figure and, under
+The report (``var/bench/report.json``, plotted in ``var/bench/throughput.png``) holds every figure and, under
 ``"ratios"``, ``flow_runs_vs_q2`` (2 workers each), ``scaling_2v1_flow_runs``
 and ``flow_runs_vs_floor``. Each run is bounded in units and time and stops
 by itself; ``--scale`` multiplies the unit counts and the floor's duration.
@@ -279,6 +279,32 @@ def _print_table(report: dict[str, Any]) -> None:
     console.print(ratios)
 
 
+def _plot(report: dict[str, Any], path: Path) -> bool:
+    """Units/s against worker processes for every series (log scale), as a PNG; False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, points in report["series"].items():
+        ax.plot([p["workers"] for p in points], [p["per_second"] for p in points], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(WORKER_COUNTS), [str(n) for n in WORKER_COUNTS])
+    ax.set_yscale("log")
+    ax.set_xlabel("worker processes (floor: connections)")
+    ax.set_ylabel("units per second")
+    ax.set_title(f"make bench, scale {report['scale']}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def run_bench(*, scale: float = 1.0, as_json: bool = False) -> int:
     """Run every series and write ``var/bench/report.json``; 0 ran (targets reported, not enforced), 2 could not run."""
     if not 0 < scale <= 20:
@@ -317,6 +343,8 @@ def run_bench(*, scale: float = 1.0, as_json: bool = False) -> int:
     report["wall_seconds"] = time.monotonic() - started
     (RUN_DIR / "report.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
     _print_table(report)
+    if not _plot(report, RUN_DIR / "throughput.png"):
+        say("bench: matplotlib is not installed (make bench installs requirements-bench.txt): no plot")
     if as_json:
         print(json.dumps(report))
     return 0
