@@ -1,7 +1,8 @@
 """``manage.py run_workers --role connector|runtime|flow|egress|egress-deferred|stream|all [--until-idle] [--once]``.
 
 A thin loop over the role's ``try_<verb>_one()`` units: run every unit until
-none has work, sleep with jitter when idle, exit cleanly on SIGTERM or
+none has work (while others are busy, a unit that found nothing polls again
+only every few rounds), sleep with jitter when idle, exit cleanly on SIGTERM or
 Ctrl-C, log one structured line per unit of work. The roles are the ones the
 apps registered (:func:`nexusflow.kernel.workers.register_role`); ``all`` runs
 every role registered ``in_all``.
@@ -23,6 +24,9 @@ from nexusflow.kernel.workers import roles as registered_roles
 from nexusflow.kernel.workers import units_for, worker_process_register
 
 log = logging.getLogger("nexusflow.workers")
+
+#: Busy rounds a unit that found no work sits out before it polls again (0: every unit polls every round).
+IDLE_UNIT_BACKOFF = 8
 
 
 class Command(BaseCommand):
@@ -55,11 +59,19 @@ class Command(BaseCommand):
         self.stderr.write(json.dumps({"event": "worker.start", "worker_id": worker_id, "roles": roles}))
         empty_rounds = 0
         done = 0
+        # While the worker is busy, a unit that just found nothing sits out the next IDLE_UNIT_BACKOFF busy rounds
+        # (its poll costs every round's work a few statements); after a round in which nothing worked every unit
+        # runs, so --until-idle still stops only after a full round found no work anywhere.
+        resting = {name: 0 for name, _unit in units}
+        busy = False
         while not stopping["flag"]:
             did_work = False
             for name, unit in units:
                 if stopping["flag"]:
                     break
+                if busy and resting[name] > 0:
+                    resting[name] -= 1
+                    continue
                 close_old_connections()
                 try:
                     worked = unit()
@@ -72,6 +84,8 @@ class Command(BaseCommand):
                 if worked:
                     did_work = True
                     done += 1
+                resting[name] = 0 if worked else IDLE_UNIT_BACKOFF
+            busy = did_work
             if once:
                 break
             if did_work:
