@@ -564,6 +564,26 @@ def alarm_offset(inputs: dict[str, Any], run_value: Any, *, what: str) -> dt.tim
         raise FlowExecutionError(f"{what}: TimeOffset {number!r} {unit} is out of the calendar's range") from None
 
 
+def _wait_run(*, plan_payload: dict[str, Any], record: dict[str, Any], object_name: str, now: dt.datetime,
+              interview_start: dt.datetime, prior: dict[str, Any] | None, is_new: bool,
+              state: dict[str, Any] | None) -> _Run:
+    """The interpreter state a Wait element's events are evaluated in (no reader: a wait reads no records)."""
+    run = _Run(plan_payload=plan_payload, record=record, object_name=object_name, prior=prior, is_new=is_new,
+               now=now, reader=None, budget=DEFAULT_VISIT_BUDGET, fan_out_limit=0, interview_start=interview_start)
+    if state:
+        run.load_state(state)
+    return run
+
+
+def _event_waits(run: _Run, event: dict[str, Any], what: str) -> bool:
+    """Whether a Wait event's waiting conditions hold (the run waits for it only then)."""
+    try:
+        return conditions_hold(event.get("conditions") or [], event.get("logic") or "and", dict(run.record),
+                               run.resolve)
+    except ValueError as exc:
+        raise FlowExecutionError(f"{what}: {exc}") from None
+
+
 def wait_schedule(*, plan_payload: dict[str, Any], node: dict[str, Any], record: dict[str, Any], object_name: str,
                   now: dt.datetime, interview_start: dt.datetime, prior: dict[str, Any] | None = None,
                   is_new: bool = False, state: dict[str, Any] | None = None) -> list[WaitEvent]:
@@ -585,19 +605,12 @@ def wait_schedule(*, plan_payload: dict[str, Any], node: dict[str, Any], record:
             malformed ``AlarmTime``, offset or unit, or a resume time out of
             the calendar's range (definite: replay cannot fix it).
     """
-    run = _Run(plan_payload=plan_payload, record=record, object_name=object_name, prior=prior, is_new=is_new,
-               now=now, reader=None, budget=DEFAULT_VISIT_BUDGET, fan_out_limit=0, interview_start=interview_start)
-    if state:
-        run.load_state(state)
+    run = _wait_run(plan_payload=plan_payload, record=record, object_name=object_name, now=now,
+                    interview_start=interview_start, prior=prior, is_new=is_new, state=state)
     found: list[tuple[dt.datetime, int, WaitEvent]] = []
     for index, event in enumerate(node.get("events") or []):
         what = f"wait {node.get('element')} event {event.get('name')}"
-        try:
-            waiting = conditions_hold(event.get("conditions") or [], event.get("logic") or "and", dict(run.record),
-                                      run.resolve)
-        except ValueError as exc:
-            raise FlowExecutionError(f"{what}: {exc}") from None
-        if not waiting or change_event_object(event.get("event_type")):
+        if change_event_object(event.get("event_type")) or not _event_waits(run, event, what):
             continue  # a record event is the record producer's (wait_record_event)
         if event.get("event_type") != "AlarmEvent":
             raise FlowExecutionError(f"{what}: {event.get('event_type')} is not a time event this engine runs")
@@ -641,21 +654,13 @@ def wait_record_event(*, plan_payload: dict[str, Any], node: dict[str, Any], rec
     Raises:
         FlowExecutionError: a waiting condition or a resume value cannot be evaluated (definite).
     """
-    run = _Run(plan_payload=plan_payload, record=record, object_name=object_name, prior=prior, is_new=is_new,
-               now=now, reader=None, budget=DEFAULT_VISIT_BUDGET, fan_out_limit=0, interview_start=interview_start)
-    if state:
-        run.load_state(state)
+    run = _wait_run(plan_payload=plan_payload, record=record, object_name=object_name, now=now,
+                    interview_start=interview_start, prior=prior, is_new=is_new, state=state)
     for event in node.get("events") or []:
         watched = change_event_object(event.get("event_type"))
         if watched is None:
             continue
-        what = f"wait {node.get('element')} event {event.get('name')}"
-        try:
-            waiting = conditions_hold(event.get("conditions") or [], event.get("logic") or "and", dict(run.record),
-                                      run.resolve)
-        except ValueError as exc:
-            raise FlowExecutionError(f"{what}: {exc}") from None
-        if not waiting:
+        if not _event_waits(run, event, f"wait {node.get('element')} event {event.get('name')}"):
             return None
         match = {}
         for field_name, value in sorted((event.get("inputs") or {}).items()):

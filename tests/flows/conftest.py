@@ -90,6 +90,22 @@ def demo_source() -> bytes:
     return DEMO_FLOW.read_bytes()
 
 
+#: The Flow files (and the ``Renewal__c`` object metadata, ``objects/``) of the wait tests.
+WAITS = Path(__file__).with_name("fixtures") / "waits"
+
+
+@pytest.fixture
+def renewal_view(settings):
+    """The process metadata view holds ``Renewal__c`` (``fixtures/waits/objects``) for one test."""
+    from nexusflow.records.metadata import current_view
+
+    current_view.cache_clear()
+    settings.NEXUS_METADATA_DIR = WAITS
+    current_view.cache_clear()
+    yield current_view()
+    current_view.cache_clear()
+
+
 @pytest.fixture
 def short_lease(monkeypatch):
     monkeypatch.setenv("NEXUS_FLOW_LEASE_SECONDS", "1")

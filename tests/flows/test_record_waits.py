@@ -17,7 +17,6 @@ import json
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -42,30 +41,20 @@ from nexusflow.flows.services import (
 )
 from nexusflow.flows.services.record_waits import record_wake_verdict
 from nexusflow.flows.services.waits import _wake
-from nexusflow.records.metadata import current_view
 from nexusflow.records.models import Record
 
 from tests.concurrency import Worker, race_behind_hold, run_at_once
 from tests.conftest import ROOT, run_manage, subprocess_env
 
-from .conftest import run_until_idle, save_record, update_record
+from .conftest import WAITS, run_until_idle, save_record, update_record
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-WAITS = Path(__file__).with_name("fixtures") / "waits"
 OBJECT = "Renewal__c"
 PAYMENT, SIGNATURE = "Renewal_Await_Payment", "Renewal_Await_Signature"
 DAY = 86400
 PRODUCER = "record.condition"
 
-
-@pytest.fixture
-def renewal_view(settings):
-    current_view.cache_clear()
-    settings.NEXUS_METADATA_DIR = WAITS
-    current_view.cache_clear()
-    yield current_view()
-    current_view.cache_clear()
 
 
 def _source(flow: str) -> bytes:

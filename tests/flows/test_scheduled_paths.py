@@ -11,7 +11,6 @@ conditions withdraws it. Time moves with the database clock, never a sleep.
 from __future__ import annotations
 
 import datetime as dt
-from pathlib import Path
 
 import pytest
 from django.db import transaction
@@ -27,26 +26,16 @@ from nexusflow.records.models import Record
 
 from tests.concurrency import race_behind_hold
 
-from .conftest import CORPUS, run_until_idle, save_record, update_record
+from .conftest import CORPUS, WAITS, run_until_idle, save_record, update_record
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-WAITS = Path(__file__).with_name("fixtures") / "waits"
 FLOW = "Renewal_Notice"
 SOURCE = (WAITS / f"{FLOW}.flow-meta.xml").read_bytes()
 OBJECT = "Renewal__c"
 DAY = 86400
 DATE_PATH = "Three_Days_Before_Renewal"
 
-
-@pytest.fixture
-def renewal_view(settings):
-    """The process metadata view holds ``Renewal__c`` for one test."""
-    current_view.cache_clear()
-    settings.NEXUS_METADATA_DIR = WAITS
-    current_view.cache_clear()
-    yield current_view()
-    current_view.cache_clear()
 
 
 @pytest.fixture

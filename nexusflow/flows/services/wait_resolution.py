@@ -123,6 +123,18 @@ def _resolve_locked(run: FlowRun, step: FlowStepExecution, dependency: FlowDepen
     else:
         resolution = {"event": EVENT_RECORD_CHANGED, "due_at": dependency.condition["events"][0]["resume_at"],
                       "resolved_at": now.isoformat(), **early}
+    satisfy_and_resume(run, step, dependency, now=now, resolution=resolution)
+    return True
+
+
+def satisfy_and_resume(run: FlowRun, step: FlowStepExecution, dependency: FlowDependency, *, now,
+                       resolution: dict[str, Any]) -> None:
+    """Dependency ``satisfied`` with ``resolution``, step ``Pending``, root ``Runnable``, audit ``wait_resolved``.
+
+    The one resolution transition of a clock or record wait (seed 004 section 14.2 step 6), on rows the caller
+    locked root -> step -> dependency and found waiting; versions and fences are compared by the stores.
+    """
+    org_id = run.org_id
     FlowDependencyStore.transition(
         org_id=org_id, pk=dependency.pk, src=t.DEP_WAITING, dst=t.DEP_SATISFIED, version=dependency.version,
         set_fields={"resolved_at": now, "resolution": canonical_json.dumps(resolution).decode()},
@@ -138,7 +150,6 @@ def _resolve_locked(run: FlowRun, step: FlowStepExecution, dependency: FlowDepen
     )
     audit_insert(org_id=org_id, run=run, step_id=step.pk, attempt=None, event="wait_resolved",
                  detail={"dependency": int(dependency.pk), **resolution}, created_at=now)
-    return True
 
 
 def scheduled_paths_recheck(*, org: OrgScope, record, change) -> int:

@@ -12,7 +12,7 @@ import datetime as dt
 from django.db import IntegrityError, transaction
 from django.db.models import Exists, OuterRef
 
-from nexusflow.kernel import canonical_json, failpoints
+from nexusflow.kernel import failpoints
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.errors import InvalidIdentity
@@ -38,6 +38,7 @@ from ..store import (
 from .claim import StepClaim
 from .admission import _SAVE_ORIGIN
 from .record_waits import PRODUCER_RECORD, record_wait_signals_write, record_wake_verdict
+from .wait_resolution import satisfy_and_resume
 from .step_txn import _attempt_fences, _step_fences
 
 PRODUCER_RUNTIME_INTENT = "runtime.intent_result"
@@ -269,23 +270,9 @@ def _record_wake(run: FlowRun, step: FlowStepExecution, dependency: FlowDependen
                      detail={"dependency": int(dependency.pk), "signal": int(signal.pk),
                              "wake_version": int(signal.wake_version), "outcome": outcome}, created_at=now)
         return True
-    resolution = {"event": condition["event"], "record_version": record_version, "signal": int(signal.pk),
-                  "wake_version": int(signal.wake_version), "resolved_at": now.isoformat()}
-    FlowDependencyStore.transition(
-        org_id=org_id, pk=dependency.pk, src=t.DEP_WAITING, dst=t.DEP_SATISFIED, version=dependency.version,
-        set_fields={"resolved_at": now, "resolution": canonical_json.dumps(resolution).decode()},
-    )
-    FlowStepStore.transition(
-        org_id=org_id, pk=step.pk, src=t.STEP_WAITING, dst=t.STEP_PENDING, version=step.version,
-        set_fields={"run_after": now, "updated_at": now},
-    )
-    FlowRunStore.transition(
-        org_id=org_id, pk=run.pk, src=t.RUN_WAITING, dst=t.RUN_RUNNABLE, version=run.version,
-        fences={"current_step_id": step.pk, "is_deleted": False, "delete_requested_at": None},
-        set_fields={"run_after": now, "updated_at": now},
-    )
-    audit_insert(org_id=org_id, run=run, step_id=step.pk, attempt=None, event="wait_resolved",
-                 detail={"dependency": int(dependency.pk), **resolution}, created_at=now)
+    satisfy_and_resume(run, step, dependency, now=now, resolution={
+        "event": condition["event"], "record_version": record_version, "signal": int(signal.pk),
+        "wake_version": int(signal.wake_version), "resolved_at": now.isoformat()})
     return True
 
 
