@@ -12,7 +12,10 @@ databases (``<main>_bench``, ``<main>_bench_control`` and, for the peer,
 - **flow_runs**: durable Flow runs of ``Bench_One_Step`` (an autolaunched
   flow with one assignment) admitted through the public start path
   (``flow_run_start``) beforehand, then driven by ``run_workers --role flow``
-  processes until every run succeeded.
+  processes until every run succeeded;
+- **latency**: Flow start -> Succeeded p50/p95/p99 with two flow workers
+  while runs arrive on a fixed schedule at half the measured two-worker
+  throughput (:func:`flow_latency`).
 
 A series' rate is its units over the span from the first unit started to
 the last one finished, read from the rows themselves (django-q2's task
@@ -29,6 +32,7 @@ by itself; ``--scale`` multiplies the unit counts and the floor's duration.
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing
 import os
 import random
@@ -49,7 +53,7 @@ FLOW_NAME = "Bench_One_Step"
 ORG = "bench-org"
 WORKER_COUNTS = (1, 2, 4)
 #: Units per series point at scale 1 (and the floor's seconds per point).
-FLOW_RUNS, Q2_TASKS, FLOOR_SECONDS, FLOOR_ROWS = 400, 600, 3.0, 1000
+FLOW_RUNS, Q2_TASKS, FLOOR_SECONDS, FLOOR_ROWS, LATENCY_RUNS = 400, 600, 3.0, 1000, 200
 #: No series point may take longer than this (seconds); it then fails the run instead of hanging.
 POINT_TIMEOUT_SECONDS = 240.0
 
@@ -229,6 +233,50 @@ def flow_runs_series(cfg: dict, env: dict, runs: int, say) -> list[dict[str, Any
     return points
 
 
+def percentiles(values: list[float]) -> dict[str, float]:
+    """``p50``/``p95``/``p99`` of ``values`` (nearest rank; an empty list gives zeros)."""
+    ordered = sorted(values)
+    if not ordered:
+        return {"p50": 0.0, "p95": 0.0, "p99": 0.0}
+    return {f"p{q}": ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+            for q in (50, 95, 99)}
+
+
+def flow_latency(cfg: dict, env: dict, *, rate: float, runs: int, say) -> dict[str, Any]:
+    """Flow start -> Succeeded latency (ms) under an open-loop arrival of ``rate`` starts/s, two flow workers.
+
+    Runs are started on a fixed schedule while the workers run (a start that falls behind it is not
+    skipped); each run's latency is its ``completed_at`` minus its ``created_at`` (both the database clock).
+    """
+    from nexusflow.flows.models import FlowRun
+    from nexusflow.flows.services import flow_run_start
+    from nexusflow.kernel.scope import OrgScope
+
+    org = OrgScope(ORG)
+    say(f"bench: Flow start -> Succeeded latency, {runs} runs at {rate:.0f}/s, 2 flow workers")
+    procs = Processes()
+    ids: list[int] = []
+    try:
+        for i in range(2):
+            procs.start(f"flow-latency-{i}", [sys.executable, "manage.py", "run_workers", "--role", "flow"], env,
+                        RUN_DIR)
+        begin = time.monotonic()
+        for i in range(runs):
+            pause = begin + i / rate - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            ids.append(int(flow_run_start(org=org, flow_api_name=FLOW_NAME, inputs={"counted": i},
+                                          request_id=f"latency-{i}").run.pk))
+        _wait_for(f"{runs} Flow runs", lambda: FlowRun.objects.filter(
+            pk__in=ids, state="Succeeded").count() == len(ids), procs)
+    finally:
+        procs.stop_all()
+    latencies = [(r.completed_at - r.created_at).total_seconds() * 1000
+                 for r in FlowRun.objects.filter(pk__in=ids).only("created_at", "completed_at")]
+    return {"arrival_per_second": rate, "units": len(ids), "workers": 2,
+            **{f"{k}_ms": v for k, v in percentiles(latencies).items()}}
+
+
 # --------------------------------------------------------------------------------------------------------------
 # The run
 # --------------------------------------------------------------------------------------------------------------
@@ -277,6 +325,9 @@ def _print_table(report: dict[str, Any]) -> None:
                                              f">= {target} missed by {target - value:.2f}")
         ratios.add_row(name, f"{value:.2f}", verdict)
     console.print(ratios)
+    for name, figures in (report.get("latency") or {}).items():
+        console.print(f"latency {name} at {figures['arrival_per_second']:.0f}/s arrival, {figures['workers']} workers: "
+                      f"p50 {figures['p50_ms']:.0f} ms, p95 {figures['p95_ms']:.0f} ms, p99 {figures['p99_ms']:.0f} ms")
 
 
 def _plot(report: dict[str, Any], path: Path) -> bool:
@@ -334,6 +385,10 @@ def run_bench(*, scale: float = 1.0, as_json: bool = False) -> int:
         report["series"]["q2"] = q2_series(cfg, q2_env, max(50, int(Q2_TASKS * scale)), say)
         _use_database(main, control)
         report["series"]["flow_runs"] = flow_runs_series(cfg, env, max(50, int(FLOW_RUNS * scale)), say)
+        # Half the measured two-worker throughput: the latency of a system that keeps up, not of a backlog.
+        report["latency"] = {"flow_start_to_succeeded": flow_latency(
+            cfg, env, rate=max(1.0, _at(report["series"]["flow_runs"], 2) / 2), runs=max(50, int(LATENCY_RUNS * scale)),
+            say=say)}
     except (BenchError, DemoError, MySQLdb.Error) as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
