@@ -199,6 +199,23 @@ def _record_event_blockers(event: dict[str, Any], trigger: dict[str, Any]) -> li
     return out
 
 
+def _alarm_event_blockers(event: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(feature, detail)`` for an ``AlarmEvent`` whose time the executor cannot compute."""
+    name, inputs = event.get("name"), event.get("inputs") or {}
+    out = []
+    if inputs.get("AlarmTime") is None or not _value_ok(inputs["AlarmTime"]):
+        out.append(("wait_event:AlarmTime", f"event {name}: AlarmTime needs a value the executor reads"))
+    unit = inputs.get("TimeOffsetUnit")
+    if inputs.get("TimeOffset") is not None:
+        if not _value_ok(inputs["TimeOffset"]) or (inputs["TimeOffset"].get("kind") not in (
+                "numberValue", "elementReference", "formulaExpression")):
+            out.append(("wait_event:TimeOffset", f"event {name}: TimeOffset is not a number"))
+        if unit is None or unit.get("kind") != "stringValue" or unit.get("value") not in ALARM_OFFSET_UNITS:
+            out.append(("wait_event:TimeOffsetUnit",
+                        f"event {name}: TimeOffsetUnit must be one of {', '.join(sorted(ALARM_OFFSET_UNITS))}"))
+    return out
+
+
 def _wait_blockers(step: dict[str, Any], trigger: dict[str, Any] | None = None) -> list[tuple[str, str]]:
     """``(feature, detail)`` for each part of a Wait element the wait executor cannot run.
 
@@ -212,28 +229,16 @@ def _wait_blockers(step: dict[str, Any], trigger: dict[str, Any] | None = None) 
     if len(record_events) > 1:
         out.append(("wait_event:record", f"wait {step.get('element')}: at most one record event per Wait element"))
     for event in step.get("events") or []:
-        name, inputs = event.get("name"), event.get("inputs") or {}
+        name = event.get("name")
         if change_event_object(event.get("event_type")):
             out += _record_event_blockers(event, trigger or {})
-            for c in event.get("conditions") or []:
-                if c.get("operator") not in ENGINE_OPERATORS or not _value_ok(c.get("right")):
-                    out.append(("wait_event:condition", f"event {name}: {c.get('operator')} is not evaluated"))
-            continue
-        if event.get("event_type") != "AlarmEvent":
+        elif event.get("event_type") == "AlarmEvent":
+            out += _alarm_event_blockers(event)
+        else:
             out.append((f"wait_event:{event.get('event_type')}",
                         f"event {name}: only AlarmEvent (a time) and <Object>ChangeEvent (a record) waits "
                         "in this engine generation"))
             continue
-        if inputs.get("AlarmTime") is None or not _value_ok(inputs["AlarmTime"]):
-            out.append(("wait_event:AlarmTime", f"event {name}: AlarmTime needs a value the executor reads"))
-        unit = inputs.get("TimeOffsetUnit")
-        if inputs.get("TimeOffset") is not None:
-            if not _value_ok(inputs["TimeOffset"]) or (inputs["TimeOffset"].get("kind") not in (
-                    "numberValue", "elementReference", "formulaExpression")):
-                out.append(("wait_event:TimeOffset", f"event {name}: TimeOffset is not a number"))
-            if unit is None or unit.get("kind") != "stringValue" or unit.get("value") not in ALARM_OFFSET_UNITS:
-                out.append(("wait_event:TimeOffsetUnit",
-                            f"event {name}: TimeOffsetUnit must be one of {', '.join(sorted(ALARM_OFFSET_UNITS))}"))
         for c in event.get("conditions") or []:
             if c.get("operator") not in ENGINE_OPERATORS or not _value_ok(c.get("right")):
                 out.append(("wait_event:condition", f"event {name}: {c.get('operator')} is not evaluated"))

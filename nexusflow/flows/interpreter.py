@@ -635,7 +635,6 @@ class RecordEvent:
     """The record event a Wait element waits for: its name and the ``field -> value`` resume conditions."""
 
     name: str
-    object_name: str
     match: dict[str, Any]
 
 
@@ -657,8 +656,7 @@ def wait_record_event(*, plan_payload: dict[str, Any], node: dict[str, Any], rec
     run = _wait_run(plan_payload=plan_payload, record=record, object_name=object_name, now=now,
                     interview_start=interview_start, prior=prior, is_new=is_new, state=state)
     for event in node.get("events") or []:
-        watched = change_event_object(event.get("event_type"))
-        if watched is None:
+        if change_event_object(event.get("event_type")) is None:
             continue
         if not _event_waits(run, event, f"wait {node.get('element')} event {event.get('name')}"):
             return None
@@ -666,11 +664,6 @@ def wait_record_event(*, plan_payload: dict[str, Any], node: dict[str, Any], rec
         for field_name, value in sorted((event.get("inputs") or {}).items()):
             if field_name == RECORD_ID_INPUT:
                 continue
-            resolved = run.value(value)
-            if isinstance(resolved, Decimal):
-                resolved = str(resolved)
-            elif isinstance(resolved, (dt.datetime, dt.date)):
-                resolved = resolved.isoformat()
-            match[field_name] = resolved
-        return RecordEvent(name=event["name"], object_name=watched, match=match)
+            match[field_name] = _jsonable(run.value(value))
+        return RecordEvent(name=event["name"], match=match)
     return None

@@ -41,9 +41,16 @@ class ProducerContract:
         return asdict(self)
 
 
+#: ``ProducerKind`` of an EffectCompletion wait: the Runtime's intent result receipt.
+PRODUCER_RUNTIME_INTENT = "runtime.intent_result"
+#: ``ProducerKind`` of a time wait: the database clock.
+PRODUCER_CLOCK = "runtime.clock"
+#: ``ProducerKind`` of a Wait element's record event (:func:`change_event_object`).
+PRODUCER_RECORD = "record.condition"
+
 PRODUCERS: dict[str, ProducerContract] = {c.kind: c for c in (
     ProducerContract(
-        kind="runtime.intent_result",
+        kind=PRODUCER_RUNTIME_INTENT,
         notification="same-transaction FlowWakeSignal written by the effect owner's finalize (intent.completed)",
         wake_identity="one signal per (work scope, run, dependency key = the OutboundCommand id)",
         resolution_receipt="the Runtime IntentResultReceipt id",
@@ -51,7 +58,7 @@ PRODUCERS: dict[str, ProducerContract] = {c.kind: c for c in (
         operator_signal=None,
     ),
     ProducerContract(
-        kind="runtime.clock",
+        kind=PRODUCER_CLOCK,
         notification="the database clock: the flow.resume_due sweep resolves a wait at its deadline",
         wake_identity="the dependency itself (one per waiting step invocation)",
         resolution_receipt="the event that fired, when it was due and when it resolved",
@@ -59,7 +66,7 @@ PRODUCERS: dict[str, ProducerContract] = {c.kind: c for c in (
         operator_signal="resume now, along the earliest event, as if its time had come",
     ),
     ProducerContract(
-        kind="record.condition",
+        kind=PRODUCER_RECORD,
         notification=("same-transaction FlowWakeSignal written by every save (or deletion) of the run's trigger "
                       "record while the run lives, whether or not the run waits yet"),
         wake_identity=("one signal per (work scope, run, dependency key = object/record key, wake version = the "
@@ -72,8 +79,6 @@ PRODUCERS: dict[str, ProducerContract] = {c.kind: c for c in (
 )}
 
 
-#: ``ProducerKind`` of a Wait element's record event (:func:`change_event_object`).
-PRODUCER_RECORD = "record.condition"
 #: The ``inputParameters`` name of a record event that says which record it watches.
 RECORD_ID_INPUT = "RecordId"
 #: The one ``RecordId`` this engine generation watches: the flow's triggering record.

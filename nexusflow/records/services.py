@@ -124,9 +124,9 @@ def register_before_delete(hook: BeforeDeleteHook, *, stage: int) -> None:
     _BEFORE_DELETE.sort(key=lambda entry: entry[:2])
 
 
-def before_delete_hooks() -> tuple[Callable[..., None], ...]:
-    """The registered before-delete hooks in the order :func:`record_delete` runs them."""
-    return tuple(hook for _stage, _n, hook in _BEFORE_DELETE)
+def before_delete_hooks(*, below: int | None = None) -> tuple[Callable[..., None], ...]:
+    """The registered before-delete hooks in the order :func:`record_delete` runs them (``below``: stages under it)."""
+    return tuple(hook for stage, _n, hook in _BEFORE_DELETE if below is None or stage < below)
 
 
 def _require_atomic() -> None:
@@ -217,9 +217,8 @@ def record_retiring_hooks(*, org: OrgScope, record: Record) -> None:
     from a deletion, in the caller's transaction and rolled back with it.
     """
     _require_atomic()
-    for stage, _n, hook in list(_BEFORE_DELETE):
-        if stage < DELETE_STAGE_OWNER_WORK:
-            hook(org=org, record=record)
+    for hook in before_delete_hooks(below=DELETE_STAGE_OWNER_WORK):
+        hook(org=org, record=record)
 
 
 def record_delete(*, org: OrgScope, record: Record) -> Record:

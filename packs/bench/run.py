@@ -38,6 +38,7 @@ import os
 import random
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
@@ -203,6 +204,25 @@ def _q2_span(cfg: dict, env: dict) -> float:
 # NexusFlow: durable one-step Flow runs
 # --------------------------------------------------------------------------------------------------------------
 
+@contextmanager
+def _flow_workers(n: int, label: str, env: dict):
+    """``n`` ``run_workers --role flow`` processes (logs ``var/bench/<label>-<i>.log``), stopped on exit."""
+    procs = Processes()
+    try:
+        for i in range(n):
+            procs.start(f"{label}-{i}", [sys.executable, "manage.py", "run_workers", "--role", "flow"], env, RUN_DIR)
+        yield procs
+    finally:
+        procs.stop_all()
+
+
+def _wait_succeeded(ids: list[int], procs: Processes) -> None:
+    from nexusflow.flows.models import FlowRun
+
+    _wait_for(f"{len(ids)} Flow runs", lambda: FlowRun.objects.filter(
+        pk__in=ids, state="Succeeded").count() == len(ids), procs)
+
+
 def flow_runs_series(cfg: dict, env: dict, runs: int, say) -> list[dict[str, Any]]:
     """Durable one-step Flow runs per second with 1, 2 and 4 ``run_workers --role flow`` processes."""
     from nexusflow.flows.models import FlowRun
@@ -215,17 +235,12 @@ def flow_runs_series(cfg: dict, env: dict, runs: int, say) -> list[dict[str, Any
         ids = [int(flow_run_start(org=org, flow_api_name=FLOW_NAME, inputs={"counted": i},
                                   request_id=f"w{n}-{i}").run.pk) for i in range(runs)]
         say(f"bench: NexusFlow flow workers x{n}: {len(ids)} runs")
-        procs = Processes()
         before = _server_counters(cfg)
         try:
-            for i in range(n):
-                procs.start(f"flow-{n}-{i}", [sys.executable, "manage.py", "run_workers", "--role", "flow"], env,
-                            RUN_DIR)
-            _wait_for(f"{runs} Flow runs", lambda: FlowRun.objects.filter(
-                pk__in=ids, state="Succeeded").count() == len(ids), procs)
+            with _flow_workers(n, f"flow-{n}", env) as procs:
+                _wait_succeeded(ids, procs)
         finally:
             after = _server_counters(cfg)
-            procs.stop_all()
         rows = FlowRun.objects.filter(pk__in=ids)
         started = min(r.started_at for r in rows if r.started_at)
         completed = max(r.completed_at for r in rows if r.completed_at)
@@ -254,12 +269,8 @@ def flow_latency(cfg: dict, env: dict, *, rate: float, runs: int, say) -> dict[s
 
     org = OrgScope(ORG)
     say(f"bench: Flow start -> Succeeded latency, {runs} runs at {rate:.0f}/s, 2 flow workers")
-    procs = Processes()
     ids: list[int] = []
-    try:
-        for i in range(2):
-            procs.start(f"flow-latency-{i}", [sys.executable, "manage.py", "run_workers", "--role", "flow"], env,
-                        RUN_DIR)
+    with _flow_workers(2, "flow-latency", env) as procs:
         begin = time.monotonic()
         for i in range(runs):
             pause = begin + i / rate - time.monotonic()
@@ -267,10 +278,7 @@ def flow_latency(cfg: dict, env: dict, *, rate: float, runs: int, say) -> dict[s
                 time.sleep(pause)
             ids.append(int(flow_run_start(org=org, flow_api_name=FLOW_NAME, inputs={"counted": i},
                                           request_id=f"latency-{i}").run.pk))
-        _wait_for(f"{runs} Flow runs", lambda: FlowRun.objects.filter(
-            pk__in=ids, state="Succeeded").count() == len(ids), procs)
-    finally:
-        procs.stop_all()
+        _wait_succeeded(ids, procs)
     latencies = [(r.completed_at - r.created_at).total_seconds() * 1000
                  for r in FlowRun.objects.filter(pk__in=ids).only("created_at", "completed_at")]
     return {"arrival_per_second": rate, "units": len(ids), "workers": 2,

@@ -3,13 +3,18 @@ from __future__ import annotations
 
 import pytest
 
-from nexusflow.flows.producers import PRODUCERS, UnknownProducer, producer_contract
-from nexusflow.flows.services.time_waits import PRODUCER_CLOCK
-from nexusflow.flows.services.waits import PRODUCER_RUNTIME_INTENT
+from nexusflow.flows.producers import (
+    PRODUCER_CLOCK,
+    PRODUCER_RECORD,
+    PRODUCER_RUNTIME_INTENT,
+    PRODUCERS,
+    UnknownProducer,
+    producer_contract,
+)
 
 
 def test_every_producer_a_wait_writes_is_registered_with_its_whole_contract():
-    assert {PRODUCER_CLOCK, PRODUCER_RUNTIME_INTENT} <= set(PRODUCERS)
+    assert {PRODUCER_CLOCK, PRODUCER_RUNTIME_INTENT, PRODUCER_RECORD} <= set(PRODUCERS)
     for kind, contract in PRODUCERS.items():
         assert contract.kind == kind
         assert all(contract.as_dict()[k] for k in ("notification", "wake_identity", "resolution_receipt", "expiry"))

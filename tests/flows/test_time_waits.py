@@ -26,7 +26,8 @@ from nexusflow.flows.services import (
     flow_try_resume_due_one,
     flow_waits_list,
 )
-from nexusflow.flows.services.time_waits import EXPIRY_FIRES, PRODUCER_CLOCK
+from nexusflow.flows.producers import PRODUCER_CLOCK
+from nexusflow.flows.services.time_waits import EXPIRY_FIRES
 from tests.concurrency import race_behind_hold, run_at_once
 from tests.conftest import run_manage, subprocess_env
 

@@ -41,7 +41,7 @@ from .. import transitions as t
 from ..models import FlowDependency, FlowRun, FlowStepExecution
 from ..store import FlowDependencyStore, FlowRunStore, FlowStepStore, audit_insert
 from .admission import _step_def
-from .wait_resolution import EXPIRY_FIRES, lock_waiting
+from .wait_resolution import EXPIRY_FIRES, lock_waiting, resume_waiting
 
 log = logging.getLogger("nexusflow.flows")
 
@@ -176,11 +176,7 @@ def _repair(*, org_id: str, run_id: int, step_id: int, dependency_id: int) -> bo
         log.error("run %s waits on terminal dependency %s (%s); replaying its finalizer", run_id, dependency_id,
                   dependency.state, extra={"org_id": org_id, "run_id": run_id})
         if dependency.state == t.DEP_SATISFIED:
-            FlowStepStore.transition(org_id=org_id, pk=step.pk, src=t.STEP_WAITING, dst=t.STEP_PENDING,
-                                     version=step.version, set_fields={"run_after": now, "updated_at": now})
-            FlowRunStore.transition(org_id=org_id, pk=run.pk, src=t.RUN_WAITING, dst=t.RUN_RUNNABLE,
-                                    version=run.version, fences={"current_step_id": step.pk, **_ROOT_FENCES},
-                                    set_fields={"run_after": now, "updated_at": now})
+            resume_waiting(run, step, now=now)
             detail["outcome"] = "resumed"
         elif dependency.state in (t.DEP_EXPIRED, t.DEP_QUARANTINED):
             if dependency.state == t.DEP_QUARANTINED:

@@ -32,12 +32,12 @@ from nexusflow.kernel.scope import TrustedRuntimeWorkScope
 from .. import reasons
 from .. import transitions as t
 from ..models import FlowDependency
+from ..producers import PRODUCER_RUNTIME_INTENT
 from ..store import audit_insert
 from .admission import _step_def
 from .effects import no_effect_route
 from .expiry import EXPIRY_FAULT_PATH, EXPIRY_QUARANTINE, EXPIRY_TERMINAL, _finalize
 from .wait_resolution import lock_waiting
-from .waits import PRODUCER_RUNTIME_INTENT
 
 log = logging.getLogger("nexusflow.flows")
 

@@ -28,7 +28,6 @@ wake (:mod:`.waits`) import it, never the other way round.
 """
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -39,11 +38,9 @@ from nexusflow.kernel.scope import OrgScope
 
 from .. import transitions as t
 from ..conditions import conditions_hold
-from ..models import FlowDependency, FlowRun, FlowWakeSignal
+from ..models import FlowDependency, FlowExecutionPlan, FlowRun, FlowWakeSignal
 from ..producers import PRODUCER_RECORD, change_event_object
 from ..store import wake_signal_insert
-
-log = logging.getLogger("nexusflow.flows")
 
 #: ``FlowDependency.condition["kind"]`` of a record event's wait.
 CONDITION_RECORD = "record"
@@ -75,8 +72,6 @@ def record_event_objects(plan_payload: dict[str, Any]) -> frozenset[str]:
 def _watched_by(org_id: str, plan_pk: int, plan_digest: str) -> frozenset[str]:
     watched = _WATCHED.get(plan_digest)
     if watched is None:
-        from ..models import FlowExecutionPlan
-
         payload = FlowExecutionPlan.objects.values_list("plan_payload", flat=True).get(org_id=org_id, pk=plan_pk)
         watched = _WATCHED[plan_digest] = record_event_objects(payload)
     return watched

@@ -48,14 +48,14 @@ from ..compiler import TERMINAL_STEP_KEY
 from ..conditions import conditions_hold
 from ..handlers import PATH_OFFSET_UNITS
 from ..interpreter import RecordEvent, WaitEvent, to_instant, wait_record_event, wait_schedule
-from ..producers import PRODUCER_RECORD, PRODUCERS, change_event_object, producer_contract
+from ..producers import PRODUCER_CLOCK, PRODUCER_RECORD, PRODUCERS, change_event_object, producer_contract
 from ..models import FlowCheckpoint, FlowDependency, FlowExecutionPlan, FlowRun
 from ..store import FlowDependencyStore
 from .admission import TRIGGER_CHECKPOINT_SEQUENCE
 from .claim import StepClaim
 from .step_txn import FP_BEFORE_COMMIT, _commit_step, _input_state, _lock_fenced, _step_txn
 from .record_waits import CONDITION_RECORD, record_condition_met, record_dependency_key
-from .wait_resolution import CONDITION_SCHEDULED_PATH, EXPIRY_FIRES, PRODUCER_CLOCK, clock_wait_resolve
+from .wait_resolution import CONDITION_SCHEDULED_PATH, EXPIRY_FIRES, clock_wait_resolve
 from .waits import _enter_waiting, flow_wake_reconcile
 
 log = logging.getLogger("nexusflow.flows")
@@ -102,7 +102,6 @@ def _record_wait_create(claim: StepClaim, run: FlowRun, step, step_def: dict[str
     maximum wait age is its deadline under the wait's fault path, or
     terminal failure. A deletion of the record takes the same path at once.
     """
-    producer_contract(PRODUCER_RECORD)
     fault_step = (step_def.get("next") or {}).get("fault")
     on_deleted = "fault_path" if fault_step else "terminal_failure"
     key = record_dependency_key(record.object_name, record.record_key)
@@ -113,14 +112,22 @@ def _record_wait_create(claim: StepClaim, run: FlowRun, step, step_def: dict[str
         policy_name, deadline = EXPIRY_FIRES, times[0].resume_at
     else:
         policy_name, deadline = on_deleted, now + dt.timedelta(seconds=policy.max_wait_age_seconds())
+    _wait_create(claim, run, step, producer_kind=PRODUCER_RECORD, key=key, condition=condition,
+                 expiry_policy=policy_name, deadline=deadline, now=now)
+
+
+def _wait_create(claim: StepClaim, run: FlowRun, step, *, producer_kind: str, key: str, condition: dict[str, Any],
+                 expiry_policy: str, deadline: dt.datetime, now: dt.datetime) -> None:
+    """Insert the step's dependency on a registered producer and enter ``Waiting`` (in the step transaction)."""
+    producer_contract(producer_kind)
     FlowDependencyStore.create(
-        **_scope_filter(run), run=run, step=step, producer_kind=PRODUCER_RECORD, dependency_key=key,
+        **_scope_filter(run), run=run, step=step, producer_kind=producer_kind, dependency_key=key,
         condition=condition,
         condition_digest=digest_v2("flows.dependency-condition", [
-            ("producer_kind", PRODUCER_RECORD), ("dependency_key", key),
+            ("producer_kind", producer_kind), ("dependency_key", key),
             ("condition", canonical_json.dumps(condition)),
         ]).hexdigest,
-        expiry_policy=policy_name, state=t.DEP_WAITING, deadline=deadline, created_at=now,
+        expiry_policy=expiry_policy, state=t.DEP_WAITING, deadline=deadline, created_at=now,
     )
     _enter_waiting(claim, now)
 
@@ -136,17 +143,8 @@ def _step_dependency(claim: StepClaim, run: FlowRun) -> FlowDependency | None:
 def _clock_wait_create(claim: StepClaim, run: FlowRun, step, condition: dict[str, Any], *, deadline: dt.datetime,
                        now: dt.datetime) -> None:
     """Insert the step's ``runtime.clock`` dependency and enter ``Waiting`` (in the step transaction)."""
-    producer_contract(PRODUCER_CLOCK)
-    FlowDependencyStore.create(
-        **_scope_filter(run), run=run, step=step, producer_kind=PRODUCER_CLOCK, dependency_key=claim.step_key,
-        condition=condition,
-        condition_digest=digest_v2("flows.dependency-condition", [
-            ("producer_kind", PRODUCER_CLOCK), ("dependency_key", claim.step_key),
-            ("condition", canonical_json.dumps(condition)),
-        ]).hexdigest,
-        expiry_policy=EXPIRY_FIRES, state=t.DEP_WAITING, deadline=deadline, created_at=now,
-    )
-    _enter_waiting(claim, now)
+    _wait_create(claim, run, step, producer_kind=PRODUCER_CLOCK, key=claim.step_key, condition=condition,
+                 expiry_policy=EXPIRY_FIRES, deadline=deadline, now=now)
 
 
 def _exec_dependency_wait(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any]) -> str:

@@ -28,13 +28,11 @@ from .. import transitions as t
 from ..binding import scope_of
 from ..conditions import conditions_hold
 from ..models import FlowDependency, FlowRun, FlowStepExecution
-from ..producers import PRODUCER_RECORD
+from ..producers import PRODUCER_CLOCK, PRODUCER_RECORD
 from ..store import FlowDependencyStore, FlowRunStore, FlowStepStore, audit_insert
 
 log = logging.getLogger("nexusflow.flows")
 
-#: The producer kind of a time wait: the database clock.
-PRODUCER_CLOCK = "runtime.clock"
 #: A wait's expiry policy when reaching the deadline resolves it along its earliest time event.
 EXPIRY_FIRES = "fires"
 #: ``FlowRun.entry_path`` of a run of the start connector.
@@ -56,7 +54,7 @@ def lock_waiting(*, org_id: str, run_id: int, step_id: int,
     ``waiting`` on that step: whoever moved it won, and the caller does nothing.
     """
     run = FlowRunStore.lock(org_id, run_id)
-    if not _root_waits_on(run, step_id):
+    if not root_waits_on(run, step_id):
         return None
     step = FlowStepStore.lock(org_id, step_id)
     if step.state != t.STEP_WAITING:
@@ -67,7 +65,7 @@ def lock_waiting(*, org_id: str, run_id: int, step_id: int,
     return run, step, dependency
 
 
-def _root_waits_on(run: FlowRun, step_id: int) -> bool:
+def root_waits_on(run: FlowRun, step_id: int) -> bool:
     return (run.state == t.RUN_WAITING and run.current_step_id == step_id and not run.is_deleted
             and run.delete_requested_at is None)
 
@@ -139,17 +137,27 @@ def satisfy_and_resume(run: FlowRun, step: FlowStepExecution, dependency: FlowDe
         org_id=org_id, pk=dependency.pk, src=t.DEP_WAITING, dst=t.DEP_SATISFIED, version=dependency.version,
         set_fields={"resolved_at": now, "resolution": canonical_json.dumps(resolution).decode()},
     )
+    resume_waiting(run, step, now=now)
+    audit_insert(org_id=org_id, run=run, step_id=step.pk, attempt=None, event="wait_resolved",
+                 detail={"dependency": int(dependency.pk), **resolution}, created_at=now)
+
+
+def resume_waiting(run: FlowRun, step: FlowStepExecution, *, now) -> None:
+    """Step ``Waiting`` -> ``Pending`` and root ``Waiting`` -> ``Runnable`` on it, due now (rows locked root first).
+
+    The second half of every resolution (a satisfied dependency of any
+    producer, and the repair of a run left waiting on one); the root is
+    fenced on its current step and on not being deleted.
+    """
     FlowStepStore.transition(
-        org_id=org_id, pk=step.pk, src=t.STEP_WAITING, dst=t.STEP_PENDING, version=step.version,
+        org_id=run.org_id, pk=step.pk, src=t.STEP_WAITING, dst=t.STEP_PENDING, version=step.version,
         set_fields={"run_after": now, "updated_at": now},
     )
     FlowRunStore.transition(
-        org_id=org_id, pk=run.pk, src=t.RUN_WAITING, dst=t.RUN_RUNNABLE, version=run.version,
+        org_id=run.org_id, pk=run.pk, src=t.RUN_WAITING, dst=t.RUN_RUNNABLE, version=run.version,
         fences={"current_step_id": step.pk, "is_deleted": False, "delete_requested_at": None},
         set_fields={"run_after": now, "updated_at": now},
     )
-    audit_insert(org_id=org_id, run=run, step_id=step.pk, attempt=None, event="wait_resolved",
-                 detail={"dependency": int(dependency.pk), **resolution}, created_at=now)
 
 
 def scheduled_paths_recheck(*, org: OrgScope, record, change) -> int:
@@ -258,7 +266,7 @@ def _resolve_rechecks(*, org_id: str, candidates: list[tuple[int, int, int, str,
     resolved = 0
     for index, (_run_id, step_id, _dependency_id, why, withdraw) in enumerate(candidates):
         run, step, dependency = rows[3 * index: 3 * index + 3]
-        if not (_root_waits_on(run, step_id) and step.state == t.STEP_WAITING
+        if not (root_waits_on(run, step_id) and step.state == t.STEP_WAITING
                 and _dependency_waits(dependency, step)):
             continue  # whoever moved it won: the clock, a cancel, or another save
         early = {"why": why, "record_version": record_version, **({"withdraw": True} if withdraw else {})}

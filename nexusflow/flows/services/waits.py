@@ -24,7 +24,7 @@ from .. import policy, reasons
 from .. import transitions as t
 from ..binding import scope_of
 from ..errors import WakeSignalConflict, WakeSignalRejected
-from ..producers import producer_contract
+from ..producers import PRODUCER_RECORD, PRODUCER_RUNTIME_INTENT, producer_contract
 from ..models import FlowDependency, FlowRun, FlowStepExecution, FlowWakeSignal
 from ..store import (
     FlowAttemptStore,
@@ -37,11 +37,9 @@ from ..store import (
 )
 from .claim import StepClaim
 from .admission import _SAVE_ORIGIN
-from .record_waits import PRODUCER_RECORD, record_wait_signals_write, record_wake_verdict
-from .wait_resolution import satisfy_and_resume
+from .record_waits import record_wait_signals_write, record_wake_verdict
+from .wait_resolution import root_waits_on, resume_waiting, satisfy_and_resume
 from .step_txn import _attempt_fences, _step_fences
-
-PRODUCER_RUNTIME_INTENT = "runtime.intent_result"
 
 FP_WAKE_BEFORE_COMMIT = failpoints.declare("flow.wake.before_commit")
 FP_RECORD_PRODUCER_MATCH = failpoints.declare("flow.wake.record_producer_match")
@@ -193,7 +191,7 @@ def _wake(*, org_id: str, run_id: int, signal_id: int) -> bool:
     with transaction.atomic(durable=True):
         now = db_now()
         run = FlowRunStore.lock(org_id, run_id)
-        if run.state != t.RUN_WAITING or run.current_step_id is None:
+        if run.current_step_id is None or not root_waits_on(run, run.current_step_id):
             return False
         step = FlowStepStore.lock(org_id, run.current_step_id)
         if step.state != t.STEP_WAITING:
@@ -226,14 +224,7 @@ def _wake(*, org_id: str, run_id: int, signal_id: int) -> bool:
             org_id=org_id, pk=signal.pk, src=t.SIGNAL_UNMATCHED, dst=t.SIGNAL_CONSUMED, version=signal.version,
             set_fields={"consumed_at": now, "dependency_id": dependency.pk},
         )
-        FlowStepStore.transition(
-            org_id=org_id, pk=step.pk, src=t.STEP_WAITING, dst=t.STEP_PENDING, version=step.version,
-            set_fields={"run_after": now, "updated_at": now},
-        )
-        FlowRunStore.transition(
-            org_id=org_id, pk=run.pk, src=t.RUN_WAITING, dst=t.RUN_RUNNABLE, version=run.version,
-            fences={"current_step_id": step.pk}, set_fields={"run_after": now, "updated_at": now},
-        )
+        resume_waiting(run, step, now=now)
         failpoints.hit(FP_WAKE_BEFORE_COMMIT)
     return True
 
