@@ -10,11 +10,12 @@ links); taking a lower-ranked lifecycle row after a higher one raises
 from __future__ import annotations
 
 from nexusflow.kernel import canonical_json, locks
-from nexusflow.kernel.errors import FenceRejected
+from nexusflow.kernel.errors import FenceRejected, IllegalTransition
 from nexusflow.kernel.models import insert
 from nexusflow.kernel.store import CasStore
 
 from . import transitions as t
+from .compiler.constants import KIND_EFFECT_COMPLETION, KIND_TERMINAL
 from .errors import CheckpointRejected
 from .models import (
     FlowActionCatalogGeneration,
@@ -115,6 +116,25 @@ class FlowStepStore(_FlowCasStore):
     machine = t.FLOW_STEP_EXECUTION
     lock_rank, lock_label = RANK_STEP, "step"
     stale_error = FenceRejected
+
+    #: The only step kinds inserted in an initial state other than Pending, and in which.
+    INSERTED_AS = {t.STEP_WAITING: frozenset({KIND_EFFECT_COMPLETION}), t.STEP_SUCCEEDED: frozenset({KIND_TERMINAL})}
+
+    @classmethod
+    def create(cls, **values):
+        """Insert a step ``Pending`` (any kind), ``Waiting`` (EffectCompletion) or ``Succeeded`` (Terminal).
+
+        Seed 004 section 15.1 step 5 inserts the EffectCompletion step waiting; the run's Terminal step does
+        no user work, so the transaction of the step before it inserts it finished (:func:`.services.step_txn.
+        _commit_step`).
+
+        Raises:
+            IllegalTransition: another kind in ``Waiting`` or ``Succeeded``, or a state that is not initial.
+        """
+        kinds = cls.INSERTED_AS.get(values["state"])
+        if kinds is not None and values.get("step_kind") not in kinds:
+            raise IllegalTransition(f"a {values.get('step_kind')} step cannot be inserted {values['state']}")
+        return super().create(**values)
 
 
 class FlowAttemptStore(_FlowCasStore):

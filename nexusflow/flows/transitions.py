@@ -112,8 +112,10 @@ FLOW_STEP_EXECUTION = machine(
         STEP_CANCELLED: set(),
     },
     # Waiting: an EffectSubmit step's transaction inserts its EffectCompletion step already waiting on the
-    # completion dependency it commits with it (seed 004 section 15.1 step 5).
-    initial={STEP_PENDING, STEP_WAITING},
+    # completion dependency it commits with it (seed 004 section 15.1 step 5). Succeeded: the run's Terminal
+    # step (no user work) is inserted finished by the transaction of the step before it
+    # (FlowStepStore.create refuses any other kind in a state other than Pending).
+    initial={STEP_PENDING, STEP_WAITING, STEP_SUCCEEDED},
     seed='Seed 004, section 11.2 "FlowStepExecution"',
     reason_required={STEP_FAILED, STEP_QUARANTINED},
 )

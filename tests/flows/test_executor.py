@@ -14,7 +14,7 @@ import pytest
 from django.db import connection, transaction
 
 from nexusflow.flows import transitions as t
-from nexusflow.flows.compiler import KIND_PURE_COMPUTE
+from nexusflow.flows.compiler import KIND_EFFECT_COMPLETION, KIND_PURE_COMPUTE, KIND_TERMINAL
 from nexusflow.flows.errors import WakeSignalConflict, WakeSignalRejected
 from nexusflow.flows.models import (
     FlowCheckpoint,
@@ -39,7 +39,7 @@ from nexusflow.flows.services import (
 )
 from nexusflow.flows.store import FlowRunStore, FlowStepStore
 from nexusflow.kernel.clock import db_now
-from nexusflow.kernel.errors import FenceRejected, LockOrderViolation
+from nexusflow.kernel.errors import FenceRejected, IllegalTransition, LockOrderViolation
 from nexusflow.kernel.scope import TrustedRuntimeWorkScope
 from nexusflow.records.services import RecordChange
 from tests.conftest import ROOT, subprocess_env
@@ -99,7 +99,7 @@ def test_decision_flow_runs_to_succeeded(org, decide_plan):
     with_email = save_record(org, {"lifecyclestage": "customer", "email": "a@example.com"})
     without = save_record(org, {"lifecyclestage": "customer"})
     assert flow_runs_nonterminal_count(org_id=org.org_id) == 2
-    assert run_until_idle() == 4
+    assert run_until_idle() == 2  # the decision's transaction also finishes the run (its Terminal step)
     for record, rule in ((with_email, "Yes"), (without, None)):
         run = _run_of(org, record)
         assert run.state == t.RUN_SUCCEEDED and run.completed_at is not None
@@ -109,8 +109,9 @@ def test_decision_flow_runs_to_succeeded(org, decide_plan):
         assert steps[0].output_checkpoint.context_payload["output"] == {"rule": rule, "next": "end"}
         assert list(FlowCheckpoint.objects.filter(run=run).order_by("sequence").values_list("sequence", flat=True)) \
             == [1, 2, 3]
-        assert set(FlowStepAttempt.objects.filter(step__run=run).values_list("state", flat=True)) == {
-            t.ATTEMPT_COMMITTED}
+        assert list(FlowStepAttempt.objects.filter(step__run=run).values_list("step_id", "state")) == [
+            (steps[0].pk, t.ATTEMPT_COMMITTED)]  # the Terminal step, inserted finished, takes no attempt
+        assert steps[-1].output_checkpoint.context_payload["output"] == {"terminal": True}
         assert run.current_step_id == steps[-1].pk
     assert flow_runs_nonterminal_count(org_id=org.org_id) == 0
     assert flow_run_summary()[t.RUN_SUCCEEDED] == 2
@@ -262,7 +263,7 @@ def test_worker_killed_at_a_failpoint_is_recovered_and_commits_once(org, decide_
     decide = FlowStepExecution.objects.get(run=run, plan_step_key="decide:Has_Email")
     if failpoint == "flow.step.after_commit":
         assert decide.state == t.STEP_SUCCEEDED  # committed before the crash: nothing to recover
-        assert run.state == t.RUN_RUNNABLE
+        assert run.state == t.RUN_SUCCEEDED  # with its Terminal step
     else:
         assert decide.state in (t.STEP_CLAIMED, t.STEP_RUNNING) and decide.lease_owner == "doomed"
         assert not FlowCheckpoint.objects.filter(step=decide).exists()
@@ -323,7 +324,8 @@ def test_wake_signal_acceptance_is_idempotent_and_scoped(org, decide_plan):
         done.set()
         holder.join(10)
     assert FlowWakeSignal.objects.count() == 2
-    assert flow_try_run_step_one(worker_id="w") and flow_try_run_step_one(worker_id="w")
+    assert flow_try_run_step_one(worker_id="w")
+    assert FlowRun.objects.get(pk=run.pk).state == t.RUN_SUCCEEDED
 
 
 def test_handler_binding_mismatch_quarantines_before_any_effect(org, demo_source, monkeypatch):
@@ -345,3 +347,16 @@ def test_handler_binding_mismatch_quarantines_before_any_effect(org, demo_source
     from runtime_outbox.models import OutboundCommand
 
     assert not OutboundCommand.objects.exists()
+
+
+def test_only_the_terminal_step_is_inserted_finished_and_only_the_completion_step_waiting(org, decide_plan):
+    record = save_record(org, {"lifecyclestage": "customer"})
+    run = _run_of(org, record)
+    now = db_now()
+    common = {"org_id": org.org_id, "run": run, "created_at": now, "updated_at": now}
+    for state, kind in ((t.STEP_SUCCEEDED, KIND_PURE_COMPUTE), (t.STEP_WAITING, KIND_PURE_COMPUTE),
+                        (t.STEP_SUCCEEDED, KIND_EFFECT_COMPLETION), (t.STEP_RUNNING, KIND_TERMINAL)):
+        with pytest.raises(IllegalTransition):
+            FlowStepStore.create(plan_step_key=f"x:{state}:{kind}", step_kind=kind, state=state, **common)
+    assert FlowStepStore.create(plan_step_key="end", step_kind=KIND_TERMINAL, state=t.STEP_SUCCEEDED,
+                                **common).state == t.STEP_SUCCEEDED

@@ -183,12 +183,10 @@ def test_delete_winning_the_root_fence_rolls_back_the_workers_whole_transaction(
 
 
 # --- S004-22.2-18 (commit wins) ---------------------------------------------------------------------
-def test_commit_winning_the_root_fence_is_kept_and_delete_cancels_only_what_follows(org, atomic, monkeypatch):
-    record = save_record(org, CUSTOMER)
-    run = _run_of(org, record)
+def _commit_racing_delete(org, run, monkeypatch, results: dict):
+    """Pause a worker's step transaction right before COMMIT, start a delete, let the commit go first."""
     paused, release = _pause_in(monkeypatch, step_txn, "before_step_commit", "worker")
     claim = flow_step_claim_one(worker_id="worker")
-    results: dict = {}
     worker = _in_thread(lambda: flow_step_execute(claim=claim), results, "worker")
     assert paused.wait(10)  # business writes, audit and checkpoint done; root/step/attempt locked
     deleter = _in_thread(lambda: flow_run_delete(org=org, run_id=run.pk), results, "delete")
@@ -198,14 +196,38 @@ def test_commit_winning_the_root_fence_is_kept_and_delete_cancels_only_what_foll
     worker.join(30)
     deleter.join(30)
     assert results["worker"] == "succeeded"
-    assert results["delete"].state == t.RUN_CANCELLED
-    assert _record(record).fields["firstname"] == "Flowed"
-    atomic_step = FlowStepExecution.objects.get(pk=claim.step_id)
-    assert atomic_step.state == t.STEP_SUCCEEDED
+    assert FlowStepExecution.objects.get(pk=claim.step_id).state == t.STEP_SUCCEEDED
     assert FlowStepAttempt.objects.get(pk=claim.attempt_id).state == t.ATTEMPT_COMMITTED
-    assert FlowCheckpoint.objects.filter(step=atomic_step).count() == 1
+    assert FlowCheckpoint.objects.filter(step_id=claim.step_id).count() == 1
+    return claim
+
+
+def test_commit_winning_the_root_fence_is_kept_and_delete_of_the_finished_run_only_soft_deletes(org, atomic,
+                                                                                               monkeypatch):
+    record = save_record(org, CUSTOMER)
+    run = _run_of(org, record)
+    results: dict = {}
+    _commit_racing_delete(org, run, monkeypatch, results)
+    assert _record(record).fields["firstname"] == "Flowed"
+    # The atomic step's transaction also finished the run (its Terminal step): the delete finds it terminal.
+    assert (results["delete"].state, results["delete"].changed) == (t.RUN_SUCCEEDED, True)
     end = FlowStepExecution.objects.get(run=run, plan_step_key="end")
-    assert end.state == t.STEP_CANCELLED and not FlowStepAttempt.objects.filter(step=end).exists()
+    assert end.state == t.STEP_SUCCEEDED and not FlowStepAttempt.objects.filter(step=end).exists()
+    run.refresh_from_db()
+    assert run.is_deleted and run.state == t.RUN_SUCCEEDED
+
+
+def test_commit_winning_the_root_fence_is_kept_and_delete_cancels_only_what_follows(org, monkeypatch):
+    flow_deploy(org=org, source=ef.durable_counter(), flow_api_name="Durable_Counter")
+    record = save_record(org, CUSTOMER)
+    run = _run_of(org, record)
+    results: dict = {}
+    claim = _commit_racing_delete(org, run, monkeypatch, results)
+    assert claim.step_key == "assign:Count"
+    assert results["delete"].state == t.RUN_CANCELLED
+    following = FlowStepExecution.objects.get(run=run, plan_step_key="decide:Is_One")
+    assert following.state == t.STEP_CANCELLED and not FlowStepAttempt.objects.filter(step=following).exists()
+    assert not FlowStepExecution.objects.filter(run=run, plan_step_key__in=["write:Mark", "end"]).exists()
     run.refresh_from_db()
     assert run.is_deleted and run.state == t.RUN_CANCELLED
 
@@ -635,7 +657,7 @@ def test_lost_commit_response_resolves_to_the_commit_that_won(org, atomic, monke
     claim = flow_step_claim_one(worker_id="w")
     assert flow_step_execute(claim=claim) == "committed"
     assert FlowStepAttempt.objects.get(pk=claim.attempt_id).state == t.ATTEMPT_COMMITTED
-    assert FlowRun.objects.get(pk=claim.run_id).state == t.RUN_RUNNABLE
+    assert FlowRun.objects.get(pk=claim.run_id).state == t.RUN_SUCCEEDED
     assert _record(record).fields["firstname"] == "Flowed"
 
 

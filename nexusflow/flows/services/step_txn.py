@@ -20,6 +20,7 @@ from nexusflow.kernel import failpoints
 from nexusflow.kernel.errors import FenceRejected
 
 from .. import transitions as t
+from ..compiler import KIND_TERMINAL
 from ..models import FlowCheckpoint, FlowExecutionPlan, FlowRun, FlowStepAttempt, FlowStepExecution
 from ..store import FlowAttemptStore, FlowRunStore, FlowStepStore, audit_insert, checkpoint_insert
 from .admission import _checkpoint_digest, _step_def
@@ -101,9 +102,18 @@ def _commit_step(
     step is inserted in ``next_state`` (``Waiting`` only for the
     EffectCompletion step an EffectSubmit commits, seed 004 section 15.1).
 
+    When the next step is the plan's Terminal step (no user work) and the run would become ``Runnable``, the
+    same transaction inserts it ``Succeeded`` and finishes the run (``root_dst`` becomes ``Succeeded``): no
+    claim, start and step transactions for a step that only ends the run.
+
     Returns:
         The id of the run's current step after the commit: the next step, or this one when there is none.
     """
+    nxt = None if next_key is None else _step_def(plan, next_key)
+    finishes = (nxt is not None and nxt["kind"] == KIND_TERMINAL and root_dst == t.RUN_RUNNABLE
+                and next_state == t.STEP_PENDING)
+    if finishes:
+        root_dst, next_state = t.RUN_SUCCEEDED, t.STEP_SUCCEEDED
     sequence = (FlowCheckpoint.objects.filter(org_id=claim.org_id, run_id=claim.run_id)
                 .aggregate(m=Max("sequence"))["m"] or 0) + 1
     payload = {"step": claim.step_key, "output": output, "cursor": next_key}
@@ -128,15 +138,28 @@ def _commit_step(
                     "failure_class": "terminal" if step_dst == t.STEP_FAILED else "", "reason_code": cause},
     )
     current_step_id = claim.step_id
-    if next_key is not None:
-        nxt = _step_def(plan, next_key)
-        # A durable loop revisits its steps: each visit is the next invocation of that plan step.
-        ordinal = (FlowStepExecution.objects.filter(org_id=claim.org_id, run_id=claim.run_id, plan_step_key=nxt["key"])
-                   .aggregate(m=Max("invocation_ordinal"))["m"] or 0) + 1
+    if nxt is not None:
+        # A durable loop revisits its steps: each visit is the next invocation of that plan step (the Terminal
+        # step is visited once).
+        ordinal = 1 if finishes else (FlowStepExecution.objects.filter(
+            org_id=claim.org_id, run_id=claim.run_id, plan_step_key=nxt["key"]).aggregate(
+            m=Max("invocation_ordinal"))["m"] or 0) + 1
         current_step_id = FlowStepStore.create(
             org_id=claim.org_id, run=run, plan_step_key=nxt["key"], step_kind=nxt["kind"], state=next_state,
-            input_checkpoint=checkpoint, run_after=now, created_at=now, updated_at=now, invocation_ordinal=ordinal,
+            input_checkpoint=checkpoint, run_after=None if finishes else now, created_at=now, updated_at=now,
+            invocation_ordinal=ordinal,
         ).pk
+        if finishes:  # the Terminal step's own output checkpoint, as if it had run (it takes no attempt)
+            payload = {"step": nxt["key"], "output": {"terminal": True}, "cursor": None}
+            checkpoint = checkpoint_insert(
+                org_id=claim.org_id, run=run, step_id=current_step_id, sequence=sequence + 1, plan_cursor=None,
+                context_payload=payload, context_digest=_checkpoint_digest(payload), created_by_attempt=attempt,
+                created_at=now)
+            FlowStepStore.touch(org_id=claim.org_id, pk=current_step_id, state=t.STEP_SUCCEEDED, version=1,
+                                set_fields={"output_checkpoint_id": checkpoint.pk})
+            audit_insert(org_id=claim.org_id, run=run, step_id=current_step_id, attempt=None, event="step_committed",
+                         detail={"step": nxt["key"], "step_state": t.STEP_SUCCEEDED, "run_state": root_dst,
+                                 "attempt": 0, "cause": "", "committed_with": claim.step_key}, created_at=now)
     root_fields: dict[str, Any] = {"current_step_id": current_step_id, "current_checkpoint_id": checkpoint.pk,
                                    "updated_at": now, "run_after": now}
     if root_dst in t.FLOW_RUN.terminal:
