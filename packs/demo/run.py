@@ -120,6 +120,77 @@ def _wait_http(url: str, timeout: float = 30.0) -> None:
     raise DemoError(f"{url} did not answer within {timeout:.0f} s")
 
 
+def service_secrets_env(run_dir: Path) -> dict[str, str]:
+    """Fresh secrets of one run of the demo service, as the environment its processes read.
+
+    Returns ``NEXUS_DEMO_WEBHOOK_SECRET`` (the CRM's webhook signing secret,
+    48 hex digits), ``NEXUS_DEMO_BILLING_API_KEY`` (the billing sandbox's API
+    key) and ``NEXUS_SECRETS_DIR`` (``run_dir/secrets``: the run's own
+    versioned secret backend, emptied here as the run's databases are
+    recreated); ``service.json``'s credential generations name the first two.
+    """
+    secrets_dir = run_dir / "secrets"
+    shutil.rmtree(secrets_dir, ignore_errors=True)
+    return {"NEXUS_DEMO_WEBHOOK_SECRET": secrets.token_hex(24),
+            "NEXUS_DEMO_BILLING_API_KEY": "sk_demo_" + secrets.token_hex(12), "NEXUS_SECRETS_DIR": str(secrets_dir)}
+
+
+def start_billing_sandbox(procs: Processes, *, env: dict, run_dir: Path) -> str:
+    """Start the billing sandbox on a free port of 127.0.0.1; return its base URL (``http://127.0.0.1:PORT``).
+
+    It takes the API key ``env["NEXUS_DEMO_BILLING_API_KEY"]`` (see
+    :func:`service_secrets_env`) and logs to ``run_dir/billing-sandbox.log``.
+
+    Raises:
+        DemoError: it did not write its port within 20 s.
+    """
+    port_file = run_dir / "billing.port"
+    port_file.unlink(missing_ok=True)
+    procs.start("billing-sandbox", [sys.executable, "-m", "packs.billing.sandbox", "--port", "0",
+                                    "--api-key", env["NEXUS_DEMO_BILLING_API_KEY"], "--port-file", str(port_file)],
+                env, run_dir)
+    deadline = time.monotonic() + 20
+    while not port_file.exists() or not port_file.read_text().strip():
+        if time.monotonic() > deadline:
+            raise DemoError("the billing sandbox did not start")
+        time.sleep(0.1)
+    return f"http://127.0.0.1:{int(port_file.read_text())}"
+
+
+def service_activate(service: dict, *, env: dict, run_dir: Path, billing_url: str, say,
+                     flows: list[str] | None = None) -> None:
+    """Make ``service`` (``packs/demo/service.json``) serve in the databases of ``env``.
+
+    Publishes its packs and credential generations, applies its configuration
+    (accounts, the billing account at ``billing_url``), activates it with
+    ``cutover greenfield`` and deploys ``flows`` (repository-relative paths;
+    default: the service's ``flows``). ``say`` gets one line per step.
+
+    Raises:
+        DemoError: a step's ``manage.py`` command failed (its output is in the message).
+    """
+    config = json.loads(json.dumps({"org_id": service["org_id"], "accounts": service["accounts"]})
+                        .replace("{billing_base_url}", billing_url))
+    config_path = run_dir / "service.json"
+    config_path.write_text(json.dumps(config, indent=2), encoding="utf-8")
+    org = service["org_id"]
+    say(_manage(["connector_pack_publish", *[str(ROOT / p) for p in service["packs"]]], env))
+    credentials_path = run_dir / "credentials.json"
+    credentials_path.write_text(json.dumps(service["credential_generations"], indent=2), encoding="utf-8")
+    say(_manage(["connector_credential_publish", "--org", org, str(credentials_path)], env))
+    say(_manage(["connector_config_apply", "--org", org, str(config_path)], env))
+    say(_manage(["cutover", "greenfield", "--org", org], env))
+    flows = service["flows"] if flows is None else flows
+    if flows:
+        say(_manage(["flow_deploy", "--org", org, *[str(ROOT / f) for f in flows]], env))
+
+
+def ingress_url(service: dict, base: str) -> str:
+    """The full webhook URL of ``service``'s ingress on the web server at ``base`` (``http://host:port``)."""
+    ingress = service["ingress"]
+    return f"{base}/api/v2/ingress/{ingress['account_key']}/{ingress['channel']}/"
+
+
 def _use_database(main: str, control: str) -> None:
     for alias, name in (("default", main), ("control", control)):
         conn = connections[alias]
@@ -169,6 +240,48 @@ def _wait_idle(procs: Processes) -> dict[str, int]:
         if now - last_change > STALL_TIMEOUT_SECONDS or now - start > TOTAL_TIMEOUT_SECONDS:
             return counts
         time.sleep(0.3)
+
+
+class TimedPoster:
+    """POST signed deliveries one at a time over one keep-alive HTTP client, timing each request.
+
+    The provider side of ``make bench``'s admission figures: :meth:`post` is
+    :func:`packs.hubspot.sender.deliver_all` of one delivery (a 503 or 429
+    answer is retried after ``Retry-After`` as the provider does, and the time
+    includes those retries), timed with the client's monotonic clock. Use it
+    as a context manager (the client is closed on exit).
+
+    Args:
+        url: the full ingress URL (also the signed URL).
+        secret: the webhook client secret (non-empty bytes).
+    """
+
+    def __init__(self, *, url: str, secret: bytes):
+        from packs.hubspot.sender import REQUEST_TIMEOUT_SECONDS
+
+        self.url, self.secret = url, secret
+        self._http = httpx.Client(timeout=REQUEST_TIMEOUT_SECONDS)
+
+    def __enter__(self) -> "TimedPoster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._http.close()
+
+    def post(self, delivery: Any) -> tuple[int, float]:
+        """POST ``delivery``; return ``(final HTTP status, seconds from the first request to the last answer)``.
+
+        Raises:
+            DemoError: the request failed below HTTP (refused, reset, timed out).
+        """
+        from packs.hubspot.sender import deliver_all
+
+        began = time.perf_counter()
+        try:
+            (result,) = deliver_all([delivery], url=self.url, secret=self.secret, client=self._http)
+        except httpx.TransportError as exc:
+            raise DemoError(f"POST {self.url} failed: {type(exc).__name__}: {exc}") from exc
+        return result.status, time.perf_counter() - began
 
 
 #: Chaos demo: a delivery whose requests keep failing for this long stops the demo (exit 2).
@@ -494,12 +607,9 @@ def run_demo(*, events: str | None, as_json: bool, dump_path: str | None, keep_l
     run_dir.mkdir(parents=True, exist_ok=True)
     for old in run_dir.glob("*.log"):
         old.unlink()
-    webhook_secret, api_key = secrets.token_hex(24), "sk_demo_" + secrets.token_hex(12)
-    secrets_dir = run_dir / "secrets"  # the demo's own versioned secret backend, recreated like its databases
-    shutil.rmtree(secrets_dir, ignore_errors=True)
     env = {**os.environ, "NEXUS_DB_URL": _db_url(cfg, main_db), "NEXUS_CONTROL_DB_URL": _db_url(cfg, control_db),
-           "NEXUS_DEMO_WEBHOOK_SECRET": webhook_secret, "NEXUS_DEMO_BILLING_API_KEY": api_key,
-           "NEXUS_SECRETS_DIR": str(secrets_dir), "PYTHONUNBUFFERED": "1"}
+           **service_secrets_env(run_dir), "PYTHONUNBUFFERED": "1"}
+    webhook_secret = env["NEXUS_DEMO_WEBHOOK_SECRET"]
     env.pop("NEXUS_FAILPOINTS", None)
     procs = Processes()
     say = (lambda *a: print(*a, file=sys.stderr)) if as_json else print
@@ -515,32 +625,11 @@ def run_demo(*, events: str | None, as_json: bool, dump_path: str | None, keep_l
         _manage(["migrate", "--noinput", "-v0"], env)
         _manage(["migrate", "--noinput", "-v0", "--database", "control"], env)
         _manage(["collectstatic", "--noinput", "-v0"], env)  # the web process serves the admin's assets (WhiteNoise)
-        port_file = run_dir / "billing.port"
-        port_file.unlink(missing_ok=True)
-        procs.start("billing-sandbox", [sys.executable, "-m", "packs.billing.sandbox", "--port", "0",
-                                        "--api-key", api_key, "--port-file", str(port_file)], env, run_dir)
-        deadline = time.monotonic() + 20
-        while not port_file.exists() or not port_file.read_text().strip():
-            if time.monotonic() > deadline:
-                raise DemoError("the billing sandbox did not start")
-            time.sleep(0.1)
-        billing_url = f"http://127.0.0.1:{int(port_file.read_text())}"
-        config = json.loads(json.dumps({"org_id": service["org_id"], "accounts": service["accounts"]})
-                            .replace("{billing_base_url}", billing_url))
-        config_path = run_dir / "service.json"
-        config_path.write_text(json.dumps(config, indent=2), encoding="utf-8")
-        org = service["org_id"]
-        say("demo: " + _manage(["connector_pack_publish", *[str(ROOT / p) for p in service["packs"]]], env))
-        credentials_path = run_dir / "credentials.json"
-        credentials_path.write_text(json.dumps(service["credential_generations"], indent=2), encoding="utf-8")
-        say("demo: " + _manage(["connector_credential_publish", "--org", org, str(credentials_path)], env))
-        say("demo: " + _manage(["connector_config_apply", "--org", org, str(config_path)], env))
-        say("demo: " + _manage(["cutover", "greenfield", "--org", org], env))
-        say("demo: " + _manage(["flow_deploy", "--org", org, *[str(ROOT / f) for f in service["flows"]]], env))
+        billing_url = start_billing_sandbox(procs, env=env, run_dir=run_dir)
+        service_activate(service, env=env, run_dir=run_dir, billing_url=billing_url, say=lambda m: say(f"demo: {m}"))
         web_port = _free_port()
         base = f"http://127.0.0.1:{web_port}"
-        ingress = service["ingress"]
-        url = f"{base}/api/v2/ingress/{ingress['account_key']}/{ingress['channel']}/"
+        url = ingress_url(service, base)
         if chaos is None:
             procs.start("web", web_server_argv(web_port, workers=2), env, run_dir)
             for index, role in enumerate(WORKER_ROLES):
