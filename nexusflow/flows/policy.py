@@ -32,6 +32,12 @@ def _number(name: str, default: float) -> float:
     return float(value)
 
 
+def claim_batch() -> int:
+    """Steps one ``flow.step`` round claims in one transaction and then runs (``NEXUS_FLOW_CLAIM_BATCH``, 1 to
+    :data:`CLAIM_BATCH`, default 4)."""
+    return max(1, min(CLAIM_BATCH, int(_number("NEXUS_FLOW_CLAIM_BATCH", 4))))
+
+
 def lease_seconds() -> float:
     return _number("NEXUS_FLOW_LEASE_SECONDS", 60.0)
 

@@ -7,7 +7,15 @@ from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.scope import OrgScope
 
 from . import transitions as t
-from .models import FlowActivation, FlowCheckpoint, FlowEffectLink, FlowRun, FlowStepAttempt, FlowStepExecution
+from .models import (
+    FlowActivation,
+    FlowCheckpoint,
+    FlowEffectLink,
+    FlowExecutionPlan,
+    FlowRun,
+    FlowStepAttempt,
+    FlowStepExecution,
+)
 
 
 def flow_runs_nonterminal_count(*, org_id: str | None = None) -> int:
@@ -167,3 +175,29 @@ def flow_checkpoints_for_reason(*, org_id: str, reason_code: str | None = None,
     if run_id is not None:
         qs = qs.filter(run_id=run_id)
     return _with_reason(qs, reason_code, "step__reason_code").order_by("-run_id", "sequence")
+
+
+#: Plans held by :func:`flow_plan_of` per process (a plan is immutable, so a held one never goes stale).
+PLAN_CACHE_SIZE = 256
+_plans: dict[tuple[str, int, str], FlowExecutionPlan] = {}
+
+
+def flow_plan_of(*, org_id: str, plan_id: int, plan_digest: str) -> FlowExecutionPlan:
+    """The immutable plan ``plan_id`` of ``org_id`` whose digest is ``plan_digest``, read once per process.
+
+    Seed 004 section 7.4: a plan never changes after its insert, so workers keep the ones they ran (up to
+    :data:`PLAN_CACHE_SIZE`, oldest dropped first) instead of reading it for every claim and step. The key
+    holds the digest the caller's run is bound to, so a row id reused by a recreated database can never
+    serve another plan. Callers must not mutate the returned row or its payload.
+
+    Raises:
+        FlowExecutionPlan.DoesNotExist: no plan ``plan_id`` of ``org_id`` with that digest.
+    """
+    key = (org_id, int(plan_id), plan_digest)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = FlowExecutionPlan.objects.get(org_id=org_id, pk=plan_id, plan_digest=plan_digest)
+        if len(_plans) >= PLAN_CACHE_SIZE:
+            _plans.pop(next(iter(_plans)))
+        _plans[key] = plan
+    return plan

@@ -18,3 +18,26 @@ def db_now(using: str = "default") -> dt.datetime:
 def db_now_plus(seconds: float, using: str = "default") -> dt.datetime:
     """Return the database clock plus ``seconds`` (may be negative)."""
     return db_now(using) + dt.timedelta(seconds=seconds)
+
+
+def db_clock_offset_seconds() -> float:
+    """Seconds the process's database clock reads ahead of ``UTC_TIMESTAMP(6)`` (0 unless a test moved it:
+    tests/db_clock.py wraps :func:`database_utc_timestamp` in clocks that carry an ``offset``)."""
+    total, reader = 0.0, database_utc_timestamp
+    while hasattr(reader, "offset"):
+        total += float(reader.offset)
+        reader = getattr(reader, "real", None)
+    return total
+
+
+def db_now_sql():
+    """The database clock as an SQL expression (``UTC_TIMESTAMP(6)``, plus the offset :func:`db_now` adds):
+    a query or a locking read that compares against the clock reads it in the same statement, one round
+    trip fewer than a :func:`db_now` before it."""
+    from django.db.models import DateTimeField
+    from django.db.models.expressions import RawSQL
+
+    offset = round(db_clock_offset_seconds() * 1_000_000)
+    if offset:
+        return RawSQL("UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND", [offset], output_field=DateTimeField())
+    return RawSQL("UTC_TIMESTAMP(6)", [], output_field=DateTimeField())

@@ -133,12 +133,19 @@ def machine(name: str, table: dict[str, set[str] | frozenset[str]], *, initial: 
     )
 
 
+#: Suffixes whose modules :func:`import_app_modules` already imported for every installed app.
+_IMPORTED: set[str] = set()
+
+
 def import_app_modules(suffix: str) -> None:
-    """Import ``<app>.<suffix>`` for every installed app that has one."""
+    """Import ``<app>.<suffix>`` for every installed app that has one (once per process and suffix: every
+    row insert asks for the stores, and a failed import of a missing module costs a file-system search)."""
     import importlib
 
     from django.apps import apps
 
+    if suffix in _IMPORTED and apps.ready:
+        return
     for config in apps.get_app_configs():
         module = f"{config.name}.{suffix}"
         try:
@@ -146,6 +153,8 @@ def import_app_modules(suffix: str) -> None:
         except ModuleNotFoundError as exc:
             if exc.name != module:
                 raise
+    if apps.ready:
+        _IMPORTED.add(suffix)
 
 
 def load_all_machines() -> dict[str, StateMachine]:

@@ -30,6 +30,8 @@ from nexusflow.flows.services import (
     deploy,
     execute,
     flow_deploy,
+    flow_run_delete,
+    flow_step_claim_batch,
     flow_step_claim_one,
     flow_step_execute,
     flow_trigger_on_record_saved,
@@ -99,7 +101,7 @@ def test_decision_flow_runs_to_succeeded(org, decide_plan):
     with_email = save_record(org, {"lifecyclestage": "customer", "email": "a@example.com"})
     without = save_record(org, {"lifecyclestage": "customer"})
     assert flow_runs_nonterminal_count(org_id=org.org_id) == 2
-    assert run_until_idle() == 2  # the decision's transaction also finishes the run (its Terminal step)
+    assert run_until_idle() == 1  # one claim batch takes both runs; each decision also finishes its run
     for record, rule in ((with_email, "Yes"), (without, None)):
         run = _run_of(org, record)
         assert run.state == t.RUN_SUCCEEDED and run.completed_at is not None
@@ -164,6 +166,43 @@ def test_threads_racing_for_the_same_steps_claim_each_exactly_once(org, decide_p
     assert len(won) == len(set(won)) == 4
     assert FlowStepAttempt.objects.count() == 4
     assert set(FlowStepExecution.objects.values_list("attempt_count", "state")) == {(1, t.STEP_CLAIMED)}
+
+
+def test_batch_claims_skip_a_root_another_transaction_holds_and_each_claim_is_its_own_fence(org, decide_plan):
+    for i in range(5):
+        save_record(org, {"lifecyclestage": "customer", "email": f"{i}@example.com"})
+    runs = list(FlowRun.objects.filter(org_id=org.org_id).order_by("id"))
+    held, done = threading.Event(), threading.Event()
+
+    def hold_root():  # a real concurrent transaction holding the second run's root
+        try:
+            with transaction.atomic():
+                FlowRunStore.lock(org.org_id, runs[1].pk)
+                held.set()
+                done.wait(30)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_root)
+    holder.start()
+    assert held.wait(10)
+    try:
+        claims = flow_step_claim_batch(worker_id="batch", limit=4)
+    finally:
+        done.set()
+        holder.join(10)
+    # Never waited for the held root: the other three of the first four are claimed, in discovery order.
+    assert [c.run_id for c in claims] == [runs[0].pk, runs[2].pk, runs[3].pk]
+    assert len({c.lease_token for c in claims}) == 3
+    assert FlowRun.objects.get(pk=runs[1].pk).state == t.RUN_RUNNABLE
+    assert [c.run_id for c in flow_step_claim_batch(worker_id="other", limit=4)] == [runs[1].pk, runs[4].pk]
+    # Each claim is its own fence: another claim's lost fence does not move it.
+    flow_run_delete(org=org, run_id=claims[0].run_id)
+    with pytest.raises(FenceRejected):
+        flow_step_execute(claim=claims[0])
+    assert [flow_step_execute(claim=c) for c in claims[1:]] == ["succeeded", "succeeded"]
+    with pytest.raises(ValueError):
+        flow_step_claim_batch(worker_id="batch", limit=0)
 
 
 # --- fencing and recovery ------------------------------------------------------------

@@ -44,7 +44,7 @@ a name a use case looks up patches the module that holds it.
 """
 from .admission import StartResult, flow_run_start, flow_start_inputs, flow_trigger_on_record_saved, plan_inputs
 from .before_save import flow_before_save
-from .claim import StepClaim, flow_step_claim_one
+from .claim import StepClaim, flow_step_claim_batch, flow_step_claim_one
 from .deploy import (
     DeployResult,
     flow_activate,
@@ -67,7 +67,8 @@ __all__ = [
     "CancelResult", "DeployResult", "StartResult", "StepClaim", "effect_handoff_finalize", "effect_root_id_for",
     "flow_activate",
     "flow_before_save", "flow_compile_check", "flow_deploy", "flow_plan_compile", "flow_run_delete",
-    "flow_run_drive", "flow_run_start", "flow_run_support_read", "flow_start_inputs", "flow_step_claim_one",
+    "flow_run_drive", "flow_run_start", "flow_run_support_read", "flow_start_inputs", "flow_step_claim_batch",
+    "flow_step_claim_one",
     "flow_step_execute", "flow_step_heartbeat", "flow_trigger_on_record_saved", "flow_try_cancel_cleanup_one",
     "flow_try_expire_one", "flow_try_recover_expired_one", "flow_try_repair_one", "flow_try_resume_due_one",
     "flow_try_run_step_one", "flow_try_wake_one", "flow_wait_signal", "flow_waits_list", "flow_wake_signal_accept",

@@ -16,14 +16,16 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.db.models import F, Q
 
-from nexusflow.kernel.clock import db_now
+from nexusflow.kernel.clock import db_now, db_now_sql
+
 from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.identity import validate_key
 
 from .. import policy
 from .. import transitions as t
 from ..compiler import KIND_MUTATION
-from ..models import FlowRun, FlowStepAttempt, FlowStepExecution
+from ..models import FlowExecutionPlan, FlowRun, FlowStepAttempt, FlowStepExecution
+from ..selectors import flow_plan_of
 from ..store import FlowAttemptStore, FlowRunStore, FlowStepStore
 from .admission import START_OBJECT
 
@@ -53,6 +55,13 @@ class StepClaim:
     lock_plan: tuple[tuple[str, str], ...] = ()
     #: The run's recursive-save level (``FlowRun.save_depth``), read with the root by :func:`.execute._start`.
     save_depth: int = 0
+    #: The run's immutable plan (id and digest, checked against the root at the claim).
+    plan_id: int = 0
+    plan_digest: str = ""
+    #: The step's input checkpoint (``None`` only for a step inserted without one).
+    input_checkpoint_id: int | None = None
+    #: When the run started (``$Flow.InterviewStartTime``): its first claim.
+    interview_start: dt.datetime | None = None
 
 
 def _lease_digest(token: str) -> str:
@@ -69,67 +78,137 @@ def flow_step_claim_one(*, worker_id: str) -> StepClaim | None:
         The confirmed claim, or ``None`` when no step is due or another
         worker won every candidate.
     """
+    claims = flow_step_claim_batch(worker_id=worker_id, limit=1)
+    return claims[0] if claims else None
+
+
+def flow_step_claim_batch(*, worker_id: str, limit: int | None = None) -> list[StepClaim]:
+    """Claim up to ``limit`` due steps of one org in one transaction (bounded multi-row claim).
+
+    Seed 004 section 12.1: discovery is a non-locking read in stable order (``run_after``, id) bounded by
+    :data:`policy.CLAIM_BATCH`, on the database clock. The claim transaction then locks the candidates'
+    roots (one org, ascending id, ``FOR UPDATE SKIP LOCKED``: a root another worker is claiming or
+    running is left to it, never waited for), then their steps (ascending id), re-verifies each pair
+    exactly as a single claim does and writes each lease, ``Claimed`` step, ``Running`` root and
+    ``Started`` attempt. Every claim is its own fence; executing one never depends on another.
+
+    Args:
+        worker_id: the claiming worker (lease owner).
+        limit: at most this many claims (default :func:`policy.claim_batch`, at least 1).
+
+    Returns:
+        The confirmed claims in discovery order; empty when nothing is due or other workers hold every
+        candidate.
+
+    Raises:
+        InvalidIdentity: a bad ``worker_id`` (before SQL).
+        ValueError: ``limit`` below 1.
+    """
     validate_key(worker_id, field="worker_id", max_length=128)
-    now = db_now()
+    limit = policy.claim_batch() if limit is None else limit
+    if limit < 1:
+        raise ValueError("limit must be at least 1")
+    now = db_now_sql()  # the database clock, read by the query itself
     candidates = list(
         FlowStepExecution.objects.filter(
             state__in=(t.STEP_PENDING, t.STEP_RETRY_SCHEDULED),
             run__state=t.RUN_RUNNABLE, run__current_step_id=F("id"), run__is_deleted=False,
             run__delete_requested_at__isnull=True,
         ).filter(Q(run_after__isnull=True) | Q(run_after__lte=now))
-        .order_by("run_after", "id").values_list("org_id", "run_id", "id")[: policy.CLAIM_BATCH]
+        .order_by("run_after", "id").values_list("org_id", "run_id", "id")[: max(policy.CLAIM_BATCH, limit)]
     )
-    for org_id, run_id, step_id in candidates:
-        claim = _claim(org_id=org_id, run_id=run_id, step_id=step_id, worker_id=worker_id)
-        if claim is not None:
-            return claim
-    return None
+    if not candidates:
+        return []
+    org_id = candidates[0][0]
+    ours = [(int(run_id), int(step_id)) for org, run_id, step_id in candidates if org == org_id]
+    for first in range(0, len(ours), limit):
+        claims = _claim_chunk(org_id, ours[first:first + limit], worker_id)
+        if claims:
+            return claims
+    return []
+
+
+def _claim_chunk(org_id: str, chunk: list[tuple[int, int]], worker_id: str) -> list[StepClaim]:
+    """One claim transaction over ``chunk`` (``(run_id, step_id)`` pairs of one org, discovery order)."""
+    steps_of = dict(chunk)
+    with transaction.atomic(durable=True):
+        if len(chunk) == 1:
+            run, now = FlowRunStore.lock_at_clock(org_id, chunk[0][0])
+            runs = [run]
+        else:
+            now = db_now()
+            runs = FlowRunStore.lock_many(org_id, list(steps_of), skip_locked=True)
+        runs = [run for run in runs if _claimable_root(run, steps_of[int(run.pk)])]
+        steps = {int(step.pk): step for step in FlowStepStore.lock_many(
+            org_id, [run.current_step_id for run in runs])}
+        claims = {}
+        for run in runs:
+            claim = _claim_locked(run, steps.get(int(run.current_step_id)), now, worker_id)
+            if claim is not None:
+                claims[int(run.pk)] = claim
+    return [claims[run_id] for run_id, _step in chunk if run_id in claims]
+
+
+def _claimable_root(run: FlowRun, step_id: int) -> bool:
+    return (run.state == t.RUN_RUNNABLE and run.current_step_id == step_id and not run.is_deleted
+            and run.delete_requested_at is None)
 
 
 def _claim(*, org_id: str, run_id: int, step_id: int, worker_id: str) -> StepClaim | None:
+    """Claim the step ``step_id`` of one run (``flows run`` drives one run this way)."""
     with transaction.atomic(durable=True):
-        now = db_now()
-        run = FlowRunStore.lock(org_id, run_id)
-        if (run.state != t.RUN_RUNNABLE or run.current_step_id != step_id or run.is_deleted
-                or run.delete_requested_at is not None):
+        run, now = FlowRunStore.lock_at_clock(org_id, run_id)
+        if not _claimable_root(run, step_id):
             return None
-        step = FlowStepStore.lock(org_id, step_id)
-        if (step.run_id != run.pk or step.state not in (t.STEP_PENDING, t.STEP_RETRY_SCHEDULED)
-                or (step.run_after is not None and step.run_after > now)):
-            return None
-        plan = run.plan
-        if (plan.org_id != run.org_id or plan.plan_digest != run.plan_digest
-                or plan.runtime_work_binding_digest != run.binding_digest):
-            log.error("flow claim refused: run and plan bindings differ", extra={"org_id": org_id, "run_id": run_id})
-            return None
-        token = secrets.token_urlsafe(32)
-        token_digest = _lease_digest(token)
-        expires = now + dt.timedelta(seconds=policy.lease_seconds())
-        attempt_number = step.attempt_count + 1
-        lock_plan = _lock_plan_for(run, step)
-        step_version = FlowStepStore.transition(
-            org_id=org_id, pk=step.pk, src=step.state, dst=t.STEP_CLAIMED, version=step.version,
-            set_fields={"lease_owner": worker_id, "lease_token_digest": token_digest, "lease_expires_at": expires,
-                        "attempt_count": attempt_number, "updated_at": now},
-        )
-        root_version = FlowRunStore.transition(
-            org_id=org_id, pk=run.pk, src=t.RUN_RUNNABLE, dst=t.RUN_RUNNING, version=run.version,
-            fences={"current_step_id": step.pk, "is_deleted": False, "delete_requested_at": None},
-            set_fields={"started_at": run.started_at or now, "updated_at": now},
-        )
-        attempt = FlowAttemptStore.create(
-            org_id=org_id, step=step, attempt_number=attempt_number, state=t.ATTEMPT_STARTED,
-            lease_owner=worker_id, lease_token_digest=token_digest, ownership_epoch=step.ownership_epoch,
-            root_state_version_at_claim=root_version, retry_policy_digest=policy.retry_policy_digest(),
-            recovery_backoff_floor_ms=policy.recovery_backoff_floor_ms(step_id=step.pk, attempt_number=attempt_number),
-            plan_digest=run.plan_digest, started_at=now, lock_plan=[list(r) for r in lock_plan],
-            lock_plan_digest=_lock_plan_digest(lock_plan),
-        )
+        return _claim_locked(run, FlowStepStore.lock(org_id, step_id), now, worker_id)
+
+
+def _claim_locked(run: FlowRun, step: FlowStepExecution | None, now: dt.datetime,
+                  worker_id: str) -> StepClaim | None:
+    """Verify a locked claimable root and its locked current step, then write the claim (seed 004 section 12.1
+    steps 3-5); ``None`` when the step is not due or the run's plan binding does not hold."""
+    org_id = run.org_id
+    if (step is None or step.run_id != run.pk or step.state not in (t.STEP_PENDING, t.STEP_RETRY_SCHEDULED)
+            or (step.run_after is not None and step.run_after > now)):
+        return None
+    try:
+        plan = flow_plan_of(org_id=run.org_id, plan_id=run.plan_id, plan_digest=run.plan_digest)
+    except FlowExecutionPlan.DoesNotExist:
+        plan = None
+    if plan is None or plan.runtime_work_binding_digest != run.binding_digest:
+        log.error("flow claim refused: run and plan bindings differ", extra={"org_id": org_id, "run_id": run.pk})
+        return None
+    token = secrets.token_urlsafe(32)
+    token_digest = _lease_digest(token)
+    expires = now + dt.timedelta(seconds=policy.lease_seconds())
+    attempt_number = step.attempt_count + 1
+    lock_plan = _lock_plan_for(run, step)
+    step_version = FlowStepStore.transition(
+        org_id=org_id, pk=step.pk, src=step.state, dst=t.STEP_CLAIMED, version=step.version,
+        set_fields={"lease_owner": worker_id, "lease_token_digest": token_digest, "lease_expires_at": expires,
+                    "attempt_count": attempt_number, "updated_at": now},
+    )
+    started_at = run.started_at or now
+    root_version = FlowRunStore.transition(
+        org_id=org_id, pk=run.pk, src=t.RUN_RUNNABLE, dst=t.RUN_RUNNING, version=run.version,
+        fences={"current_step_id": step.pk, "is_deleted": False, "delete_requested_at": None},
+        set_fields={"started_at": started_at, "updated_at": now},
+    )
+    attempt = FlowAttemptStore.create(
+        org_id=org_id, step=step, attempt_number=attempt_number, state=t.ATTEMPT_STARTED,
+        lease_owner=worker_id, lease_token_digest=token_digest, ownership_epoch=step.ownership_epoch,
+        root_state_version_at_claim=root_version, retry_policy_digest=policy.retry_policy_digest(),
+        recovery_backoff_floor_ms=policy.recovery_backoff_floor_ms(step_id=step.pk, attempt_number=attempt_number),
+        plan_digest=run.plan_digest, started_at=now, lock_plan=[list(r) for r in lock_plan],
+        lock_plan_digest=_lock_plan_digest(lock_plan),
+    )
     return StepClaim(
         org_id=org_id, run_id=run.pk, step_id=step.pk, step_key=step.plan_step_key, step_kind=step.step_kind,
         attempt_id=attempt.pk, attempt_number=attempt_number, lease_owner=worker_id, lease_token=token,
         lease_token_digest=token_digest, ownership_epoch=step.ownership_epoch, root_version=root_version,
         step_version=step_version, attempt_version=attempt.version, lease_expires_at=expires, lock_plan=lock_plan,
+        plan_id=int(run.plan_id), plan_digest=run.plan_digest, input_checkpoint_id=step.input_checkpoint_id,
+        interview_start=started_at,
     )
 
 
@@ -146,8 +225,9 @@ def _lock_plan_for(run: FlowRun, step: FlowStepExecution) -> tuple[tuple[str, st
     resources: set[tuple[str, str]] = set()
     if step.step_kind in LOCKING_KINDS and run.trigger_object_name != START_OBJECT:
         resources.add((run.trigger_object_name, run.record_key))
-    for summary in FlowStepAttempt.objects.filter(org_id=run.org_id, step_id=step.pk).values_list(
-            "metrics_summary", flat=True):
+    earlier = () if step.attempt_count == 0 else FlowStepAttempt.objects.filter(
+        org_id=run.org_id, step_id=step.pk).values_list("metrics_summary", flat=True)
+    for summary in earlier:
         for obj, key in (summary or {}).get("discovered", []):
             resources.add((obj, key))
     return tuple(sorted(resources, key=lambda r: (r[0].encode(), r[1].encode())))

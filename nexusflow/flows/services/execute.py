@@ -40,10 +40,11 @@ from ..compiler import (
 )
 from ..errors import FlowExecutionError, FlowRunNotFound, LateLockDiscovery, PlanMismatch
 from ..interpreter import Outcome, run_graph
-from ..models import FlowCheckpoint, FlowExecutionPlan, FlowRun, FlowStepAttempt
+from ..models import FlowExecutionPlan, FlowRun, FlowStepAttempt
+from ..selectors import flow_plan_of
 from ..store import FlowAttemptStore, FlowRunStore, FlowStepStore
-from .admission import _SAVE_ORIGIN, TRIGGER_CHECKPOINT_SEQUENCE, _SaveOrigin, _step_def
-from .claim import StepClaim, _claim, flow_step_claim_one
+from .admission import _SAVE_ORIGIN, _SaveOrigin, _step_def
+from .claim import StepClaim, _claim, flow_step_claim_batch
 from .effects import _exec_effect_completion, _exec_effect_submit
 from .time_waits import _exec_dependency_wait
 from .step_txn import (
@@ -51,11 +52,11 @@ from .step_txn import (
     _attempt_fences,
     _commit_step,
     _CommitUnknown,
-    _input_state,
     _lock_fenced,
     _lock_live_step,
     _RollbackUnknown,
     _step_fences,
+    _step_inputs,
     _step_txn,
 )
 
@@ -70,8 +71,7 @@ FP_AFTER_ROLLBACK = failpoints.declare("flow.step.after_rollback")
 def _start(claim: StepClaim) -> StepClaim:
     """Lifecycle-only transaction: step Claimed -> Running under the claim fence."""
     with transaction.atomic(durable=True):
-        now = db_now()
-        run, _ = _lock_live_step(claim, now, "lease expired before execution started")
+        run, _step, now = _lock_live_step(claim, "lease expired before execution started")
         version = FlowStepStore.transition(
             org_id=claim.org_id, pk=claim.step_id, src=t.STEP_CLAIMED, dst=t.STEP_RUNNING,
             version=claim.step_version,
@@ -101,18 +101,6 @@ class _CurrentReader:
         return out
 
 
-def _trigger_snapshot(claim: StepClaim) -> dict[str, Any]:
-    return FlowCheckpoint.objects.get(org_id=claim.org_id, run_id=claim.run_id,
-                                      sequence=TRIGGER_CHECKPOINT_SEQUENCE).context_payload["record"]
-
-
-def _interview_start(claim: StepClaim) -> dt.datetime:
-    """When the run started (``$Flow.InterviewStartTime``): its first claim, else its creation."""
-    started, created = FlowRun.objects.values_list("started_at", "created_at").get(org_id=claim.org_id,
-                                                                                   pk=claim.run_id)
-    return started or created
-
-
 def _graph_of(plan: FlowExecutionPlan, step_def: dict[str, Any]) -> tuple[list[dict[str, Any]], str | None]:
     """The element graph of a step: the atomic graph, or one durable element whose edges name step keys."""
     if "graph" in step_def:
@@ -130,15 +118,15 @@ def _graph_of(plan: FlowExecutionPlan, step_def: dict[str, Any]) -> tuple[list[d
 
 def _interpret(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any], now: dt.datetime,
                reader) -> tuple[Outcome, str]:
-    snapshot = _trigger_snapshot(claim)
+    snapshot, state = _step_inputs(claim)
     record = {"Id": snapshot["record_key"], **snapshot["fields"]}
     prior = snapshot.get("prior_fields")
     graph, entry = _graph_of(plan, step_def)
     outcome = run_graph(plan_payload=plan.plan_payload, graph=graph, entry=entry, record=record,
-                        object_name=snapshot["object"], now=now, reader=reader, state=_input_state(claim),
+                        object_name=snapshot["object"], now=now, reader=reader, state=state,
                         prior=None if prior is None else {"Id": snapshot["record_key"], **prior},
                         is_new=snapshot.get("record_version") == 1, fan_out_limit=ATOMIC_MAX_FANOUT,
-                        interview_start=_interview_start(claim))
+                        interview_start=claim.interview_start)
     if "graph" in step_def:
         next_key = step_def.get("next")
     else:
@@ -306,7 +294,7 @@ def flow_step_execute(*, claim: StepClaim) -> str:
     """
     failpoints.hit(FP_AFTER_CLAIM)
     claim = _start(claim)
-    plan = FlowExecutionPlan.objects.get(org_id=claim.org_id, runs__pk=claim.run_id)
+    plan = flow_plan_of(org_id=claim.org_id, plan_id=claim.plan_id, plan_digest=claim.plan_digest)
     step_def = _step_def(plan, claim.step_key)
     executor = (_exec_recursion_limited if claim.save_depth > policy.RECURSIVE_SAVE_LIMIT
                 else EXECUTORS.get(step_def["kind"]))
@@ -471,19 +459,20 @@ def _discovery_admissible(run: FlowRun, claim: StepClaim, resource: list[str]) -
 
 
 def flow_try_run_step_one(*, worker_id: str) -> bool:
-    """Claim and execute one due step. Returns True when a step was claimed.
+    """Claim a bounded batch of due steps and execute each. Returns True when a step was claimed.
 
-    Seed 004 sections 12.1-12.2; the worker loop (``run_workers --role flow``)
-    calls this repeatedly. A lost fence is logged, not raised.
+    Seed 004 sections 12.1-12.2; the worker loop (``run_workers --role flow``) calls this repeatedly. The
+    claims are taken in one transaction (:func:`.claim.flow_step_claim_batch`, up to
+    :func:`policy.claim_batch`), then each runs its own start and step transactions under its own fence, in
+    discovery order. A lost fence is logged, not raised.
     """
-    claim = flow_step_claim_one(worker_id=worker_id)
-    if claim is None:
-        return False
-    try:
-        flow_step_execute(claim=claim)
-    except StaleVersion as exc:
-        log.warning("flow step fenced: %s", exc, extra={"org_id": claim.org_id, "run_id": claim.run_id})
-    return True
+    claims = flow_step_claim_batch(worker_id=worker_id)
+    for claim in claims:
+        try:
+            flow_step_execute(claim=claim)
+        except StaleVersion as exc:
+            log.warning("flow step fenced: %s", exc, extra={"org_id": claim.org_id, "run_id": claim.run_id})
+    return bool(claims)
 
 
 def flow_run_drive(*, org: OrgScope, run_id: FlowRun.Id | int, worker_id: str, max_steps: int = 100) -> str:

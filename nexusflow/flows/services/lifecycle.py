@@ -46,8 +46,7 @@ def flow_step_heartbeat(*, claim: StepClaim) -> StepClaim:
             no longer this claim's, or it already expired (recovery may own it).
     """
     with transaction.atomic(durable=True):
-        now = db_now()
-        _lock_live_step(claim, now, "lease already expired")
+        _run, _step, now = _lock_live_step(claim, "lease already expired")
         expires = now + dt.timedelta(seconds=policy.lease_seconds())
         version = FlowStepStore.touch(
             org_id=claim.org_id, pk=claim.step_id, state=t.STEP_RUNNING, version=claim.step_version,

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Max
+from django.db.models import Max, Q
 
 from nexusflow.kernel import failpoints
 from nexusflow.kernel.errors import FenceRejected
@@ -23,7 +23,7 @@ from .. import transitions as t
 from ..compiler import KIND_TERMINAL
 from ..models import FlowCheckpoint, FlowExecutionPlan, FlowRun, FlowStepAttempt, FlowStepExecution
 from ..store import FlowAttemptStore, FlowRunStore, FlowStepStore, audit_insert, checkpoint_insert
-from .admission import _checkpoint_digest, _step_def
+from .admission import TRIGGER_CHECKPOINT_SEQUENCE, _checkpoint_digest, _step_def
 from .claim import StepClaim
 
 FP_BEFORE_COMMIT = failpoints.declare("flow.step.before_commit")
@@ -37,18 +37,21 @@ def _verify_root(run: FlowRun, claim: StepClaim) -> None:
         )
 
 
-def _lock_live_step(claim: StepClaim, now, expired: str) -> tuple[FlowRun, FlowStepExecution]:
+def _lock_live_step(claim: StepClaim, expired: str) -> tuple[FlowRun, FlowStepExecution, dt.datetime]:
     """Lock root then step (lifecycle-only transactions) and refuse a claim whose lease has run out.
+
+    Returns:
+        ``(run, step, now)``: ``now`` is the database clock read with the root lock.
 
     Raises:
         FenceRejected: the root moved, or the step's lease ended at or before ``now`` (``expired`` says how).
     """
-    run = FlowRunStore.lock(claim.org_id, claim.run_id)
+    run, now = FlowRunStore.lock_at_clock(claim.org_id, claim.run_id)
     _verify_root(run, claim)
     step = FlowStepStore.lock(claim.org_id, claim.step_id)
     if step.lease_expires_at is None or step.lease_expires_at <= now:
         raise FenceRejected(f"step {claim.step_id}: {expired}")
-    return run, step
+    return run, step, now
 
 
 def _lock_fenced(claim: StepClaim) -> tuple[FlowRun, FlowStepExecution, FlowStepAttempt]:
@@ -74,10 +77,19 @@ def _lock_fenced(claim: StepClaim) -> tuple[FlowRun, FlowStepExecution, FlowStep
 
 def _input_state(claim: StepClaim) -> dict[str, Any]:
     """The interpreter state the step starts from: its input checkpoint's context (``{}`` when it has none)."""
-    step = FlowStepExecution.objects.only("input_checkpoint_id").get(org_id=claim.org_id, pk=claim.step_id)
-    payload = FlowCheckpoint.objects.values_list("context_payload", flat=True).get(
-        org_id=claim.org_id, pk=step.input_checkpoint_id)
-    return payload.get("context") or {}
+    return _step_inputs(claim)[1]
+
+
+def _step_inputs(claim: StepClaim) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The run's trigger snapshot (``record``: object, key, fields, prior fields, version) and the step's
+    input context (``{}`` when it has none), read together (one statement)."""
+    rows = {pk: (sequence, payload) for pk, sequence, payload in FlowCheckpoint.objects.filter(
+        Q(pk=claim.input_checkpoint_id) | Q(sequence=TRIGGER_CHECKPOINT_SEQUENCE),
+        org_id=claim.org_id, run_id=claim.run_id).values_list("pk", "sequence", "context_payload")}
+    trigger = next(payload for sequence, payload in rows.values() if sequence == TRIGGER_CHECKPOINT_SEQUENCE)
+    own = rows.get(claim.input_checkpoint_id) if claim.input_checkpoint_id is not None else None
+    context = (own[1].get("context") or {}) if own is not None else {}
+    return trigger.get("record") or {}, context
 
 
 def _attempt_fences(claim: StepClaim) -> dict[str, Any]:
