@@ -3,18 +3,23 @@
 A thin loop over the role's ``try_<verb>_one()`` units: run every unit until
 none has work (while others are busy, a unit that found nothing polls again
 only every few rounds), sleep with jitter when idle, exit cleanly on SIGTERM or
-Ctrl-C, log one structured line per unit of work. The roles are the ones the
+Ctrl-C, log one structured line per unit of work. With ``NEXUS_WORKER_PROFILE_DIR`` set, the
+process profiles itself (cProfile) and writes ``<dir>/<roles>-<pid>.prof`` when it stops (``make bench``
+summarises them per role). The roles are the ones the
 apps registered (:func:`nexusflow.kernel.workers.register_role`); ``all`` runs
 every role registered ``in_all``.
 """
 from __future__ import annotations
 
+import cProfile
 import json
 import logging
+import os
 import random
 import signal
 import sys
 import time
+from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, close_old_connections
@@ -57,6 +62,26 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         self.stderr.write(json.dumps({"event": "worker.start", "worker_id": worker_id, "roles": roles}))
+        profile_dir = os.environ.get("NEXUS_WORKER_PROFILE_DIR")
+        profiler = cProfile.Profile() if profile_dir else None
+        if profiler is not None:
+            profiler.enable()
+        try:
+            done = self._loop(units, stopping, until_idle=until_idle, idle_rounds=idle_rounds, once=once,
+                              idle_sleep=idle_sleep)
+        finally:
+            if profiler is not None:
+                profiler.disable()
+                path = Path(profile_dir) / f"{'+'.join(roles)}-{os.getpid()}.prof"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                profiler.dump_stats(path)
+        self.stderr.write(json.dumps({"event": "worker.stop", "worker_id": worker_id, "units_done": done}))
+        sys.stderr.flush()
+        if not units:
+            raise CommandError("no work units for the selected roles")
+
+    def _loop(self, units, stopping, *, until_idle: bool, idle_rounds: int, once: bool, idle_sleep: float) -> int:
+        """Run the units round after round until stopped (or idle / once); return the units that worked."""
         empty_rounds = 0
         done = 0
         # While the worker is busy, a unit that just found nothing sits out the next IDLE_UNIT_BACKOFF busy rounds
@@ -95,7 +120,4 @@ class Command(BaseCommand):
             if until_idle and empty_rounds >= idle_rounds:
                 break
             time.sleep(idle_sleep * (0.5 + random.random()))
-        self.stderr.write(json.dumps({"event": "worker.stop", "worker_id": worker_id, "units_done": done}))
-        sys.stderr.flush()
-        if not units:
-            raise CommandError("no work units for the selected roles")
+        return done
