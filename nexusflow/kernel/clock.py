@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from .selectors import database_utc_timestamp
+from .selectors import database_utc_timestamp, database_utc_timestamp_sql
 
 
 def db_now(using: str = "default") -> dt.datetime:
@@ -34,10 +34,4 @@ def db_now_sql():
     """The database clock as an SQL expression (``UTC_TIMESTAMP(6)``, plus the offset :func:`db_now` adds):
     a query or a locking read that compares against the clock reads it in the same statement, one round
     trip fewer than a :func:`db_now` before it."""
-    from django.db.models import DateTimeField
-    from django.db.models.expressions import RawSQL
-
-    offset = round(db_clock_offset_seconds() * 1_000_000)
-    if offset:
-        return RawSQL("UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND", [offset], output_field=DateTimeField())
-    return RawSQL("UTC_TIMESTAMP(6)", [], output_field=DateTimeField())
+    return database_utc_timestamp_sql(round(db_clock_offset_seconds() * 1_000_000))

@@ -21,6 +21,18 @@ def database_utc_timestamp(using: str = "default") -> dt.datetime:
     return value
 
 
+def database_utc_timestamp_sql(offset_microseconds: int = 0):
+    """``UTC_TIMESTAMP(6)`` (plus ``offset_microseconds``) as a query expression (a ``DateTimeField``): the
+    clock of :func:`database_utc_timestamp`, read by the statement that uses it."""
+    from django.db.models import DateTimeField
+    from django.db.models.expressions import RawSQL
+
+    if offset_microseconds:
+        return RawSQL("UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND", [int(offset_microseconds)],
+                      output_field=DateTimeField())
+    return RawSQL("UTC_TIMESTAMP(6)", [], output_field=DateTimeField())
+
+
 def live_foreign_key_names(connection, table: str) -> set[str]:
     """Names of the table's foreign key constraints (InnoDB backs each with an index of the same name)."""
     with connection.cursor() as cursor:

@@ -34,7 +34,7 @@ from django.db import transaction
 from django.db.models import Max
 
 from nexusflow.kernel import failpoints
-from nexusflow.kernel.clock import db_now
+from nexusflow.kernel.clock import db_now, db_now_sql
 
 from .. import policy, reasons
 from .. import transitions as t
@@ -62,7 +62,7 @@ def flow_try_expire_one() -> bool:
     Discovery reads without locks (oldest deadline first, a bounded batch);
     a candidate that moved meanwhile is skipped.
     """
-    now = db_now()
+    now = db_now_sql()  # discovery reads the database clock in its own statement
     candidates = list(
         FlowDependency.objects.filter(state=t.DEP_WAITING, deadline__lte=now).exclude(expiry_policy=EXPIRY_FIRES)
         .order_by("deadline", "id").values_list("org_id", "run_id", "step_id", "id")[: policy.CLAIM_BATCH]

@@ -15,7 +15,7 @@ from typing import Any
 from django.db import transaction
 
 from nexusflow.kernel import failpoints
-from nexusflow.kernel.clock import db_now
+from nexusflow.kernel.clock import db_now, db_now_sql
 from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.scope import OrgScope
 
@@ -176,7 +176,7 @@ def _cancel_cleanup(*, org_id: str, run_id: FlowRun.Id) -> bool:
 
 def flow_try_cancel_cleanup_one() -> bool:
     """Complete one ``CancelRequested`` run whose old leases have lapsed (worker unit)."""
-    now = db_now()
+    now = db_now_sql()  # discovery reads the database clock in its own statement
     candidates = list(FlowRun.objects.filter(state=t.RUN_CANCEL_REQUESTED).order_by("updated_at", "id")
                       .values_list("org_id", "id")[: policy.CLAIM_BATCH])
     for org_id, run_id in candidates:

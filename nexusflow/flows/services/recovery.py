@@ -12,7 +12,7 @@ import logging
 
 from django.db import transaction
 
-from nexusflow.kernel.clock import db_now
+from nexusflow.kernel.clock import db_now, db_now_sql
 
 from .. import policy, reasons
 from .. import transitions as t
@@ -33,7 +33,7 @@ def flow_try_recover_expired_one() -> bool:
     ends the run ``TerminalFailed``; commit evidence on a running step
     quarantines it.
     """
-    now = db_now()
+    now = db_now_sql()  # discovery reads the database clock in its own statement
     candidates = list(
         FlowStepExecution.objects.filter(state__in=(t.STEP_CLAIMED, t.STEP_RUNNING), lease_expires_at__lt=now)
         .order_by("lease_expires_at", "id").values_list("org_id", "run_id", "id", "lease_token_digest")

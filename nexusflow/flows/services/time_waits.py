@@ -34,7 +34,7 @@ from typing import Any
 from django.db import transaction
 
 from nexusflow.kernel import canonical_json, failpoints
-from nexusflow.kernel.clock import db_now
+from nexusflow.kernel.clock import db_now, db_now_sql
 from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.identity import validate_key, validate_note
 from nexusflow.kernel.ids import require_id
@@ -373,7 +373,7 @@ def flow_try_resume_due_one() -> bool:
     locks. A candidate that moved meanwhile (cancelled, already resolved,
     another worker won) is skipped, never forced.
     """
-    now = db_now()
+    now = db_now_sql()  # discovery reads the database clock in its own statement
     candidates = list(
         FlowDependency.objects.filter(state=t.DEP_WAITING, producer_kind__in=(PRODUCER_CLOCK, PRODUCER_RECORD),
                                       expiry_policy=EXPIRY_FIRES, deadline__lte=now)
