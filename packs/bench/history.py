@@ -34,7 +34,7 @@ from packs.bench.measure import BenchError, connect, latency_ms
 from packs.demo.run import TimedPoster
 
 #: Claims and admissions measured per history size at scale 1.
-HISTORY_SAMPLES = 300
+HISTORY_SAMPLES = 250
 #: History multiplier of the second measurement.
 FACTOR = 10
 CLAIM_WORKER_ID = "bench-claim"
@@ -78,7 +78,8 @@ def _history_models() -> list[tuple[Any, str, dict[str, str]]]:
         (FlowCheckpoint, f"t.run_id IN ({_RUNS})", {}),
         (FlowAuditEvent, f"t.run_id IN ({_RUNS})", {}),
         (Receipt, "TRUE", {}),
-        (ReceiptAdmissionKey, "t.receipt_id IS NOT NULL", {"transport_key": _NEW_DIGEST.format(column="transport_key")}),
+        (ReceiptAdmissionKey, "t.receipt_id IS NOT NULL",
+         {"transport_key": _NEW_DIGEST.format(column="transport_key")}),
         (Event, "TRUE", {"source_event_key": _SOURCE_EVENT_KEY}),
         (ReceiptComponent, "TRUE", {}),
         (Projection, "TRUE", {}),

@@ -20,7 +20,8 @@ signed as the provider signs.
   after-save Flow and push the customer to the billing sandbox. The unit is
   one RemoteEffect ``finalized`` (the provider confirmed the create and the
   link and mirror writeback committed); the point waits until every effect
-  is finalized and every Flow run it started ended, or until no work is left.
+  is finalized and every Flow run it started ended, until no work is left,
+  or until no effect was confirmed for :data:`STALL_SECONDS`.
 - **latency**: admission (the signed POST's time at the client) and event ->
   applied (an Event's ``created_at`` to its ApplicationResult's
   ``created_at``) while single-event deliveries arrive on a fixed schedule and
@@ -70,11 +71,13 @@ from packs.hubspot.sender import Delivery
 
 #: Contacts per point at scale 1: ``events_applied`` posts two events for each, ``effects_confirmed`` one
 #: for each of the first ``EFFECT_CONTACTS`` of them.
-CONTACTS, EFFECT_CONTACTS = 150, 80
+CONTACTS, EFFECT_CONTACTS = 100, 60
 #: Events per POST in the throughput series (the provider batches up to 100).
 BATCH = 20
 #: Single-event deliveries of the latency measurement at scale 1.
-LATENCY_EVENTS = 200
+LATENCY_EVENTS = 150
+#: An ``effects_confirmed`` point stops waiting when no effect was confirmed for this long (seconds).
+STALL_SECONDS = 15.0
 APPLY_ROLES = ("connector", "runtime")
 EFFECT_ROLES = ("connector", "runtime", "flow", "egress")
 #: Contacts get object ids from here up, one range per point, so no two points share a record or a lane.
@@ -279,8 +282,9 @@ def effects_confirmed_series(cfg: dict, env: dict, inbound: Inbound, contacts: d
     ``contacts`` maps each worker count to the contacts :func:`events_applied_series`
     made for it; each gets one ``lifecyclestage = customer`` event. Returns one
     :func:`packs.bench.measure.point` per worker count (``units``: the
-    finalized effects), plus ``events`` (posted) and ``unconfirmed`` (events
-    that ended without a finalized effect).
+    finalized effects), plus ``events`` (posted), ``unconfirmed`` (events
+    without a finalized effect) and ``stalled`` (the point stopped waiting
+    after :data:`STALL_SECONDS` without a confirmation; the workers' logs say why).
 
     Raises:
         BenchError: a delivery was refused, a worker died, or the chain did not settle in time.
@@ -297,20 +301,23 @@ def effects_confirmed_series(cfg: dict, env: dict, inbound: Inbound, contacts: d
         inbound.admit(events)
         say(f"bench: events -> confirmed effects, {n} worker(s) per role {'/'.join(EFFECT_ROLES)}: "
             f"{len(events)} events")
+        finalized = _effects(inbound.org_id, last_effect).filter(state="finalized")
         before = server_counters(cfg)
         try:
             with workers(EFFECT_ROLES, n, f"effect-{n}", env) as procs:
-                wait_for(f"{len(events)} confirmed effects",
-                         lambda: _chain_done(inbound.org_id, last_effect, last_run, len(events)), procs)
+                settled = wait_for(f"{len(events)} confirmed effects",
+                                   lambda: _chain_done(inbound.org_id, last_effect, last_run, len(events)), procs,
+                                   progress=finalized.count, stall_seconds=STALL_SECONDS)
         finally:
             after = server_counters(cfg)
-        finalized = _effects(inbound.org_id, last_effect).filter(state="finalized")
         units = finalized.count()
         finished = finalized.aggregate(last=Max("updated_at"))["last"]
         span = (finished - _first_claim(inbound.org_id, last_execution)).total_seconds() if units else 0.0
-        points.append(point(n, units, span, before, after, events=len(events), unconfirmed=len(events) - units))
+        points.append(point(n, units, span, before, after, events=len(events), unconfirmed=len(events) - units,
+                            stalled=not settled))
         if units != len(events):
-            say(f"bench: {len(events) - units} of {len(events)} events ended without a confirmed effect")
+            say(f"bench: {len(events) - units} of {len(events)} events ended without a confirmed effect"
+                + ("" if settled else f" (no effect confirmed for {STALL_SECONDS:.0f} s: stopped waiting)"))
     return points
 
 

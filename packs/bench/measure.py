@@ -31,7 +31,7 @@ class BenchError(Exception):
 
 
 def connect(cfg: dict, name: str):
-    """A MySQLdb connection (autocommit off) to database ``name`` of the server in ``cfg`` (a Django DATABASES entry)."""
+    """A MySQLdb connection (autocommit off) to database ``name`` of the server of ``cfg`` (a DATABASES entry)."""
     return MySQLdb.connect(host=cfg["HOST"] or "127.0.0.1", port=int(cfg["PORT"] or 3306), user=cfg["USER"],
                            password=cfg["PASSWORD"], database=name, autocommit=False)
 
@@ -47,21 +47,35 @@ def server_counters(cfg: dict) -> dict[str, int]:
         conn.close()
 
 
-def wait_for(what: str, done: Callable[[], bool], procs: Processes) -> None:
-    """Poll ``done()`` every 0.2 s until it is true.
+def wait_for(what: str, done: Callable[[], bool], procs: Processes, *, progress: Callable[[], Any] | None = None,
+             stall_seconds: float = 0.0) -> bool:
+    """Poll ``done()`` every 0.2 s until it is true; return ``True`` then.
+
+    With ``progress`` (a ``() -> value`` that changes while work moves on),
+    return ``False`` instead once its value stayed the same for
+    ``stall_seconds``: the rest is stuck, and the caller counts what finished.
 
     Raises:
         BenchError: a process of ``procs`` exited (its log is ``var/bench/<name>.log``) or
             :data:`POINT_TIMEOUT_SECONDS` passed first; ``what`` names the awaited outcome.
     """
-    deadline = time.monotonic() + POINT_TIMEOUT_SECONDS
+    began = time.monotonic()
+    last, moved = None, began
     while not done():
         for name, proc in procs.procs:
             if proc.poll() not in (None, 0):
                 raise BenchError(f"{name} exited with {proc.returncode} before {what} (var/bench/{name}.log)")
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now - began > POINT_TIMEOUT_SECONDS:
             raise BenchError(f"{what} did not happen within {POINT_TIMEOUT_SECONDS:.0f} s")
+        if progress is not None:
+            value = progress()
+            if value != last:
+                last, moved = value, now
+            elif now - moved > stall_seconds:
+                return False
         time.sleep(0.2)
+    return True
 
 
 def point(n: int, units: int, span: float, counters_before: dict, counters_after: dict,

@@ -12,22 +12,34 @@ databases (``<main>_bench``, ``<main>_bench_control`` and, for the peer,
 - **flow_runs**: durable Flow runs of ``Bench_One_Step`` (an autolaunched
   flow with one assignment) admitted through the public start path
   (``flow_run_start``) beforehand, then driven by ``run_workers --role flow``
-  processes until every run succeeded;
-- **latency**: Flow start -> Succeeded p50/p95/p99 with two flow workers
-  while runs arrive on a fixed schedule at half the measured two-worker
-  throughput (:func:`flow_latency`).
+  processes until every run succeeded (:mod:`packs.bench.flow_runs`);
+- **events_applied** and **effects_confirmed**: webhook events posted to the
+  demo service's HTTP ingress, then applied as record changes by
+  ``connector`` and ``runtime`` workers, or carried on to a confirmed effect
+  at the billing sandbox by ``connector``, ``runtime``, ``flow`` and
+  ``egress`` workers (:mod:`packs.bench.inbound`);
+- **latency**: Flow start -> Succeeded, webhook admission (HTTP) and event ->
+  applied p50/p95/p99 while units arrive on a fixed schedule at half the
+  measured two-worker throughput;
+- **history**: the Flow step claim and the webhook admission p99 with the
+  terminal history the run left (1x) and with it copied to 10x
+  (:mod:`packs.bench.history`).
 
 A series' rate is its units over the span from the first unit started to
 the last one finished, read from the rows themselves (django-q2's task
-``started``/``stopped``, a FlowRun's ``started_at``/``completed_at``), so
-process start-up is not counted for either side. Transactions and
-statements per unit are the server's ``Com_commit`` and ``Questions``
-deltas over the worker phase (nothing else runs then), not estimates.
+``started``/``stopped``, a FlowRun's ``started_at``/``completed_at``, an
+ExecutionAttempt's start to an Execution's completion or a RemoteEffect's
+finalization), so process start-up is not counted for either side.
+Transactions and statements per unit are the server's ``Com_commit`` and
+``Questions`` deltas over the worker phase (nothing else of the run works
+then), not estimates.
 
-The report (``var/bench/report.json``, plotted in ``var/bench/throughput.png``) holds every figure and, under
-``"ratios"``, ``flow_runs_vs_q2`` (2 workers each), ``scaling_2v1_flow_runs``
-and ``flow_runs_vs_floor``. Each run is bounded in units and time and stops
-by itself; ``--scale`` multiplies the unit counts and the floor's duration.
+The report (``var/bench/report.json``, plotted in
+``var/bench/throughput.png``) holds every figure, the ratios of
+:func:`ratios` under ``"ratios"`` and their verdicts against
+:data:`TARGETS` (at-least and at-most bounds) under ``"targets"``. Each run
+is bounded in units and time and stops by itself; ``--scale`` multiplies
+the unit counts and the floor's duration.
 """
 from __future__ import annotations
 
@@ -36,6 +48,8 @@ import math
 import multiprocessing
 import os
 import random
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -55,8 +69,26 @@ from packs.bench.inbound import (
     inbound_latency,
     inbound_start,
 )
-from packs.bench.measure import RUN_DIR, WORKER_COUNTS, BenchError, connect, percentiles, point, server_counters, wait_for
-from packs.demo.run import DemoError, Processes, _db_url, _manage, _recreate_databases, _use_database, service_secrets_env
+from packs.bench.measure import (
+    ROOT,
+    RUN_DIR,
+    WORKER_COUNTS,
+    BenchError,
+    connect,
+    percentiles,
+    point,
+    server_counters,
+    wait_for,
+)
+from packs.demo.run import (
+    DemoError,
+    Processes,
+    _db_url,
+    _manage,
+    _recreate_databases,
+    _use_database,
+    service_secrets_env,
+)
 
 #: Units per series point at scale 1 (and the floor's seconds per point).
 Q2_TASKS, FLOOR_SECONDS, FLOOR_ROWS = 600, 3.0, 1000
@@ -121,9 +153,8 @@ def q2_series(cfg: dict, env: dict, tasks: int, say) -> list[dict[str, Any]]:
     """django-q2 no-op tasks per second with 1, 2 and 4 workers (ORM broker on the peer's own database)."""
     points = []
     for n in WORKER_COUNTS:
-        _manage(["shell", "-c", "from django_q.models import OrmQ, Task; OrmQ.objects.all().delete(); "
-                 "Task.objects.all().delete()"], env)
-        _manage(["shell", "-c", "from django_q.tasks import async_task\n"
+        _manage(["shell", "-c", "from django_q.models import OrmQ, Task\nfrom django_q.tasks import async_task\n"
+                 "OrmQ.objects.all().delete()\nTask.objects.all().delete()\n"
                  f"for i in range({tasks}): async_task('packs.bench.tasks.noop', task_name=f'noop-{{i}}')"], env)
         say(f"bench: django-q2 with {n} worker(s): {tasks} tasks")
         procs = Processes()
@@ -134,10 +165,28 @@ def q2_series(cfg: dict, env: dict, tasks: int, say) -> list[dict[str, Any]]:
             wait_for(f"{tasks} django-q2 tasks", lambda: _q2_done(cfg, env) >= tasks, procs)
         finally:
             after = server_counters(cfg)
-            procs.stop_all()
+            _stop_cluster(procs)
         span = _q2_span(cfg, env)
         points.append(point(n, tasks, span, before, after))
     return points
+
+
+def _stop_cluster(procs: Processes) -> None:
+    """Stop a django-q2 cluster: SIGTERM to its main process only, then :meth:`Processes.stop_all`.
+
+    The cluster stops its own workers within a second that way; a SIGTERM to
+    its whole process group (what ``stop_all`` sends) leaves it hanging until
+    it is killed 10 s later.
+    """
+    for _name, proc in procs.procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for _name, proc in procs.procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+    procs.stop_all()
 
 
 def _q2_db(env: dict) -> str:
@@ -300,6 +349,20 @@ def _plot(report: dict[str, Any], path: Path) -> bool:
     return True
 
 
+def _manage_side_by_side(commands: list[tuple[list[str], dict]]) -> None:
+    """Run ``manage.py ARGS`` with each ``(ARGS, env)`` at the same time (other databases); wait for all.
+
+    Raises:
+        DemoError: a command exited non-zero (its output is in the message).
+    """
+    procs = [(args, subprocess.Popen([sys.executable, "manage.py", *args], cwd=ROOT, env=env, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)) for args, env in commands]
+    outputs = [(args, proc.communicate()[0], proc.returncode) for args, proc in procs]
+    failed = [f"manage.py {' '.join(args)} failed:\n{output}" for args, output, code in outputs if code != 0]
+    if failed:
+        raise DemoError("\n".join(failed))
+
+
 def _count(base: int, scale: float, least: int = 25) -> int:
     return max(least, int(base * scale))
 
@@ -357,10 +420,8 @@ def run_bench(*, scale: float = 1.0, as_json: bool = False) -> int:
     try:
         say(f"bench: recreating databases {main}, {control}, {q2}")
         _recreate_databases(cfg, [main, control, q2])
-        for e in (env, q2_env):
-            _manage(["migrate", "--noinput", "-v0"], e)
-        _manage(["migrate", "--noinput", "-v0", "--database", "control"], env)
-        _manage(["collectstatic", "--noinput", "-v0"], env)  # the web server serves the admin's assets (WhiteNoise)
+        _manage_side_by_side([(["migrate", "--noinput", "-v0"], env), (["migrate", "--noinput", "-v0"], q2_env),
+                              (["migrate", "--noinput", "-v0", "--database", "control"], env)])
         say("bench: " + _manage(["flow_deploy", "--org", ORG, str(FLOW_FILE)], env))
         _series(report, cfg, env, q2_env, scale, (main, control), say)
     except (BenchError, DemoError, MySQLdb.Error) as exc:

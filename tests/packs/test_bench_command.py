@@ -113,3 +113,10 @@ def test_the_history_copy_moves_ids_and_references_and_rewrites_unique_keys():
     assert "t.`created_by_attempt_id`," in sql and "SHA2(t.context_digest, 256)" in sql
     assert "CROSS JOIN (SELECT 1 AS k UNION ALL SELECT 2 AS k) ks" in sql
     assert sql.endswith("WHERE t.id <= 40 AND (t.run_id IN (SELECT id FROM r WHERE id <= 7))")
+
+
+def test_waiting_returns_true_when_done_and_false_when_progress_stalls():
+    from packs.bench.measure import wait_for
+
+    assert wait_for("nothing", lambda: True, Processes()) is True
+    assert wait_for("never", lambda: False, Processes(), progress=lambda: 7, stall_seconds=0.0) is False
