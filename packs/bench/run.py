@@ -332,7 +332,7 @@ def _plot(report: dict[str, Any], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
     for name, points in report["series"].items():
         ax.plot([p["workers"] for p in points], [p["per_second"] for p in points], marker="o", label=name)
     ax.set_xscale("log", base=2)
@@ -342,7 +342,7 @@ def _plot(report: dict[str, Any], path: Path) -> bool:
     ax.set_ylabel("units per second")
     ax.set_title(f"make bench, scale {report['scale']}")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
