@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError, close_old_connections, connections
 
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.workers import roles as registered_roles
@@ -32,6 +32,27 @@ log = logging.getLogger("nexusflow.workers")
 
 #: Busy rounds a unit that found no work sits out before it polls again (0: every unit polls every round).
 IDLE_UNIT_BACKOFF = 8
+
+
+#: Seconds a worker keeps its database connections between units (``NEXUS_WORKER_CONN_MAX_AGE``; 0 reconnects
+#: for every unit, as a web request does).
+WORKER_CONN_MAX_AGE = 300
+
+
+def _keep_connections() -> None:
+    """Keep this process's connections across units instead of reconnecting for each one.
+
+    ``close_old_connections()`` before every unit closes a connection older than its ``CONN_MAX_AGE`` (0 in
+    the settings, right for web requests): a worker would connect, authenticate and set up its session for
+    every unit. A kept connection is checked (``CONN_HEALTH_CHECKS``: one ping) before its first use in each
+    unit, so a unit never starts a transaction on a connection the server already closed.
+    """
+    age = float(os.environ.get("NEXUS_WORKER_CONN_MAX_AGE", WORKER_CONN_MAX_AGE))
+    for alias in connections:
+        settings_dict = connections[alias].settings_dict
+        settings_dict["CONN_MAX_AGE"] = age
+        settings_dict["CONN_HEALTH_CHECKS"] = age > 0
+        connections[alias].close()  # reopened with the new settings at first use
 
 
 class Command(BaseCommand):
@@ -51,6 +72,7 @@ class Command(BaseCommand):
             raise CommandError("invalid_arguments: --idle-rounds must be at least 1", returncode=2)
         if not 0 <= idle_sleep <= 3600:
             raise CommandError("invalid_arguments: --idle-sleep is a number of seconds from 0 to 3600", returncode=2)
+        _keep_connections()
         roles = list(registered_roles(all_only=True)) if "all" in role else list(dict.fromkeys(role))
         worker_id = worker_process_register("+".join(roles))
         units = [u for r in roles for u in units_for(r, worker_id)]
