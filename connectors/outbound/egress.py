@@ -27,6 +27,7 @@ import httpx
 
 from nexusflow.kernel import failpoints
 from nexusflow.kernel.errors import StaleVersion
+from nexusflow.kernel.retry import retry_deadlock_victim
 
 from connectors.outbound.effect_finalize import effect_try_finalize_one
 from connectors.outbound.egress_common import (
@@ -76,7 +77,9 @@ def effect_try_dispatch_one(*, worker_id: str, client: httpx.Client | None = Non
         return True
     failpoints.hit(FP_AFTER_RESPONSE)
     try:
-        permit_settle(grant, response)
+        # The response is in hand: a settle transaction the server rolled back whole (deadlock victim, lock
+        # wait timeout) runs again instead of leaving the Permit ``sending`` until this process ends.
+        retry_deadlock_victim(permit_settle)(grant, response)
     except StaleVersion as exc:
         log.warning("settlement of permit %s fenced: %s", grant.permit_id, exc)
     return True

@@ -373,3 +373,29 @@ def test_a_raw_second_create_slot_holder_fails_on_the_unique_index(env):
                   lane_sequence=99, version=1)
     assert RemoteEffect.objects.filter(org_id=ORG, create_slot=first.link_key).count() == 1
     assert OutboundCommand.objects.filter(org_id=ORG).count() == 2
+
+
+# === a settle chosen as a deadlock victim after the provider answered ===========================================
+def test_a_settle_the_server_rolled_back_runs_again_with_the_response_in_hand(env, monkeypatch):
+    from django.db import OperationalError
+
+    from connectors.outbound import permit_settle
+
+    record = contact("victim@x.io")
+    command = save(record, contract=BILLING)
+    real, victims = permit_settle.link_create, []
+
+    def deadlock_once(effect, *args, **kwargs):  # inside the settle transaction, after its locks
+        if not victims:
+            victims.append(effect.pk)
+            raise OperationalError(1213, "Deadlock found when trying to get lock; try restarting transaction")
+        return real(effect, *args, **kwargs)
+
+    monkeypatch.setattr(permit_settle, "link_create", deadlock_once)
+    drain()
+    [customer] = env.billing.state()["customers"]
+    effect = effect_of(command)
+    assert victims == [effect.pk]  # the first settle was rolled back whole
+    assert (effect.state, effect.remote_id, customer["create_requests"]) == ("finalized", customer["id"], 1)
+    assert [p.state for p in DispatchPermit.objects.filter(org_id=ORG)] == ["returned"]
+    assert env.billing.state()["requests"] == 1  # settled from the response in hand, never sent again
