@@ -48,13 +48,14 @@ chaos-demo: venv db static
 	$(PY) manage.py demo --chaos $(CHAOS_SEED) $(DEMO_ARGS)
 
 # NexusFlow beside the database floor and django-q2 (var/bench/report.json), then the capacity checks.
+# BENCH_ARGS=--profile adds per-role worker profiles to the report (a profiled run is slower).
 BENCH_SCALE ?= 1
 BENCH_STAMP := $(VENV)/.requirements-bench.stamp
 $(BENCH_STAMP): requirements-bench.txt $(STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-bench.txt
 	@touch $(BENCH_STAMP)
 bench: venv db static $(BENCH_STAMP)
-	$(PY) manage.py bench --scale $(BENCH_SCALE)
+	$(PY) manage.py bench --scale $(BENCH_SCALE) $(BENCH_ARGS)
 	$(PY) -m pytest -p no:cacheprovider -m bench --run-bench $(PYTEST_ARGS)
 
 clean:

@@ -48,6 +48,7 @@ import math
 import multiprocessing
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,7 +59,14 @@ from typing import Any
 import MySQLdb
 from django.conf import settings
 
-from packs.bench.flow_runs import FLOW_FILE, FLOW_RUNS, LATENCY_RUNS, ORG, flow_latency, flow_runs_series
+from packs.bench.flow_runs import (
+    FLOW_FILE,
+    FLOW_RUNS,
+    LATENCY_RUNS,
+    ORG,
+    flow_latency,
+    flow_runs_series,
+)
 from packs.bench.history import FACTOR, HISTORY_SAMPLES, history_p99
 from packs.bench.inbound import (
     CONTACTS,
@@ -80,6 +88,7 @@ from packs.bench.measure import (
     server_counters,
     wait_for,
 )
+from packs.bench.profiles import summarise
 from packs.demo.run import (
     DemoError,
     Processes,
@@ -321,6 +330,10 @@ def _print_table(report: dict[str, Any]) -> None:
             console.print(f"history {size} ({figures['history']['flow_runs']} runs, {figures['history']['events']} "
                           f"events): claim p99 {figures['claim']['p99_ms']:.1f} ms, admission p99 "
                           f"{figures['admission']['p99_ms']:.0f} ms")
+    for role, figures in (report.get("profiles") or {}).items():
+        own = ", ".join(f"{k} {v:.1f} s" for k, v in figures["seconds"].items())
+        slowest = "; ".join(f"{r['function']} {r['seconds']:.1f} s" for r in figures["top_cumulative"][:3])
+        console.print(f"profile {role} ({figures['processes']} processes): {own}; slowest: {slowest}")
 
 
 def _plot(report: dict[str, Any], path: Path) -> bool:
@@ -397,8 +410,14 @@ def _series(report: dict[str, Any], cfg: dict, env: dict, q2_env: dict, scale: f
         inbound.procs.stop_all()
 
 
-def run_bench(*, scale: float = 1.0, as_json: bool = False) -> int:
-    """Run every series and write ``var/bench/report.json``; 0 ran (targets reported, not enforced), 2 could not run."""
+def run_bench(*, scale: float = 1.0, as_json: bool = False, profile: bool = False) -> int:
+    """Run every series and write ``var/bench/report.json``; 0 ran (targets reported, not enforced), 2 could not run.
+
+    With ``profile`` every worker process profiles itself (cProfile, ``var/bench/profiles/``) and the report
+    gains ``"profiles"``: per role, the seconds spent in database round trips, Django, NexusFlow code and
+    idle sleep, and the slowest NexusFlow functions (:func:`packs.bench.profiles.summarise`). A profiled
+    run's rates are lower than an unprofiled one's; compare ratios only between runs of the same kind.
+    """
     if not 0 < scale <= 20:
         print("bench: --scale must be within (0, 20]", file=sys.stderr)
         return 2
@@ -410,13 +429,19 @@ def run_bench(*, scale: float = 1.0, as_json: bool = False) -> int:
     env = {**os.environ, "NEXUS_DB_URL": _db_url(cfg, main), "NEXUS_CONTROL_DB_URL": _db_url(cfg, control),
            **service_secrets_env(RUN_DIR), "PYTHONUNBUFFERED": "1", "NEXUS_LOCK_ORDER": "log"}
     env.pop("NEXUS_FAILPOINTS", None)
+    env.pop("NEXUS_WORKER_PROFILE_DIR", None)
     q2_env = {**env, "NEXUS_DB_URL": _db_url(cfg, q2), "NEXUS_Q_SAVE_LIMIT": "0"}
+    profile_dir = RUN_DIR / "profiles"
+    shutil.rmtree(profile_dir, ignore_errors=True)
+    if profile:
+        env["NEXUS_WORKER_PROFILE_DIR"] = str(profile_dir)
     started = time.monotonic()
 
     def say(message: str) -> None:
         print(f"[{time.monotonic() - started:5.0f} s] {message}", file=sys.stderr)
 
-    report: dict[str, Any] = {"scale": scale, "machine": {"cpus": os.cpu_count()}, "series": {}}
+    report: dict[str, Any] = {"scale": scale, "machine": {"cpus": os.cpu_count()}, "profiled": profile,
+                              "series": {}}
     try:
         say(f"bench: recreating databases {main}, {control}, {q2}")
         _recreate_databases(cfg, [main, control, q2])
@@ -429,6 +454,8 @@ def run_bench(*, scale: float = 1.0, as_json: bool = False) -> int:
         return 2
     report["ratios"] = ratios(report)
     report["targets"] = target_verdicts(report["ratios"])
+    if profile:
+        report["profiles"] = summarise(profile_dir)
     report["wall_seconds"] = time.monotonic() - started
     (RUN_DIR / "report.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
     _print_table(report)

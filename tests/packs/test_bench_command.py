@@ -120,3 +120,29 @@ def test_waiting_returns_true_when_done_and_false_when_progress_stalls():
 
     assert wait_for("nothing", lambda: True, Processes()) is True
     assert wait_for("never", lambda: False, Processes(), progress=lambda: 7, stall_seconds=0.0) is False
+
+
+@pytest.mark.django_db
+def test_worker_profiles_are_summarised_per_role_with_database_waits_and_sleep_apart(tmp_path):
+    import cProfile
+    import time
+
+    from django.db import connection
+
+    from nexusflow.kernel.clock import db_now
+    from packs.bench.profiles import summarise
+
+    connection.ensure_connection()
+    for role in ("flow", "flow", "egress"):
+        profiler = cProfile.Profile()
+        profiler.enable()
+        db_now()
+        time.sleep(0.01)
+        profiler.disable()
+        profiler.dump_stats(tmp_path / f"{role}-{len(list(tmp_path.iterdir()))}.prof")
+    summary = summarise(tmp_path)
+    assert {role: figures["processes"] for role, figures in summary.items()} == {"flow": 2, "egress": 1}
+    flow = summary["flow"]
+    assert flow["seconds"]["idle_sleep"] >= 0.02 and flow["seconds"]["database"] > 0
+    assert any(row["function"].startswith("clock.py") for row in flow["top_cumulative"])
+    assert summarise(tmp_path / "none") == {}

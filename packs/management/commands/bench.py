@@ -1,4 +1,4 @@
-"""``manage.py bench [--scale S] [--json]``: NexusFlow beside the database floor and django-q2 (``make bench``).
+"""``manage.py bench [--scale S] [--json] [--profile]``: NexusFlow beside the database floor and django-q2 (``make bench``).
 
 See :mod:`packs.bench.run`. Prints the table of figures and ratios on
 stderr, writes ``var/bench/report.json`` and, with ``--json``, prints the
@@ -20,9 +20,12 @@ class Command(BaseCommand):
         parser.add_argument("--scale", type=float, default=1.0,
                             help="Multiply every series' unit count and the floor's duration (0 < S <= 20).")
         parser.add_argument("--json", action="store_true", help="Print the report as one JSON object.")
+        parser.add_argument("--profile", action="store_true",
+                            help="Profile every worker process and add per-role profiles to the report "
+                                 "(slower rates: compare with profiled runs only).")
 
-    def handle(self, *args, scale=1.0, json=False, **options):
-        code = run_bench(scale=scale, as_json=json)
+    def handle(self, *args, scale=1.0, json=False, profile=False, **options):
+        code = run_bench(scale=scale, as_json=json, profile=profile)
         sys.stdout.flush()
         if code:
             sys.exit(code)
