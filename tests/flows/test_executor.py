@@ -205,6 +205,24 @@ def test_batch_claims_skip_a_root_another_transaction_holds_and_each_claim_is_it
         flow_step_claim_batch(worker_id="batch", limit=0)
 
 
+def test_a_batch_starts_together_and_a_claim_whose_fence_moved_is_left_out(org, decide_plan):
+    for i in range(3):
+        save_record(org, {"lifecyclestage": "customer", "email": f"{i}@example.com"})
+    claims = flow_step_claim_batch(worker_id="batch", limit=3)
+    assert len(claims) == 3
+    flow_run_delete(org=org, run_id=claims[1].run_id)  # the middle claim's root moves before the start
+    starts = execute._start_batch(claims)
+    assert isinstance(starts[claims[1].step_id], FenceRejected)
+    assert FlowStepExecution.objects.get(pk=claims[1].step_id).state == t.STEP_CANCEL_REQUESTED
+    for claim in (claims[0], claims[2]):
+        started = starts[claim.step_id]
+        step = FlowStepExecution.objects.get(pk=claim.step_id)
+        assert (step.state, step.version) == (t.STEP_RUNNING, started.step_version) != (t.STEP_CLAIMED,
+                                                                                         claim.step_version)
+        assert flow_step_execute(claim=claim, started=started) == "succeeded"
+    assert execute._start_batch([claims[0]])[claims[0].step_id].__class__ is FenceRejected  # already done
+
+
 # --- fencing and recovery ------------------------------------------------------------
 def test_stale_attempt_commit_is_fenced_after_recovery(org, decide_plan, short_lease):
     record = save_record(org, {"lifecyclestage": "customer", "email": "a@example.com"})

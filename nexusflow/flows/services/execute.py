@@ -58,6 +58,7 @@ from .step_txn import (
     _step_fences,
     _step_inputs,
     _step_txn,
+    _verify_root,
 )
 
 log = logging.getLogger("nexusflow.flows")
@@ -79,6 +80,50 @@ def _start(claim: StepClaim) -> StepClaim:
             set_fields={"updated_at": now},
         )
     return dataclasses.replace(claim, step_version=version, save_depth=run.save_depth)
+
+
+def _start_batch(claims: list[StepClaim]) -> dict[int, StepClaim | FenceRejected]:
+    """One lifecycle-only transaction starting every claim of a batch (one org): roots in id order, then
+    steps, each verified exactly as :func:`_start` verifies one before its ``Claimed -> Running`` CAS.
+
+    Returns:
+        ``{step id: started claim}``, or the :class:`FenceRejected` a claim whose fence moved gets (its
+        row is left as it is; the others still start).
+    """
+    org_id = claims[0].org_id
+    out: dict[int, StepClaim | FenceRejected] = {}
+    with transaction.atomic(durable=True):
+        now = db_now()
+        runs = {int(run.pk): run for run in FlowRunStore.lock_many(org_id, [c.run_id for c in claims])}
+        live = []
+        for claim in claims:
+            run = runs.get(int(claim.run_id))
+            try:
+                if run is None:
+                    raise FenceRejected(f"run {claim.run_id}: gone")
+                _verify_root(run, claim)
+                live.append(claim)
+            except FenceRejected as exc:
+                out[int(claim.step_id)] = exc
+        steps = {int(step.pk): step for step in FlowStepStore.lock_many(org_id, [c.step_id for c in live])}
+        for claim in live:
+            step = steps.get(int(claim.step_id))
+            if (step is None or step.state != t.STEP_CLAIMED or step.version != claim.step_version
+                    or step.lease_token_digest != claim.lease_token_digest
+                    or step.ownership_epoch != claim.ownership_epoch):
+                out[int(claim.step_id)] = FenceRejected(f"step {claim.step_id}: lease or version moved")
+                continue
+            if step.lease_expires_at is None or step.lease_expires_at <= now:
+                out[int(claim.step_id)] = FenceRejected(
+                    f"step {claim.step_id}: lease expired before execution started")
+                continue
+            version = FlowStepStore.transition(
+                org_id=org_id, pk=claim.step_id, src=t.STEP_CLAIMED, dst=t.STEP_RUNNING, version=claim.step_version,
+                fences=_step_fences(claim), set_fields={"updated_at": now},
+            )
+            out[int(claim.step_id)] = dataclasses.replace(claim, step_version=version,
+                                                          save_depth=runs[int(claim.run_id)].save_depth)
+    return out
 
 
 class _CurrentReader:
@@ -270,8 +315,11 @@ EXECUTORS: dict[str, Callable[[StepClaim, FlowExecutionPlan, dict[str, Any]], st
 }
 
 
-def flow_step_execute(*, claim: StepClaim) -> str:
+def flow_step_execute(*, claim: StepClaim, started: StepClaim | None = None) -> str:
     """Run one claimed step to its committed outcome (seed 004 section 12.2).
+
+    ``started`` is the claim already moved ``Claimed -> Running`` by :func:`_start_batch` (a batch's
+    claims start together); without it the step starts in its own lifecycle-only transaction.
 
     Outcome classification (seed 004 sections 5.2, 11.3 and 13.4):
 
@@ -293,7 +341,7 @@ def flow_step_execute(*, claim: StepClaim) -> str:
             committed.
     """
     failpoints.hit(FP_AFTER_CLAIM)
-    claim = _start(claim)
+    claim = _start(claim) if started is None else started
     plan = flow_plan_of(org_id=claim.org_id, plan_id=claim.plan_id, plan_digest=claim.plan_digest)
     step_def = _step_def(plan, claim.step_key)
     executor = (_exec_recursion_limited if claim.save_depth > policy.RECURSIVE_SAVE_LIMIT
@@ -463,13 +511,18 @@ def flow_try_run_step_one(*, worker_id: str) -> bool:
 
     Seed 004 sections 12.1-12.2; the worker loop (``run_workers --role flow``) calls this repeatedly. The
     claims are taken in one transaction (:func:`.claim.flow_step_claim_batch`, up to
-    :func:`policy.claim_batch`), then each runs its own start and step transactions under its own fence, in
-    discovery order. A lost fence is logged, not raised.
+    :func:`policy.claim_batch`) and started in one lifecycle-only transaction (:func:`_start_batch`); then
+    each runs its own step transaction under its own fence, in discovery order. A lost fence is logged, not
+    raised.
     """
     claims = flow_step_claim_batch(worker_id=worker_id)
+    starts = _start_batch(claims) if len(claims) > 1 else {}
     for claim in claims:
         try:
-            flow_step_execute(claim=claim)
+            started = starts.get(int(claim.step_id))
+            if isinstance(started, FenceRejected):
+                raise started
+            flow_step_execute(claim=claim, started=started)
         except StaleVersion as exc:
             log.warning("flow step fenced: %s", exc, extra={"org_id": claim.org_id, "run_id": claim.run_id})
     return bool(claims)
