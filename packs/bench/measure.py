@@ -30,15 +30,17 @@ class BenchError(Exception):
     """The benchmark could not run (a process or set-up step failed, a series did not finish)."""
 
 
-def connect(cfg: dict, name: str):
-    """A MySQLdb connection (autocommit off) to database ``name`` of the server of ``cfg`` (a DATABASES entry)."""
+def connect(cfg: dict, name: str | None):
+    """A MySQLdb connection (autocommit off) to database ``name`` (``None``: no default database) of the server
+    of ``cfg`` (a DATABASES entry)."""
+    extra = {} if name is None else {"database": name}
     return MySQLdb.connect(host=cfg["HOST"] or "127.0.0.1", port=int(cfg["PORT"] or 3306), user=cfg["USER"],
-                           password=cfg["PASSWORD"], database=name, autocommit=False)
+                           password=cfg["PASSWORD"], autocommit=False, **extra)
 
 
 def server_counters(cfg: dict) -> dict[str, int]:
     """The server's global ``Com_commit`` and ``Questions`` counters now: ``{"Com_commit": int, "Questions": int}``."""
-    conn = connect(cfg, "mysql")
+    conn = connect(cfg, None)  # the application account may not use the server's own `mysql` database
     try:
         cursor = conn.cursor()
         cursor.execute("SHOW GLOBAL STATUS WHERE Variable_name IN ('Com_commit', 'Questions')")
