@@ -5,6 +5,7 @@ with their own connections and crashes kill a real worker process.
 """
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -119,6 +120,30 @@ def test_decision_flow_runs_to_succeeded(org, decide_plan):
     assert flow_run_summary()[t.RUN_SUCCEEDED] == 2
 
 
+@contextlib.contextmanager
+def _root_held(org_id: str, run_id, *, seconds: float):
+    """Another thread's open transaction holds the run's root lock for the block (at most ``seconds``)."""
+    held, done = threading.Event(), threading.Event()
+
+    def hold_root():
+        try:
+            with transaction.atomic():
+                FlowRunStore.lock(org_id, run_id)
+                held.set()
+                done.wait(seconds)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_root)
+    holder.start()
+    assert held.wait(10)
+    try:
+        yield
+    finally:
+        done.set()
+        holder.join(10)
+
+
 # --- claim -----------------------------------------------------------------------
 def test_claim_sets_lease_attempt_and_fences(org, decide_plan):
     record = save_record(org, {"lifecyclestage": "customer"})
@@ -172,25 +197,8 @@ def test_batch_claims_skip_a_root_another_transaction_holds_and_each_claim_is_it
     for i in range(5):
         save_record(org, {"lifecyclestage": "customer", "email": f"{i}@example.com"})
     runs = list(FlowRun.objects.filter(org_id=org.org_id).order_by("id"))
-    held, done = threading.Event(), threading.Event()
-
-    def hold_root():  # a real concurrent transaction holding the second run's root
-        try:
-            with transaction.atomic():
-                FlowRunStore.lock(org.org_id, runs[1].pk)
-                held.set()
-                done.wait(30)
-        finally:
-            connection.close()
-
-    holder = threading.Thread(target=hold_root)
-    holder.start()
-    assert held.wait(10)
-    try:
+    with _root_held(org.org_id, runs[1].pk, seconds=30):  # a real concurrent transaction holds the root
         claims = flow_step_claim_batch(worker_id="batch", limit=4)
-    finally:
-        done.set()
-        holder.join(10)
     # Never waited for the held root: the other three of the first four are claimed, in discovery order.
     assert [c.run_id for c in claims] == [runs[0].pk, runs[2].pk, runs[3].pk]
     assert len({c.lease_token for c in claims}) == 3
@@ -360,26 +368,8 @@ def test_wake_signal_acceptance_is_idempotent_and_scoped(org, decide_plan):
             flow_wake_signal_accept(scope=other, flow_run_id=run.pk, dependency_key="17", receipt_id=5)
     assert FlowWakeSignal.objects.count() == 1
     # Accepting a wake takes no lock on the run: it succeeds while another transaction holds the root.
-    held, done = threading.Event(), threading.Event()
-
-    def hold_root():
-        try:
-            with transaction.atomic():
-                FlowRunStore.lock(org.org_id, run.pk)
-                held.set()
-                done.wait(10)
-        finally:
-            connection.close()
-
-    holder = threading.Thread(target=hold_root)
-    holder.start()
-    assert held.wait(10)
-    try:
-        with transaction.atomic():
-            flow_wake_signal_accept(scope=scope, flow_run_id=run.pk, dependency_key="18", receipt_id=9)
-    finally:
-        done.set()
-        holder.join(10)
+    with _root_held(org.org_id, run.pk, seconds=10), transaction.atomic():
+        flow_wake_signal_accept(scope=scope, flow_run_id=run.pk, dependency_key="18", receipt_id=9)
     assert FlowWakeSignal.objects.count() == 2
     assert flow_try_run_step_one(worker_id="w")
     assert FlowRun.objects.get(pk=run.pk).state == t.RUN_SUCCEEDED

@@ -130,15 +130,14 @@ def flow_step_claim_batch(*, worker_id: str, limit: int | None = None) -> list[S
 
 def _claim_chunk(org_id: str, chunk: list[tuple[int, int]], worker_id: str) -> list[StepClaim]:
     """One claim transaction over ``chunk`` (``(run_id, step_id)`` pairs of one org, discovery order)."""
+    if len(chunk) == 1:
+        claim = _claim(org_id=org_id, run_id=chunk[0][0], step_id=chunk[0][1], worker_id=worker_id)
+        return [] if claim is None else [claim]
     steps_of = dict(chunk)
     with transaction.atomic(durable=True):
-        if len(chunk) == 1:
-            run, now = FlowRunStore.lock_at_clock(org_id, chunk[0][0])
-            runs = [run]
-        else:
-            now = db_now()
-            runs = FlowRunStore.lock_many(org_id, list(steps_of), skip_locked=True)
-        runs = [run for run in runs if _claimable_root(run, steps_of[int(run.pk)])]
+        now = db_now()
+        runs = [run for run in FlowRunStore.lock_many(org_id, list(steps_of), skip_locked=True)
+                if _claimable_root(run, steps_of[int(run.pk)])]
         steps = {int(step.pk): step for step in FlowStepStore.lock_many(
             org_id, [run.current_step_id for run in runs])}
         claims = {}
