@@ -1,6 +1,7 @@
 """Flow Runtime reads (no locks). Every read that names a row is scoped by org."""
 from __future__ import annotations
 
+from django.db import connection
 from django.db.models import Count, QuerySet
 
 from nexusflow.kernel.ids import require_id
@@ -27,6 +28,56 @@ def flow_runs_nonterminal_count(*, org_id: str | None = None) -> int:
     if org_id is not None:
         qs = qs.filter(org_id=org_id)
     return qs.count()
+
+
+def _clock_sql(now) -> tuple[str, list]:
+    """``now`` (a query expression such as :func:`nexusflow.kernel.clock.db_now_sql`, or a datetime) as SQL text
+    and parameters."""
+    if hasattr(now, "sql") and hasattr(now, "params"):
+        return f"({now.sql})", list(now.params)
+    return "%s", [connection.ops.adapt_datetimefield_value(now)]
+
+
+def flow_orgs_with_due_runs(*, now) -> list[str]:
+    """The orgs that have a due ``Runnable`` root, in org order (seed 004 sections 12.1 and 16.2).
+
+    ``now`` is the database clock (:func:`nexusflow.kernel.clock.db_now_sql`, or a datetime). The orgs come
+    from the execution plans (every run names one; a few rows per deployed Flow version), and each is
+    checked with one dive into ``flow_run_claim_idx`` for its oldest ``Runnable`` root, so the cost grows
+    with the deployed plans and orgs and never with a backlog, whatever the optimizer's statistics say.
+    A root with no ``run_after`` is due.
+    """
+    clock, clock_params = _clock_sql(now)
+    run, plan = FlowRun._meta.db_table, FlowExecutionPlan._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT orgs.org_id FROM (SELECT DISTINCT org_id FROM {plan}) orgs WHERE ("
+            f"SELECT due.run_after IS NULL OR due.run_after <= {clock} FROM {run} due FORCE INDEX (flow_run_claim_idx) "
+            "WHERE due.org_id = orgs.org_id AND due.state = %s ORDER BY due.run_after LIMIT 1) = 1 "
+            "ORDER BY orgs.org_id",
+            [*clock_params, t.RUN_RUNNABLE])
+        return [org_id for (org_id,) in cursor.fetchall()]
+
+
+def flow_due_run_candidates(*, org_id: str, now, limit: int) -> list[tuple[int, int]]:
+    """Up to ``limit`` due runs of one org as ``(run id, current step id)``, oldest due first.
+
+    Seed 004 section 12.1 discovery: a non-locking read of ``Runnable`` roots due on the database clock
+    ``now`` whose current step is ``Pending`` or ``RetryScheduled``, in (``run_after``, ``queue_class``, id)
+    order straight off ``flow_run_claim_idx`` (no sort: the limit stops the read however large the org's
+    backlog), each step reached by its primary key. The claim re-verifies every candidate under its locks.
+    """
+    clock, clock_params = _clock_sql(now)
+    run, step = FlowRun._meta.db_table, FlowStepExecution._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT STRAIGHT_JOIN {run}.id, {run}.current_step_id FROM {run} FORCE INDEX (flow_run_claim_idx) "
+            f"JOIN {step} ON {step}.id = {run}.current_step_id WHERE {run}.org_id = %s AND {run}.state = %s "
+            f"AND ({run}.run_after IS NULL OR {run}.run_after <= {clock}) AND {run}.is_deleted = 0 "
+            f"AND {run}.delete_requested_at IS NULL AND {step}.state IN (%s, %s) "
+            f"ORDER BY {run}.run_after, {run}.queue_class, {run}.id LIMIT %s",
+            [org_id, t.RUN_RUNNABLE, *clock_params, t.STEP_PENDING, t.STEP_RETRY_SCHEDULED, int(limit)])
+        return [(int(run_id), int(step_id)) for run_id, step_id in cursor.fetchall()]
 
 
 def flow_run_trigger(*, org_id: str, flow_run_id: int) -> tuple[str, str, int] | None:

@@ -32,6 +32,8 @@ from nexusflow.flows.services import (
     flow_wake_signal_accept,
 )
 from nexusflow.flows.binding import scope_of
+from nexusflow.flows.selectors import flow_due_run_candidates, flow_orgs_with_due_runs
+from nexusflow.kernel.clock import db_now_sql
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.scope import OrgScope
 from tests.flows.conftest import run_until_idle
@@ -49,12 +51,16 @@ FINISHED_RUNS = 2_000
 EARLY_SIGNALS = 3
 #: 22.7-08: the tables the waiting population fills.
 POPULATION_TABLES = ("flows_flowrun", "flows_flowstepexecution", "flows_flowdependency")
+#: Words that may follow a table name and are no alias.
+SQL_WORDS = {"FORCE", "USE", "IGNORE", "JOIN", "INNER", "LEFT", "ON", "WHERE", "ORDER", "GROUP", "LIMIT", "SET"}
 #: 22.7-08: the primary-key read the claim query's time is compared with.
 REFERENCE_READ = "SELECT id, state FROM flows_flowrun WHERE id = %s"
 RUNNABLE_RUNS = 6
 CLAIM_ROUNDS = 5
 CLAIM_SAMPLES = 60
 CLAIM_REPEATS = 3
+#: 22.7-04: the hot tenant's due backlog, and the claim rounds another tenant's run may wait: one per busy org.
+HOT_BACKLOG = 100_000
 #: 22.7-09: runs whose step always fails, and runs admitted while their retries are pending.
 STORM_RUNS = 40
 CALM_RUNS = 24
@@ -81,6 +87,62 @@ def _rows_read(sql: str) -> int:
             cursor.execute(sql)
             cursor.fetchall()
     return counters.rows_read
+
+
+# =============================================================================================================
+# 22.7-04 Queue fairness under one hot tenant
+# =============================================================================================================
+def test_a_hot_tenants_backlog_of_a_hundred_thousand_runs_delays_another_tenants_run_by_one_claim_round():
+    """Seed 004 22.7 "queue fairness under one hot plan/tenant" (sections 12.1, 16.2).
+
+    One org has ``HOT_BACKLOG`` due runs, all older than a single run another
+    org starts afterwards. Claim rounds serve the orgs with due work in turn
+    (per-org fair share), so the other org's run is claimed within as many
+    rounds as there are busy orgs, after at most one batch of the hot org's
+    runs, and the hot org's claims take its oldest due runs first. Discovery
+    reads one index entry per org, not the backlog: its handler row reads
+    beside the backlog stay within twice those beside a backlog of one run.
+    An oldest-due-first queue over all orgs would claim the whole backlog
+    first.
+    """
+    hot, cold = OrgScope("bench-a-hot"), OrgScope("bench-b-cold")  # the hot org comes first in org order
+    for org in (hot, cold):
+        flow_deploy(org=org, source=cf.durable_chain(1), flow_api_name="Chain_One")
+    template = flow_run_start(org=hot, flow_api_name="Chain_One", inputs={"counter": 0}).run
+
+    def discovery_reads() -> int:
+        # The two discovery reads a claim round sends (captured from the selectors it calls), rows read.
+        sent = []
+        for call in (lambda: flow_orgs_with_due_runs(now=db_now_sql()),
+                     lambda: flow_due_run_candidates(org_id=hot.org_id, now=db_now_sql(), limit=policy.CLAIM_BATCH)):
+            sent += cs.captured_statements(call)[1]
+        return sum(_rows_read(sql) for sql in sent)
+
+    reads_alone = discovery_reads()
+    cs.clone_run(template.pk, HOT_BACKLOG)
+    cold_run = flow_run_start(org=cold, flow_api_name="Chain_One", inputs={"counter": 0}).run
+    assert FlowRun.objects.filter(org_id=hot.org_id, state=t.RUN_RUNNABLE).count() == HOT_BACKLOG + 1
+    reads_beside = discovery_reads()
+    busy_orgs, batch = 2, policy.claim_batch()
+
+    hot_claimed, rounds = [], 0
+    while rounds < busy_orgs:
+        rounds += 1
+        claims = flow_step_claim_batch(worker_id="bench-fair")
+        assert claims and len({c.org_id for c in claims}) == 1, rounds
+        if claims[0].org_id == cold.org_id:
+            assert [c.run_id for c in claims] == [cold_run.pk]
+            break
+        hot_claimed += [int(c.run_id) for c in claims]
+    else:
+        raise AssertionError(f"the cold org's run was not claimed within {busy_orgs} rounds")
+    oldest = list(FlowRun.objects.filter(org_id=hot.org_id).order_by("run_after", "queue_class", "id")
+                  .values_list("pk", flat=True)[: len(hot_claimed)])
+    assert len(hot_claimed) <= batch and hot_claimed == oldest
+    assert reads_beside <= 2 * reads_alone + busy_orgs + batch, (reads_alone, reads_beside)
+    print(f"\n22.7-04 fairness: another org's run claimed in round {rounds} after {len(hot_claimed)} of "
+          f"{HOT_BACKLOG + 1} older due runs of the hot org; discovery handler reads {reads_alone} alone, "
+          f"{reads_beside} beside the backlog")
 
 
 # =============================================================================================================
@@ -111,12 +173,14 @@ def test_claim_queries_read_the_same_rows_beside_twenty_thousand_waiting_runs():
     assert (template.state, template.legacy_status) == (t.RUN_WAITING, t.LEGACY_PAUSED)
     # The statements of each claim path, captured while nothing is due (so capturing claims nothing).
     statements = {}
-    for name, call, table in (("step claim", lambda: flow_step_claim_batch(worker_id="bench"), "flowstepexecution"),
+    for name, call, table in (("step claim orgs", lambda: flow_step_claim_batch(worker_id="bench"), "flowrun"),
+                              ("step claim", lambda: flow_due_run_candidates(
+                                  org_id=org.org_id, now=db_now_sql(), limit=policy.CLAIM_BATCH), "flowrun"),
                               ("due waits", flow_try_resume_due_one, "flowdependency"),
                               ("wake signals", flow_try_wake_one, "flowwakesignal")):
         result, sent = cs.captured_statements(call)
         assert not result
-        statements[name] = cs.first_statement(sent, rf"^\s*SELECT .* FROM `flows_{table}`")
+        statements[name] = cs.first_statement(sent, rf"^\s*SELECT .* FROM `?flows_{table}\b")
     finished = flow_run_start(org=org, flow_api_name="Chain_One", inputs={"counter": 0}).run
     run_until_idle()
     assert FlowRun.objects.get(pk=finished.pk).state == t.RUN_SUCCEEDED
@@ -131,7 +195,8 @@ def test_claim_queries_read_the_same_rows_beside_twenty_thousand_waiting_runs():
     def measure() -> dict:
         found = {}
         for name, sql in statements.items():
-            aliases = dict((alias, table) for table, alias in re.findall(r"`(flows_\w+)` (U\d+)", sql))
+            aliases = {alias: table for table, alias in re.findall(r"`?(flows_\w+)`? (?:AS )?`?(\w+)", sql)
+                       if alias.upper() not in SQL_WORDS}
             access = [(aliases.get(row["table"], row["table"]), row["type"], row["key"]) for row in cs.explain(sql)]
             found[name] = {"examined": cs.rows_examined(cs.analyze(sql)), "reads": _rows_read(sql), "access": access}
         rounds, reference = [], []

@@ -14,7 +14,6 @@ import secrets
 from dataclasses import dataclass
 
 from django.db import transaction
-from django.db.models import F, Q
 
 from nexusflow.kernel.clock import db_now, db_now_sql
 
@@ -25,7 +24,7 @@ from .. import policy
 from .. import transitions as t
 from ..compiler import KIND_MUTATION
 from ..models import FlowExecutionPlan, FlowRun, FlowStepAttempt, FlowStepExecution
-from ..selectors import flow_plan_of
+from ..selectors import flow_due_run_candidates, flow_orgs_with_due_runs, flow_plan_of
 from ..store import FlowAttemptStore, FlowRunStore, FlowStepStore
 from .admission import START_OBJECT
 
@@ -85,8 +84,11 @@ def flow_step_claim_one(*, worker_id: str) -> StepClaim | None:
 def flow_step_claim_batch(*, worker_id: str, limit: int | None = None) -> list[StepClaim]:
     """Claim up to ``limit`` due steps of one org in one transaction (bounded multi-row claim).
 
-    Seed 004 section 12.1: discovery is a non-locking read in stable order (``run_after``, id) bounded by
-    :data:`policy.CLAIM_BATCH`, on the database clock. The claim transaction then locks the candidates'
+    Seed 004 sections 12.1 and 16.2: discovery is two non-locking reads on the database clock: the orgs
+    with due runs (:func:`..selectors.flow_orgs_with_due_runs`), of which this worker serves the next in
+    round robin (:func:`_next_org`: per-org fair share, a hot tenant's backlog never queues another
+    tenant's run behind it), then that org's oldest due runs in stable order (``run_after``, id; at most
+    :data:`policy.CLAIM_BATCH`, :func:`..selectors.flow_due_run_candidates`). The claim transaction then locks the candidates'
     roots (one org, ascending id, ``FOR UPDATE SKIP LOCKED``: a root another worker is claiming or
     running is left to it, never waited for), then their steps (ascending id), re-verifies each pair
     exactly as a single claim does and writes each lease, ``Claimed`` step, ``Running`` root and
@@ -108,24 +110,32 @@ def flow_step_claim_batch(*, worker_id: str, limit: int | None = None) -> list[S
     limit = policy.claim_batch() if limit is None else limit
     if limit < 1:
         raise ValueError("limit must be at least 1")
-    now = db_now_sql()  # the database clock, read by the query itself
-    candidates = list(
-        FlowStepExecution.objects.filter(
-            state__in=(t.STEP_PENDING, t.STEP_RETRY_SCHEDULED),
-            run__state=t.RUN_RUNNABLE, run__current_step_id=F("id"), run__is_deleted=False,
-            run__delete_requested_at__isnull=True,
-        ).filter(Q(run_after__isnull=True) | Q(run_after__lte=now))
-        .order_by("run_after", "id").values_list("org_id", "run_id", "id")[: max(policy.CLAIM_BATCH, limit)]
-    )
-    if not candidates:
+    now = db_now_sql()  # the database clock, read by each discovery query itself
+    org_id = _next_org(worker_id, flow_orgs_with_due_runs(now=now))
+    if org_id is None:
         return []
-    org_id = candidates[0][0]
-    ours = [(int(run_id), int(step_id)) for org, run_id, step_id in candidates if org == org_id]
+    ours = flow_due_run_candidates(org_id=org_id, now=now, limit=max(policy.CLAIM_BATCH, limit))
     for first in range(0, len(ours), limit):
         claims = _claim_chunk(org_id, ours[first:first + limit], worker_id)
         if claims:
             return claims
     return []
+
+
+#: The org each worker (by worker id) claimed from last: the next round serves the next org with due work.
+_last_org: dict[str, str] = {}
+
+
+def _next_org(worker_id: str, orgs: list[str]) -> str | None:
+    """Round robin over the orgs with due work (``orgs``, sorted): the first after the one ``worker_id`` served
+    last, wrapping around. Each org with due runs gets one claim round in turn, so a tenant's backlog of any
+    size delays another tenant's run by at most one round per other busy org (seed 004 section 16.2)."""
+    if not orgs:
+        return None
+    last = _last_org.get(worker_id)
+    chosen = next((org for org in orgs if last is None or org > last), orgs[0])
+    _last_org[worker_id] = chosen
+    return chosen
 
 
 def _claim_chunk(org_id: str, chunk: list[tuple[int, int]], worker_id: str) -> list[StepClaim]:
