@@ -61,3 +61,20 @@ def live_indexes(connection, table: str) -> dict[str, tuple[tuple[str, ...], boo
         columns[name].append(f"{column} DESC" if collation == "D" else column)
         unique[name] = not int(non_unique)
     return {name: (tuple(cols), unique[name]) for name, cols in columns.items()}
+
+
+def database_load(using: str = "default") -> tuple[int, int, int]:
+    """This account's load on the database ``using``: ``(connections, active statements, max_connections)``.
+
+    ``connections`` are the sessions open on this database (``information_schema.PROCESSLIST``, which
+    shows an account without the PROCESS privilege its own sessions: the application's), ``active
+    statements`` those of them running a statement now (lock waits included), both without the
+    reading session itself; ``max_connections`` is the server's bound (0 where there is none, as on
+    TiDB). Seed 004 section 16.2's "active mutation transactions" and "connection-pool saturation".
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "SELECT COUNT(*), COALESCE(SUM(COMMAND NOT IN ('Sleep', 'Daemon', 'Binlog Dump')), 0), "
+            "@@max_connections FROM information_schema.PROCESSLIST WHERE DB = DATABASE() AND ID <> CONNECTION_ID()")
+        count, active, bound = cursor.fetchone()
+    return int(count), int(active), int(bound or 0)

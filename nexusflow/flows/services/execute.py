@@ -23,6 +23,7 @@ from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.errors import FenceRejected, NexusError, StaleVersion
 from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.identity import validate_key
+from nexusflow.kernel.pressure import mutation_admission
 from nexusflow.kernel.scope import OrgScope
 
 from .. import policy, reasons
@@ -513,8 +514,11 @@ def flow_try_run_step_one(*, worker_id: str) -> bool:
     claims are taken in one transaction (:func:`.claim.flow_step_claim_batch`, up to
     :func:`policy.claim_batch`) and started in one lifecycle-only transaction (:func:`_start_batch`); then
     each runs its own step transaction under its own fence, in discovery order. A lost fence is logged, not
-    raised.
+    raised. Under database pressure (:func:`nexusflow.kernel.pressure.mutation_admission`, seed 004 section
+    16.2) it claims nothing and returns False, so the worker backs off instead of adding load.
     """
+    if mutation_admission():  # database pressure: no new mutation work now (the cold lanes never ask)
+        return False
     claims = flow_step_claim_batch(worker_id=worker_id)
     starts = _start_batch(claims) if len(claims) > 1 else {}
     for claim in claims:

@@ -70,11 +70,12 @@ from nexusflow.kernel.scope import OrgScope
 
 class Command(BaseCommand):
     help = ("Flow operator commands: inventory (compile-only report of a folder of Flow metadata files); "
-            "start an autolaunched flow; run, cancel and show one run of an org; list an org's waits.")
+            "start an autolaunched flow; run, cancel and show one run of an org; list an org's waits; read the "
+            "database pressure that pauses new durable mutation work.")
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="subcommand", required=True,
-                                    metavar="{inventory,start,run,cancel,show,waits,signal}")
+                                    metavar="{inventory,start,run,cancel,show,waits,signal,pressure}")
         inv = sub.add_parser("inventory", help="Compile every *.flow-meta.xml in DIR; execute nothing.")
         inv.add_argument("directory", metavar="DIR")
         inv.add_argument("--json", action="store_true", help="One JSON array, one object per file.")
@@ -104,6 +105,9 @@ class Command(BaseCommand):
         signal.add_argument("--producer", required=True, help="The producer kind the run waits on.")
         signal.add_argument("--actor", required=True, help="Who resumes it (recorded with the resolution).")
         signal.add_argument("--reason", required=True, help="Why (recorded with the resolution).")
+        pressure = sub.add_parser("pressure", help="Read the database pressure signals now: whether workers admit new "
+                                                   "durable mutation work (Flow steps), and the bounds in force.")
+        pressure.add_argument("--json", action="store_true", help="One JSON object.")
         for name, text in (("run", "Execute one run's due steps in this process."),
                            ("cancel", "Cancel and soft-delete one run (idempotent)."),
                            ("show", "Print the support read of one run as JSON.")):
@@ -128,6 +132,8 @@ class Command(BaseCommand):
             return self._waits(**options)
         if subcommand == "signal":
             return self._signal(**options)
+        if subcommand == "pressure":
+            return self._pressure(**options)
         raise CommandError(f"unknown subcommand {subcommand!r}", returncode=2)
 
     def _inventory(self, *, directory: str, json: bool, detail: bool, schema: str, **_options):
@@ -169,6 +175,25 @@ class Command(BaseCommand):
             raise CommandError(f"{exc.code}: {exc}", returncode=3) from None
         self.stdout.write(_dumps({"run_id": int(started.run.pk), "created": started.created,
                                   "state": started.run.state}))
+
+    def _pressure(self, *, json: bool, **_options):
+        from nexusflow.kernel.pressure import pressure_bounds, read_pressure
+
+        try:
+            bounds = pressure_bounds()
+        except ValueError as exc:
+            raise CommandError(f"invalid_setting: {exc}", returncode=2) from None
+        reading = read_pressure(bounds)
+        body = {**reading.as_json(), "admitted": not reading.reason,
+                "bounds": {"active_statements": bounds.active_statements,
+                           "connection_share": bounds.connection_share, "read_seconds": bounds.read_seconds}}
+        if json:
+            self.stdout.write(_dumps(body))
+            return
+        verdict = f"paused ({reading.reason})" if reading.reason else "admitted"
+        self.stdout.write(f"new durable mutation work: {verdict}; running statements {reading.active_statements} "
+                          f"(bound {bounds.active_statements}); connections {reading.connections} of "
+                          f"{reading.max_connections or 'unbounded'} (bound {bounds.connection_share:.0%})")
 
     def _waits(self, *, org: str, state: str | None, limit: int, **_options):
         from nexusflow.flows import services

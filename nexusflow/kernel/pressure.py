@@ -1,0 +1,117 @@
+"""Database pressure and the admission of new durable mutation work (seed 004 section 16.2).
+
+Workers ask :func:`mutation_admission` before they claim new durable mutation work (a Flow step). Under
+pressure the answer is a reason code and the claim round takes nothing: the worker's idle back-off
+applies, so overload is never answered with more polling or more connections, while the cold lanes
+(dependency wakeups, due waits, effect completions, lease recovery) never ask and keep moving: the
+reserved share of section 16.2.
+
+The signals are read from the database itself (:func:`nexusflow.kernel.selectors.database_load`): the
+statements this account is running on the database now (lock waits included) and its sessions against
+the server's ``max_connections``. The bounds are settings (environment variables of the same name):
+
+- ``NEXUS_PRESSURE_ACTIVE_STATEMENTS`` (default 32): at or above this many running statements, new
+  mutation work waits;
+- ``NEXUS_PRESSURE_CONNECTION_SHARE`` (default 0.8): at or above this share of ``max_connections`` in
+  use, new mutation work waits, well before the server refuses connections;
+- ``NEXUS_PRESSURE_READ_SECONDS`` (default 1.0): a process reads the signals at most this often (0: on
+  every question).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass
+
+from django.conf import settings
+
+log = logging.getLogger("nexusflow.pressure")
+
+#: Reason codes of a paused admission.
+PRESSURE_ACTIVE_STATEMENTS = "db_pressure_active_statements"
+PRESSURE_CONNECTIONS = "db_pressure_connections"
+
+
+def _number(name: str, default: float) -> float:
+    value = getattr(settings, name, None)
+    if value is None:
+        value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return float(value)
+
+
+@dataclass(frozen=True)
+class PressureBounds:
+    """The bounds in force: ``active_statements`` (count), ``connection_share`` (0..1], ``read_seconds``."""
+
+    active_statements: int
+    connection_share: float
+    read_seconds: float
+
+
+def pressure_bounds() -> PressureBounds:
+    """The configured bounds (module docstring), read on every call so a changed setting applies at once.
+
+    Raises:
+        ValueError: a bound is not a number, or out of range (active statements below 1, a share outside
+            (0, 1], negative read seconds).
+    """
+    bounds = PressureBounds(active_statements=int(_number("NEXUS_PRESSURE_ACTIVE_STATEMENTS", 32)),
+                            connection_share=_number("NEXUS_PRESSURE_CONNECTION_SHARE", 0.8),
+                            read_seconds=_number("NEXUS_PRESSURE_READ_SECONDS", 1.0))
+    if bounds.active_statements < 1 or not 0 < bounds.connection_share <= 1 or bounds.read_seconds < 0:
+        raise ValueError(f"pressure bounds out of range: {bounds}")
+    return bounds
+
+
+@dataclass(frozen=True)
+class PressureReading:
+    """One reading: ``connections`` and ``active_statements`` of this account on the database,
+    ``max_connections`` of the server (0: unbounded), and ``reason``: the code of the bound reached, or ``""``."""
+
+    connections: int
+    active_statements: int
+    max_connections: int
+    reason: str
+
+    def as_json(self) -> dict:
+        return asdict(self)
+
+
+def read_pressure(bounds: PressureBounds | None = None) -> PressureReading:
+    """Read the signals now and judge them against ``bounds`` (default :func:`pressure_bounds`)."""
+    from .selectors import database_load
+
+    bounds = bounds or pressure_bounds()
+    connections, active, max_connections = database_load()
+    reason = ""
+    if active >= bounds.active_statements:
+        reason = PRESSURE_ACTIVE_STATEMENTS
+    elif max_connections and connections >= bounds.connection_share * max_connections:
+        reason = PRESSURE_CONNECTIONS
+    return PressureReading(connections, active, max_connections, reason)
+
+
+_last: dict[str, object] = {"at": None, "bounds": None, "reading": None}
+
+
+def mutation_admission() -> str:
+    """``""`` when new durable mutation work may be claimed now, else the reason code it waits for.
+
+    Reads the signals at most every ``NEXUS_PRESSURE_READ_SECONDS`` per process (the last reading under
+    the same bounds answers in between) and logs each change between admitted and paused once.
+    """
+    bounds = pressure_bounds()
+    now = time.monotonic()
+    at, reading = _last["at"], _last["reading"]
+    if reading is None or _last["bounds"] != bounds or now - at >= bounds.read_seconds:
+        fresh = read_pressure(bounds)
+        if fresh.reason != (reading.reason if reading is not None else ""):
+            (log.warning if fresh.reason else log.info)(
+                "mutation admission %s", f"paused: {fresh.reason}" if fresh.reason else "resumed",
+                extra={"pressure": fresh.as_json()})
+        _last.update(at=now, bounds=bounds, reading=fresh)
+        reading = fresh
+    return reading.reason
