@@ -183,3 +183,6 @@ HALT_WAITING_OPEN_PERMITS = register(
 HALT_WAITING_PREDECESSOR_WORK = register(
     "halt_waiting_predecessor_work", owner=OWNER, evidence=_S + "gates_with_reason",
     severity_class=ATTENTION, alert_after_seconds=600, remediations=("automatic_retry", "complete_successor_switch"))
+
+# The V1 runtime's codes (connectors/v1/reasons.py) belong to this app too.
+from connectors.v1 import reasons as _v1_reasons  # noqa: E402,F401
