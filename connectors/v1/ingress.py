@@ -109,7 +109,7 @@ def _accept_locked(org_id, account_key, channel, route, body, items, key, identi
                        route_key=route["route_key"], transport_key=key, identity_digest=identity, body=body,
                        body_digest=digest_v2("connectors.v1.body", [("body", body)]).hexdigest,
                        event_count=len(items))
-    keys = [i.source_event_key for i in items if i.reason is None and i.source_event_key]
+    keys = [i.source_event_key for i in items if not i.reason and i.source_event_key]
     # An item V1 already holds from another delivery is the same event: V1 runs it once.
     seen = set(V1Event.objects.filter(org_id=org_id, account_key=account_key, source_event_key__in=keys)
                .values_list("source_event_key", flat=True)) if keys else set()
@@ -118,7 +118,7 @@ def _accept_locked(org_id, account_key, channel, route, body, items, key, identi
         common = dict(org_id=org_id, account_key=account_key, channel=channel, route_key=route["route_key"],
                       transport=transport, ordinal=item.ordinal, payload=item.raw if isinstance(item.raw, dict)
                       else {"item": item.raw})
-        if item.reason is not None:
+        if item.reason:
             insert(V1Event, **common, source_event_key=f"q:{key[:32]}:{item.ordinal}", state="quarantined",
                    reason_code=item.reason)
             created += 1
