@@ -29,7 +29,7 @@ from nexusflow.kernel.models import insert
 from connectors.contracts import outcomes
 from connectors.reasons import DEFINITE_REFUSAL, RESPONSE_AMBIGUOUS, UNCLASSIFIED_RESPONSE
 from connectors.v1.models import V1ProviderCall
-from connectors.v1.reasons import V1_NOT_PERFORMED
+from connectors.reasons import V1_NOT_PERFORMED
 from connectors.v1.store import V1ProviderCallStore
 
 #: The V1 call crossed the pre-I/O marker (``sending`` committed) and is about to call the provider.

@@ -32,7 +32,7 @@ from runtime_outbox.services import outbox_deliver_now
 from connectors.v1.config import live_account, live_pack
 from connectors.v1.ingress import payload_digest
 from connectors.v1.models import V1Event, V1SchedulerLease
-from connectors.v1.reasons import V1_HANDOFF_REJECTED, V1_RETRY_EXHAUSTED
+from connectors.reasons import V1_HANDOFF_REJECTED, V1_RETRY_EXHAUSTED
 from connectors.v1.store import V1EventStore, V1SchedulerLeaseStore
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from connectors.outbound.intents import render_request_fields
 from connectors.v1.config import live_contract, live_secret
 from connectors.v1.egress import v1_call_prepare, v1_call_send
 from connectors.v1.models import V1ProviderCall
-from connectors.v1.reasons import V1_NO_LINKED_REMOTE
+from connectors.reasons import V1_NO_LINKED_REMOTE
 
 
 class V1PushRefused(NexusError):
