@@ -154,3 +154,7 @@ class PushLinkRevalidationReceiptAdmin(ReadOnlyAdmin):
     list_display = ("id", "org_id", "operation_id", "link", "old_mapping_fingerprint", "new_mapping_fingerprint",
                     "approved_by", "created_at")
     search_fields = ("operation_id", "link_key")
+
+
+# The V1 runtime being retired: its support views (connectors/v1/admin.py).
+from connectors.v1 import admin as _v1_admin  # noqa: E402,F401

@@ -14,6 +14,8 @@ class ConnectorsConfig(AppConfig):
         from runtime_outbox.services import no_effect_reasons_declare
 
         from connectors import reasons, selectors, worker_roles, workers
+        from connectors.v1 import selectors as v1_selectors
+        from connectors.v1 import worker_roles as v1_worker_roles
         from connectors.links import identity_transfer as link_transfer
         from connectors.outbound.inbox import outbound_message_accept
         from connectors.links.link_keys import inbound_link_create, inbound_link_find, record_links_describe
@@ -45,11 +47,15 @@ class ConnectorsConfig(AppConfig):
         register_role("egress", worker_roles.egress_units, order=40)
         register_role("egress-deferred", worker_roles.egress_deferred_units, order=50, in_all=False)
         register_role("stream", worker_roles.stream_units, order=60)
+        # The V1 runtime being retired: never part of ``--role all`` (V1 and V2 claimants never run together).
+        register_role("v1", v1_worker_roles.v1_units, order=70, in_all=False)
         register_open_work("executions", selectors.executions_open_count)
         register_open_work("effects", selectors.effects_open_count)
         register_open_work("permits", selectors.permits_open_count)
         register_open_work("uncertain_effects", selectors.effects_uncertain_count, parked=True)
         register_open_work("reconcilable", selectors.effects_create_conflict_count, parked=True)
+        register_open_work("v1_events", v1_selectors.v1_events_open_count, parked=True)
+        register_open_work("v1_calls", v1_selectors.v1_calls_unsettled_count, parked=True)
         # The effect owner's inbox for both command families (ARCHITECTURE.md section 2, "Runtime message families").
         register_consumer(OUTBOUND_COMMAND, outbound_message_accept)
         register_consumer(FLOW_EFFECT_SUBMIT, outbound_message_accept)

@@ -772,3 +772,15 @@ class WorkerProcess(GuardedModel):
                                          help_text="Set once, when termination of this process generation is proven.")
     termination_proof = models.JSONField(null=True, blank=True,
                                          help_text="The proof: pid absent or reused on this host; egress died with it.")
+
+
+# --- The V1 runtime being retired (connectors/v1/models.py; same app label) ---------
+from connectors.v1.models import (  # noqa: E402,F401
+    V1Account,
+    V1Event,
+    V1ProcessGeneration,
+    V1ProviderCall,
+    V1SchedulerLease,
+    V1StreamCursor,
+    V1TransportKey,
+)

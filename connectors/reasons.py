@@ -183,3 +183,22 @@ HALT_WAITING_OPEN_PERMITS = register(
 HALT_WAITING_PREDECESSOR_WORK = register(
     "halt_waiting_predecessor_work", owner=OWNER, evidence=_S + "gates_with_reason",
     severity_class=ATTENTION, alert_after_seconds=600, remediations=("automatic_retry", "complete_successor_switch"))
+
+# --- the V1 runtime being retired (connectors/v1) ----------------------------------
+#: V1Event ``failed``: V1_RETRY_EXHAUSTED, V1_HANDOFF_REJECTED; V1Event ``quarantined``: the ITEM_* codes;
+#: V1ProviderCall ``refused``: DEFINITE_REFUSAL, V1_NOT_PERFORMED; ``ambiguous``: RESPONSE_AMBIGUOUS,
+#: UNCLASSIFIED_RESPONSE. V1_NO_LINKED_REMOTE is the code of a V1 push refused before any row or I/O.
+V1_RETRY_EXHAUSTED = register(
+    "v1_retry_exhausted", owner=OWNER, evidence=_S + "v1_events_with_reason",
+    severity_class=ATTENTION, alert_after_seconds=3600, remediations=("operator_reconcile",))
+V1_HANDOFF_REJECTED = register(
+    "v1_handoff_rejected", owner=OWNER, evidence=_S + "v1_events_with_reason",
+    severity_class=ATTENTION, alert_after_seconds=3600, remediations=("operator_reconcile",))
+#: A V1 push asked for a record with no remote id in its mirror field: V1 never creates (seed 002 "Scope").
+V1_NO_LINKED_REMOTE = register(
+    "v1_no_linked_remote", owner=OWNER, evidence=_S + "v1_provider_calls_with_reason",
+    severity_class=ATTENTION, alert_after_seconds=86400, remediations=("relink_or_retire",))
+#: The provider proved it performed nothing (a refused connect, a declared not-performed status); V1 does not retry.
+V1_NOT_PERFORMED = register(
+    "v1_not_performed", owner=OWNER, evidence=_S + "v1_provider_calls_with_reason",
+    severity_class=ATTENTION, alert_after_seconds=3600, remediations=("automatic_retry",))

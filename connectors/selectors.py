@@ -380,3 +380,7 @@ def effects_create_conflict_count() -> int:
     ``uncertain`` effects may wait for an operator.
     """
     return RemoteEffect.objects.filter(state="uncertain", reason_code=reasons.CREATE_CONFLICT_EXISTING).count()
+
+
+# The V1 runtime's evidence selectors (connectors/v1/selectors.py), named by connectors/reasons.py.
+from connectors.v1.selectors import v1_events_with_reason, v1_provider_calls_with_reason  # noqa: E402,F401

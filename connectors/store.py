@@ -179,3 +179,7 @@ class WorkerProcessStore:
                 "UPDATE connectors_workerprocess SET terminated_at = %s, termination_proof = %s "
                 "WHERE worker_id = %s AND terminated_at IS NULL", [at, json.dumps(proof, sort_keys=True), worker_id])
             return cursor.rowcount == 1
+
+
+# The V1 runtime's stores (connectors/v1/store.py) register with the connector app's.
+from connectors.v1 import store as _v1_store  # noqa: E402,F401

@@ -250,3 +250,6 @@ REALIZED_ELSEWHERE = {
         "a successor EffectGeneration authored by explicit operator intent after a proven terminal no_effect; "
         "the old effect row never moves again"),
 }
+
+# The V1 runtime's machines (connectors/v1/transitions.py) register with the connector app's.
+from connectors.v1 import transitions as _v1_transitions  # noqa: E402,F401

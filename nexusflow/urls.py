@@ -7,6 +7,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("api/v1/", include("connectors.v1.urls")),
     path("api/v2/", include("connectors.urls")),
     path("api/v2/flows/", include("nexusflow.flows.urls")),
     path("api/v2/records/", include("nexusflow.records.transfer_urls")),

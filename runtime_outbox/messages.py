@@ -205,6 +205,12 @@ FLOW_EFFECT_SUBMIT = declare_family(
     "flow.effect.submit", payload_schema_version=1, inbox=True, seed="seed 004 sections 10.7 and 15.1").name
 INTENT_COMPLETED = declare_family(
     "intent.completed", payload_schema_version=1, inbox=False, seed="seed 004 sections 14.2 and 15.2").name
+#: V1's RuntimeCommandHandoff: one V1 event's application command into the durable Runtime command inbox.
+#: Its acceptance (the InboxAcceptance) is the V1 event's completion (seed 003 "Existing foundations and
+#: schema ownership": "the V1 handoff receipt remains a V1 recovery ledger until V1 drains").
+RUNTIME_COMMAND_HANDOFF = declare_family(
+    "runtime.command.handoff", payload_schema_version=1, inbox=True,
+    seed='seed 003 "Existing foundations and schema ownership" and "V1 concepts to retire"').name
 #: The families that deliver an OutboundCommand to its effect owner (one message per command).
 COMMAND_FAMILIES = (OUTBOUND_COMMAND, FLOW_EFFECT_SUBMIT)
 
@@ -289,6 +295,10 @@ def _thaw(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_thaw(item) for item in value]
     return value
+
+
+#: A consumer's mutable copy of a frozen envelope payload value (read-only mappings and tuples back to dicts and lists).
+thaw = _thaw
 
 
 # --- envelopes ------------------------------------------------------------------------------------------

@@ -31,3 +31,15 @@ def pending_intents_for_record(*, org_id: str, source_object: str, source_record
 def outbox_pending_count() -> int:
     """Outbox messages not delivered yet, all orgs (open work, ``kernel.workers.register_open_work``)."""
     return OutboxMessage.objects.exclude(state__in=OUTBOX_MESSAGE.settled).count()
+
+
+def inbox_acceptance_state(*, org_id: str, message_key: str) -> str | None:
+    """The state of the inbox row of ``message_key`` in ``org_id``: ``accepted``, ``rejected`` or ``None`` (none yet).
+
+    The acceptance is the consumer's durable receipt of a Runtime message (ARCHITECTURE.md section 2);
+    a ``runtime.command.handoff`` acceptance is the V1 event's completion.
+    """
+    from .models import InboxAcceptance
+
+    return (InboxAcceptance.objects.filter(org_id=org_id, message_key=message_key)
+            .values_list("state", flat=True).first())

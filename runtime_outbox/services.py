@@ -53,7 +53,6 @@ def application_command_submit(*, org_id: str, command_id: str, execution_ref_di
         ResultMismatch: ``command_id`` is stored with a different ExecutionRef digest.
         UnknownCommand: the route names an unknown application command.
     """
-    org = OrgScope(org_id)
     for _ in range(5):
         existing = ApplicationResult.objects.filter(org_id=org_id, command_id=command_id).first()
         if existing is not None:
@@ -61,13 +60,9 @@ def application_command_submit(*, org_id: str, command_id: str, execution_ref_di
                 raise ResultMismatch(f"command {command_id} has no result for this ExecutionRef")
             return existing
         try:
-            with transaction.atomic(durable=True), _execution_context(org_id, command_id, command):
-                outcome, result = commands.run(org, command)
-                result_digest = digest_v2("runtime.application-result", [
-                    ("command_id", command_id), ("outcome", outcome), ("result", canonical_json.dumps(result))]).hexdigest
-                return insert(ApplicationResult, org_id=org_id, command_id=command_id,
-                              execution_ref_digest=execution_ref_digest, profile_id=PROFILE_V2, outcome=outcome,
-                              result=result, result_digest=result_digest)
+            with transaction.atomic(durable=True):
+                return application_command_apply(org_id=org_id, command_id=command_id,
+                                                  execution_ref_digest=execution_ref_digest, command=command)
         except IntegrityError:
             # Either the same command committed concurrently, or an inbound link
             # race lost: re-read, and re-apply on top of the winner if needed.
@@ -78,6 +73,36 @@ def application_command_submit(*, org_id: str, command_id: str, execution_ref_di
                 continue
             raise
     raise NexusError(f"command {command_id} could not be applied after retries", code="application_contention")
+
+
+def application_command_apply(*, org_id: str, command_id: str, execution_ref_digest: str,
+                              command: dict) -> ApplicationResult:
+    """Apply one application command inside the caller's transaction; return its (new or stored) result.
+
+    The shared body of :func:`application_command_submit` and of the Runtime
+    command inbox (:mod:`runtime_outbox.command_inbox`): an existing result of
+    ``command_id`` with the same digest is returned unapplied.
+
+    Raises:
+        RuntimeError: called outside a transaction.
+        ResultMismatch: ``command_id`` is stored with a different ExecutionRef digest.
+        UnknownCommand: the route names an unknown application command.
+        IntegrityError: a concurrent application of the same command (the caller rolls back and retries).
+    """
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("an application command is applied inside the Runtime application transaction")
+    existing = ApplicationResult.objects.filter(org_id=org_id, command_id=command_id).first()
+    if existing is not None:
+        if existing.execution_ref_digest != execution_ref_digest:
+            raise ResultMismatch(f"command {command_id} has no result for this ExecutionRef")
+        return existing
+    with _execution_context(org_id, command_id, command):
+        outcome, result = commands.run(OrgScope(org_id), command)
+        result_digest = digest_v2("runtime.application-result", [
+            ("command_id", command_id), ("outcome", outcome), ("result", canonical_json.dumps(result))]).hexdigest
+        return insert(ApplicationResult, org_id=org_id, command_id=command_id,
+                      execution_ref_digest=execution_ref_digest, profile_id=PROFILE_V2, outcome=outcome,
+                      result=result, result_digest=result_digest)
 
 
 def _execution_context(org_id: str, command_id: str, command: dict):
@@ -326,6 +351,42 @@ def outbox_try_deliver_one() -> bool:
         log.warning("outbox %s message %s spent its delivery budget (%s tries); reconciling its acceptance",
                     message.family, message.pk, message.delivery_attempts, extra={"org_id": message.org_id})
         return True
+    _deliver_claimed(message, now, backoff)
+    return True
+
+
+def outbox_deliver_now(*, org_id: str, message_id: int) -> bool:
+    """Deliver one pending outbox message now, exactly as the relay would (a same-process delivery).
+
+    ARCHITECTURE.md section 2: a same-process delivery is an optimization, never
+    a bypass of the acceptance row; the message is claimed, handed to its one
+    consumer and acknowledged only after the consumer's acceptance committed.
+
+    Args:
+        org_id / message_id: the message (its org scopes the read).
+
+    Returns:
+        True when the message is delivered (now or before); False when the consumer refused or another
+        relay holds it (the relay retries with its backoff).
+
+    Raises:
+        RuntimeError: called inside a transaction.
+        InvalidIdentity: ``message_id`` is not an OutboxMessage id.
+    """
+    from nexusflow.kernel.ids import require_id
+
+    if transaction.get_connection().in_atomic_block:
+        raise RuntimeError("outbox delivery runs outside any transaction")
+    message_id = require_id(message_id, OutboxMessage, field="message_id")
+    message = OutboxMessage.objects.filter(org_id=org_id, pk=message_id).first()
+    if message is None or message.state != "pending":
+        return message is not None and message.state == "delivered"
+    now = db_now()
+    return _deliver_claimed(message, now, handoff.retry_backoff_seconds(message.delivery_attempts))
+
+
+def _deliver_claimed(message: OutboxMessage, now: dt.datetime, backoff: int) -> bool:
+    """Claim ``message`` (count the attempt, move its due time), deliver it, acknowledge it; True when delivered."""
     with transaction.atomic(durable=True):
         try:
             version = OutboxMessageStore.touch(
@@ -333,14 +394,14 @@ def outbox_try_deliver_one() -> bool:
                 set_fields={"delivery_attempts": message.delivery_attempts + 1,
                             "next_attempt_at": now + dt.timedelta(seconds=backoff)})
         except StaleVersion:
-            return True  # another relay claimed or delivered it first
+            return False  # another relay claimed or delivered it first
     try:
         messages.deliver(messages.envelope_of(message))
     except NexusError as exc:
         log.warning("outbox delivery of %s message %s failed (attempt %s, next in %s s): %s", message.family,
                     message.pk, message.delivery_attempts + 1, backoff, exc,
                     extra={"org_id": message.org_id, "code": exc.code})
-        return True
+        return False
     failpoints.hit(FP_AFTER_EFFECT_ACCEPT)
     with transaction.atomic(durable=True):
         try:

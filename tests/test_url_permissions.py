@@ -48,6 +48,7 @@ ROUTES = {
     "api-docs": PUBLIC,
     "health": PUBLIC,
     "ingress-admit": SIGNATURE,
+    "v1-ingress-admit": SIGNATURE,
     "replay-create": OPERATOR,
     "replay-detail": OPERATOR,
     "flow-run-support-read": OPERATOR,
@@ -88,6 +89,8 @@ ADMIN_MODELS = (
     "connectors.executionattempt", "connectors.orderingdecision", "connectors.remoteeffectattempt",
     "connectors.replayrequest", "connectors.workerprocess", "connectors.remotelinkevidence",
     "connectors.pushlinkrevalidationreceipt",
+    "connectors.v1account", "connectors.v1processgeneration", "connectors.v1transportkey", "connectors.v1event",
+    "connectors.v1schedulerlease", "connectors.v1streamcursor", "connectors.v1providercall",
     "runtime_outbox.outboundcommand", "runtime_outbox.applicationresult", "runtime_outbox.outboxmessage",
     "runtime_outbox.intentresultreceipt", "runtime_outbox.replayrecordwrite", "runtime_outbox.inboxacceptance",
     "cutover.cutoverdecision", "cutover.cutoverevidence",
@@ -289,9 +292,16 @@ def test_a_user_who_is_no_operator_is_forbidden(key):
 
 @pytest.mark.django_db(transaction=True, databases=["default", "control"])
 def test_an_unsigned_request_to_a_signature_route_is_refused_before_admission(billing_sandbox):
-    from tests.conftest import make_serving_org
+    from cutover.services import cutover_greenfield
+    from cutover.v1_install import cutover_v1_install
+    from nexusflow.kernel.scope import OrgScope
+    from tests.conftest import ORG, apply_service_configuration
 
-    make_serving_org(billing_sandbox.base_url, deploy_flow=False)
+    # Installed as V1 first (the V1 ingress route knows the accounts), then activated as V2.
+    org = OrgScope(ORG)
+    apply_service_configuration(org, billing_sandbox.base_url)
+    cutover_v1_install(org=org)
+    cutover_greenfield(org=org)
     for key in sorted(k for k, kind in ROUTES.items() if kind == SIGNATURE):
         sample = re.sub(r"<(?:\w+:)?(\w+)>", lambda m: SERVING_ARGS[m[1]], "/" + route_named(key).route)
         response = APIClient().generic("POST", sample, data=b"", content_type="application/json")

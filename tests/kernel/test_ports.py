@@ -123,8 +123,12 @@ def _run_workers_role_choices() -> list[str]:
     return list(action.choices)
 
 
+#: The V1 runtime being retired: starting the role records its process generation (a database row).
+V1_UNITS = ["v1.event.recover", "v1.event.complete", "v1.event.run", "v1.stream.poll"]
+
+
 def test_the_role_registry_lists_exactly_the_roles_run_workers_offers():
-    assert roles() == tuple(ROLE_UNITS)
+    assert roles() == (*ROLE_UNITS, "v1")
     assert _run_workers_role_choices() == [*roles(), "all"]
     # ``--role all`` leaves out the narrow deferred-association egress worker.
     assert roles(all_only=True) == ("connector", "runtime", "flow", "egress", "stream")
@@ -135,6 +139,15 @@ def test_each_role_yields_its_named_units(role):
     units = units_for(role, "w-1")
     assert [name for name, _unit in units] == ROLE_UNITS[role]
     assert all(callable(unit) for _name, unit in units)
+
+
+@pytest.mark.django_db
+def test_the_v1_role_yields_its_units_and_records_its_process_generation():
+    from connectors.models import V1ProcessGeneration
+
+    units = units_for("v1", "v1:w-1")
+    assert [name for name, _unit in units] == V1_UNITS
+    assert V1ProcessGeneration.objects.get().worker_id == "v1:w-1"
 
 
 def test_the_role_registry_refuses_an_unknown_role_and_a_second_factory():
@@ -148,7 +161,7 @@ def test_the_role_registry_refuses_an_unknown_role_and_a_second_factory():
 # --- open work ---------------------------------------------------------------------------
 def test_every_app_registers_its_open_work():
     assert set(open_work_kinds(parked=False)) == {"executions", "effects", "permits", "outbox", "flow_runs"}
-    assert set(open_work_kinds(parked=True)) == {"uncertain_effects", "reconcilable"}
+    assert set(open_work_kinds(parked=True)) == {"uncertain_effects", "reconcilable", "v1_events", "v1_calls"}
     with pytest.raises(ValueError, match="open-work counter 'outbox' is registered already"):
         register_open_work("outbox", lambda: 0)
     with pytest.raises(ValueError, match="no parked open-work counter"):

@@ -133,9 +133,9 @@ def test_a_family_is_declared_once_and_has_exactly_one_consumer(monkeypatch):
         registry.register_consumer("test.other", first)
     assert unknown.value.code == "message_family_unknown"
 
-    # The installed registry: three families, each consumed once by the owning app's ready().
+    # The installed registry: four families, each consumed once by the owning app's ready().
     assert {f.name for f in messages.REGISTRY.families()} == {OUTBOUND_COMMAND, FLOW_EFFECT_SUBMIT,
-                                                                INTENT_COMPLETED}
+                                                                INTENT_COMPLETED, messages.RUNTIME_COMMAND_HANDOFF}
     assert messages.REGISTRY.unconsumed() == [] and messages.check_every_family_consumed() == []
     assert messages.REGISTRY.consumer(OUTBOUND_COMMAND) is outbound_message_accept
     assert messages.REGISTRY.consumer(FLOW_EFFECT_SUBMIT) is outbound_message_accept
