@@ -38,11 +38,9 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import os
 from collections.abc import Callable
 from typing import Any
 
-from django.conf import settings
 from django.db import OperationalError, transaction
 
 from nexusflow.kernel import failpoints
@@ -52,6 +50,7 @@ from nexusflow.kernel.identity import validate_key, validate_note
 from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.ports import Port
 from nexusflow.kernel.scope import TrustedRuntimeWorkScope
+from nexusflow.kernel.tuning import setting_number
 
 from . import messages
 from .models import OutboxMessage
@@ -77,26 +76,21 @@ FP_AFTER_FENCE = failpoints.declare("outbox.reconcile.after_fence")
 FP_FINALIZE_BEFORE_COMMIT = failpoints.declare("outbox.reconcile.finalize_before_commit")
 
 
-def _number(name: str, default: float) -> float:
-    value = getattr(settings, name, None)
-    if value is None:
-        value = os.environ.get(name)
-    return default if value in (None, "") else float(value)
 
 
 def delivery_max_attempts() -> int:
     """``NEXUS_HANDOFF_DELIVERY_MAX_ATTEMPTS`` (default 20): delivery tries before reconciliation."""
-    return int(_number("NEXUS_HANDOFF_DELIVERY_MAX_ATTEMPTS", 20))
+    return int(setting_number("NEXUS_HANDOFF_DELIVERY_MAX_ATTEMPTS", 20))
 
 
 def delivery_min_age_seconds() -> float:
     """``NEXUS_HANDOFF_DELIVERY_MIN_AGE_SECONDS`` (default 1 hour): a message younger than this keeps trying."""
-    return _number("NEXUS_HANDOFF_DELIVERY_MIN_AGE_SECONDS", 3600.0)
+    return setting_number("NEXUS_HANDOFF_DELIVERY_MIN_AGE_SECONDS", 3600.0)
 
 
 def reconcile_max_attempts() -> int:
     """``NEXUS_HANDOFF_RECONCILE_MAX_ATTEMPTS`` (default 5): fence questions before ``AcceptanceUnknown``."""
-    return int(_number("NEXUS_HANDOFF_RECONCILE_MAX_ATTEMPTS", 5))
+    return int(setting_number("NEXUS_HANDOFF_RECONCILE_MAX_ATTEMPTS", 5))
 
 
 def delivery_budget_spent(message: OutboxMessage, now: dt.datetime) -> bool:

@@ -12,38 +12,29 @@ a code change:
 from __future__ import annotations
 
 import hashlib
-import os
-
-from django.conf import settings
 
 from nexusflow.kernel.digests import digest_v2
+from nexusflow.kernel.tuning import setting_number
 
 RETRY_CAP_SECONDS = 300.0
 CLAIM_BATCH = 10
 JITTER_FRACTION = 0.1
 
 
-def _number(name: str, default: float) -> float:
-    value = getattr(settings, name, None)
-    if value is None:
-        value = os.environ.get(name)
-    if value is None or value == "":
-        return default
-    return float(value)
 
 
 def claim_batch() -> int:
     """Steps one ``flow.step`` round claims in one transaction and then runs (``NEXUS_FLOW_CLAIM_BATCH``, 1 to
     :data:`CLAIM_BATCH`, default 4)."""
-    return max(1, min(CLAIM_BATCH, int(_number("NEXUS_FLOW_CLAIM_BATCH", 4))))
+    return max(1, min(CLAIM_BATCH, int(setting_number("NEXUS_FLOW_CLAIM_BATCH", 4))))
 
 
 def lease_seconds() -> float:
-    return _number("NEXUS_FLOW_LEASE_SECONDS", 60.0)
+    return setting_number("NEXUS_FLOW_LEASE_SECONDS", 60.0)
 
 
 def retry_base_seconds() -> float:
-    return _number("NEXUS_FLOW_RETRY_BASE_SECONDS", 2.0)
+    return setting_number("NEXUS_FLOW_RETRY_BASE_SECONDS", 2.0)
 
 
 #: Recursive saves one logical save may cause (docs/operations.md "Flows that save their own records").
@@ -56,16 +47,16 @@ RECURSIVE_SAVE_LIMIT = 5
 
 
 def max_attempts() -> int:
-    return int(_number("NEXUS_FLOW_MAX_ATTEMPTS", 5))
+    return int(setting_number("NEXUS_FLOW_MAX_ATTEMPTS", 5))
 
 
 def dependency_deadline_seconds() -> float:
-    return _number("NEXUS_FLOW_DEPENDENCY_DEADLINE_SECONDS", 7 * 24 * 3600.0)
+    return setting_number("NEXUS_FLOW_DEPENDENCY_DEADLINE_SECONDS", 7 * 24 * 3600.0)
 
 
 def max_wait_age_seconds() -> float:
     """Seconds a producer wait with no AlarmEvent may wait before its expiry policy applies (seed 004 14.4)."""
-    return _number("NEXUS_FLOW_MAX_WAIT_AGE_SECONDS", 30 * 24 * 3600.0)
+    return setting_number("NEXUS_FLOW_MAX_WAIT_AGE_SECONDS", 30 * 24 * 3600.0)
 
 
 def retry_policy_digest() -> str:

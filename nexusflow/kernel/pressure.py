@@ -20,11 +20,10 @@ the server's ``max_connections``. The bounds are settings (environment variables
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import asdict, dataclass
 
-from django.conf import settings
+from .tuning import setting_number
 
 log = logging.getLogger("nexusflow.pressure")
 
@@ -33,13 +32,6 @@ PRESSURE_ACTIVE_STATEMENTS = "db_pressure_active_statements"
 PRESSURE_CONNECTIONS = "db_pressure_connections"
 
 
-def _number(name: str, default: float) -> float:
-    value = getattr(settings, name, None)
-    if value is None:
-        value = os.environ.get(name)
-    if value is None or value == "":
-        return default
-    return float(value)
 
 
 @dataclass(frozen=True)
@@ -58,9 +50,9 @@ def pressure_bounds() -> PressureBounds:
         ValueError: a bound is not a number, or out of range (active statements below 1, a share outside
             (0, 1], negative read seconds).
     """
-    bounds = PressureBounds(active_statements=int(_number("NEXUS_PRESSURE_ACTIVE_STATEMENTS", 32)),
-                            connection_share=_number("NEXUS_PRESSURE_CONNECTION_SHARE", 0.8),
-                            read_seconds=_number("NEXUS_PRESSURE_READ_SECONDS", 1.0))
+    bounds = PressureBounds(active_statements=int(setting_number("NEXUS_PRESSURE_ACTIVE_STATEMENTS", 32)),
+                            connection_share=setting_number("NEXUS_PRESSURE_CONNECTION_SHARE", 0.8),
+                            read_seconds=setting_number("NEXUS_PRESSURE_READ_SECONDS", 1.0))
     if bounds.active_statements < 1 or not 0 < bounds.connection_share <= 1 or bounds.read_seconds < 0:
         raise ValueError(f"pressure bounds out of range: {bounds}")
     return bounds

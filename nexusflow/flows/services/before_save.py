@@ -10,9 +10,9 @@ from typing import Any
 
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.scope import OrgScope
+from nexusflow.kernel.tuning import setting_number
 from nexusflow.records.metadata import current_view
 
-from .. import policy
 from .. import transitions as t
 from ..binding import flow_runtime_binding
 from ..compiler import ATOMIC_MAX_FANOUT, KIND_EMBEDDED, PROFILE_EMBEDDED
@@ -83,4 +83,4 @@ def flow_before_save(*, org: OrgScope, object_name: str, record_key: str | None,
 
 def policy_embedded_budget() -> int:
     """Element visits one before-save flow may make (seed 004 section 9.1 "execution budget")."""
-    return int(policy._number("NEXUS_FLOW_EMBEDDED_BUDGET", 500))
+    return int(setting_number("NEXUS_FLOW_EMBEDDED_BUDGET", 500))
