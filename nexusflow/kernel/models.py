@@ -11,6 +11,8 @@ own id class (``Execution.Id``), see :mod:`nexusflow.kernel.ids`.
 """
 from __future__ import annotations
 
+import functools
+
 from django.db import models
 
 from .errors import ImmutableRow, InvalidIdentity
@@ -180,6 +182,16 @@ def typed_id_fields(model_cls) -> list[tuple[models.Field, type[TypedId]]]:
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def _insert_checks(model_cls) -> tuple[tuple[models.Field, ...], tuple[tuple[models.Field, type[TypedId]], ...]]:
+    """The columns :func:`insert` canonicalises (identity fields) and checks (typed ids) for one model, found once
+    per process (a model's fields do not change while it runs)."""
+    from .identity import IdentityField
+
+    return (tuple(f for f in model_cls._meta.concrete_fields if isinstance(f, IdentityField)),
+            tuple(typed_id_fields(model_cls)))
+
+
 def insert(model_cls, *, allow_any_state: bool = False, **values):
     """Insert one row of a :class:`GuardedModel` and return it.
 
@@ -212,8 +224,6 @@ def insert(model_cls, *, allow_any_state: bool = False, **values):
     Seed 003, "Identity rules": keys are validated before insert, then
     compared byte for byte.
     """
-    from .identity import IdentityField
-
     store = load_all_stores().get(f"{model_cls._meta.app_label}.{model_cls.__name__}")
     obj = model_cls(**values)
     org_id = getattr(obj, "org_id", None)
@@ -228,11 +238,11 @@ def insert(model_cls, *, allow_any_state: bool = False, **values):
         if not allow_any_state:
             store.machine.assert_initial(obj.state)
         store.assert_reason(obj.state, {"reason_code": getattr(obj, "reason_code", "")})
-    for field in model_cls._meta.concrete_fields:
-        if isinstance(field, IdentityField):
-            # bytes are decoded here: what is stored is exactly the validated text.
-            setattr(obj, field.attname, field.canonical(getattr(obj, field.attname)))
-    for field, id_cls in typed_id_fields(model_cls):
+    identity_fields, typed_fields = _insert_checks(model_cls)
+    for field in identity_fields:
+        # bytes are decoded here: what is stored is exactly the validated text.
+        setattr(obj, field.attname, field.canonical(getattr(obj, field.attname)))
+    for field, id_cls in typed_fields:
         value = getattr(obj, field.attname)
         if value is not None:
             setattr(obj, field.attname, require_id(value, id_cls, field=f"{model_cls.__name__}.{field.attname}"))
