@@ -35,8 +35,12 @@ from .producers import RECORD_ID_INPUT, change_event_object
 #: Elements the interpreter runs.
 SUPPORTED_ELEMENTS = frozenset({"assignments", "decisions", "loops", "recordLookups", "recordUpdates",
                                 "recordCreates"})
+#: Assignment operators that change a collection variable (Salesforce "Flow Operators in Assignment Elements",
+#: Collection): the value is one item or a collection of items.
+COLLECTION_ASSIGNMENT_OPERATORS = frozenset({"AddAtStart", "RemoveAll", "RemoveFirst", "RemoveAfterFirst",
+                                             "RemoveBeforeFirst", "RemoveUncommon", "RemovePosition"})
 SUPPORTED_ASSIGNMENT_OPERATORS = frozenset({"Assign", "Add", "Subtract", "AddItem", "AssignCount", "Multiply",
-                                            "Divide"})
+                                            "Divide"}) | COLLECTION_ASSIGNMENT_OPERATORS
 #: Element visits one run of a graph may make (loops included); exceeding it fails deterministically.
 DEFAULT_VISIT_BUDGET = 2000
 RECORD_ID = "Id"
@@ -280,6 +284,8 @@ class _Run:
                 new = Decimal(len(value or []))
             elif op in ("Add", "AddItem") and isinstance(current, list):
                 new = current + (value if isinstance(value, list) and op == "Add" else [value])
+            elif op in COLLECTION_ASSIGNMENT_OPERATORS:
+                new = collection_assign(op, current, value, target=target)
             elif op == "AddItem":
                 new = [value] if current is None else [current, value]
             elif op == "Add" and not self._number_variable(target) and (
@@ -439,6 +445,49 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, (Decimal, dt.date, dt.datetime)):
         return to_field_text(value)
     return value
+
+
+def collection_assign(op: str, current: Any, value: Any, *, target: str = "") -> list:
+    """The new value of collection variable ``target`` (``current``: a list or ``None``) after assignment
+    operator ``op`` of :data:`COLLECTION_ASSIGNMENT_OPERATORS` with ``value`` (one item or a list of items).
+
+    As Salesforce defines them: ``AddAtStart`` puts the value's items first; ``RemoveAll`` removes every
+    item equal to one of them; ``RemoveFirst`` the first item equal to each; ``RemoveAfterFirst`` every
+    item after the first one equal to the value (keeping it) and ``RemoveBeforeFirst`` every item before
+    it (the collection is unchanged when no item equals it); ``RemoveUncommon`` every item equal to none
+    of them; ``RemovePosition`` the item at the 1-based position ``value``. Items compare by value.
+
+    Raises:
+        FlowExecutionError: ``current`` is not a collection, or ``RemovePosition`` names no position of it.
+    """
+    if current is not None and not isinstance(current, list):
+        raise FlowExecutionError(f"{target}: {op} needs a collection variable")
+    items = list(current or [])
+    values = value if isinstance(value, list) else [value]
+    if op == "AddAtStart":
+        return values + items
+    if op == "RemoveAll":
+        return [item for item in items if item not in values]
+    if op == "RemoveUncommon":
+        return [item for item in items if item in values]
+    if op == "RemoveFirst":
+        for wanted in values:
+            if wanted in items:
+                items.remove(wanted)
+        return items
+    if op in ("RemoveAfterFirst", "RemoveBeforeFirst"):
+        if value not in items:
+            return items
+        at = items.index(value)
+        return items[:at + 1] if op == "RemoveAfterFirst" else items[at:]
+    if op == "RemovePosition":
+        position = _decimal(value) if _numeric(value) and not isinstance(value, bool) else None
+        if position is None or position != position.to_integral_value() or not 1 <= position <= len(items):
+            raise FlowExecutionError(f"{target}: RemovePosition {value!r} is not a position of its "
+                                     f"{len(items)} item(s)", code="flow_collection_position")
+        del items[int(position) - 1]
+        return items
+    raise FlowExecutionError(f"assignment operator {op} is not a collection operator")
 
 
 def _numeric(value: Any) -> bool:

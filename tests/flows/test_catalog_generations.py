@@ -276,12 +276,13 @@ def test_activation_refuses_what_this_engine_cannot_run(org):
     atomic = fx.flow(fx.assignment("Set", None, [("v", "Assign", "<stringValue>x</stringValue>")]),
                      fx.variable("v"), start=fx.start("Set", trigger="RecordAfterSave"))
     assert flow_deploy(org=org, source=atomic, flow_api_name="Atomic_Flow").plan.execution_profile == "bounded_atomic"
-    # ... an assignment operator the interpreter does not run is still refused at activation.
-    unsupported = fx.flow(fx.assignment("Set", None, [("v", "RemoveAll", "<stringValue>x</stringValue>")]),
-                          fx.variable("v", collection=True), start=fx.start("Set", trigger="RecordAfterSave"))
+    # ... an assignment value the interpreter does not evaluate (an Apex-defined value) is still refused at
+    # activation (every assignment operator runs now).
+    unsupported = fx.flow(fx.assignment("Set", None, [("v", "Assign", "<apexValue>x</apexValue>")]),
+                          fx.variable("v"), start=fx.start("Set", trigger="RecordAfterSave"))
     with pytest.raises(ActivationRejected) as exc:
         flow_deploy(org=org, source=unsupported, flow_api_name="Unsupported_Flow")
-    assert "engine_unsupported:assignment" in {d.code for d in exc.value.diagnostics}
+    assert "engine_unsupported:value" in {d.code for d in exc.value.diagnostics}
     assert not m.FlowActivation.objects.filter(org_id=org.org_id, flow_api_name="Unsupported_Flow").exists()
     # the deploy transaction rolled back: no plan of the refused flow either
     assert not m.FlowExecutionPlan.objects.filter(org_id=org.org_id, flow_api_name="Unsupported_Flow").exists()

@@ -407,6 +407,46 @@ def _issue_bulk_resort_credits() -> None:
     assert Record.objects.filter(org_id=ORG.org_id, object_name="Credit__c").count() == len(expected)
 
 
+def _aim_filter_existing_incident_related_items() -> None:
+    """Inputs IncidentId (String), CaseIds and AssetIds (String collections, also outputs): the cases and assets
+    already related to the incident (CaseRelatedIssue.RelatedIssueId, IncidentRelatedItem.IncidentId) are
+    removed from the lists with RemoveAll, so the outputs name only what is new; nothing is written."""
+    _deploy_autolaunched("AIM_FilterExistingIncidentRelatedItems", PROFILE_DURABLE, {
+        "AssetIds": {"data_type": "String", "collection": True, "object": None},
+        "CaseIds": {"data_type": "String", "collection": True, "object": None},
+        "IncidentId": {"data_type": "String", "collection": False, "object": None}})
+    from nexusflow.records.models import Record
+    rng = random.Random(8109)
+    incidents = ["0IN-storm", "0IN-outage"]
+    related = {incident: {"cases": rng.sample([f"500-{i}" for i in range(8)], 3),
+                          "assets": rng.sample([f"02i-{i}" for i in range(8)], 2)} for incident in incidents}
+    for incident, items in related.items():
+        for case in items["cases"]:
+            save_record(ORG, {"RelatedIssueId": incident, "CaseId": case}, object_name="CaseRelatedIssue")
+        for asset in items["assets"]:
+            save_record(ORG, {"IncidentId": incident, "AssetId": asset}, object_name="IncidentRelatedItem")
+    records = Record.objects.count()
+    for index, incident in enumerate(incidents):
+        known = related[incident]
+        # The candidates: some already related (one of them twice), some new, some related to the other incident.
+        other = related[incidents[1 - index]]
+        cases = [known["cases"][0], "500-new-a", known["cases"][1], known["cases"][0], other["cases"][0]]
+        assets = ["02i-new-b", known["assets"][0], other["assets"][0]]
+        run = _start_and_drive("AIM_FilterExistingIncidentRelatedItems",
+                               {"IncidentId": incident, "CaseIds": cases, "AssetIds": assets},
+                               request_id=f"aim-{index}")
+        out = _context_vars(run)
+        assert out["CaseIds"] == [c for c in cases if c not in known["cases"]]
+        assert out["AssetIds"] == [a for a in assets if a not in known["assets"]]
+    # An incident with nothing related: the lists come back whole; empty lists stay empty.
+    run = _start_and_drive("AIM_FilterExistingIncidentRelatedItems",
+                           {"IncidentId": "0IN-quiet", "CaseIds": ["500-1"], "AssetIds": []}, request_id="aim-quiet")
+    assert (_context_vars(run)["CaseIds"], _context_vars(run)["AssetIds"]) == (["500-1"], [])
+    assert Record.objects.count() == records  # read only
+    _assert_start_refused("AIM_FilterExistingIncidentRelatedItems",
+                          {"IncidentId": "0IN-storm", "CaseIds": "500-1", "AssetIds": []}, "flow_input_type")
+
+
 # =============================================================================
 # Flows this engine generation refuses at activation
 # =============================================================================
@@ -439,10 +479,6 @@ REFUSALS: dict[str, Refusal] = {
         [(TRIGGER_NONE, "start"), (TRIGGER_NONE, "start"),
          ("engine_unsupported:element:subflows", "Check_if_Tenant_Contact_is_Active")],
         trigger_records=("TTS_Space_Tenant_Contact__c", _tenant_contacts(), {"End_Date__c": "2021-06-30"})),
-    # Autolaunched with input variables (startable); RemoveAll on text collections is not executed.
-    "AIM_FilterExistingIncidentRelatedItems": Refusal(
-        [("engine_unsupported:assignment", "Remove_Case_from_List"),
-         ("engine_unsupported:assignment", "Remove_Asset_from_List")]),
     # Autolaunched subflow with SObject inputs (startable); it compares animalRecord.Previous_Current_Owner__r.Id
     # (a relationship read), and record deletes and an email action have no handler here.
     "Adopter_Match_clean_up_Subflow": Refusal(
@@ -503,6 +539,7 @@ RUNS: dict[str, Callable[[], None]] = {
     "TTS_Tenant_Contact_Set_IsCurrent_Field": _tenant_contact_set_is_current,
     "TrackShipment": _track_shipment,
     "Issue_Bulk_Resort_Credits": _issue_bulk_resort_credits,
+    "AIM_FilterExistingIncidentRelatedItems": _aim_filter_existing_incident_related_items,
 }
 
 
