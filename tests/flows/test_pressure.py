@@ -151,15 +151,14 @@ def test_running_statements_at_the_bound_pause_new_step_claims_until_they_finish
 
 def test_connections_at_their_share_of_max_connections_pause_new_step_claims(pressure_bounds):
     """Proof 22.7-05 (connections): once this account's sessions reach the configured share of
-    ``max_connections`` (here: the sessions open now plus ``IDLE``), claims pause, with connections
-    still to spare below the server's limit; closing them resumes claims."""
+    ``max_connections`` (here: half of ``IDLE`` below the sessions open while ``IDLE`` more are held),
+    claims pause, with connections still to spare below the server's limit; closing them resumes claims."""
     org = OrgScope("pressure-org")
     runs = _chain_runs(org, 2)
-    base = pressure.read_pressure()
-    assert base.max_connections > base.connections + IDLE + 1  # the server's limit is not what stops us
-    pressure_bounds.NEXUS_PRESSURE_CONNECTION_SHARE = (base.connections + IDLE) / base.max_connections
-    assert pressure.read_pressure().reason == ""
     with _idle_connections(IDLE):
+        held = pressure.read_pressure()
+        assert held.connections >= IDLE and held.max_connections > held.connections + 1
+        pressure_bounds.NEXUS_PRESSURE_CONNECTION_SHARE = (held.connections - IDLE // 2) / held.max_connections
         reading = pressure.read_pressure()
         assert reading.reason == pressure.PRESSURE_CONNECTIONS and reading.connections < reading.max_connections
         assert flow_try_run_step_one(worker_id="pressure-worker") is False
