@@ -3,8 +3,10 @@
 :func:`flow_inventory` compiles every ``*.flow-meta.xml`` file of a folder
 without executing anything or touching the database and returns one
 :class:`InventoryRow` per file: selected profile or the precise rejection
-reasons, unknown capabilities, loop and fan-out proof, step count and the
-section 20.7 migration cohort. Subflow elements resolve against the other
+reasons, unknown capabilities, loop and fan-out proof, step count, the
+section 20.7 migration cohort, and whether this engine generation would
+activate and run it (``runs``; else its ``blockers``: the compile refusal,
+or the activation gate's ``engine_unsupported:*`` diagnostics). Subflow elements resolve against the other
 files of the same folder (by Flow API name). A file that cannot be read or
 parsed is a rejection with a reason, never a crash.
 """
@@ -20,6 +22,7 @@ from nexusflow.records.metadata import MetadataView, current_view
 from .binding import flow_runtime_binding
 from .catalog import CatalogSnapshot, catalog_current
 from .compiler import analyze_flow
+from .handlers import engine_support_diagnostics
 
 FLOW_SUFFIX = ".flow-meta.xml"
 #: Compile-only checks need a trusted org for the binding; it is never persisted and names no tenant.
@@ -52,6 +55,10 @@ class InventoryRow:
     fan_out: str = "bounded"
     warnings: list[dict[str, Any]] = field(default_factory=list)
     plan_digest: str | None = None
+    #: Would this engine generation activate and run it (:func:`..handlers.engine_support_diagnostics`)?
+    runs: bool = False
+    #: Why not: ``[{"code", "element", "detail"}]`` (empty when it runs).
+    blockers: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def rejected(self) -> bool:
@@ -61,7 +68,7 @@ class InventoryRow:
         out = {
             "file": self.file, "flow": self.flow, "profile": self.profile, "rejected": self.rejected,
             "reasons": self.reasons, "unknown_capabilities": self.unknown_capabilities, "steps": self.steps,
-            "cohort": self.cohort,
+            "cohort": self.cohort, "runs": self.runs, "blockers": self.blockers,
         }
         if detail:
             out.update(loops=self.loops, fan_out=self.fan_out, warnings=self.warnings, plan_digest=self.plan_digest)
@@ -102,14 +109,18 @@ def flow_inventory(directory: str, *, schema: str = "open", view: MetadataView |
         file = os.path.join(directory, name)
         flow = flow_api_name_of(name)
         if name in unreadable:
+            reasons = [{"code": "unreadable", "element": None, "detail": unreadable[name]}]
             rows.append(InventoryRow(file=file, flow=flow, profile=None, unknown_capabilities=[], steps=0, cohort=1,
-                                     reasons=[{"code": "unreadable", "element": None, "detail": unreadable[name]}]))
+                                     reasons=reasons, blockers=reasons))
             continue
         result = analyze_flow(source=sources[name], flow_api_name=flow, catalog=catalog, view=view,
                               subflows=by_api, schema=schema)
+        reasons = [d.as_json() for d in result.errors]
+        blockers = reasons if result.plan is None else [
+            d.as_json() for d in engine_support_diagnostics(result.plan.payload, catalog)]
         rows.append(InventoryRow(
-            file=file, flow=flow, profile=None if result.rejected else result.profile,
-            reasons=[d.as_json() for d in result.errors], unknown_capabilities=list(result.unknown_capabilities),
+            file=file, flow=flow, profile=None if result.rejected else result.profile, runs=not blockers,
+            blockers=blockers, reasons=reasons, unknown_capabilities=list(result.unknown_capabilities),
             steps=result.steps, cohort=result.cohort, loops=result.loops, fan_out=result.fan_out,
             warnings=[d.as_json() for d in result.diagnostics if d.severity != "error"],
             plan_digest=result.plan.plan_digest if result.plan is not None else None,

@@ -550,6 +550,20 @@ def test_every_profiled_corpus_flow_has_a_case():
     assert profiles == ["bounded_atomic"] * 3 + ["durable_orchestration"] * 5 + ["embedded_before_save"] * 4
 
 
+def test_the_inventory_says_which_corpus_flows_run_and_why_the_others_do_not(corpus_view):
+    """``flows inventory``'s ``runs`` / ``blockers`` (issue: "Inventory says what runs") agree with what
+    deploying each corpus flow for real does in :func:`test_corpus_flow_record_outcomes`."""
+    from nexusflow.flows.inventory import flow_inventory
+
+    rows = {row.flow: row for row in flow_inventory(str(CORPUS))}
+    assert {name for name, row in rows.items() if row.runs} == set(RUNS)
+    for name, refusal in REFUSALS.items():
+        assert [(b["code"], b["element"]) for b in rows[name].blockers] == refusal.diagnostics, name
+    for name, row in rows.items():
+        assert row.runs == (not row.blockers)
+        assert not row.rejected or row.blockers == row.reasons  # a compile refusal is its own blocker
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("flow", sorted(PROFILED), ids=sorted(PROFILED))
 def test_corpus_flow_record_outcomes(flow, corpus_view, short_lease):

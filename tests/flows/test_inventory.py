@@ -14,7 +14,8 @@ from nexusflow.flows.compiler import PROFILES
 from .conftest import CORPUS, DEMO_FLOW
 
 FIXTURE = Path(__file__).with_name("fixtures") / "corpus_inventory.json"
-KEYS = ["file", "flow", "profile", "rejected", "reasons", "unknown_capabilities", "steps", "cohort"]
+KEYS = ["file", "flow", "profile", "rejected", "reasons", "unknown_capabilities", "steps", "cohort", "runs",
+        "blockers"]
 pytestmark = pytest.mark.skipif(not CORPUS.is_dir(), reason="shared Flow corpus not present")
 
 
@@ -40,12 +41,16 @@ def test_corpus_inventory_matches_the_committed_fixture():
         assert row["rejected"] == bool(row["reasons"])  # a rejection always says why
         assert all(set(r) == {"code", "element", "detail"} and r["code"] for r in row["reasons"])
         assert 1 <= row["cohort"] <= 8 and row["steps"] >= 0
+        assert row["runs"] == (not row["blockers"]) and (not row["rejected"] or not row["runs"])
+        assert all(set(b) == {"code", "element", "detail"} and b["code"] for b in row["blockers"])
     assert {r["profile"] for r in rows} >= set(PROFILES)
 
 
 def test_inventory_human_output_names_profile_proofs_and_reasons():
     text = _inventory(str(CORPUS))
     assert "Breed_Name_Update_Flow: embedded_before_save  cohort=3" in text
+    assert "Tour_Request_Set_Realtor: embedded_before_save" in text and "engine_unsupported:reference" in text
+    assert " run, " in text.rstrip().splitlines()[-1]
     assert "Loop_Through_Adoption_Match_records=unknown" in text
     assert "unsupported_element:screens [Setup_Email]" in text
     assert text.rstrip().endswith("rejected")

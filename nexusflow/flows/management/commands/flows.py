@@ -5,7 +5,8 @@ Subcommands:
 - ``inventory DIR [--json] [--detail] [--schema open|strict]``: compile every
   ``*.flow-meta.xml`` file in ``DIR`` without executing anything and print,
   per flow, the selected profile or the rejection reasons, unknown
-  capabilities, loop/fan-out proof, step count and migration cohort. Writes
+  capabilities, loop/fan-out proof, step count, migration cohort, and whether
+  this engine would activate and run it (``runs``, else its ``blockers``). Writes
   nothing. Exit 0 when every file was inventoried (rejections are results),
   2 when ``DIR`` is not a folder.
 - ``start FLOW --org ORG [--input NAME=VALUE ...] [--input-json FILE]
@@ -150,14 +151,15 @@ class Command(BaseCommand):
             status = r.profile if r.profile else "REJECTED"
             loops = ", ".join(f"{lp['element']}={lp['bound']}" for lp in r.loops) or "none"
             self.stdout.write(f"{r.flow}: {status}  cohort={r.cohort}  steps={r.steps}  fan-out={r.fan_out}  "
-                              f"loops: {loops}")
+                              f"loops: {loops}  runs: {'yes' if r.runs else 'no'}")
             if r.unknown_capabilities:
                 self.stdout.write(f"  unknown capabilities: {', '.join(r.unknown_capabilities)}")
-            for reason in r.reasons:
+            for reason in r.reasons if r.rejected else r.blockers:
                 where = f" [{reason['element']}]" if reason["element"] else ""
                 self.stdout.write(f"  {reason['code']}{where}: {reason['detail']}")
         rejected = sum(1 for r in rows if r.rejected)
-        self.stdout.write(f"{len(rows)} flow file(s): {len(rows) - rejected} compiled, {rejected} rejected")
+        runs = sum(1 for r in rows if r.runs)
+        self.stdout.write(f"{len(rows)} flow file(s): {len(rows) - rejected} compiled, {runs} run, {rejected} rejected")
 
 
     def _start(self, *, flow: str, org: str, input: list[str], input_json: str | None, request_id: str | None,
