@@ -41,7 +41,13 @@ def _compare(op: str, left: Any, right: Any) -> bool:
         except fx.FormulaRuntimeError:
             return False
     if op == "Contains":
+        if isinstance(left, list):  # a collection contains an item equal to the value
+            return any(fx._equal(item, right) for item in left)
         return left is not None and str(right) in str(left)
+    if op in ("In", "NotIn"):  # data-element filters: the field's value among a collection's items
+        items = right if isinstance(right, list) else ([] if right in (None, "") else [right])
+        found = left not in (None, "") and any(fx._equal(left, item) for item in items)
+        return found if op == "In" else not found
     if op == "StartsWith":
         return left is not None and str(left).startswith(str(right))
     if op == "EndsWith":

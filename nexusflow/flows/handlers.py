@@ -51,6 +51,8 @@ ENGINE_OPERATORS = frozenset({
     "EqualTo", "NotEqualTo", "IsNull", "IsBlank", "GreaterThan", "GreaterThanOrEqualTo", "LessThan",
     "LessThanOrEqualTo", "Contains", "StartsWith", "EndsWith",
 })
+#: Operators only data elements' record filters take (Salesforce: Get/Update/Create Records): a collection value.
+FILTER_ONLY_OPERATORS = frozenset({"In", "NotIn"})
 LITERAL_KINDS = frozenset({"stringValue", "booleanValue", "numberValue"})
 #: Value kinds the interpreter computes (formulas also need a compiled AST).
 VALUE_KINDS_RUN = LITERAL_KINDS | {"dateValue", "dateTimeValue", "elementReference", "formulaExpression"}
@@ -162,7 +164,7 @@ def _node_blockers(node: dict[str, Any]) -> list[tuple[str, str]]:
                     out.append(("decision", f"rule {rule.get('name')}: {c.get('operator')} is not evaluated"))
     elif kind in ("recordLookups", "recordUpdates", "recordCreates"):
         for f in node.get("filters", []):
-            if f.get("operator") not in ENGINE_OPERATORS or not _value_ok(f.get("value")):
+            if f.get("operator") not in ENGINE_OPERATORS | FILTER_ONLY_OPERATORS or not _value_ok(f.get("value")):
                 out.append(("record_filter", f"{f.get('field')} {f.get('operator')} is not evaluated"))
         for a in node.get("assignments", []):
             if not _value_ok(a.get("value")):

@@ -344,6 +344,11 @@ class _Run:
         resolved = []
         for f in node.get("filters", []):
             right = self.value(f.get("value"))
+            if f["operator"] in ("In", "NotIn"):  # a collection's items, compared with the field as text
+                items = right if isinstance(right, list) else ([] if right is None else [right])
+                resolved.append({"field": f["field"], "operator": f["operator"],
+                                 "value": [to_field_text(item) for item in items]})
+                continue
             resolved.append({"field": f["field"], "operator": f["operator"],
                              "value": {"kind": "stringValue", "value": to_field_text(right)}
                              if not isinstance(right, bool) else {"kind": "booleanValue",

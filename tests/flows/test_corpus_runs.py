@@ -488,10 +488,9 @@ REFUSALS: dict[str, Refusal] = {
          ("engine_unsupported:element:recordDeletes", "Delete_Adoption_Match_records"),
          ("engine_unsupported:handler", "Delete_Adoption_Match_records"),
          ("engine_unsupported:handler", "Send_Email_on_Error")]),
-    # Autolaunched subflow with inputs (startable); Id In filters and collection processors are not executed.
+    # Autolaunched subflow with inputs (startable); its collection processor (a filter) is not executed.
     "Location_Change_Unit_Status_SubFlow": Refusal(
-        [("engine_unsupported:record_filter", "Get_Units_From_Id_List"),
-         ("engine_unsupported:element:collectionProcessors", "Filter_Units_for_Allocated_Units"),
+        [("engine_unsupported:element:collectionProcessors", "Filter_Units_for_Allocated_Units"),
          ("engine_unsupported:handler", "Filter_Units_for_Allocated_Units")]),
     # Schedule-triggered (Daily) and a subflow call (DependencyWait step).
     "TTS_Tenant_Contact_Scheduled_Actions": Refusal(
