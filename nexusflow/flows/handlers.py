@@ -33,7 +33,13 @@ from .compiler import (
     PROFILE_EMBEDDED,
     Diagnostic,
 )
-from .interpreter import ALARM_OFFSET_UNITS, SUPPORTED_ASSIGNMENT_OPERATORS, SUPPORTED_ELEMENTS
+from .interpreter import (
+    ALARM_OFFSET_UNITS,
+    FILTER_PROCESSOR,
+    SORT_PROCESSOR,
+    SUPPORTED_ASSIGNMENT_OPERATORS,
+    SUPPORTED_ELEMENTS,
+)
 from .producers import RECORD_ID_INPUT, TRIGGER_RECORD_ID, change_event_object
 
 #: handler_ref -> implementation version compiled into this binary.
@@ -41,6 +47,7 @@ IN_BINARY_HANDLERS: dict[str, str] = {
     "nexusflow.flows.handlers.assignments": "1",
     "nexusflow.flows.handlers.decisions": "1",
     "nexusflow.flows.handlers.loops": "1",
+    "nexusflow.flows.handlers.collectionProcessors": "1",
     "nexusflow.flows.handlers.recordLookups": "1",
     "nexusflow.flows.handlers.recordCreates": "1",
     "nexusflow.flows.handlers.recordUpdates": "1",
@@ -162,6 +169,12 @@ def _node_blockers(node: dict[str, Any]) -> list[tuple[str, str]]:
             for c in rule.get("conditions", []):
                 if c.get("operator") not in ENGINE_OPERATORS or not _value_ok(c.get("right")):
                     out.append(("decision", f"rule {rule.get('name')}: {c.get('operator')} is not evaluated"))
+    elif kind == "collectionProcessors":
+        if node.get("processor") not in (FILTER_PROCESSOR, SORT_PROCESSOR):
+            out.append(("collection_processor", f"{node.get('processor')} is not executed"))
+        for c in node.get("conditions", []):
+            if c.get("operator") not in ENGINE_OPERATORS or not _value_ok(c.get("right")):
+                out.append(("collection_processor", f"condition {c.get('operator')} is not evaluated"))
     elif kind in ("recordLookups", "recordUpdates", "recordCreates"):
         for f in node.get("filters", []):
             if f.get("operator") not in ENGINE_OPERATORS | FILTER_ONLY_OPERATORS or not _value_ok(f.get("value")):

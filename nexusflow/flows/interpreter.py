@@ -34,7 +34,9 @@ from .producers import RECORD_ID_INPUT, change_event_object
 
 #: Elements the interpreter runs.
 SUPPORTED_ELEMENTS = frozenset({"assignments", "decisions", "loops", "recordLookups", "recordUpdates",
-                                "recordCreates"})
+                                "recordCreates", "collectionProcessors"})
+#: Collection processors the interpreter runs (Salesforce's Collection Filter and Collection Sort elements).
+FILTER_PROCESSOR, SORT_PROCESSOR = "FilterCollectionProcessor", "SortCollectionProcessor"
 #: Assignment operators that change a collection variable (Salesforce "Flow Operators in Assignment Elements",
 #: Collection): the value is one item or a collection of items.
 COLLECTION_ASSIGNMENT_OPERATORS = frozenset({"AddAtStart", "RemoveAll", "RemoveFirst", "RemoveAfterFirst",
@@ -340,6 +342,37 @@ class _Run:
         self.loops.pop(name, None)
         return self._edge(node, "loop_done")
 
+    def _el_collectionProcessors(self, node):  # noqa: N802
+        """Collection Filter (the items for which the conditions hold, each read as the current item) or
+        Collection Sort (by each sort option in turn, then at most ``limit`` items); the result is the
+        element's output collection. The input collection is never changed."""
+        name = node["element"]
+        items = self.resolve(node["collection"]) or []
+        if not isinstance(items, list):
+            raise FlowExecutionError(f"{name}: {node['collection']} is not a collection")
+        if node.get("processor") == FILTER_PROCESSOR:
+            kept = []
+            for item in items:
+                if node.get("current_item"):
+                    self.assign(node["current_item"], copy.deepcopy(item))
+                try:
+                    holds = conditions_hold(node["conditions"], node["logic"], dict(self.record), self.resolve)
+                except ValueError as exc:
+                    raise FlowExecutionError(f"collection filter {name}: {exc}") from None
+                if holds:
+                    kept.append(copy.deepcopy(item))
+            result = kept
+        elif node.get("processor") == SORT_PROCESSOR:
+            result = copy.deepcopy(items)
+            for option in reversed(node.get("sort") or []):  # stable sorts: the first option decides last
+                result = _sorted_items(result, option)
+            if node.get("limit") is not None:
+                result = result[: node["limit"]]
+        else:
+            raise FlowExecutionError(f"{name}: collection processor {node.get('processor')} is not executable")
+        self.elements[name] = result
+        return self._edge(node, "success")
+
     def _filters(self, node) -> Any:
         resolved = []
         for f in node.get("filters", []):
@@ -450,6 +483,27 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, (Decimal, dt.date, dt.datetime)):
         return to_field_text(value)
     return value
+
+
+def _sorted_items(items: list, option: dict[str, Any]) -> list:
+    """``items`` sorted by ``option`` (``{"field", "order", "nulls_first"}``; no field: the items themselves).
+    Numbers compare as numbers, everything else as text; empty and null values go first or last as the
+    option says, whatever the order."""
+    field = option.get("field")
+
+    def value(item: Any) -> Any:
+        return item.get(field) if field and isinstance(item, dict) else item
+
+    def key(item: Any) -> tuple:
+        v = value(item)
+        if isinstance(v, (int, float, Decimal)) and not isinstance(v, bool) or (isinstance(v, str) and _numeric(v)):
+            return (0, _decimal(v), "")
+        return (1, Decimal(0), fx._text(v))
+
+    empty = [i for i in items if value(i) in (None, "")]
+    present = sorted((i for i in items if value(i) not in (None, "")), key=key,
+                     reverse=option.get("order") == "Desc")
+    return empty + present if option.get("nulls_first") else present + empty
 
 
 def collection_assign(op: str, current: Any, value: Any, *, target: str = "") -> list:

@@ -447,6 +447,52 @@ def _aim_filter_existing_incident_related_items() -> None:
                           {"IncidentId": "0IN-storm", "CaseIds": "500-1", "AssetIds": []}, "flow_input_type")
 
 
+def _location_change_unit_status() -> None:
+    """Inputs unitsForStatusChange (Locations__c records), newStatus, newUnavailabilityReason (String) and
+    ignoreAllocatedUnits (Boolean). Unless told to ignore allocations, it collects the units' ids, reads them
+    back with an ``Id In`` filter, filters the allocated ones (Allocation__c > 0 and not Unavailable) with a
+    Collection Filter and counts them: any allocated unit sets the unitsHaveAllocation output and changes
+    nothing. Otherwise every unit gets the new status (Available clears the reason; anything else makes it
+    Unavailable with the given reason) in one Update Records of the assembled collection."""
+    _deploy_autolaunched("Location_Change_Unit_Status_SubFlow", PROFILE_DURABLE, {
+        "ignoreAllocatedUnits": {"data_type": "Boolean", "collection": False, "object": None},
+        "newStatus": {"data_type": "String", "collection": False, "object": None},
+        "newUnavailabilityReason": {"data_type": "String", "collection": False, "object": None},
+        "unitsForStatusChange": {"data_type": "SObject", "collection": True, "object": "Locations__c"}})
+    name = "Location_Change_Unit_Status_SubFlow"
+
+    def units(*specs: tuple[str, str, str]) -> list:
+        return [save_record(ORG, {"Name": n, "Unit_Status__c": status, "Unavailability_Reason__c": "",
+                                  "Allocation__c": allocation}, object_name="Locations__c")
+                for n, status, allocation in specs]
+
+    def inputs(batch: list, status: str, reason: str = "", ignore: bool = False) -> dict:
+        return {"unitsForStatusChange": [u.record_key for u in batch], "newStatus": status,
+                "newUnavailabilityReason": reason, "ignoreAllocatedUnits": ignore}
+
+    # No unit allocated (an allocated one that is already Unavailable does not count): every unit changes.
+    free = units(("kennel-1", "Available", "0"), ("kennel-2", "Available", ""), ("kennel-3", "Unavailable", "2"))
+    bystander = units(("kennel-9", "Available", "5"))[0]
+    run = _start_and_drive(name, inputs(free, "Unavailable", "Cleaning"), request_id="units-clean")
+    assert _context_vars(run)["unitsHaveAllocation"] is False
+    for unit in free:
+        assert _stored(unit)["fields"]["Unit_Status__c"] == "Unavailable"
+        assert _stored(unit)["fields"]["Unavailability_Reason__c"] == "Cleaning"
+    assert _stored(bystander)["version"] == 1  # not among the inputs: neither read into the filter nor written
+    # One allocated, available unit among them: the flag is set and nothing is written.
+    busy = units(("run-1", "Available", "0"), ("run-2", "Available", "1"))
+    run = _start_and_drive(name, inputs(busy, "Unavailable", "Repairs"), request_id="units-busy")
+    assert _context_vars(run)["unitsHaveAllocation"] is True
+    assert [_stored(u)["version"] for u in busy] == [1, 1]
+    # Told to ignore allocations: the allocated unit changes too; Available clears the reason.
+    run = _start_and_drive(name, inputs(busy + free[:1], "Available", ignore=True), request_id="units-ignore")
+    assert _context_vars(run)["unitsHaveAllocation"] is False
+    for unit in busy + free[:1]:
+        fields = _stored(unit)["fields"]
+        assert (fields["Unit_Status__c"], fields["Unavailability_Reason__c"]) == ("Available", "")
+    _assert_start_refused(name, {**inputs(busy, "Available"), "ignoreAllocatedUnits": "yes"}, "flow_input_type")
+
+
 # =============================================================================
 # Flows this engine generation refuses at activation
 # =============================================================================
@@ -488,10 +534,6 @@ REFUSALS: dict[str, Refusal] = {
          ("engine_unsupported:element:recordDeletes", "Delete_Adoption_Match_records"),
          ("engine_unsupported:handler", "Delete_Adoption_Match_records"),
          ("engine_unsupported:handler", "Send_Email_on_Error")]),
-    # Autolaunched subflow with inputs (startable); its collection processor (a filter) is not executed.
-    "Location_Change_Unit_Status_SubFlow": Refusal(
-        [("engine_unsupported:element:collectionProcessors", "Filter_Units_for_Allocated_Units"),
-         ("engine_unsupported:handler", "Filter_Units_for_Allocated_Units")]),
     # Schedule-triggered (Daily) and a subflow call (DependencyWait step).
     "TTS_Tenant_Contact_Scheduled_Actions": Refusal(
         [(TRIGGER_NONE, "start"),
@@ -539,6 +581,7 @@ RUNS: dict[str, Callable[[], None]] = {
     "TrackShipment": _track_shipment,
     "Issue_Bulk_Resort_Credits": _issue_bulk_resort_credits,
     "AIM_FilterExistingIncidentRelatedItems": _aim_filter_existing_incident_related_items,
+    "Location_Change_Unit_Status_SubFlow": _location_change_unit_status,
 }
 
 

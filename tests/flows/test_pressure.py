@@ -199,6 +199,7 @@ def test_flows_pressure_reports_the_reading_and_the_bounds(pressure_bounds, caps
         call_command("flows", "pressure", "--json")
     out = capsys.readouterr().out
     assert '"reason": "db_pressure_active_statements"' in out and '"admitted": false' in out
+    _until("the blocked statements finished", lambda: pressure.read_pressure().reason == "")
     call_command("flows", "pressure")
     assert "new durable mutation work: admitted" in capsys.readouterr().out
 

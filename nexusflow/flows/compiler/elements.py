@@ -143,8 +143,14 @@ def _el_loops(ctx: CompileContext, node: _Node) -> None:
 
 def _el_collectionProcessors(ctx: CompileContext, node: _Node) -> None:  # noqa: N802 - named after the element
     conds, logic = conditions_of(ctx, node.body, node.name, node.name)
+    sort = [{"field": o.get("sortField"), "order": o.get("sortOrder") or "Asc",
+             "nulls_first": _bool_text(o.get("doesPutEmptyStringAndNullFirst"))}
+            for o in _as_list(node.body.get("sortOptions")) if isinstance(o, dict)]
+    limit = node.body.get("limit")
     node.data = {"collection": node.body.get("collectionReference"),
-                 "processor": node.body.get("collectionProcessorType"), "conditions": conds, "logic": logic}
+                 "processor": node.body.get("collectionProcessorType"), "conditions": conds, "logic": logic,
+                 "current_item": node.body.get("assignNextValueToReference"), "sort": sort,
+                 "limit": int(limit) if isinstance(limit, str) and limit.isdigit() else None}
     node.edges = [("success", _target(node.body.get("connector")))]
 
 

@@ -68,6 +68,11 @@ def propagate_capabilities(ctx: CompileContext) -> None:
         elif cls == "record_read":
             facts["reads"] = None if facts["reads"] is None or weight is None else facts["reads"] + weight
         elif cls == "record_mutation":
+            # An Update Records of a record collection writes every record in it: the collection's bound.
+            ref = node.data.get("input_reference")
+            if node.kind == "recordUpdates" and ref not in (None, "$Record") and is_collection(ctx, ref):
+                size = collection_bound(ctx, ref)[0]
+                weight = None if weight is None or size == "unknown" else weight * int(size.split(":", 1)[1])
             facts["writes"] = None if facts["writes"] is None or weight is None else facts["writes"] + weight
             facts["mutating_nodes"].append(label)
             if not (node.kind == "recordUpdates" and node.data.get("input_reference") == "$Record"):

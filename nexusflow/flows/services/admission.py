@@ -287,6 +287,17 @@ def flow_start_inputs(*, org: OrgScope, payload: dict[str, Any], inputs: dict[st
     return frozen
 
 
+def _start_identity(frozen: dict[str, Any], declared: dict[str, dict]) -> dict[str, Any]:
+    """What a start's request id binds: the validated inputs with each record input named by its key, not
+    by the fields read at the start (a retried start of the same records after the run changed them is the
+    same start)."""
+    def key(value: Any) -> Any:
+        return value.get("Id") if isinstance(value, dict) else value
+
+    return {name: ([key(v) for v in value] if isinstance(value, list) else key(value))
+            if declared[name]["data_type"] == "SObject" else value for name, value in frozen.items()}
+
+
 def _start_key(flow_api_name: str, request_id: str | None) -> str:
     """The run key of a start: derived from the operator's request id, else unique to this call."""
     if request_id is None:
@@ -335,7 +346,7 @@ def flow_run_start(*, org: OrgScope, flow_api_name: str, inputs: dict[str, Any],
         else:
             inputs[name] = values[0]
     frozen = flow_start_inputs(org=org, payload=plan.plan_payload, inputs=inputs)
-    inputs_digest = _checkpoint_digest({"inputs": frozen})
+    inputs_digest = _checkpoint_digest({"inputs": _start_identity(frozen, declared)})
 
     def existing() -> StartResult | None:
         run = (FlowRun.objects.filter(org_id=org.org_id, trigger_object_name=START_OBJECT, record_key=key,

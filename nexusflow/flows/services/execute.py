@@ -501,6 +501,10 @@ def _discovery_admissible(run: FlowRun, claim: StepClaim, resource: list[str]) -
     objects = {n["object"] for n in graph if n.get("type") in ("recordUpdates", "recordLookups") and n.get("object")}
     if any(n.get("type") == "recordUpdates" and n.get("input_reference") == "$Record" for n in graph):
         objects.add(run.trigger_object_name)
+    # An Update Records of a record (collection) variable writes records of the variable's declared object.
+    declared = (plan.plan_payload.get("checkpoint_schema") or {}).get("variables") or {}
+    objects |= {(declared.get(n["input_reference"].split(".", 1)[0]) or {}).get("object") for n in graph
+                if n.get("type") == "recordUpdates" and n.get("input_reference") not in (None, "$Record")} - {None}
     writes = plan.bound_summary.get("writes")
     bound = (writes if isinstance(writes, int) else ATOMIC_MAX_WRITES) + 1
     expanded = set(claim.lock_plan) | {tuple(resource)}
