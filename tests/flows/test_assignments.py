@@ -4,6 +4,7 @@ Each row: the collection before, the operator, the value (one item or a collecti
 """
 from __future__ import annotations
 
+import datetime as dt
 from decimal import Decimal
 
 import pytest
@@ -66,3 +67,44 @@ def test_every_collection_operator_is_activated(op):
     node = {"type": "assignments", "items": [{"operator": op, "target": "items",
                                               "value": {"kind": "stringValue", "value": "a"}}]}
     assert ("assignment", f"operator {op} is not executed") not in _node_blockers(node)
+
+
+# --- Collection Sort (collectionProcessors, SortCollectionProcessor) -------------------------------------
+ROWS = [{"Name": "b", "Rank": "10"}, {"Name": "a", "Rank": "9"}, {"Name": "c", "Rank": ""}, {"Name": "d", "Rank": "9"}]
+
+
+@pytest.mark.parametrize("option,names", [
+    ({"field": "Rank", "order": "Asc", "nulls_first": False}, ["a", "d", "b", "c"]),  # 9 < 10 as numbers; stable
+    ({"field": "Rank", "order": "Desc", "nulls_first": False}, ["b", "a", "d", "c"]),
+    ({"field": "Rank", "order": "Asc", "nulls_first": True}, ["c", "a", "d", "b"]),
+    ({"field": "Name", "order": "Desc", "nulls_first": False}, ["d", "c", "b", "a"]),
+])
+def test_collection_sort_orders_by_its_option(option, names):
+    from nexusflow.flows.interpreter import _sorted_items
+
+    assert [row["Name"] for row in _sorted_items(ROWS, option)] == names
+
+
+def test_collection_sort_and_filter_elements_run_in_the_interpreter():
+    from nexusflow.flows.interpreter import FILTER_PROCESSOR, SORT_PROCESSOR, _Run
+
+    payload = {"checkpoint_schema": {"variables": {
+        "rows": {"data_type": "SObject", "collection": True, "object": "Thing"},
+        "row": {"data_type": "SObject", "collection": False, "object": "Thing"}}}}
+    graph = [
+        {"element": "Sort_Rows", "type": "collectionProcessors", "processor": SORT_PROCESSOR, "collection": "rows",
+         "conditions": [], "logic": "and", "current_item": None, "limit": 3,
+         "sort": [{"field": "Rank", "order": "Desc", "nulls_first": False}],
+         "edges": [{"kind": "success", "to": "Keep_Nine"}]},
+        {"element": "Keep_Nine", "type": "collectionProcessors", "processor": FILTER_PROCESSOR,
+         "collection": "Sort_Rows", "current_item": "row", "sort": [], "limit": None, "logic": "and",
+         "conditions": [{"left": "row.Rank", "operator": "EqualTo", "right": {"kind": "stringValue", "value": "9"}}],
+         "edges": []},
+    ]
+    run = _Run(plan_payload=payload, record={}, object_name="", prior=None, is_new=False,
+               now=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), reader=None, budget=50, fan_out_limit=50)
+    run.vars["rows"] = [dict(r) for r in ROWS]
+    run.run(graph, "Sort_Rows")
+    assert [r["Name"] for r in run.elements["Sort_Rows"]] == ["b", "a", "d"]
+    assert [r["Name"] for r in run.elements["Keep_Nine"]] == ["a", "d"]
+    assert [r["Name"] for r in run.vars["rows"]] == ["b", "a", "c", "d"]  # the input is never changed
