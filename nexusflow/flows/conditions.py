@@ -125,8 +125,30 @@ def trigger_matches(trigger: dict[str, Any], *, object_name: str, created: bool,
         return False
     if not created and rtt not in ("Update", "CreateAndUpdate"):
         return False
-    if not conditions_hold(trigger["filters"], trigger["filter_logic"], fields):
+    if not _filters_hold(trigger, fields, changed=_changed(created, fields, prior)):
         return False
     if trigger.get("requires_change") and not created and prior is not None:
-        return not conditions_hold(trigger["filters"], trigger["filter_logic"], prior)
+        return not _filters_hold(trigger, prior, changed=lambda _field: False)
     return True
+
+
+def _changed(created: bool, fields: dict[str, Any], prior: dict[str, Any] | None) -> Callable[[str], bool]:
+    """``ISCHANGED(field)`` of a save: false on create and without the prior values (the record's whole
+    field set before the save), else whether the saved value differs from the one it replaced (an absent
+    field and an empty one are the same: no value)."""
+    def changed(field: str) -> bool:
+        return not created and prior is not None and (prior.get(field) or None) != (fields.get(field) or None)
+
+    return changed
+
+
+def _filters_hold(trigger: dict[str, Any], fields: dict[str, Any], *, changed: Callable[[str], bool]) -> bool:
+    """The trigger's entry conditions on ``fields``; an ``IsChanged`` filter (value true or false) asks
+    ``changed(field)``."""
+    results = []
+    for f in trigger["filters"]:
+        if f.get("operator") == "IsChanged":
+            results.append(changed(f["field"]) == bool(_literal(f.get("value"))))
+        else:
+            results.append(condition_holds(f, fields))
+    return _combine(trigger["filter_logic"], results)

@@ -327,6 +327,9 @@ def engine_support_diagnostics(payload: dict[str, Any], snapshot: CatalogSnapsho
         for feature, detail in _scheduled_path_blockers(path):
             bad(feature, "start", detail)
     for f in trigger.get("filters", []):
+        if f.get("operator") == "IsChanged" and profile != PROFILE_EMBEDDED and (f.get("value") or {}).get(
+                "kind") == "booleanValue":
+            continue  # after save, admission compares the saved values with the ones they replaced
         if not _condition_ok(f):
             bad("trigger", "start", f"filter {f.get('field')} {f.get('operator')} is not evaluated at admission")
     for name, ast in sorted((payload.get("formulas") or {}).items()):

@@ -520,10 +520,9 @@ def _tour_requests() -> list[dict]:
 
 TRIGGER_NONE = "engine_unsupported:trigger"
 REFUSALS: dict[str, Refusal] = {
-    # Record-triggered after save, but its entry criteria use IsChanged and its only element is a subflow call.
+    # Record-triggered after save (its IsChanged entry criteria are admitted); its only element is a subflow call.
     "TTS_Update_Tenant_Contact_on_Change": Refusal(
-        [(TRIGGER_NONE, "start"), (TRIGGER_NONE, "start"),
-         ("engine_unsupported:element:subflows", "Check_if_Tenant_Contact_is_Active")],
+        [("engine_unsupported:element:subflows", "Check_if_Tenant_Contact_is_Active")],
         trigger_records=("TTS_Space_Tenant_Contact__c", _tenant_contacts(), {"End_Date__c": "2021-06-30"})),
     # Autolaunched subflow with SObject inputs (startable); it compares animalRecord.Previous_Current_Owner__r.Id
     # (a relationship read), and record deletes and an email action have no handler here.

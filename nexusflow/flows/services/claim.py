@@ -88,8 +88,8 @@ def flow_step_claim_batch(*, worker_id: str, limit: int | None = None) -> list[S
     with due runs (:func:`..selectors.flow_orgs_with_due_runs`), of which this worker serves the next in
     round robin (:func:`_next_org`: per-org fair share, a hot tenant's backlog never queues another
     tenant's run behind it), then that org's oldest due runs in stable order (``run_after``, id; at most
-    :data:`policy.CLAIM_BATCH`, :func:`..selectors.flow_due_run_candidates`). The claim transaction then locks the candidates'
-    roots (one org, ascending id, ``FOR UPDATE SKIP LOCKED``: a root another worker is claiming or
+    :data:`policy.CLAIM_BATCH`, :func:`..selectors.flow_due_run_candidates`). The claim transaction then
+    locks the candidates' roots (one org, ascending id, ``FOR UPDATE SKIP LOCKED``: a root another worker is claiming or
     running is left to it, never waited for), then their steps (ascending id), re-verifies each pair
     exactly as a single claim does and writes each lease, ``Claimed`` step, ``Running`` root and
     ``Started`` attempt. Every claim is its own fence; executing one never depends on another.
