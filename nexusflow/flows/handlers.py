@@ -58,7 +58,7 @@ ENGINE_OPERATORS = frozenset({
     "EqualTo", "NotEqualTo", "IsNull", "IsBlank", "GreaterThan", "GreaterThanOrEqualTo", "LessThan",
     "LessThanOrEqualTo", "Contains", "StartsWith", "EndsWith",
 })
-#: Operators only data elements' record filters take (Salesforce: Get/Update/Create Records): a collection value.
+#: Operators only data elements' record filters take (Get, Update and Create Records): a collection value.
 FILTER_ONLY_OPERATORS = frozenset({"In", "NotIn"})
 LITERAL_KINDS = frozenset({"stringValue", "booleanValue", "numberValue"})
 #: Value kinds the interpreter computes (formulas also need a compiled AST).

@@ -35,9 +35,9 @@ from .producers import RECORD_ID_INPUT, change_event_object
 #: Elements the interpreter runs.
 SUPPORTED_ELEMENTS = frozenset({"assignments", "decisions", "loops", "recordLookups", "recordUpdates",
                                 "recordCreates", "collectionProcessors"})
-#: Collection processors the interpreter runs (Salesforce's Collection Filter and Collection Sort elements).
+#: Collection processors the interpreter runs (the Collection Filter and Collection Sort elements).
 FILTER_PROCESSOR, SORT_PROCESSOR = "FilterCollectionProcessor", "SortCollectionProcessor"
-#: Assignment operators that change a collection variable (Salesforce "Flow Operators in Assignment Elements",
+#: Assignment operators that change a collection variable (the Flow metadata's assignment operators,
 #: Collection): the value is one item or a collection of items.
 COLLECTION_ASSIGNMENT_OPERATORS = frozenset({"AddAtStart", "RemoveAll", "RemoveFirst", "RemoveAfterFirst",
                                              "RemoveBeforeFirst", "RemoveUncommon", "RemovePosition"})
@@ -510,7 +510,7 @@ def collection_assign(op: str, current: Any, value: Any, *, target: str = "") ->
     """The new value of collection variable ``target`` (``current``: a list or ``None``) after assignment
     operator ``op`` of :data:`COLLECTION_ASSIGNMENT_OPERATORS` with ``value`` (one item or a list of items).
 
-    As Salesforce defines them: ``AddAtStart`` puts the value's items first; ``RemoveAll`` removes every
+    As the Flow language defines them: ``AddAtStart`` puts the value's items first; ``RemoveAll`` removes every
     item equal to one of them; ``RemoveFirst`` the first item equal to each; ``RemoveAfterFirst`` every
     item after the first one equal to the value (keeping it) and ``RemoveBeforeFirst`` every item before
     it (the collection is unchanged when no item equals it); ``RemoveUncommon`` every item equal to none
