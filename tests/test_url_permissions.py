@@ -93,7 +93,7 @@ ADMIN_MODELS = (
     "connectors.v1schedulerlease", "connectors.v1streamcursor", "connectors.v1providercall",
     "runtime_outbox.outboundcommand", "runtime_outbox.applicationresult", "runtime_outbox.outboxmessage",
     "runtime_outbox.intentresultreceipt", "runtime_outbox.replayrecordwrite", "runtime_outbox.inboxacceptance",
-    "cutover.cutoverdecision", "cutover.cutoverevidence",
+    "cutover.cutoverdecision", "cutover.cutoverevidence", "cutover.cutoverreadinesscertificate",
 )
 
 
