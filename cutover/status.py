@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from connectors.models import AccountServingGate, ConnectorServiceConfigurationGeneration
+from connectors.models import AccountServingGate, ConnectorServiceConfigurationGeneration, V1MaintenanceBarrier
 from nexusflow.kernel.reasons import REASONS, load_all_reasons
 from nexusflow.kernel.scope import OrgScope
 
@@ -27,8 +27,9 @@ def _next_command(org_id: str, phase: str, certificate, refusal) -> str:
         if certificate is None:
             detail = " (fix the blockers first, under a new attempt key)" if refusal is not None else ""
             return f"manage.py cutover preflight --org {org_id} --attempt KEY --plan FILE{detail}"
-        return (f"certified as attempt {certificate.attempt_key}; the maintenance phases (halt-v1 onward) are "
-                "not available yet")
+        return f"manage.py cutover halt-v1 --org {org_id} --attempt {certificate.attempt_key}"
+    if phase == "halting_v1":
+        return "drain V1 (run_workers --role v1 finishes accepted work); the drain phase command is not available yet"
     if phase == "v2_serving":
         return "none: V2 serves every account"
     return f"manage.py cutover greenfield --org {org_id} (resumes a greenfield walk)"
@@ -41,6 +42,7 @@ def cutover_status(*, org: OrgScope) -> dict:
         ``{"org_id", "phase": str (the common gate state, "mixed", or "unconfigured"),
         "configuration": {"generation", "digest"} | None,
         "gates": {state: count} (every state with a gate, in procedure order),
+        "barriers": {kind: "open" | "closed"} (the V1 maintenance barriers; empty before v1-install),
         "certificate": {"attempt_key", "digest", "epoch_id", "created_at"} | None (latest, current configuration),
         "budgets": {phase: {"budget_seconds", "projected_seconds", "used_seconds"}} (from that certificate;
         ``used_seconds`` is null until the phase has run),
@@ -87,6 +89,7 @@ def cutover_status(*, org: OrgScope) -> dict:
         budgets = {phase_name: {"budget_seconds": p["budget_seconds"], "projected_seconds": p["projected_seconds"],
                                 "used_seconds": None}
                    for phase_name, p in document["projections"].items()}
+    barriers = {b.kind: b.state for b in V1MaintenanceBarrier.objects.filter(org_id=org.org_id).order_by("kind")}
     decision = CutoverDecision.objects.filter(org_id=org.org_id).order_by("-id").first()
     return {
         "org_id": org.org_id, "phase": phase,
@@ -96,7 +99,7 @@ def cutover_status(*, org: OrgScope) -> dict:
         "certificate": None if certificate is None else {
             "attempt_key": certificate.attempt_key, "digest": certificate.digest,
             "epoch_id": int(certificate.epoch_id), "created_at": certificate.created_at.isoformat()},
-        "budgets": budgets, "blockers": blockers,
+        "barriers": barriers, "budgets": budgets, "blockers": blockers,
         "decision": None if decision is None else {"attempt_key": decision.attempt_key, "state": decision.state},
         "next_command": _next_command(org.org_id, phase, certificate, refusal),
     }

@@ -4,10 +4,13 @@
 - ``v1-install``: a fresh V1 install (every gate ``v1_serving``, served by ``run_workers --role v1``);
 - ``preflight --attempt KEY --plan FILE``: certify a V1 -> V2 attempt before maintenance
   (one immutable CutoverReadinessCertificate), or refuse it with reason-coded blockers;
+- ``halt-v1 --attempt KEY``: close the V1 maintenance barriers, move every gate to ``halting_v1``
+  under the attempt's certificate and remeasure; a breach reopens the barriers and aborts to
+  ``v1_serving`` (exit 3);
 - ``status [--json]``: phase, gate counts, certificate, budgets, blockers and the next command.
 
 Exit codes: 0 done; 1 a greenfield/v1-install refusal or an unexpected error; 2 bad input (the
-stable code first on the line); 3 preflight refused (blockers, a changed input under the same
+stable code first on the line); 3 preflight or halt-v1 refused (blockers, a changed input under the same
 attempt, gates in the wrong state); 4 deferred (an owner could not be read now: run it again).
 """
 import json
@@ -16,6 +19,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from connectors.serving.gates import EpochVerificationDeferred
+from cutover.halt import HaltAborted, cutover_halt_v1
 from cutover.preflight import CutoverPlanInvalid, ReadinessRefused, cutover_preflight
 from cutover.services import cutover_greenfield
 from cutover.status import cutover_status
@@ -29,10 +33,11 @@ EXIT_BAD_INPUT, EXIT_REFUSED, EXIT_DEFERRED = 2, 3, 4
 class Command(BaseCommand):
     help = ("Run a cutover procedure: 'greenfield' (a fresh install with no V1 activates V2), 'v1-install' "
             "(a fresh V1 install: every gate v1_serving, served by run_workers --role v1), 'preflight' (certify a "
-            "V1 -> V2 attempt against an L2 plan before maintenance) or 'status' (where the cutover stands).")
+            "V1 -> V2 attempt against an L2 plan before maintenance), 'halt-v1' (close the V1 maintenance barriers "
+            "and halt every gate under that certificate) or 'status' (where the cutover stands).")
 
     def add_arguments(self, parser):
-        parser.add_argument("procedure", choices=["greenfield", "v1-install", "preflight", "status"])
+        parser.add_argument("procedure", choices=["greenfield", "v1-install", "preflight", "halt-v1", "status"])
         parser.add_argument("--org", required=True, help="Org id whose accounts to activate, install or certify.")
         parser.add_argument("--attempt", help="preflight: the service cutover attempt key (a new key per input change).")
         parser.add_argument("--plan", help="preflight: the L2 cutover plan JSON file (docs/operations.md).")
@@ -50,6 +55,9 @@ class Command(BaseCommand):
             if procedure == "preflight":
                 self._preflight(scope, attempt, plan)
                 return
+            if procedure == "halt-v1":
+                self._halt(scope, attempt)
+                return
             if procedure == "status":
                 self._status(scope, as_json)
                 return
@@ -58,13 +66,14 @@ class Command(BaseCommand):
             raise CommandError(f"{exc.code}: {exc}", returncode=EXIT_BAD_INPUT) from exc
         except EpochVerificationDeferred as exc:
             raise CommandError(f"{exc.code}: {exc}", returncode=EXIT_DEFERRED) from exc
-        except ReadinessRefused as exc:
+        except (ReadinessRefused, HaltAborted) as exc:
             lines = [f"  {b['reason_code']}: {b['subject']}: {b['detail']}" for b in exc.blockers]
-            raise CommandError(f"{exc.code}: {exc}; nothing entered maintenance\n" + "\n".join(lines),
+            tail = "; nothing entered maintenance" if isinstance(exc, ReadinessRefused) else ""
+            raise CommandError(f"{exc.code}: {exc}{tail}\n" + "\n".join(lines),
                                returncode=EXIT_REFUSED) from exc
         except NexusError as exc:
             # greenfield and v1-install keep their original exit 1 for a refusal.
-            code = EXIT_REFUSED if procedure == "preflight" else 1
+            code = EXIT_REFUSED if procedure in ("preflight", "halt-v1") else 1
             raise CommandError(f"{exc.code}: {exc}", returncode=code) from exc
         state = "already active" if report.already_active else "activated"
         self.stdout.write(f"epoch {report.epoch_id} {state} ({report.epoch_digest[:16]}); "
@@ -89,6 +98,17 @@ class Command(BaseCommand):
             self.stdout.write(f"  route {route['account_key']}/{route['route_key']}: {route['disposition']}")
         for phase, p in report.projections.items():
             self.stdout.write(f"  {phase}: projected {p['projected_seconds']}s of {p['budget_seconds']}s")
+
+    def _halt(self, org: OrgScope, attempt: str | None) -> None:
+        if not attempt:
+            raise CommandError("missing_argument: halt-v1 needs --attempt KEY", returncode=EXIT_BAD_INPUT)
+        report = cutover_halt_v1(org=org, attempt_key=attempt)
+        verb = "already halted" if report.already else "halted"
+        fences = ", ".join(f"{kind}@{fence}" for kind, fence in sorted(report.barriers.items()))
+        self.stdout.write(f"attempt {attempt} {verb}: gates halting_v1: {', '.join(report.gates)}; "
+                          f"barriers closed: {fences}; certificate {report.certificate_digest[:16]}")
+        for phase, p in report.remeasured.items():
+            self.stdout.write(f"  remeasured {phase}: {p['projected_seconds']}s of {p['budget_seconds']}s")
 
     def _status(self, org: OrgScope, as_json: bool) -> None:
         report = cutover_status(org=org)
