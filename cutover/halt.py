@@ -27,6 +27,7 @@ only, and V1 never reads a gate.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 from django.db import transaction
@@ -43,6 +44,7 @@ from connectors.store import AccountServingGateStore
 from connectors.v1.barriers import KINDS
 from connectors.v1.store import V1MaintenanceBarrierStore
 from nexusflow.kernel import canonical_json, failpoints
+from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.scope import OrgScope
@@ -175,7 +177,9 @@ def cutover_halt_v1(*, org: OrgScope, attempt_key: str) -> HaltReport:
         raise CutoverRefused(f"halt-v1 needs gates v1_serving or halting_v1; found {', '.join(past)}")
 
     _check_certificate(org, certificate)  # before any barrier closes: a stale certificate changes nothing
+    closing_started = db_now()
     fences = _barriers_move(org, attempt_key, close=True)
+    closure_seconds = max(0, math.ceil((db_now() - closing_started).total_seconds()))
     failpoints.hit(FP_AFTER_BARRIERS)
     try:
         document = _freeze_gates(org, attempt_key, fences)
@@ -194,6 +198,7 @@ def cutover_halt_v1(*, org: OrgScope, attempt_key: str) -> HaltReport:
                for phase, p in projections.items()}
     _evidence(org, attempt_key, "halt_remeasure", "", {"certificate_digest": certificate.digest,
                                                        "measurements": measured, "projections": summary,
+                                                       "used_seconds": {"owner_barrier_closure": closure_seconds},
                                                        "blockers": blockers})
     if blockers:
         _abort(org, attempt_key, certificate.digest, blockers)

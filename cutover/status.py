@@ -14,7 +14,7 @@ from nexusflow.kernel.reasons import REASONS, load_all_reasons
 from nexusflow.kernel.scope import OrgScope
 
 from . import selectors
-from .models import CutoverDecision
+from .models import CutoverDecision, CutoverEvidence
 
 #: Gate states in procedure order (seed 003 "State machines", AccountServingGate).
 GATE_ORDER = ("v1_serving", "halting_v1", "v1_stopped", "v1_drained", "v2_validating", "v2_serving", "v2_halted")
@@ -45,7 +45,8 @@ def cutover_status(*, org: OrgScope) -> dict:
         "barriers": {kind: "open" | "closed"} (the V1 maintenance barriers; empty before v1-install),
         "certificate": {"attempt_key", "digest", "epoch_id", "created_at"} | None (latest, current configuration),
         "budgets": {phase: {"budget_seconds", "projected_seconds", "used_seconds"}} (from that certificate;
-        ``used_seconds`` is null until the phase has run),
+        ``used_seconds`` is null until the phase has run; ``owner_barrier_closure`` is measured by
+        ``halt-v1`` on the database clock, reporting only: elapsed time never decides safety),
         "blockers": [{"reason_code", "subject", "detail", "owner", "remediations", "alert_after_seconds"}],
         "decision": {"attempt_key", "state"} | None, "next_command": str}``.
 
@@ -89,6 +90,11 @@ def cutover_status(*, org: OrgScope) -> dict:
         budgets = {phase_name: {"budget_seconds": p["budget_seconds"], "projected_seconds": p["projected_seconds"],
                                 "used_seconds": None}
                    for phase_name, p in document["projections"].items()}
+    remeasure = None if certificate is None else CutoverEvidence.objects.filter(
+        org_id=org.org_id, attempt_key=certificate.attempt_key, kind="halt_remeasure").first()
+    for phase_name, seconds in ({} if remeasure is None else remeasure.payload.get("used_seconds", {})).items():
+        if phase_name in budgets:
+            budgets[phase_name]["used_seconds"] = seconds
     barriers = {b.kind: b.state for b in V1MaintenanceBarrier.objects.filter(org_id=org.org_id).order_by("kind")}
     decision = CutoverDecision.objects.filter(org_id=org.org_id).order_by("-id").first()
     return {

@@ -95,6 +95,8 @@ def test_halt_closes_new_roots_freezes_every_gate_and_accepted_v1_work_still_fin
     status = cutover_status(org=certified)
     assert status["phase"] == "halting_v1" and status["barriers"]["ingress"] == "closed"
     assert status["gates"] == {"halting_v1": 2} and "drain" in status["next_command"]
+    assert isinstance(status["budgets"]["owner_barrier_closure"]["used_seconds"], int)
+    assert status["budgets"]["drain"]["used_seconds"] is None
 
 
 def test_a_transaction_crossing_the_barrier_close_commits_and_is_remeasured(certified):
