@@ -158,7 +158,8 @@ def cutover_halt_v1(*, org: OrgScope, attempt_key: str) -> HaltReport:
         CutoverRefused: the org has no V1 barriers (rerun ``cutover v1-install``), a barrier is closed by
             another attempt, the attempt was aborted before, or a gate is past ``halting_v1``.
         CertificateMismatch: the certificate's bytes, configuration generation or gate set differ from
-            the service now (the barriers stay closed: abort with a new preflight, see docs).
+            the service now (checked before any barrier closes, and again under the gate locks; while no
+            gate halted, the barriers are reopened). Certify a new attempt.
         HaltAborted: the remeasure breached the certificate; barriers reopened, gates ``v1_serving``.
 
     Seed 003 "Offline V1 shutdown, cold rollback, and V2 cutover" (step 1); proofs S003-RP-35, S003-RP-38.
@@ -193,6 +194,10 @@ def cutover_halt_v1(*, org: OrgScope, attempt_key: str) -> HaltReport:
     if remeasure is not None and not remeasure.payload["blockers"]:
         return HaltReport(attempt_key, certificate.digest, document["gate_set"], fences,
                           remeasure.payload["projections"], already=True)
+    if remeasure is not None:  # a recorded breach is final: finish its abort, never remeasure it away
+        _abort(org, attempt_key, certificate.digest, remeasure.payload["blockers"])
+        raise HaltAborted(f"attempt {attempt_key} breached its certificate at remeasure; barriers reopened and "
+                          "every gate is v1_serving again", remeasure.payload["blockers"])
     measured, projections, blockers = _breaches(org, document)
     summary = {phase: {"budget_seconds": p["budget_seconds"], "projected_seconds": p["projected_seconds"]}
                for phase, p in projections.items()}

@@ -216,3 +216,20 @@ def test_a_crash_after_the_barriers_closed_resumes_under_the_same_attempt(certif
     report = cutover_halt_v1(org=certified, attempt_key="attempt-1")
     assert not report.already and report.barriers == {"configuration": 1, "ingress": 1, "root_outbound": 1}
     assert set(AccountServingGate.objects.values_list("state", flat=True)) == {"halting_v1"}
+
+
+def test_a_recorded_breach_is_final_even_if_the_backlog_drains_before_the_rerun(certified, client, monkeypatch):
+    """A crash between the breach record and the abort resumes the abort; it never remeasures the breach away."""
+    import cutover.halt as halt
+
+    assert post_v1(client, [hubspot_event(3, 502, 1002, "email", "b@example.test")]).status_code == 202
+    monkeypatch.setattr(halt, "_abort", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("crashed")))
+    with pytest.raises(RuntimeError, match="crashed"):
+        cutover_halt_v1(org=certified, attempt_key="attempt-1")
+    assert set(AccountServingGate.objects.values_list("state", flat=True)) == {"halting_v1"}
+    monkeypatch.undo()
+    assert _run_v1_work() > 0  # the backlog is gone now; the recorded breach still decides
+    with pytest.raises(HaltAborted):
+        cutover_halt_v1(org=certified, attempt_key="attempt-1")
+    assert set(AccountServingGate.objects.values_list("state", flat=True)) == {"v1_serving"}
+    assert {state for state, _ in _barriers().values()} == {"open"}
