@@ -778,6 +778,7 @@ class WorkerProcess(GuardedModel):
 from connectors.v1.models import (  # noqa: E402,F401
     V1Account,
     V1Event,
+    V1MaintenanceBarrier,
     V1ProcessGeneration,
     V1ProviderCall,
     V1SchedulerLease,

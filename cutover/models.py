@@ -28,7 +28,12 @@ class CutoverDecision(GuardedModel):
 
 
 class CutoverEvidence(GuardedModel):
-    """One immutable certificate or receipt of the cutover evidence chain."""
+    """One immutable certificate or receipt of the cutover evidence chain.
+
+    A ``preflight_refusal`` row records one refused ``cutover preflight`` input: its
+    ``account_key`` holds that input's certificate digest (one row per distinct refused
+    input) and its payload the reason-coded blockers.
+    """
 
     org_id = IdentityField(max_length=64)
     attempt_key = IdentityField(max_length=80)
@@ -43,3 +48,34 @@ class CutoverEvidence(GuardedModel):
         constraints = [
             models.UniqueConstraint(fields=["org_id", "attempt_key", "kind", "account_key"], name="cutover_evidence_uniq"),
         ]
+
+
+class CutoverReadinessCertificate(GuardedModel):
+    """The immutable readiness certificate of one service cutover attempt (seed 003 "Compressed durable model").
+
+    ``document`` holds the canonical JSON bytes (sorted keys, no whitespace)
+    that ``cutover preflight`` certified: the exact configuration generation and
+    verified ServingEpoch, every enabled route's ordering-migration disposition
+    and proof, halt contracts, the L2 budget plan, the measured V1 workload and
+    conservative projections, and the closed reason/alert/owner/remediation
+    map. ``digest`` is its v2 digest. There is at most one per
+    ``(org_id, attempt_key)``; a changed input needs a new attempt key.
+
+    It lives on the main database next to the AccountServingGates, because
+    ``cutover halt-v1`` locks and byte-compares it in the same transaction that
+    freezes the gate set (seed 003 "Offline V1 shutdown ...", step 1).
+    """
+
+    org_id = IdentityField(max_length=64)
+    attempt_key = IdentityField(max_length=80)
+    configuration_id = TypedIdReference(to="connectors.ConnectorServiceConfigurationGeneration")
+    configuration_digest = IdentityField(max_length=64)
+    epoch_id = TypedIdReference(to="connectors.ServingEpoch")
+    epoch_digest = IdentityField(max_length=64)
+    plan_digest = IdentityField(max_length=64)
+    document = models.BinaryField(help_text="Canonical JSON bytes of the certified readiness document.")
+    digest = IdentityField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["org_id", "attempt_key"], name="cutover_readiness_uniq")]

@@ -12,3 +12,21 @@ OWNER = "cutover"
 CUTOVER_IN_PROGRESS = register(
     "cutover_in_progress", owner=OWNER, evidence="cutover.selectors.gates_halted_for_cutover",
     severity_class=ATTENTION, alert_after_seconds=3600, remediations=("resume_cutover",))
+
+# --- preflight refusals (seed 003 "Operational liveness and maintenance admission") -------------
+#: Each is stored in the ``blockers`` of a ``preflight_refusal`` CutoverEvidence row; nothing entered maintenance.
+ROUTE_MIGRATION_UNSUPPORTED = register(
+    "route_migration_unsupported", owner=OWNER, evidence="cutover.selectors.preflight_refusals",
+    severity_class=ATTENTION, alert_after_seconds=86400, remediations=("revise_cutover_plan",))
+ROUTE_HALT_CONTRACT_MISSING = register(
+    "route_halt_contract_missing", owner=OWNER, evidence="cutover.selectors.preflight_refusals",
+    severity_class=ATTENTION, alert_after_seconds=86400, remediations=("revise_cutover_plan",))
+READINESS_INPUT_INCOMPLETE = register(
+    "readiness_input_incomplete", owner=OWNER, evidence="cutover.selectors.preflight_refusals",
+    severity_class=ATTENTION, alert_after_seconds=86400, remediations=("revise_cutover_plan",))
+CUTOVER_BUDGET_EXCEEDED = register(
+    "cutover_budget_exceeded", owner=OWNER, evidence="cutover.selectors.preflight_refusals",
+    severity_class=ATTENTION, alert_after_seconds=86400, remediations=("revise_cutover_plan",))
+V1_EFFECT_UNRESOLVED = register(
+    "v1_effect_unresolved", owner=OWNER, evidence="cutover.selectors.preflight_refusals",
+    severity_class=ATTENTION, alert_after_seconds=3600, remediations=("operator_reconcile", "revise_cutover_plan"))

@@ -6,9 +6,16 @@ admission").
 """
 from __future__ import annotations
 
-from django.db.models import QuerySet
+import datetime as dt
+from collections.abc import Iterator
+
+from django.db import connections
+from django.db.models import Count, Max, QuerySet
 
 from connectors.models import GateTransitionEvidence
+from connectors.v1.models import V1Event, V1ProviderCall, V1SchedulerLease, V1StreamCursor, V1TransportKey
+
+from .models import CutoverEvidence, CutoverReadinessCertificate
 
 
 def gates_halted_for_cutover(*, org_id: str, reason_code: str | None = None,
@@ -28,3 +35,79 @@ def gates_halted_for_cutover(*, org_id: str, reason_code: str | None = None,
     if account_key is not None:
         qs = qs.filter(gate__account_key=account_key)
     return qs.order_by("-id")
+
+
+def preflight_refusals(*, org_id: str, reason_code: str | None = None) -> QuerySet[CutoverEvidence]:
+    """``preflight_refusal`` evidence rows of ``org_id``, newest first; the evidence query of every preflight code.
+
+    Each row's ``payload`` is ``{"attempt_key", "input_digest", "blockers": [{"reason_code", "subject",
+    "detail"}]}`` (seed 003 "Operational liveness and maintenance admission").
+
+    Args:
+        reason_code: only refusals with at least one blocker carrying this code.
+    """
+    qs = CutoverEvidence.objects.filter(org_id=org_id, kind="preflight_refusal").order_by("-id")
+    if reason_code is None:
+        return qs
+    return qs.filter(payload__contains={"blockers": [{"reason_code": reason_code}]})
+
+
+def readiness_certificates(*, org_id: str) -> QuerySet[CutoverReadinessCertificate]:
+    """The readiness certificates of ``org_id``, newest first."""
+    return CutoverReadinessCertificate.objects.filter(org_id=org_id).order_by("-id")
+
+
+# --- measured V1 workload (seed 003 "Operational liveness and maintenance admission") ----------
+def v1_event_states(*, org_id: str) -> dict[str, dict[str, int]]:
+    """``{account_key: {state: count}}`` of the V1 events of ``org_id`` (every state, accounts in key order)."""
+    out: dict[str, dict[str, int]] = {}
+    rows = (V1Event.objects.filter(org_id=org_id).values("account_key", "state").annotate(n=Count("id"))
+            .order_by("account_key", "state"))
+    for row in rows:
+        out.setdefault(row["account_key"], {})[row["state"]] = row["n"]
+    return out
+
+
+def v1_event_payloads(*, org_id: str, account_key: str, route_key: str) -> Iterator[dict | None]:
+    """The payload of every V1 event of one account route that is not ``quarantined``, in id order.
+
+    A quarantined item never ran and never moves a high-water, so it is left out.
+    """
+    return (V1Event.objects.filter(org_id=org_id, account_key=account_key, route_key=route_key)
+            .exclude(state="quarantined")
+            .order_by("id").values_list("payload", flat=True).iterator(chunk_size=2000))
+
+
+def v1_provider_call_states(*, org_id: str) -> dict[str, int]:
+    """``{state: count}`` of the V1 provider calls of ``org_id``."""
+    rows = V1ProviderCall.objects.filter(org_id=org_id).values("state").annotate(n=Count("id")).order_by("state")
+    return {row["state"]: row["n"] for row in rows}
+
+
+def v1_leases(*, org_id: str) -> dict[str, int]:
+    """``{"scheduler_held": n, "events_leased": n}``: held V1 SchedulerLeases and V1 events carrying a lease owner."""
+    return {"scheduler_held": V1SchedulerLease.objects.filter(org_id=org_id, state="held").count(),
+            "events_leased": V1Event.objects.filter(org_id=org_id).exclude(lease_owner="").count()}
+
+
+def v1_identity_counts(*, org_id: str) -> dict[str, int]:
+    """``{"transport_keys": n, "stream_cursors": n}``: V1 transport identities to export and pulled-route cursors."""
+    return {"transport_keys": V1TransportKey.objects.filter(org_id=org_id).count(),
+            "stream_cursors": V1StreamCursor.objects.filter(org_id=org_id).count()}
+
+
+def v1_retry_horizon(*, org_id: str) -> dt.datetime | None:
+    """The latest ``next_attempt_at`` of a ``pending`` V1 event of ``org_id`` (a dependency deadline), or ``None``."""
+    return V1Event.objects.filter(org_id=org_id, state="pending").aggregate(m=Max("next_attempt_at"))["m"]
+
+
+def database_bytes(*, using: str = "default") -> int:
+    """Data plus index bytes of every table of the ``using`` database (``information_schema``; an estimate).
+
+    Raises:
+        django.db.Error: the statistics cannot be read.
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT COALESCE(SUM(data_length + index_length), 0) FROM information_schema.tables "
+                       "WHERE table_schema = DATABASE()")
+        return int(cursor.fetchone()[0])

@@ -5,7 +5,9 @@ AccountServingGate in ``v1_serving``, the initial state a configuration gives
 each new account (seed 003 "State machines"). This registers every configured
 account with V1 ingress, opens a V1 stream cursor for every enabled pulled
 route, and records one ``v1_install`` evidence row per account naming the
-configuration generation and the exact V1 release. It is idempotent.
+configuration generation and the exact V1 release, and creates the org's three
+V1 maintenance barriers open (:mod:`connectors.v1.barriers`). It is idempotent;
+rerun it on an older install to add missing barriers.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from django.db import transaction
 
 from connectors.models import AccountServingGate, ConnectorServiceConfigurationGeneration, PackGeneration
+from connectors.v1.barriers import v1_barriers_install
 from connectors.v1.generations import v1_release
 from connectors.v1.models import V1Account, V1StreamCursor
 from connectors.v1.store import V1StreamCursorStore
@@ -53,7 +56,7 @@ def cutover_v1_install(*, org: OrgScope) -> V1InstallReport:
     if moved:
         raise CutoverRefused(f"a V1 install serves only v1_serving gates; found {', '.join(moved)}")
     release = v1_release()
-    created, accounts, cursors = 0, [], []
+    created, accounts, cursors = v1_barriers_install(org_id=org.org_id), [], []
     for account in generation.document["accounts"]:
         key = account["account_key"]
         with transaction.atomic(durable=True):

@@ -91,9 +91,10 @@ ADMIN_MODELS = (
     "connectors.pushlinkrevalidationreceipt",
     "connectors.v1account", "connectors.v1processgeneration", "connectors.v1transportkey", "connectors.v1event",
     "connectors.v1schedulerlease", "connectors.v1streamcursor", "connectors.v1providercall",
+    "connectors.v1maintenancebarrier",
     "runtime_outbox.outboundcommand", "runtime_outbox.applicationresult", "runtime_outbox.outboxmessage",
     "runtime_outbox.intentresultreceipt", "runtime_outbox.replayrecordwrite", "runtime_outbox.inboxacceptance",
-    "cutover.cutoverdecision", "cutover.cutoverevidence",
+    "cutover.cutoverdecision", "cutover.cutoverevidence", "cutover.cutoverreadinesscertificate",
 )
 
 

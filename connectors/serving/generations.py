@@ -42,6 +42,7 @@ from nexusflow.kernel.models import insert
 from nexusflow.kernel.scope import OrgScope
 
 from connectors.serving import secret_store
+from connectors.v1.barriers import v1_barrier_admit
 from connectors.models import (
     AccountServingGate,
     CatalogBinding,
@@ -657,6 +658,7 @@ def service_configuration_apply(*, org: OrgScope, document: object) -> Connector
             duplicate fields or selections, an unpublished pack or credential,
             a placeholder or non-http(s) base_url, or an inexact credential relation.
         InvalidIdentity: a non-canonical key.
+        V1MaintenanceClosed: the org's configuration maintenance barrier is closed for a cutover (503).
 
     Seed 003 "Existing foundations and schema ownership", "Layer contract" (L2).
     """
@@ -686,6 +688,8 @@ def service_configuration_apply(*, org: OrgScope, document: object) -> Connector
             raise ConfigurationError(str(exc), code="credential_relation_invalid") from None
     body = {"protocol": CONFIG_GENERATION_PROTOCOL, "org_id": org.org_id, "accounts": frozen_accounts}
     with transaction.atomic(durable=True):
+        # The configuration owner's maintenance barrier (seed 003 "Offline V1 shutdown ..."): frozen during a cutover.
+        v1_barrier_admit(org_id=org.org_id, kind="configuration")
         latest = ConnectorServiceConfigurationGeneration.objects.filter(org_id=org.org_id).order_by("-generation").first()
         if latest is not None and {k: v for k, v in latest.document.items() if k != "generation"} == body:
             return latest

@@ -52,3 +52,9 @@ class V1ProviderCallAdmin(ReadOnlyAdmin):
                     "reason_class", "io_may_have_started_at", "response_status", "updated_at")
     list_filter = ("state", "call_site", "reason_code", ReasonClassFilter)
     exclude = ("request_body", "response_body")
+
+
+@admin.register(models.V1MaintenanceBarrier)
+class V1MaintenanceBarrierAdmin(ReadOnlyAdmin):
+    list_display = ("org_id", "kind", "state", "fence_token", "attempt_key", "updated_at")
+    list_filter = ("kind", "state")

@@ -69,22 +69,29 @@ class V1CallResult:
 
 
 def v1_call_prepare(*, org_id: str, account_key: str, call_site: str, kind: str, subject: str, method: str,
-                    url: str, body: bytes) -> V1ProviderCall:
+                    url: str, body: bytes, root_barrier: str = "") -> V1ProviderCall:
     """Commit the durable pre-I/O row of one provider call in state ``prepared`` and return it.
 
     Args:
         call_site: the egress manifest entry (e.g. ``"v1.push.update"``); a string literal at every caller.
         kind: ``push`` or ``poll``; subject: the record key (push) or route key (poll).
         method / url / body: the complete request, frozen before any I/O.
+        root_barrier: the maintenance barrier a new root request must pass (``"root_outbound"``), checked
+            in the row's own transaction; empty for calls of work V1 already accepted.
 
     Raises:
         RuntimeError: called inside a transaction (the row must be durable on its own).
         InvalidIdentity: a non-canonical key (before SQL).
+        V1MaintenanceClosed: ``root_barrier`` is closed (no row written, nothing sent).
     """
     if transaction.get_connection().in_atomic_block:
         raise RuntimeError("a V1 provider call row commits on its own, before any I/O")
     digest = digest_v2("connectors.v1.request", [("method", method), ("url", url), ("body", body)]).hexdigest
     with transaction.atomic(durable=True):
+        if root_barrier:
+            from connectors.v1.barriers import v1_barrier_admit
+
+            v1_barrier_admit(org_id=org_id, kind=root_barrier)
         return V1ProviderCallStore.create(org_id=org_id, account_key=account_key, call_site=call_site, kind=kind,
                                           subject=subject[:160], method=method, url=url[:500], request_body=body,
                                           request_digest=digest, state="prepared")

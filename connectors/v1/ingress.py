@@ -27,6 +27,7 @@ from connectors.inbound.admission import (
     parse_batch,
     transport_key_for,
 )
+from connectors.v1.barriers import v1_barrier_admit
 from connectors.v1.config import live_route, live_secret, v1_account
 from connectors.v1.models import V1Event, V1TransportKey
 
@@ -57,7 +58,8 @@ def v1_admit(*, account_key: str, channel: str, method: str, url: str, body: byt
     Raises:
         UnknownIngress (404): the account is not a V1 account, or has no enabled pushed route on ``channel``.
         SignatureError subclasses (401), MalformedBody (400), AdmissionConflict (409: the same transport
-        key with other content), V1CredentialUnavailable (503).
+        key with other content), V1CredentialUnavailable (503), V1MaintenanceClosed (503: the ingress
+        maintenance barrier is closed; the delivery stays unacknowledged and the source retries).
 
     Seed 003 "V1 concepts to retire" (V1 ingress and transport idempotency).
     """
@@ -85,6 +87,7 @@ def v1_accept(*, org_id: str, account_key: str, channel: str, route: dict, body:
 
     Raises:
         AdmissionConflict: the key is taken by a delivery of other content.
+        V1MaintenanceClosed: the org's ingress maintenance barrier is closed (nothing written).
     """
     items = classify_items(route, raw_items)
     key = transport_key or transport_key_for(route, items)
@@ -105,6 +108,7 @@ def v1_accept(*, org_id: str, account_key: str, channel: str, route: dict, body:
 
 
 def _accept_locked(org_id, account_key, channel, route, body, items, key, identity) -> V1AdmissionResult:
+    v1_barrier_admit(org_id=org_id, kind="ingress")  # first: a close waits for this transaction to return
     transport = insert(V1TransportKey, org_id=org_id, account_key=account_key, channel=channel,
                        route_key=route["route_key"], transport_key=key, identity_digest=identity, body=body,
                        body_digest=digest_v2("connectors.v1.body", [("body", body)]).hexdigest,

@@ -194,3 +194,28 @@ class V1ProviderCall(GuardedModel):
     class Meta:
         app_label = "connectors"
         constraints = [reason_code_constraint(transitions.V1_PROVIDER_CALL, name="v1_provider_call_reason_chk")]
+
+
+class V1MaintenanceBarrier(GuardedModel):
+    """One owner-level maintenance barrier of the V1 service of one org (seed 003 "Offline V1 shutdown ...").
+
+    ``kind`` is ``ingress`` (V1 webhook admission and stream polling), ``root_outbound``
+    (a new root V1 outbound request: ``v1_push``) or ``configuration`` (a new
+    ConnectorServiceConfigurationGeneration). ``closed`` stops new roots only: V1 work
+    already accepted keeps running. Admission share-locks the row in its own
+    transaction, so closing waits for every in-flight admission to return.
+    ``fence_token`` grows on every close and reopen; ``attempt_key`` names the
+    cutover attempt that closed it last.
+    """
+
+    org_id = IdentityField(max_length=64)
+    kind = IdentityField(max_length=16)
+    state = models.CharField(max_length=8)
+    version = models.PositiveBigIntegerField(default=1)
+    fence_token = models.PositiveBigIntegerField(default=0)
+    attempt_key = IdentityField(max_length=80, blank=True, default="")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        app_label = "connectors"
+        constraints = [models.UniqueConstraint(fields=["org_id", "kind"], name="v1_maintenance_barrier_uniq")]

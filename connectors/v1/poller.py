@@ -21,6 +21,7 @@ from nexusflow.kernel.errors import NexusError
 
 from connectors.contracts.stream_routes import encode_cursor, envelope_transport_key, expand_envelope, render_cursor
 from connectors.inbound.admission import MalformedBody, parse_body
+from connectors.v1.barriers import v1_barrier_is_closed
 from connectors.v1.config import live_route, live_secret
 from connectors.v1.egress import v1_call_prepare, v1_call_send
 from connectors.v1.events import scheduler_lease_hold
@@ -52,7 +53,7 @@ def v1_stream_poll(*, org_id: str, cursor_id: V1StreamCursor.Id, worker_id: str,
 
     Returns:
         The number of envelopes accepted (0 for an empty batch), or ``None`` when another live worker holds
-        the org's ``v1.poll`` SchedulerLease or the cursor is stopped.
+        the org's ``v1.poll`` SchedulerLease, the cursor is stopped or the ingress maintenance barrier is closed.
 
     Raises:
         V1PollFailed: the fetch was refused, ambiguous or not answered (the cursor did not move).
@@ -63,8 +64,8 @@ def v1_stream_poll(*, org_id: str, cursor_id: V1StreamCursor.Id, worker_id: str,
         if scheduler_lease_hold(org_id=org_id, name=POLL_SCHEDULER, worker_id=worker_id, now=db_now()) is None:
             return None
     cursor = V1StreamCursor.objects.get(org_id=org_id, pk=cursor_id)
-    if cursor.state != "polling":
-        return None
+    if cursor.state != "polling" or v1_barrier_is_closed(org_id=org_id, kind="ingress"):
+        return None  # a closed ingress barrier holds the cursor where it is: no fetch, no advance
     account, route = live_route(org_id, cursor.account_key, _channel_of(org_id, cursor), delivery="pull")
     stream, auth = route["stream"], route["auth"]
     params = {stream["topic_param"]: stream["topic"], stream["limit_param"]: str(stream["batch_limit"])}

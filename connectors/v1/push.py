@@ -63,6 +63,7 @@ def v1_push_record(*, org: OrgScope, contract_key: str, record_key: str,
         V1PushRefused (409 ``v1_no_linked_remote``): no live record, or no remote id in its mirror field;
             nothing was written and nothing sent.
         V1ContractUnknown (404), V1CredentialUnavailable (503): see :mod:`connectors.v1.config`.
+        V1MaintenanceClosed (503): the root outbound maintenance barrier is closed; nothing written or sent.
 
     Seed 002 "Scope" (synchronous PATCH-existing only) and seed 003 "V1 concepts to retire".
     """
@@ -83,6 +84,7 @@ def v1_push_record(*, org: OrgScope, contract_key: str, record_key: str,
         headers["Authorization"] = bearer(live_secret(org.org_id, account, auth["credential_ref"]))
     outcomes.policy(profile)  # a profile V1 cannot classify is refused here, before the pre-I/O row
     call = v1_call_prepare(org_id=org.org_id, account_key=account["account_key"], call_site="v1.push.update",
-                           kind="push", subject=record_key, method=update["method"], url=url, body=body)
+                           kind="push", subject=record_key, method=update["method"], url=url, body=body,
+                           root_barrier="root_outbound")
     result = v1_call_send(call, headers=headers, profile=profile, client=client)
     return V1PushReport(result.call_id, remote_id, result.state, result.status)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import datetime as dt
 
+from django.db import connections
+
 from nexusflow.kernel import locks
 from nexusflow.kernel.errors import FenceRejected
 from nexusflow.kernel.locks import LockClass
@@ -16,7 +18,7 @@ from nexusflow.kernel.store import CasStore
 
 from connectors.v1 import models, transitions
 
-RANK_V1_SCHEDULER_LEASE, RANK_V1_STREAM_CURSOR = 10, 11
+RANK_V1_BARRIER, RANK_V1_SCHEDULER_LEASE, RANK_V1_STREAM_CURSOR = 9, 10, 11
 RANK_V1_EVENT, RANK_V1_PROVIDER_CALL = 20, 21
 
 
@@ -63,3 +65,29 @@ class V1ProviderCallStore(CasStore):
     machine = transitions.V1_PROVIDER_CALL
     lock_class = LockClass.CONNECTOR_WORK
     lock_rank, lock_label = RANK_V1_PROVIDER_CALL, "v1 provider call"
+
+
+class V1MaintenanceBarrierStore(CasStore):
+    """The V1 owner-level maintenance barriers: a ``SERVING_GATE`` row before the V1 lease and cursor."""
+
+    model = models.V1MaintenanceBarrier
+    machine = transitions.V1_MAINTENANCE_BARRIER
+    lock_class = LockClass.SERVING_GATE
+    lock_rank, lock_label = RANK_V1_BARRIER, "v1 maintenance barrier"
+    stale_error = FenceRejected
+
+    @classmethod
+    def share_state(cls, org_id: str, kind: str) -> str | None:
+        """Share-lock the ``kind`` barrier of ``org_id`` and return its state (``None``: the org has none).
+
+        The shared lock lasts until the caller's transaction ends, so a close (``FOR UPDATE``) waits for
+        every admission already past this check (``LOCK IN SHARE MODE``: MariaDB and MySQL; TiDB needs
+        ``tidb_enable_noop_functions`` off and pessimistic mode).
+        """
+        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label, key=(org_id, kind))
+        table = cls.model._meta.db_table
+        with connections[cls.db()].cursor() as cursor:
+            cursor.execute(f"SELECT state FROM {table} WHERE org_id = %s AND kind = %s LOCK IN SHARE MODE",
+                           [org_id, kind])
+            row = cursor.fetchone()
+        return None if row is None else row[0]

@@ -5,6 +5,7 @@
 | V1Event | quarantined, failed | an item V1 cannot run, or a run that gave up |
 | V1ProviderCall | refused, ambiguous | a definite refusal, or I/O that may have happened without a proven answer |
 | V1SchedulerLease, V1StreamCursor | none | a lease and a cursor are positions, not halts |
+| V1MaintenanceBarrier | none | the cutover attempt that closed it is on the row and in its evidence |
 """
 from nexusflow.kernel.transitions import machine
 
@@ -59,4 +60,16 @@ V1_STREAM_CURSOR = machine(
     {"polling": {"stopped"}, "stopped": {"polling"}},
     initial={"polling"},
     seed=SEED + ' (cursor of a pulled route)',
+)
+
+V1_MAINTENANCE_BARRIER = machine(
+    "connectors.V1MaintenanceBarrier",
+    {
+        #: ``cutover halt-v1`` closes it; new roots are refused retryably, accepted work continues.
+        "open": {"closed"},
+        #: Reopened only by the fenced abort back to ``v1_serving`` (a remeasure breach).
+        "closed": {"open"},
+    },
+    initial={"open"},
+    seed='Seed 003, "Offline V1 shutdown, cold rollback, and V2 cutover" (owner-level maintenance barriers)',
 )

@@ -141,6 +141,13 @@ REMEDIATIONS: dict[str, Remediation] = {r.id: r for r in (
         "every gate on from where it stopped, or refuses with the state that blocks it.",
     ),
     Remediation(
+        "revise_cutover_plan",
+        "Preflight refused the cutover before maintenance: fix what the blockers name (give the route an "
+        "immutable migration disposition or disable it in a new configuration generation, correct the L2 budget "
+        "plan, halt contracts or alert owners, or reconcile the V1 rows), then run `manage.py cutover preflight "
+        "--org ORG --attempt NEW_KEY --plan FILE` under a new attempt key; the refusal stays recorded.",
+    ),
+    Remediation(
         "reprepare_epoch",
         "Restore the owner that changed (pack file, configuration or credential generation) or apply a new "
         "configuration generation (`manage.py connector_config_apply`), then run `manage.py cutover greenfield` "

@@ -76,3 +76,21 @@ def test_a_failed_fetch_leaves_the_cursor_where_it_was(v1_stream_org):
     (call,) = V1ProviderCall.objects.filter(kind="poll")
     assert call.state == "refused" and call.reason_code == "v1_not_performed"
     v1_stream_org.start()
+
+
+def test_a_closed_ingress_barrier_holds_the_cursor_without_a_fetch(v1_stream_org):
+    """Seed 003 halt contract of a pulled route: the poller stops without advancing its cursor."""
+    from django.db import transaction
+
+    from connectors.v1.store import V1MaintenanceBarrierStore
+
+    (cursor,) = V1StreamCursor.objects.filter(org_id=ORG)
+    v1_stream_org.publish([change_event(change_type="CREATE", record_ids=["003B1"], transaction_key="tx-9",
+                                        sequence=1, commit_ms=1_700_000_000_000, fields={"LastName": "Nine"})])
+    with transaction.atomic():
+        barrier = V1MaintenanceBarrierStore.lock_where(ORG, kind="ingress")
+        V1MaintenanceBarrierStore.transition(org_id=ORG, pk=barrier.pk, src="open", dst="closed",
+                                             version=barrier.version, set_fields={"fence_token": 1})
+    assert v1_stream_poll(org_id=ORG, cursor_id=cursor.pk, worker_id="v1-poller") is None
+    cursor.refresh_from_db()
+    assert cursor.cursor is None and not V1ProviderCall.objects.exists() and not V1TransportKey.objects.exists()

@@ -1,0 +1,111 @@
+"""``cutover status``: where an org's V1 -> V2 cutover stands, and the next command.
+
+Seed 003 "Operational liveness and maintenance admission": every halt names
+its reason code, evidence, owner and remediation; this report gathers them
+for one org from the gates, the readiness certificates and the preflight
+refusals. Read-only.
+"""
+from __future__ import annotations
+
+import json
+
+from connectors.models import AccountServingGate, ConnectorServiceConfigurationGeneration, V1MaintenanceBarrier
+from nexusflow.kernel.reasons import REASONS, load_all_reasons
+from nexusflow.kernel.scope import OrgScope
+
+from . import selectors
+from .models import CutoverDecision, CutoverEvidence
+
+#: Gate states in procedure order (seed 003 "State machines", AccountServingGate).
+GATE_ORDER = ("v1_serving", "halting_v1", "v1_stopped", "v1_drained", "v2_validating", "v2_serving", "v2_halted")
+
+
+def _next_command(org_id: str, phase: str, certificate, refusal) -> str:
+    if phase == "unconfigured":
+        return f"manage.py connector_config_apply --org {org_id} FILE"
+    if phase == "v1_serving":
+        if certificate is None:
+            detail = " (fix the blockers first, under a new attempt key)" if refusal is not None else ""
+            return f"manage.py cutover preflight --org {org_id} --attempt KEY --plan FILE{detail}"
+        return f"manage.py cutover halt-v1 --org {org_id} --attempt {certificate.attempt_key}"
+    if phase == "halting_v1":
+        return "drain V1 (run_workers --role v1 finishes accepted work); the drain phase command is not available yet"
+    if phase == "v2_serving":
+        return "none: V2 serves every account"
+    return f"manage.py cutover greenfield --org {org_id} (resumes a greenfield walk)"
+
+
+def cutover_status(*, org: OrgScope) -> dict:
+    """Report the cutover of ``org``.
+
+    Returns:
+        ``{"org_id", "phase": str (the common gate state, "mixed", or "unconfigured"),
+        "configuration": {"generation", "digest"} | None,
+        "gates": {state: count} (every state with a gate, in procedure order),
+        "barriers": {kind: "open" | "closed"} (the V1 maintenance barriers; empty before v1-install),
+        "certificate": {"attempt_key", "digest", "epoch_id", "created_at"} | None (latest, current configuration),
+        "budgets": {phase: {"budget_seconds", "projected_seconds", "used_seconds"}} (from that certificate;
+        ``used_seconds`` is null until the phase has run; ``owner_barrier_closure`` is measured by
+        ``halt-v1`` on the database clock, reporting only: elapsed time never decides safety),
+        "blockers": [{"reason_code", "subject", "detail", "owner", "remediations", "alert_after_seconds"}],
+        "decision": {"attempt_key", "state"} | None, "next_command": str}``.
+
+    Seed 003 "Operational liveness and maintenance admission".
+    """
+    load_all_reasons()
+    gates = list(AccountServingGate.objects.filter(org_id=org.org_id).order_by("account_key"))
+    configuration = (ConnectorServiceConfigurationGeneration.objects.filter(org_id=org.org_id)
+                     .order_by("-generation").first())
+    counts: dict[str, int] = {}
+    for gate in gates:
+        counts[gate.state] = counts.get(gate.state, 0) + 1
+    states = sorted(counts, key=lambda s: GATE_ORDER.index(s) if s in GATE_ORDER else len(GATE_ORDER))
+    phase = "unconfigured" if not gates else states[0] if len(states) == 1 else "mixed"
+
+    certificate = None
+    if configuration is not None:
+        certificate = selectors.readiness_certificates(org_id=org.org_id).filter(
+            configuration_id=configuration.pk).first()
+    refusal = selectors.preflight_refusals(org_id=org.org_id).first()
+    if refusal is not None and certificate is not None and certificate.created_at >= refusal.created_at:
+        refusal = None
+
+    blockers = []
+    for gate in gates:
+        if gate.reason_code:
+            blockers.append({"reason_code": gate.reason_code, "subject": gate.account_key,
+                             "detail": f"gate {gate.state}"})
+    if refusal is not None:
+        blockers += [{**b, "subject": f"{refusal.payload['attempt_key']}: {b['subject']}"}
+                     for b in refusal.payload.get("blockers", [])]
+    for blocker in blockers:
+        reason = REASONS.get(blocker["reason_code"])
+        if reason is not None:
+            blocker.update({"owner": reason.owner, "remediations": list(reason.remediations),
+                            "alert_after_seconds": reason.alert_after_seconds})
+
+    budgets = {}
+    if certificate is not None:
+        document = json.loads(bytes(certificate.document))
+        budgets = {phase_name: {"budget_seconds": p["budget_seconds"], "projected_seconds": p["projected_seconds"],
+                                "used_seconds": None}
+                   for phase_name, p in document["projections"].items()}
+    remeasure = None if certificate is None else CutoverEvidence.objects.filter(
+        org_id=org.org_id, attempt_key=certificate.attempt_key, kind="halt_remeasure").first()
+    for phase_name, seconds in ({} if remeasure is None else remeasure.payload.get("used_seconds", {})).items():
+        if phase_name in budgets:
+            budgets[phase_name]["used_seconds"] = seconds
+    barriers = {b.kind: b.state for b in V1MaintenanceBarrier.objects.filter(org_id=org.org_id).order_by("kind")}
+    decision = CutoverDecision.objects.filter(org_id=org.org_id).order_by("-id").first()
+    return {
+        "org_id": org.org_id, "phase": phase,
+        "configuration": None if configuration is None else {"generation": configuration.generation,
+                                                             "digest": configuration.digest},
+        "gates": {s: counts[s] for s in states},
+        "certificate": None if certificate is None else {
+            "attempt_key": certificate.attempt_key, "digest": certificate.digest,
+            "epoch_id": int(certificate.epoch_id), "created_at": certificate.created_at.isoformat()},
+        "barriers": barriers, "budgets": budgets, "blockers": blockers,
+        "decision": None if decision is None else {"attempt_key": decision.attempt_key, "state": decision.state},
+        "next_command": _next_command(org.org_id, phase, certificate, refusal),
+    }
