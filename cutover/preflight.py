@@ -34,7 +34,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from connectors.models import AccountServingGate, ConnectorServiceConfigurationGeneration, PackGeneration
+from connectors.models import ConnectorServiceConfigurationGeneration, PackGeneration
 from connectors.serving.gates import epoch_prepare, epoch_verify
 from connectors.v1.generations import v1_release
 from nexusflow.kernel import canonical_json
@@ -47,7 +47,7 @@ from nexusflow.kernel.scope import OrgScope
 
 from . import reasons, selectors
 from .models import CutoverReadinessCertificate
-from .services import CutoverRefused, _evidence
+from .services import CutoverRefused, _evidence, v1_serving_configuration
 from .store import certificate_insert
 
 CERTIFICATE_FORMAT = "nexusflow.cutover-readiness.v1"
@@ -373,14 +373,8 @@ def _disposition_blockers(route: dict, disposition: str | None, measured: dict) 
 
 def _certificate_document(*, org: OrgScope, attempt_key: str, plan: dict) -> tuple[dict, list[dict], dict]:
     """Read every input and return ``(document, blockers, projections)``."""
-    configuration = (ConnectorServiceConfigurationGeneration.objects.filter(org_id=org.org_id)
-                     .order_by("-generation").first())
-    gates = list(AccountServingGate.objects.filter(org_id=org.org_id).order_by("account_key"))
-    if configuration is None or not gates:
-        raise CutoverRefused(f"org {org.org_id} has no accounts; apply a connector configuration first")
-    moved = [f"{g.account_key}={g.state}" for g in gates if g.state != "v1_serving"]
-    if moved:
-        raise CutoverRefused(f"preflight runs before maintenance, with every gate v1_serving; found {', '.join(moved)}")
+    configuration, gates = v1_serving_configuration(
+        org=org, purpose="preflight runs before maintenance, with every gate v1_serving")
     accounts = [a["account_key"] for a in configuration.document["accounts"]]
     if sorted(accounts) != [g.account_key for g in gates]:
         raise CutoverRefused("the gate set is not one-to-one with the configuration's account set")

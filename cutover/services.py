@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
-from connectors.models import AccountServingGate, ServingEpoch
+from connectors.models import AccountServingGate, ConnectorServiceConfigurationGeneration, ServingEpoch
 from connectors.serving.epoch import epoch_recheck_for_activation
 from connectors.serving.gates import epoch_prepare, epoch_verify, gate_transition
 from connectors.store import AccountServingGateStore, ServingEpochStore
@@ -58,6 +58,26 @@ def _evidence(org: OrgScope, attempt_key: str, kind: str, account_key: str, payl
         existing = insert(CutoverEvidence, org_id=org.org_id, attempt_key=attempt_key, kind=kind,
                           account_key=account_key, payload=payload, digest=digest)
     return {"evidence_id": existing.pk, "kind": kind, "digest": existing.digest}
+
+
+def v1_serving_configuration(*, org: OrgScope, purpose: str) -> tuple[ConnectorServiceConfigurationGeneration,
+                                                                       list[AccountServingGate]]:
+    """The org's current connector configuration generation and its gates, ordered by account key, when
+    every gate is still ``v1_serving`` (a V1 install, a preflight before maintenance).
+
+    Raises:
+        CutoverRefused: the org has no configuration or no accounts, or a gate left ``v1_serving``
+            (``purpose`` says what needed them all there).
+    """
+    configuration = (ConnectorServiceConfigurationGeneration.objects.filter(org_id=org.org_id)
+                     .order_by("-generation").first())
+    gates = list(AccountServingGate.objects.filter(org_id=org.org_id).order_by("account_key"))
+    if configuration is None or not gates:
+        raise CutoverRefused(f"org {org.org_id} has no accounts; apply a connector configuration first")
+    moved = [f"{g.account_key}={g.state}" for g in gates if g.state != "v1_serving"]
+    if moved:
+        raise CutoverRefused(f"{purpose}; found {', '.join(moved)}")
+    return configuration, gates
 
 
 def cutover_greenfield(*, org: OrgScope) -> GreenfieldReport:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
-from connectors.models import AccountServingGate, ConnectorServiceConfigurationGeneration, PackGeneration
+from connectors.models import PackGeneration
 from connectors.v1.barriers import v1_barriers_install
 from connectors.v1.generations import v1_release
 from connectors.v1.models import V1Account, V1StreamCursor
@@ -23,7 +23,7 @@ from connectors.v1.store import V1StreamCursorStore
 from nexusflow.kernel.models import insert
 from nexusflow.kernel.scope import OrgScope
 
-from .services import CutoverRefused, _evidence
+from .services import CutoverRefused, _evidence, v1_serving_configuration
 
 
 @dataclass
@@ -47,14 +47,7 @@ def cutover_v1_install(*, org: OrgScope) -> V1InstallReport:
         CutoverRefused: the org has no configuration or accounts, a gate is not ``v1_serving`` (the org
             is being cut over or already serves V2), or an account key is registered for another org.
     """
-    generation = (ConnectorServiceConfigurationGeneration.objects.filter(org_id=org.org_id)
-                  .order_by("-generation").first())
-    gates = list(AccountServingGate.objects.filter(org_id=org.org_id).order_by("account_key"))
-    if generation is None or not gates:
-        raise CutoverRefused(f"org {org.org_id} has no accounts; apply a connector configuration first")
-    moved = [f"{g.account_key}={g.state}" for g in gates if g.state != "v1_serving"]
-    if moved:
-        raise CutoverRefused(f"a V1 install serves only v1_serving gates; found {', '.join(moved)}")
+    generation, gates = v1_serving_configuration(org=org, purpose="a V1 install serves only v1_serving gates")
     release = v1_release()
     created, accounts, cursors = v1_barriers_install(org_id=org.org_id), [], []
     for account in generation.document["accounts"]:
