@@ -50,10 +50,11 @@ class StreamOrg:
     stream: object
 
 
-@pytest.fixture
-def stream_org(billing_sandbox, cdc_sandbox, tmp_path, django_db_blocker) -> StreamOrg:
+def stream_service_configure(billing_url: str, stream_url: str, tmp_path, *, procedure: str = "greenfield") -> None:
+    """Configure the stream org as an operator would (packs, credentials, service document), then run
+    ``cutover <procedure>`` (``greenfield``: V2 serves; ``v1-install``: a fresh V1 install)."""
     path = tmp_path / "service.json"
-    path.write_text(json.dumps(stream_service_document(billing_sandbox.base_url, cdc_sandbox.base_url)))
+    path.write_text(json.dumps(stream_service_document(billing_url, stream_url)))
     credentials = tmp_path / "credentials.json"
     credentials.write_text(json.dumps(CREDENTIAL_DOCUMENTS + [
         {"account_key": STREAM_ACCOUNT, "credential_ref": "stream_token", "version": SECRET_VERSION,
@@ -63,7 +64,12 @@ def stream_org(billing_sandbox, cdc_sandbox, tmp_path, django_db_blocker) -> Str
                                                  for key in ("hubspot", "billing", "salesforce_cdc")), stdout=sink)
         call_command("connector_credential_publish", "--org", ORG, str(credentials), stdout=sink)
         call_command("connector_config_apply", "--org", ORG, str(path), stdout=sink)
-        call_command("cutover", "greenfield", "--org", ORG, stdout=sink)
+        call_command("cutover", procedure, "--org", ORG, stdout=sink)
+
+
+@pytest.fixture
+def stream_org(billing_sandbox, cdc_sandbox, tmp_path, django_db_blocker) -> StreamOrg:
+    stream_service_configure(billing_sandbox.base_url, cdc_sandbox.base_url, tmp_path)
     return StreamOrg(OrgScope(ORG), billing_sandbox, cdc_sandbox)
 
 

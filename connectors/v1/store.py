@@ -32,8 +32,10 @@ class V1SchedulerLeaseStore(CasStore):
     @classmethod
     def lock_by_name(cls, org_id: str, name: str) -> models.V1SchedulerLease | None:
         """Lock and return the lease ``name`` of ``org_id``, or ``None`` when it was never created."""
-        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label, key=(org_id, name))
-        return cls.model.objects.select_for_update().filter(org_id=org_id, name=name).first()
+        try:
+            return cls.lock_where(org_id, name=name)
+        except cls.model.DoesNotExist:
+            return None
 
 
 class V1StreamCursorStore(CasStore):

@@ -5,18 +5,15 @@ keyed as V2 keys them; the cursor advances only after they commit.
 """
 from __future__ import annotations
 
-import json
-import os
 
 import pytest
-from django.core.management import call_command
 
 from connectors.models import AccountServingGate, V1Event, V1ProviderCall, V1StreamCursor, V1TransportKey
 from connectors.v1.events import v1_event_try_complete_one, v1_event_try_run_one
 from connectors.v1.poller import V1PollFailed, v1_stream_poll, v1_stream_try_poll_one
 from packs.salesforce_cdc import change_event
-from tests.conftest import CREDENTIAL_DOCUMENTS, ORG, ROOT, SECRET_VERSION, billing_sandbox  # noqa: F401 (fixture)
-from tests.stream_support import STREAM_ACCOUNT, cdc_sandbox, stream_service_document  # noqa: F401 (fixture)
+from tests.conftest import ORG, billing_sandbox  # noqa: F401 (fixture)
+from tests.stream_support import STREAM_ACCOUNT, cdc_sandbox, stream_service_configure  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 
@@ -24,18 +21,7 @@ pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "cont
 @pytest.fixture
 def v1_stream_org(billing_sandbox, cdc_sandbox, tmp_path):  # noqa: F811
     """The stream org configured as an operator would, installed as a fresh V1 service (no greenfield)."""
-    path = tmp_path / "service.json"
-    path.write_text(json.dumps(stream_service_document(billing_sandbox.base_url, cdc_sandbox.base_url)))
-    credentials = tmp_path / "credentials.json"
-    credentials.write_text(json.dumps(CREDENTIAL_DOCUMENTS + [
-        {"account_key": STREAM_ACCOUNT, "credential_ref": "stream_token", "version": SECRET_VERSION,
-         "secret": {"from_env": "NEXUS_TEST_STREAM_TOKEN"}, "transport": {"scheme": "bearer"}}]))
-    with open(os.devnull, "w") as sink:
-        call_command("connector_pack_publish", *(str(ROOT / "packs" / key / "pack.json")
-                                                 for key in ("hubspot", "billing", "salesforce_cdc")), stdout=sink)
-        call_command("connector_credential_publish", "--org", ORG, str(credentials), stdout=sink)
-        call_command("connector_config_apply", "--org", ORG, str(path), stdout=sink)
-        call_command("cutover", "v1-install", "--org", ORG, stdout=sink)
+    stream_service_configure(billing_sandbox.base_url, cdc_sandbox.base_url, tmp_path, procedure="v1-install")
     return cdc_sandbox
 
 
