@@ -50,7 +50,8 @@ class FlowRunAdmin(ReadOnlyAdmin):
     """The run support page (seed 004 section 19): canonical state, legacy projection, soft delete."""
 
     list_display = ("id", "org_id", "plan", "state", "legacy_status", "trigger_object_name", "record_key",
-                    "record_version", "save_depth", "triggered_by_run", "reason_code", "reason_class", "is_deleted",
+                    "record_version", "save_depth", "triggered_by_run", "parent_run", "reason_code", "reason_class",
+                    "is_deleted",
                     "updated_at")
     list_filter = ("state", "legacy_status", "reason_code", ReasonClassFilter, "save_depth", "is_deleted")
     search_fields = ("record_key",)

@@ -22,7 +22,9 @@ class FlowsConfig(AppConfig):
         from .inbox import intent_completed_accept
         from .selectors import flow_run_trigger, flow_runs_nonterminal_count
         from .services import effect_handoff_finalize, flow_before_save, flow_trigger_on_record_saved
+        from .services.subflows import subflow_run_ended
         from .services.waits import record_deleting_signal, record_saved_signal
+        from .store import register_run_ended
         from .services.wait_resolution import scheduled_paths_before_delete
         from .workers import flow_units
 
@@ -44,3 +46,5 @@ class FlowsConfig(AppConfig):
         # A flow.effect.submit handoff the owner rejected (or whose acceptance stayed unknown) ends its wait
         # root-first before the Runtime marks the message terminal (seed 004 section 15.4).
         register_handoff_finalizer(effect_handoff_finalize)
+        # A subflow's child run, ending, wakes the parent step waiting on it (producer ``subflow``).
+        register_run_ended(subflow_run_ended)

@@ -16,7 +16,7 @@ executor implements today may be activated: the interpreter's elements
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from .catalog import CatalogEntry, CatalogSnapshot, binding_fingerprint_of
 from .compiler import (
@@ -293,7 +293,53 @@ def _scheduled_path_blockers(path: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def engine_support_diagnostics(payload: dict[str, Any], snapshot: CatalogSnapshot) -> list[Diagnostic]:
+def subflow_digests_of(payload: dict[str, Any]) -> list[str]:
+    """The plan digests of the subflows a plan payload calls directly (durable steps and graph nodes), sorted."""
+    found = set()
+    for step in payload.get("steps", []):
+        for node in step.get("graph", [step]):
+            if node.get("type") == "subflows" and node.get("subflow_plan_digest"):
+                found.add(node["subflow_plan_digest"])
+    return sorted(found)
+
+
+def compiled_subflow_payloads(compiled) -> dict[str, dict[str, Any]]:
+    """The plan payloads of every subflow a :class:`CompiledPlan` calls, transitively, by plan digest."""
+    out: dict[str, dict[str, Any]] = {}
+    pending = list(compiled.subflow_plans.values())
+    while pending:
+        child = pending.pop()
+        if child.plan_digest not in out:
+            out[child.plan_digest] = child.payload
+            pending.extend(child.subflow_plans.values())
+    return out
+
+
+def _subflow_blockers(node: dict[str, Any], snapshot: CatalogSnapshot, subflows: Mapping[str, dict[str, Any]],
+                      *, inline: bool) -> list[Diagnostic]:
+    """What keeps a subflow element from running: its plan missing from the deployed set, a durable child
+    called inside one transaction (``inline``), or any blocker of the child plan itself (its element path
+    prefixed with ``<element> > <flow>``)."""
+    element, flow = node.get("element"), node.get("flow")
+    child = subflows.get(node.get("subflow_plan_digest"))
+    if child is None:
+        return [Diagnostic("engine_unsupported:subflow_missing", element,
+                           f"the plan of subflow {flow} ({node.get('subflow_plan_digest')}) is not deployed in "
+                           "this org; deploy it with its caller")]
+    out = []
+    if inline and "graph" not in child["steps"][0]:
+        out.append(Diagnostic("engine_unsupported:subflow", element, f"subflow {flow} is a "
+                              f"{child.get('profile')} plan; a {PROFILE_ATOMIC} graph runs its subflows inline"))
+    if child.get("trigger", {}).get("trigger_type") != AUTOLAUNCHED:
+        out.append(Diagnostic("engine_unsupported:subflow", element, f"subflow {flow} has a start trigger; only "
+                              "an autolaunched flow is called as a subflow"))
+    for d in engine_support_diagnostics(child, snapshot, subflows):
+        out.append(Diagnostic(d.code, f"{element} > {flow}" + (f" > {d.element}" if d.element else ""), d.message))
+    return out
+
+
+def engine_support_diagnostics(payload: dict[str, Any], snapshot: CatalogSnapshot,
+                               subflows: Mapping[str, dict[str, Any]] | None = None) -> list[Diagnostic]:
     """What in a compiled plan this engine generation cannot run (empty list: activatable).
 
     The executor runs (seed 004 sections 9.1-9.3): Embedded Before-Save plans
@@ -305,9 +351,12 @@ def engine_support_diagnostics(payload: dict[str, Any], snapshot: CatalogSnapsho
     effects and Wait elements of ``AlarmEvent`` time events. A reference that reads through a relationship
     (``engine_unsupported:reference``) is refused in every profile. Codes:
     ``engine_unsupported:<feature>``; ``element`` names the step element (or
-    the formula).
+    the formula). A subflow element runs when the plan it was compiled against
+    is among ``subflows`` (plan payloads by plan digest: the org's deployed
+    plans at activation, the folder's at inventory) and that plan runs too.
     """
     out: list[Diagnostic] = []
+    subflows = subflows or {}
 
     def bad(feature: str, element: str | None, detail: str) -> None:
         out.append(Diagnostic(f"engine_unsupported:{feature}", element, detail))
@@ -350,6 +399,11 @@ def engine_support_diagnostics(payload: dict[str, Any], snapshot: CatalogSnapsho
             for feature, detail in _wait_blockers(step, trigger):
                 bad(feature, element, detail)
             continue
+        if kind == KIND_DEPENDENCY_WAIT and step.get("type") == "subflows":  # a child FlowRun
+            for feature, detail in _traversal_blockers(step):
+                bad(feature, element, detail)
+            out.extend(_subflow_blockers(step, snapshot, subflows, inline=False))
+            continue
         if kind not in RUNNABLE_KINDS:
             bad(f"step:{kind}", element, f"the executor has no {kind} handler for {step.get('type', kind)} yet")
             continue
@@ -357,6 +411,8 @@ def engine_support_diagnostics(payload: dict[str, Any], snapshot: CatalogSnapsho
         for node in nodes:
             for feature, detail in _node_blockers(node):
                 bad(feature, node.get("element"), detail)
+            if node.get("type") == "subflows":
+                out.extend(_subflow_blockers(node, snapshot, subflows, inline=True))
             entry = snapshot.entries.get(node.get("action_key")) if node.get("action_key") else None
             if node.get("action_key") and (entry is None or not binary_supports(entry)):
                 bad("handler", node.get("element"), f"{node.get('action_key')} has no handler binding in this binary")

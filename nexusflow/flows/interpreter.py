@@ -12,7 +12,11 @@ after its fences are validated, in one transaction with the checkpoint
 (seed 004 section 12.2 steps 11-12).
 
 Supported elements: ``assignments``, ``decisions``, ``loops``,
-``recordLookups``, ``recordUpdates``, ``recordCreates``. Anything else raises
+``recordLookups``, ``recordUpdates``, ``recordCreates``, ``collectionProcessors``
+and, inside a Bounded Atomic or Embedded graph, ``subflows`` (the child plan's
+graph runs inline, in the parent's transaction, as the Flow language runs a subflow
+in its caller's transaction; a Durable Orchestration plan runs a subflow as a
+child FlowRun instead, :mod:`.services.subflows`). Anything else raises
 :class:`FlowExecutionError` (activation refuses such plans first, see
 :func:`nexusflow.flows.handlers.engine_support_diagnostics`).
 
@@ -25,7 +29,7 @@ import copy
 import datetime as dt
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Protocol
+from typing import Any, Mapping, Protocol
 
 from . import formula as fx
 from .conditions import conditions_hold
@@ -34,7 +38,7 @@ from .producers import RECORD_ID_INPUT, change_event_object
 
 #: Elements the interpreter runs.
 SUPPORTED_ELEMENTS = frozenset({"assignments", "decisions", "loops", "recordLookups", "recordUpdates",
-                                "recordCreates", "collectionProcessors"})
+                                "recordCreates", "collectionProcessors", "subflows"})
 #: Collection processors the interpreter runs (the Collection Filter and Collection Sort elements).
 FILTER_PROCESSOR, SORT_PROCESSOR = "FilterCollectionProcessor", "SortCollectionProcessor"
 #: Assignment operators that change a collection variable (the Flow metadata's assignment operators,
@@ -94,8 +98,10 @@ def to_field_text(value: Any) -> str | None:
 class _Run:
     def __init__(self, *, plan_payload: dict[str, Any], record: dict[str, Any], object_name: str,
                  prior: dict[str, Any] | None, is_new: bool, now: dt.datetime, reader: RecordReader | None,
-                 budget: int, fan_out_limit: int, interview_start: dt.datetime | None = None):
+                 budget: int, fan_out_limit: int, interview_start: dt.datetime | None = None,
+                 subflows: Mapping[str, dict[str, Any]] | None = None):
         self.payload = plan_payload
+        self.subflows = subflows or {}
         self.interview_start = interview_start or now
         self.record = dict(record)
         self.object_name = object_name
@@ -473,6 +479,75 @@ class _Run:
             self.writes.append(Write("create", node["object"], None, values))
         return self._edge(node, "success")
 
+    def _el_subflows(self, node):  # noqa: N802
+        """Run the called flow's plan inline: inputs in, its graph over a scope of its own, writes and outputs
+        back (the parent's transaction and lock plan; seed 004 section 9.2)."""
+        payload = self.subflows.get(node.get("subflow_plan_digest"))
+        if payload is None:
+            raise FlowExecutionError(f"{node['element']}: the plan of subflow {node.get('flow')} is not deployed",
+                                     code="flow_subflow_missing")
+        step = payload["steps"][0]
+        if "graph" not in step:
+            raise FlowExecutionError(f"{node['element']}: subflow {node.get('flow')} is a durable plan; it runs as "
+                                     "a child run, not inside this transaction", code="flow_subflow_not_inline")
+        child = _Run(plan_payload=payload, record={}, object_name="", prior=None, is_new=False, now=self.now,
+                     reader=self.reader, budget=self.budget, fan_out_limit=self.fan_out_limit,
+                     interview_start=self.interview_start, subflows=self.subflows)
+        child.vars.update(subflow_inputs(node, payload, self.value))
+        child.run(step["graph"], step.get("entry_element"))
+        self.path.extend(f"{node['element']}>{element}" for element in child.path)
+        for write in child.writes:
+            if write.op == "update":
+                self._update(write.object_name, {RECORD_ID: write.record_key, **write.values,
+                                                 "__dirty": list(write.values)})
+            else:
+                self.writes.append(write)
+        self.subflow_outputs(node, payload, child.vars)
+        return self._edge(node, "success")
+
+    def subflow_outputs(self, node: dict[str, Any], payload: dict[str, Any], values: dict[str, Any]) -> None:
+        """Copy a finished subflow's output variables (``values``: its variables) into this run.
+
+        Raises:
+            FlowExecutionError: an output assignment names a variable the child does not declare as output.
+        """
+        declared = _variables(payload)
+        outputs = sorted(n for n, d in declared.items() if d.get("output"))
+        for target, name in sorted((node.get("outputs") or {}).items()):
+            if name not in outputs:
+                raise FlowExecutionError(f"{node['element']}: {name} is not an output variable of "
+                                         f"{node.get('flow')}", code="flow_subflow_output")
+            self.assign(target, values.get(name))
+        if node.get("store_output"):
+            self.elements[node["element"]] = {name: values.get(name) for name in outputs}
+
+
+def _variables(payload: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return (payload.get("checkpoint_schema") or {}).get("variables") or {}
+
+
+def subflow_inputs(node: dict[str, Any], payload: dict[str, Any], value) -> dict[str, Any]:
+    """The called flow's input variables from a subflow element's input assignments (JSON-safe).
+
+    ``value`` evaluates one compiled value in the caller's run. A collection input takes a list.
+
+    Raises:
+        FlowExecutionError: an assignment names no input variable of the child (code ``flow_subflow_input``).
+    """
+    declared = _variables(payload)
+    out: dict[str, Any] = {}
+    for name, raw in sorted((node.get("inputs") or {}).items()):
+        decl = declared.get(name) or {}
+        if not decl.get("input"):
+            raise FlowExecutionError(f"{node['element']}: {name} is not an input variable of {node.get('flow')}",
+                                     code="flow_subflow_input")
+        given = value(raw)
+        if decl.get("collection") and given is not None and not isinstance(given, list):
+            raise FlowExecutionError(f"{node['element']}: input {name} of {node.get('flow')} takes a collection",
+                                     code="flow_subflow_input")
+        out[name] = [] if given is None and decl.get("collection") else _jsonable(given)
+    return out
+
 
 def _jsonable(value: Any) -> Any:
     """``value`` with Decimals and dates as text (checkpoint context is JSON)."""
@@ -569,7 +644,8 @@ def run_graph(*, plan_payload: dict[str, Any], graph: list[dict[str, Any]], entr
               record: dict[str, Any], object_name: str, now: dt.datetime, reader: RecordReader | None,
               prior: dict[str, Any] | None = None, is_new: bool = False, budget: int = DEFAULT_VISIT_BUDGET,
               fan_out_limit: int = 200, state: dict[str, Any] | None = None,
-              interview_start: dt.datetime | None = None) -> Outcome:
+              interview_start: dt.datetime | None = None,
+              subflows: Mapping[str, dict[str, Any]] | None = None) -> Outcome:
     """Run ``graph`` from ``entry`` over ``record``; return what it decided, writing nothing.
 
     Args:
@@ -591,6 +667,8 @@ def run_graph(*, plan_payload: dict[str, Any], graph: list[dict[str, Any]], entr
             loop cursors, the in-memory ``$Record``), from its checkpoint.
         interview_start: when the run started (``$Flow.InterviewStartTime``);
             ``now`` when not given.
+        subflows: the plan payloads of the subflows the graph calls inline, by
+            plan digest (``subflow_plan_digest`` of each ``subflows`` node).
 
     Returns:
         The :class:`Outcome`; ``next_step`` is the first element outside
@@ -602,7 +680,8 @@ def run_graph(*, plan_payload: dict[str, Any], graph: list[dict[str, Any]], entr
             ``flow_budget_exhausted``). Always definite: replay cannot fix it.
     """
     run = _Run(plan_payload=plan_payload, record=record, object_name=object_name, prior=prior, is_new=is_new,
-               now=now, reader=reader, budget=budget, fan_out_limit=fan_out_limit, interview_start=interview_start)
+               now=now, reader=reader, budget=budget, fan_out_limit=fan_out_limit, interview_start=interview_start,
+               subflows=subflows)
     if state:
         run.load_state(state)
     nxt = run.run(graph, entry)
@@ -775,3 +854,31 @@ def wait_record_event(*, plan_payload: dict[str, Any], node: dict[str, Any], rec
             match[field_name] = _jsonable(run.value(value))
         return RecordEvent(name=event["name"], match=match)
     return None
+
+
+# --- subflow steps of a Durable Orchestration plan --------------------------------------------------------
+def subflow_call_inputs(*, plan_payload: dict[str, Any], node: dict[str, Any], child_payload: dict[str, Any],
+                        record: dict[str, Any], object_name: str, now: dt.datetime, interview_start: dt.datetime,
+                        prior: dict[str, Any] | None, is_new: bool, state: dict[str, Any] | None) -> dict[str, Any]:
+    """The child run's input variables of a durable subflow step, evaluated in the calling run's state.
+
+    Raises:
+        FlowExecutionError: an input names no input variable of the child, or a value cannot be computed.
+    """
+    run = _wait_run(plan_payload=plan_payload, record=record, object_name=object_name, now=now,
+                    interview_start=interview_start, prior=prior, is_new=is_new, state=state)
+    return subflow_inputs(node, child_payload, run.value)
+
+
+def subflow_call_outputs(*, plan_payload: dict[str, Any], node: dict[str, Any], child_payload: dict[str, Any],
+                         values: dict[str, Any], record: dict[str, Any], object_name: str, now: dt.datetime,
+                         interview_start: dt.datetime, state: dict[str, Any] | None) -> dict[str, Any]:
+    """The calling run's state after a finished child's output variables (``values``) are copied back.
+
+    Raises:
+        FlowExecutionError: an output assignment names no output variable of the child.
+    """
+    run = _wait_run(plan_payload=plan_payload, record=record, object_name=object_name, now=now,
+                    interview_start=interview_start, prior=None, is_new=False, state=state)
+    run.subflow_outputs(node, child_payload, values)
+    return run.export_state()

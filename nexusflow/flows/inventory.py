@@ -22,7 +22,7 @@ from nexusflow.records.metadata import MetadataView, current_view
 from .binding import flow_runtime_binding
 from .catalog import CatalogSnapshot, catalog_current
 from .compiler import analyze_flow
-from .handlers import engine_support_diagnostics
+from .handlers import compiled_subflow_payloads, engine_support_diagnostics
 
 FLOW_SUFFIX = ".flow-meta.xml"
 #: Compile-only checks need a trusted org for the binding; it is never persisted and names no tenant.
@@ -117,7 +117,8 @@ def flow_inventory(directory: str, *, schema: str = "open", view: MetadataView |
                               subflows=by_api, schema=schema)
         reasons = [d.as_json() for d in result.errors]
         blockers = reasons if result.plan is None else [
-            d.as_json() for d in engine_support_diagnostics(result.plan.payload, catalog)]
+            d.as_json() for d in engine_support_diagnostics(result.plan.payload, catalog,
+                                                            compiled_subflow_payloads(result.plan))]
         rows.append(InventoryRow(
             file=file, flow=flow, profile=None if result.rejected else result.profile, runs=not blockers,
             blockers=blockers, reasons=reasons, unknown_capabilities=list(result.unknown_capabilities),

@@ -182,6 +182,9 @@ class FlowRun(GuardedModel):
     # how many such Flow-caused re-saves lie between the logical save and this run.
     triggered_by_run = models.ForeignKey("self", null=True, on_delete=models.PROTECT, related_name="triggered_runs")
     save_depth = models.PositiveSmallIntegerField(default=0)
+    # A subflow call of a Durable Orchestration plan (docs/operations.md "Subflows"): the run whose subflow
+    # step started this one and waits on its end (null: not a subflow run).
+    parent_run = models.ForeignKey("self", null=True, on_delete=models.PROTECT, related_name="subflow_runs")
     # Seed 004's TerminalCauseCode: the closed reason a run failed or halted.
     reason_code = reason_code_field()
     # Seed 004 section 18.2: the legacy interview status, written only by the

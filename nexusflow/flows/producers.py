@@ -47,6 +47,8 @@ PRODUCER_RUNTIME_INTENT = "runtime.intent_result"
 PRODUCER_CLOCK = "runtime.clock"
 #: ``ProducerKind`` of a Wait element's record event (:func:`change_event_object`).
 PRODUCER_RECORD = "record.condition"
+#: ``ProducerKind`` of a subflow step: the end of the child FlowRun it started.
+PRODUCER_SUBFLOW = "subflow"
 
 PRODUCERS: dict[str, ProducerContract] = {c.kind: c for c in (
     ProducerContract(
@@ -75,6 +77,16 @@ PRODUCERS: dict[str, ProducerContract] = {c.kind: c for c in (
         expiry=("fires along the Wait's earliest AlarmEvent when it has one, else the runtime policy's maximum "
                 "wait age; a deleted record takes the fault path, or fails the run"),
         operator_signal="resume now, along the record event, as if the record met its condition",
+    ),
+    ProducerContract(
+        kind=PRODUCER_SUBFLOW,
+        notification=("same-transaction FlowWakeSignal written by the transaction that moves the child run into "
+                      "a terminal state (FlowRunStore), matched right after it commits"),
+        wake_identity="one signal per (work scope, parent run, dependency key = subflow:<child run id>)",
+        resolution_receipt="the child run: its terminal state, reason code and final output variables",
+        expiry=("terminal_failure after the runtime policy's maximum wait age; cancelling the parent cancels "
+                "the child"),
+        operator_signal=None,
     ),
 )}
 

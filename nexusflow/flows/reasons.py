@@ -41,6 +41,11 @@ LEASE_EXPIRY_EXHAUSTED = register(
     "flow_lease_expiry_exhausted", owner=OWNER, evidence=_S + "flow_attempts_for_reason",
     severity_class=ATTENTION, alert_after_seconds=600, remediations=("reauthor_intent",))
 
+#: A subflow's child run ended without succeeding (failed, quarantined or cancelled): the calling step fails
+#: with it, as a failing subflow fails its caller in the Flow language; the child run keeps its own reason code.
+SUBFLOW_FAILED = register(
+    "flow_subflow_failed", owner=OWNER, evidence=_S + "flow_runs_with_reason",
+    severity_class=ATTENTION, alert_after_seconds=3600, remediations=("reauthor_intent",))
 DEPENDENCY_EXPIRED = register(
     "flow_dependency_expired", owner=OWNER, evidence=_S + "flow_runs_with_reason",
     severity_class=ATTENTION, alert_after_seconds=3600, remediations=("reauthor_intent",))

@@ -1,6 +1,8 @@
 """Flow Runtime reads (no locks). Every read that names a row is scoped by org."""
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import connection
 from django.db.models import Count, QuerySet
 
@@ -231,6 +233,28 @@ def flow_checkpoints_for_reason(*, org_id: str, reason_code: str | None = None,
 #: Plans held by :func:`flow_plan_of` per process (a plan is immutable, so a held one never goes stale).
 PLAN_CACHE_SIZE = 256
 _plans: dict[tuple[str, int, str], FlowExecutionPlan] = {}
+
+
+def flow_subflow_payloads(*, org_id: str, payload: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The deployed plan payloads of every subflow ``payload`` calls, transitively, by plan digest.
+
+    A subflow resolves against the org's deployed plans by the exact plan digest it was compiled against
+    (never by flow name: a redeployed child does not change a parent's plan). A digest with no deployed
+    plan is simply absent; the activation gate names it (``engine_unsupported:subflow_missing``) and the
+    executor refuses it (``flow_subflow_missing``).
+    """
+    from .handlers import subflow_digests_of
+
+    out: dict[str, dict[str, Any]] = {}
+    pending = subflow_digests_of(payload)
+    while pending:
+        wanted = sorted(set(pending) - set(out))
+        pending = []
+        for digest, found in (FlowExecutionPlan.objects.filter(org_id=org_id, plan_digest__in=wanted)
+                              .values_list("plan_digest", "plan_payload")):
+            out[digest] = found
+            pending.extend(subflow_digests_of(found))
+    return out
 
 
 def flow_plan_of(*, org_id: str, plan_id: int, plan_digest: str) -> FlowExecutionPlan:

@@ -63,6 +63,17 @@ class FlowActivationStore(_FlowCasStore):
                 .filter(org_id=org_id, active_slot=flow_api_name).first())
 
 
+#: Called inside the transaction that moves a run into a terminal state, after the CAS:
+#: ``hook(org_id=..., run_id=..., state=...)`` (registered by the app, :func:`register_run_ended`).
+_RUN_ENDED_HOOKS: list = []
+
+
+def register_run_ended(hook) -> None:
+    """Call ``hook`` in every transaction that ends a run (e.g. a subflow's parent wake); idempotent."""
+    if hook not in _RUN_ENDED_HOOKS:
+        _RUN_ENDED_HOOKS.append(hook)
+
+
 class FlowRunStore(_FlowCasStore):
     """``FlowInterviewStateStore`` (seed 004 section 10.1): the only writer of FlowRun rows.
 
@@ -102,7 +113,11 @@ class FlowRunStore(_FlowCasStore):
             raise ValueError("FlowRun.legacy_status is a projection; the store writes it")
         cls.machine.assert_transition(kwargs["src"], kwargs["dst"])  # unlisted pairs fail before anything else
         set_fields = {**(set_fields or {}), "legacy_status": t.legacy_status_of(kwargs["dst"])}
-        return super().transition(set_fields=set_fields, **kwargs)
+        version = super().transition(set_fields=set_fields, **kwargs)
+        if kwargs["dst"] in cls.machine.terminal:
+            for hook in _RUN_ENDED_HOOKS:
+                hook(org_id=kwargs["org_id"], run_id=kwargs["pk"], state=kwargs["dst"])
+        return version
 
     @classmethod
     def touch(cls, *, set_fields=None, **kwargs) -> int:

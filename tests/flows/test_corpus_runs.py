@@ -493,6 +493,62 @@ def _location_change_unit_status() -> None:
     _assert_start_refused(name, {**inputs(busy, "Available"), "ignoreAllocatedUnits": "yes"}, "flow_input_type")
 
 
+def _update_tenant_contact_on_change() -> None:
+    """Record-triggered after save on TTS_Space_Tenant_Contact__c, entry criteria ``(1 OR 2) AND 3``: End_Date__c
+    changed or Start_Date__c changed, and Start_Date__c not null (IsChanged is false on create). Its only element
+    calls TTS_Tenant_Contact_Set_IsCurrent_Field with Tenant_Contact_ID = $Record.Id; that subflow runs inline, in
+    the run's one transaction, reads the contact and writes Is_Current_Contact__c = (End_Date__c null or >= today)
+    and Start_Date__c <= today back to it: one write per run, and its own save does not run the flow again (it
+    changes neither date)."""
+    deployed = _deploy("TTS_Update_Tenant_Contact_on_Change")
+    assert deployed.activated and deployed.plan.execution_profile == PROFILE_ATOMIC
+    # The called flow's plan is persisted beside its caller (not activated): the subflow runs that exact plan.
+    child = FlowExecutionPlan.objects.get(org_id=ORG.org_id, flow_api_name="TTS_Tenant_Contact_Set_IsCurrent_Field")
+    assert deployed.plan.plan_payload["steps"][0]["graph"][0]["subflow_plan_digest"] == child.plan_digest
+    assert not FlowActivation.objects.filter(org_id=ORG.org_id, plan=child).exists()
+    today = db_now().date()
+    day = dt.timedelta(days=1)
+    created = [save_record(ORG, values, object_name="TTS_Space_Tenant_Contact__c") for values in _tenant_contacts()]
+    assert not FlowRun.objects.exists() and run_until_idle() == 0  # created: no date "changed"
+    rng = random.Random(8107)
+    cases = []
+    for record in created:
+        change = rng.choice(["End_Date__c", "Start_Date__c"])
+        value = (today + rng.randint(-30, 30) * day).isoformat()
+        cases.append((record, {change: value}))
+    cases += [  # the decision boundaries of the subflow and the entry criteria
+        (save_record(ORG, {"Name": "ends-today", "Start_Date__c": "2020-01-01", "End_Date__c": None},
+                     object_name="TTS_Space_Tenant_Contact__c"), {"End_Date__c": today.isoformat()}),
+        (save_record(ORG, {"Name": "starts-tomorrow", "Start_Date__c": "2020-01-01"},
+                     object_name="TTS_Space_Tenant_Contact__c"), {"Start_Date__c": (today + day).isoformat()}),
+        (save_record(ORG, {"Name": "ended-yesterday", "Start_Date__c": "2020-01-01", "Is_Current_Contact__c": "true"},
+                     object_name="TTS_Space_Tenant_Contact__c"), {"End_Date__c": (today - day).isoformat()}),
+    ]
+    for record, changes in cases:
+        before = _stored(record)["fields"]
+        update_record(ORG, record, changes)
+        run_until_idle()
+        fields = {**before, **changes}
+        end, start = fields.get("End_Date__c"), fields["Start_Date__c"]
+        current = (end in (None, "") or dt.date.fromisoformat(end) >= today) and dt.date.fromisoformat(start) <= today
+        assert _stored(record) == {"fields": {**fields, "Is_Current_Contact__c": "true" if current else "false"},
+                                   "version": 3}, (before, changes)
+    runs = FlowRun.objects.filter(org_id=ORG.org_id)
+    assert runs.count() == len(cases) and {r.state for r in runs} == {t.RUN_SUCCEEDED}
+    assert {r.save_depth for r in runs} == {0}  # the subflow's write re-saved the contact without a new run
+    path = FlowCheckpoint.objects.filter(org_id=ORG.org_id, run=runs.first()).order_by("-sequence").values_list(
+        "context_payload", flat=True)
+    assert any("Check_if_Tenant_Contact_is_Active>Get_Tenant_Contact_Record" in (p.get("output") or {}).get(
+        "path", []) for p in path)
+    # Entry criteria not met: a Name-only change, a date change that clears Start_Date__c.
+    quiet = created[0]
+    version = _stored(quiet)["version"]
+    update_record(ORG, quiet, {"Name": "renamed"})
+    update_record(ORG, quiet, {"Start_Date__c": None, "End_Date__c": "2031-01-01"})
+    assert run_until_idle() == 0 and runs.count() == len(cases)
+    assert _stored(quiet)["version"] == version + 2
+
+
 # =============================================================================
 # Flows this engine generation refuses at activation
 # =============================================================================
@@ -520,10 +576,6 @@ def _tour_requests() -> list[dict]:
 
 TRIGGER_NONE = "engine_unsupported:trigger"
 REFUSALS: dict[str, Refusal] = {
-    # Record-triggered after save (its IsChanged entry criteria are admitted); its only element is a subflow call.
-    "TTS_Update_Tenant_Contact_on_Change": Refusal(
-        [("engine_unsupported:element:subflows", "Check_if_Tenant_Contact_is_Active")],
-        trigger_records=("TTS_Space_Tenant_Contact__c", _tenant_contacts(), {"End_Date__c": "2021-06-30"})),
     # Autolaunched subflow with SObject inputs (startable); it compares animalRecord.Previous_Current_Owner__r.Id
     # (a relationship read), and record deletes and an email action have no handler here.
     "Adopter_Match_clean_up_Subflow": Refusal(
@@ -533,10 +585,9 @@ REFUSALS: dict[str, Refusal] = {
          ("engine_unsupported:element:recordDeletes", "Delete_Adoption_Match_records"),
          ("engine_unsupported:handler", "Delete_Adoption_Match_records"),
          ("engine_unsupported:handler", "Send_Email_on_Error")]),
-    # Schedule-triggered (Daily) and a subflow call (DependencyWait step).
+    # Schedule-triggered (Daily); its subflow call (a DependencyWait step: a child run) runs.
     "TTS_Tenant_Contact_Scheduled_Actions": Refusal(
-        [(TRIGGER_NONE, "start"),
-         ("engine_unsupported:step:DependencyWait", "Check_If_Tenant_Contact_is_still_Active")],
+        [(TRIGGER_NONE, "start")],
         trigger_records=("TTS_Space_Tenant_Contact__c", _tenant_contacts(), {"Start_Date__c": "2022-02-02"})),
     # Before save: Realtor_User__c from $Record.Property__r.Broker__r.Realtor_User__c. Record fields are
     # stored one object deep, so the path would resolve to null and overwrite the field: refused instead.
@@ -581,6 +632,7 @@ RUNS: dict[str, Callable[[], None]] = {
     "Issue_Bulk_Resort_Credits": _issue_bulk_resort_credits,
     "AIM_FilterExistingIncidentRelatedItems": _aim_filter_existing_incident_related_items,
     "Location_Change_Unit_Status_SubFlow": _location_change_unit_status,
+    "TTS_Update_Tenant_Contact_on_Change": _update_tenant_contact_on_change,
 }
 
 

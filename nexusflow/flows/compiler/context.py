@@ -39,6 +39,9 @@ class CompiledPlan:
     bound_summary: dict[str, Any]
     diagnostic_summary: str
     subflow_plan_digests: dict[str, str] = field(default_factory=dict)
+    #: The compiled plans of the subflows it calls, by plan digest (not part of any digest: each child's own
+    #: plan digest is, through ``subflow_plan_digests``).
+    subflow_plans: dict[str, "CompiledPlan"] = field(default_factory=dict, compare=False, repr=False)
     digest_profile: str = PROFILE_V2
 
     @property

@@ -242,6 +242,14 @@ def _el_subflows(ctx: CompileContext, node: _Node) -> None:
     node.data = {"flow": flow_name,
                  "inputs": {a.get("name"): resolve_value(ctx, a.get("value"), node.name)
                             for a in _as_list(node.body.get("inputAssignments")) if isinstance(a, dict)}}
+    # The child's output variables copied back into the parent's: {parent reference: child variable}. With
+    # storeOutputAutomatically the element itself holds them (``<Element>.<variable>``).
+    outputs = {a.get("assignToReference"): a.get("name")
+               for a in _as_list(node.body.get("outputAssignments")) if isinstance(a, dict)}
+    if outputs:
+        node.data["outputs"] = outputs
+    if _bool_text(node.body.get("storeOutputAutomatically")):
+        node.data["store_output"] = True
     if not isinstance(flow_name, str) or not NAME_RE.match(flow_name):
         ctx.diag("unknown_subflow:invalid", node.name, "flowName is not a flow API name")
         return

@@ -286,6 +286,8 @@ def build_plan(ctx: CompileContext, profile: str, steps: list[dict[str, Any]],
         metadata_view_digest=ctx.view.digest, policy_version=POLICY_VERSION, execution_profile=profile,
         payload=payload, payload_digest=payload_digest, plan_digest=plan_digest,
         bound_summary=bound_summary, diagnostic_summary=summary, subflow_plan_digests=subflow_digests,
+        subflow_plans={n.child.plan.plan_digest: n.child.plan for n in ctx.nodes.values()
+                       if n.child is not None and n.child.plan is not None and n.name in ctx.reachable},
     )
 
 

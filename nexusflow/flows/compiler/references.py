@@ -106,6 +106,8 @@ def check_references(ctx: CompileContext) -> None:
         for v in d.get("inputs", {}).values():
             if isinstance(v, dict):
                 value_refs(v, node.name)
+        for target in d.get("outputs", {}):
+            check(target, node.name)
         for ev in d.get("events", []):
             for v in ev["inputs"].values():
                 value_refs(v, node.name)

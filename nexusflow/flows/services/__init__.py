@@ -16,6 +16,9 @@
 - :mod:`.time_waits`: Wait elements on the database clock, the
   ``DependencyWait`` executor, :func:`flow_try_resume_due_one` and
   :func:`flow_wait_signal` (the operator's ``flows signal``).
+- :mod:`.subflows`: a durable plan's subflow step (a child FlowRun and the
+  ``subflow`` wait on its end), :func:`subflow_run_ended` (the wake its end
+  writes).
 - :mod:`.recovery`: :func:`flow_try_recover_expired_one`.
 - :mod:`.expiry`: :func:`flow_try_expire_one` (a producer dependency past its
   deadline, under its compiled expiry policy) and :func:`flow_try_repair_one`
@@ -24,7 +27,7 @@
   ``flow.effect.submit`` handoff the owner rejected or whose acceptance
   stayed unknown (section 15.4; the Runtime calls it through its port).
 - :mod:`.lifecycle`: :func:`flow_step_heartbeat`, :func:`flow_run_delete`,
-  :func:`flow_try_cancel_cleanup_one`.
+  :func:`flow_try_cancel_cleanup_one`, :func:`subflow_children_cancel`.
 - :mod:`.before_save`: :func:`flow_before_save` (the records before-save hook).
 - :mod:`.support`: :func:`flow_run_support_read`, :func:`flow_waits_list`
   (the operator's ``flows waits``).

@@ -23,6 +23,7 @@ from ..compiler import CompiledPlan, compile_flow
 from ..errors import ActivationRejected, PlanMismatch
 from ..handlers import engine_support_diagnostics
 from ..models import FlowActivation, FlowExecutionPlan, FlowRuntimeMetadataView
+from ..selectors import flow_subflow_payloads
 from ..store import FlowActivationStore, metadata_view_insert, plan_insert
 
 
@@ -83,6 +84,9 @@ def flow_plan_compile(*, org: OrgScope, source: bytes | str, flow_api_name: str,
     returns the existing row with the same plan digest. Runs in the caller's
     transaction if there is one.
 
+    The plans of the subflows it calls are persisted beside it (not
+    activated): a subflow element runs the plan it was compiled against.
+
     Returns:
         ``(plan, created)``.
 
@@ -97,6 +101,33 @@ def flow_plan_compile(*, org: OrgScope, source: bytes | str, flow_api_name: str,
                             subflows=subflows, requested_profile=requested_profile)
     catalog_row = catalog_seal(snapshot=snapshot)
     view_row = metadata_view_seal(org=org, view=view)
+    # The plans of the subflows it calls, exactly as compiled with it: a subflow resolves by plan digest.
+    for child in _subflow_plans(compiled):
+        _plan_persist(org=org, binding=binding, compiled=child, catalog_row=catalog_row, view_row=view_row)
+    return _plan_persist(org=org, binding=binding, compiled=compiled, catalog_row=catalog_row, view_row=view_row)
+
+
+def _subflow_plans(compiled: CompiledPlan) -> list[CompiledPlan]:
+    """Every subflow plan ``compiled`` calls, transitively, innermost first."""
+    out: dict[str, CompiledPlan] = {}
+
+    def visit(plan: CompiledPlan) -> None:
+        for digest, child in sorted(plan.subflow_plans.items()):
+            if digest not in out:
+                visit(child)
+                out[digest] = child
+
+    visit(compiled)
+    return list(out.values())
+
+
+def _plan_persist(*, org: OrgScope, binding: RuntimeWorkBinding, compiled: CompiledPlan, catalog_row,
+                  view_row) -> tuple[FlowExecutionPlan, bool]:
+    """Insert the ``FlowExecutionPlan`` of ``compiled`` or return the row with its digest (caller's transaction).
+
+    Raises:
+        PlanMismatch: an existing row with this digest references another catalog.
+    """
     existing = FlowExecutionPlan.objects.filter(org_id=org.org_id, plan_digest=compiled.plan_digest).first()
     if existing is None:
         try:
@@ -155,7 +186,8 @@ def flow_activate(*, org: OrgScope, plan: FlowExecutionPlan) -> tuple[FlowActiva
     """
     if plan.org_id != org.org_id:
         raise PlanMismatch("plan belongs to another org")
-    blockers = engine_support_diagnostics(plan.plan_payload, _persisted_snapshot(plan))
+    blockers = engine_support_diagnostics(plan.plan_payload, _persisted_snapshot(plan),
+                                          flow_subflow_payloads(org_id=org.org_id, payload=plan.plan_payload))
     if blockers:
         raise ActivationRejected(blockers)
     with transaction.atomic():

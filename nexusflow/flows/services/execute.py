@@ -42,7 +42,7 @@ from ..compiler import (
 from ..errors import FlowExecutionError, FlowRunNotFound, LateLockDiscovery, PlanMismatch
 from ..interpreter import Outcome, run_graph
 from ..models import FlowExecutionPlan, FlowRun, FlowStepAttempt
-from ..selectors import flow_plan_of
+from ..selectors import flow_plan_of, flow_subflow_payloads
 from ..store import FlowAttemptStore, FlowRunStore, FlowStepStore
 from .admission import _SAVE_ORIGIN, _SaveOrigin, _step_def
 from .claim import StepClaim, _claim, flow_step_claim_batch
@@ -172,7 +172,7 @@ def _interpret(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, An
                         object_name=snapshot["object"], now=now, reader=reader, state=state,
                         prior=None if prior is None else {"Id": snapshot["record_key"], **prior},
                         is_new=snapshot.get("record_version") == 1, fan_out_limit=ATOMIC_MAX_FANOUT,
-                        interview_start=claim.interview_start)
+                        interview_start=claim.interview_start, subflows=_inline_subflows(claim, graph))
     if "graph" in step_def:
         next_key = step_def.get("next")
     else:
@@ -180,6 +180,13 @@ def _interpret(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, An
         if next_key is None and step_def.get("type") != "decisions":
             next_key = (step_def.get("next") or {}).get("success")
     return outcome, next_key or "end"
+
+
+def _inline_subflows(claim: StepClaim, graph: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The deployed plans of the subflows ``graph`` runs inline, by plan digest (none: no read)."""
+    if not any(node.get("type") == "subflows" for node in graph):
+        return {}
+    return flow_subflow_payloads(org_id=claim.org_id, payload={"steps": [{"graph": graph}]})
 
 
 def _lock_business(claim: StepClaim, extra: tuple[tuple[str, str], ...] = ()) -> dict[tuple[str, str], Any]:
@@ -498,6 +505,8 @@ def _discovery_admissible(run: FlowRun, claim: StepClaim, resource: list[str]) -
     plan = run.plan
     step_def = _step_def(plan, claim.step_key)
     graph, _entry = _graph_of(plan, step_def)
+    for child in _inline_subflows(claim, graph).values():  # a subflow's writes belong to the calling step
+        graph = graph + [n for s in child["steps"] for n in s.get("graph", [])]
     objects = {n["object"] for n in graph if n.get("type") in ("recordUpdates", "recordLookups") and n.get("object")}
     if any(n.get("type") == "recordUpdates" and n.get("input_reference") == "$Record" for n in graph):
         objects.add(run.trigger_object_name)

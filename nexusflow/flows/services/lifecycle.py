@@ -22,7 +22,8 @@ from nexusflow.kernel.scope import OrgScope
 from .. import policy
 from .. import transitions as t
 from ..errors import FlowRunNotFound
-from ..models import FlowRun, FlowStepAttempt, FlowStepExecution
+from ..models import FlowDependency, FlowRun, FlowStepAttempt, FlowStepExecution
+from ..producers import PRODUCER_SUBFLOW
 from ..store import FlowAttemptStore, FlowDependencyStore, FlowRunStore, FlowStepStore, audit_insert
 from .claim import StepClaim
 from .step_txn import _lock_live_step, _step_fences
@@ -148,8 +149,11 @@ def _cancel_cleanup(*, org_id: str, run_id: FlowRun.Id) -> bool:
     Locks root, its ``CancelRequested`` steps (id order), then their waiting
     dependencies; cancels those and the root. A step whose old lease is still
     live waits (its attempt is already ``Cancelled``; the old worker's fence
-    cannot commit), so cleanup alone enters ``Cancelled``.
+    cannot commit), so cleanup alone enters ``Cancelled``. The live child
+    runs of its waiting subflow steps are cancelled first
+    (:func:`subflow_children_cancel`).
     """
+    subflow_children_cancel(org_id=org_id, run_id=run_id)
     with transaction.atomic(durable=True):
         now = db_now()
         run = FlowRunStore.lock(org_id, run_id)
@@ -172,6 +176,23 @@ def _cancel_cleanup(*, org_id: str, run_id: FlowRun.Id) -> bool:
         audit_insert(org_id=org_id, run=run, step=None, attempt=None, event="run_cancelled",
                      detail={"steps": len(steps), "dependencies": len(deps)}, created_at=now)
     return True
+
+
+def subflow_children_cancel(*, org_id: str, run_id: int) -> int:
+    """Cancel the live child runs the waiting subflow steps of run ``run_id`` started; how many were cancelled.
+
+    Called before the parent's cancel cleanup commits (each child in its own root-first transaction,
+    :func:`.lifecycle.flow_run_delete`); a crash in between leaves the parent ``CancelRequested`` and the
+    cleanup sweep repeats it.
+    """
+    children = [dep["child_run"] for dep in FlowDependency.objects.filter(
+        org_id=org_id, run_id=run_id, producer_kind=PRODUCER_SUBFLOW, state=t.DEP_WAITING)
+        .values_list("condition", flat=True) if isinstance(dep, dict) and dep.get("child_run")]
+    cancelled = 0
+    for child_id in children:
+        if flow_run_delete(org=OrgScope(org_id), run_id=child_id).changed:
+            cancelled += 1
+    return cancelled
 
 
 def flow_try_cancel_cleanup_one() -> bool:

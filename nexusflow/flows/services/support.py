@@ -174,5 +174,8 @@ def flow_run_support_read(*, org: OrgScope, run_id: FlowRun.Id | int, include_de
                                                           "record_version": run.record_version,
                                                           "save_depth": run.save_depth,
                                                           "triggered_by_run_id": run.triggered_by_run_id},
+        "parent_run_id": run.parent_run_id,
+        "subflow_run_ids": [int(pk) for pk in FlowRun.objects.filter(org_id=org.org_id, parent_run_id=run.pk)
+                            .order_by("id").values_list("id", flat=True)],
         "steps": steps, "dependencies": dependencies, "effects": effects,
     }

@@ -33,30 +33,28 @@ from typing import Any
 
 from django.db import transaction
 
-from nexusflow.kernel import canonical_json, failpoints
+from nexusflow.kernel import failpoints
 from nexusflow.kernel.clock import db_now, db_now_sql
-from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.identity import validate_key, validate_note
 from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.scope import OrgScope
 
 from .. import policy
 from .. import transitions as t
-from ..binding import scope_of
 from ..errors import FlowExecutionError, FlowRunNotFound, PlanMismatch, WaitSignalRefused
 from ..compiler import TERMINAL_STEP_KEY
 from ..conditions import conditions_hold
 from ..handlers import PATH_OFFSET_UNITS
 from ..interpreter import RecordEvent, WaitEvent, to_instant, wait_record_event, wait_schedule
-from ..producers import PRODUCER_CLOCK, PRODUCER_RECORD, PRODUCERS, change_event_object, producer_contract
+from ..producers import PRODUCER_CLOCK, PRODUCER_RECORD, PRODUCERS, change_event_object
 from ..models import FlowCheckpoint, FlowDependency, FlowExecutionPlan, FlowRun
-from ..store import FlowDependencyStore
 from .admission import TRIGGER_CHECKPOINT_SEQUENCE
 from .claim import StepClaim
 from .step_txn import FP_BEFORE_COMMIT, _commit_step, _input_state, _lock_fenced, _step_txn
 from .record_waits import CONDITION_RECORD, record_condition_met, record_dependency_key
+from .subflows import _exec_subflow
 from .wait_resolution import CONDITION_SCHEDULED_PATH, EXPIRY_FIRES, clock_wait_resolve
-from .waits import _enter_waiting, flow_wake_reconcile
+from .waits import _enter_waiting, _step_dependency, _wait_create, flow_wake_reconcile
 
 log = logging.getLogger("nexusflow.flows")
 
@@ -65,12 +63,6 @@ FP_WAIT_CREATED = failpoints.declare("flow.wait.created")
 FP_RECORD_WAIT_COMMITTED = failpoints.declare("flow.wait.record_wait_committed")
 FP_RESUME_BEFORE_COMMIT = failpoints.declare("flow.wait.resume_before_commit")
 FP_AFTER_RESUME = failpoints.declare("flow.wait.after_resume")
-
-
-def _scope_filter(run: FlowRun) -> dict[str, Any]:
-    scope = scope_of(run)
-    return dict(org_id=scope.org_id, app_installation_id=scope.app_installation_id,
-                runtime_capability_id=scope.runtime_capability_id, binding_digest=scope.binding_digest)
 
 
 def _schedule(claim: StepClaim, run: FlowRun, plan: FlowExecutionPlan, step_def: dict[str, Any],
@@ -116,30 +108,6 @@ def _record_wait_create(claim: StepClaim, run: FlowRun, step, step_def: dict[str
                  expiry_policy=policy_name, deadline=deadline, now=now)
 
 
-def _wait_create(claim: StepClaim, run: FlowRun, step, *, producer_kind: str, key: str, condition: dict[str, Any],
-                 expiry_policy: str, deadline: dt.datetime, now: dt.datetime) -> None:
-    """Insert the step's dependency on a registered producer and enter ``Waiting`` (in the step transaction)."""
-    producer_contract(producer_kind)
-    FlowDependencyStore.create(
-        **_scope_filter(run), run=run, step=step, producer_kind=producer_kind, dependency_key=key,
-        condition=condition,
-        condition_digest=digest_v2("flows.dependency-condition", [
-            ("producer_kind", producer_kind), ("dependency_key", key),
-            ("condition", canonical_json.dumps(condition)),
-        ]).hexdigest,
-        expiry_policy=expiry_policy, state=t.DEP_WAITING, deadline=deadline, created_at=now,
-    )
-    _enter_waiting(claim, now)
-
-
-def _step_dependency(claim: StepClaim, run: FlowRun) -> FlowDependency | None:
-    """The claimed step's dependency in the run's complete work scope, locked (after root -> step -> attempt)."""
-    scope = _scope_filter(run)
-    dependency = FlowDependency.objects.filter(
-        org_id=claim.org_id, step_id=claim.step_id, **{k: v for k, v in scope.items() if k != "org_id"}).first()
-    return None if dependency is None else FlowDependencyStore.lock(claim.org_id, dependency.pk)
-
-
 def _clock_wait_create(claim: StepClaim, run: FlowRun, step, condition: dict[str, Any], *, deadline: dt.datetime,
                        now: dt.datetime) -> None:
     """Insert the step's ``runtime.clock`` dependency and enter ``Waiting`` (in the step transaction)."""
@@ -160,6 +128,8 @@ def _exec_dependency_wait(claim: StepClaim, plan: FlowExecutionPlan, step_def: d
     """
     if step_def.get("type") == "scheduled_path":
         return _exec_scheduled_path(claim, plan, step_def)
+    if step_def.get("type") == "subflows":
+        return _exec_subflow(claim, plan, step_def)
     if step_def.get("type") != "waits":
         raise PlanMismatch(f"no executor for a {step_def.get('type')} dependency wait")
     context = _input_state(claim)

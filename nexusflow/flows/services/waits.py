@@ -8,11 +8,12 @@ accepted signal to the waiting dependency and makes the run ``Runnable``.
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import Exists, OuterRef
 
-from nexusflow.kernel import failpoints
+from nexusflow.kernel import canonical_json, failpoints
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.errors import InvalidIdentity
@@ -74,6 +75,36 @@ def completion_dependency_create(*, run: FlowRun, step_id: int, dependency_key: 
         expiry_policy="quarantine", state=t.DEP_WAITING,
         deadline=now + dt.timedelta(seconds=policy.dependency_deadline_seconds()), created_at=now,
     )
+
+
+def _scope_filter(run: FlowRun) -> dict[str, Any]:
+    scope = scope_of(run)
+    return dict(org_id=scope.org_id, app_installation_id=scope.app_installation_id,
+                runtime_capability_id=scope.runtime_capability_id, binding_digest=scope.binding_digest)
+
+
+def _wait_create(claim: StepClaim, run: FlowRun, step, *, producer_kind: str, key: str, condition: dict[str, Any],
+                 expiry_policy: str, deadline: dt.datetime, now: dt.datetime) -> None:
+    """Insert the step's dependency on a registered producer and enter ``Waiting`` (in the step transaction)."""
+    producer_contract(producer_kind)
+    FlowDependencyStore.create(
+        **_scope_filter(run), run=run, step=step, producer_kind=producer_kind, dependency_key=key,
+        condition=condition,
+        condition_digest=digest_v2("flows.dependency-condition", [
+            ("producer_kind", producer_kind), ("dependency_key", key),
+            ("condition", canonical_json.dumps(condition)),
+        ]).hexdigest,
+        expiry_policy=expiry_policy, state=t.DEP_WAITING, deadline=deadline, created_at=now,
+    )
+    _enter_waiting(claim, now)
+
+
+def _step_dependency(claim: StepClaim, run: FlowRun) -> FlowDependency | None:
+    """The claimed step's dependency in the run's complete work scope, locked (after root -> step -> attempt)."""
+    scope = _scope_filter(run)
+    dependency = FlowDependency.objects.filter(
+        org_id=claim.org_id, step_id=claim.step_id, **{k: v for k, v in scope.items() if k != "org_id"}).first()
+    return None if dependency is None else FlowDependencyStore.lock(claim.org_id, dependency.pk)
 
 
 def _enter_waiting(claim: StepClaim, now: dt.datetime) -> None:
