@@ -12,6 +12,7 @@ from .models import (
     FlowEffectLink,
     FlowExecutionPlan,
     FlowRun,
+    FlowScheduleOccurrence,
     FlowRuntimeMetadataView,
     FlowStepAttempt,
     FlowStepExecution,
@@ -41,6 +42,16 @@ class FlowExecutionPlanAdmin(ReadOnlyAdmin):
 @admin.register(FlowActivation)
 class FlowActivationAdmin(ReadOnlyAdmin):
     list_display = ("flow_api_name", "org_id", "plan", "state", "created_at", "superseded_at")
+    list_filter = ("state",)
+    search_fields = ("flow_api_name",)
+
+
+@admin.register(FlowScheduleOccurrence)
+class FlowScheduleOccurrenceAdmin(ReadOnlyAdmin):
+    """A schedule-triggered flow's occurrences: when, how far the admission walk got, how many runs it admitted."""
+
+    list_display = ("id", "org_id", "flow_api_name", "occurrence_at", "state", "considered", "admitted",
+                    "cursor_record_key", "created_at", "completed_at")
     list_filter = ("state",)
     search_fields = ("flow_api_name",)
 

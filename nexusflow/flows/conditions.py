@@ -132,6 +132,12 @@ def trigger_matches(trigger: dict[str, Any], *, object_name: str, created: bool,
     return True
 
 
+def schedule_filters_hold(trigger: dict[str, Any], fields: dict[str, Any]) -> bool:
+    """A schedule-triggered flow's entry filters on one record's current ``fields`` (nothing changed: there is
+    no save; the activation gate refuses ``IsChanged`` on a scheduled start)."""
+    return _filters_hold(trigger, fields, changed=lambda _field: False)
+
+
 def _changed(created: bool, fields: dict[str, Any], prior: dict[str, Any] | None) -> Callable[[str], bool]:
     """``ISCHANGED(field)`` of a save: false on create and without the prior values (the record's whole
     field set before the save), else whether the saved value differs from the one it replaced (an absent

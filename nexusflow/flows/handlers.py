@@ -41,6 +41,7 @@ from .interpreter import (
     SUPPORTED_ELEMENTS,
 )
 from .producers import RECORD_ID_INPUT, TRIGGER_RECORD_ID, change_event_object
+from .schedule import SCHEDULED, ScheduleInvalid, schedule_start
 
 #: handler_ref -> implementation version compiled into this binary.
 IN_BINARY_HANDLERS: dict[str, str] = {
@@ -345,7 +346,8 @@ def engine_support_diagnostics(payload: dict[str, Any], snapshot: CatalogSnapsho
     The executor runs (seed 004 sections 9.1-9.3): Embedded Before-Save plans
     on before-save record triggers; Bounded Atomic and Durable Orchestration
     plans on after-save record triggers (with scheduled paths and
-    changed-record entry criteria), or autolaunched (no start object,
+    changed-record entry criteria), on schedule-triggered starts (``Once``,
+    ``Daily`` or ``Weekly``: one run per matching record per occurrence), or autolaunched (no start object,
     started by ``flows start`` with input variables), whose elements are assignments,
     decisions, loops, record lookups/updates/creates, PushToConnector
     effects and Wait elements of ``AlarmEvent`` time events. A reference that reads through a relationship
@@ -363,7 +365,7 @@ def engine_support_diagnostics(payload: dict[str, Any], snapshot: CatalogSnapsho
 
     profile = payload.get("profile")
     trigger = payload.get("trigger", {})
-    wanted = ("RecordBeforeSave",) if profile == PROFILE_EMBEDDED else ("RecordAfterSave", AUTOLAUNCHED)
+    wanted = ("RecordBeforeSave",) if profile == PROFILE_EMBEDDED else ("RecordAfterSave", AUTOLAUNCHED, SCHEDULED)
     if profile not in (PROFILE_EMBEDDED, PROFILE_ATOMIC, PROFILE_DURABLE):
         bad("profile", None, f"unknown profile {profile}")
     if trigger.get("trigger_type") not in wanted or (trigger.get("trigger_type") == AUTOLAUNCHED
@@ -372,12 +374,17 @@ def engine_support_diagnostics(payload: dict[str, Any], snapshot: CatalogSnapsho
                                 f"not {trigger.get('trigger_type')}")
     if trigger.get("filter_formula"):
         bad("trigger", "start", "filter formulas are not admitted yet")
+    if trigger.get("trigger_type") == SCHEDULED:
+        try:
+            schedule_start(trigger.get("schedule"))
+        except ScheduleInvalid as exc:
+            bad("schedule", "start", str(exc))
     for path in trigger.get("scheduled_paths") or []:
         for feature, detail in _scheduled_path_blockers(path):
             bad(feature, "start", detail)
     for f in trigger.get("filters", []):
-        if f.get("operator") == "IsChanged" and profile != PROFILE_EMBEDDED and (f.get("value") or {}).get(
-                "kind") == "booleanValue":
+        if f.get("operator") == "IsChanged" and trigger.get("trigger_type") == "RecordAfterSave" and (
+                f.get("value") or {}).get("kind") == "booleanValue":
             continue  # after save, admission compares the saved values with the ones they replaced
         if not _condition_ok(f):
             bad("trigger", "start", f"filter {f.get('field')} {f.get('operator')} is not evaluated at admission")

@@ -155,6 +155,39 @@ class FlowActivation(GuardedModel):
         indexes = [models.Index(fields=["org_id", "state"], name="flow_activation_state_idx")]
 
 
+class FlowScheduleOccurrence(GuardedModel):
+    """One occurrence of a schedule-triggered Flow and the runs it admitted (docs/operations.md
+    "Schedule-triggered flows").
+
+    Unique per ``(org, flow, occurrence time)``: however many workers sweep, and across a redeploy of the
+    flow, an occurrence admits its runs once. ``admitting`` walks the trigger object's records in key order
+    in bounded batches (``cursor_record_key``: the last record a committed batch considered); ``admitted``
+    when the walk is done.
+    """
+
+    org_id = OrgField()
+    flow_api_name = IdentityField(max_length=80)
+    plan = models.ForeignKey(FlowExecutionPlan, on_delete=models.PROTECT, related_name="schedule_occurrences")
+    occurrence_at = models.DateTimeField(help_text="The schedule's time this occurrence stands for (UTC).")
+    state = models.CharField(max_length=16)
+    version = models.PositiveBigIntegerField(default=1)
+    cursor_record_key = IdentityField(max_length=64, null=True)
+    considered = models.PositiveIntegerField(default=0, help_text="Records of the object the walk has read.")
+    admitted = models.PositiveIntegerField(default=0, help_text="Runs admitted: records that met the filters.")
+    created_at = models.DateTimeField()
+    completed_at = models.DateTimeField(null=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["org_id", "flow_api_name", "occurrence_at"],
+                                    name="flow_schedule_occurrence_uniq"),
+        ]
+        indexes = [models.Index(fields=["state", "id"], name="flow_schedule_occ_state_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.flow_api_name} @ {self.occurrence_at:%Y-%m-%d %H:%M} {self.state}"
+
+
 class FlowRun(GuardedModel):
     """The Flow run root: the lifecycle authority (seed 004 sections 10.1 and 11.1)."""
 

@@ -23,6 +23,12 @@ JITTER_FRACTION = 0.1
 
 
 
+def schedule_batch() -> int:
+    """Records one ``flow.schedule`` admission transaction reads (``NEXUS_FLOW_SCHEDULE_BATCH``, 1 to 1000,
+    default 200): a schedule occurrence admits its runs in transactions of at most this many records."""
+    return max(1, min(1000, int(setting_number("NEXUS_FLOW_SCHEDULE_BATCH", 200))))
+
+
 def claim_batch() -> int:
     """Steps one ``flow.step`` round claims in one transaction and then runs (``NEXUS_FLOW_CLAIM_BATCH``, 1 to
     :data:`CLAIM_BATCH`, default 4)."""

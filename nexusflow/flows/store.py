@@ -27,6 +27,7 @@ from .models import (
     FlowExecutionPlan,
     FlowRun,
     FlowRuntimeMetadataView,
+    FlowScheduleOccurrence,
     FlowStepAttempt,
     FlowStepExecution,
     FlowWakeSignal,
@@ -48,6 +49,14 @@ def note_lifecycle_rank(rank: int, label: str, using: str = "default") -> None:
 
 class _FlowCasStore(CasStore):
     lock_class = locks.LockClass.FLOW_LIFECYCLE
+
+
+class FlowScheduleOccurrenceStore(_FlowCasStore):
+    """The only writer of FlowScheduleOccurrence rows; locked alone, before any run it admits is inserted."""
+
+    model = FlowScheduleOccurrence
+    machine = t.FLOW_SCHEDULE_OCCURRENCE
+    lock_rank, lock_label = RANK_ACTIVATION, "schedule_occurrence"
 
 
 class FlowActivationStore(_FlowCasStore):

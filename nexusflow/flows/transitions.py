@@ -11,7 +11,7 @@ liveness and maintenance admission"; codes in ``nexusflow/flows/reasons.py``):
 | FlowStepExecution | Failed, Quarantined | the step that ended the run carries the same code |
 | FlowDependency | rejected | the producer's evidence was refused; ``expired`` is explained by its ``deadline`` |
 | FlowStepAttempt | none | attempt outcomes are evidence (``safe_error_code``); the step and run carry the code |
-| FlowWakeSignal, FlowActivation | none | no halted state |
+| FlowWakeSignal, FlowActivation, FlowScheduleOccurrence | none | no halted state |
 """
 from nexusflow.kernel.transitions import machine
 
@@ -203,4 +203,19 @@ FLOW_ACTIVATION = machine(
     seed='Seed 004, section 7.4 "Flow version activation binding"',
 )
 
-MACHINES = (FLOW_RUN, FLOW_STEP_EXECUTION, FLOW_STEP_ATTEMPT, FLOW_DEPENDENCY, FLOW_WAKE_SIGNAL, FLOW_ACTIVATION)
+# --- FlowScheduleOccurrence (a schedule-triggered flow's occurrence; docs/operations.md "Schedule-triggered flows")
+OCCURRENCE_ADMITTING = "admitting"
+OCCURRENCE_ADMITTED = "admitted"
+
+FLOW_SCHEDULE_OCCURRENCE = machine(
+    "flows.FlowScheduleOccurrence",
+    {
+        OCCURRENCE_ADMITTING: {OCCURRENCE_ADMITTED},
+        OCCURRENCE_ADMITTED: set(),
+    },
+    initial={OCCURRENCE_ADMITTING},
+    seed="Seed 004, section 12.1 (a schedule-triggered start admits its runs on the database clock)",
+)
+
+MACHINES = (FLOW_RUN, FLOW_STEP_EXECUTION, FLOW_STEP_ATTEMPT, FLOW_DEPENDENCY, FLOW_WAKE_SIGNAL, FLOW_ACTIVATION,
+            FLOW_SCHEDULE_OCCURRENCE)

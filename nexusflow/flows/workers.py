@@ -6,7 +6,7 @@ from nexusflow.kernel.workers import Unit
 
 def flow_units(worker_id: str) -> list[tuple[str, Unit]]:
     """The ``flow`` role: wake signals, due time waits, runnable steps, expired leases and dependencies,
-    runs left waiting on a terminal dependency, cancel cleanup."""
+    runs left waiting on a terminal dependency, cancel cleanup, schedule-triggered flows' occurrences."""
     from .services import (
         flow_try_cancel_cleanup_one,
         flow_try_expire_one,
@@ -14,6 +14,7 @@ def flow_units(worker_id: str) -> list[tuple[str, Unit]]:
         flow_try_repair_one,
         flow_try_resume_due_one,
         flow_try_run_step_one,
+        flow_try_schedule_one,
         flow_try_wake_one,
     )
 
@@ -23,4 +24,5 @@ def flow_units(worker_id: str) -> list[tuple[str, Unit]]:
             ("flow.recover", flow_try_recover_expired_one),
             ("flow.expire", flow_try_expire_one),
             ("flow.repair", flow_try_repair_one),
-            ("flow.cancel_cleanup", flow_try_cancel_cleanup_one)]
+            ("flow.cancel_cleanup", flow_try_cancel_cleanup_one),
+            ("flow.schedule", flow_try_schedule_one)]

@@ -137,6 +137,7 @@ def run_until_idle(*, worker_id: str = "test-worker", max_rounds: int = 50) -> i
         flow_try_repair_one,
         flow_try_resume_due_one,
         flow_try_run_step_one,
+        flow_try_schedule_one,
         flow_try_wake_one,
     )
 
@@ -144,7 +145,7 @@ def run_until_idle(*, worker_id: str = "test-worker", max_rounds: int = 50) -> i
     for _ in range(max_rounds):
         worked = [flow_try_wake_one(), flow_try_resume_due_one(), flow_try_run_step_one(worker_id=worker_id),
                   flow_try_recover_expired_one(), flow_try_expire_one(), flow_try_repair_one(),
-                  flow_try_cancel_cleanup_one()]
+                  flow_try_cancel_cleanup_one(), flow_try_schedule_one()]
         done += sum(worked)
         if not any(worked):
             return done

@@ -25,6 +25,7 @@ fixed seeds, with the decision boundaries added explicitly.
 from __future__ import annotations
 
 import datetime as dt
+import inspect
 import io
 import json
 import random
@@ -549,6 +550,42 @@ def _update_tenant_contact_on_change() -> None:
     assert _stored(quiet)["version"] == version + 2
 
 
+def _tenant_contact_scheduled_actions(db_clock_advance) -> None:
+    """Schedule-triggered, Daily from 2023-02-08 00:00 UTC, over TTS_Space_Tenant_Contact__c records whose
+    Start_Date__c is not null; each run calls TTS_Tenant_Contact_Set_IsCurrent_Field for its record (a durable
+    subflow step: a child run), which writes Is_Current_Contact__c = (End_Date__c null or >= today) and
+    Start_Date__c <= today. An activation runs from the next occurrence on, once per occurrence however often
+    the schedule is swept; a record that fails the filter gets no run."""
+    name = "TTS_Tenant_Contact_Scheduled_Actions"
+    deployed = _deploy(name)
+    assert deployed.activated and deployed.plan.execution_profile == PROFILE_DURABLE
+    contacts = [save_record(ORG, values, object_name="TTS_Space_Tenant_Contact__c") for values in _tenant_contacts()]
+    undated = save_record(ORG, {"Name": "no-start", "End_Date__c": None, "Is_Current_Contact__c": "unset"},
+                          object_name="TTS_Space_Tenant_Contact__c")
+    assert run_until_idle() == 0 and not FlowRun.objects.exists()  # today's 00:00 came before the activation
+    now = db_now()
+    midnight = dt.datetime.combine(now.date() + dt.timedelta(days=1), dt.time(), tzinfo=dt.timezone.utc)
+    db_clock_advance((midnight - now).total_seconds() + 60)
+    assert run_until_idle() > 0
+    today = db_now().date()
+    for contact, given in zip(contacts, _tenant_contacts()):
+        end, start = given.get("End_Date__c"), dt.date.fromisoformat(given["Start_Date__c"])
+        current = (end in (None, "") or dt.date.fromisoformat(end) >= today) and start <= today
+        assert _stored(contact) == {"fields": {**given, "Is_Current_Contact__c": "true" if current else "false"},
+                                    "version": 2}, given
+    assert _stored(undated)["version"] == 1
+    runs = FlowRun.objects.filter(org_id=ORG.org_id, plan=deployed.plan)
+    assert sorted(r.record_key for r in runs) == sorted(c.record_key for c in contacts)
+    assert {(r.state, r.entry_path) for r in runs} == {(t.RUN_SUCCEEDED, f"@schedule:{midnight:%Y-%m-%dT%H:%M:%SZ}")}
+    assert FlowRun.objects.filter(org_id=ORG.org_id, parent_run__in=runs, state=t.RUN_SUCCEEDED).count() == len(runs)
+    # The next day's occurrence runs again, once.
+    db_clock_advance(86400)
+    run_until_idle()
+    again = FlowRun.objects.filter(org_id=ORG.org_id, plan=deployed.plan).exclude(pk__in=[r.pk for r in runs])
+    assert sorted(r.record_key for r in again) == sorted(c.record_key for c in contacts)
+    assert run_until_idle() == 0
+
+
 # =============================================================================
 # Flows this engine generation refuses at activation
 # =============================================================================
@@ -585,10 +622,6 @@ REFUSALS: dict[str, Refusal] = {
          ("engine_unsupported:element:recordDeletes", "Delete_Adoption_Match_records"),
          ("engine_unsupported:handler", "Delete_Adoption_Match_records"),
          ("engine_unsupported:handler", "Send_Email_on_Error")]),
-    # Schedule-triggered (Daily); its subflow call (a DependencyWait step: a child run) runs.
-    "TTS_Tenant_Contact_Scheduled_Actions": Refusal(
-        [(TRIGGER_NONE, "start")],
-        trigger_records=("TTS_Space_Tenant_Contact__c", _tenant_contacts(), {"Start_Date__c": "2022-02-02"})),
     # Before save: Realtor_User__c from $Record.Property__r.Broker__r.Realtor_User__c. Record fields are
     # stored one object deep, so the path would resolve to null and overwrite the field: refused instead.
     "Tour_Request_Set_Realtor": Refusal(
@@ -633,6 +666,7 @@ RUNS: dict[str, Callable[[], None]] = {
     "AIM_FilterExistingIncidentRelatedItems": _aim_filter_existing_incident_related_items,
     "Location_Change_Unit_Status_SubFlow": _location_change_unit_status,
     "TTS_Update_Tenant_Contact_on_Change": _update_tenant_contact_on_change,
+    "TTS_Tenant_Contact_Scheduled_Actions": _tenant_contact_scheduled_actions,
 }
 
 
@@ -659,10 +693,11 @@ def test_the_inventory_says_which_corpus_flows_run_and_why_the_others_do_not(cor
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("flow", sorted(PROFILED), ids=sorted(PROFILED))
-def test_corpus_flow_record_outcomes(flow, corpus_view, short_lease):
+def test_corpus_flow_record_outcomes(flow, corpus_view, short_lease, request):
     assert set(corpus_view.objects) >= {"Breed__c", "Vehicle__c", "PMT_Task__c", "TTS_Space_Tenant_Contact__c"}
     if flow in RUNS:
-        RUNS[flow]()
+        case = RUNS[flow]
+        case(**{name: request.getfixturevalue(name) for name in inspect.signature(case).parameters})
     else:
         _assert_refused(flow)
 

@@ -19,6 +19,8 @@
 - :mod:`.subflows`: a durable plan's subflow step (a child FlowRun and the
   ``subflow`` wait on its end), :func:`subflow_run_ended` (the wake its end
   writes).
+- :mod:`.schedules`: :func:`flow_try_schedule_one` (schedule-triggered flows'
+  occurrences) and :func:`flow_schedules_list` (the operator's ``flows schedules``).
 - :mod:`.recovery`: :func:`flow_try_recover_expired_one`.
 - :mod:`.expiry`: :func:`flow_try_expire_one` (a producer dependency past its
   deadline, under its compiled expiry policy) and :func:`flow_try_repair_one`
@@ -34,7 +36,7 @@
 
 Workers, one unit per call, each returning True when it did work:
 :func:`flow_try_run_step_one`, :func:`flow_try_wake_one`, :func:`flow_try_resume_due_one`,
-:func:`flow_try_recover_expired_one`, :func:`flow_try_cancel_cleanup_one`.
+:func:`flow_try_recover_expired_one`, :func:`flow_try_cancel_cleanup_one`, :func:`flow_try_schedule_one`.
 
 Transactions are short and never span I/O: a claim transaction, a
 lifecycle-only start transaction, then one step transaction that takes the
@@ -62,6 +64,7 @@ from .handoff import effect_handoff_finalize
 from .execute import flow_run_drive, flow_step_execute, flow_try_run_step_one
 from .lifecycle import CancelResult, flow_run_delete, flow_step_heartbeat, flow_try_cancel_cleanup_one
 from .recovery import flow_try_recover_expired_one
+from .schedules import flow_schedules_list, flow_try_schedule_one
 from .support import flow_run_support_read, flow_waits_list
 from .time_waits import flow_try_resume_due_one, flow_wait_signal
 from .waits import flow_try_wake_one, flow_wake_signal_accept
@@ -70,10 +73,10 @@ __all__ = [
     "CancelResult", "DeployResult", "StartResult", "StepClaim", "effect_handoff_finalize", "effect_root_id_for",
     "flow_activate",
     "flow_before_save", "flow_compile_check", "flow_deploy", "flow_plan_compile", "flow_run_delete",
-    "flow_run_drive", "flow_run_start", "flow_run_support_read", "flow_start_inputs", "flow_step_claim_batch",
+    "flow_run_drive", "flow_run_start", "flow_run_support_read", "flow_schedules_list", "flow_start_inputs", "flow_step_claim_batch",
     "flow_step_claim_one",
     "flow_step_execute", "flow_step_heartbeat", "flow_trigger_on_record_saved", "flow_try_cancel_cleanup_one",
     "flow_try_expire_one", "flow_try_recover_expired_one", "flow_try_repair_one", "flow_try_resume_due_one",
-    "flow_try_run_step_one", "flow_try_wake_one", "flow_wait_signal", "flow_waits_list", "flow_wake_signal_accept",
+    "flow_try_run_step_one", "flow_try_schedule_one", "flow_try_wake_one", "flow_wait_signal", "flow_waits_list", "flow_wake_signal_accept",
     "metadata_view_seal", "plan_inputs",
 ]

@@ -71,12 +71,13 @@ from nexusflow.kernel.scope import OrgScope
 
 class Command(BaseCommand):
     help = ("Flow operator commands: inventory (compile-only report of a folder of Flow metadata files); "
-            "start an autolaunched flow; run, cancel and show one run of an org; list an org's waits; read the "
+            "start an autolaunched flow; run, cancel and show one run of an org; list an org's waits and "
+            "schedules; read the "
             "database pressure that pauses new durable mutation work.")
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="subcommand", required=True,
-                                    metavar="{inventory,start,run,cancel,show,waits,signal,pressure}")
+                                    metavar="{inventory,start,run,cancel,show,waits,signal,pressure,schedules}")
         inv = sub.add_parser("inventory", help="Compile every *.flow-meta.xml in DIR; execute nothing.")
         inv.add_argument("directory", metavar="DIR")
         inv.add_argument("--json", action="store_true", help="One JSON array, one object per file.")
@@ -106,6 +107,9 @@ class Command(BaseCommand):
         signal.add_argument("--producer", required=True, help="The producer kind the run waits on.")
         signal.add_argument("--actor", required=True, help="Who resumes it (recorded with the resolution).")
         signal.add_argument("--reason", required=True, help="Why (recorded with the resolution).")
+        schedules = sub.add_parser("schedules", help="List an org's active schedule-triggered flows (JSON): "
+                                                     "schedule, next occurrence, latest occurrences and their runs.")
+        schedules.add_argument("--org", required=True, help="The trusted org whose schedules to list.")
         pressure = sub.add_parser("pressure", help="Read the database pressure signals now: whether workers admit new "
                                                    "durable mutation work (Flow steps), and the bounds in force.")
         pressure.add_argument("--json", action="store_true", help="One JSON object.")
@@ -131,6 +135,8 @@ class Command(BaseCommand):
             return self._one_run(subcommand, **options)
         if subcommand == "waits":
             return self._waits(**options)
+        if subcommand == "schedules":
+            return self._schedules(**options)
         if subcommand == "signal":
             return self._signal(**options)
         if subcommand == "pressure":
@@ -208,6 +214,15 @@ class Command(BaseCommand):
         except ValueError as exc:
             raise CommandError(f"invalid_argument: {exc}", returncode=2) from None
         self.stdout.write(_dumps(rows))
+
+    def _schedules(self, *, org: str, **_options):
+        from nexusflow.flows import services
+
+        try:
+            validate_key(org, field="org", max_length=64)
+        except InvalidIdentity as exc:
+            raise CommandError(f"{exc.code}: {exc}", returncode=2) from None
+        self.stdout.write(_dumps(services.flow_schedules_list(org=OrgScope(org))))
 
     def _signal(self, *, run_id: str, org: str, producer: str, actor: str, reason: str, **_options):
         from nexusflow.flows import services
