@@ -35,6 +35,7 @@ from .compiler import (
 )
 from .interpreter import (
     ALARM_OFFSET_UNITS,
+    is_relationship,
     FILTER_PROCESSOR,
     SORT_PROCESSOR,
     SUPPORTED_ASSIGNMENT_OPERATORS,
@@ -112,12 +113,12 @@ REFERENCE_KEYS = frozenset({"left", "target", "collection", "input_reference", "
 
 
 def traverses_relationship(ref: Any) -> bool:
-    """Does ``ref`` read through a relationship (``$Record.Property__r.Broker__r.Name``)?
+    """Does ``ref`` read past a record's own fields (``$Record.Property__r.Broker__r.Name``)?
 
-    Record fields are stored flat, one object per record: the interpreter
-    reads a record's own fields, never a related record's, and a path past
-    the first field resolves to null. Such a reference would silently write
-    null where the flow means the related value, so activation refuses it.
+    The interpreter resolves each relationship segment of such a path by
+    reading the related record (its lookup field, from the metadata view);
+    :func:`_traversal_blockers` refuses a path whose inner segment is not a
+    relationship, and an assignment into a related record.
     """
     if not isinstance(ref, str):
         return False
@@ -146,8 +147,16 @@ def _references(value: Any) -> list[str]:
 
 
 def _traversal_blockers(value: Any) -> list[tuple[str, str]]:
-    return [("reference", f"{ref} reads through a relationship; only a record's own fields are read")
-            for ref in dict.fromkeys(_references(value)) if traverses_relationship(ref)]
+    """``(feature, detail)`` for each path that reads past a value that is not a relationship."""
+    out = []
+    for ref in dict.fromkeys(_references(value)):
+        if traverses_relationship(ref):
+            inner = [part for part in ref.split(".")[1:-1] if part]
+            bad = [part for part in inner if not is_relationship(part)]
+            if bad:
+                out.append(("reference", f"{ref}: {bad[0]} is not a relationship; only a relationship "
+                                         "(X__r, or a standard one) is read through"))
+    return out
 
 
 def _node_blockers(node: dict[str, Any]) -> list[tuple[str, str]]:
@@ -159,6 +168,8 @@ def _node_blockers(node: dict[str, Any]) -> list[tuple[str, str]]:
     out.extend(_traversal_blockers(node))
     if kind == "assignments":
         for item in node.get("items", []):
+            if traverses_relationship(item.get("target")):
+                out.append(("reference", f"{item.get('target')}: a related record's field is not assigned"))
             if item.get("operator") not in SUPPORTED_ASSIGNMENT_OPERATORS:
                 out.append(("assignment", f"operator {item.get('operator')} is not executed"))
             if not _value_ok(item.get("value")):

@@ -164,13 +164,29 @@ class _Run:
                            for part in self.payload["templates"][head])
         else:
             raise FlowExecutionError(f"unresolved reference {ref!r}")
-        for part in filter(None, rest.split(".")) if rest else ():
+        parts = [part for part in rest.split(".") if part] if rest else []
+        object_name = self.object_name if head in ("$Record", "$Record__Prior") else self._record_object(head)
+        for index, part in enumerate(parts):
             if base is None:
                 return None
             if not isinstance(base, dict):
                 raise FlowExecutionError(f"{ref!r}: {part} of a non-record value")
+            if index < len(parts) - 1 and part not in base and is_relationship(part):
+                base = self._related(ref, base.get("__object") or object_name, part, base)
+                object_name = None if base is None else base.get("__object")
+                continue
             base = base.get(part)
+            object_name = base.get("__object") if isinstance(base, dict) else None
         return base
+
+    def _related(self, ref: str, object_name: str | None, relationship: str,
+                 record: dict[str, Any]) -> dict[str, Any] | None:
+        """The record ``relationship`` (``Property__r``) of ``record`` points to, read through the reader."""
+        related = getattr(self.reader, "related", None)
+        if related is None or not object_name:
+            raise FlowExecutionError(f"{ref!r}: {relationship} is read through a relationship, which this step "
+                                     "cannot read", code="flow_relationship_unreadable")
+        return related(object_name, relationship, record)
 
     def prior_value(self, ref: str) -> Any:
         """The value ``$Record.<field>`` had before the triggering save (``None`` when it had none).
@@ -547,6 +563,35 @@ def subflow_inputs(node: dict[str, Any], payload: dict[str, Any], value) -> dict
                                      code="flow_subflow_input")
         out[name] = [] if given is None and decl.get("collection") else _jsonable(given)
     return out
+
+
+def is_relationship(part: str) -> bool:
+    """Does path segment ``part`` name a relationship (``Broker__r``, or a standard one named like its object)
+    rather than a field? A custom relationship ends ``__r``; a standard one is a capitalised name without
+    ``__`` that is not ``Id`` (resolved against the object's lookup fields, :func:`relationship_field`)."""
+    return part.endswith("__r") or (part[:1].isupper() and "__" not in part and part != RECORD_ID)
+
+
+def relationship_field(view, object_name: str, relationship: str) -> tuple[str, str]:
+    """The lookup field of ``object_name`` behind ``relationship`` and the object it references.
+
+    ``X__r`` is the custom lookup ``X__c``; a standard relationship ``R`` is the lookup ``RId`` (or
+    ``r_id``). ``view`` is the metadata view (:class:`nexusflow.records.metadata.MetadataView`).
+
+    Raises:
+        FlowExecutionError: the object has no such lookup field (code ``flow_relationship_unknown``).
+    """
+    if relationship.endswith("__r"):
+        candidates = [relationship[:-3] + "__c"]
+    else:
+        candidates = [relationship + "Id", relationship.lower() + "_id"]
+    definition = view.objects.get(object_name)
+    for name in candidates:
+        found = definition.fields.get(name) if definition is not None else None
+        if found is not None and found.references:
+            return name, found.references
+    raise FlowExecutionError(f"{object_name}.{relationship}: no lookup field {' or '.join(candidates)} in the "
+                             "metadata view", code="flow_relationship_unknown")
 
 
 def _jsonable(value: Any) -> Any:

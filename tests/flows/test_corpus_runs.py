@@ -165,6 +165,34 @@ def _breed_name_update_flow() -> None:
                      existing=existing)
 
 
+def _tour_request_set_realtor() -> None:
+    """Tour_Request__c, before save on create and update: Realtor_User__c = $Record.Property__r.Broker__r
+    .Realtor_User__c, two relationship hops (Property__c and Broker__c are lookups in the metadata view), read
+    inside the save. A request without a property, a property without a broker, or a lookup naming no record
+    leaves the realtor empty, as the Flow metadata's assignment of a null relationship value does."""
+    rng = random.Random(8108)
+    brokers = [save_record(ORG, {"Name": f"broker-{i}", "Realtor_User__c": f"005{i:015d}"}, object_name="Broker__c")
+               for i in range(3)]
+    properties = [save_record(ORG, {"Name": f"property-{i}", "Broker__c": b.record_key if b else None},
+                              object_name="Property__c") for i, b in enumerate(brokers + [None])]
+    realtor = {p.record_key: (p.fields.get("Broker__c") and next(
+        b.fields["Realtor_User__c"] for b in brokers if b.record_key == p.fields["Broker__c"])) or None
+        for p in properties}
+    gone = "a0P999999999999999"  # a well-formed key that names no property
+    creates = [{"Name": f"tour-{i}", "Property__c": rng.choice([p.record_key for p in properties] + [None]),
+                "Realtor_User__c": rng.choice([None, "005000000000000777"])} for i in range(8)]
+    creates += [{"Name": "dangling", "Property__c": gone}, {"Name": "brokerless", "Property__c": properties[3].record_key},
+                {"Name": "direct", "Property__c": properties[1].record_key, "Realtor_User__c": "hand-typed"}]
+
+    def expect(fields, prior):
+        return "Set_Realtor_From_Property_Broker", {**fields, "Realtor_User__c": realtor.get(fields.get("Property__c"))}
+
+    _run_before_save("Tour_Request_Set_Realtor", "Tour_Request__c", creates, expect,
+                     {"Set_Realtor_From_Property_Broker"},
+                     updates=[(0, {"Property__c": properties[2].record_key}), (1, {"Name": "renamed"}),
+                              (8, {"Property__c": properties[0].record_key}), (9, {"Property__c": None})])
+
+
 def _populate_vehicle_range() -> None:
     """Vehicle__c, before save when Price__c is not null: < 10000 Short, (10000, 25000] Medium, > 25000 Long."""
     rng = random.Random(8102)
@@ -605,28 +633,16 @@ def _tenant_contacts() -> list[dict]:
             for i in range(5)]
 
 
-def _tour_requests() -> list[dict]:
-    rng = random.Random(8105)
-    return [{"Name": f"tour-{i}", "Property__c": rng.choice([None, f"a0P{i:015d}"]),
-             "Realtor_User__c": rng.choice([None, f"005{i:015d}"])} for i in range(5)]
-
-
 TRIGGER_NONE = "engine_unsupported:trigger"
 REFUSALS: dict[str, Refusal] = {
-    # Autolaunched subflow with SObject inputs (startable); it compares animalRecord.Previous_Current_Owner__r.Id
-    # (a relationship read), and record deletes and an email action have no handler here.
+    # Autolaunched subflow with SObject inputs (startable); its relationship read
+    # (animalRecord.Previous_Current_Owner__r.Id) runs, but record deletes and an email action have no handler here.
     "Adopter_Match_clean_up_Subflow": Refusal(
-        [("engine_unsupported:reference", "Does_the_Contact_on_the_Animal_match_the_Adopter_Profile"),
-         ("engine_unsupported:element:recordDeletes", "Delete_Adoption_Matches"),
+        [("engine_unsupported:element:recordDeletes", "Delete_Adoption_Matches"),
          ("engine_unsupported:handler", "Delete_Adoption_Matches"),
          ("engine_unsupported:element:recordDeletes", "Delete_Adoption_Match_records"),
          ("engine_unsupported:handler", "Delete_Adoption_Match_records"),
          ("engine_unsupported:handler", "Send_Email_on_Error")]),
-    # Before save: Realtor_User__c from $Record.Property__r.Broker__r.Realtor_User__c. Record fields are
-    # stored one object deep, so the path would resolve to null and overwrite the field: refused instead.
-    "Tour_Request_Set_Realtor": Refusal(
-        [("engine_unsupported:reference", "Set_Realtor_From_Property_Broker")],
-        trigger_records=("Tour_Request__c", _tour_requests(), {"Name": "tour-renamed"})),
 }
 
 
@@ -658,6 +674,7 @@ def _assert_refused(name: str) -> None:
 # =============================================================================
 RUNS: dict[str, Callable[[], None]] = {
     "Breed_Name_Update_Flow": _breed_name_update_flow,
+    "Tour_Request_Set_Realtor": _tour_request_set_realtor,
     "Populate_Vehicle_Range": _populate_vehicle_range,
     "PMT_Task_Before_Automation": _pmt_task_before_automation,
     "TTS_Tenant_Contact_Set_IsCurrent_Field": _tenant_contact_set_is_current,

@@ -40,7 +40,7 @@ from ..compiler import (
     KIND_TERMINAL,
 )
 from ..errors import FlowExecutionError, FlowRunNotFound, LateLockDiscovery, PlanMismatch
-from ..interpreter import Outcome, run_graph
+from ..interpreter import Outcome, relationship_field, run_graph
 from ..models import FlowExecutionPlan, FlowRun, FlowStepAttempt
 from ..selectors import flow_plan_of, flow_subflow_payloads
 from ..store import FlowAttemptStore, FlowRunStore, FlowStepStore
@@ -132,6 +132,23 @@ class _CurrentReader:
 
     def __init__(self, org_id: str):
         self.org_id = org_id
+
+    def related(self, object_name: str, relationship: str, record: dict[str, Any]) -> dict[str, Any] | None:
+        """The live record ``record``'s lookup behind ``relationship`` names (``None``: empty or gone).
+
+        Raises:
+            FlowExecutionError: no such lookup in the metadata view (``flow_relationship_unknown``).
+        """
+        from nexusflow.records.metadata import current_view
+        from nexusflow.records.models import Record
+
+        field, target = relationship_field(current_view(), object_name, relationship)
+        key = record.get(field)
+        if not key:
+            return None
+        fields = (Record.objects.filter(org_id=self.org_id, object_name=target, record_key=key, is_deleted=False)
+                  .values_list("fields", flat=True).first())
+        return None if fields is None else {"Id": key, "__object": target, **(fields or {})}
 
     def query(self, object_name: str, predicate, *, limit: int) -> list[dict[str, Any]]:
         from nexusflow.records.models import Record
@@ -251,7 +268,8 @@ def _exec_graph(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, A
     section 13.3), then lock root -> step -> attempt, apply the writes and
     commit them with audit, checkpoint and the fenced state CAS.
     """
-    reader = _CurrentReader(claim.org_id) if step_def["kind"] in (KIND_MUTATION, KIND_CURRENT_READ) else None
+    # Every graph step reads current records (non-locking; a pure step only through a relationship path).
+    reader = _CurrentReader(claim.org_id)
     with _step_txn():
         now = db_now()
         locked = _lock_business(claim)
