@@ -22,6 +22,7 @@ class FlowsConfig(AppConfig):
         from .inbox import intent_completed_accept
         from .selectors import flow_run_trigger, flow_runs_nonterminal_count
         from .services import effect_handoff_finalize, flow_before_save, flow_trigger_on_record_saved
+        from .services.admission import flow_trigger_on_record_deleting
         from .services.subflows import subflow_run_ended
         from .services.waits import record_deleting_signal, record_saved_signal
         from .store import register_run_ended
@@ -37,6 +38,8 @@ class FlowsConfig(AppConfig):
         register_before_delete(scheduled_paths_before_delete, stage=DELETE_STAGE_FLOW_WAITS)
         # ... and signals each run whose Wait element watches it (producer record.condition).
         register_before_delete(record_deleting_signal, stage=DELETE_STAGE_FLOW_WAITS)
+        # ... and admits the runs of delete-triggered flows (RecordBeforeDelete) on it.
+        register_before_delete(flow_trigger_on_record_deleting, stage=DELETE_STAGE_FLOW_WAITS)
         # The replay guard asks which record version triggered a run.
         register_flow_trigger_lookup(flow_run_trigger)
         register_role("flow", flow_units, order=30)

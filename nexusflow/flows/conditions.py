@@ -132,9 +132,9 @@ def trigger_matches(trigger: dict[str, Any], *, object_name: str, created: bool,
     return True
 
 
-def schedule_filters_hold(trigger: dict[str, Any], fields: dict[str, Any]) -> bool:
-    """A schedule-triggered flow's entry filters on one record's current ``fields`` (nothing changed: there is
-    no save; the activation gate refuses ``IsChanged`` on a scheduled start)."""
+def filters_hold_unchanged(trigger: dict[str, Any], fields: dict[str, Any]) -> bool:
+    """A schedule- or delete-triggered flow's entry filters on one record's ``fields`` (nothing changed: there
+    is no save; the activation gate refuses ``IsChanged`` on such a start)."""
     return _filters_hold(trigger, fields, changed=lambda _field: False)
 
 

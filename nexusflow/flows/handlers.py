@@ -53,6 +53,7 @@ IN_BINARY_HANDLERS: dict[str, str] = {
     "nexusflow.flows.handlers.recordLookups": "1",
     "nexusflow.flows.handlers.recordCreates": "1",
     "nexusflow.flows.handlers.recordUpdates": "1",
+    "nexusflow.flows.handlers.recordDeletes": "1",
     "runtime_outbox.services.outbound_command_author": "1",
 }
 #: Condition operators the executor evaluates on the trigger record alone.
@@ -187,7 +188,7 @@ def _node_blockers(node: dict[str, Any]) -> list[tuple[str, str]]:
         for c in node.get("conditions", []):
             if c.get("operator") not in ENGINE_OPERATORS or not _value_ok(c.get("right")):
                 out.append(("collection_processor", f"condition {c.get('operator')} is not evaluated"))
-    elif kind in ("recordLookups", "recordUpdates", "recordCreates"):
+    elif kind in ("recordLookups", "recordUpdates", "recordCreates", "recordDeletes"):
         for f in node.get("filters", []):
             if f.get("operator") not in ENGINE_OPERATORS | FILTER_ONLY_OPERATORS or not _value_ok(f.get("value")):
                 out.append(("record_filter", f"{f.get('field')} {f.get('operator')} is not evaluated"))
@@ -376,7 +377,8 @@ def engine_support_diagnostics(payload: dict[str, Any], snapshot: CatalogSnapsho
 
     profile = payload.get("profile")
     trigger = payload.get("trigger", {})
-    wanted = ("RecordBeforeSave",) if profile == PROFILE_EMBEDDED else ("RecordAfterSave", AUTOLAUNCHED, SCHEDULED)
+    wanted = (("RecordBeforeSave",) if profile == PROFILE_EMBEDDED
+              else ("RecordAfterSave", "RecordBeforeDelete", AUTOLAUNCHED, SCHEDULED))
     if profile not in (PROFILE_EMBEDDED, PROFILE_ATOMIC, PROFILE_DURABLE):
         bad("profile", None, f"unknown profile {profile}")
     if trigger.get("trigger_type") not in wanted or (trigger.get("trigger_type") == AUTOLAUNCHED

@@ -38,7 +38,7 @@ from .producers import RECORD_ID_INPUT, change_event_object
 
 #: Elements the interpreter runs.
 SUPPORTED_ELEMENTS = frozenset({"assignments", "decisions", "loops", "recordLookups", "recordUpdates",
-                                "recordCreates", "collectionProcessors", "subflows"})
+                                "recordCreates", "recordDeletes", "collectionProcessors", "subflows"})
 #: Collection processors the interpreter runs (the Collection Filter and Collection Sort elements).
 FILTER_PROCESSOR, SORT_PROCESSOR = "FilterCollectionProcessor", "SortCollectionProcessor"
 #: Assignment operators that change a collection variable (the Flow metadata's assignment operators,
@@ -59,7 +59,7 @@ class RecordReader(Protocol):
 
 @dataclass
 class Write:
-    """One record write the graph asks for: ``op`` is ``update`` or ``create``."""
+    """One record write the graph asks for: ``op`` is ``update``, ``create`` or ``delete``."""
 
     op: str
     object_name: str
@@ -474,11 +474,43 @@ class _Run:
         if not values:
             return
         key = rec.get(RECORD_ID)
-        for w in self.writes:  # one write per record: the last values win
-            if w.op == "update" and w.object_name == object_name and w.record_key == key:
-                w.values.update(values)
+        for w in self.writes:  # one write per record: the last values win; a deleted record is not updated
+            if w.object_name == object_name and w.record_key == key and w.op in ("update", "delete"):
+                if w.op == "update":
+                    w.values.update(values)
                 return
         self.writes.append(Write("update", object_name, key, values))
+
+    def _el_recordDeletes(self, node):  # noqa: N802
+        """Delete Records: the record(s) a reference holds (a record, a collection, or a lookup's result;
+        null or empty deletes nothing), or every record of ``object`` its filters select."""
+        ref = node.get("input_reference")
+        if ref == "$Record":
+            self._delete(self.object_name, self.record.get(RECORD_ID))
+        elif ref:
+            target = self.resolve(ref)
+            declared = self._collection_object(ref.split(".", 1)[0])
+            for rec in target if isinstance(target, list) else ([] if target is None else [target]):
+                if not isinstance(rec, dict) or not rec.get(RECORD_ID) or not (rec.get("__object") or declared):
+                    raise FlowExecutionError(f"{node['element']}: {ref} holds no stored record")
+                self._delete(rec.get("__object") or declared, rec[RECORD_ID])
+        else:
+            for rec in self._query(node):
+                self._delete(node["object"], rec[RECORD_ID])
+        return self._edge(node, "success")
+
+    def _collection_object(self, name: str) -> str | None:
+        decl = (self.payload.get("checkpoint_schema", {}).get("variables") or {}).get(name) or {}
+        return decl.get("object") if decl.get("data_type") == "SObject" else None
+
+    def _delete(self, object_name: str, key: str | None) -> None:
+        if not object_name or not key:
+            raise FlowExecutionError("a record to delete has no object or id")
+        # A deleted record's pending update is moot; a record is deleted once.
+        self.writes = [w for w in self.writes if not (w.op == "update" and w.object_name == object_name
+                                                      and w.record_key == key)]
+        if not any(w.op == "delete" and w.object_name == object_name and w.record_key == key for w in self.writes):
+            self.writes.append(Write("delete", object_name, key, {}))
 
     def _el_recordCreates(self, node):  # noqa: N802
         ref = node.get("input_reference")

@@ -50,7 +50,7 @@ def test_inventory_human_output_names_profile_proofs_and_reasons():
     text = _inventory(str(CORPUS))
     assert "Breed_Name_Update_Flow: embedded_before_save  cohort=3" in text
     assert "Tour_Request_Set_Realtor: embedded_before_save" in text
-    assert "engine_unsupported:element:recordDeletes" in text
+    assert "engine_unsupported:handler" in text
     assert " run, " in text.rstrip().splitlines()[-1]
     assert "Loop_Through_Adoption_Match_records=unknown" in text
     assert "unsupported_element:screens [Setup_Email]" in text

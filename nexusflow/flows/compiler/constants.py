@@ -92,8 +92,8 @@ GLOBAL_ROOTS = frozenset({
     "$Record", "$Record__Prior", "$Flow", "$User", "$Setup", "$Label", "$Api", "$Organization", "$Profile",
     "$Permission", "$System", "$GlobalConstant", "$UserRole", "$CustomMetadata",
 })
-RECORD_TRIGGER_TYPES = {"Create", "Update", "CreateAndUpdate"}
-TRIGGER_TYPES = {"RecordBeforeSave", "RecordAfterSave", "Scheduled", "PlatformEvent"}
+RECORD_TRIGGER_TYPES = {"Create", "Update", "CreateAndUpdate", "Delete"}
+TRIGGER_TYPES = {"RecordBeforeSave", "RecordAfterSave", "RecordBeforeDelete", "Scheduled", "PlatformEvent"}
 OPERATORS = frozenset({
     "EqualTo", "NotEqualTo", "IsNull", "GreaterThan", "GreaterThanOrEqualTo", "LessThan", "LessThanOrEqualTo",
     "Contains", "StartsWith", "EndsWith", "IsChanged", "In", "NotIn", "IsBlank", "IsEmpty", "WasSet",

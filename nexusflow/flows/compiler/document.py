@@ -132,8 +132,9 @@ def read_start(ctx: CompileContext, data: dict[str, Any]) -> None:
     trigger["object"] = object_name
     rtt = start.get("recordTriggerType")
     if trigger_type.startswith("Record"):
-        if rtt not in RECORD_TRIGGER_TYPES:
-            ctx.diag(f"unsupported_record_trigger_type:{rtt or 'none'}", "start")
+        if rtt not in RECORD_TRIGGER_TYPES or (rtt == "Delete") != (trigger_type == "RecordBeforeDelete"):
+            ctx.diag(f"unsupported_record_trigger_type:{rtt or 'none'}", "start",
+                     "a delete trigger is RecordBeforeDelete with recordTriggerType Delete")
         trigger["record_trigger_type"] = rtt
     trigger["requires_change"] = _bool_text(start.get("doesRequireRecordChangedToMeetCriteria"))
     filters = [filter_of(ctx, f, "start", record_object=True) for f in _as_list(start.get("filters"))]

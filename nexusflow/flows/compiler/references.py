@@ -48,8 +48,8 @@ def check_references(ctx: CompileContext) -> None:
                 ctx.diag(f"unsupported_reference:{root}", element, "unknown global")
             elif root in ("$Record", "$Record__Prior") and not record_trigger and not ctx.trigger.get("object"):
                 ctx.diag(f"unresolved_reference:{root}", element, "the flow has no triggering record")
-            elif root == "$Record__Prior" and ctx.trigger.get("record_trigger_type") == "Create":
-                ctx.diag(f"unresolved_reference:{root}", element, "a create trigger has no prior record")
+            elif root == "$Record__Prior" and ctx.trigger.get("record_trigger_type") in ("Create", "Delete"):
+                ctx.diag(f"unresolved_reference:{root}", element, "a create or delete trigger has no prior record")
             elif root in ("$Record", "$Record__Prior") and ref.count(".") == 1:
                 check_object_field(ctx, ctx.trigger.get("object"), ref.split(".", 1)[1], element)
             return

@@ -1,7 +1,9 @@
 """Admission: a saved record or an operator start admits a FlowRun (seed 004 sections 7.4 and 10.1).
 
 :func:`flow_trigger_on_record_saved` is the records after-save hook: one run
-per matching active activation, inside the saving transaction.
+per matching active activation, inside the saving transaction;
+:func:`flow_trigger_on_record_deleting` (a records before-delete hook) does the
+same for delete-triggered flows inside the deleting transaction.
 :func:`flow_run_start` admits one run of an autolaunched flow with validated
 input variables. Both write the run's first checkpoint and first step and
 leave the run ``Runnable`` for :func:`.claim.flow_step_claim_one`.
@@ -28,7 +30,7 @@ from nexusflow.records.metadata import current_view
 from .. import transitions as t
 from ..binding import flow_runtime_binding
 from ..compiler import PROFILE_EMBEDDED, TERMINAL_STEP_KEY, trigger_binding_digest_of
-from ..conditions import trigger_matches
+from ..conditions import filters_hold_unchanged, trigger_matches
 from ..errors import FlowAdmissionRejected, FlowInputRejected, FlowNotStartable, FlowStartConflict, PlanMismatch
 from ..interpreter import to_field_text
 from ..models import FlowActivation, FlowCheckpoint, FlowExecutionPlan, FlowRun
@@ -93,14 +95,32 @@ def flow_trigger_on_record_saved(*, org: OrgScope, record, change) -> None:
     """
     if not change.created:
         scheduled_paths_recheck(org=org, record=record, change=change)
+    for activation in _active_for(org, record.object_name):
+        plan = activation.plan
+        if trigger_matches(plan.plan_payload["trigger"], object_name=record.object_name, created=change.created,
+                           fields=record.fields, prior=change.prior_fields):
+            paths = plan.plan_payload.get("scheduled_paths") or []
+            if not paths or plan.plan_payload["entry_step"] != TERMINAL_STEP_KEY:
+                _run_admit(org=org, plan=plan, record=record, prior_fields=change.prior_fields)
+            for path in paths:  # each scheduled path is a run of its own, first waiting for its time
+                _run_admit(org=org, plan=plan, record=record, prior_fields=change.prior_fields,
+                           entry_path=path["name"], entry_key=path["step"])
+
+
+def _active_for(org: OrgScope, object_name: str) -> list[FlowActivation]:
+    """The org's active non-embedded activations on ``object_name``, verified against the request-bound view.
+
+    Raises:
+        FlowAdmissionRejected: an activation is bound to another binding or trigger set (fail closed).
+    """
     activations = list(
         FlowActivation.objects.filter(org_id=org.org_id, state=t.ACTIVATION_ACTIVE,
-                                      plan__trigger_object_name=record.object_name)
+                                      plan__trigger_object_name=object_name)
         .exclude(plan__execution_profile=PROFILE_EMBEDDED)  # before-save flows run in flow_before_save
         .select_related("plan").order_by("id")
     )
     if not activations:
-        return
+        return []
     view = current_view()  # the request-bound view: read once, at the start of this save
     expected = flow_runtime_binding(org_id=org.org_id, metadata_view_digest=view.digest).digest
     for activation in activations:
@@ -113,14 +133,27 @@ def flow_trigger_on_record_saved(*, org: OrgScope, record, change) -> None:
                 f"activation {activation.pk} of {plan.flow_api_name} is bound to another runtime binding or "
                 "trigger set; recompile and activate it for the current metadata view"
             )
-        if trigger_matches(plan.plan_payload["trigger"], object_name=record.object_name, created=change.created,
-                           fields=record.fields, prior=change.prior_fields):
-            paths = plan.plan_payload.get("scheduled_paths") or []
-            if not paths or plan.plan_payload["entry_step"] != TERMINAL_STEP_KEY:
-                _run_admit(org=org, plan=plan, record=record, prior_fields=change.prior_fields)
-            for path in paths:  # each scheduled path is a run of its own, first waiting for its time
-                _run_admit(org=org, plan=plan, record=record, prior_fields=change.prior_fields,
-                           entry_path=path["name"], entry_key=path["step"])
+    return activations
+
+
+def flow_trigger_on_record_deleting(*, org: OrgScope, record) -> None:
+    """Records before-delete hook: admit one run per active delete-triggered flow (``RecordBeforeDelete``)
+    whose entry filters hold on the record being deleted, inside the deleting transaction.
+
+    The run's trigger snapshot is the record as it was deleted (``$Record``; no prior record); it runs
+    after the deletion commits, like any admitted run, and a refused deletion rolls it back with it. The
+    same hook serves a local delete (REST, ``records delete``, a Flow's Delete Records) and a provider delete
+    applied by the inbound chain. A deletion made by a Flow run's own write admits its runs one recursive
+    level deeper (``save_depth``).
+
+    Raises:
+        FlowAdmissionRejected: see :func:`_active_for`; the deletion fails closed.
+    """
+    for activation in _active_for(org, record.object_name):
+        trigger = activation.plan.plan_payload["trigger"]
+        if (trigger.get("trigger_type") == "RecordBeforeDelete" and trigger.get("object") == record.object_name
+                and filters_hold_unchanged(trigger, record.fields)):
+            _run_admit(org=org, plan=activation.plan, record=record, prior_fields=None)
 
 
 def _admit_first_step(*, org: OrgScope, run: FlowRun, entry: dict[str, Any], snapshot: dict[str, Any],

@@ -237,7 +237,7 @@ def _apply_writes(claim: StepClaim, run: FlowRun, outcome: Outcome,
         FlowExecutionError: a write does not fit the metadata (definite).
     """
     from nexusflow.records.metadata import InvalidFieldValue, UnknownField, UnknownObject
-    from nexusflow.records.services import record_create, record_update
+    from nexusflow.records.services import record_create, record_delete, record_update
 
     org = OrgScope(claim.org_id)
     done = []
@@ -249,6 +249,12 @@ def _apply_writes(claim: StepClaim, run: FlowRun, outcome: Outcome,
                 change = record_update(org=org, record=record, changes=write.values)
                 done.append({"op": "update", "object": write.object_name, "record_key": write.record_key,
                              "changed": sorted(change.changed_fields)})
+            elif write.op == "delete":
+                record = locked[(write.object_name, write.record_key)]
+                if record is not None:  # already gone: nothing to delete (recorded as such)
+                    record_delete(org=org, record=record)
+                done.append({"op": "delete", "object": write.object_name, "record_key": write.record_key,
+                             "deleted": record is not None})
             else:
                 created = record_create(org=org, object_name=write.object_name, values=write.values)
                 done.append({"op": "create", "object": write.object_name, "record_key": created.record_key})
@@ -275,7 +281,7 @@ def _exec_graph(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, A
         locked = _lock_business(claim)
         outcome, next_key = _interpret(claim, plan, step_def, now, reader)
         for write in outcome.writes:
-            if write.op == "update" and (write.object_name, write.record_key) not in locked:
+            if write.op in ("update", "delete") and (write.object_name, write.record_key) not in locked:
                 raise LateLockDiscovery(f"{write.object_name} record outside the admitted lock plan",
                                         resource=[write.object_name, write.record_key])
             if write.op == "update" and locked[(write.object_name, write.record_key)] is None:
@@ -525,13 +531,20 @@ def _discovery_admissible(run: FlowRun, claim: StepClaim, resource: list[str]) -
     graph, _entry = _graph_of(plan, step_def)
     for child in _inline_subflows(claim, graph).values():  # a subflow's writes belong to the calling step
         graph = graph + [n for s in child["steps"] for n in s.get("graph", [])]
-    objects = {n["object"] for n in graph if n.get("type") in ("recordUpdates", "recordLookups") and n.get("object")}
-    if any(n.get("type") == "recordUpdates" and n.get("input_reference") == "$Record" for n in graph):
+    writers = ("recordUpdates", "recordDeletes")
+    objects = {n["object"] for n in graph if n.get("type") in writers + ("recordLookups",) and n.get("object")}
+    if any(n.get("type") in writers and n.get("input_reference") == "$Record" for n in graph):
         objects.add(run.trigger_object_name)
-    # An Update Records of a record (collection) variable writes records of the variable's declared object.
+    # An Update or Delete Records of a record (collection) variable writes records of the variable's declared
+    # object; of a Get Records element's result, records of that element's object (wherever it runs).
     declared = (plan.plan_payload.get("checkpoint_schema") or {}).get("variables") or {}
-    objects |= {(declared.get(n["input_reference"].split(".", 1)[0]) or {}).get("object") for n in graph
-                if n.get("type") == "recordUpdates" and n.get("input_reference") not in (None, "$Record")} - {None}
+    lookups = {n["element"]: n.get("object") for s in plan.plan_payload["steps"] for n in s.get("graph", [s])
+               if n.get("type") == "recordLookups"}
+    for n in graph:
+        if n.get("type") in writers and n.get("input_reference") not in (None, "$Record"):
+            head = n["input_reference"].split(".", 1)[0]
+            objects.add((declared.get(head) or {}).get("object") or lookups.get(head))
+    objects.discard(None)
     writes = plan.bound_summary.get("writes")
     bound = (writes if isinstance(writes, int) else ATOMIC_MAX_WRITES) + 1
     expanded = set(claim.lock_plan) | {tuple(resource)}

@@ -35,7 +35,7 @@ from nexusflow.kernel.scope import OrgScope
 
 from .. import policy
 from .. import transitions as t
-from ..conditions import schedule_filters_hold
+from ..conditions import filters_hold_unchanged
 from ..schedule import SCHEDULED, ScheduleInvalid, entry_path_of, schedule_latest_due, schedule_next, schedule_start
 from ..models import FlowActivation, FlowScheduleOccurrence
 from ..store import FlowScheduleOccurrenceStore
@@ -99,7 +99,7 @@ def _admit_batch(*, org_id: str, occurrence_id: int) -> bool:
         path = entry_path_of(occurrence.occurrence_at)
         admitted = 0
         for record in batch:
-            if schedule_filters_hold(trigger, record.fields) and _run_admit(
+            if filters_hold_unchanged(trigger, record.fields) and _run_admit(
                     org=OrgScope(org_id), plan=plan, record=record, prior_fields=None, entry_path=path) is not None:
                 admitted += 1
         progress = {"considered": occurrence.considered + len(batch), "admitted": occurrence.admitted + admitted,
