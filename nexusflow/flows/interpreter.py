@@ -32,6 +32,7 @@ from decimal import Decimal
 from typing import Any, Mapping, Protocol
 
 from . import formula as fx
+from .compiler.constants import TERMINAL_STEP_KEY
 from .conditions import conditions_hold
 from .errors import FlowExecutionError
 from .producers import RECORD_ID_INPUT, change_event_object
@@ -353,6 +354,15 @@ class _Run:
             raise FlowExecutionError(f"loop {name}: {len(items)} items exceed the bound {self.fan_out_limit}",
                                      code="flow_budget_exhausted")
         ordered = items if node.get("order", "Asc") == "Asc" else list(reversed(items))
+        body = self._edge(node, "loop_next")
+        if body in (None, TERMINAL_STEP_KEY) and ordered:
+            # No "for each" path (metadata without a nextValueConnector): every item is visited with nothing
+            # to do, the loop variable ends on the last one, and the loop takes its "after last" path.
+            self.elements[name] = copy.deepcopy(ordered[-1])
+            if node.get("item"):
+                self.assign(node["item"], copy.deepcopy(ordered[-1]))
+            self.loops.pop(name, None)
+            return self._edge(node, "loop_done")
         index = self.loops.get(name, 0)
         if index < len(ordered):
             self.loops[name] = index + 1

@@ -109,9 +109,23 @@ class ObjectDefinition:
 
 
 @dataclass(frozen=True)
+class QuickActionDefinition:
+    """A record-creating quick action (``quick_actions/*.quickaction.json``): a Flow's ``quickAction`` call
+    creates one ``target_object`` record with ``field_defaults``, the action's ``contextId`` input in
+    ``context_field`` (if it has one) and any other input named after a field of the target."""
+
+    name: str
+    target_object: str
+    context_field: str | None
+    field_defaults: dict[str, str]
+
+
+@dataclass(frozen=True)
 class MetadataView:
     objects: dict[str, ObjectDefinition]
     digest: str
+    #: ``{action name: QuickActionDefinition}``: the record-creating quick actions the view declares.
+    quick_actions: dict[str, QuickActionDefinition] = dataclass_field(default_factory=dict)
 
     def object(self, name: str) -> ObjectDefinition:
         try:
@@ -149,13 +163,38 @@ def _parse(doc: dict) -> ObjectDefinition:
     return ObjectDefinition(name, doc.get("key_prefix", "a00"), fields, mirrors, conversions)
 
 
+def _quick_actions(directory: Path, objects: dict[str, ObjectDefinition]) -> tuple[dict, list]:
+    actions: dict[str, QuickActionDefinition] = {}
+    docs = []
+    for path in sorted((directory / "quick_actions").glob("*.quickaction.json")):
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        name = str(doc.get("name") or "")
+        if doc.get("type") != "Create" or not name or name in actions:
+            raise ValueError(f"{path}: a quick action has a unique name and type Create")
+        target = objects.get(doc.get("target_object"))
+        if target is None:
+            raise ValueError(f"quick action {name} creates unknown object {doc.get('target_object')!r}")
+        context_field = doc.get("context_field")
+        defaults = {str(k): v for k, v in (doc.get("field_defaults") or {}).items()}
+        for field_name in [*defaults, *([context_field] if context_field else [])]:
+            if field_name not in target.fields:
+                raise ValueError(f"quick action {name}: {target.name} has no field {field_name!r}")
+        for field_name, value in defaults.items():
+            target.clean_value(field_name, value)
+        actions[name] = QuickActionDefinition(name, target.name, context_field, defaults)
+        docs.append(doc)
+    return actions, docs
+
+
 def load_view(directory: Path) -> MetadataView:
-    """Load every ``*.object.json`` under ``directory/objects``.
+    """Load every ``*.object.json`` under ``directory/objects`` and every ``*.quickaction.json`` under
+    ``directory/quick_actions``.
 
     Raises:
         ValueError: duplicate object names, unreadable JSON, a lookup field
-            that references no object of the view, or a conversion naming an
-            unknown object or field.
+            that references no object of the view, a conversion naming an
+            unknown object or field, or a quick action that is not a unique
+            ``Create`` of a known object with known fields.
     """
     objects: dict[str, ObjectDefinition] = {}
     docs = []
@@ -180,8 +219,11 @@ def load_view(directory: Path) -> MetadataView:
                                      f"{source_field!r} -> {target_field!r}")
             for source_field, value in conversion.source_values.items():
                 definition.clean_value(source_field, value)
-    digest = digest_v2("records.metadata-view", [("objects", canonical_json.dumps(docs))]).hexdigest
-    return MetadataView(objects, digest)
+    quick_actions, action_docs = _quick_actions(directory, objects)
+    parts = [("objects", canonical_json.dumps(docs))]
+    if action_docs:  # a view without quick actions keeps the digest it always had
+        parts.append(("quick_actions", canonical_json.dumps(action_docs)))
+    return MetadataView(objects, digest_v2("records.metadata-view", parts).hexdigest, quick_actions)
 
 
 @functools.cache

@@ -112,6 +112,23 @@ def short_lease(monkeypatch):
     monkeypatch.setenv("NEXUS_FLOW_RETRY_BASE_SECONDS", "0")
 
 
+#: The objects, fields and quick actions the corpus flows name (their metadata, which the corpus does not ship).
+CORPUS_METADATA = Path(__file__).parent / "fixtures" / "corpus_metadata"
+
+
+@pytest.fixture
+def corpus_view(settings):
+    """Point the process metadata view at the corpus metadata for one test (the view is loaded once per process)."""
+    from nexusflow.records.metadata import current_view
+
+    current_view.cache_clear()
+    settings.NEXUS_METADATA_DIR = CORPUS_METADATA
+    current_view.cache_clear()
+    view = current_view()
+    yield view
+    current_view.cache_clear()
+
+
 def save_record(org: OrgScope, values: dict, *, object_name: str = OBJECT):
     from nexusflow.records.services import record_create
 

@@ -48,30 +48,17 @@ from nexusflow.flows.models import FlowActivation, FlowCheckpoint, FlowExecution
 from nexusflow.flows.services import flow_compile_check, flow_deploy, flow_run_start, plan_inputs
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.scope import OrgScope
-from nexusflow.records.metadata import current_view
 from nexusflow.records.models import Record
 
 from .conftest import CORPUS, run_until_idle, save_record, update_record
 
 FIXTURES = Path(__file__).parent / "fixtures"
-CORPUS_METADATA = FIXTURES / "corpus_metadata"
 ORG = OrgScope("corpus-org")
 INVENTORY = json.loads((FIXTURES / "corpus_inventory.json").read_text(encoding="utf-8"))
 PROFILED = {row["flow"]: row for row in INVENTORY if row["profile"]}
 #: Every corpus file by API name: subflow elements resolve against the folder, as the inventory does.
 CORPUS_SOURCES = {Path(row["file"]).name.rsplit("__", 1)[-1].removesuffix(".flow-meta.xml"): Path(row["file"])
                   for row in INVENTORY}
-
-
-@pytest.fixture
-def corpus_view(settings):
-    """Point the process metadata view at the corpus objects for one test (the view is loaded once per process)."""
-    current_view.cache_clear()
-    settings.NEXUS_METADATA_DIR = CORPUS_METADATA
-    current_view.cache_clear()
-    view = current_view()
-    yield view
-    current_view.cache_clear()
 
 
 def _source(name: str) -> bytes:
@@ -614,6 +601,55 @@ def _tenant_contact_scheduled_actions(db_clock_advance) -> None:
     assert run_until_idle() == 0
 
 
+def _accounts(seed: int, industries: list[str | None]) -> list:
+    rng = random.Random(seed)
+    return [save_record(ORG, {"Name": f"account-{i}", "OwnerId": f"005{rng.randint(0, 10**14):015d}",
+                              "Industry": industry}, object_name="Account") for i, industry in enumerate(industries)]
+
+
+def _records_of(object_name: str) -> list[dict]:
+    return [{"Id": key, **fields} for key, fields in Record.objects.filter(
+        org_id=ORG.org_id, object_name=object_name, is_deleted=False).order_by("record_key").values_list(
+        "record_key", "fields")]
+
+
+def _dml_statement_in_a_loop_fixed() -> None:
+    """Input Accounts (Account records): the loop builds one Case per account (AccountId = the account,
+    OwnerId = its owner) into a collection and one Create Records inserts them all after the loop. (Its fault
+    path runs the FeedItem.NewTaskFromFeedItem quick action, a Create Records of a Task in this engine.)"""
+    _deploy_autolaunched("DML_Statement_In_A_Loop_Fixed", PROFILE_DURABLE, {
+        "Accounts": {"data_type": "SObject", "collection": True, "object": "Account"}})
+    accounts = _accounts(8109, ["Energy", None, "Retail"])
+    _start_and_drive("DML_Statement_In_A_Loop_Fixed", {"Accounts": [a.record_key for a in accounts]},
+                     request_id="cases-for-accounts")
+    cases = _records_of("Case")
+    assert sorted((c["AccountId"], c["OwnerId"]) for c in cases) == sorted(
+        (a.record_key, a.fields["OwnerId"]) for a in accounts)
+    assert all(set(c) == {"Id", "AccountId", "OwnerId"} for c in cases)
+    assert not _records_of("Task")  # the fault path did not run
+    assert [_stored(a)["version"] for a in accounts] == [1, 1, 1]
+    _start_and_drive("DML_Statement_In_A_Loop_Fixed", {"Accounts": []}, request_id="no-accounts")
+    assert len(_records_of("Case")) == len(accounts)  # an empty input creates nothing more
+
+
+def _soql_query_in_a_loop_fixed() -> None:
+    """Input Accounts; a loop with no body, then one Get Records of the first Account whose Industry is the text
+    "None" (one query, after the loop), and a decision on its result. Nothing is written. (Its fault path runs
+    the NewCase quick action, a Create Records of a Case in this engine.)"""
+    _deploy_autolaunched("SOQL_Query_In_A_Loop_Fixed", PROFILE_DURABLE, {
+        "Accounts": {"data_type": "SObject", "collection": True, "object": "Account"}})
+    accounts = _accounts(8110, ["Retail", "None", None, "None"])
+    run = _start_and_drive("SOQL_Query_In_A_Loop_Fixed", {"Accounts": [a.record_key for a in accounts[:2]]},
+                           request_id="soql")
+    elements = next(p["context"]["elements"] for p in FlowCheckpoint.objects.filter(
+        org_id=ORG.org_id, run_id=run.pk).order_by("-sequence").values_list("context_payload", flat=True)
+        if "context" in p)
+    found = elements["SOQL_Query_Example"]
+    first_none = min((a for a in accounts if a.fields["Industry"] == "None"), key=lambda a: a.record_key)
+    assert (found["Id"], found["Industry"]) == (first_none.record_key, "None")
+    assert [_stored(a)["version"] for a in accounts] == [1, 1, 1, 1] and not _records_of("Case")
+
+
 # =============================================================================
 # Flows this engine generation refuses at activation
 # =============================================================================
@@ -679,14 +715,16 @@ RUNS: dict[str, Callable[[], None]] = {
     "Location_Change_Unit_Status_SubFlow": _location_change_unit_status,
     "TTS_Update_Tenant_Contact_on_Change": _update_tenant_contact_on_change,
     "TTS_Tenant_Contact_Scheduled_Actions": _tenant_contact_scheduled_actions,
+    "DML_Statement_In_A_Loop_Fixed": _dml_statement_in_a_loop_fixed,
+    "SOQL_Query_In_A_Loop_Fixed": _soql_query_in_a_loop_fixed,
 }
 
 
 def test_every_profiled_corpus_flow_has_a_case():
-    assert len(PROFILED) == 12 and set(PROFILED) == set(RUNS) | set(REFUSALS)
+    assert len(PROFILED) == 14 and set(PROFILED) == set(RUNS) | set(REFUSALS)
     assert not set(RUNS) & set(REFUSALS)
     profiles = sorted(row["profile"] for row in PROFILED.values())
-    assert profiles == ["bounded_atomic"] * 3 + ["durable_orchestration"] * 5 + ["embedded_before_save"] * 4
+    assert profiles == ["bounded_atomic"] * 3 + ["durable_orchestration"] * 7 + ["embedded_before_save"] * 4
 
 
 def test_the_inventory_says_which_corpus_flows_run_and_why_the_others_do_not(corpus_view):

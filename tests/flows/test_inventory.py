@@ -25,7 +25,8 @@ def _inventory(*args: str) -> str:
     return out.getvalue()
 
 
-def test_corpus_inventory_matches_the_committed_fixture():
+def test_corpus_inventory_matches_the_committed_fixture(corpus_view):
+    """The corpus inventoried against its own metadata (objects and quick actions: fixtures/corpus_metadata)."""
     rows = json.loads(_inventory(str(CORPUS), "--json"))
 
     def named(row: dict) -> dict:  # the fixture names each file, not where the corpus lies on this machine

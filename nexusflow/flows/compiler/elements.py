@@ -194,6 +194,10 @@ def _el_actionCalls(ctx: CompileContext, node: _Node) -> None:  # noqa: N802
     node.edges = [("success", _target(node.body.get("connector")))]
     params = {p.get("name"): p.get("value") for p in _as_list(node.body.get("inputParameters"))
               if isinstance(p, dict)}
+    quick = ctx.view.quick_actions.get(action_name) if action_type == QUICK_ACTION else None
+    if quick is not None:
+        _quick_action_create(ctx, node, quick, params)
+        return
     node.data = {"action_key": key, "inputs": {}}
     if entry is None:
         node.unknown = key
@@ -204,6 +208,37 @@ def _el_actionCalls(ctx: CompileContext, node: _Node) -> None:  # noqa: N802
         ctx.diag(f"capability_not_executable:{key}", node.name, "reserved, contract-only action")
     node.entry = entry
     node.data["inputs"] = _action_inputs(ctx, node.name, entry, params)
+
+
+#: The ``actionType`` of a quick action call.
+QUICK_ACTION = "quickAction"
+#: The quick action input that names the record the action runs in the context of.
+QUICK_ACTION_CONTEXT = "contextId"
+
+
+def _quick_action_create(ctx: CompileContext, node: _Node, quick, given: dict[str, Any]) -> None:
+    """Lower a record-creating quick action the metadata view declares to a Create Records element.
+
+    The element creates one ``quick.target_object`` record: the action's field defaults, ``contextId`` in
+    its context field, any other input named after a target field. It then runs under the sealed catalog's
+    Create Records capability (``element:recordCreates``), like any Create Records element.
+    """
+    values: dict[str, Any] = {name: {"kind": "stringValue", "value": value}
+                              for name, value in sorted(quick.field_defaults.items())}
+    for pname in sorted(k for k in given if isinstance(k, str)):
+        field = quick.context_field if pname == QUICK_ACTION_CONTEXT else pname
+        if field is None:
+            ctx.diag(f"unexpected_action_input:{pname}", node.name, f"{quick.name} takes no context record")
+            continue
+        check_object_field(ctx, quick.target_object, field, node.name)
+        values[field] = resolve_value(ctx, given[pname], node.name)
+    node.kind = "recordCreates"
+    node.entry = ctx.catalog.entries.get(ELEMENT_ENTRY["recordCreates"])
+    if node.entry is None:
+        node.unknown = ELEMENT_ENTRY["recordCreates"]
+    node.data = {"object": quick.target_object, "input_reference": None, "filters": [], "filter_logic": "and",
+                 "assignments": [{"field": f, "value": v} for f, v in sorted(values.items())],
+                 "first_only": False, "output_reference": None, "fields": [], "quick_action": quick.name}
 
 
 def _action_inputs(ctx: CompileContext, name: str, entry: CatalogEntry, given: dict[str, Any]) -> dict[str, Any]:
