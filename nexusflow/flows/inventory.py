@@ -40,6 +40,31 @@ def flow_api_name_of(path: Path | str) -> str:
     return stem.rsplit("__", 1)[-1]
 
 
+#: Why a file does not run, by blocker code prefix (first match wins; ``engine`` otherwise): what the issue of
+#: record says a refusal may be for. ``screens``: a screen flow or a UI component; ``org_capability``: an org's own
+#: Apex, Slack or prompt capability that is not in the sealed catalog; ``process_type``: Orchestrator,
+#: Process Builder or workflow processes; ``broken_metadata``: a reference to something the file or its
+#: folder does not define; ``engine``: a Flow feature this engine generation does not run yet.
+REFUSAL_CLASSES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("screens", ("unsupported_element:screens", "unsupported_process_type:Flow", "unknown_action:component:")),
+    ("process_type", ("unsupported_process_type:Orchestrator", "unsupported_process_type:Workflow",
+                      "unsupported_process_type:InvocableProcess", "unsupported_element:orchestrated")),
+    ("org_capability", ("unknown_action:apex:", "unknown_action:slack", "unsupported_process_type:PromptFlow",
+                        "unsupported_trigger_type:Capability", "unsupported_start:capabilityTypes",
+                        "unsupported_reference:$Input", "unsupported_reference:$Output")),
+    ("broken_metadata", ("unresolved_reference:", "unknown_subflow:", "unresolved_packaging_token",
+                         "unknown_action:flow:")),
+)
+
+
+def refusal_class(code: str) -> str:
+    """The :data:`REFUSAL_CLASSES` class of one blocker ``code``."""
+    for name, prefixes in REFUSAL_CLASSES:
+        if code.startswith(prefixes):
+            return name
+    return "engine"
+
+
 @dataclass
 class InventoryRow:
     """One file's compile-only result; :meth:`as_json` is the ``--json`` object."""
@@ -64,11 +89,16 @@ class InventoryRow:
     def rejected(self) -> bool:
         return self.profile is None
 
+    @property
+    def refused_for(self) -> list[str]:
+        """The classes of its blockers (:func:`refusal_class`), sorted; empty when it runs."""
+        return sorted({refusal_class(b["code"]) for b in self.blockers})
+
     def as_json(self, *, detail: bool = False) -> dict[str, Any]:
         out = {
             "file": self.file, "flow": self.flow, "profile": self.profile, "rejected": self.rejected,
             "reasons": self.reasons, "unknown_capabilities": self.unknown_capabilities, "steps": self.steps,
-            "cohort": self.cohort, "runs": self.runs, "blockers": self.blockers,
+            "cohort": self.cohort, "runs": self.runs, "blockers": self.blockers, "refused_for": self.refused_for,
         }
         if detail:
             out.update(loops=self.loops, fan_out=self.fan_out, warnings=self.warnings, plan_digest=self.plan_digest)

@@ -15,7 +15,7 @@ from .conftest import CORPUS, DEMO_FLOW
 
 FIXTURE = Path(__file__).with_name("fixtures") / "corpus_inventory.json"
 KEYS = ["file", "flow", "profile", "rejected", "reasons", "unknown_capabilities", "steps", "cohort", "runs",
-        "blockers"]
+        "blockers", "refused_for"]
 pytestmark = pytest.mark.skipif(not CORPUS.is_dir(), reason="shared Flow corpus not present")
 
 
@@ -45,6 +45,20 @@ def test_corpus_inventory_matches_the_committed_fixture(corpus_view):
         assert row["runs"] == (not row["blockers"]) and (not row["rejected"] or not row["runs"])
         assert all(set(b) == {"code", "element", "detail"} and b["code"] for b in row["blockers"])
     assert {r["profile"] for r in rows} >= set(PROFILES)
+
+
+def test_each_corpus_file_that_does_not_run_says_why_in_the_classes_the_issue_allows(corpus_view):
+    """Refused only for screens (UI), an org's own capability outside the catalog, Orchestrator or Process
+    Builder process types, or broken metadata; ``engine`` marks what this engine still lacks."""
+    rows = json.loads(_inventory(str(CORPUS), "--json"))
+    refused = {r["flow"]: r["refused_for"] for r in rows if not r["runs"]}
+    assert all(r["refused_for"] == [] for r in rows if r["runs"])
+    assert {c for classes in refused.values() for c in classes} <= {"screens", "org_capability", "process_type",
+                                                                    "broken_metadata", "engine"}
+    assert {flow for flow, classes in refused.items() if "engine" in classes} == {"Adopter_Match_clean_up_Subflow"}
+    assert refused["Handle_User_Deactivation_auto"] == ["process_type"]
+    assert refused["Wait_3_Days"] == ["broken_metadata"]
+    assert refused["Flow_Launcher"] == ["org_capability", "screens"]
 
 
 def test_inventory_human_output_names_profile_proofs_and_reasons():

@@ -157,7 +157,7 @@ class Command(BaseCommand):
             status = r.profile if r.profile else "REJECTED"
             loops = ", ".join(f"{lp['element']}={lp['bound']}" for lp in r.loops) or "none"
             self.stdout.write(f"{r.flow}: {status}  cohort={r.cohort}  steps={r.steps}  fan-out={r.fan_out}  "
-                              f"loops: {loops}  runs: {'yes' if r.runs else 'no'}")
+                              f"loops: {loops}  runs: {'yes' if r.runs else 'no (' + ', '.join(r.refused_for) + ')'}")
             if r.unknown_capabilities:
                 self.stdout.write(f"  unknown capabilities: {', '.join(r.unknown_capabilities)}")
             for reason in r.reasons if r.rejected else r.blockers:
