@@ -396,9 +396,9 @@ def engine_support_diagnostics(payload: dict[str, Any], snapshot: CatalogSnapsho
         for feature, detail in _scheduled_path_blockers(path):
             bad(feature, "start", detail)
     for f in trigger.get("filters", []):
-        if f.get("operator") == "IsChanged" and trigger.get("trigger_type") == "RecordAfterSave" and (
-                f.get("value") or {}).get("kind") == "booleanValue":
-            continue  # after save, admission compares the saved values with the ones they replaced
+        if f.get("operator") == "IsChanged" and trigger.get("trigger_type") in ("RecordAfterSave", "RecordBeforeSave") \
+                and (f.get("value") or {}).get("kind") == "booleanValue":
+            continue  # a save's admission compares the values being saved with the ones they replace
         if not _condition_ok(f):
             bad("trigger", "start", f"filter {f.get('field')} {f.get('operator')} is not evaluated at admission")
     for name, ast in sorted((payload.get("formulas") or {}).items()):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from nexusflow.flows.errors import ActivationRejected
 from nexusflow.flows.models import FlowRun
 from nexusflow.flows.services import flow_deploy
 
@@ -78,10 +77,41 @@ def test_the_record_must_be_updated_to_meet_the_whole_expression(org):
         assert _runs(org, "Met") == expected, changes
 
 
-def test_is_changed_before_save_is_refused_at_activation(org):
+def test_before_save_entry_criteria_see_the_values_the_save_replaces(org):
+    """Before save, ``IsChanged`` and "only when updated to meet" compare the values being saved with the
+    stored ones: ``firstname`` is stamped only by a save that changes ``email``, and a create is no change."""
+    from nexusflow.records.models import Record
+
     filters = _filter("email", "IsChanged", "<booleanValue>true</booleanValue>")
-    source = fx.flow(fx.assignment("Stamp", None, [("$Record.firstname", "Assign", "<stringValue>x</stringValue>")]),
+    source = fx.flow(fx.assignment("Stamp", None, [("$Record.firstname", "Assign",
+                                                    "<elementReference>$Record.email</elementReference>")]),
                      start=fx.start("Stamp", trigger="RecordBeforeSave", filters=filters))
-    with pytest.raises(ActivationRejected) as caught:
-        flow_deploy(org=org, source=source, flow_api_name="Before_Change")
-    assert ("engine_unsupported:trigger", "start") in {(d.code, d.element) for d in caught.value.diagnostics}
+    flow_deploy(org=org, source=source, flow_api_name="Before_Change")
+
+    def firstname(record) -> str | None:
+        return Record.objects.get(pk=record.pk).fields.get("firstname")
+
+    record = save_record(org, {"email": "a@example.test", "firstname": "kept"})
+    assert firstname(record) == "kept"  # created: no change
+    for changes, stamped in (({"lifecyclestage": "lead"}, "kept"), ({"email": "b@example.test"}, "b@example.test"),
+                             ({"firstname": "hand"}, "hand"), ({"email": "b@example.test"}, "hand"),
+                             ({"email": "c@example.test"}, "c@example.test")):
+        record = update_record(org, record, changes)
+        assert firstname(record) == stamped, changes
+    assert not FlowRun.objects.exists()  # before save: inside the save, no run
+
+
+def test_before_save_requires_change_runs_only_when_the_save_makes_the_expression_true(org):
+    filters = _filter("lifecyclestage", "EqualTo", "<stringValue>customer</stringValue>")
+    source = fx.flow(fx.assignment("Stamp", None, [("$Record.firstname", "Add", "<stringValue>!</stringValue>")]),
+                     start=fx.start("Stamp", trigger="RecordBeforeSave",
+                                    filters="<doesRequireRecordChangedToMeetCriteria>true"
+                                            "</doesRequireRecordChangedToMeetCriteria>" + filters))
+    flow_deploy(org=org, source=source, flow_api_name="Before_Met")
+    from nexusflow.records.models import Record
+
+    record = save_record(org, {"firstname": "a", "lifecyclestage": "lead"})
+    for changes, expected in (({"lifecyclestage": "customer"}, "a!"), ({"email": "x@example.test"}, "a!"),
+                              ({"lifecyclestage": "lead"}, "a!"), ({"lifecyclestage": "customer"}, "a!!")):
+        record = update_record(org, record, changes)
+        assert Record.objects.get(pk=record.pk).fields["firstname"] == expected, changes

@@ -63,7 +63,7 @@ def flow_before_save(*, org: OrgScope, object_name: str, record_key: str | None,
             raise FlowAdmissionRejected(f"activation {activation.pk} of {plan.flow_api_name} is bound to another "
                                         "runtime binding; recompile and activate it for the current view")
         trigger = plan.plan_payload["trigger"]
-        if not trigger_matches(trigger, object_name=object_name, created=created, fields=current):
+        if not trigger_matches(trigger, object_name=object_name, created=created, fields=current, prior=prior):
             continue
         step = _step_def(plan, plan.plan_payload["entry_step"])
         if step["kind"] != KIND_EMBEDDED:
