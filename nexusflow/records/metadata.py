@@ -6,10 +6,13 @@ compiled Flow plan can pin the exact view it was compiled against
 """
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import json
+import re
 from dataclasses import dataclass, field as dataclass_field
 from pathlib import Path
+from typing import Callable
 
 from django.conf import settings
 
@@ -20,6 +23,39 @@ from nexusflow.kernel.identity import InvalidIdentity, validate_key
 
 #: Field type of a reference to another object's record (its record key); the field names ``references``.
 LOOKUP = "lookup"
+#: Field type of a closed set of text values; the field names its ``values``.
+PICKLIST = "picklist"
+_NUMBER = re.compile(r"-?(\d+(\.\d*)?|\.\d+)")
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
+_PHONE = re.compile(r"\+?[0-9 ().\-]{3,40}")
+
+
+def _valid_datetime(value: str) -> bool:
+    try:
+        parsed = dt.datetime.fromisoformat(value)
+    except ValueError:
+        return False
+    return "T" in value and parsed.tzinfo is not None
+
+
+#: Field type -> check of a non-empty value (text as stored). Values are stored as the text given.
+FIELD_TYPES: dict[str, Callable[[str], bool] | None] = {
+    "text": None, "textarea": None, LOOKUP: None, PICKLIST: None,  # checked by max length, key, values
+    "number": _NUMBER.fullmatch, "currency": _NUMBER.fullmatch, "percent": _NUMBER.fullmatch,
+    "boolean": lambda v: v in ("true", "false"),
+    "date": lambda v: bool(_DATE.fullmatch(v)) and _valid_date(v),
+    "datetime": _valid_datetime,
+    "email": _EMAIL.fullmatch, "phone": _PHONE.fullmatch,
+}
+
+
+def _valid_date(value: str) -> bool:
+    try:
+        dt.date.fromisoformat(value)
+    except ValueError:
+        return False
+    return True
 
 
 class UnknownObject(NexusError):
@@ -46,6 +82,8 @@ class FieldDefinition:
     read_access: tuple[str, ...] | None = None
     #: For ``type`` ``lookup``: the object whose record key the field holds; ``None`` otherwise.
     references: str | None = None
+    #: For ``type`` ``picklist``: the values it accepts; ``None`` otherwise.
+    values: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -84,12 +122,19 @@ class ObjectDefinition:
         A ``lookup`` field holds the record key of a record of the object it
         ``references`` (or ``None`` / ``""`` for no reference); the key must be
         canonical (ARCHITECTURE.md section 6, "Canonical identity"). Whether that record exists is
-        not a metadata question: consumers resolve it when they read it.
+        not a metadata question: consumers resolve it when they read it. A typed
+        field (:data:`FIELD_TYPES`) holds text in its type's form: ``number``,
+        ``currency`` and ``percent`` a plain decimal (``-12.50``), ``boolean``
+        ``true`` or ``false``, ``date`` ``YYYY-MM-DD``, ``datetime`` ISO 8601
+        with its offset (``2026-03-01T06:30:00Z``), ``picklist`` one of its
+        ``values``, ``email`` and ``phone`` an address and a number. ``None``
+        and ``""`` are "no value" for every type.
 
         Raises:
             UnknownField: ``field`` is not defined on this object.
-            InvalidFieldValue: not text/None, longer than ``max_length``, or a
-                lookup value that is not a canonical record key.
+            InvalidFieldValue: not text/None, longer than ``max_length``, a
+                lookup value that is not a canonical record key, or a value not
+                in its type's form.
         """
         definition = self.fields.get(field)
         if definition is None:
@@ -105,6 +150,11 @@ class ObjectDefinition:
                 validate_key(value, field=f"{self.name}.{field}", max_length=definition.max_length)
             except InvalidIdentity as exc:
                 raise InvalidFieldValue(str(exc)) from None
+        check = FIELD_TYPES.get(definition.type)
+        if value != "" and (
+                (check is not None and not check(value))
+                or (definition.type == PICKLIST and value not in (definition.values or ()))):
+            raise InvalidFieldValue(f"{self.name}.{field}: {value!r} is not a {definition.type} value")
         return value
 
 
@@ -140,9 +190,16 @@ def _parse(doc: dict) -> ObjectDefinition:
         f["name"]: FieldDefinition(validate_key(f["name"], field="field"), f.get("type", "text"),
                                    int(f.get("max_length", 255)),
                                    tuple(f["read_access"]) if f.get("read_access") is not None else None,
-                                   f.get("references"))
+                                   f.get("references"),
+                                   tuple(f["values"]) if f.get("values") is not None else None)
         for f in doc.get("fields", [])
     }
+    for definition in fields.values():
+        if definition.type not in FIELD_TYPES:
+            raise ValueError(f"{name}.{definition.name}: unknown field type {definition.type!r}; one of "
+                             f"{', '.join(sorted(FIELD_TYPES))}")
+        if (definition.type == PICKLIST) != (definition.values is not None):
+            raise ValueError(f"{name}.{definition.name}: a picklist field lists its values, and only a picklist does")
     for definition in fields.values():
         if (definition.type == LOOKUP) != (definition.references is not None):
             raise ValueError(f"{name}.{definition.name}: a lookup field names the object it references, "
