@@ -1,6 +1,8 @@
 """Fixtures for the Flow Runtime tests: flows, plans and rows in any state."""
 from __future__ import annotations
 
+import json
+import shutil
 import time
 from pathlib import Path
 
@@ -110,6 +112,32 @@ def renewal_view(settings):
 def short_lease(monkeypatch):
     monkeypatch.setenv("NEXUS_FLOW_LEASE_SECONDS", "1")
     monkeypatch.setenv("NEXUS_FLOW_RETRY_BASE_SECONDS", "0")
+
+
+TEAM = {"object": "Team__c", "label": "Team", "key_prefix": "a1T",
+        "fields": [{"name": "Name", "type": "text", "max_length": 80},
+                   {"name": "Member_Count__c", "type": "text", "max_length": 20}]}
+MEMBER = {"object": "Member__c", "label": "Member", "key_prefix": "a1M",
+          "fields": [{"name": "Name", "type": "text", "max_length": 80},
+                     {"name": "Team__c", "type": "lookup", "references": "Team__c", "max_length": 18}]}
+
+
+@pytest.fixture
+def team_view(settings, tmp_path):
+    """The project's objects plus ``Team__c`` (a member count) and ``Member__c`` (a lookup to its team)."""
+    from nexusflow.records.metadata import current_view
+
+    objects = tmp_path / "metadata" / "objects"
+    objects.mkdir(parents=True)
+    for path in (Path(settings.BASE_DIR) / "metadata" / "objects").glob("*.object.json"):
+        shutil.copy(path, objects / path.name)
+    for doc in (TEAM, MEMBER):
+        (objects / f"{doc['object']}.object.json").write_text(json.dumps(doc), encoding="utf-8")
+    current_view.cache_clear()
+    settings.NEXUS_METADATA_DIR = tmp_path / "metadata"
+    current_view.cache_clear()
+    yield tmp_path / "metadata"
+    current_view.cache_clear()
 
 
 #: The objects, fields and quick actions the corpus flows name (their metadata, which the corpus does not ship).

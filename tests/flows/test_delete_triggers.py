@@ -8,11 +8,8 @@ member is deleted, also with two real flow workers running at once.
 """
 from __future__ import annotations
 
-import json
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -21,7 +18,6 @@ from nexusflow.flows import transitions as t
 from nexusflow.flows.errors import CompileError
 from nexusflow.flows.models import FlowRun
 from nexusflow.flows.services import flow_compile_check, flow_deploy
-from nexusflow.records.metadata import current_view
 from nexusflow.records.models import Record
 from nexusflow.records.services import record_delete_by_key
 from tests.conftest import subprocess_env
@@ -30,29 +26,6 @@ from . import flowxml as fx
 from .conftest import run_until_idle, save_record
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("short_lease")]
-
-TEAM = {"object": "Team__c", "label": "Team", "key_prefix": "a1T",
-        "fields": [{"name": "Name", "type": "text", "max_length": 80},
-                   {"name": "Member_Count__c", "type": "text", "max_length": 20}]}
-MEMBER = {"object": "Member__c", "label": "Member", "key_prefix": "a1M",
-          "fields": [{"name": "Name", "type": "text", "max_length": 80},
-                     {"name": "Team__c", "type": "lookup", "references": "Team__c", "max_length": 18}]}
-
-
-@pytest.fixture
-def team_view(settings, tmp_path):
-    objects = tmp_path / "metadata" / "objects"
-    objects.mkdir(parents=True)
-    for path in (Path(settings.BASE_DIR) / "metadata" / "objects").glob("*.object.json"):
-        shutil.copy(path, objects / path.name)
-    for doc in (TEAM, MEMBER):
-        (objects / f"{doc['object']}.object.json").write_text(json.dumps(doc), encoding="utf-8")
-    current_view.cache_clear()
-    settings.NEXUS_METADATA_DIR = tmp_path / "metadata"
-    current_view.cache_clear()
-    yield tmp_path / "metadata"
-    current_view.cache_clear()
-
 
 def _count_flow(*, operator: str, trigger: str, rtt: str) -> bytes:
     lookup = ("<recordLookups><name>Get_Team</name><label>Get Team</label><locationX>1</locationX>"

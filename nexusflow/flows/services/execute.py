@@ -67,6 +67,7 @@ log = logging.getLogger("nexusflow.flows")
 FP_AFTER_CLAIM = failpoints.declare("flow.step.after_claim")
 FP_AFTER_COMMIT = failpoints.declare("flow.step.after_commit")
 FP_AFTER_BUSINESS_LOCKS = failpoints.declare("flow.step.after_business_locks")
+FP_FIRST_BUSINESS_LOCK = failpoints.declare("flow.step.first_business_lock")
 FP_AFTER_ROLLBACK = failpoints.declare("flow.step.after_rollback")
 
 
@@ -218,6 +219,8 @@ def _lock_business(claim: StepClaim, extra: tuple[tuple[str, str], ...] = ()) ->
             locked[(obj, key)] = record_lock(org=org, object_name=obj, record_key=key)
         except Record.DoesNotExist:
             locked[(obj, key)] = None
+        if len(locked) == 1 and len(claim.lock_plan) > 1:
+            failpoints.hit(FP_FIRST_BUSINESS_LOCK)  # one row of a multi-row plan held (lock-order tests pause here)
     return locked
 
 
