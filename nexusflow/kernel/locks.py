@@ -184,6 +184,24 @@ def mark_held(namespace: str, key: tuple, using: str = "default") -> None:
     held.add((namespace, tuple(key)))
 
 
+def remember(namespace: str, key: tuple, value, using: str = "default") -> None:
+    """Keep ``value`` under ``(namespace, key)`` until the current transaction ends (e.g. a reserved number)."""
+    holder = _transaction_holder(connections[using])
+    kept = getattr(holder, "_nexus_kept", None)
+    if kept is None:
+        kept = holder._nexus_kept = {}
+    kept[(namespace, tuple(key))] = value
+
+
+def recall(namespace: str, key: tuple, *, pop: bool = False, using: str = "default"):
+    """The value :func:`remember` kept under ``(namespace, key)`` in the current transaction (``None``: none)."""
+    conn = connections[using]
+    if not conn.in_atomic_block:
+        return None
+    kept = getattr(_transaction_holder(conn), "_nexus_kept", {})
+    return kept.pop((namespace, tuple(key)), None) if pop else kept.get((namespace, tuple(key)))
+
+
 def is_held(namespace: str, key: tuple, using: str = "default") -> bool:
     """Whether :func:`mark_held` recorded ``(namespace, key)`` in the current transaction."""
     conn = connections[using]

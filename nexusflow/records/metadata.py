@@ -115,6 +115,9 @@ class ObjectDefinition:
     mirror_fields: dict[str, MirrorFieldDefinition]
     #: ``{target object: ConversionDefinition}``: the conversions this object declares.
     conversions: dict[str, ConversionDefinition] = dataclass_field(default_factory=dict)
+    #: The fields whose changes the record's field history keeps (``track_history``: ``true`` for every
+    #: field, or a list); empty: no history.
+    tracked_fields: frozenset[str] = frozenset()
 
     def clean_value(self, field: str, value: object) -> str | None:
         """Validate one field value against its definition.
@@ -217,7 +220,16 @@ def _parse(doc: dict) -> ObjectDefinition:
                                                             validate_key(v, field="conversion field")
                                                             for k, v in c.get("field_map", {}).items()},
                                                    dict(c.get("source_values", {})))
-    return ObjectDefinition(name, doc.get("key_prefix", "a00"), fields, mirrors, conversions)
+    tracked = doc.get("track_history")
+    if tracked is True:
+        tracked_fields = frozenset(fields)
+    elif isinstance(tracked, list) and all(f in fields for f in tracked):
+        tracked_fields = frozenset(tracked)
+    elif tracked in (None, False):
+        tracked_fields = frozenset()
+    else:
+        raise ValueError(f"{name}: track_history is true or a list of its fields")
+    return ObjectDefinition(name, doc.get("key_prefix", "a00"), fields, mirrors, conversions, tracked_fields)
 
 
 def _quick_actions(directory: Path, objects: dict[str, ObjectDefinition]) -> tuple[dict, list]:

@@ -32,6 +32,52 @@ class Record(GuardedModel):
         return f"{self.object_name}:{self.record_key}"
 
 
+class RecordHistorySequence(GuardedModel):
+    """The history sequence of one record: the last number its field history used (seed 004 section 13.1).
+
+    Reserved (row-locked and advanced) by each write of a record whose object tracks history, after the
+    record's business row and before any Flow lifecycle row: the history-sequence lock class.
+    """
+
+    org_id = IdentityField(max_length=64)
+    object_name = IdentityField(max_length=80)
+    record_key = IdentityField(max_length=64)
+    last_sequence = models.PositiveBigIntegerField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["org_id", "object_name", "record_key"],
+                                               name="record_history_sequence_uniq")]
+
+    def __str__(self) -> str:
+        return f"{self.object_name}:{self.record_key} #{self.last_sequence}"
+
+
+class RecordFieldHistory(GuardedModel):
+    """One field change of a record whose object tracks history; immutable once written.
+
+    ``sequence`` is the record's history sequence of the write (every field it changed shares it);
+    ``change`` is ``create``, ``update`` or ``delete`` (a deletion has one row, field ``*``).
+    """
+
+    org_id = IdentityField(max_length=64)
+    object_name = IdentityField(max_length=80)
+    record_key = IdentityField(max_length=64)
+    sequence = models.PositiveBigIntegerField()
+    field = IdentityField(max_length=80)
+    change = models.CharField(max_length=8)
+    old_value = models.TextField(null=True)
+    new_value = models.TextField(null=True)
+    record_version = models.PositiveBigIntegerField()
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["org_id", "object_name", "record_key", "sequence", "field"],
+                                               name="record_field_history_uniq")]
+
+    def __str__(self) -> str:
+        return f"{self.object_name}:{self.record_key} #{self.sequence} {self.field}"
+
+
 class IdentityTransfer(GuardedModel):
     """One completed identity transfer (merge or conversion): a durable, immutable fact.
 

@@ -15,13 +15,14 @@ from typing import Callable, Protocol
 from django.db import transaction
 
 from nexusflow.kernel import failpoints
+from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.scope import OrgScope
 
 from .metadata import InvalidFieldValue, UnknownField, current_view
 from .models import Record
-from .store import RecordStore
+from .store import HistoryStore, RecordStore
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ DELETE_STAGE_OWNER_WORK = 100
 DELETE_STAGE_REMOTE_LINKS = 200
 
 FP_DELETE_BEFORE_COMMIT = failpoints.declare("records.delete_before_commit")
+FP_HISTORY_RESERVED = failpoints.declare("records.history.reserved")
 
 
 class RecordNotFound(NexusError):
@@ -155,8 +157,48 @@ def record_create(*, org: OrgScope, object_name: str, values: dict[str, str | No
     record = RecordStore.create(
         org_id=org.org_id, object_name=object_name, record_key=record_key, fields=fields, mirrors={},
     )
+    _history(definition, record, "create", {name: (None, value) for name, value in fields.items()
+                                            if value not in (None, "")}, new=True)
     _run_hooks(org, record, RecordChange(created=True, changed_fields=frozenset(fields)))
     return record
+
+
+def _history(definition, record: Record, change: str, values: dict[str, tuple], *, new: bool = False) -> None:
+    """Append the record's field history of one write (tracked fields only; seed 004 section 13.1 step 3).
+
+    The sequence was reserved right after the business row (:func:`record_history_reserve`), or is taken
+    now, the record's row being held by this transaction already.
+    """
+    tracked = {name: pair for name, pair in values.items() if name in definition.tracked_fields or name == "*"}
+    if not definition.tracked_fields or not tracked:
+        return
+    sequence = HistoryStore.take(record.org_id, record.object_name, record.record_key, new=new)
+    failpoints.hit(FP_HISTORY_RESERVED)  # business row and history sequence held (lock-order tests pause here)
+    now = db_now()
+    HistoryStore.append([
+        {"org_id": record.org_id, "object_name": record.object_name, "record_key": record.record_key,
+         "sequence": sequence, "field": name, "change": change, "old_value": old, "new_value": new_value,
+         "record_version": record.version, "created_at": now}
+        for name, (old, new_value) in sorted(tracked.items())])
+
+
+def record_history_reserve(*, org: OrgScope, object_name: str, record_key: str,
+                           changes: dict[str, str | None] | None = None, fields: dict | None = None) -> bool:
+    """Reserve the history sequence of a locked record's coming write, if its object tracks history and the
+    write changes a tracked field (``changes`` against its current ``fields``; ``None``: a deletion).
+
+    For a writer that enters Flow lifecycle state before it applies its writes: seed 004 section 13.1 puts
+    history-sequence reservation after the business rows and before the Flow root. Returns whether it
+    reserved.
+    """
+    definition = current_view().object(object_name)
+    if not definition.tracked_fields:
+        return False
+    if changes is not None and not any(name in definition.tracked_fields and (fields or {}).get(name) != value
+                                       for name, value in changes.items()):
+        return False
+    HistoryStore.reserve(org.org_id, object_name, record_key)
+    return True
 
 
 def record_lock(*, org: OrgScope, object_name: str, record_key: str, nowait: bool = False) -> Record:
@@ -202,7 +244,9 @@ def record_update(*, org: OrgScope, record: Record, changes: dict[str, str | Non
     change = RecordChange(created=False, changed_fields=changed, prior_fields=dict(record.fields))
     if not changed:
         return change
+    before = dict(record.fields)
     RecordStore.write(record, fields={**record.fields, **cleaned})
+    _history(definition, record, "update", {name: (before.get(name), cleaned[name]) for name in changed})
     _run_hooks(org, record, change)
     return change
 
@@ -240,9 +284,13 @@ def record_delete(*, org: OrgScope, record: Record) -> Record:
     if record.org_id != org.org_id or not RecordStore.is_fenced(record):
         raise RuntimeError(f"{record.object_name}/{record.record_key}: lock the record (record_lock) in the "
                            f"deleting transaction first")
+    # History right after the business row: the hooks below take Runtime and connector rows (seed 004 13.1).
+    record_history_reserve(org=org, object_name=record.object_name, record_key=record.record_key)
     for hook in before_delete_hooks():
         hook(org=org, record=record)
-    return RecordStore.soft_delete(record)
+    deleted = RecordStore.soft_delete(record)
+    _history(current_view().object(record.object_name), deleted, "delete", {"*": (None, None)})
+    return deleted
 
 
 def record_delete_by_key(*, org: OrgScope, object_name: str, record_key: str) -> Record:

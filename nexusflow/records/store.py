@@ -7,7 +7,7 @@ from nexusflow.kernel import canonical_json, locks
 from nexusflow.kernel.errors import MultipleRowsUpdated, StaleVersion
 from nexusflow.kernel.models import insert
 
-from .models import Record
+from .models import Record, RecordFieldHistory
 
 
 #: Namespace under which a transaction remembers the records it holds (the owner fence, seed 000).
@@ -16,6 +16,58 @@ FENCE = "records.Record"
 
 def fence_key(org_id: str, object_name: str, record_key: str) -> tuple[str, str, str]:
     return (org_id, object_name, record_key)
+
+
+#: Namespaces of a transaction's history reservations: the sequence rows it holds, and a reserved number
+#: not yet used by a write.
+HISTORY_ROW = "records.RecordHistorySequence"
+HISTORY_NEXT = "records.RecordHistorySequence.next"
+
+
+class HistoryStore:
+    """The only writer of record history rows (seed 004 section 13.1 step 3)."""
+
+    @staticmethod
+    def reserve(org_id: str, object_name: str, record_key: str, *, new: bool = False) -> int:
+        """Advance and row-lock the record's history sequence; keep the number for the record's next write.
+
+        Takes the history-sequence lock-order position first (after business rows, before any Flow
+        lifecycle row: reserving after a Flow root raises :class:`LockOrderViolation`), unless the
+        transaction already holds the row or inserted the record (``new``: nobody can contend for it).
+
+        Returns:
+            The reserved sequence number.
+        """
+        key = (org_id, object_name, record_key)
+        if not new and not locks.is_held(HISTORY_ROW, key):
+            locks.note(locks.LockClass.HISTORY_SEQUENCE, key=key)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO records_recordhistorysequence (org_id, object_name, record_key, last_sequence) "
+                "VALUES (%s, %s, %s, 1) ON DUPLICATE KEY UPDATE last_sequence = last_sequence + 1", list(key))
+            cursor.execute(
+                "SELECT last_sequence FROM records_recordhistorysequence "
+                "WHERE org_id=%s AND object_name=%s AND record_key=%s", list(key))
+            sequence = int(cursor.fetchone()[0])
+        locks.mark_held(HISTORY_ROW, key)
+        locks.remember(HISTORY_NEXT, key, sequence)
+        return sequence
+
+    @staticmethod
+    def take(org_id: str, object_name: str, record_key: str, *, new: bool = False) -> int:
+        """The sequence number of a write about to happen: the one reserved for it, else a fresh reservation."""
+        reserved = locks.recall(HISTORY_NEXT, (org_id, object_name, record_key), pop=True)
+        if reserved is not None:
+            return reserved
+        sequence = HistoryStore.reserve(org_id, object_name, record_key, new=new)
+        locks.recall(HISTORY_NEXT, (org_id, object_name, record_key), pop=True)
+        return sequence
+
+    @staticmethod
+    def append(rows: list[dict]) -> None:
+        """Insert the field-history rows of one write (immutable)."""
+        for row in rows:
+            insert(RecordFieldHistory, **row)
 
 
 class RecordStore:

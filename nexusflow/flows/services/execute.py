@@ -224,6 +224,19 @@ def _lock_business(claim: StepClaim, extra: tuple[tuple[str, str], ...] = ()) ->
     return locked
 
 
+def _reserve_history(claim: StepClaim, outcome: Outcome, locked: dict[tuple[str, str], Any]) -> None:
+    """Reserve the history sequences of the locked records this step writes, before the Flow root (seed 004
+    section 13.1 step 3: history after business rows, before Flow lifecycle rows)."""
+    from nexusflow.records.services import record_history_reserve
+
+    org = OrgScope(claim.org_id)
+    for write in outcome.writes:
+        record = locked.get((write.object_name, write.record_key)) if write.op in ("update", "delete") else None
+        if record is not None:
+            record_history_reserve(org=org, object_name=write.object_name, record_key=write.record_key,
+                                   changes=write.values if write.op == "update" else None, fields=record.fields)
+
+
 def before_lifecycle_locks(claim: StepClaim) -> None:
     """Seam between the business locks and the Flow root lock of a mutation step (tests pause here)."""
     failpoints.hit(FP_AFTER_BUSINESS_LOCKS)
@@ -289,6 +302,7 @@ def _exec_graph(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, A
                                         resource=[write.object_name, write.record_key])
             if write.op == "update" and locked[(write.object_name, write.record_key)] is None:
                 raise FlowExecutionError("the record to update no longer exists", code="flow_record_missing")
+        _reserve_history(claim, outcome, locked)
         before_lifecycle_locks(claim)
         run, _step, attempt = _lock_fenced(claim)
         writes = _apply_writes(claim, run, outcome, locked)

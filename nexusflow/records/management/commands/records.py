@@ -21,7 +21,7 @@ from django.core.management.base import BaseCommand, CommandError
 from nexusflow.kernel.errors import InvalidIdentity, NexusError
 from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.scope import OrgScope
-from nexusflow.records.models import Record
+from nexusflow.records.models import Record, RecordFieldHistory
 from nexusflow.records.owner import OwnerConflict, owner_intents_read
 from nexusflow.records.remote_links import remote_links
 from nexusflow.records.services import RecordNotFound, record_delete_by_key
@@ -55,6 +55,12 @@ def record_report(*, org_id: str, object_name: str, record_key: str) -> dict:
                      "link_key": intent.link_key, "state": intent.state}
                     for intent in owner_intents_read(org_id=org_id, object_name=object_name,
                                                      record_key=record_key)],
+        # Newest first, at most 50 field changes (objects with track_history only).
+        "history": [{"sequence": h.sequence, "field": h.field, "change": h.change, "old": h.old_value,
+                     "new": h.new_value, "record_version": h.record_version, "at": h.created_at.isoformat()}
+                    for h in RecordFieldHistory.objects.filter(org_id=org_id, object_name=object_name,
+                                                               record_key=record_key)
+                    .order_by("-sequence", "field")[:50]],
     }
 
 
