@@ -142,9 +142,9 @@ def flow_trigger_on_record_deleting(*, org: OrgScope, record) -> None:
 
     The run's trigger snapshot is the record as it was deleted (``$Record``; no prior record); it runs
     after the deletion commits, like any admitted run, and a refused deletion rolls it back with it. The
-    same hook serves a local delete (REST, ``records delete``, a Flow's Delete Records) and a provider delete
-    applied by the inbound chain. A deletion made by a Flow run's own write admits its runs one recursive
-    level deeper (``save_depth``).
+    same hook serves every deletion through :func:`nexusflow.records.services.record_delete` (REST,
+    ``records delete``, a Flow's Delete Records). A deletion made by a Flow run's own write admits its runs
+    one recursive level deeper (``save_depth``).
 
     Raises:
         FlowAdmissionRejected: see :func:`_active_for`; the deletion fails closed.
