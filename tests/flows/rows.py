@@ -6,6 +6,7 @@ from nexusflow.flows.models import (
     FlowActivation,
     FlowDependency,
     FlowRun,
+    FlowScheduleOccurrence,
     FlowStepAttempt,
     FlowStepExecution,
     FlowWakeSignal,
@@ -24,6 +25,7 @@ ROW_FACTORY = {
     "flows.FlowDependency": "dependency",
     "flows.FlowWakeSignal": "signal",
     "flows.FlowActivation": "activation",
+    "flows.FlowScheduleOccurrence": "schedule_occurrence",
 }
 
 
@@ -91,6 +93,12 @@ class Rows:
                       runtime_capability_id=run.runtime_capability_id, binding_digest=run.binding_digest,
                       flow_run_id=run.pk, producer_kind="runtime.intent_result", dependency_key="42", receipt_id=7,
                       evidence_digest="d" * 64, state=state, version=1, received_at=db_now())
+
+    def schedule_occurrence(self, state: str = t.OCCURRENCE_ADMITTING) -> FlowScheduleOccurrence:
+        now = db_now()
+        return insert(FlowScheduleOccurrence, allow_any_state=True, org_id=self.org.org_id,
+                      flow_api_name=self.plan.flow_api_name, plan=self.plan, occurrence_at=now, state=state,
+                      version=1, created_at=now)
 
     def activation(self, state: str = t.ACTIVATION_ACTIVE) -> FlowActivation:
         return insert(FlowActivation, allow_any_state=True, org_id=self.org.org_id, flow_api_name=self.plan.flow_api_name, plan=self.plan,

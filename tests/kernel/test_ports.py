@@ -108,7 +108,7 @@ ROLE_UNITS = {
     "connector": ["receipt.reconcile", "window.close", "dependency.expire", "execution.run", "execution.recover"],
     "runtime": ["outbox.deliver", "outbox.reconcile"],
     "flow": ["flow.wake", "flow.resume_due", "flow.step", "flow.recover", "flow.expire", "flow.repair",
-             "flow.cancel_cleanup"],
+             "flow.cancel_cleanup", "flow.schedule"],
     "egress": ["permit.abandon", "effect.finalize", "effect.reconcile", "effect.dispatch"],
     "egress-deferred": ["permit.abandon", "effect.finalize", "effect.reconcile", "effect.dispatch"],
     "stream": ["stream.poll"],
