@@ -31,9 +31,17 @@ static: venv
 # The suite waits on real processes and the database far more than it computes: TEST_WORKERS pytest-xdist
 # workers (each with its own test databases) run whole files side by side. TEST_WORKERS=0 runs serially.
 TEST_WORKERS ?= 3
-test: venv db static
+test: venv db static promtool
 	@$(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+# promtool (Debian's prometheus package) checks ops/prometheus/alerts.yml and runs its rule unit tests in the suite.
+.PHONY: promtool
+promtool:
+	@if ! command -v promtool >/dev/null; then \
+		echo "test: installing promtool (prometheus)"; \
+		$$( [ "$$(id -u)" -eq 0 ] || echo sudo ) env DEBIAN_FRONTEND=noninteractive apt-get install -y prometheus >/dev/null; \
+	fi
 
 demo: venv db static
 	$(PY) manage.py demo $(DEMO_ARGS)

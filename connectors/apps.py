@@ -6,6 +6,7 @@ class ConnectorsConfig(AppConfig):
     verbose_name = "Connector V2"
 
     def ready(self) -> None:
+        from nexusflow.kernel.metrics import register_families
         from nexusflow.kernel.workers import register_open_work, register_role, register_worker_processes
         from nexusflow.records.remote_links import RemoteLinks, register_remote_links
         from nexusflow.records.services import DELETE_STAGE_REMOTE_LINKS, register_before_delete
@@ -14,6 +15,7 @@ class ConnectorsConfig(AppConfig):
         from runtime_outbox.services import no_effect_reasons_declare
 
         from connectors import reasons, selectors, worker_roles, workers
+        from connectors.metrics import connector_families
         from connectors.v1 import selectors as v1_selectors
         from connectors.v1 import worker_roles as v1_worker_roles
         from connectors.links import identity_transfer as link_transfer
@@ -49,6 +51,7 @@ class ConnectorsConfig(AppConfig):
         register_role("stream", worker_roles.stream_units, order=60)
         # The V1 runtime being retired: never part of ``--role all`` (V1 and V2 claimants never run together).
         register_role("v1", v1_worker_roles.v1_units, order=70, in_all=False)
+        register_families("connectors", connector_families)
         register_open_work("executions", selectors.executions_open_count)
         register_open_work("effects", selectors.effects_open_count)
         register_open_work("permits", selectors.permits_open_count)

@@ -22,6 +22,7 @@ from connectors.models import (
     CredentialGenerationDispatchGate,
     DispatchPermit,
     Execution,
+    ExecutionAttempt,
     ExecutionDependency,
     ProjectionWindow,
     Receipt,
@@ -384,3 +385,91 @@ def effects_create_conflict_count() -> int:
 
 # The V1 runtime's evidence selectors (connectors/v1/selectors.py), named by connectors/reasons.py.
 from connectors.v1.selectors import v1_events_with_reason, v1_provider_calls_with_reason  # noqa: E402,F401
+
+
+# --- metrics (connectors/metrics.py; seed 004 section 19) -------------------------------------------------------
+def _by(qs: QuerySet, *fields: str, oldest: str | None = None) -> list[tuple]:
+    """``qs`` grouped by ``fields``: ``(*values, rows[, min(oldest)])`` per group, in field order."""
+    from django.db.models import Count, Min
+
+    aggregates = {"n": Count("pk")}
+    if oldest is not None:
+        aggregates["oldest"] = Min(oldest)
+    rows = qs.values(*fields).annotate(**aggregates).order_by(*fields)
+    return [tuple(r[f] for f in fields) + (int(r["n"]),) + ((r["oldest"],) if oldest else ()) for r in rows]
+
+
+def executions_ready_queue() -> tuple[int, dt.datetime | None]:
+    """``ready`` Executions (all orgs): ``(rows, oldest updated_at)``, the time the oldest became ready."""
+    rows = _by(Execution.objects.filter(state="ready"), "state", oldest="updated_at")
+    return (rows[0][1], rows[0][2]) if rows else (0, None)
+
+
+def effects_due_queue(now: dt.datetime) -> tuple[int, dt.datetime | None]:
+    """``prepared`` RemoteEffects due for dispatch on the database clock ``now`` (all orgs): ``(rows, oldest)``.
+
+    An effect is eligible from its ``next_attempt_at`` or, without one, its last change (``updated_at``).
+    """
+    from django.db.models import Count, Min, Q
+    from django.db.models.functions import Coalesce
+
+    row = (RemoteEffect.objects.filter(state="prepared")
+           .filter(Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now))
+           .aggregate(n=Count("pk"), oldest=Min(Coalesce("next_attempt_at", "updated_at"))))
+    return int(row["n"]), row["oldest"]
+
+
+def execution_attempts_by_state() -> list[tuple[str, int]]:
+    """ExecutionAttempts (all orgs) by state (``expired``: the lease ran out and recovery fenced it)."""
+    return _by(ExecutionAttempt.objects.all(), "state")
+
+
+def effect_attempt_retries() -> int:
+    """RemoteEffectAttempts after an effect's first (``attempt_number > 1``), all orgs."""
+    return RemoteEffectAttempt.objects.filter(attempt_number__gt=1).count()
+
+
+def effects_by_state_and_reason() -> list[tuple[str, str, int]]:
+    """RemoteEffects (all orgs) by state and reason code (``""`` where the state carries none)."""
+    return _by(RemoteEffect.objects.all(), "state", "reason_code")
+
+
+def effect_latencies() -> dict[str, tuple[int, float]]:
+    """Effect latencies over all orgs, ``{name: (effects, sum of seconds)}``.
+
+    ``submit``: from the effect's row (the intent's arrival) to its first Attempt (the first request);
+    ``finalized`` / ``no_effect``: from the effect's row to its last change in that terminal state.
+    """
+    effect, attempt = RemoteEffect._meta.db_table, RemoteEffectAttempt._meta.db_table
+    out = {"submit": (0, 0.0), "finalized": (0, 0.0), "no_effect": (0, 0.0)}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT COUNT(*), COALESCE(SUM(TIMESTAMPDIFF(MICROSECOND, e.created_at, a.created_at)), 0) "
+            f"FROM {effect} e JOIN {attempt} a ON a.effect_id = e.id AND a.attempt_number = 1")
+        n, total = cursor.fetchone()
+        out["submit"] = (int(n), int(total) / 1e6)
+        cursor.execute(
+            f"SELECT state, COUNT(*), COALESCE(SUM(TIMESTAMPDIFF(MICROSECOND, created_at, updated_at)), 0) "
+            f"FROM {effect} WHERE state IN ('finalized', 'no_effect') GROUP BY state")
+        for state, n, total in cursor.fetchall():
+            out[state] = (int(n), int(total) / 1e6)
+    return out
+
+
+def permits_open_by_state() -> list[tuple[str, int, dt.datetime | None]]:
+    """Open DispatchPermits (all orgs) by state: ``(state, permits, oldest created_at)``."""
+    return _by(DispatchPermit.objects.exclude(state__in=transitions.DISPATCH_PERMIT.settled), "state",
+               oldest="created_at")
+
+
+def gates_by_state() -> list[tuple[str, str, int]]:
+    """Serving and credential dispatch gates (all orgs): ``(gate kind, state, gates)``."""
+    return ([("account_serving", state, n) for state, n in _by(AccountServingGate.objects.all(), "state")]
+            + [("credential_dispatch", state, n)
+               for state, n in _by(CredentialGenerationDispatchGate.objects.all(), "state")])
+
+
+def execution_dependencies_waiting() -> tuple[int, dt.datetime | None]:
+    """``waiting`` ExecutionDependencies (all orgs): ``(rows, oldest created_at)``."""
+    rows = _by(ExecutionDependency.objects.filter(state="waiting"), "state", oldest="created_at")
+    return (rows[0][1], rows[0][2]) if rows else (0, None)

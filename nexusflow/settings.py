@@ -163,11 +163,27 @@ NEXUS_PACKS_DIR = Path(os.environ.get("NEXUS_PACKS_DIR", BASE_DIR / "packs"))
 NEXUS_SECRETS_DIR = Path(os.environ.get("NEXUS_SECRETS_DIR", BASE_DIR / "var" / "secrets"))
 NEXUS_METADATA_DIR = Path(os.environ.get("NEXUS_METADATA_DIR", BASE_DIR / "metadata"))
 
+
+
+def _log_format() -> str:
+    """``NEXUS_LOG_FORMAT``: ``plain`` (default) or ``json`` (nexusflow/kernel/logs.py); anything else refuses to start."""
+    value = os.environ.get("NEXUS_LOG_FORMAT", "") or "plain"
+    if value not in ("plain", "json"):
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(f"NEXUS_LOG_FORMAT must be plain or json, got {value!r}")
+    return value
+
+
+LOG_FORMAT = _log_format()
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # NEXUS_LOG_FORMAT=json: one JSON object per line, correlation ids and safe codes only (nexusflow/kernel/logs.py).
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+                   "json": {"()": "nexusflow.kernel.logs.JsonFormatter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler",
+                             "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": os.environ.get("NEXUS_LOG_LEVEL", "WARNING")},
 }
 SILENCED_SYSTEM_CHECKS = ["models.W037"]  # django_q: MariaDB ignores conditional indexes

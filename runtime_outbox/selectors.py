@@ -43,3 +43,17 @@ def inbox_acceptance_state(*, org_id: str, message_key: str) -> str | None:
 
     return (InboxAcceptance.objects.filter(org_id=org_id, message_key=message_key)
             .values_list("state", flat=True).first())
+
+
+def outbox_due_by_family(now) -> list[tuple[str, int, object]]:
+    """``pending`` OutboxMessages due on the database clock ``now`` (all orgs), by message family:
+    ``(family, messages, oldest eligible time)``; a message is eligible from ``next_attempt_at`` or, without
+    one, its ``created_at``. Read by ``runtime_outbox/metrics.py`` (seed 004 section 19)."""
+    from django.db.models import Count, Min, Q
+    from django.db.models.functions import Coalesce
+
+    rows = (OutboxMessage.objects.filter(state="pending")
+            .filter(Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now))
+            .values("family").annotate(n=Count("pk"), oldest=Min(Coalesce("next_attempt_at", "created_at")))
+            .order_by("family"))
+    return [(r["family"], int(r["n"]), r["oldest"]) for r in rows]

@@ -47,6 +47,7 @@ ROUTES = {
     "api-schema": PUBLIC,
     "api-docs": PUBLIC,
     "health": PUBLIC,
+    "metrics": OPERATOR,
     "ingress-admit": SIGNATURE,
     "v1-ingress-admit": SIGNATURE,
     "replay-create": OPERATOR,

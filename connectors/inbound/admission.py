@@ -526,7 +526,8 @@ def receipt_try_reconcile_one() -> bool:
         except (AdmissionError, DataError) as exc:
             # One Receipt that cannot be split again (or whose item does not fit a column) must not
             # stop recovery of every other one.
-            log.error("receipt %s cannot be materialized: %s", receipt_id, exc)
+            log.error("receipt %s cannot be materialized: %s", receipt_id, exc,
+                      extra={"code": getattr(exc, "code", None)})
             continue
         return True
     return False

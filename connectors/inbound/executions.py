@@ -88,7 +88,8 @@ def execution_try_claim_one(*, worker_id: str) -> Claim | None:
         try:
             claim = _claim_in_lane(lane.org_id, lane.account_key, lane.pk, worker_id)
         except (NotServing, StaleVersion) as exc:
-            log.info("claim skipped lane %s: %s", lane_id, exc)
+            log.info("claim skipped lane %s: %s", lane_id, exc,
+                     extra={"org_id": org_id, "code": getattr(exc, "code", None)})
             continue
         if claim is not None:
             failpoints.hit(FP_AFTER_CLAIM)
@@ -97,7 +98,8 @@ def execution_try_claim_one(*, worker_id: str) -> Claim | None:
         try:
             claim = _claim_unlaned(org_id, execution_id, worker_id)
         except (NotServing, StaleVersion) as exc:
-            log.info("claim skipped execution %s: %s", execution_id, exc)
+            log.info("claim skipped execution %s: %s", execution_id, exc,
+                     extra={"org_id": org_id, "execution_id": int(execution_id), "code": getattr(exc, "code", None)})
             continue
         if claim is not None:
             failpoints.hit(FP_AFTER_CLAIM)
@@ -294,7 +296,7 @@ def dependency_try_expire_one() -> bool:
                            high_water_position=high_water, winning_position=bytes(execution.position))
                 return True
         except (NotServing, StaleVersion) as exc:
-            log.info("dependency %s not resolved: %s", dep_id, exc)
+            log.info("dependency %s not resolved: %s", dep_id, exc, extra={"code": getattr(exc, "code", None)})
     return False
 
 
@@ -358,7 +360,8 @@ def execution_run(claim: Claim) -> bool:
     try:
         execution_complete(claim, result_id=result.pk)
     except StaleVersion as exc:
-        log.info("completion fenced for execution %s: %s", claim.execution_id, exc)
+        log.info("completion fenced for execution %s: %s", claim.execution_id, exc,
+                 extra={"execution_id": int(claim.execution_id), "code": getattr(exc, "code", None)})
         return False
     return True
 

@@ -83,7 +83,8 @@ class IngressAdmitApi(APIView):
             raise NotServing("the account is not admitting work now", code=exc.code) from exc
         except CredentialUnavailable as exc:
             # The detail names an internal secret locator: log it, never return it.
-            log.error("ingress credential unavailable for %s/%s: %s", account_key, channel, exc)
+            log.error("ingress credential unavailable for %s/%s: %s", account_key, channel, exc,
+                      extra={"code": getattr(exc, "code", None)})
             raise CredentialUnavailable("the account's credential is unavailable", code=exc.code) from exc
         except DataError as exc:
             # A value that does not fit its column: the input is at fault, retrying cannot help.

@@ -225,7 +225,8 @@ def stream_try_poll_one(*, client=None) -> bool:
         try:
             result = stream_poll_once(target, client=client)
         except POLL_ERRORS as exc:
-            log.warning("stream poll of %s/%s failed (%s): %s", target.account_key, target.route_key, exc.code, exc)
+            log.warning("stream poll of %s/%s failed (%s): %s", target.account_key, target.route_key, exc.code, exc,
+                        extra={"org_id": target.org_id, "code": exc.code})
             continue
         worked = worked or result.fetched > 0
     return worked

@@ -153,5 +153,5 @@ def window_try_close_one() -> bool:
                 seal(locked, ctx.epoch, ctx.account)
                 return True
         except (NotServing, StaleVersion) as exc:
-            log.info("window %s not sealed: %s", window_id, exc)
+            log.info("window %s not sealed: %s", window_id, exc, extra={"code": getattr(exc, "code", None)})
     return False

@@ -81,5 +81,6 @@ def effect_try_dispatch_one(*, worker_id: str, client: httpx.Client | None = Non
         # wait timeout) runs again instead of leaving the Permit ``sending`` until this process ends.
         retry_deadlock_victim(permit_settle)(grant, response)
     except StaleVersion as exc:
-        log.warning("settlement of permit %s fenced: %s", grant.permit_id, exc)
+        log.warning("settlement of permit %s fenced: %s", grant.permit_id, exc,
+                    extra={"code": getattr(exc, "code", None)})
     return True

@@ -90,7 +90,8 @@ def permit_try_grant_one(*, worker_id: str, lanes: tuple[str, ...] = KNOWN_LANES
             _require_material(effect)
             grant = _grant(effect, worker_id)
         except (NotServing, StaleVersion, CredentialUnavailable) as exc:
-            log.info("grant skipped effect %s: %s", effect_id, exc)
+            log.info("grant skipped effect %s: %s", effect_id, exc,
+                     extra={"org_id": org_id, "effect_id": int(effect_id), "code": getattr(exc, "code", None)})
             continue
         if grant is not None:
             failpoints.hit(FP_AFTER_GRANT)

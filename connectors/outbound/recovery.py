@@ -261,7 +261,8 @@ def effect_verify_create_conflict(effect: RemoteEffect, *, client: httpx.Client 
                   "mismatched_fields": differing}
         if verdict == conflict_recovery.TRANSIENT:
             wait = max(backoff(locked.attempt_count), retry_after(read.retry_after) or dt.timedelta())
-            log.info("verify read of effect %s deferred: %s", locked.pk, read.error or read.status)
+            log.info("verify read of effect %s deferred: %s", locked.pk, read.error or read.status,
+                     extra={"org_id": locked.org_id, "effect_id": int(locked.pk)})
             RemoteEffectStore.touch(org_id=locked.org_id, pk=locked.pk, state=locked.state, version=locked.version,
                                     set_fields={"next_attempt_at": now + wait})
             return True

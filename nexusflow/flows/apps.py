@@ -7,6 +7,7 @@ class FlowsConfig(AppConfig):
     verbose_name = "Flow Runtime V2"
 
     def ready(self) -> None:
+        from nexusflow.kernel.metrics import register_families
         from nexusflow.kernel.workers import register_open_work, register_role
         from nexusflow.records.services import (
             DELETE_STAGE_FLOW_WAITS,
@@ -20,6 +21,7 @@ class FlowsConfig(AppConfig):
 
         from . import reasons, transitions  # noqa: F401  register the reason codes and state machines
         from .inbox import intent_completed_accept
+        from .metrics import flow_families
         from .selectors import flow_run_trigger, flow_runs_nonterminal_count
         from .services import effect_handoff_finalize, flow_before_save, flow_trigger_on_record_saved
         from .services.admission import flow_trigger_on_record_deleting
@@ -43,6 +45,7 @@ class FlowsConfig(AppConfig):
         # The replay guard asks which record version triggered a run.
         register_flow_trigger_lookup(flow_run_trigger)
         register_role("flow", flow_units, order=30)
+        register_families("flows", flow_families)
         register_open_work("flow_runs", flow_runs_nonterminal_count)
         # A completed Runtime intent wakes its Flow through the message boundary (seed 004 sections 14.2, 15.2).
         register_consumer(INTENT_COMPLETED, intent_completed_accept)

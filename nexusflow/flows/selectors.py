@@ -276,3 +276,110 @@ def flow_plan_of(*, org_id: str, plan_id: int, plan_digest: str) -> FlowExecutio
             _plans.pop(next(iter(_plans)))
         _plans[key] = plan
     return plan
+
+
+# --- metrics (nexusflow/flows/metrics.py; seed 004 section 19) ---------------------------------------------
+def flow_queue_by_class(now) -> list[tuple[str, int, Any]]:
+    """Due ``Runnable`` roots (all orgs) by queue class: ``(queue_class, runs, oldest eligible time)``.
+
+    A root is eligible from its ``run_after`` (or, without one, its last change, ``updated_at``); ``now`` is
+    the database clock as a datetime.
+    """
+    from django.db.models import Min, Q
+    from django.db.models.functions import Coalesce
+
+    rows = (FlowRun.objects.filter(state=t.RUN_RUNNABLE, is_deleted=False)
+            .filter(Q(run_after__isnull=True) | Q(run_after__lte=now))
+            .values("queue_class").annotate(n=Count("pk"), oldest=Min(Coalesce("run_after", "updated_at")))
+            .order_by("queue_class"))
+    return [(r["queue_class"], int(r["n"]), r["oldest"]) for r in rows]
+
+
+def flow_attempt_outcomes() -> list[tuple[str, str, int]]:
+    """Every FlowStepAttempt (all orgs) by state and failure class: ``(state, failure_class, attempts)``."""
+    rows = (FlowStepAttempt.objects.values("state", "failure_class").annotate(n=Count("pk"))
+            .order_by("state", "failure_class"))
+    return [(r["state"], r["failure_class"], int(r["n"])) for r in rows]
+
+
+def flow_attempt_retries() -> int:
+    """FlowStepAttempts after a step's first (``attempt_number > 1``), all orgs."""
+    return FlowStepAttempt.objects.filter(attempt_number__gt=1).count()
+
+
+def flow_attempt_durations() -> list[tuple[str, str, int, float, float]]:
+    """Finished attempts by step kind and plan step key: ``(kind, plan_step_key, attempts, sum s, max s)``.
+
+    Duration is ``finished_at - started_at`` of the attempt (claim to outcome; the database records no
+    separate transaction duration).
+    """
+    step = FlowStepExecution._meta.db_table
+    attempt = FlowStepAttempt._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT s.step_kind, s.plan_step_key, COUNT(*), "
+            f"COALESCE(SUM(TIMESTAMPDIFF(MICROSECOND, a.started_at, a.finished_at)), 0), "
+            f"COALESCE(MAX(TIMESTAMPDIFF(MICROSECOND, a.started_at, a.finished_at)), 0) "
+            f"FROM {attempt} a JOIN {step} s ON s.id = a.step_id WHERE a.finished_at IS NOT NULL "
+            f"GROUP BY s.step_kind, s.plan_step_key ORDER BY s.step_kind, s.plan_step_key")
+        return [(kind, key, int(n), int(total) / 1e6, int(top) / 1e6) for kind, key, n, total, top in cursor.fetchall()]
+
+
+def flow_checkpoint_sizes() -> tuple[int, int, int]:
+    """``(checkpoints, total bytes, largest bytes)`` of every FlowCheckpoint's stored context payload."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT COUNT(*), COALESCE(SUM(LENGTH(context_payload)), 0), COALESCE(MAX(LENGTH(context_payload)), 0) "
+            f"FROM {FlowCheckpoint._meta.db_table}")
+        n, total, top = cursor.fetchone()
+        return int(n), int(total), int(top)
+
+
+def flow_dependencies_waiting() -> list[tuple[str, int, Any]]:
+    """``waiting`` FlowDependencies (all orgs) by producer kind: ``(producer_kind, rows, oldest created_at)``."""
+    from django.db.models import Min
+
+    from .models import FlowDependency
+
+    rows = (FlowDependency.objects.filter(state="waiting").values("producer_kind")
+            .annotate(n=Count("pk"), oldest=Min("created_at")).order_by("producer_kind"))
+    return [(r["producer_kind"], int(r["n"]), r["oldest"]) for r in rows]
+
+
+def flow_wake_signals() -> list[tuple[str, int, float]]:
+    """FlowWakeSignals by state: ``(state, signals, sum of consumed_at - received_at in seconds)``.
+
+    ``unmatched`` signals name no waiting dependency (a producer signalled nothing that waits); only consumed
+    signals have a latency.
+    """
+    from .models import FlowWakeSignal
+
+    table = FlowWakeSignal._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT state, COUNT(*), COALESCE(SUM(TIMESTAMPDIFF(MICROSECOND, received_at, consumed_at)), 0) "
+            f"FROM {table} GROUP BY state ORDER BY state")
+        return [(state, int(n), int(total) / 1e6) for state, n, total in cursor.fetchall()]
+
+
+def flow_missing_producers() -> dict[str, int]:
+    """Waits whose producer is gone, all orgs: ``{"missing_at_wait": steps, "deleted_while_waiting": runs}``.
+
+    ``missing_at_wait``: steps with an attempt that failed ``flow_wait_producer_missing`` (the watched record
+    did not exist when the wait began); ``deleted_while_waiting``: runs ended ``flow_wait_producer_deleted``.
+    """
+    from . import reasons
+
+    missing = (FlowStepAttempt.objects.filter(safe_error_code="flow_wait_producer_missing")
+               .values("step_id").distinct().count())
+    deleted = FlowRun.objects.filter(reason_code=reasons.WAIT_PRODUCER_DELETED).count()
+    return {"missing_at_wait": missing, "deleted_while_waiting": deleted}
+
+
+def flow_steps_by_reason(codes) -> dict[str, int]:
+    """FlowStepExecutions (all orgs) carrying each of ``codes``: ``{code: steps}``, every code present."""
+    out = {code: 0 for code in codes}
+    for row in (FlowStepExecution.objects.filter(reason_code__in=list(codes)).values("reason_code")
+                .annotate(n=Count("pk")).order_by()):
+        out[row["reason_code"]] = int(row["n"])
+    return out

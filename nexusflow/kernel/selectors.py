@@ -78,3 +78,20 @@ def database_load(using: str = "default") -> tuple[int, int, int]:
             "@@max_connections FROM information_schema.PROCESSLIST WHERE DB = DATABASE() AND ID <> CONNECTION_ID()")
         count, active, bound = cursor.fetchone()
     return int(count), int(active), int(bound or 0)
+
+
+def reason_rows(model, states, since: str | None) -> list[tuple[str, str, int, dt.datetime | None]]:
+    """Rows of ``model`` (all orgs) in ``states`` by state and reason code: ``(state, reason_code, rows, oldest)``.
+
+    ``oldest`` is the smallest ``since`` column of the group (``None`` when ``since`` is ``None``). Rows with an
+    empty ``reason_code`` are left out (the CHECK constraint keeps reason-required states from having one).
+    Read by ``nexusflow.kernel.metrics.reason_families`` (seed 003, "Operational liveness").
+    """
+    from django.db.models import Count, Min
+
+    aggregates = {"rows": Count("pk")}
+    if since is not None:
+        aggregates["oldest"] = Min(since)
+    qs = (model.objects.filter(state__in=sorted(states)).exclude(reason_code="")
+          .values("state", "reason_code").annotate(**aggregates).order_by("state", "reason_code"))
+    return [(r["state"], r["reason_code"], int(r["rows"]), r.get("oldest")) for r in qs]

@@ -123,10 +123,11 @@ class Command(BaseCommand):
                 try:
                     worked = unit()
                 except (NexusError, DatabaseError) as exc:
-                    log.warning(json.dumps({"event": "worker.unit_error", "unit": name, "error": str(exc)[:300]}))
+                    log.warning(json.dumps({"event": "worker.unit_error", "unit": name, "error": str(exc)[:300]}),
+                                extra={"unit": name, "code": getattr(exc, "code", None)})
                     worked = False
                 except Exception:  # a bug in one unit must not stop the others; it is logged loudly
-                    log.exception(json.dumps({"event": "worker.unit_crash", "unit": name}))
+                    log.exception(json.dumps({"event": "worker.unit_crash", "unit": name}), extra={"unit": name})
                     worked = False
                 if worked:
                     did_work = True

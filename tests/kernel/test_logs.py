@@ -1,0 +1,56 @@
+"""Structured JSON logs: correlation ids and safe codes only (seed 004 sections 17.3 and 19; issue 22 item 7)."""
+from __future__ import annotations
+
+import json
+import logging
+
+from nexusflow.kernel.errors import NexusError
+from nexusflow.kernel.logs import CORRELATION_FIELDS, JsonFormatter
+from tests.conftest import run_manage, subprocess_env
+
+SECRET = "sk_live_do_not_log"
+
+
+class _Refused(NexusError):
+    code = "demo_refusal_code"
+
+
+def _record(msg, args, *, exc=None, **extra) -> logging.LogRecord:
+    record = logging.LogRecord("nexusflow.flows", logging.ERROR, __file__, 1, msg, args,
+                               (type(exc), exc, None) if exc else None)
+    for key, value in extra.items():
+        setattr(record, key, value)
+    return record
+
+
+def test_a_json_line_keeps_ids_and_codes_and_drops_arguments_and_exception_text():
+    record = _record("flow step fenced: %s", ({"email": "ada@example.com", "token": SECRET},),
+                     exc=_Refused(f"payload {SECRET}"), org_id="org-1", run_id=42, step_id=7, attempt_id=3,
+                     effect_id=9, trace_id="t-1", body={"token": SECRET}, execution_id="bad id with spaces")
+    line = JsonFormatter().format(record)
+    assert SECRET not in line and "ada@example.com" not in line
+    doc = json.loads(line)
+    assert doc["event"] == "flow step fenced: %s" and doc["level"] == "ERROR" and doc["logger"] == "nexusflow.flows"
+    assert doc["code"] == "demo_refusal_code" and doc["error"] == "_Refused"
+    assert {k: doc[k] for k in ("org_id", "run_id", "step_id", "attempt_id", "effect_id", "trace_id")} == {
+        "org_id": "org-1", "run_id": 42, "step_id": 7, "attempt_id": 3, "effect_id": 9, "trace_id": "t-1"}
+    assert "execution_id" not in doc and "body" not in doc
+    assert set(doc) <= {"ts", "level", "logger", "event", "code", "error", *CORRELATION_FIELDS}
+
+
+def test_a_code_that_is_not_a_safe_code_is_dropped():
+    doc = json.loads(JsonFormatter().format(_record("x", (), code=f"Refused {SECRET}")))
+    assert "code" not in doc and SECRET not in json.dumps(doc)
+
+
+def test_the_json_format_is_chosen_by_the_environment_and_a_bad_value_refuses_to_start():
+    script = ("import logging; logging.getLogger('nexusflow.flows').warning("
+              f"'claim skipped: %s', {SECRET!r}, extra={{'org_id': 'org-1', 'run_id': 5, 'code': 'flow_claim_skipped'}})")
+    result = run_manage(["shell", "-c", script], subprocess_env(NEXUS_LOG_FORMAT="json"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    assert [(d["event"], d["org_id"], d["run_id"], d["code"]) for d in lines] == [
+        ("claim skipped: %s", "org-1", 5, "flow_claim_skipped")]
+    assert SECRET not in result.stderr
+    bad = run_manage(["check"], subprocess_env(NEXUS_LOG_FORMAT="xml"))
+    assert bad.returncode != 0 and "NEXUS_LOG_FORMAT must be plain or json, got 'xml'" in bad.stderr
