@@ -111,6 +111,8 @@ class _Run:
         self.now = now
         self.reader = reader
         self.budget = budget
+        #: Element visits made so far, an inline subflow's included (they share the caller's budget).
+        self.visits = 0
         self.fan_out_limit = fan_out_limit
         self.vars: dict[str, Any] = {}
         for name, decl in (plan_payload.get("checkpoint_schema", {}).get("variables") or {}).items():
@@ -270,13 +272,12 @@ class _Run:
     def run(self, graph: list[dict[str, Any]], entry: str | None) -> str | None:
         nodes = {n["element"]: n for n in graph}
         current = entry
-        visits = 0
         while current is not None:
             node = nodes.get(current)
             if node is None:  # left the graph: the caller's next step
                 return current
-            visits += 1
-            if visits > self.budget:
+            self.visits += 1
+            if self.visits > self.budget:
                 raise FlowExecutionError(f"element visit budget {self.budget} exhausted",
                                          code="flow_budget_exhausted")
             self.path.append(current)
@@ -549,10 +550,11 @@ class _Run:
             raise FlowExecutionError(f"{node['element']}: subflow {node.get('flow')} is a durable plan; it runs as "
                                      "a child run, not inside this transaction", code="flow_subflow_not_inline")
         child = _Run(plan_payload=payload, record={}, object_name="", prior=None, is_new=False, now=self.now,
-                     reader=self.reader, budget=self.budget, fan_out_limit=self.fan_out_limit,
+                     reader=self.reader, budget=self.budget - self.visits, fan_out_limit=self.fan_out_limit,
                      interview_start=self.interview_start, subflows=self.subflows)
         child.vars.update(subflow_inputs(node, payload, self.value))
         child.run(step["graph"], step.get("entry_element"))
+        self.visits += child.visits
         self.path.extend(f"{node['element']}>{element}" for element in child.path)
         for write in child.writes:
             if write.op == "update":

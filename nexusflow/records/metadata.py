@@ -203,6 +203,12 @@ def _parse(doc: dict) -> ObjectDefinition:
                              f"{', '.join(sorted(FIELD_TYPES))}")
         if (definition.type == PICKLIST) != (definition.values is not None):
             raise ValueError(f"{name}.{definition.name}: a picklist field lists its values, and only a picklist does")
+    for f in doc.get("fields", []):  # the values are a list of distinct, non-empty texts
+        values = f.get("values")
+        if values is not None and (not isinstance(values, list) or not values
+                                   or not all(isinstance(v, str) and v for v in values)
+                                   or len(set(values)) != len(values)):
+            raise ValueError(f"{name}.{f['name']}: a picklist field lists its values as distinct, non-empty texts")
     for definition in fields.values():
         if (definition.type == LOOKUP) != (definition.references is not None):
             raise ValueError(f"{name}.{definition.name}: a lookup field names the object it references, "

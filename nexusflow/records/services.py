@@ -188,14 +188,18 @@ def record_history_reserve(*, org: OrgScope, object_name: str, record_key: str,
     write changes a tracked field (``changes`` against its current ``fields``; ``None``: a deletion).
 
     For a writer that enters Flow lifecycle state before it applies its writes: seed 004 section 13.1 puts
-    history-sequence reservation after the business rows and before the Flow root. Returns whether it
-    reserved.
+    history-sequence reservation after the business rows and before the Flow root. A write that changes no
+    tracked field still holds the sequence row (no number taken) while before-save hooks are registered: they
+    may change a tracked field after the Flow root is locked. Reserving twice for one coming write (a Flow
+    step's deletion, then :func:`record_delete`) keeps the first number. Returns whether it reserved.
     """
     definition = current_view().object(object_name)
     if not definition.tracked_fields:
         return False
     if changes is not None and not any(name in definition.tracked_fields and (fields or {}).get(name) != value
                                        for name, value in changes.items()):
+        if _BEFORE_SAVE:  # a before-save hook may still change a tracked field: hold the row, take no number
+            HistoryStore.hold(org.org_id, object_name, record_key)
         return False
     HistoryStore.reserve(org.org_id, object_name, record_key)
     return True

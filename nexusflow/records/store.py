@@ -39,6 +39,9 @@ class HistoryStore:
             The reserved sequence number.
         """
         key = (org_id, object_name, record_key)
+        pending = locks.recall(HISTORY_NEXT, key)
+        if pending is not None:  # already reserved for the same coming write (a Flow step's, then its deletion)
+            return pending
         if not new and not locks.is_held(HISTORY_ROW, key):
             locks.note(locks.LockClass.HISTORY_SEQUENCE, key=key)
         with connection.cursor() as cursor:
@@ -52,6 +55,23 @@ class HistoryStore:
         locks.mark_held(HISTORY_ROW, key)
         locks.remember(HISTORY_NEXT, key, sequence)
         return sequence
+
+    @staticmethod
+    def hold(org_id: str, object_name: str, record_key: str) -> None:
+        """Row-lock the record's history sequence at its lock-order position without taking a number.
+
+        For a write that may still change a tracked field (its before-save hooks run later): the number is
+        taken by :meth:`take` if it does, under the row already held; no number is spent if it does not.
+        """
+        key = (org_id, object_name, record_key)
+        if locks.is_held(HISTORY_ROW, key):
+            return
+        locks.note(locks.LockClass.HISTORY_SEQUENCE, key=key)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO records_recordhistorysequence (org_id, object_name, record_key, last_sequence) "
+                "VALUES (%s, %s, %s, 0) ON DUPLICATE KEY UPDATE last_sequence = last_sequence", list(key))
+        locks.mark_held(HISTORY_ROW, key)
 
     @staticmethod
     def take(org_id: str, object_name: str, record_key: str, *, new: bool = False) -> int:

@@ -16,7 +16,9 @@ entry filters. The worker unit ``flow.schedule`` (:func:`flow_try_schedule_one`)
    activation: the schedule's latest time at or before the database clock
    and not before the activation itself (an activation never runs the
    occurrences that came before it; missed occurrences coalesce into the
-   latest one). The occurrence row is unique per ``(org, flow, time)``, so
+   latest one). A redeploy counts from the first of the unbroken run of
+   schedule-triggered activations it superseded, so an occurrence due before
+   it and not yet opened is not lost. The occurrence row is unique per ``(org, flow, time)``, so
    concurrent sweeps and a redeploy of the flow open it once.
 
 Each run is an ordinary record-bound run (``$Record`` is the record as it was
@@ -52,6 +54,19 @@ def _scheduled_activations():
             .select_related("plan").order_by("id"))
 
 
+def _scheduled_since(activation: FlowActivation):
+    """Since when the activation's flow has been schedule-triggered without a break: its own time, or that of
+    the activations it superseded (newest first) while their plans were schedule-triggered too."""
+    since = activation.created_at
+    for created_at, payload in (FlowActivation.objects.filter(
+            org_id=activation.org_id, flow_api_name=activation.flow_api_name, created_at__lt=since)
+            .order_by("-created_at", "-id").values_list("created_at", "plan__plan_payload").iterator()):
+        if ((payload or {}).get("trigger") or {}).get("trigger_type") != SCHEDULED:
+            break
+        since = created_at
+    return since
+
+
 def flow_try_schedule_one() -> bool:
     """Admit one batch of a due schedule occurrence, or open one (worker unit ``flow.schedule``; module
     docstring). True when it did work."""
@@ -64,6 +79,8 @@ def flow_try_schedule_one() -> bool:
         schedule = activation.plan.plan_payload["trigger"].get("schedule")
         try:
             due = schedule_latest_due(schedule, now=now, not_before=activation.created_at)
+            if due is None:  # a redeploy after an occurrence not yet opened must not lose it
+                due = schedule_latest_due(schedule, now=now, not_before=_scheduled_since(activation))
         except ScheduleInvalid as exc:  # activation refuses it; an older plan row cannot be run
             log.warning("schedule not timed: %s", exc, extra={"org_id": activation.org_id})
             continue
