@@ -7,6 +7,7 @@ class FlowsConfig(AppConfig):
     verbose_name = "Flow Runtime V2"
 
     def ready(self) -> None:
+        from nexusflow.kernel.schedules import register_reconciler
         from nexusflow.kernel.workers import register_open_work, register_role
         from nexusflow.records.services import (
             DELETE_STAGE_FLOW_WAITS,
@@ -43,6 +44,8 @@ class FlowsConfig(AppConfig):
         # The replay guard asks which record version triggered a run.
         register_flow_trigger_lookup(flow_run_trigger)
         register_role("flow", flow_units, order=30)
+        for unit in ("flow.recover", "flow.expire", "flow.repair", "flow.cancel_cleanup"):
+            register_reconciler(unit, role="flow")
         register_open_work("flow_runs", flow_runs_nonterminal_count)
         # A completed Runtime intent wakes its Flow through the message boundary (seed 004 sections 14.2, 15.2).
         register_consumer(INTENT_COMPLETED, intent_completed_accept)

@@ -65,16 +65,29 @@ def roles(*, all_only: bool = False) -> tuple[str, ...]:
     return tuple(role.name for role in ordered if role.in_all or not all_only)
 
 
-def units_for(role: str, worker_id: str) -> list[tuple[str, Unit]]:
+def units_for(role: str, worker_id: str, *, include_reconcilers: bool | None = None) -> list[tuple[str, Unit]]:
     """Return the named work units of ``role`` in priority order.
+
+    Args:
+        include_reconcilers: keep the units registered as reconcilers
+            (:mod:`nexusflow.kernel.schedules`); default: unless
+            ``NEXUS_RECONCILERS=schedules`` makes ``qcluster`` their runner.
 
     Raises:
         ValueError: unknown role.
     """
+    from nexusflow.kernel import schedules
+
     found = _ROLES.get(role)
     if found is None:
         raise ValueError(f"unknown worker role {role!r}")
-    return list(found.units(worker_id))
+    units = list(found.units(worker_id))
+    if include_reconcilers is None:
+        include_reconcilers = not schedules.scheduled()
+    if include_reconcilers:
+        return units
+    skipped = {r.unit for r in schedules.reconcilers()}  # by name: egress-deferred's are egress's, narrowed
+    return [(name, unit) for name, unit in units if name not in skipped]
 
 
 @dataclass(frozen=True)
