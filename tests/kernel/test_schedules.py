@@ -110,3 +110,25 @@ def test_an_unknown_reconciler_or_batch_is_refused():
         _run("schedules", "run", "effect.reconcile", "--batch", "0")
     assert _run("schedules", "run", "window.close") == "window.close: 0 item(s)\n"
     assert not Schedule.objects.filter(name__startswith=schedules.SCHEDULE_PREFIX).exists()
+
+
+def test_the_dependency_expire_schedule_expires_a_gap_past_its_frozen_deadline(client, billing_sandbox, settings,
+                                                                              monkeypatch, tmp_path, db_clock_advance):
+    from connectors.inbound.executions import execution_try_run_one
+    from connectors.models import ExecutionDependency
+    from tests.conftest import hubspot_event, post_signed
+    from tests.connectors import variant_pack
+
+    variant_pack.use_variant(settings, monkeypatch, tmp_path,
+                             variant_pack.strict(deadline_seconds=1, disposition="skip"))
+    make_serving_org(billing_sandbox.base_url, deploy_flow=False)
+    post_signed(client, [hubspot_event(1, 802, 1000), hubspot_event(3, 802, 3000, "email", "three@x.io")])
+    while execution_try_run_one(worker_id="t"):
+        pass
+    _run("schedules", "install")
+    assert _run_scheduled("dependency.expire") == 0  # the deadline has not passed
+    assert ExecutionDependency.objects.get().state == "waiting"
+    db_clock_advance(1.2)
+    assert _run_scheduled("dependency.expire") == 1
+    assert ExecutionDependency.objects.get().state == "expired"
+    assert _run_scheduled("dependency.expire") == 0  # a second run finds nothing more
