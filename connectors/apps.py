@@ -6,8 +6,12 @@ class ConnectorsConfig(AppConfig):
     verbose_name = "Connector V2"
 
     def ready(self) -> None:
-        from nexusflow.kernel.schedules import register_reconciler
-        from nexusflow.kernel.workers import register_open_work, register_role, register_worker_processes
+        from nexusflow.kernel.workers import (
+            register_open_work,
+            register_reconciler,
+            register_role,
+            register_worker_processes,
+        )
         from nexusflow.records.remote_links import RemoteLinks, register_remote_links
         from nexusflow.records.services import DELETE_STAGE_REMOTE_LINKS, register_before_delete
         from runtime_outbox import ports as runtime_ports

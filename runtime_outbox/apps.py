@@ -8,8 +8,7 @@ class RuntimeOutboxConfig(AppConfig):
     def ready(self):
         from django.core import checks
 
-        from nexusflow.kernel.schedules import register_reconciler
-        from nexusflow.kernel.workers import register_open_work, register_role
+        from nexusflow.kernel.workers import register_open_work, register_reconciler, register_role
         from nexusflow.records.owner import register_owner_work
         from nexusflow.records.services import DELETE_STAGE_OWNER_WORK, register_after_save, register_before_delete
 

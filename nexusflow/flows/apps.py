@@ -7,8 +7,7 @@ class FlowsConfig(AppConfig):
     verbose_name = "Flow Runtime V2"
 
     def ready(self) -> None:
-        from nexusflow.kernel.schedules import register_reconciler
-        from nexusflow.kernel.workers import register_open_work, register_role
+        from nexusflow.kernel.workers import register_open_work, register_reconciler, register_role
         from nexusflow.records.services import (
             DELETE_STAGE_FLOW_WAITS,
             register_after_save,

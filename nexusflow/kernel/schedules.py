@@ -25,7 +25,6 @@ next) are safe: each item is claimed under its own row lock and version.
 """
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import os
 import random
@@ -34,55 +33,21 @@ import socket
 from django.conf import settings
 
 from nexusflow.kernel.errors import NexusError
+from nexusflow.kernel.workers import (  # noqa: F401  (the registry lives with the worker roles it names)
+    SCHEDULE_PREFIX,
+    Reconciler,
+    reconcilers,
+    register_reconciler,
+    scheduled,
+    units_for,
+)
 
-#: Prefix of every installed schedule's name.
-SCHEDULE_PREFIX = "nexusflow.reconcile."
 #: The function path every reconciler schedule runs.
 FUNC = "nexusflow.kernel.schedules.run_reconciler"
 
 
 class UnknownReconciler(NexusError):
     code = "unknown_reconciler"
-
-
-@dataclasses.dataclass(frozen=True)
-class Reconciler:
-    """One registered reconciler: the worker ``role`` whose unit ``unit`` it runs every ``minutes``."""
-
-    unit: str
-    role: str
-    minutes: int
-
-    @property
-    def schedule_name(self) -> str:
-        return SCHEDULE_PREFIX + self.unit
-
-
-_RECONCILERS: dict[str, Reconciler] = {}
-
-
-def register_reconciler(unit: str, *, role: str, minutes: int = 1) -> None:
-    """Register the unit ``unit`` of worker role ``role`` as a reconciler run every ``minutes`` (>= 1).
-
-    Raises:
-        ValueError: ``minutes`` below 1, or ``unit`` registered already for another role.
-    """
-    if minutes < 1:
-        raise ValueError("a reconciler runs at most once a minute")
-    current = _RECONCILERS.get(unit)
-    if current is not None and current.role != role:
-        raise ValueError(f"reconciler {unit!r} is registered already for role {current.role!r}")
-    _RECONCILERS[unit] = Reconciler(unit, role, int(minutes))
-
-
-def reconcilers() -> tuple[Reconciler, ...]:
-    """The registered reconcilers, by unit name."""
-    return tuple(_RECONCILERS[name] for name in sorted(_RECONCILERS))
-
-
-def scheduled() -> bool:
-    """``True`` when ``NEXUS_RECONCILERS=schedules``: ``qcluster`` is the authoritative reconciler runner."""
-    return getattr(settings, "NEXUS_RECONCILERS", "workers") == "schedules"
 
 
 def batch_size() -> int:
@@ -99,9 +64,7 @@ def run_reconciler(unit: str, batch: int | None = None) -> int:
     Raises:
         UnknownReconciler: ``unit`` is not a registered reconciler.
     """
-    from nexusflow.kernel.workers import units_for
-
-    found = _RECONCILERS.get(unit)
+    found = next((r for r in reconcilers() if r.unit == unit), None)
     if found is None:
         raise UnknownReconciler(f"{unit!r} is not a registered reconciler")
     worker_id = f"schedule-{socket.gethostname()[:40]}-{os.getpid()}"
@@ -120,7 +83,11 @@ def install(*, now: dt.datetime, rng: random.Random | None = None) -> tuple[list
     one interval after ``now`` (reconcilers installed together do not all run
     in the same second); an existing one keeps its next run and only has its
     function, argument, kind and interval corrected. Schedules of units no
-    longer registered are left alone (listed by ``schedules list``).
+    longer registered are left alone. Run it from one place per deployment
+    (beside ``migrate``): two installs racing on an empty table could both
+    create a schedule (django-q2's schedule name is not unique); a duplicate
+    run is harmless (every reconciler is safe to run twice) and the later
+    one can be deleted in the admin.
     """
     from django.db import transaction
     from django_q.models import Schedule
@@ -131,7 +98,7 @@ def install(*, now: dt.datetime, rng: random.Random | None = None) -> tuple[list
         for reconciler in reconcilers():
             wanted = {"func": FUNC, "args": repr(reconciler.unit), "schedule_type": Schedule.MINUTES,
                       "minutes": reconciler.minutes, "repeats": -1}
-            row = Schedule.objects.select_for_update().filter(name=reconciler.schedule_name).first()
+            row = Schedule.objects.filter(name=reconciler.schedule_name).order_by("id").first()
             if row is None:
                 Schedule.objects.create(name=reconciler.schedule_name, next_run=now + dt.timedelta(
                     seconds=rng.uniform(0, reconciler.minutes * 60)), **wanted)
