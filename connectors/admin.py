@@ -89,8 +89,9 @@ class DispatchPermitAdmin(ReadOnlyAdmin):
 
 @admin.register(models.CredentialGenerationDispatchGate)
 class CredentialGenerationDispatchGateAdmin(ReadOnlyAdmin):
-    list_display = ("id", "org_id", "credential_generation", "state", "reason_code", "reason_class", "fence_token")
-    list_filter = ("state", "reason_code", ReasonClassFilter)
+    list_display = ("id", "org_id", "credential_generation", "state", "reason_code", "reason_class", "fence_token",
+                    "paused_until", "pause_kind", "pause_status")
+    list_filter = ("state", "reason_code", ReasonClassFilter, "pause_kind")
 
 
 @admin.register(models.RemoteLink)

@@ -7,7 +7,12 @@ class ConnectorsConfig(AppConfig):
 
     def ready(self) -> None:
         from nexusflow.kernel.metrics import register_families
-        from nexusflow.kernel.workers import register_open_work, register_role, register_worker_processes
+        from nexusflow.kernel.workers import (
+            register_open_work,
+            register_reconciler,
+            register_role,
+            register_worker_processes,
+        )
         from nexusflow.records.remote_links import RemoteLinks, register_remote_links
         from nexusflow.records.services import DELETE_STAGE_REMOTE_LINKS, register_before_delete
         from runtime_outbox import ports as runtime_ports
@@ -49,6 +54,11 @@ class ConnectorsConfig(AppConfig):
         register_role("egress", worker_roles.egress_units, order=40)
         register_role("egress-deferred", worker_roles.egress_deferred_units, order=50, in_all=False)
         register_role("stream", worker_roles.stream_units, order=60)
+        # The maintenance/reconciliation units qcluster may run as schedules (nexusflow/kernel/schedules.py).
+        for unit in ("receipt.reconcile", "window.close", "dependency.expire", "execution.recover"):
+            register_reconciler(unit, role="connector")
+        for unit in ("permit.abandon", "effect.reconcile"):
+            register_reconciler(unit, role="egress")
         # The V1 runtime being retired: never part of ``--role all`` (V1 and V2 claimants never run together).
         register_role("v1", v1_worker_roles.v1_units, order=70, in_all=False)
         register_families("connectors", connector_families)

@@ -130,6 +130,15 @@ class CredentialGenerationDispatchGate(GuardedModel):
     version = models.PositiveBigIntegerField(default=1)
     fence_token = models.PositiveBigIntegerField(default=1)
     reason_code = reason_code_field()
+    paused_until = models.DateTimeField(
+        null=True, blank=True,
+        help_text="The provider's rate-limit window on this credential's dispatch lane (database clock): no Permit "
+                  "is granted before it (seed 004 section 16, issue 22 item 3).")
+    pause_kind = models.CharField(max_length=16, blank=True, default="",
+                                  help_text="'rate_limited' (a Retry-After window) or 'daily_limit' (the profile's "
+                                            "declared daily limit, until its reset); empty when never paused.")
+    pause_status = models.PositiveSmallIntegerField(null=True, blank=True,
+                                                    help_text="The HTTP status of the answer that paused the lane.")
 
     class Meta:
         constraints = [reason_code_constraint(transitions.CREDENTIAL_DISPATCH_GATE, name="credential_gate_reason_chk")]

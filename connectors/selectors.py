@@ -126,6 +126,17 @@ def credential_gates_with_reason(*, org_id: str, reason_code: str | None = None
     return _with_reason(qs, reason_code).order_by("credential_generation_id")
 
 
+def credential_lane_pauses(*, org_id: str, now) -> dict[int, CredentialGenerationDispatchGate]:
+    """Credential dispatch gates of ``org_id`` whose lane a provider rate limit pauses past ``now``.
+
+    Returns ``{credential_generation_id: gate}``; each gate carries
+    ``paused_until`` (database clock), ``pause_kind`` (``rate_limited`` or
+    ``daily_limit``) and ``pause_status``. Seed 004 section 16.
+    """
+    qs = CredentialGenerationDispatchGate.objects.filter(org_id=org_id, paused_until__gt=now)
+    return {int(gate.credential_generation_id): gate for gate in qs}
+
+
 def remote_links_with_reason(*, org_id: str, reason_code: str | None = None,
                              link_key: str | None = None) -> QuerySet[RemoteLink]:
     """Remote links carrying a reason code (e.g. ``suspended_drift``)."""

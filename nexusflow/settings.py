@@ -158,6 +158,14 @@ def _positive_int(name: str, default: int) -> int:
 
 #: Components materialized per admission transaction (seed 003 "Inbound facts").
 NEXUS_ADMISSION_CHUNK = _positive_int("NEXUS_ADMISSION_CHUNK", 50)
+# Who runs the periodic reconcilers (nexusflow/kernel/schedules.py): "workers" (run_workers loops, the default)
+# or "schedules" (manage.py qcluster runs the schedules `manage.py schedules install` wrote; workers skip them).
+NEXUS_RECONCILERS = os.environ.get("NEXUS_RECONCILERS", "workers")
+if NEXUS_RECONCILERS not in ("workers", "schedules"):
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured("NEXUS_RECONCILERS must be 'workers' or 'schedules'")
+NEXUS_SCHEDULE_BATCH = _positive_int("NEXUS_SCHEDULE_BATCH", 100)
 NEXUS_PACKS_DIR = Path(os.environ.get("NEXUS_PACKS_DIR", BASE_DIR / "packs"))
 #: Versioned local secret backend: <dir>/<org>/<account>/<credential_ref>/<version>, one file per version.
 NEXUS_SECRETS_DIR = Path(os.environ.get("NEXUS_SECRETS_DIR", BASE_DIR / "var" / "secrets"))

@@ -88,26 +88,34 @@ class StatusCount:
     """The next ``N`` requests it applies to answer status ``S`` (``{name: {"status": S, "count": N}}``).
 
     ``S`` is 400-599; ``count`` defaults to 1; ``status`` is required unless
-    ``default_status`` is given.
+    ``default_status`` is given. An optional ``"headers": {name: value}``
+    (text) is sent with each such answer (a ``Retry-After``, a rate-limit scope).
     """
 
     name: str
     default_status: int | None = None
 
-    def initial(self) -> tuple[int, int]:
-        return (503, 0)
+    def initial(self) -> tuple[int, int, dict[str, str]]:
+        return (503, 0, {})
 
-    def parse(self, value: Any) -> tuple[int, int]:
-        if not isinstance(value, dict) or set(value) - {"status", "count"} or (
+    def parse(self, value: Any) -> tuple[int, int, dict[str, str]]:
+        if not isinstance(value, dict) or set(value) - {"status", "count", "headers"} or (
                 self.default_status is None and "status" not in value):
             raise FaultError(f'{self.name} must be {{"status": S, "count": N}}')
         status = value.get("status", self.default_status)
         if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 599:
             raise FaultError(f"{self.name}.status must be an HTTP status 400-599")
-        return (status, _count(value.get("count", 1), f"{self.name}.count"))
+        headers = value.get("headers", {})
+        if not isinstance(headers, dict) or not all(isinstance(k, str) and isinstance(v, str) and k and v.isprintable()
+                                                    for k, v in headers.items()):
+            raise FaultError(f"{self.name}.headers must map header names to text values")
+        return (status, _count(value.get("count", 1), f"{self.name}.count"), dict(headers))
 
-    def render(self, value: tuple[int, int]) -> dict[str, int]:
-        return {"status": value[0], "count": value[1]}
+    def render(self, value: tuple[int, int, dict[str, str]]) -> dict[str, Any]:
+        rendered: dict[str, Any] = {"status": value[0], "count": value[1]}
+        if value[2]:
+            rendered["headers"] = dict(value[2])
+        return rendered
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,11 +190,15 @@ class FaultScript:
 
     def take_status(self, name: str) -> int | None:
         """Consume one arming of the :class:`StatusCount` fault ``name``: its status, or ``None``."""
-        status, count = self._values[name]
+        status, count, headers = self._values[name]
         if count <= 0:
             return None
-        self._values[name] = (status, count - 1)
+        self._values[name] = (status, count - 1, headers)
         return status
+
+    def status_headers(self, name: str) -> dict[str, str]:
+        """The headers the :class:`StatusCount` fault ``name`` sends with its answers (``{}``: none)."""
+        return dict(self._values[name][2])
 
     def seconds(self, name: str) -> float:
         """The :class:`Seconds` fault ``name`` in force (0.0: none)."""

@@ -9,7 +9,7 @@ class RuntimeOutboxConfig(AppConfig):
         from django.core import checks
 
         from nexusflow.kernel.metrics import register_families
-        from nexusflow.kernel.workers import register_open_work, register_role
+        from nexusflow.kernel.workers import register_open_work, register_reconciler, register_role
         from nexusflow.records.owner import register_owner_work
         from nexusflow.records.services import DELETE_STAGE_OWNER_WORK, register_after_save, register_before_delete
 
@@ -27,6 +27,7 @@ class RuntimeOutboxConfig(AppConfig):
         # Identity transfer and the record support view ask for the owner's intents.
         register_owner_work(check=owner_work_check, read=owner_intents_read)
         register_role("runtime", runtime_units, order=20)
+        register_reconciler("outbox.reconcile", role="runtime")
         register_open_work("outbox", outbox_pending_count)
         register_families("runtime_outbox", outbox_families)
         # The durable Runtime command inbox: V1's RuntimeCommandHandoff (runtime_outbox/command_inbox.py).

@@ -31,7 +31,15 @@ Profile keys read here::
     "outcomes": {"refused": [400, ...], "not_performed": [429, ...], "ambiguous": [500, ...]},
     "retry": {"max_attempts": 8},
     "idempotency": {"header": "Idempotency-Key", "replay_safe": true},  # or {"replay_safe": false}
-    "timeout_seconds": 5                                               # optional, (0, 300], default 10
+    "timeout_seconds": 5,                                              # optional, (0, 300], default 10
+    "rate_limit": {"statuses": [429],                                  # optional; default [429]
+                   "daily": {"header": "X-RateLimit-Scope", "value": "daily", "reset_hour_utc": 0}}
+
+A rate-limit answer (:func:`rate_limit`) must be a ``not_performed`` status:
+it performed nothing, pauses the credential's dispatch lane for its
+``Retry-After`` (or, when its ``daily.header`` carries ``daily.value``, until
+the next ``reset_hour_utc`` o'clock UTC) and never counts toward
+``retry.max_attempts`` (seed 004 section 16; issue 22 item 3).
 """
 from __future__ import annotations
 
@@ -71,7 +79,9 @@ def validate_profile(profile: dict) -> None:
             status listed under two classes, an unknown class, a retry cap
             outside 1..100, a replay-safe contract without a header, a header
             that is not an HTTP field name, or a ``timeout_seconds`` that is not
-            a number in (0, 300].
+            a number in (0, 300], or a ``rate_limit`` block naming a status
+            that is not ``not_performed`` or a daily limit without its header,
+            value or a reset hour 0-23.
     """
     outcomes = profile.get("outcomes")
     if not isinstance(outcomes, dict):
@@ -109,6 +119,52 @@ def validate_profile(profile: dict) -> None:
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
                 or not 0 < timeout <= MAX_TIMEOUT_SECONDS:
             raise ValueError(f"timeout_seconds must be a number of seconds above 0 and at most {MAX_TIMEOUT_SECONDS}")
+    _validate_rate_limit(profile)
+
+
+#: The statuses read as a provider rate limit when the profile declares none (HTTP 429 Too Many Requests).
+DEFAULT_RATE_LIMIT_STATUSES = (429,)
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """The rate-limit declaration of one callout profile (see the module docstring)."""
+
+    statuses: frozenset[int]
+    daily_header: str | None
+    daily_value: str | None
+    reset_hour_utc: int
+
+
+def _validate_rate_limit(profile: dict) -> None:
+    block = profile.get("rate_limit", {})
+    if not isinstance(block, dict) or set(block) - {"statuses", "daily"}:
+        raise ValueError('rate_limit must be {"statuses": [...], "daily": {...}}')
+    not_performed = set(profile["outcomes"].get(NOT_PERFORMED, []))
+    statuses = block.get("statuses", list(DEFAULT_RATE_LIMIT_STATUSES))
+    if not isinstance(statuses, list) or any(status not in not_performed for status in statuses) \
+            or ("statuses" in block and not statuses):
+        raise ValueError("rate_limit.statuses must be a non-empty list of not_performed statuses")
+    daily = block.get("daily")
+    if daily is None:
+        return
+    if not isinstance(daily, dict) or set(daily) - {"header", "value", "reset_hour_utc"} \
+            or not (isinstance(daily.get("header"), str) and _HEADER_NAME.fullmatch(daily["header"])) \
+            or not (isinstance(daily.get("value"), str) and daily["value"]):
+        raise ValueError("rate_limit.daily must name a header and the value that marks the daily limit")
+    hour = daily.get("reset_hour_utc", 0)
+    if isinstance(hour, bool) or not isinstance(hour, int) or not 0 <= hour <= 23:
+        raise ValueError("rate_limit.daily.reset_hour_utc must be an hour 0-23")
+
+
+def rate_limit(profile: dict) -> RateLimit:
+    """The :class:`RateLimit` of a validated profile (default: 429, no daily limit declared)."""
+    block = profile.get("rate_limit", {})
+    daily = block.get("daily") or {}
+    statuses = block.get("statuses", [s for s in DEFAULT_RATE_LIMIT_STATUSES
+                                      if s in profile["outcomes"].get(NOT_PERFORMED, [])])
+    return RateLimit(statuses=frozenset(statuses), daily_header=daily.get("header"), daily_value=daily.get("value"),
+                     reset_hour_utc=daily.get("reset_hour_utc", 0))
 
 
 def timeout_seconds(profile: dict) -> float:

@@ -52,6 +52,10 @@ FP_AFTER_RESPONSE = failpoints.declare("permit.after_response")
 FP_AFTER_SETTLE = failpoints.declare("effect.after_settle")
 
 
+#: Inside the rate-limit pause of a credential's dispatch lane, its gate locked and the window written.
+FP_LANE_PAUSE_BEFORE_COMMIT = failpoints.declare("permit.lane_pause_before_commit")
+
+
 FP_FINALIZE_INTENT_LOCKED = failpoints.declare("effect.finalize_intent_locked")
 
 
@@ -206,3 +210,5 @@ class Response:
     connect_failed: bool = False
     #: The provider's ``Retry-After`` header on a 429/503 answer, as sent.
     retry_after: str | None = None
+    #: The value of the profile's declared daily-limit header on a rate-limit answer, as sent.
+    rate_scope: str | None = None

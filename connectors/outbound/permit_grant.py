@@ -81,6 +81,9 @@ def permit_try_grant_one(*, worker_id: str, lanes: tuple[str, ...] = KNOWN_LANES
     An effect whose frozen credential generation is revoked, or whose exact
     secret version is unreadable, stays ``prepared`` and blocked: dispatch
     never falls forward to a newer generation (seed 003 "Generation and replay").
+    An effect whose credential dispatch lane is paused by a provider rate limit
+    (``paused_until`` after the database clock) is not granted; its
+    ``next_attempt_at`` moves to the pause's end (seed 004 section 16).
     """
     lanes = tuple(lane for lane in lanes if lane in KNOWN_LANES)
     now = db_now()
@@ -118,6 +121,17 @@ def _grant(effect: RemoteEffect, worker_id: str) -> Grant | None:
                 effect.org_id, credential_generation_id=binding["credential_generation"]["id"])
             if credential_gate.state != "enabled":
                 return None
+        if credential_gate is not None and credential_gate.paused_until is not None \
+                and credential_gate.paused_until > db_now():
+            # The provider's rate-limit window on this credential's lane (permit_settle.lane_pause): no Permit
+            # inside it. The effect is due again at its end, so the claim scan stops offering it meanwhile.
+            effect = RemoteEffectStore.lock(effect.org_id, effect.pk)
+            if effect.state == "prepared" and (effect.next_attempt_at is None
+                                               or effect.next_attempt_at < credential_gate.paused_until):
+                RemoteEffectStore.touch(org_id=effect.org_id, pk=effect.pk, state=effect.state,
+                                        version=effect.version,
+                                        set_fields={"next_attempt_at": credential_gate.paused_until})
+            return None
         effect = RemoteEffectStore.lock(effect.org_id, effect.pk)
         if effect.state != "prepared" or effect.dispatch_lane not in KNOWN_LANES or not _is_head(effect):
             return None

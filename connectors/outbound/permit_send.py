@@ -101,9 +101,12 @@ def permit_send(grant: Grant, *, client: httpx.Client | None = None) -> Response
             return None
         failpoints.hit(FP_AFTER_SENDING)
         reply = client.send(request)
+        limits = outcomes.rate_limit(profile)
         return Response(reply.status_code, reply.content, "",
                         retry_after=reply.headers.get("Retry-After") if reply.status_code in RETRY_AFTER_STATUSES
-                        else None)
+                        else None,
+                        rate_scope=reply.headers.get(limits.daily_header)
+                        if limits.daily_header and reply.status_code in limits.statuses else None)
     except httpx.ConnectError as exc:
         return Response(None, b"", f"connect: {exc}", connect_failed=True)
     except httpx.HTTPError as exc:

@@ -21,10 +21,12 @@ from connectors.contracts import create_conflict_recovery as conflict_recovery
 from connectors.contracts import outcomes
 from connectors.links.link_keys import PUSH_ACTION_TYPE, effect_remote_scope
 from connectors.models import (
+    DispatchPermit,
     RemoteEffect,
     RemoteLink,
 )
 from connectors.store import (
+    CredentialDispatchGateStore,
     DispatchPermitStore,
     RemoteEffectAttemptStore,
     RemoteEffectStore,
@@ -33,6 +35,7 @@ from connectors.store import (
 from connectors.outbound.egress_common import (
     EgressRefused,
     FP_AFTER_SETTLE,
+    FP_LANE_PAUSE_BEFORE_COMMIT,
     Grant,
     Response,
     append_evidence,
@@ -73,6 +76,10 @@ def permit_settle(grant: Grant, response: Response) -> str:
     with the candidate id in its evidence, due at once for
     :func:`effect_verify_create_conflict`. A ``Retry-After`` (delay seconds) on a
     429/503 answer pushes the next attempt back, capped at :data:`MAX_RETRY_AFTER`.
+    A rate-limit answer (the profile's ``rate_limit.statuses``, default 429)
+    first pauses the credential's dispatch lane (:func:`lane_pause`), returns
+    the effect to ``prepared`` whatever its Attempt count and is never counted
+    toward ``retry.max_attempts``.
 
     Raises:
         FenceRejected: the Permit is no longer this holder's ``sending`` Permit.
@@ -82,6 +89,9 @@ def permit_settle(grant: Grant, response: Response) -> str:
     effect = RemoteEffect.objects.select_related("command").get(org_id=grant.org_id, pk=grant.effect_id)
     _binding, contract, profile = frozen_contract(effect)
     now = db_now()
+    limits = outcomes.rate_limit(profile)
+    rate_limited = response.status in limits.statuses
+    paused_until = lane_pause(grant, limits, response, now) if rate_limited else None
     with transaction.atomic(durable=True):
         effect, permit, attempt = locks.acquire([
             locks.store_resource(RemoteEffectStore, grant.org_id, grant.effect_id),
@@ -139,9 +149,14 @@ def permit_settle(grant: Grant, response: Response) -> str:
                 # stays ambiguous, never a proven no_effect a successor could supersede with a second POST.
                 new_state, reason = "uncertain", reasons.RESPONSE_AMBIGUOUS
         elif verdict == outcomes.NOT_PERFORMED:
-            # Proof of no effect: another Attempt only while the frozen policy has Attempts left.
+            # Proof of no effect: another Attempt only while the frozen policy has Attempts left. A
+            # rate-limit answer performed nothing and is never counted: the paused lane spaces the retries.
             attempt_state = "no_effect"
-            if effect.attempt_count < outcomes.policy(profile).max_attempts:
+            counted = effect.attempt_count - effect.attempts.filter(
+                org_id=effect.org_id, response_status__in=limits.statuses).exclude(pk=attempt.pk).count()
+            if paused_until is not None:
+                next_attempt_at = max(next_attempt_at, paused_until)
+            if rate_limited or counted < outcomes.policy(profile).max_attempts:
                 new_state, reason = "prepared", ""
             elif effect.attempts.filter(org_id=effect.org_id, state="uncertain").exists():
                 # This Attempt proves nothing about an earlier one that may have landed: the effect
@@ -172,6 +187,53 @@ def permit_settle(grant: Grant, response: Response) -> str:
                                  evidence={"status": status, "reason": reason, "classified": verdict})
     failpoints.hit(FP_AFTER_SETTLE)
     return new_state
+
+
+#: ``pause_kind`` of a credential dispatch lane paused by a ``Retry-After`` window / a declared daily limit.
+PAUSE_RATE_LIMITED, PAUSE_DAILY_LIMIT = "rate_limited", "daily_limit"
+
+
+def daily_reset(now: dt.datetime, reset_hour_utc: int) -> dt.datetime:
+    """The next ``reset_hour_utc`` o'clock (UTC) strictly after ``now`` (the database clock)."""
+    reset = now.astimezone(dt.timezone.utc).replace(hour=reset_hour_utc, minute=0, second=0, microsecond=0)
+    return reset if reset > now else reset + dt.timedelta(days=1)
+
+
+def lane_pause(grant: Grant, limits: outcomes.RateLimit, response: Response, now: dt.datetime) -> dt.datetime | None:
+    """Pause the Permit's credential dispatch lane for a rate-limit answer; returns the end of the pause.
+
+    Seed 004 section 16 (egress per DispatchLane); issue 22 item 3. A rate
+    limit is the provider's, shared by every worker sending with the same
+    credential: the window is written on the credential dispatch gate, which
+    every grant locks before it appends a Permit, so no Permit is granted to
+    that lane before ``paused_until`` (the database clock). A daily limit (the
+    profile's declared header and value) pauses until the next reset hour; a
+    ``Retry-After`` (delay seconds, capped at :data:`MAX_RETRY_AFTER`) for its
+    window. A pause only ever extends. Returns ``None`` (nothing written) for a
+    rate-limit answer with neither. Runs in its own transaction, committed
+    before the settlement (the gate ranks before the effect in the lock
+    order): a crash between the two leaves the lane paused and the effect
+    ``dispatching`` for recovery.
+    """
+    if limits.daily_header and response.rate_scope is not None \
+            and response.rate_scope.strip().lower() == limits.daily_value.lower():
+        until, kind = daily_reset(now, limits.reset_hour_utc), PAUSE_DAILY_LIMIT
+    else:
+        window = retry_after(response.retry_after)
+        if window is None:
+            return None
+        until, kind = now + window, PAUSE_RATE_LIMITED
+    permit = DispatchPermit.objects.get(org_id=grant.org_id, pk=grant.permit_id)
+    with transaction.atomic(durable=True):
+        gate = CredentialDispatchGateStore.lock(grant.org_id, permit.credential_gate_id)
+        if gate.paused_until is not None and gate.paused_until >= until:
+            return gate.paused_until
+        CredentialDispatchGateStore.touch(
+            org_id=gate.org_id, pk=gate.pk, state=gate.state, version=gate.version,
+            set_fields={"paused_until": until, "pause_kind": kind, "pause_status": response.status})
+        failpoints.hit(FP_LANE_PAUSE_BEFORE_COMMIT)
+    log.info("credential gate %s paused until %s (%s, status %s)", gate.pk, until.isoformat(), kind, response.status)
+    return until
 
 
 #: Update-response statuses that prove the finalized link no longer names its remote record.

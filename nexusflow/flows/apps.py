@@ -8,7 +8,7 @@ class FlowsConfig(AppConfig):
 
     def ready(self) -> None:
         from nexusflow.kernel.metrics import register_families
-        from nexusflow.kernel.workers import register_open_work, register_role
+        from nexusflow.kernel.workers import register_open_work, register_reconciler, register_role
         from nexusflow.records.services import (
             DELETE_STAGE_FLOW_WAITS,
             register_after_save,
@@ -46,6 +46,8 @@ class FlowsConfig(AppConfig):
         register_flow_trigger_lookup(flow_run_trigger)
         register_role("flow", flow_units, order=30)
         register_families("flows", flow_families)
+        for unit in ("flow.recover", "flow.expire", "flow.repair", "flow.cancel_cleanup"):
+            register_reconciler(unit, role="flow")
         register_open_work("flow_runs", flow_runs_nonterminal_count)
         # A completed Runtime intent wakes its Flow through the message boundary (seed 004 sections 14.2, 15.2).
         register_consumer(INTENT_COMPLETED, intent_completed_accept)

@@ -65,8 +65,59 @@ def roles(*, all_only: bool = False) -> tuple[str, ...]:
     return tuple(role.name for role in ordered if role.in_all or not all_only)
 
 
-def units_for(role: str, worker_id: str) -> list[tuple[str, Unit]]:
+#: Prefix of every installed reconciler schedule's name (nexusflow/kernel/schedules.py).
+SCHEDULE_PREFIX = "nexusflow.reconcile."
+
+
+@dataclass(frozen=True)
+class Reconciler:
+    """One registered reconciler: the worker ``role`` whose unit ``unit`` it runs every ``minutes``."""
+
+    unit: str
+    role: str
+    minutes: int
+
+    @property
+    def schedule_name(self) -> str:
+        return SCHEDULE_PREFIX + self.unit
+
+
+_RECONCILERS: dict[str, Reconciler] = {}
+
+
+def register_reconciler(unit: str, *, role: str, minutes: int = 1) -> None:
+    """Register the unit ``unit`` of worker role ``role`` as a reconciler run every ``minutes`` (>= 1).
+
+    Raises:
+        ValueError: ``minutes`` below 1, or ``unit`` registered already for another role.
+    """
+    if minutes < 1:
+        raise ValueError("a reconciler runs at most once a minute")
+    current = _RECONCILERS.get(unit)
+    if current is not None and current.role != role:
+        raise ValueError(f"reconciler {unit!r} is registered already for role {current.role!r}")
+    _RECONCILERS[unit] = Reconciler(unit, role, int(minutes))
+
+
+def reconcilers() -> tuple[Reconciler, ...]:
+    """The registered reconcilers, by unit name."""
+    return tuple(_RECONCILERS[name] for name in sorted(_RECONCILERS))
+
+
+def scheduled() -> bool:
+    """``True`` when ``NEXUS_RECONCILERS=schedules``: ``qcluster`` is the authoritative reconciler runner."""
+    from django.conf import settings
+
+    return getattr(settings, "NEXUS_RECONCILERS", "workers") == "schedules"
+
+
+def units_for(role: str, worker_id: str, *, include_reconcilers: bool | None = None) -> list[tuple[str, Unit]]:
     """Return the named work units of ``role`` in priority order.
+
+    Args:
+        include_reconcilers: keep the units registered as reconcilers
+            (:func:`register_reconciler`); default: unless
+            ``NEXUS_RECONCILERS=schedules`` makes ``qcluster`` their runner.
 
     Raises:
         ValueError: unknown role.
@@ -74,7 +125,13 @@ def units_for(role: str, worker_id: str) -> list[tuple[str, Unit]]:
     found = _ROLES.get(role)
     if found is None:
         raise ValueError(f"unknown worker role {role!r}")
-    return list(found.units(worker_id))
+    units = list(found.units(worker_id))
+    if include_reconcilers is None:
+        include_reconcilers = not scheduled()
+    if include_reconcilers:
+        return units
+    skipped = set(_RECONCILERS)  # by name: egress-deferred's are egress's, narrowed
+    return [(name, unit) for name, unit in units if name not in skipped]
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,9 @@ Test controls (no auth): ``GET /_sandbox/state`` ->
 ``POST /_sandbox/reset``; ``GET|POST /_sandbox/faults`` with any of
 ``{"drop_response_after_commit": N}`` (the next N executed or replayed
 create/update requests are stored, then the connection is closed without a
-response), ``{"fail_before_commit": {"status": S, "count": N}}`` (the next N
-create/update requests get status S and are not executed) and
+response), ``{"fail_before_commit": {"status": S, "count": N, "headers": {...}}}`` (the
+next N create/update requests get status S, with the optional headers such as
+``Retry-After``, and are not executed) and
 ``{"delay_seconds": X}`` (every create/update waits X seconds after claiming
 its idempotency key and before executing, until changed).
 
@@ -69,9 +70,9 @@ _ID_ALPHABET = string.ascii_letters + string.digits
 Params = dict[str, str | None]
 
 
-def _rejected(status: int, error: dict[str, Any]) -> Rejected:
-    """A request error that maps to one HTTP response ``{"error": error}``."""
-    return Rejected(status, {"error": error}, message=error.get("message", ""))
+def _rejected(status: int, error: dict[str, Any], headers: dict[str, str] | None = None) -> Rejected:
+    """A request error that maps to one HTTP response ``{"error": error}`` (with ``headers``, if any)."""
+    return Rejected(status, {"error": error}, headers or None, message=error.get("message", ""))
 
 
 @dataclass(slots=True)
@@ -196,7 +197,7 @@ class _SandboxHandler(SandboxHandler):
         with state.lock:
             failure = state.faults.take_status("fail_before_commit")
             if failure is not None:
-                raise _rejected(failure, _injected(failure))
+                raise _rejected(failure, _injected(failure), state.faults.status_headers("fail_before_commit"))
             if key is not None:
                 entry = state.idempotency.get(key)
                 if entry is not None:

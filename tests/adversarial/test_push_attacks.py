@@ -518,7 +518,7 @@ def test_a_create_whose_first_post_was_ambiguous_is_never_proven_no_effect_by_re
     reconciles it; only a proven terminal ``no_effect`` may be superseded (ARCHITECTURE.md section 4).
 
     The first POST is committed by the provider and its response lost; every exact repeat is
-    answered 429 (not performed) until the frozen policy's Attempts run out. Those answers
+    answered 409 (not performed, not a rate limit) until the frozen policy's Attempts run out. Those answers
     say nothing about the first POST, so the effect must not become ``no_effect`` and an
     operator successor must not be allowed to POST again.
     """
@@ -529,7 +529,7 @@ def test_a_create_whose_first_post_was_ambiguous_is_never_proven_no_effect_by_re
     billing_sandbox.set_faults(drop_response_after_commit=1)
     assert egress.effect_try_dispatch_one(worker_id="w1")
     assert _effect(command).state == "uncertain" and len(billing_sandbox.state()["customers"]) == 1
-    billing_sandbox.set_faults(fail_before_commit={"status": 429, "count": 100})
+    billing_sandbox.set_faults(fail_before_commit={"status": 409, "count": 100})
     for _ in range(20):
         with connection.cursor() as cursor:
             cursor.execute("UPDATE connectors_remoteeffect SET next_attempt_at = NULL")
@@ -541,6 +541,6 @@ def test_a_create_whose_first_post_was_ambiguous_is_never_proven_no_effect_by_re
     with pytest.raises(SuccessorRefused):
         outbound_command_author_successor(org_id=ORG, predecessor_command_id=command.pk, actor="ops",
                                           reason="looks like nothing happened")
-    billing_sandbox.set_faults(fail_before_commit={"status": 429, "count": 0})
+    billing_sandbox.set_faults(fail_before_commit={"status": 409, "count": 0})
     drain()
     assert len(billing_sandbox.state()["customers"]) == 1

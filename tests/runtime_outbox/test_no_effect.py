@@ -144,9 +144,10 @@ def test_an_attempt_that_may_have_reached_the_provider_refuses_no_effect(env):
 
 
 def test_exhausted_not_performed_attempts_settle_no_effect(env):
-    """Every Attempt reached the provider, and every answer was a definite 'not performed'."""
+    """Every Attempt reached the provider, and every answer was a definite 'not performed' (409: not a rate
+    limit, which never counts)."""
     command = save(contact(), contract=BILLING)
-    env.billing.set_faults(fail_before_commit={"status": 429, "count": 1000})
+    env.billing.set_faults(fail_before_commit={"status": 409, "count": 1000})
     while effect_of(command).state != "no_effect":
         zero_backoff()
         dispatch_one()

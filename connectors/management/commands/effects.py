@@ -6,6 +6,8 @@ Seed 003 "Outbound facts", "State machines", "Replay and external effects".
   newest first, each with its reason code and that code's severity class (``benign``: an expected,
   recorded outcome such as an older version superseded by a newer one; ``attention``: an operator must
   look); ``--class`` keeps the effects whose code is of that class (the state is shown as stored);
+  a ``prepared`` effect whose credential lane a provider rate limit pauses shows ``lane_paused``
+  (``{"kind": "rate_limited"|"daily_limit", "until": ISO time, "status": HTTP status}``, else null);
 - ``show EFFECT --org ORG [--json]``: the effect (state, reason code and class), its frozen binding summary,
   Attempts, Permits and reconciliation evidence (never secret bytes);
 - ``reconcile EFFECT --org ORG (--confirmed REMOTE_ID | --no-effect [--retry]) --actor A --note N``:
@@ -23,6 +25,8 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from connectors.models import DispatchPermit, RemoteEffect
+from connectors.selectors import credential_lane_pauses
+from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.errors import InvalidIdentity, NexusError
 from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.reasons import SEVERITY_CLASSES, codes_of_class, load_all_reasons, severity_class_of
@@ -30,9 +34,19 @@ from nexusflow.kernel.reasons import SEVERITY_CLASSES, codes_of_class, load_all_
 STATES = ("prepared", "dispatching", "uncertain", "remote_confirmed", "finalized", "no_effect", "quarantined")
 
 
-def _effect_row(effect: RemoteEffect) -> dict:
+def _lane_pause(effect: RemoteEffect, pauses: dict) -> dict | None:
+    """The rate-limit pause on a not-yet-sent effect's credential lane (``None``: not paused)."""
+    if effect.state != "prepared":
+        return None
+    gate = pauses.get(int((effect.command.frozen_binding.get("credential_generation") or {}).get("id") or 0))
+    if gate is None:
+        return None
+    return {"kind": gate.pause_kind, "until": gate.paused_until.isoformat(), "status": gate.pause_status}
+
+
+def _effect_row(effect: RemoteEffect, pauses: dict | None = None) -> dict:
     command = effect.command
-    return {"effect": int(effect.pk), "command": int(command.pk), "state": effect.state,
+    return {"lane_paused": _lane_pause(effect, pauses or {}),"effect": int(effect.pk), "command": int(command.pk), "state": effect.state,
             "reason_code": effect.reason_code, "reason_class": severity_class_of(effect.reason_code),
             "account": effect.account_key, "contract": effect.contract_key,
             "record": f"{command.source_object}/{command.source_record_key}@{command.source_record_version}",
@@ -107,14 +121,17 @@ class Command(BaseCommand):
             qs = qs.filter(reason_code__in=sorted(codes_of_class(severity_class)))
         if account:
             qs = qs.filter(account_key=account)
-        rows = [_effect_row(e) for e in qs.order_by("-id")[:limit]]
+        pauses = credential_lane_pauses(org_id=org, now=db_now())
+        rows = [_effect_row(e, pauses) for e in qs.order_by("-id")[:limit]]
         if json:
             self.stdout.write(_dumps(rows))
             return
         for r in rows:
             reason = f" ({r['reason_code']})  class={r['reason_class']}" if r["reason_code"] else ""
+            paused = (f"  lane paused ({r['lane_paused']['kind']}, HTTP {r['lane_paused']['status']}) "
+                      f"until {r['lane_paused']['until']}" if r["lane_paused"] else "")
             self.stdout.write(f"effect {r['effect']:>6}  {r['state']}{reason}  {r['account']}/{r['contract']}  "
-                              f"{r['record']}  attempts={r['attempts']}  remote_id={r['remote_id'] or '-'}")
+                              f"{r['record']}  attempts={r['attempts']}  remote_id={r['remote_id'] or '-'}{paused}")
         self.stdout.write(f"{len(rows)} effect(s)")
 
     def _show(self, *, effect, org, json: bool, **_):
@@ -122,7 +139,7 @@ class Command(BaseCommand):
         if row is None:
             raise CommandError(f"effect_unknown: no remote effect {effect} in org {org}")
         binding = row.command.frozen_binding
-        doc = _effect_row(row)
+        doc = _effect_row(row, credential_lane_pauses(org_id=org, now=db_now()))
         doc["binding"] = {k: binding.get(k) for k in (
             "account_key", "epoch", "pack_generation", "contract_key", "configuration", "credential_generation",
             "policy_digest", "request_digest", "link_key", "provider_idempotency_key", "effect_generation_predecessor",

@@ -228,7 +228,7 @@ def test_transient_read_failure_stays_parked_and_a_later_read_links(env, status)
 
 
 # --- Retry-After of a rate-limited create sets the effect's next attempt ---------------------------------
-def test_retry_after_of_a_rate_limited_create_sets_the_next_attempt(env):
+def test_retry_after_of_a_rate_limited_create_sets_the_next_attempt(env, db_clock_advance):
     record = contact("fy@x.io")
     command = save(record)
     transport = httpx.MockTransport(lambda request: httpx.Response(
@@ -241,6 +241,8 @@ def test_retry_after_of_a_rate_limited_create_sets_the_next_attempt(env):
     assert (effect.next_attempt_at - before).total_seconds() >= 85
     assert permit_try_grant_one(worker_id="t") is None  # not due until the provider's time
     zero_backoff()
+    assert permit_try_grant_one(worker_id="t") is None  # and the account's lane is paused until then
+    db_clock_advance(91)
     drain()
     assert effect_of(command).state == "finalized" and env.posts() == 1
 

@@ -314,11 +314,13 @@ def test_a_rate_limited_create_is_retried_and_creates_once(org, hubspot_crm_sand
     assert IntentResultReceipt.objects.get(command=command).remote_id == remote["id"]
 
 
-def test_rate_limited_until_the_frozen_retry_cap_is_terminal_no_effect(org, hubspot_crm_sandbox):
+def test_not_performed_until_the_frozen_retry_cap_is_terminal_no_effect(org, hubspot_crm_sandbox):
+    """477 (portal migrating): not performed and not a rate limit, so each Attempt counts. 429s never do
+    (tests/connectors/outbound/test_rate_limit_lanes.py)."""
     cap = _max_attempts()
     contact = create_contact(email="fa@x.io", firstname="Fa")
     command = author(contact.record_key, "push-1", contract=CONTRACT)
-    hubspot_crm_sandbox.set_faults(fail_before_commit={"status": 429, "count": cap + 1})
+    hubspot_crm_sandbox.set_faults(fail_before_commit={"status": 477, "count": cap + 1})
     while outbox_try_deliver_one():
         pass
     for _ in range(cap):
@@ -334,9 +336,28 @@ def test_rate_limited_until_the_frozen_retry_cap_is_terminal_no_effect(org, hubs
     zero_backoff()
     assert permit_try_grant_one(worker_id="t") is None
     drain()
-    assert hubspot_crm_sandbox.state()["requests_by_route"] == {POSTS: cap}  # the last injected 429 was never used
+    assert hubspot_crm_sandbox.state()["requests_by_route"] == {POSTS: cap}  # the last injected 477 was never used
     assert hubspot_crm_sandbox.state()["contacts"] == []
     assert RemoteEffect.objects.get(pk=effect.pk).state == "no_effect"
+
+
+def test_rate_limited_attempts_never_reach_the_frozen_retry_cap(org, hubspot_crm_sandbox):
+    cap = _max_attempts()
+    contact = create_contact(email="ra@x.io", firstname="Ra")
+    command = author(contact.record_key, "push-1", contract=CONTRACT)
+    hubspot_crm_sandbox.set_faults(fail_before_commit={"status": 429, "count": cap + 1})
+    while outbox_try_deliver_one():
+        pass
+    for _ in range(cap + 1):
+        zero_backoff()
+        assert effect_try_dispatch_one(worker_id="t") is True
+    effect = RemoteEffect.objects.get(org_id=ORG)
+    assert (effect.state, effect.reason_code, effect.attempt_count) == ("prepared", "", cap + 1)
+    zero_backoff()
+    drain()
+    assert RemoteEffect.objects.get(pk=effect.pk).state == "finalized"
+    assert IntentResultReceipt.objects.get(command=command).outcome == "finalized"
+    assert len(hubspot_crm_sandbox.state()["contacts"]) == 1
 
 
 # --- update against a contact the provider no longer has ---------------------------------------------

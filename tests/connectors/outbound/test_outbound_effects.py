@@ -311,7 +311,8 @@ def test_successor_is_refused_unless_the_predecessor_is_proven_no_effect(org, bi
 # --- frozen outcome policy (S003-RP-30) -------------------------------------------------------------------
 def test_not_performed_retries_only_while_the_frozen_policy_has_attempts_left(org, billing_sandbox):
     command = _push()
-    billing_sandbox.set_faults(fail_before_commit={"status": 429, "count": 1000})
+    # 409 (idempotency key busy): not performed, and not a rate limit (429s are never counted).
+    billing_sandbox.set_faults(fail_before_commit={"status": 409, "count": 1000})
     max_attempts = 10  # packs/billing/pack.json retry.max_attempts, frozen with the pack generation
     for _ in range(max_attempts):
         zero_backoff()
