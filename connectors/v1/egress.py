@@ -24,7 +24,6 @@ from django.db import transaction
 from nexusflow.kernel import failpoints
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import digest_v2
-from nexusflow.kernel.models import insert
 
 from connectors.contracts import outcomes
 from connectors.reasons import DEFINITE_REFUSAL, RESPONSE_AMBIGUOUS, UNCLASSIFIED_RESPONSE
