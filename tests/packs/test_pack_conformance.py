@@ -217,7 +217,10 @@ _COMMON_WORDS = {"UPDATE", "DELETE", "CREATE", "Authorization", "Bearer", "GET",
                  "associations", "{remote_id}",
                  # a create-conflict answer's JSON path (``existing_id.json_path``) names the provider's
                  # ``message`` field; L0's signature config uses the same word for its own purpose.
-                 "message"}
+                 "message",
+                 # a callout profile's ``rate_limit.daily`` block is L0's own key; the billing sandbox's
+                 # daily-limit header carries the same word as its value.
+                 "daily"}
 
 
 def _strings(value: Any, key: str = "") -> set[str]:
