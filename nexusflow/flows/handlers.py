@@ -33,8 +33,8 @@ from .compiler import (
     PROFILE_EMBEDDED,
     Diagnostic,
 )
+from .step_values import ALARM_OFFSET_UNITS
 from .interpreter import (
-    ALARM_OFFSET_UNITS,
     is_relationship,
     FILTER_PROCESSOR,
     SORT_PROCESSOR,

@@ -17,7 +17,7 @@ import pytest
 
 from nexusflow.flows import transitions as t
 from nexusflow.flows.errors import ActivationRejected, FlowExecutionError
-from nexusflow.flows.interpreter import to_instant, wait_schedule
+from nexusflow.flows.step_values import to_instant, wait_schedule
 from nexusflow.flows.models import FlowAuditEvent, FlowCheckpoint, FlowDependency, FlowRun, FlowStepExecution
 from nexusflow.flows.services import (
     flow_deploy,

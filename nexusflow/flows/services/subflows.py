@@ -42,7 +42,7 @@ from nexusflow.kernel.scope import OrgScope
 from .. import policy, reasons
 from .. import transitions as t
 from ..errors import FlowExecutionError, PlanMismatch
-from ..interpreter import subflow_call_inputs, subflow_call_outputs
+from ..step_values import subflow_call_inputs, subflow_call_outputs
 from ..models import FlowCheckpoint, FlowExecutionPlan, FlowRun
 from ..producers import PRODUCER_SUBFLOW
 from ..store import FlowRunStore, wake_signal_insert

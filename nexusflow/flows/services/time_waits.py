@@ -2,7 +2,7 @@
 
 First visit of a Wait step (:func:`_exec_dependency_wait`, in the step
 transaction, root -> step -> attempt -> dependency): evaluate every event's
-waiting conditions and resume time (:func:`nexusflow.flows.interpreter.wait_schedule`).
+waiting conditions and resume time (:func:`nexusflow.flows.step_values.wait_schedule`).
 No event to wait for: the step succeeds along the default path at once.
 Otherwise one ``FlowDependency`` (producer ``runtime.clock``, its condition the
 events and their times, its ``deadline`` the earliest) commits with attempt
@@ -45,7 +45,7 @@ from ..errors import FlowExecutionError, FlowRunNotFound, PlanMismatch, WaitSign
 from ..compiler import TERMINAL_STEP_KEY
 from ..conditions import conditions_hold
 from ..handlers import PATH_OFFSET_UNITS
-from ..interpreter import RecordEvent, WaitEvent, to_instant, wait_record_event, wait_schedule
+from ..step_values import RecordEvent, WaitEvent, to_instant, wait_record_event, wait_schedule
 from ..producers import PRODUCER_CLOCK, PRODUCER_RECORD, PRODUCERS, change_event_object
 from ..models import FlowCheckpoint, FlowDependency, FlowExecutionPlan, FlowRun
 from .admission import TRIGGER_CHECKPOINT_SEQUENCE
