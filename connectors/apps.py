@@ -27,6 +27,7 @@ class ConnectorsConfig(AppConfig):
         from connectors.outbound.inbox import outbound_message_accept
         from connectors.links.link_keys import inbound_link_create, inbound_link_find, record_links_describe
         from connectors.runtime_answers import (
+            delivery_contract_for,
             freeze_push_binding,
             no_effect_unsettled_attempt,
             predecessor_effect_read,
@@ -45,6 +46,7 @@ class ConnectorsConfig(AppConfig):
         # What the Runtime asks the effect owner (runtime_outbox/ports.py).
         runtime_ports.register_push_binding_freezer(freeze_push_binding)
         runtime_ports.register_no_effect_proof(no_effect_unsettled_attempt)
+        runtime_ports.register_delivery_contract(delivery_contract_for)
         runtime_ports.register_predecessor_effect(predecessor_effect_read)
         runtime_ports.register_inbound_links(find=inbound_link_find, create=inbound_link_create)
         # Workers: the process registry every holder names, the roles and their open work.

@@ -15,6 +15,13 @@ def freeze_push_binding(**kwargs) -> dict:
     return freeze(**kwargs)
 
 
+def delivery_contract_for(**kwargs):
+    """:func:`connectors.outbound.intents.delivery_contract_for` (same arguments, result and errors)."""
+    from connectors.outbound.intents import delivery_contract_for as read
+
+    return read(**kwargs)
+
+
 def predecessor_effect_read(**kwargs):
     """:func:`connectors.outbound.intents.predecessor_effect_read` (same arguments, result and errors)."""
     from connectors.outbound.intents import predecessor_effect_read as read

@@ -17,6 +17,9 @@ that the connector app answers from ``ConnectorsConfig.ready``:
 - :func:`predecessor_effect`: the RemoteEffect of a predecessor intent and
   whether it proves no effect, for successor authoring (seed 003 "Replay and
   external effects");
+- :func:`delivery_contract`: the one push contract a serving account offers
+  for a platform delivery family (``email``, ``notification``), for the
+  delivery effects of Flows (:mod:`runtime_outbox.delivery`);
 - :func:`inbound_link_find` / :func:`inbound_link_create`: the inbound
   RemoteLink that maps a provider object to a local record (seed 002
   "Link Key").
@@ -60,6 +63,39 @@ def push_binding_freeze(*, org_id: str, contract_key: str, record, intent_key: s
     return _FREEZER.get()(org_id=org_id, contract_key=contract_key, record=record, intent_key=intent_key,
                           effect_root_id=effect_root_id, effect_generation_id=effect_generation_id,
                           successor=successor, origin=origin)
+
+
+# --- delivery contract -----------------------------------------------------------------
+@dataclass(frozen=True)
+class DeliveryContract:
+    """The push contract that delivers one platform family: its key, the message object it pushes and
+    ``fields``, ``{catalog input name: message object field}``."""
+
+    contract_key: str
+    source_object: str
+    fields: dict[str, str]
+
+
+_DELIVERY: Port[Callable[..., DeliveryContract]] = Port("delivery contract read", provider=_PROVIDER)
+
+
+def register_delivery_contract(read: Callable[..., DeliveryContract]) -> None:
+    """Install the one delivery-contract read.
+
+    ``read(*, org_id, family) -> DeliveryContract``: the contract of the one
+    ``v2_serving`` account whose pack declares ``"delivers": {"family":
+    family, ...}`` for it; raises the owner's definite refusals (none
+    serving, several).
+
+    Raises:
+        PortAlreadyRegistered: another read is installed.
+    """
+    _DELIVERY.register(read)
+
+
+def delivery_contract(*, org_id: str, family: str) -> DeliveryContract:
+    """The contract delivering ``family`` for ``org_id`` (see :func:`register_delivery_contract`)."""
+    return _DELIVERY.get()(org_id=org_id, family=family)
 
 
 # --- no-effect proof -----------------------------------------------------------------

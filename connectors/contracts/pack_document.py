@@ -82,7 +82,9 @@ def validate_pack_document(doc: dict, path: Path | str) -> None:
             profile or push contract, an unsupported auth or ordering contract,
             an invalid association block (see :func:`validate_associations`),
             an invalid ``create_conflict_recovery`` block (see
-            :func:`connectors.contracts.create_conflict_recovery.validate`), or a push contract
+            :func:`connectors.contracts.create_conflict_recovery.validate`), a malformed
+            ``delivers`` block (the platform delivery family a contract carries, and which
+            source field holds each action input), or a push contract
             whose routes or mapping could choose the remote record instead of
             its RemoteLink (see :func:`validate_remote_identity`).
     """
@@ -131,6 +133,14 @@ def validate_pack_document(doc: dict, path: Path | str) -> None:
                                 f"stable slot id")
         if not isinstance(contract.get("target_object", ""), str):
             raise PackError(f"{path}: push contract {contract['contract_key']}: target_object must be text")
+        delivers = contract.get("delivers")
+        if delivers is not None and not (
+                isinstance(delivers, dict) and set(delivers) == {"family", "fields"}
+                and isinstance(delivers["family"], str) and delivers["family"]
+                and isinstance(delivers["fields"], dict) and delivers["fields"]
+                and all(isinstance(k, str) and k and isinstance(v, str) and v for k, v in delivers["fields"].items())):
+            raise PackError(f"{path}: push contract {contract['contract_key']}: delivers is "
+                            f'{{"family": <delivery family>, "fields": {{<action input>: <source field>}}}}')
         try:
             validate_conflict_recovery(contract)
             validate_remote_identity(contract)

@@ -52,6 +52,37 @@ def _serving_account_for_contract(org_id: str, contract_key: str) -> str:
     return matches[0]
 
 
+def delivery_contract_for(*, org_id: str, family: str):
+    """The push contract a ``v2_serving`` account of ``org_id`` offers for the platform delivery ``family``
+    (its pack's ``"delivers": {"family": ..., "fields": {...}}``), as a
+    :class:`runtime_outbox.ports.DeliveryContract`. Read committed, no lock: the intent's binding freeze
+    locks the gate and rechecks the contract.
+
+    Raises:
+        NotServing: no serving account delivers ``family``.
+        PushContractError: several serving contracts deliver it (``delivery_ambiguous``).
+    """
+    from runtime_outbox.ports import DeliveryContract
+
+    matches = []
+    for gate in AccountServingGate.objects.filter(org_id=org_id, state="v2_serving").select_related("epoch"):
+        account = next((a for a in gate.epoch.document["accounts"] if a["account_key"] == gate.account_key), None)
+        if not account or not account.get("push_contracts"):
+            continue
+        pack = PackGeneration.objects.get(pk=account["pack_generation"]["id"])
+        for contract in pack.document.get("push_contracts", []):
+            delivers = contract.get("delivers") or {}
+            if contract["contract_key"] in account["push_contracts"] and delivers.get("family") == family:
+                matches.append(DeliveryContract(contract["contract_key"], contract["source_object"],
+                                                dict(delivers.get("fields") or {})))
+    if not matches:
+        raise NotServing(f"no serving account delivers {family!r}")
+    if len(matches) > 1:
+        raise PushContractError(f"several serving contracts deliver {family!r}: "
+                                f"{sorted(m.contract_key for m in matches)}", code="delivery_ambiguous")
+    return matches[0]
+
+
 def render_request_fields(contract: dict, fields: dict) -> dict[str, str]:
     """Apply the pack mapping to record fields.
 

@@ -25,11 +25,23 @@ def _literal(value: dict[str, Any] | None) -> Any:
     return text
 
 
+def _typed(left: Any, right: Any) -> tuple[Any, Any]:
+    """Compare a boolean with its type: a record field stores a Boolean (checkbox) value as ``"true"`` /
+    ``"false"`` text, which equals the boolean literal of the same value."""
+    if isinstance(right, bool) and isinstance(left, str) and left.lower() in ("true", "false"):
+        return left.lower() == "true", right
+    if isinstance(left, bool) and isinstance(right, str) and right.lower() in ("true", "false"):
+        return left, right.lower() == "true"
+    return left, right
+
+
 def _compare(op: str, left: Any, right: Any) -> bool:
     if op == "IsNull":
-        return (left is None or left == "") == bool(right)
+        # A Get Records result that found nothing is null (an empty collection), as is an unset value.
+        return (left is None or left == "" or left == []) == bool(right)
     if op == "IsBlank":
         return (left is None or left == "") == bool(right)
+    left, right = _typed(left, right)
     if op == "EqualTo":
         return left is not None and fx._equal(left, right)
     if op == "NotEqualTo":

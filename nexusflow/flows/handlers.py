@@ -55,6 +55,8 @@ IN_BINARY_HANDLERS: dict[str, str] = {
     "nexusflow.flows.handlers.recordUpdates": "1",
     "nexusflow.flows.handlers.recordDeletes": "1",
     "runtime_outbox.services.outbound_command_author": "1",
+    "runtime_outbox.delivery.email_send": "1",
+    "runtime_outbox.delivery.notification_send": "1",
 }
 #: Condition operators the executor evaluates on the trigger record alone.
 ENGINE_OPERATORS = frozenset({

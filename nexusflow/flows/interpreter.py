@@ -86,6 +86,16 @@ class Outcome:
         return {"path": self.path, "writes": [w.as_json() for w in self.writes], "next": self.next_step}
 
 
+def running_user() -> dict[str, Any]:
+    """``$User``: the user Flows run as (the system context user), ``{"Id": user id, <field>: text}`` from the
+    metadata view's declared users; a field the view does not declare reads ``None``."""
+    from nexusflow.records.authority import AUTOMATED_PROCESS_USER
+    from nexusflow.records.metadata import current_view
+
+    user = current_view().users.get(AUTOMATED_PROCESS_USER)
+    return {**(user.fields if user is not None else {}), "Id": AUTOMATED_PROCESS_USER}
+
+
 def to_field_text(value: Any) -> str | None:
     """A computed value as record field text (``None`` stays ``None``)."""
     if value is None:
@@ -151,7 +161,11 @@ class _Run:
                 return self.now
             if rest == "InterviewStartTime":
                 return self.interview_start
+            if rest == "FaultMessage":  # empty outside a fault path; the engine takes no fault connector inline
+                return None
             raise FlowExecutionError(f"unsupported global {ref!r}")
+        elif head == "$User":
+            base = running_user()
         elif head in self.vars:
             base = self.vars[head]
         elif head in self.elements:

@@ -1,6 +1,7 @@
 """What a durable step evaluates outside an element graph, over the interpreter's state (seed 004 sections
 10.5 and 14.2): a Wait element's time and record events (:func:`wait_schedule`, :func:`wait_record_event`) and
-a subflow step's input and output variables (:func:`subflow_call_inputs`, :func:`subflow_call_outputs`).
+a subflow step's input and output variables (:func:`subflow_call_inputs`, :func:`subflow_call_outputs`) and an
+effect step's action inputs (:func:`action_call_inputs`).
 
 Pure, like :mod:`.interpreter`: the caller supplies the record, the state and the database clock.
 """
@@ -181,6 +182,21 @@ def wait_record_event(*, plan_payload: dict[str, Any], node: dict[str, Any], rec
             match[field_name] = _jsonable(run.value(value))
         return RecordEvent(name=event["name"], match=match)
     return None
+
+
+# --- action calls of a Durable Orchestration plan --------------------------------------------------------
+def action_call_inputs(*, plan_payload: dict[str, Any], inputs: dict[str, Any], record: dict[str, Any],
+                       object_name: str, now: dt.datetime, interview_start: dt.datetime,
+                       state: dict[str, Any] | None) -> dict[str, Any]:
+    """An effect step's action inputs (``{name: compiled value}``) evaluated in the run's state:
+    ``{name: value}`` (text, ``Decimal``, bool, date/datetime, a list for a collection, ``None``).
+
+    Raises:
+        FlowExecutionError: a value cannot be computed (an unresolved reference, a formula error).
+    """
+    run = _wait_run(plan_payload=plan_payload, record=record, object_name=object_name, now=now,
+                    interview_start=interview_start, prior=None, is_new=False, state=state)
+    return {name: _jsonable(run.value(raw)) for name, raw in sorted(inputs.items())}
 
 
 # --- subflow steps of a Durable Orchestration plan --------------------------------------------------------

@@ -174,11 +174,23 @@ class QuickActionDefinition:
 
 
 @dataclass(frozen=True)
+class UserDefinition:
+    """A user the view declares (``users/*.user.json``): its id, whether it is active, and the attribute
+    values a Flow reads as ``$User.<Field>`` (``{"Email": "ops@example.org", "Name": ...}``, text)."""
+
+    user_id: str
+    active: bool
+    fields: dict[str, str]
+
+
+@dataclass(frozen=True)
 class MetadataView:
     objects: dict[str, ObjectDefinition]
     digest: str
     #: ``{action name: QuickActionDefinition}``: the record-creating quick actions the view declares.
     quick_actions: dict[str, QuickActionDefinition] = dataclass_field(default_factory=dict)
+    #: ``{user id: UserDefinition}``: the users the view declares.
+    users: dict[str, UserDefinition] = dataclass_field(default_factory=dict)
 
     def object(self, name: str) -> ObjectDefinition:
         try:
@@ -261,15 +273,31 @@ def _quick_actions(directory: Path, objects: dict[str, ObjectDefinition]) -> tup
     return actions, docs
 
 
+def _users(directory: Path) -> tuple[dict[str, UserDefinition], list]:
+    users: dict[str, UserDefinition] = {}
+    docs = []
+    for path in sorted((directory / "users").glob("*.user.json")):
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        user_id = validate_key(str(doc.get("id") or ""), field="user id")
+        fields = doc.get("fields") or {}
+        if user_id in users or not isinstance(fields, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in fields.items()):
+            raise ValueError(f"{path}: a user has a unique id and text fields")
+        users[user_id] = UserDefinition(user_id, doc.get("active", True) is True, dict(fields))
+        docs.append(doc)
+    return users, docs
+
+
 def load_view(directory: Path) -> MetadataView:
-    """Load every ``*.object.json`` under ``directory/objects`` and every ``*.quickaction.json`` under
-    ``directory/quick_actions``.
+    """Load every ``*.object.json`` under ``directory/objects``, every ``*.quickaction.json`` under
+    ``directory/quick_actions`` and every ``*.user.json`` under ``directory/users``.
 
     Raises:
         ValueError: duplicate object names, unreadable JSON, a lookup field
             that references no object of the view, a conversion naming an
             unknown object or field, or a quick action that is not a unique
-            ``Create`` of a known object with known fields.
+            ``Create`` of a known object with known fields, or a user without
+            a unique id and text fields.
     """
     objects: dict[str, ObjectDefinition] = {}
     docs = []
@@ -298,7 +326,10 @@ def load_view(directory: Path) -> MetadataView:
     parts = [("objects", canonical_json.dumps(docs))]
     if action_docs:  # a view without quick actions keeps the digest it always had
         parts.append(("quick_actions", canonical_json.dumps(action_docs)))
-    return MetadataView(objects, digest_v2("records.metadata-view", parts).hexdigest, quick_actions)
+    users, user_docs = _users(directory)
+    if user_docs:  # likewise without users
+        parts.append(("users", canonical_json.dumps(user_docs)))
+    return MetadataView(objects, digest_v2("records.metadata-view", parts).hexdigest, quick_actions, users)
 
 
 @functools.cache

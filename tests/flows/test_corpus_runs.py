@@ -49,6 +49,7 @@ from nexusflow.flows.services import flow_compile_check, flow_deploy, flow_run_s
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.models import Record
+from runtime_outbox.models import OutboundCommand
 
 from .conftest import CORPUS, run_until_idle, save_record, update_record
 
@@ -613,6 +614,85 @@ def _records_of(object_name: str) -> list[dict]:
         "record_key", "fields")]
 
 
+@pytest.fixture
+def email_relay(django_db_blocker):
+    """The corpus org served by an email relay account (the pack ``email_relay``: its contract delivers the
+    ``email`` family of ``emailSimple``), cut over greenfield, as an operator configures it."""
+    from connectors.serving.gates import service_configuration_apply
+    from connectors.serving.generations import credential_publish, pack_publish_file
+    from cutover.services import cutover_greenfield
+    from django.conf import settings
+    from packs.email_relay.sandbox import EmailRelaySandbox
+    from tests.conftest import BILLING_KEY, SECRET_VERSION
+
+    with EmailRelaySandbox(BILLING_KEY) as relay:
+        pack_publish_file(Path(settings.NEXUS_PACKS_DIR) / "email_relay" / "pack.json")
+        credential_publish(org=ORG, document={
+            "account_key": "email-relay", "credential_ref": "api_key", "version": SECRET_VERSION,
+            "secret": {"from_env": "NEXUS_TEST_BILLING_KEY"}, "transport": {"scheme": "bearer"}})
+        service_configuration_apply(org=ORG, document={"accounts": [
+            {"account_key": "email-relay", "pack": "email_relay", "push_contracts": ["email_relay.email"],
+             "base_url": relay.base_url, "credentials": {"api_key": SECRET_VERSION}}]})
+        cutover_greenfield(org=ORG)
+        yield relay
+
+
+def _adopter_match_clean_up_subflow(email_relay) -> None:
+    """Inputs animalRecord (Animal__c) and adopterProfile (Adopter_Profile__c), at most one of them set.
+
+    - adopterProfile only: its Adoption_Match__c rows with Successful_Adoption__c false are deleted; its
+      successful match and another profile's match stay.
+    - animalRecord only, status not Adopted: every match of the animal is deleted (the Not Adopted path).
+    - neither: the default path's emailSimple sends one email to ``$User.Email`` (the user Flows run as)
+      with the subject of the metadata and the ErrorMessageOnNullValues template as its body, through the
+      outbound effect model: one message record, one intent, one email at the relay, even when the workers
+      run again and the start is retried.
+    """
+    from tests.conftest import drain
+
+    _deploy_autolaunched("Adopter_Match_clean_up_Subflow", PROFILE_DURABLE, {
+        "adopterProfile": {"data_type": "SObject", "collection": False, "object": "Adopter_Profile__c"},
+        "animalRecord": {"data_type": "SObject", "collection": False, "object": "Animal__c"}})
+    profile, other = (save_record(ORG, {"Name": n}, object_name="Adopter_Profile__c") for n in ("Ann", "Bo"))
+    fostered = save_record(ORG, {"Name": "Rex", "Animal_Status__c": "Fostered"}, object_name="Animal__c")
+    match = lambda profile_key, animal_key, ok: save_record(ORG, {  # noqa: E731
+        "Name": f"m-{profile_key}-{ok}", "Adopter_Profile__c": profile_key, "Animal__c": animal_key,
+        "Successful_Adoption__c": ok}, object_name="Adoption_Match__c")
+    failed = [match(profile.record_key, "a0A-none", "false") for _ in range(2)]
+    kept = [match(profile.record_key, "a0A-none", "true"), match(other.record_key, "a0A-none", "false")]
+    of_animal = [match(other.record_key, fostered.record_key, "true") for _ in range(2)]
+
+    _start_and_drive("Adopter_Match_clean_up_Subflow", {"adopterProfile": profile.record_key,
+                                                       "animalRecord": None}, request_id="profile")
+    remaining = {r["Id"] for r in _records_of("Adoption_Match__c")}
+    assert remaining == {m.record_key for m in kept + of_animal} and not {m.record_key for m in failed} & remaining
+    _start_and_drive("Adopter_Match_clean_up_Subflow", {"animalRecord": fostered.record_key,
+                                                       "adopterProfile": None}, request_id="animal")
+    assert {r["Id"] for r in _records_of("Adoption_Match__c")} == {m.record_key for m in kept}
+
+    neither = {"animalRecord": None, "adopterProfile": None}
+    run = flow_run_start(org=ORG, flow_api_name="Adopter_Match_clean_up_Subflow", inputs=neither,
+                         request_id="neither").run
+    assert run_until_idle() > 0 and FlowRun.objects.get(pk=run.pk).state == t.RUN_WAITING  # on the email's result
+    assert not email_relay.state()["emails"]  # the egress worker sends it
+    drain()
+    run.refresh_from_db()
+    assert (run.state, run.reason_code) == (t.RUN_SUCCEEDED, "")
+    again = flow_run_start(org=ORG, flow_api_name="Adopter_Match_clean_up_Subflow", inputs=neither,
+                           request_id="neither")
+    assert (again.run.pk, again.created) == (run.pk, False)
+    [message] = _records_of("EmailMessage")
+    assert (message["ToAddress"], message["Subject"]) == ("shelter-admin@example.org",
+                                                          "An occurred in the Adopter Matching Flow")
+    assert "Expected inputs are Null!" in message["TextBody"] and "Error:  at" in message["TextBody"]
+    command = OutboundCommand.objects.get(org_id=ORG.org_id, origin_flow_run_id=run.pk)
+    assert (command.source_object, command.source_record_key) == ("EmailMessage", message["Id"])
+    [email] = email_relay.state()["emails"]
+    assert (email["to"], email["subject"], email["text"], email["send_requests"]) == (
+        ["shelter-admin@example.org"], message["Subject"], message["TextBody"], 1)
+    assert drain() == 0 and run_until_idle() == 0 and len(email_relay.state()["emails"]) == 1
+
+
 def _dml_statement_in_a_loop_fixed() -> None:
     """Input Accounts (Account records): the loop builds one Case per account (AccountId = the account,
     OwnerId = its owner) into a collection and one Create Records inserts them all after the loop. (Its fault
@@ -670,11 +750,7 @@ def _tenant_contacts() -> list[dict]:
 
 
 TRIGGER_NONE = "engine_unsupported:trigger"
-REFUSALS: dict[str, Refusal] = {
-    # Autolaunched subflow with SObject inputs (startable); its relationship read and record deletes run,
-    # but its error path's email action (emailSimple) has no handler binding in this binary.
-    "Adopter_Match_clean_up_Subflow": Refusal([("engine_unsupported:handler", "Send_Email_on_Error")]),
-}
+REFUSALS: dict[str, Refusal] = {}
 
 
 def _assert_refused(name: str) -> None:
@@ -703,7 +779,8 @@ def _assert_refused(name: str) -> None:
 # =============================================================================
 # One test per corpus flow
 # =============================================================================
-RUNS: dict[str, Callable[[], None]] = {
+RUNS: dict[str, Callable[..., None]] = {
+    "Adopter_Match_clean_up_Subflow": _adopter_match_clean_up_subflow,
     "Breed_Name_Update_Flow": _breed_name_update_flow,
     "Tour_Request_Set_Realtor": _tour_request_set_realtor,
     "Populate_Vehicle_Range": _populate_vehicle_range,
@@ -741,7 +818,7 @@ def test_the_inventory_says_which_corpus_flows_run_and_why_the_others_do_not(cor
         assert not row.rejected or row.blockers == row.reasons  # a compile refusal is its own blocker
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db(transaction=True, databases=["default", "control"])
 @pytest.mark.parametrize("flow", sorted(PROFILED), ids=sorted(PROFILED))
 def test_corpus_flow_record_outcomes(flow, corpus_view, short_lease, request):
     assert set(corpus_view.objects) >= {"Breed__c", "Vehicle__c", "PMT_Task__c", "TTS_Space_Tenant_Contact__c"}

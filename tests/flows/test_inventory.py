@@ -55,7 +55,7 @@ def test_each_corpus_file_that_does_not_run_says_why_in_the_classes_the_issue_al
     assert all(r["refused_for"] == [] for r in rows if r["runs"])
     assert {c for classes in refused.values() for c in classes} <= {"screens", "org_capability", "process_type",
                                                                     "broken_metadata", "engine"}
-    assert {flow for flow, classes in refused.items() if "engine" in classes} == {"Adopter_Match_clean_up_Subflow"}
+    assert not {flow for flow, classes in refused.items() if "engine" in classes}  # nothing left for the engine
     assert refused["Handle_User_Deactivation_auto"] == ["process_type"]
     assert refused["Wait_3_Days"] == ["broken_metadata"]
     assert refused["Flow_Launcher"] == ["org_capability", "screens"]
@@ -65,7 +65,8 @@ def test_inventory_human_output_names_profile_proofs_and_reasons():
     text = _inventory(str(CORPUS))
     assert "Breed_Name_Update_Flow: embedded_before_save  cohort=3" in text
     assert "Tour_Request_Set_Realtor: embedded_before_save" in text
-    assert "engine_unsupported:handler" in text
+    assert "Adopter_Match_clean_up_Subflow: durable_orchestration  cohort=8" in text and "runs: yes" in text
+    assert "unsupported_process_type:Orchestrator" in text
     assert " run, " in text.rstrip().splitlines()[-1]
     assert "Loop_Through_Adoption_Match_records=unknown" in text
     assert "unsupported_element:screens [Setup_Email]" in text

@@ -220,7 +220,13 @@ _COMMON_WORDS = {"UPDATE", "DELETE", "CREATE", "Authorization", "Bearer", "GET",
                  "message",
                  # a callout profile's ``rate_limit.daily`` block is L0's own key; the billing sandbox's
                  # daily-limit header carries the same word as its value.
-                 "daily"}
+                 "daily",
+                 # the email relay's body keys are English words L0 uses for its own purposes (a formula's
+                 # text, a range's from/to, a record's subject line in docs and checks).
+                 "text", "to", "from", "subject",
+                 # the sealed catalog's delivery effect family of emailSimple; the billing pack maps a field
+                 # of the same name.
+                 "email"}
 
 
 def _strings(value: Any, key: str = "") -> set[str]:

@@ -30,13 +30,16 @@ from ..models import FlowDependency, FlowEffectLink, FlowExecutionPlan, FlowRun,
 from ..store import FlowDependencyStore, FlowWakeSignalStore, effect_link_insert
 from .claim import StepClaim
 from .deploy import _persisted_snapshot
-from .step_txn import FP_BEFORE_COMMIT, _commit_step, _input_state, _lock_fenced, _step_txn
+from ..step_values import action_call_inputs
+from .step_txn import FP_BEFORE_COMMIT, _commit_step, _input_state, _lock_fenced, _step_inputs, _step_txn
 from .waits import _wait, completion_dependency_create, flow_wake_reconcile
 
 FP_WAIT_COMMITTED = failpoints.declare("flow.effect.wait_committed")
 
 EFFECT_OWNER_KIND = "runtime.outbound_command"
 EFFECT_GENERATION_ID = "1"
+#: The catalog ``effect_owner`` of platform deliveries (``emailSimple``, ``customNotificationAction``).
+DELIVERY_EFFECT_OWNER = "runtime_delivery"
 SUCCESS_OUTCOMES = frozenset({"remote_confirmed", "finalized", "superseded"})
 
 
@@ -70,6 +73,8 @@ def _exec_effect_submit(claim: StepClaim, plan: FlowExecutionPlan, step_def: dic
     from runtime_outbox.owner import OwnerDeleted
     from runtime_outbox.services import outbound_command_author
 
+    if step_def.get("effect_owner") == DELIVERY_EFFECT_OWNER and _handler_binding_matches(plan, step_def):
+        return _exec_delivery_submit(claim, plan, step_def)
     if not _handler_binding_matches(plan, step_def):
         # Fail closed before any business lock or mutation; never dispatch through another handler.
         with _step_txn():
@@ -117,23 +122,67 @@ def _exec_effect_submit(claim: StepClaim, plan: FlowExecutionPlan, step_def: dic
                          cause=reasons.TRIGGER_RECORD_DELETED)
             failpoints.hit(FP_BEFORE_COMMIT)
             return "failed"
-        effect_link_insert(
-            org_id=scope.org_id, app_installation_id=scope.app_installation_id,
-            runtime_capability_id=scope.runtime_capability_id, binding_digest=scope.binding_digest, run=run,
-            step_id=claim.step_id, effect_owner_kind=EFFECT_OWNER_KIND, outbound_command_id=command.pk,
-            effect_handoff_key=command.idempotency_key, submission_attempt=attempt, created_at=now,
-        )
-        dependency_key = str(command.pk)
-        completion = _commit_step(
-            claim, plan, run, attempt, now,
-            output={"outbound_command_id": command.pk, "effect_handoff_key": command.idempotency_key,
-                    "dependency_key": dependency_key},
-            step_dst=t.STEP_SUCCEEDED, root_dst=t.RUN_WAITING, next_key=step_def["next"], context=context,
-            next_state=t.STEP_WAITING,
-        )
-        completion_dependency_create(run=run, step_id=completion, dependency_key=dependency_key, scope=scope,
-                                     now=now)
-        failpoints.hit(FP_BEFORE_COMMIT)
+        _submitted(claim, plan, step_def, run, attempt, now, command, context)
+    return "waiting"
+
+
+def _submitted(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any], run: FlowRun, attempt,
+               now, command, context: dict[str, Any]) -> None:
+    """The rest of a submit's transaction once its intent exists: the effect link, the step's commit and the
+    completion step ``Waiting`` on the intent's ``runtime.intent_result`` dependency (section 15.1)."""
+    scope = scope_of(run)
+    effect_link_insert(
+        org_id=scope.org_id, app_installation_id=scope.app_installation_id,
+        runtime_capability_id=scope.runtime_capability_id, binding_digest=scope.binding_digest, run=run,
+        step_id=claim.step_id, effect_owner_kind=EFFECT_OWNER_KIND, outbound_command_id=command.pk,
+        effect_handoff_key=command.idempotency_key, submission_attempt=attempt, created_at=now,
+    )
+    dependency_key = str(command.pk)
+    completion = _commit_step(
+        claim, plan, run, attempt, now,
+        output={"outbound_command_id": command.pk, "effect_handoff_key": command.idempotency_key,
+                "dependency_key": dependency_key},
+        step_dst=t.STEP_SUCCEEDED, root_dst=t.RUN_WAITING, next_key=step_def["next"], context=context,
+        next_state=t.STEP_WAITING,
+    )
+    completion_dependency_create(run=run, step_id=completion, dependency_key=dependency_key, scope=scope,
+                                 now=now)
+    failpoints.hit(FP_BEFORE_COMMIT)
+
+
+def _exec_delivery_submit(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any]) -> str:
+    """Submit a platform delivery effect (``emailSimple``, ``customNotificationAction``): the action's inputs
+    are evaluated in the run's state; the message record (a business row) is inserted first
+    (:func:`runtime_outbox.delivery.delivery_message_create`), then the Flow root is locked, the one intent
+    authored (:func:`runtime_outbox.delivery.delivery_intent_author`, which locks the serving gate) and the
+    submit commits like any other (:func:`_submitted`). A definite refusal of the inputs or of the
+    delivering contract raises out of the transaction, which writes nothing; the step fails on it.
+    """
+    from runtime_outbox.delivery import delivery_intent_author, delivery_intent_existing, delivery_message_create
+
+    snapshot, context = _step_inputs(claim)
+    started = FlowRun.objects.only("org_id", "app_installation_id", "runtime_capability_id", "binding_digest",
+                                   "started_at", "created_at").get(org_id=claim.org_id, pk=claim.run_id)
+    scope = scope_of(started)  # the run's persisted scope (immutable)
+    record = {"Id": snapshot.get("record_key"), **(snapshot.get("fields") or {})}
+    effect = dict(effect_root_id=effect_root_id_for(org_id=claim.org_id, plan_id=plan.plan_id, run_id=claim.run_id),
+                  effect_slot_id=step_def["key"], effect_generation_id=EFFECT_GENERATION_ID)
+    with _step_txn():
+        now = db_now()
+        command = delivery_intent_existing(scope=scope, **effect)
+        message = None
+        if command is None:  # business row first (section 13.1): the message record, then the Flow root
+            inputs = action_call_inputs(plan_payload=plan.plan_payload, inputs=step_def.get("inputs") or {},
+                                        record=record, object_name=snapshot.get("object") or "", now=now,
+                                        interview_start=started.started_at or started.created_at, state=context)
+            message = delivery_message_create(scope=scope, family=step_def["effect_family"], inputs=inputs)
+        run, _step, attempt = _lock_fenced(claim)
+        if message is not None:
+            command = delivery_intent_author(
+                scope=scope, message=message, origin_flow_run_id=run.pk, **effect,
+                origin={"flow_developer_name": plan.flow_api_name, "flow_action_name": step_def["key"],
+                        "flow_version_id": plan.flow_version})
+        _submitted(claim, plan, step_def, run, attempt, now, command, context)
     return "waiting"
 
 
