@@ -49,8 +49,8 @@ class Function:
 
     ``impl`` receives the evaluated argument values, or the :class:`Call` itself
     when ``lazy`` (it then evaluates only the arguments it needs: ``IF``, ``CASE``,
-    ``BLANKVALUE``, the context functions). ``arity`` is an extra compile-time
-    rule on the argument count (``CASE`` takes an even number).
+    ``BLANKVALUE``, the context functions). ``even_args``: the argument count
+    must also be even (``CASE``: subject, value/result pairs, default).
     """
 
     name: str
@@ -59,7 +59,7 @@ class Function:
     impl: Callable[..., Any]
     lazy: bool = False
     context: bool = False
-    arity: Callable[[int], bool] | None = None
+    even_args: bool = False
 
 
 #: The closed function library, name -> :class:`Function`; filled by ``formula_functions``.
@@ -189,9 +189,10 @@ class _Parser:
                             raise FormulaError("formula_syntax", f"expected ',' or ')' at {sep.pos}")
                 fn = FUNCTIONS[upper]
                 lo, hi = fn.min_args, fn.max_args
-                if len(args) < lo or (hi is not None and len(args) > hi) or (fn.arity and not fn.arity(len(args))):
+                even = " (an even number)" if fn.even_args else ""
+                if len(args) < lo or (hi is not None and len(args) > hi) or (fn.even_args and len(args) % 2):
                     raise FormulaError("formula_arity", f"{upper} takes {lo}..{hi if hi is not None else 'n'} "
-                                                        f"arguments, got {len(args)}")
+                                                        f"arguments{even}, got {len(args)}")
                 return ["call", upper, args]
             if upper in ("TRUE", "FALSE"):
                 return ["lit", "bool", upper.lower()]
@@ -357,9 +358,9 @@ def _compare(op: str, a: Any, b: Any) -> bool:
         a = _iso_date(a, like=b)
     elif isinstance(b, str) and isinstance(a, dt.date):
         b = _iso_date(b, like=a)
-    if not isinstance(a, (str, dt.date)):
+    if not isinstance(a, (str, dt.date, dt.time)):
         a = _num(a)
-    if not isinstance(b, (str, dt.date)):
+    if not isinstance(b, (str, dt.date, dt.time)):
         b = _num(b)
     try:
         return {"<": a < b, ">": a > b, "<=": a <= b, ">=": a >= b}[op]

@@ -30,28 +30,31 @@ import calendar
 import datetime as dt
 import re
 from decimal import ROUND_CEILING, ROUND_DOWN, ROUND_FLOOR, ROUND_HALF_UP, ROUND_UP, Decimal
+from types import EllipsisType
 from typing import Any, Callable
 
 from .formula import FUNCTIONS, Call, Function, FormulaRuntimeError, _blank, _bool, _equal, _num, _text
 
 _NUMBER_TEXT = re.compile(r"^\s*[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?\s*$")
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
-_SAME = object()
+#: An optional argument that was not given (``LPAD``'s pad).
+_ABSENT = object()
 
 
-def _register(name: str, lo: int, hi: int | None | object = _SAME, *, lazy: bool = False,
+def _register(name: str, lo: int, hi: int | None | EllipsisType = ..., *, lazy: bool = False,
               context: bool = False, blank_out: bool = False,
-              arity: Callable[[int], bool] | None = None) -> Callable[[Callable], Callable]:
-    """Register ``impl`` as ``name`` taking ``lo..hi`` arguments (``hi`` None: any number).
+              even_args: bool = False) -> Callable[[Callable], Callable]:
+    """Register the decorated implementation as ``name`` taking ``lo..hi`` arguments.
 
-    ``blank_out``: a blank argument gives a blank result without calling ``impl``.
+    ``hi``: ``...`` for exactly ``lo``, None for any number. ``blank_out``: a
+    blank argument gives a blank result without calling the implementation.
     """
     def deco(impl: Callable) -> Callable:
         run = impl
         if blank_out:
             def run(*values: Any) -> Any:
                 return None if any(_blank(v) for v in values) else impl(*values)
-        FUNCTIONS[name] = Function(name, lo, lo if hi is _SAME else hi, run, lazy, context, arity)  # type: ignore[arg-type]
+        FUNCTIONS[name] = Function(name, lo, lo if hi is ... else hi, run, lazy, context, even_args)
         return impl
     return deco
 
@@ -140,7 +143,7 @@ def _blankvalue(call: Call) -> Any:
     return call.arg(1) if _blank(v) else v
 
 
-@_register("CASE", 4, None, lazy=True, arity=lambda n: n % 2 == 0)
+@_register("CASE", 4, None, lazy=True, even_args=True)
 def _case(call: Call) -> Any:
     """``CASE(subject, value1, result1, ..., default)``: the first equal value's result, else the default."""
     subject = call.arg(0)
@@ -273,7 +276,7 @@ def _find(search: Any, text: Any, start: Any = 1) -> Decimal:
 
 def _pad(text: Any, length: Any, pad: Any, *, left: bool) -> str:
     body, width = _text(text), max(_int(length), 0)
-    fill = " " if pad is _SAME else _text(pad)
+    fill = " " if pad is _ABSENT else _text(pad)
     if len(body) >= width or not fill:
         return body[:width]
     padding = (fill * (width // len(fill) + 1))[: width - len(body)]
@@ -281,14 +284,14 @@ def _pad(text: Any, length: Any, pad: Any, *, left: bool) -> str:
 
 
 @_register("LPAD", 2, 3)
-def _lpad(text: Any, length: Any, pad: Any = _SAME) -> str:
+def _lpad(text: Any, length: Any, pad: Any = _ABSENT) -> str:
     """``LPAD(text, length[, pad])``: ``pad`` (default a space) repeated on the left up to ``length``
     characters; a longer text is cut to its first ``length`` characters."""
     return _pad(text, length, pad, left=True)
 
 
 @_register("RPAD", 2, 3)
-def _rpad(text: Any, length: Any, pad: Any = _SAME) -> str:
+def _rpad(text: Any, length: Any, pad: Any = _ABSENT) -> str:
     """``RPAD(text, length[, pad])``: as LPAD, padding on the right."""
     return _pad(text, length, pad, left=False)
 

@@ -212,6 +212,8 @@ TYPED_COMPARISONS = [
     ("{!$Record.CloseDate} < DATE(2024, 3, 1)", True),
     ("{!$Record.CloseDate} = TEXT(DATE(2024, 2, 29))", True),
     ("TEXT(VALUE({!$Record.Amount}) + 1)", "251"),
+    ("TIMEVALUE('08:00:00') < TIMEVALUE({!$Record.Clock})", True),
+    ("DATETIMEVALUE({!$Record.Stamp}) > NOW()", False),
 ]
 
 FAMILIES = {"logical": LOGICAL, "text": TEXT, "math": MATH, "dates": DATES, "typed": TYPED_COMPARISONS}
@@ -279,7 +281,7 @@ def test_every_library_function_has_documented_rows():
     ("LPAD('a', 1, 'b', 'c')", "formula_arity", "LPAD takes 2..3 arguments, got 4"),
     ("TRUNC()", "formula_arity", "TRUNC takes 1..2 arguments, got 0"),
     ("TODAY(1)", "formula_arity", "TODAY takes 0..0 arguments, got 1"),
-    ("CASE(1, 1, 'a', 2, 'b')", "formula_arity", "CASE takes 4..n arguments, got 5"),
+    ("CASE(1, 1, 'a', 2, 'b')", "formula_arity", "CASE takes 4..n arguments (an even number), got 5"),
     ("POWER(2, 3)", "unknown_function", "POWER"),  # the reference has the ^ operator, no POWER function
     ("datetime(2020, 1, 1, 0, 0, 0)", "unknown_function", "datetime"),
     ("IF(true, REGEX('a', 'a'), false)", "unknown_function", "REGEX"),
@@ -330,7 +332,7 @@ def _renewal_flow(expression: str) -> bytes:
 @pytest.mark.parametrize("expression,code,detail", [
     ("POWER({!months}, 2)", "unknown_function:POWER", "function POWER is not implemented by the expression evaluator"),
     ("ADDMONTHS(DATE(2020, 1, 31))", "formula_arity", "ADDMONTHS takes 2..2 arguments, got 1"),
-    ("CASE({!months}, 1, DATE(2020, 1, 1))", "formula_arity", "CASE takes 4..n arguments, got 3"),
+    ("CASE({!months}, 1, DATE(2020, 1, 1))", "formula_arity", "CASE takes 4..n arguments (an even number), got 3"),
 ], ids=["unknown_function", "wrong_arity", "case_without_default"])
 def test_a_formula_the_library_cannot_run_is_a_compile_refusal_naming_it(expression, code, detail):
     from .test_plans import _analyze
