@@ -50,11 +50,12 @@ def _register(name: str, lo: int, hi: int | None | EllipsisType = ..., *, lazy: 
     blank argument gives a blank result without calling the implementation.
     """
     def deco(impl: Callable) -> Callable:
-        run = impl
-        if blank_out:
-            def run(*values: Any) -> Any:
-                return None if any(_blank(v) for v in values) else impl(*values)
-        FUNCTIONS[name] = Function(name, lo, lo if hi is ... else hi, run, lazy, context, even_args)
+        def blank_safe(*values: Any) -> Any:
+            return None if any(_blank(v) for v in values) else impl(*values)
+
+        FUNCTIONS[name] = Function(name=name, min_args=lo, max_args=lo if hi is ... else hi,
+                                   impl=blank_safe if blank_out else impl, lazy=lazy, context=context,
+                                   even_args=even_args)
         return impl
     return deco
 

@@ -353,3 +353,14 @@ def test_a_compiled_formula_runs_with_the_library_semantics():
     out = run_graph(plan_payload=plan.payload, graph=step["graph"], entry=step["entry_element"], record={},
                     object_name=None, now=NOW, reader=None, state={"vars": {"months": "1"}})
     assert out.state["vars"]["renewal"] == "2020-02-29"
+
+
+@pytest.mark.parametrize("first", ["nexusflow.flows.formula", "nexusflow.flows.formula_functions"])
+def test_the_library_loads_whichever_module_is_imported_first(first):
+    import subprocess
+    import sys
+
+    code = (f"import {first}\nfrom nexusflow.flows.formula import FUNCTIONS, CONTEXT_FUNCTIONS\n"
+            "print(len(FUNCTIONS), 'ADDMONTHS' in FUNCTIONS, sorted(CONTEXT_FUNCTIONS)[0])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [str(len(FUNCTIONS)), "True", "ISCHANGED"]
