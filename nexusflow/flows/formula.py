@@ -12,8 +12,11 @@ AST nodes (JSON lists): ``["lit", kind, text]`` (kind ``num``/``str``/``bool``/`
 
 Operators: ``+ - * / ^ &`` (``&`` and ``+`` on text concatenate), comparison
 ``= == != <> < > <= >=``, logical ``&& || !``. Functions are the closed set
-:data:`FUNCTIONS`; any other name is a :class:`FormulaError` at compile time,
-never a runtime surprise. Numbers are ``Decimal``; ``NOW()`` and ``TODAY()``
+:data:`FUNCTIONS`, implemented in :mod:`.formula_functions`; any other name is
+a :class:`FormulaError` (``unknown_function``, detail: the name) at compile
+time, never a runtime surprise, and so is a wrong argument count
+(``formula_arity``). Numbers are ``Decimal``, dates ``date``, date/times
+timezone-aware ``datetime`` in UTC, times ``time``; ``NOW()`` and ``TODAY()``
 read the clock passed in by the caller (datetime arithmetic adds days).
 """
 from __future__ import annotations
@@ -40,23 +43,27 @@ class FormulaRuntimeError(Exception):
     """Evaluation failed on a value (division by zero, wrong type)."""
 
 
-# name -> (min args, max args or None)
-FUNCTIONS: dict[str, tuple[int, int | None]] = {
-    # occurring in the corpus
-    "IF": (3, 3), "ISBLANK": (1, 1), "NOW": (0, 0), "ISNEW": (0, 0),
-    # common logical / null helpers
-    "AND": (1, None), "OR": (1, None), "NOT": (1, 1), "ISNULL": (1, 1), "BLANKVALUE": (2, 2),
-    "NULLVALUE": (2, 2), "CASE": (4, None), "ISCHANGED": (1, 1), "PRIORVALUE": (1, 1),
-    # text
-    "TEXT": (1, 1), "VALUE": (1, 1), "LEN": (1, 1), "UPPER": (1, 1), "LOWER": (1, 1), "TRIM": (1, 1),
-    "LEFT": (2, 2), "RIGHT": (2, 2), "MID": (3, 3), "CONTAINS": (2, 2), "BEGINS": (2, 2),
-    "SUBSTITUTE": (3, 3),
-    # numbers and dates
-    "ABS": (1, 1), "ROUND": (2, 2), "FLOOR": (1, 1), "CEILING": (1, 1), "MOD": (2, 2), "MAX": (1, None),
-    "MIN": (1, None), "TODAY": (0, 0), "DATEVALUE": (1, 1),
-}
-#: Functions whose value depends on the clock or the trigger context, not only on inputs.
-CONTEXT_FUNCTIONS = frozenset({"NOW", "TODAY", "ISNEW", "ISCHANGED", "PRIORVALUE"})
+@dataclass(frozen=True)
+class Function:
+    """One entry of the function library: arity and implementation.
+
+    ``impl`` receives the evaluated argument values, or the :class:`Call` itself
+    when ``lazy`` (it then evaluates only the arguments it needs: ``IF``, ``CASE``,
+    ``BLANKVALUE``, the context functions). ``even_args``: the argument count
+    must also be even (``CASE``: subject, value/result pairs, default).
+    """
+
+    name: str
+    min_args: int
+    max_args: int | None
+    impl: Callable[..., Any]
+    lazy: bool = False
+    context: bool = False
+    even_args: bool = False
+
+
+#: The closed function library, name -> :class:`Function`; filled by ``formula_functions``.
+FUNCTIONS: dict[str, Function] = {}
 
 _TOKEN = re.compile(r"""
     (?P<ws>\s+)
@@ -180,10 +187,12 @@ class _Parser:
                             break
                         if sep.text != ",":
                             raise FormulaError("formula_syntax", f"expected ',' or ')' at {sep.pos}")
-                lo, hi = FUNCTIONS[upper]
-                if len(args) < lo or (hi is not None and len(args) > hi):
+                fn = FUNCTIONS[upper]
+                lo, hi = fn.min_args, fn.max_args
+                even = " (an even number)" if fn.even_args else ""
+                if len(args) < lo or (hi is not None and len(args) > hi) or (fn.even_args and len(args) % 2):
                     raise FormulaError("formula_arity", f"{upper} takes {lo}..{hi if hi is not None else 'n'} "
-                                                        f"arguments, got {len(args)}")
+                                                        f"arguments{even}, got {len(args)}")
                 return ["call", upper, args]
             if upper in ("TRUE", "FALSE"):
                 return ["lit", "bool", upper.lower()]
@@ -349,9 +358,9 @@ def _compare(op: str, a: Any, b: Any) -> bool:
         a = _iso_date(a, like=b)
     elif isinstance(b, str) and isinstance(a, dt.date):
         b = _iso_date(b, like=a)
-    if not isinstance(a, (str, dt.date)):
+    if not isinstance(a, (str, dt.date, dt.time)):
         a = _num(a)
-    if not isinstance(b, (str, dt.date)):
+    if not isinstance(b, (str, dt.date, dt.time)):
         b = _num(b)
     try:
         return {"<": a < b, ">": a > b, "<=": a <= b, ">=": a >= b}[op]
@@ -432,94 +441,39 @@ def evaluate(ast: list, env: Env) -> Any:
     raise FormulaRuntimeError(f"unknown node {tag!r}")
 
 
-def _call(name: str, args: list, env: Env) -> Any:  # noqa: C901 - one table of small cases
-    ev = lambda i: evaluate(args[i], env)  # noqa: E731
-    if name == "IF":
-        return ev(1) if _bool(ev(0)) else ev(2)
-    if name == "AND":
-        return all(_bool(evaluate(a, env)) for a in args)
-    if name == "OR":
-        return any(_bool(evaluate(a, env)) for a in args)
-    if name == "NOT":
-        return not _bool(ev(0))
-    if name in ("ISBLANK", "ISNULL"):
-        return _blank(ev(0))
-    if name in ("BLANKVALUE", "NULLVALUE"):
-        v = ev(0)
-        return ev(1) if _blank(v) else v
-    if name == "CASE":
-        subject = ev(0)
-        pairs, default = args[1:-1], args[-1]
-        if len(pairs) % 2:
-            raise FormulaRuntimeError("CASE needs value/result pairs and a default")
-        for i in range(0, len(pairs), 2):
-            if _equal(subject, evaluate(pairs[i], env)):
-                return evaluate(pairs[i + 1], env)
-        return evaluate(default, env)
-    if name in ("NOW", "TODAY"):
-        if env.now is None:
-            raise FormulaRuntimeError(f"{name}() needs the run clock")
-        return env.now if name == "NOW" else env.now.date()
-    if name == "ISNEW":
-        return env.is_new
-    if name in ("ISCHANGED", "PRIORVALUE"):
-        # The Flow language's rules: on a record being created ISCHANGED is false and
-        # PRIORVALUE is the field's current value; on an update both compare with
-        # the value the triggering save replaced (``env.prior``).
-        if args[0][0] != "ref" or env.prior is None:
-            raise FormulaRuntimeError(f"{name} needs a field reference and the prior record")
-        if env.is_new:
-            return False if name == "ISCHANGED" else ev(0)
-        prior = env.prior(args[0][1])
-        return prior if name == "PRIORVALUE" else not _equal(prior, ev(0))
-    if name == "TEXT":
-        return _text(ev(0))
-    if name == "VALUE":
-        return _num(ev(0))
-    if name == "LEN":
-        return Decimal(len(_text(ev(0))))
-    if name == "UPPER":
-        return _text(ev(0)).upper()
-    if name == "LOWER":
-        return _text(ev(0)).lower()
-    if name == "TRIM":
-        return _text(ev(0)).strip()
-    if name == "LEFT":
-        return _text(ev(0))[: max(int(_num(ev(1))), 0)]
-    if name == "RIGHT":
-        n = max(int(_num(ev(1))), 0)
-        return _text(ev(0))[-n:] if n else ""
-    if name == "MID":
-        start, n = max(int(_num(ev(1))), 1) - 1, max(int(_num(ev(2))), 0)
-        return _text(ev(0))[start:start + n]
-    if name == "CONTAINS":
-        return _text(ev(1)) in _text(ev(0))
-    if name == "BEGINS":
-        return _text(ev(0)).startswith(_text(ev(1)))
-    if name == "SUBSTITUTE":
-        return _text(ev(0)).replace(_text(ev(1)), _text(ev(2)))
-    if name == "ABS":
-        return abs(_num(ev(0)))
-    if name == "ROUND":
-        return round(_num(ev(0)), int(_num(ev(1))))
-    if name == "FLOOR":
-        return Decimal(int(_num(ev(0)).to_integral_value(rounding="ROUND_FLOOR")))
-    if name == "CEILING":
-        return Decimal(int(_num(ev(0)).to_integral_value(rounding="ROUND_CEILING")))
-    if name == "MOD":
-        d = _num(ev(1))
-        if d == 0:
-            raise FormulaRuntimeError("division by zero")
-        return _num(ev(0)) % d
-    if name in ("MAX", "MIN"):
-        values = [_num(evaluate(a, env)) for a in args]
-        return max(values) if name == "MAX" else min(values)
-    if name == "DATEVALUE":
-        v = ev(0)
-        if isinstance(v, dt.datetime):
-            return v.date()
-        try:
-            return dt.date.fromisoformat(_text(v))
-        except ValueError:
-            raise FormulaRuntimeError(f"not a date: {v!r}") from None
-    raise FormulaRuntimeError(f"no evaluator for {name}")
+@dataclass(frozen=True)
+class Call:
+    """One function call being evaluated: what a lazy implementation reads."""
+
+    name: str
+    args: list
+    env: Env
+
+    def arg(self, i: int) -> Any:
+        """The value of argument ``i`` (0-based), evaluated now."""
+        return evaluate(self.args[i], self.env)
+
+
+def _call(name: str, args: list, env: Env) -> Any:
+    fn = FUNCTIONS.get(name)
+    if fn is None:
+        raise FormulaRuntimeError(f"no evaluator for {name}")
+    call = Call(name, args, env)
+    if fn.lazy:
+        return fn.impl(call)
+    values = [call.arg(i) for i in range(len(args))]
+    try:
+        return fn.impl(*values)
+    except ArithmeticError as exc:
+        raise FormulaRuntimeError(f"{name}: {type(exc).__name__}") from None
+
+
+def __getattr__(name: str) -> Any:
+    # CONTEXT_FUNCTIONS lives with the library (imported last, below).
+    if name == "CONTEXT_FUNCTIONS":
+        return formula_functions.CONTEXT_FUNCTIONS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# The library registers itself into FUNCTIONS; it imports this module's value rules.
+from . import formula_functions  # noqa: E402
