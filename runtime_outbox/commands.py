@@ -12,7 +12,7 @@ from typing import Callable
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.metadata import InvalidFieldValue, UnknownField, UnknownObject
-from nexusflow.records.services import record_create, record_lock, record_update
+from nexusflow.records.services import record_create, record_delete, record_lock_owner, record_update
 
 from .ports import inbound_link_create, inbound_link_find
 
@@ -42,10 +42,15 @@ def record_upsert_via_link(org: OrgScope, command: dict) -> tuple[str, dict]:
     Application block keys: ``object``, ``destination_slot_id``, ``field_map``
     (provider field -> local field); ``property_field`` / ``value_field`` (one
     changed property per event) and/or ``values_field`` (an object of changed
-    values per event); ``noop_kinds`` (canonical kinds recorded as ``noop``).
+    values per event); ``noop_kinds`` (canonical kinds recorded as ``noop``);
+    ``delete_kinds`` (canonical kinds that delete the linked record, see
+    :func:`_delete_via_link`). An upsert of a linked record that is deleted
+    is a ``noop`` (``record_deleted``): a removal is final.
     """
     app = command["application"]
     object_name = app["object"]
+    if command["canonical_kind"] in app.get("delete_kinds", ()):
+        return _delete_via_link(org, command, app)
     if command["canonical_kind"] in app.get("noop_kinds", ()):
         # The route declares kinds this handler records but does not apply (e.g. removals).
         return "noop", {"reason": "kind_not_applied", "kind": command["canonical_kind"]}
@@ -73,13 +78,36 @@ def record_upsert_via_link(org: OrgScope, command: dict) -> tuple[str, dict]:
             return "applied", {"record_key": record.record_key, "created": True, "changed": sorted(changes)}
         # The link names the local record, of whichever object (a record pushed from another object
         # that maps to the same destination slot, e.g. one converted since).
-        record = record_lock(org=org, object_name=link.source_object, record_key=link.source_record_key)
+        record = record_lock_owner(org=org, object_name=link.source_object, record_key=link.source_record_key)
+        if record.is_deleted:  # deleted here or by an earlier removal of the provider's record
+            return "noop", {"record_key": record.record_key, "reason": "record_deleted"}
         change = record_update(org=org, record=record, changes=changes)
     except (UnknownObject, UnknownField, InvalidFieldValue) as exc:
         return "rejected", {"reason": exc.code, "detail": str(exc)}
     if not change.changed_fields:
         return "noop", {"record_key": record.record_key, "reason": "no_change"}
     return "applied", {"record_key": record.record_key, "created": False, "changed": sorted(change.changed_fields)}
+
+
+def _delete_via_link(org: OrgScope, command: dict, app: dict) -> tuple[str, dict]:
+    """Apply the provider's removal of a linked record: the local record goes through the record deletion
+    lifecycle (seed 000 before-delete hooks, so delete-triggered Flows run as for a local delete).
+
+    ``noop`` when no link names the provider's record (``record_not_linked``) or the record is deleted
+    already (``record_deleted``). A hook's retryable refusal (owner work pending) raises, so the whole
+    application transaction rolls back and the execution retries.
+    """
+    link = inbound_link_find(org_id=org.org_id, owner_key=command["owner_key"],
+                             destination_slot_id=app["destination_slot_id"],
+                             remote_scope=command.get("remote_scope") or command["account_key"],
+                             remote_id=command["source_locator"])
+    if link is None:
+        return "noop", {"reason": "record_not_linked"}
+    record = record_lock_owner(org=org, object_name=link.source_object, record_key=link.source_record_key)
+    if record.is_deleted:
+        return "noop", {"record_key": record.record_key, "reason": "record_deleted"}
+    record_delete(org=org, record=record)
+    return "applied", {"record_key": record.record_key, "deleted": True}
 
 
 def run(org: OrgScope, command: dict) -> tuple[str, dict]:
