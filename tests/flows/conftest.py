@@ -122,22 +122,75 @@ MEMBER = {"object": "Member__c", "label": "Member", "key_prefix": "a1M",
                      {"name": "Team__c", "type": "lookup", "references": "Team__c", "max_length": 18}]}
 
 
-@pytest.fixture
-def team_view(settings, tmp_path):
-    """The project's objects plus ``Team__c`` (a member count) and ``Member__c`` (a lookup to its team)."""
+def _extended_view(settings, tmp_path, docs, users=()):
+    """Point the metadata view at the project's objects plus ``docs`` (object documents) and ``users``
+    (user documents) for one test; yield the folder."""
     from nexusflow.records.metadata import current_view
 
     objects = tmp_path / "metadata" / "objects"
     objects.mkdir(parents=True)
     for path in (Path(settings.BASE_DIR) / "metadata" / "objects").glob("*.object.json"):
         shutil.copy(path, objects / path.name)
-    for doc in (TEAM, MEMBER):
+    for doc in docs:
         (objects / f"{doc['object']}.object.json").write_text(json.dumps(doc), encoding="utf-8")
+    if users:
+        (tmp_path / "metadata" / "users").mkdir()
+        for doc in users:
+            (tmp_path / "metadata" / "users" / f"{doc['id']}.user.json").write_text(json.dumps(doc), encoding="utf-8")
     current_view.cache_clear()
     settings.NEXUS_METADATA_DIR = tmp_path / "metadata"
     current_view.cache_clear()
     yield tmp_path / "metadata"
     current_view.cache_clear()
+
+
+#: The account of the email relay pack an org is served by in delivery tests (``serve_email_relay``).
+EMAIL_RELAY_ACCOUNT = "email-relay"
+
+
+def serve_email_relay(org: OrgScope, base_url: str) -> None:
+    """Serve ``org`` by one email relay account at ``base_url`` (its contract delivers emailSimple's ``email``
+    family) and cut it over greenfield, as an operator configures it. The relay's key is the test billing
+    key (``NEXUS_TEST_BILLING_KEY``)."""
+    from connectors.serving.gates import service_configuration_apply
+    from connectors.serving.generations import credential_publish, pack_publish_file
+    from cutover.services import cutover_greenfield
+    from django.conf import settings
+    from tests.conftest import SECRET_VERSION
+
+    pack_publish_file(Path(settings.NEXUS_PACKS_DIR) / "email_relay" / "pack.json")
+    credential_publish(org=org, document={
+        "account_key": EMAIL_RELAY_ACCOUNT, "credential_ref": "api_key", "version": SECRET_VERSION,
+        "secret": {"from_env": "NEXUS_TEST_BILLING_KEY"}, "transport": {"scheme": "bearer"}})
+    service_configuration_apply(org=org, document={"accounts": [
+        {"account_key": EMAIL_RELAY_ACCOUNT, "pack": "email_relay", "push_contracts": ["email_relay.email"],
+         "base_url": base_url, "credentials": {"api_key": SECRET_VERSION}}]})
+    cutover_greenfield(org=org)
+
+
+@pytest.fixture
+def email_relay():
+    """A running email relay sandbox accepting the test billing key."""
+    from packs.email_relay.sandbox import EmailRelaySandbox
+    from tests.conftest import BILLING_KEY
+
+    with EmailRelaySandbox(BILLING_KEY) as relay:
+        yield relay
+
+
+@pytest.fixture
+def team_view(settings, tmp_path):
+    """The project's objects plus ``Team__c`` (a member count) and ``Member__c`` (a lookup to its team)."""
+    yield from _extended_view(settings, tmp_path, (TEAM, MEMBER))
+
+
+@pytest.fixture
+def mail_view(settings, tmp_path):
+    """The project's objects plus the corpus metadata's ``EmailMessage`` (the message object the email relay
+    pack's contract pushes) and the user Flows run as, with an email address."""
+    doc = json.loads((CORPUS_METADATA / "objects" / "EmailMessage.object.json").read_text(encoding="utf-8"))
+    user = json.loads((CORPUS_METADATA / "users" / "automated_process.user.json").read_text(encoding="utf-8"))
+    yield from _extended_view(settings, tmp_path, (doc,), (user,))
 
 
 #: The objects, fields and quick actions the corpus flows name (their metadata, which the corpus does not ship).

@@ -51,7 +51,7 @@ from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.models import Record
 from runtime_outbox.models import OutboundCommand
 
-from .conftest import CORPUS, run_until_idle, save_record, update_record
+from .conftest import CORPUS, run_until_idle, save_record, serve_email_relay, update_record
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ORG = OrgScope("corpus-org")
@@ -614,29 +614,6 @@ def _records_of(object_name: str) -> list[dict]:
         "record_key", "fields")]
 
 
-@pytest.fixture
-def email_relay(django_db_blocker):
-    """The corpus org served by an email relay account (the pack ``email_relay``: its contract delivers the
-    ``email`` family of ``emailSimple``), cut over greenfield, as an operator configures it."""
-    from connectors.serving.gates import service_configuration_apply
-    from connectors.serving.generations import credential_publish, pack_publish_file
-    from cutover.services import cutover_greenfield
-    from django.conf import settings
-    from packs.email_relay.sandbox import EmailRelaySandbox
-    from tests.conftest import BILLING_KEY, SECRET_VERSION
-
-    with EmailRelaySandbox(BILLING_KEY) as relay:
-        pack_publish_file(Path(settings.NEXUS_PACKS_DIR) / "email_relay" / "pack.json")
-        credential_publish(org=ORG, document={
-            "account_key": "email-relay", "credential_ref": "api_key", "version": SECRET_VERSION,
-            "secret": {"from_env": "NEXUS_TEST_BILLING_KEY"}, "transport": {"scheme": "bearer"}})
-        service_configuration_apply(org=ORG, document={"accounts": [
-            {"account_key": "email-relay", "pack": "email_relay", "push_contracts": ["email_relay.email"],
-             "base_url": relay.base_url, "credentials": {"api_key": SECRET_VERSION}}]})
-        cutover_greenfield(org=ORG)
-        yield relay
-
-
 def _adopter_match_clean_up_subflow(email_relay) -> None:
     """Inputs animalRecord (Animal__c) and adopterProfile (Adopter_Profile__c), at most one of them set.
 
@@ -650,6 +627,7 @@ def _adopter_match_clean_up_subflow(email_relay) -> None:
     """
     from tests.conftest import drain
 
+    serve_email_relay(ORG, email_relay.base_url)
     _deploy_autolaunched("Adopter_Match_clean_up_Subflow", PROFILE_DURABLE, {
         "adopterProfile": {"data_type": "SObject", "collection": False, "object": "Adopter_Profile__c"},
         "animalRecord": {"data_type": "SObject", "collection": False, "object": "Animal__c"}})
