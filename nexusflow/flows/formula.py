@@ -316,6 +316,9 @@ def _text(v: Any) -> str:
         return "true" if v else "false"
     if isinstance(v, Decimal):
         return format(v.normalize(), "f") if v == v.to_integral_value() else str(v)
+    if isinstance(v, dt.datetime):  # as TEXT() writes a date/time: UTC, "YYYY-MM-DD HH:MM:SSZ"
+        utc = v.astimezone(dt.timezone.utc) if v.tzinfo else v
+        return utc.strftime("%Y-%m-%d %H:%M:%SZ")
     return str(v)
 
 
@@ -337,8 +340,45 @@ def _add(a: Any, b: Any) -> Any:
     if a is None or b is None:
         return None
     if isinstance(a, (dt.datetime, dt.date)):
-        return a + dt.timedelta(days=float(_num(b)))
+        return _shift(a, _num(b))
+    if isinstance(b, (dt.datetime, dt.date)):
+        return _shift(b, _num(a))
     return _num(a) + _num(b)
+
+
+def _shift(when: dt.date, days: Decimal) -> dt.date:
+    """A date/time moved by ``days``: a date/time by the fraction too (``NOW() + 0.5`` is 12 hours later), a
+    date by whole days only, the fraction dropped toward zero (``DATE(2024,1,10) - 1.5`` is 2024-01-09)."""
+    if isinstance(when, dt.datetime):
+        return when + dt.timedelta(days=float(days))
+    return when + dt.timedelta(days=int(days))
+
+
+def _difference(a: Any, b: Any) -> Any:
+    """``a - b``: a date/time minus a number of days, or two dates (whole days) or two date/times (days with
+    their fraction) as the number of days between them."""
+    if isinstance(a, (dt.datetime, dt.date)) and isinstance(b, (dt.datetime, dt.date)):
+        if isinstance(a, dt.datetime) != isinstance(b, dt.datetime):
+            raise FormulaRuntimeError("a date and a date/time do not subtract; convert one with DATEVALUE or "
+                                      "DATETIMEVALUE")
+        if isinstance(a, dt.datetime):
+            seconds = Decimal(str((a - b).total_seconds()))
+            return seconds / Decimal(86400)
+        return Decimal((a - b).days)
+    if isinstance(a, (dt.datetime, dt.date)):
+        return _shift(a, -_num(b))
+    return _num(a) - _num(b)
+
+
+def _power(base: Any, exponent: Any) -> Decimal:
+    """``base ^ exponent``; a fractional exponent of a negative base has no real value (a runtime error)."""
+    base, exponent = _num(base), _num(exponent)
+    try:
+        if exponent == exponent.to_integral_value():
+            return base ** int(exponent)
+        return base ** exponent
+    except (InvalidOperation, ZeroDivisionError, OverflowError) as exc:
+        raise FormulaRuntimeError(f"{base} ^ {exponent} has no value") from exc
 
 
 def _compare(op: str, a: Any, b: Any) -> bool:
@@ -425,9 +465,7 @@ def evaluate(ast: list, env: Env) -> Any:
         if a is None or b is None:
             return None
         if op == "-":
-            if isinstance(a, (dt.datetime, dt.date)):
-                return a - dt.timedelta(days=float(_num(b)))
-            return _num(a) - _num(b)
+            return _difference(a, b)
         if op == "*":
             return _num(a) * _num(b)
         if op == "/":
@@ -435,7 +473,7 @@ def evaluate(ast: list, env: Env) -> Any:
                 raise FormulaRuntimeError("division by zero")
             return _num(a) / _num(b)
         if op == "^":
-            return _num(a) ** int(_num(b))
+            return _power(a, b)
     if tag == "call":
         return _call(ast[1], ast[2], env)
     raise FormulaRuntimeError(f"unknown node {tag!r}")

@@ -116,6 +116,10 @@ TEXT = [
 ]
 
 MATH = [
+    ("2 ^ 10", Decimal(1024)),
+    ("2 ^ -1", Decimal("0.5")),
+    ("2 ^ 0.5", _approx("1.414213562373095")),
+    ("2 ^ 3 ^ 2", Decimal(512)),  # right-associative
     ("ROUND(1.5, 0)", Decimal(2)),
     ("ROUND(1.2345, 0)", Decimal(1)),
     ("ROUND(-1.5, 0)", Decimal(-2)),
@@ -196,6 +200,15 @@ DATES = [
     ("NOW()", NOW),
     ("TIMENOW()", dt.time(9, 15, 30)),
     ("DATE(2020, 2, 28) + 1", dt.date(2020, 2, 29)),
+    # Date and date/time arithmetic (the operators' documented behaviour): days between two dates, the fraction
+    # of a day between two date/times, a date moved by whole days only.
+    ("DATE(2024, 3, 1) - DATE(2024, 1, 1)", Decimal(60)),
+    ("DATETIMEVALUE('2024-01-02 00:00:00') - DATETIMEVALUE('2024-01-01 12:00:00')", Decimal("0.5")),
+    ("DATETIMEVALUE('2024-01-01 12:00:00') + 0.25", dt.datetime(2024, 1, 1, 18, 0, tzinfo=UTC)),
+    ("DATE(2024, 1, 10) - 1.5", dt.date(2024, 1, 9)),
+    ("DATE(2024, 1, 10) + -0.5", dt.date(2024, 1, 10)),
+    ("1 + DATE(2024, 1, 10)", dt.date(2024, 1, 11)),
+    ("'at ' & DATETIMEVALUE('2024-01-02 03:04:05')", "at 2024-01-02 03:04:05Z"),
     ("YEAR({!$Record.Missing})", None),
     ("ADDMONTHS({!$Record.Empty}, 1)", None),
 ]
@@ -310,6 +323,8 @@ def test_arity_and_unknown_functions_are_refused_at_parse_time(expr, code, detai
     ("FROMUNIXTIME(999999999999999999)", "FROMUNIXTIME"),
     ("EXP(10000000)", "EXP: Overflow"),
     ("ROUND(1, 100)", "ROUND: InvalidOperation"),
+    ("(-8) ^ 0.5", "-8 ^ 0.5 has no value"),
+    ("DATE(2024, 1, 2) - DATETIMEVALUE('2024-01-01 00:00:00')", "a date and a date/time do not subtract"),
 ], ids=lambda v: v if isinstance(v, str) and "(" in v else None)
 def test_bad_values_are_runtime_errors_naming_the_problem(expr, message):
     with pytest.raises(FormulaRuntimeError) as exc:

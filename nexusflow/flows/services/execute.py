@@ -151,18 +151,33 @@ class _CurrentReader:
                   .values_list("fields", flat=True).first())
         return None if fields is None else {"Id": key, "__object": target, **(fields or {})}
 
+    #: Rows read per page of a filtered scan.
+    PAGE = 500
+
     def query(self, object_name: str, predicate, *, limit: int) -> list[dict[str, Any]]:
+        """The first ``limit`` live records of ``object_name`` (record key order) that ``predicate`` keeps.
+
+        Every live record is considered: the scan reads pages of :attr:`PAGE` rows in key order until it
+        has ``limit`` matches or the object has no more rows (a match past any fixed window is never
+        missed; the caller's fan-out bound is ``limit``).
+        """
         from nexusflow.records.models import Record
 
-        out = []
-        for key, fields in (Record.objects.filter(org_id=self.org_id, object_name=object_name, is_deleted=False)
-                            .order_by("record_key").values_list("record_key", "fields")[: 5 * limit]):
-            rec = {"Id": key, "__object": object_name, **(fields or {})}
-            if predicate(rec):
-                out.append(rec)
-                if len(out) >= limit:
-                    break
-        return out
+        out: list[dict[str, Any]] = []
+        rows = Record.objects.filter(org_id=self.org_id, object_name=object_name, is_deleted=False)
+        after = None
+        while True:
+            page = list((rows if after is None else rows.filter(record_key__gt=after))
+                        .order_by("record_key").values_list("record_key", "fields")[: self.PAGE])
+            for key, fields in page:
+                rec = {"Id": key, "__object": object_name, **(fields or {})}
+                if predicate(rec):
+                    out.append(rec)
+                    if len(out) >= limit:
+                        return out
+            if len(page) < self.PAGE:
+                return out
+            after = page[-1][0]
 
 
 def _graph_of(plan: FlowExecutionPlan, step_def: dict[str, Any]) -> tuple[list[dict[str, Any]], str | None]:
