@@ -144,13 +144,13 @@ def _extended_view(settings, tmp_path, docs, users=()):
     current_view.cache_clear()
 
 
-#: The account of the email relay pack an org is served by in delivery tests (``serve_email_relay``).
-EMAIL_RELAY_ACCOUNT = "email-relay"
+#: The account of the message relay pack an org is served by in delivery tests (``serve_message_relay``).
+RELAY_ACCOUNT = "message-relay"
 
 
-def serve_email_relay(org: OrgScope, base_url: str) -> None:
-    """Serve ``org`` by one email relay account at ``base_url`` (its contract delivers emailSimple's ``email``
-    family) and cut it over greenfield, as an operator configures it. The relay's key is the test billing
+def serve_message_relay(org: OrgScope, base_url: str) -> None:
+    """Serve ``org`` by one message relay account at ``base_url`` (its contracts deliver emailSimple's ``email``
+    and customNotificationAction's ``notification`` families) and cut it over greenfield, as an operator configures it. The relay's key is the test billing
     key (``NEXUS_TEST_BILLING_KEY``)."""
     from connectors.serving.gates import service_configuration_apply
     from connectors.serving.generations import credential_publish, pack_publish_file
@@ -158,23 +158,23 @@ def serve_email_relay(org: OrgScope, base_url: str) -> None:
     from django.conf import settings
     from tests.conftest import SECRET_VERSION
 
-    pack_publish_file(Path(settings.NEXUS_PACKS_DIR) / "email_relay" / "pack.json")
+    pack_publish_file(Path(settings.NEXUS_PACKS_DIR) / "message_relay" / "pack.json")
     credential_publish(org=org, document={
-        "account_key": EMAIL_RELAY_ACCOUNT, "credential_ref": "api_key", "version": SECRET_VERSION,
+        "account_key": RELAY_ACCOUNT, "credential_ref": "api_key", "version": SECRET_VERSION,
         "secret": {"from_env": "NEXUS_TEST_BILLING_KEY"}, "transport": {"scheme": "bearer"}})
     service_configuration_apply(org=org, document={"accounts": [
-        {"account_key": EMAIL_RELAY_ACCOUNT, "pack": "email_relay", "push_contracts": ["email_relay.email"],
+        {"account_key": RELAY_ACCOUNT, "pack": "message_relay", "push_contracts": ["message_relay.email", "message_relay.notification"],
          "base_url": base_url, "credentials": {"api_key": SECRET_VERSION}}]})
     cutover_greenfield(org=org)
 
 
 @pytest.fixture
-def email_relay():
-    """A running email relay sandbox accepting the test billing key."""
-    from packs.email_relay.sandbox import EmailRelaySandbox
+def message_relay():
+    """A running message relay sandbox accepting the test billing key."""
+    from packs.message_relay.sandbox import MessageRelaySandbox
     from tests.conftest import BILLING_KEY
 
-    with EmailRelaySandbox(BILLING_KEY) as relay:
+    with MessageRelaySandbox(BILLING_KEY) as relay:
         yield relay
 
 
@@ -185,12 +185,13 @@ def team_view(settings, tmp_path):
 
 
 @pytest.fixture
-def mail_view(settings, tmp_path):
-    """The project's objects plus the corpus metadata's ``EmailMessage`` (the message object the email relay
-    pack's contract pushes) and the user Flows run as, with an email address."""
-    doc = json.loads((CORPUS_METADATA / "objects" / "EmailMessage.object.json").read_text(encoding="utf-8"))
+def delivery_view(settings, tmp_path):
+    """The project's objects plus the corpus metadata's ``EmailMessage`` and ``FlowNotification`` (the message
+    objects the message relay pack's contracts push) and the user Flows run as, with an email address."""
+    docs = [json.loads((CORPUS_METADATA / "objects" / f"{name}.object.json").read_text(encoding="utf-8"))
+            for name in ("EmailMessage", "FlowNotification")]
     user = json.loads((CORPUS_METADATA / "users" / "automated_process.user.json").read_text(encoding="utf-8"))
-    yield from _extended_view(settings, tmp_path, (doc,), (user,))
+    yield from _extended_view(settings, tmp_path, docs, (user,))
 
 
 #: The objects, fields and quick actions the corpus flows name (their metadata, which the corpus does not ship).

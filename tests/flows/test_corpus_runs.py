@@ -51,7 +51,7 @@ from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.models import Record
 from runtime_outbox.models import OutboundCommand
 
-from .conftest import CORPUS, run_until_idle, save_record, serve_email_relay, update_record
+from .conftest import CORPUS, run_until_idle, save_record, serve_message_relay, update_record
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ORG = OrgScope("corpus-org")
@@ -614,7 +614,7 @@ def _records_of(object_name: str) -> list[dict]:
         "record_key", "fields")]
 
 
-def _adopter_match_clean_up_subflow(email_relay) -> None:
+def _adopter_match_clean_up_subflow(message_relay) -> None:
     """Inputs animalRecord (Animal__c) and adopterProfile (Adopter_Profile__c), at most one of them set.
 
     - adopterProfile only: its Adoption_Match__c rows with Successful_Adoption__c false are deleted; its
@@ -627,7 +627,7 @@ def _adopter_match_clean_up_subflow(email_relay) -> None:
     """
     from tests.conftest import drain
 
-    serve_email_relay(ORG, email_relay.base_url)
+    serve_message_relay(ORG, message_relay.base_url)
     _deploy_autolaunched("Adopter_Match_clean_up_Subflow", PROFILE_DURABLE, {
         "adopterProfile": {"data_type": "SObject", "collection": False, "object": "Adopter_Profile__c"},
         "animalRecord": {"data_type": "SObject", "collection": False, "object": "Animal__c"}})
@@ -652,7 +652,7 @@ def _adopter_match_clean_up_subflow(email_relay) -> None:
     run = flow_run_start(org=ORG, flow_api_name="Adopter_Match_clean_up_Subflow", inputs=neither,
                          request_id="neither").run
     assert run_until_idle() > 0 and FlowRun.objects.get(pk=run.pk).state == t.RUN_WAITING  # on the email's result
-    assert not email_relay.state()["emails"]  # the egress worker sends it
+    assert not message_relay.state()["emails"]  # the egress worker sends it
     drain()
     run.refresh_from_db()
     assert (run.state, run.reason_code) == (t.RUN_SUCCEEDED, "")
@@ -665,10 +665,10 @@ def _adopter_match_clean_up_subflow(email_relay) -> None:
     assert "Expected inputs are Null!" in message["TextBody"] and "Error:  at" in message["TextBody"]
     command = OutboundCommand.objects.get(org_id=ORG.org_id, origin_flow_run_id=run.pk)
     assert (command.source_object, command.source_record_key) == ("EmailMessage", message["Id"])
-    [email] = email_relay.state()["emails"]
+    [email] = message_relay.state()["emails"]
     assert (email["to"], email["subject"], email["text"], email["send_requests"]) == (
         ["shelter-admin@example.org"], message["Subject"], message["TextBody"], 1)
-    assert drain() == 0 and run_until_idle() == 0 and len(email_relay.state()["emails"]) == 1
+    assert drain() == 0 and run_until_idle() == 0 and len(message_relay.state()["emails"]) == 1
 
 
 def _dml_statement_in_a_loop_fixed() -> None:

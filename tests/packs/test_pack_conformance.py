@@ -224,9 +224,12 @@ _COMMON_WORDS = {"UPDATE", "DELETE", "CREATE", "Authorization", "Bearer", "GET",
                  # the email relay's body keys are English words L0 uses for its own purposes (a formula's
                  # text, a range's from/to, a record's subject line in docs and checks).
                  "text", "to", "from", "subject",
-                 # the sealed catalog's delivery effect family of emailSimple; the billing pack maps a field
-                 # of the same name.
-                 "email"}
+                 # the sealed catalog's delivery effect families (emailSimple, customNotificationAction),
+                 # which a pack's "delivers" block names; the billing pack maps a field named email too.
+                 "email", "notification",
+                 # the message relay's notification body keys; L0 uses the same words structurally (a plan
+                 # node's type, an edge's target, a request body).
+                 "type", "target", "body", "title", "recipients"}
 
 
 def _strings(value: Any, key: str = "") -> set[str]:

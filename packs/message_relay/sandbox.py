@@ -1,4 +1,5 @@
-"""Loopback email relay sandbox: a Resend-like ``/emails`` API for demos and tests.
+"""Loopback message relay sandbox: a Resend-like ``/emails`` API and an in-app ``/notifications`` API of one
+messaging provider, for demos and tests.
 
 Endpoints (JSON in and out; every one needs ``Authorization: Bearer <api key>``, else 401):
 
@@ -6,24 +7,29 @@ Endpoints (JSON in and out; every one needs ``Authorization: Bearer <api key>``,
   ``{"id": "<uuid>"}``; ``from`` defaults to the sandbox's sender; ``to`` holds 1-50 addresses; a missing
   ``to``/``subject``, a body with neither ``text`` nor ``html``, an address without ``@`` or an unknown
   parameter is a 422 ``validation_error``;
-- ``GET /emails/{id}`` -> 200 ``{"object": "email", "id", "to": [...], "from", "subject", "text", "html",
-  "created_at", "last_event": "delivered"}`` or 404 ``not_found``;
-- ``PATCH /emails/{id}`` -> 200 ``{"object": "email", "id"}`` (nothing to change on a sent email) or 404.
+- ``POST /notifications`` ``{"recipients": "u1,u2" | [...], "title", "body", "type"?, "target"?}`` -> 200
+  ``{"id": "<uuid>"}``; ``recipients`` holds 1-500 user ids; a missing ``recipients``/``title``/``body`` or
+  an unknown parameter is a 422 ``validation_error``;
+- ``GET /emails/{id}``, ``GET /notifications/{id}`` -> 200 the message (``"object": "email"`` or
+  ``"notification"``, its fields, ``created_at``, ``last_event: "delivered"``) or 404 ``not_found``;
+- ``PATCH /emails/{id}``, ``PATCH /notifications/{id}`` -> 200 ``{"object", "id"}`` (nothing to change on a
+  sent message) or 404.
 
 Errors are shaped ``{"statusCode", "name", "message"}``.
 
-``Idempotency-Key`` (1-256 characters) on ``POST /emails``: the first executed result is replayed for a
-later request with the same key and body; the same key with another body is a 409
+``Idempotency-Key`` (1-256 characters) on a POST: the first executed result is replayed for a later
+request with the same key, path and body; the same key with another body is a 409
 ``invalid_idempotent_request``, a key still executing a 409 ``concurrent_idempotent_requests``. Requests
 rejected before execution (401, 422, injected ``fail_before_commit``) store nothing.
 
 Test controls (no auth): ``GET /_sandbox/state`` -> ``{"emails": [{"id", "to", "from", "subject", "text",
+"send_requests"}], "notifications": [{"id", "recipients", "title", "body", "type", "target",
 "send_requests"}], "requests": n}`` (oldest first; ``send_requests`` counts the POSTs that created or
-replayed the email); ``POST /_sandbox/reset``; ``GET|POST /_sandbox/faults`` with the write faults of
+replayed the message); ``POST /_sandbox/reset``; ``GET|POST /_sandbox/faults`` with the write faults of
 :func:`packs.sandbox_kit.write_faults` (``drop_response_after_commit``, ``fail_before_commit``,
-``delay_seconds``) applied to ``POST /emails``.
+``delay_seconds``) applied to both POSTs.
 
-Run as a process: ``python -m packs.email_relay.sandbox --port 0 --api-key KEY --port-file PATH``.
+Run as a process: ``python -m packs.message_relay.sandbox --port 0 --api-key KEY --port-file PATH``.
 """
 from __future__ import annotations
 
@@ -38,11 +44,15 @@ from urllib.parse import SplitResult
 
 from packs.sandbox_kit import LoopbackSandbox, Rejected, SandboxHandler, SandboxState, serve_process, write_faults
 
-SEND_PARAMS = frozenset({"to", "subject", "text", "html", "from"})
+EMAIL_PARAMS = frozenset({"to", "subject", "text", "html", "from"})
+NOTIFICATION_PARAMS = frozenset({"recipients", "title", "body", "type", "target"})
 DEFAULT_SENDER = "Flows <flows@relay.invalid>"
 MAX_RECIPIENTS = 50
+MAX_NOTIFICATION_RECIPIENTS = 500
 MAX_IDEMPOTENCY_KEY_LENGTH = 256
-_EMAIL_PATH = re.compile(r"/emails/([^/]+)")
+#: Collection path -> the ``object`` of its messages.
+KINDS = {"emails": "email", "notifications": "notification"}
+_MESSAGE_PATH = re.compile(r"/(emails|notifications)/([^/]+)")
 
 
 def _error(status: int, name: str, message: str, headers: dict[str, str] | None = None) -> Rejected:
@@ -52,34 +62,38 @@ def _error(status: int, name: str, message: str, headers: dict[str, str] | None 
 
 @dataclass(slots=True)
 class _Key:
-    body: dict[str, Any]
-    email_id: str | None = None  # None while the first request executes
+    request: tuple[str, dict[str, Any]]  # (collection, body)
+    message_id: str | None = None  # None while the first request executes
 
 
 @dataclass(slots=True)
 class _State(SandboxState):
-    emails: dict[str, dict[str, Any]] = field(default_factory=dict)
+    messages: dict[str, dict[str, Any]] = field(default_factory=dict)
     sends: dict[str, int] = field(default_factory=dict)
     keys: dict[str, _Key] = field(default_factory=dict)
 
     def forget(self) -> None:
-        self.emails.clear()
+        self.messages.clear()
         self.sends.clear()
         self.keys.clear()
 
     def snapshot(self) -> dict[str, Any]:
+        shown = {"email": ("to", "from", "subject", "text"),
+                 "notification": ("recipients", "title", "body", "type", "target")}
         with self.lock:
-            return {"emails": [{"id": e["id"], "to": list(e["to"]), "from": e["from"], "subject": e["subject"],
-                                "text": e["text"], "send_requests": self.sends[e["id"]]}
-                               for e in self.emails.values()],
-                    "requests": self.requests.count}
+            out: dict[str, Any] = {"emails": [], "notifications": []}
+            for m in self.messages.values():
+                row = {"id": m["id"], **{k: m[k] for k in shown[m["object"]]}, "send_requests": self.sends[m["id"]]}
+                out[m["object"] + "s"].append(row)
+            out["requests"] = self.requests.count
+            return out
 
 
-class EmailRelaySandbox(LoopbackSandbox):
-    """An in-process email relay on ``127.0.0.1`` (``with EmailRelaySandbox("re_test") as relay: ...``)."""
+class MessageRelaySandbox(LoopbackSandbox):
+    """An in-process message relay on ``127.0.0.1`` (``with MessageRelaySandbox("re_test") as relay: ...``)."""
 
     handler_class: type[BaseHTTPRequestHandler]
-    thread_name = "email-relay-sandbox"
+    thread_name = "message-relay-sandbox"
 
     def __init__(self, api_key: str, *, port: int = 0):
         """Raises ValueError: an empty API key or a port outside 0-65535."""
@@ -91,16 +105,18 @@ class EmailRelaySandbox(LoopbackSandbox):
 class _Handler(SandboxHandler):
     def serve(self, method: str, url: SplitResult, body: bytes) -> None:
         self._authenticate()
-        match = _EMAIL_PATH.fullmatch(url.path)
+        match = _MESSAGE_PATH.fullmatch(url.path)
         if method == "POST" and url.path == "/emails":
-            self._send(self._message(body))
+            self._send("emails", self._email(body))
+        elif method == "POST" and url.path == "/notifications":
+            self._send("notifications", self._notification(body))
         elif method in ("GET", "PATCH") and match:
             with self.server.state.lock:
-                email = self.server.state.emails.get(match.group(1))
-                found = dict(email) if email is not None else None
+                message = self.server.state.messages.get(match.group(2))
+                found = dict(message) if message is not None and message["object"] == KINDS[match.group(1)] else None
             if found is None:
-                raise _error(404, "not_found", "Email not found")
-            self.send_json(200, found if method == "GET" else {"object": "email", "id": found["id"]})
+                raise _error(404, "not_found", f"{KINDS[match.group(1)].capitalize()} not found")
+            self.send_json(200, found if method == "GET" else {"object": found["object"], "id": found["id"]})
         else:
             raise _error(404, "not_found", f"Unrecognized route {method} {url.path}")
 
@@ -119,15 +135,24 @@ class _Handler(SandboxHandler):
                 key.encode("utf-8", "surrogateescape"), self.server.state.secret.encode("utf-8")):
             raise _error(401, "missing_api_key" if not key else "validation_error", "API key is invalid")
 
-    def _message(self, body: bytes) -> dict[str, Any]:
+    def _body(self, body: bytes, params: frozenset[str]) -> dict[str, Any]:
         raw = self.parse_json(body)
         if not isinstance(raw, dict):
             raise _error(422, "validation_error", "The body must be a JSON object.")
-        unknown = sorted(set(raw) - SEND_PARAMS)
+        unknown = sorted(set(raw) - params)
         if unknown:
             raise _error(422, "validation_error", f"Unknown parameter `{unknown[0]}`.")
-        to = raw.get("to")
-        recipients = [a.strip() for a in (to.split(",") if isinstance(to, str) else to or []) if str(a).strip()]
+        return raw
+
+    @staticmethod
+    def _list(value: Any) -> list:
+        items = value.split(",") if isinstance(value, str) else value if isinstance(value, list) else []
+        return [item.strip() if isinstance(item, str) else item for item in items
+                if not isinstance(item, str) or item.strip()]
+
+    def _email(self, body: bytes) -> dict[str, Any]:
+        raw = self._body(body, EMAIL_PARAMS)
+        recipients = self._list(raw.get("to"))
         if not recipients or len(recipients) > MAX_RECIPIENTS or not all(
                 isinstance(a, str) and "@" in a for a in recipients):
             raise _error(422, "validation_error", f"`to` holds 1-{MAX_RECIPIENTS} email addresses.")
@@ -138,7 +163,19 @@ class _Handler(SandboxHandler):
         return {"to": recipients, "from": raw.get("from") or DEFAULT_SENDER, "subject": raw["subject"],
                 "text": raw.get("text"), "html": raw.get("html")}
 
-    def _send(self, message: dict[str, Any]) -> None:
+    def _notification(self, body: bytes) -> dict[str, Any]:
+        raw = self._body(body, NOTIFICATION_PARAMS)
+        recipients = self._list(raw.get("recipients"))
+        if not recipients or len(recipients) > MAX_NOTIFICATION_RECIPIENTS or not all(
+                isinstance(r, str) for r in recipients):
+            raise _error(422, "validation_error", f"`recipients` holds 1-{MAX_NOTIFICATION_RECIPIENTS} user ids.")
+        for name in ("title", "body"):
+            if not isinstance(raw.get(name), str) or not raw[name]:
+                raise _error(422, "validation_error", f"Missing `{name}` field.")
+        return {"recipients": recipients, "title": raw["title"], "body": raw["body"], "type": raw.get("type"),
+                "target": raw.get("target")}
+
+    def _send(self, collection: str, message: dict[str, Any]) -> None:
         state = self.server.state
         key = self.headers.get("Idempotency-Key")
         if key is not None and not 1 <= len(key) <= MAX_IDEMPOTENCY_KEY_LENGTH:
@@ -151,49 +188,50 @@ class _Handler(SandboxHandler):
                              state.faults.status_headers("fail_before_commit"))
             entry = state.keys.get(key) if key is not None else None
             if entry is not None:
-                if entry.body != message:
+                if entry.request != (collection, message):
                     raise _error(409, "invalid_idempotent_request",
                                  "Same idempotency key used with a different request payload.")
-                if entry.email_id is None:
+                if entry.message_id is None:
                     raise _error(409, "concurrent_idempotent_requests",
                                  "Same idempotency key used while the original request is still in progress.")
-                state.sends[entry.email_id] += 1
+                state.sends[entry.message_id] += 1
                 drop = state.faults.take("drop_response_after_commit")
-                replay = entry.email_id
+                replay = entry.message_id
             else:
                 replay = None
                 if key is not None:
-                    state.keys[key] = _Key(message)
+                    state.keys[key] = _Key((collection, message))
         if replay is not None:
             self.drop_response() if drop else self.send_json(200, {"id": replay})
             return
         try:
             state.faults.wait("delay_seconds")
             with state.lock:
-                email_id = str(uuid.uuid4())
-                state.emails[email_id] = {"object": "email", "id": email_id, **message,
-                                          "created_at": dt.datetime.now(dt.timezone.utc).isoformat(),
-                                          "last_event": "delivered"}
-                state.sends[email_id] = 1
+                message_id = str(uuid.uuid4())
+                state.messages[message_id] = {"object": KINDS[collection], "id": message_id, **message,
+                                              "created_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+                                              "last_event": "delivered"}
+                state.sends[message_id] = 1
                 if key is not None and key in state.keys:
-                    state.keys[key].email_id = email_id
+                    state.keys[key].message_id = message_id
                 drop = state.faults.take("drop_response_after_commit")
         except BaseException:
             if key is not None:
                 with state.lock:
-                    if key in state.keys and state.keys[key].email_id is None:
+                    if key in state.keys and state.keys[key].message_id is None:
                         del state.keys[key]
             raise
-        self.drop_response() if drop else self.send_json(200, {"id": email_id})
+        self.drop_response() if drop else self.send_json(200, {"id": message_id})
 
 
-EmailRelaySandbox.handler_class = _Handler
+MessageRelaySandbox.handler_class = _Handler
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve the sandbox as a process until SIGTERM/SIGINT; return the exit status."""
-    return serve_process(argv, description="Loopback email relay sandbox.", secret_flag="--api-key",
-                         secret_help="the bearer key clients must present", build=EmailRelaySandbox)
+    return serve_process(argv, description="Loopback message relay sandbox (emails, notifications).",
+                         secret_flag="--api-key", secret_help="the bearer key clients must present",
+                         build=MessageRelaySandbox)
 
 
 if __name__ == "__main__":
