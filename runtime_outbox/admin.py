@@ -45,3 +45,10 @@ class IntentResultReceiptAdmin(ReadOnlyAdmin):
 class ReplayRecordWriteAdmin(ReadOnlyAdmin):
     list_display = ("id", "org_id", "object_name", "record_key", "record_version", "command_id", "created_at")
     search_fields = ("record_key", "command_id")
+
+
+@admin.register(models.RuntimePolicyGeneration)
+class RuntimePolicyGenerationAdmin(ReadOnlyAdmin):
+    list_display = ("id", "scope", "generation", "policy_version", "authored_by", "reason", "created_at")
+    list_filter = ("scope",)
+    search_fields = ("digest", "policy_version")

@@ -169,3 +169,29 @@ class ReplayRecordWrite(GuardedModel):
             models.UniqueConstraint(fields=["org_id", "object_name", "record_key", "record_version"],
                                     name="replay_record_write_uniq"),
         ]
+
+
+class RuntimePolicyGeneration(GuardedModel):
+    """One immutable generation of the runtime policy of a scope (seed 004 section 16.3): the admission,
+    pressure, ingress-shedding and retry bounds in force, authored by ``manage.py runtime_policy publish``.
+
+    ``scope`` is ``*`` (the environment: every org) or one org id; an org's policy is the environment's
+    latest generation overlaid by its own (:func:`runtime_outbox.policy.runtime_policy`). ``document`` is
+    the canonical validated document, ``digest`` its digest; ``policy_version`` (``runtime.policy.<scope
+    generation>``-style, see :func:`runtime_outbox.policy.policy_version_of`) names it in diagnostics.
+    """
+
+    scope = IdentityField(max_length=64)
+    generation = models.PositiveIntegerField()
+    document = models.JSONField()
+    digest = IdentityField(**DIGEST)
+    policy_version = IdentityField(max_length=80)
+    authored_by = models.CharField(max_length=120)
+    reason = models.CharField(max_length=240)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["scope", "generation"], name="runtime_policy_generation_uniq"),
+            models.UniqueConstraint(fields=["scope", "digest"], name="runtime_policy_digest_uniq"),
+        ]

@@ -97,6 +97,17 @@ def _secrets(monkeypatch):
     monkeypatch.setenv("NEXUS_TEST_HUBSPOT_TOKEN", HUBSPOT_TOKEN)
 
 
+@pytest.fixture(autouse=True)
+def _runtime_policy_cache():
+    """Each test reads the runtime policy its own database holds (a flushed database drops the generations
+    an earlier test published; the process cache must not keep them)."""
+    from runtime_outbox.policy import policy_cache_clear
+
+    policy_cache_clear()
+    yield
+    policy_cache_clear()
+
+
 @pytest.fixture
 def billing_sandbox():
     from packs.billing.sandbox import BillingSandbox

@@ -95,6 +95,7 @@ ADMIN_MODELS = (
     "connectors.v1maintenancebarrier",
     "runtime_outbox.outboundcommand", "runtime_outbox.applicationresult", "runtime_outbox.outboxmessage",
     "runtime_outbox.intentresultreceipt", "runtime_outbox.replayrecordwrite", "runtime_outbox.inboxacceptance",
+    "runtime_outbox.runtimepolicygeneration",
     "cutover.cutoverdecision", "cutover.cutoverevidence", "cutover.cutoverreadinesscertificate",
 )
 

@@ -7,7 +7,9 @@
   exact delivery before the upgrade (a tombstone); nothing runs again;
 - 401 ``signature_invalid`` / ``signature_stale`` / ``signature_missing``;
 - 400 ``malformed_body``; 404 ``unknown_ingress``; 409 ``admission_conflict``;
-- 503 ``not_serving`` / ``credential_unavailable`` / ``temporarily_unavailable`` with ``Retry-After``.
+- 503 ``not_serving`` / ``credential_unavailable`` / ``temporarily_unavailable`` with ``Retry-After``;
+- 503 ``ingress_shed`` with ``Retry-After``: the runtime policy sheds load now (the database is at the
+  policy's ``ingress`` bounds); nothing was read or admitted, the provider redelivers later.
 
 Nothing is acknowledged before its Receipt commits. The provider is not a
 user: the view is open to anonymous callers (``AllowAny``, no authenticator)
@@ -28,13 +30,22 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from nexusflow.api_errors import error_response
-from nexusflow.kernel.errors import InvalidIdentity
+from nexusflow.kernel.errors import InvalidIdentity, NexusError
+from nexusflow.kernel.pressure import ingress_admission
+from runtime_outbox.policy import runtime_policy
 
 from connectors.inbound.admission import MalformedBody, admit
 from connectors.selectors import database_answers
 from connectors.serving.gates import CredentialUnavailable, NotServing
 
 log = logging.getLogger(__name__)
+
+
+class IngressShed(NexusError):
+    """The runtime policy sheds ingress now (seed 004 section 16.2): retry after ``Retry-After`` seconds."""
+
+    code = "ingress_shed"
+    http_status = 503
 
 
 class RawBodyParser(BaseParser):
@@ -68,9 +79,15 @@ class IngressAdmitApi(APIView):
                    404: OpenApiResponse(description="unknown_ingress"),
                    409: OpenApiResponse(description="admission_conflict"),
                    503: OpenApiResponse(description="not_serving | credential_unavailable | temporarily_unavailable"
-                                                    " (Retry-After)")},
+                                                    " | ingress_shed (Retry-After)")},
     )
     def post(self, request, account_key: str, channel: str):
+        policy = runtime_policy()
+        shed_for = ingress_admission(policy.ingress.as_pressure(policy.pressure.read_seconds))
+        if shed_for:
+            # Before any read or write: the delivery is refused whole and redelivered by the provider later.
+            raise IngressShed(f"the service is shedding load ({shed_for}); retry later",
+                              retry_after=policy.ingress.retry_after_seconds)
         body = request.body
         try:
             result = admit(account_key=account_key, channel=channel, method=request.method,

@@ -7,10 +7,14 @@ a code change:
 - ``NEXUS_FLOW_LEASE_SECONDS`` (default 60): step lease length;
 - ``NEXUS_FLOW_RETRY_BASE_SECONDS`` (default 2): first retry / recovery floor;
 - ``NEXUS_FLOW_MAX_ATTEMPTS`` (default 5): attempts before a terminal failure;
+
+the last two are the built-in defaults of the versioned runtime policy (:mod:`runtime_outbox.policy`),
+whose published generations (environment, org, plan) win over them;
 - ``NEXUS_FLOW_DEPENDENCY_DEADLINE_SECONDS`` (default 7 days).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 
 from nexusflow.kernel.digests import digest_v2
@@ -39,8 +43,19 @@ def lease_seconds() -> float:
     return setting_number("NEXUS_FLOW_LEASE_SECONDS", 60.0)
 
 
-def retry_base_seconds() -> float:
-    return setting_number("NEXUS_FLOW_RETRY_BASE_SECONDS", 2.0)
+def retry_base_seconds(org_id: str | None = None) -> float:
+    """The first retry's delay of ``org_id``'s steps (seconds): its runtime policy (``retries``), else
+    ``NEXUS_FLOW_RETRY_BASE_SECONDS`` (default 2)."""
+    from runtime_outbox.policy import runtime_policy
+
+    return runtime_policy(org_id).retry_base_seconds
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan_flow_name(plan_id: int) -> str:
+    from .models import FlowExecutionPlan
+
+    return FlowExecutionPlan.objects.filter(pk=plan_id).values_list("flow_api_name", flat=True).first() or ""
 
 
 #: Recursive saves one logical save may cause (docs/operations.md "Flows that save their own records").
@@ -52,8 +67,13 @@ def retry_base_seconds() -> float:
 RECURSIVE_SAVE_LIMIT = 5
 
 
-def max_attempts() -> int:
-    return int(setting_number("NEXUS_FLOW_MAX_ATTEMPTS", 5))
+def max_attempts(org_id: str | None = None, plan_id: int | None = None) -> int:
+    """Attempts a step of plan ``plan_id`` of ``org_id`` gets before its run fails ``retry_exhausted``: the
+    runtime policy's bound for the plan's flow, else the org's, else ``NEXUS_FLOW_MAX_ATTEMPTS`` (default 5)
+    (:mod:`runtime_outbox.policy`)."""
+    from runtime_outbox.policy import runtime_policy
+
+    return runtime_policy(org_id).max_attempts(_plan_flow_name(int(plan_id)) if plan_id else None)
 
 
 def dependency_deadline_seconds() -> float:
@@ -65,23 +85,23 @@ def max_wait_age_seconds() -> float:
     return setting_number("NEXUS_FLOW_MAX_WAIT_AGE_SECONDS", 30 * 24 * 3600.0)
 
 
-def retry_policy_digest() -> str:
+def retry_policy_digest(org_id: str | None = None, plan_id: int | None = None) -> str:
     """Digest of the retry policy selected at claim (immutable on the attempt)."""
     return digest_v2("flows.retry-policy", [
-        ("base_ms", int(retry_base_seconds() * 1000)),
+        ("base_ms", int(retry_base_seconds(org_id) * 1000)),
         ("cap_ms", int(RETRY_CAP_SECONDS * 1000)),
-        ("max_attempts", max_attempts()),
+        ("max_attempts", max_attempts(org_id, plan_id)),
         ("jitter_permille", int(JITTER_FRACTION * 1000)),
     ]).hexdigest
 
 
-def recovery_backoff_floor_ms(*, step_id: int, attempt_number: int) -> int:
+def recovery_backoff_floor_ms(*, step_id: int, attempt_number: int, org_id: str | None = None) -> int:
     """Deterministic jittered backoff floor for one attempt (seed 004 section 12.1 step 5).
 
     ``base * 2**(n-1)``, capped, plus up to 10 % jitter derived from the step
     id and attempt number, never below the ordinary retry floor.
     """
-    base = retry_base_seconds() * 1000.0
+    base = retry_base_seconds(org_id) * 1000.0
     floor = min(base * (2 ** max(attempt_number - 1, 0)), RETRY_CAP_SECONDS * 1000.0)
     seed = hashlib.sha256(f"{step_id}:{attempt_number}".encode()).digest()
     jitter = int.from_bytes(seed[:4], "big") / 0xFFFFFFFF * JITTER_FRACTION

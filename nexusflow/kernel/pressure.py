@@ -86,24 +86,37 @@ def read_pressure(bounds: PressureBounds | None = None) -> PressureReading:
     return PressureReading(connections, active, max_connections, reason)
 
 
-_last: dict[str, object] = {"at": None, "bounds": None, "reading": None}
+_LAST: dict[str, dict[str, object]] = {}
 
 
-def mutation_admission() -> str:
-    """``""`` when new durable mutation work may be claimed now, else the reason code it waits for.
-
-    Reads the signals at most every ``NEXUS_PRESSURE_READ_SECONDS`` per process (the last reading under
-    the same bounds answers in between) and logs each change between admitted and paused once.
-    """
-    bounds = pressure_bounds()
+def _admission(purpose: str, bounds: PressureBounds) -> str:
+    """The cached judgement of ``purpose`` under ``bounds`` (a fresh reading at most every
+    ``bounds.read_seconds``; each change between admitted and paused logged once)."""
+    last = _LAST.setdefault(purpose, {"at": None, "bounds": None, "reading": None})
     now = time.monotonic()
-    at, reading = _last["at"], _last["reading"]
-    if reading is None or _last["bounds"] != bounds or now - at >= bounds.read_seconds:
+    at, reading = last["at"], last["reading"]
+    if reading is None or last["bounds"] != bounds or now - at >= bounds.read_seconds:
         fresh = read_pressure(bounds)
         if fresh.reason != (reading.reason if reading is not None else ""):
             (log.warning if fresh.reason else log.info)(
-                "mutation admission %s", f"paused: {fresh.reason}" if fresh.reason else "resumed",
+                "%s admission %s", purpose, f"paused: {fresh.reason}" if fresh.reason else "resumed",
                 extra={"pressure": fresh.as_json()})
-        _last.update(at=now, bounds=bounds, reading=fresh)
+        last.update(at=now, bounds=bounds, reading=fresh)
         reading = fresh
     return reading.reason
+
+
+def mutation_admission(bounds: PressureBounds | None = None) -> str:
+    """``""`` when new durable mutation work may be claimed now, else the reason code it waits for.
+
+    ``bounds``: the runtime policy's pressure bounds (default :func:`pressure_bounds`, the settings).
+    Reads the signals at most every ``bounds.read_seconds`` per process (the last reading under the same
+    bounds answers in between) and logs each change between admitted and paused once.
+    """
+    return _admission("mutation", bounds or pressure_bounds())
+
+
+def ingress_admission(bounds: PressureBounds) -> str:
+    """``""`` when the ingress admits a delivery now, else the reason code it sheds for (the runtime
+    policy's higher ``ingress`` bounds; read and cached like :func:`mutation_admission`)."""
+    return _admission("ingress", bounds)

@@ -7,21 +7,19 @@ a time, and count what a claim round did by the rows it wrote.
 """
 from __future__ import annotations
 
-import threading
-import time
-from contextlib import contextmanager
-
 import pytest
 from django.core.management import call_command
-from django.db import connection, transaction
 
 from nexusflow.flows import transitions as t
-from nexusflow.flows.models import FlowDependency, FlowExecutionPlan, FlowRun, FlowStepAttempt
+from nexusflow.flows.models import FlowDependency, FlowRun, FlowStepAttempt
 from nexusflow.flows.services import flow_deploy, flow_run_start, flow_try_resume_due_one, flow_try_run_step_one
 from nexusflow.kernel import pressure
 from nexusflow.kernel.scope import OrgScope
 from tests.bench import capacity_flows as cf
 from tests.flows.conftest import run_until_idle
+from tests.pressure_support import blocked_statements as _blocked_statements
+from tests.pressure_support import idle_connections as _idle_connections
+from tests.pressure_support import until as _until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -29,85 +27,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 BLOCKED = 3
 #: Idle connections opened beside the test's own for the connection-share case.
 IDLE = 4
-#: The longest a proven state may take to appear before the test fails (it is never waited out).
-STATE_DEADLINE_SECONDS = 30.0
-
-
-def _until(what: str, done) -> None:
-    """Poll ``done()`` until it is true; fail after :data:`STATE_DEADLINE_SECONDS` (a stuck state, not a slow one)."""
-    deadline = time.monotonic() + STATE_DEADLINE_SECONDS
-    while not done():
-        assert time.monotonic() < deadline, f"{what} did not happen"
-        time.sleep(0.02)
-
-
-@contextmanager
-def _blocked_statements(row_pk: int, count: int):
-    """``count`` threads each run ``SELECT ... FOR UPDATE`` of one FlowExecutionPlan row while another thread's
-    open transaction holds it: ``count`` running statements on this database until the block ends."""
-    held, release = threading.Event(), threading.Event()
-    errors: list[BaseException] = []
-
-    def hold():
-        try:
-            with transaction.atomic():
-                FlowExecutionPlan.objects.select_for_update().get(pk=row_pk)
-                held.set()
-                release.wait(STATE_DEADLINE_SECONDS * 2)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    def wait_for_row():
-        try:
-            with transaction.atomic():
-                FlowExecutionPlan.objects.select_for_update().get(pk=row_pk)
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    assert held.wait(STATE_DEADLINE_SECONDS)
-    waiters = [threading.Thread(target=wait_for_row) for _ in range(count)]
-    for waiter in waiters:
-        waiter.start()
-    try:
-        _until(f"{count} statements blocked", lambda: pressure.read_pressure().active_statements >= count)
-        yield
-    finally:
-        release.set()
-        for thread in (holder, *waiters):
-            thread.join(STATE_DEADLINE_SECONDS)
-    assert not errors, errors
-
-
-@contextmanager
-def _idle_connections(count: int):
-    """``count`` threads each hold an open, idle connection to this database for the block."""
-    opened, release = threading.Semaphore(0), threading.Event()
-
-    def idle():
-        try:
-            connection.ensure_connection()
-            opened.release()
-            release.wait(STATE_DEADLINE_SECONDS * 2)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=idle) for _ in range(count)]
-    for thread in threads:
-        thread.start()
-    for _ in threads:
-        assert opened.acquire(timeout=STATE_DEADLINE_SECONDS)
-    try:
-        yield
-    finally:
-        release.set()
-        for thread in threads:
-            thread.join(STATE_DEADLINE_SECONDS)
 
 
 @pytest.fixture
@@ -207,3 +126,26 @@ def test_flows_pressure_reports_the_reading_and_the_bounds(pressure_bounds, caps
 def _plan_pk_for_command() -> int:
     org = OrgScope("pressure-org")
     return flow_deploy(org=org, source=cf.durable_chain(1), flow_api_name="Chain_One").plan.pk
+
+
+def test_the_published_runtime_policy_sets_the_pressure_bound(settings, capsys):
+    """The environment's runtime policy generation, not the built-in setting, bounds the claims: with the
+    setting far out of reach, a published bound of ``BLOCKED`` running statements pauses claims; a later
+    generation raising it admits them again at once (read every time: ``read_seconds`` 0)."""
+    from runtime_outbox.policy import runtime_policy_publish
+
+    settings.NEXUS_PRESSURE_ACTIVE_STATEMENTS = 10_000
+    settings.NEXUS_POLICY_READ_SECONDS = 0
+    org = OrgScope("pressure-org")
+    runs = _chain_runs(org, 1)
+    runtime_policy_publish(scope="*", document={"pressure": {"active_statements": BLOCKED, "read_seconds": 0}},
+                           authored_by="ops", reason="tight")
+    with _blocked_statements(FlowRun.objects.get(pk=runs[0]).plan_id, BLOCKED):
+        assert flow_try_run_step_one(worker_id="pressure-worker") is False
+        assert _attempts(runs) == 0
+        call_command("flows", "pressure", "--json")
+        assert '"policy_version": "env.1"' in capsys.readouterr().out
+        runtime_policy_publish(scope="*", document={"pressure": {"active_statements": 100, "read_seconds": 0}},
+                               authored_by="ops", reason="relaxed")
+        assert flow_try_run_step_one(worker_id="pressure-worker") is True
+    assert _attempts(runs) == 1

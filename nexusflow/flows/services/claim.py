@@ -206,8 +206,9 @@ def _claim_locked(run: FlowRun, step: FlowStepExecution | None, now: dt.datetime
     attempt = FlowAttemptStore.create(
         org_id=org_id, step=step, attempt_number=attempt_number, state=t.ATTEMPT_STARTED,
         lease_owner=worker_id, lease_token_digest=token_digest, ownership_epoch=step.ownership_epoch,
-        root_state_version_at_claim=root_version, retry_policy_digest=policy.retry_policy_digest(),
-        recovery_backoff_floor_ms=policy.recovery_backoff_floor_ms(step_id=step.pk, attempt_number=attempt_number),
+        root_state_version_at_claim=root_version, retry_policy_digest=policy.retry_policy_digest(org_id, run.plan_id),
+        recovery_backoff_floor_ms=policy.recovery_backoff_floor_ms(step_id=step.pk, attempt_number=attempt_number,
+                                                            org_id=org_id),
         plan_digest=run.plan_digest, started_at=now, lock_plan=[list(r) for r in lock_plan],
         lock_plan_digest=_lock_plan_digest(lock_plan),
     )

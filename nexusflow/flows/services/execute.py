@@ -24,6 +24,7 @@ from nexusflow.kernel.errors import FenceRejected, NexusError, StaleVersion
 from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.pressure import mutation_admission
+from runtime_outbox.policy import runtime_policy
 from nexusflow.kernel.scope import OrgScope
 
 from .. import policy, reasons
@@ -505,7 +506,7 @@ def _record_rollback(claim: StepClaim, exc: BaseException) -> None:
                     definite, cause = True, reasons.LOCK_PLAN_EXCEEDED
             elif isinstance(exc, FlowExecutionError):
                 cause = reasons.STEP_EXECUTION_ERROR
-            exhausted = definite or claim.attempt_number >= policy.max_attempts()
+            exhausted = definite or claim.attempt_number >= policy.max_attempts(claim.org_id, claim.plan_id)
             FlowAttemptStore.transition(
                 org_id=claim.org_id, pk=claim.attempt_id, src=t.ATTEMPT_STARTED, dst=t.ATTEMPT_ROLLED_BACK,
                 version=claim.attempt_version, fences=_attempt_fences(claim),
@@ -593,7 +594,8 @@ def flow_try_run_step_one(*, worker_id: str) -> bool:
     raised. Under database pressure (:func:`nexusflow.kernel.pressure.mutation_admission`, seed 004 section
     16.2) it claims nothing and returns False, so the worker backs off instead of adding load.
     """
-    if mutation_admission():  # database pressure: no new mutation work now (the cold lanes never ask)
+    # Database pressure under the runtime policy's bounds: no new mutation work now (the cold lanes never ask).
+    if mutation_admission(runtime_policy().pressure):
         return False
     claims = flow_step_claim_batch(worker_id=worker_id)
     starts = _start_batch(claims) if len(claims) > 1 else {}

@@ -94,7 +94,7 @@ def _recover(*, org_id: str, run_id: int, step_id: int, token_digest: str, holde
                                                 "completed_at": now, "updated_at": now},
             )
             return True
-        exhausted = step.attempt_count >= policy.max_attempts() and step.state == t.STEP_RUNNING
+        exhausted = step.attempt_count >= policy.max_attempts(org_id, run.plan_id) and step.state == t.STEP_RUNNING
         FlowAttemptStore.transition(
             org_id=org_id, pk=attempt.pk, src=t.ATTEMPT_STARTED, dst=t.ATTEMPT_FENCED, version=attempt.version,
             fences=attempt_fences,

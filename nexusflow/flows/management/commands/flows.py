@@ -185,14 +185,16 @@ class Command(BaseCommand):
                                   "state": started.run.state}))
 
     def _pressure(self, *, json: bool, **_options):
-        from nexusflow.kernel.pressure import pressure_bounds, read_pressure
+        from nexusflow.kernel.pressure import read_pressure
+        from runtime_outbox.policy import runtime_policy
 
         try:
-            bounds = pressure_bounds()
+            policy = runtime_policy()
         except ValueError as exc:
             raise CommandError(f"invalid_setting: {exc}", returncode=2) from None
+        bounds = policy.pressure
         reading = read_pressure(bounds)
-        body = {**reading.as_json(), "admitted": not reading.reason,
+        body = {**reading.as_json(), "admitted": not reading.reason, "policy_version": policy.version,
                 "bounds": {"active_statements": bounds.active_statements,
                            "connection_share": bounds.connection_share, "read_seconds": bounds.read_seconds}}
         if json:
@@ -201,7 +203,8 @@ class Command(BaseCommand):
         verdict = f"paused ({reading.reason})" if reading.reason else "admitted"
         self.stdout.write(f"new durable mutation work: {verdict}; running statements {reading.active_statements} "
                           f"(bound {bounds.active_statements}); connections {reading.connections} of "
-                          f"{reading.max_connections or 'unbounded'} (bound {bounds.connection_share:.0%})")
+                          f"{reading.max_connections or 'unbounded'} (bound {bounds.connection_share:.0%}; "
+                          f"runtime policy {policy.version})")
 
     def _waits(self, *, org: str, state: str | None, limit: int, **_options):
         from nexusflow.flows import services

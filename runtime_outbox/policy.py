@@ -1,0 +1,263 @@
+"""The versioned runtime policy: admission, pressure, ingress-shedding and retry bounds (seed 004 sections
+16.1-16.3; issue "Admission lanes, fairness and backpressure", item 1).
+
+A policy is authored as immutable generations (:class:`~runtime_outbox.models.RuntimePolicyGeneration`,
+``manage.py runtime_policy publish``), like the other configuration: one chain for the environment (scope
+``*``) and one per org. The policy in force for an org is the built-in defaults (the settings of the same
+names, so a deployment without a published policy behaves as before), overlaid by the environment's latest
+generation, overlaid by the org's latest generation.
+
+Document (every section and key optional; unknown keys are refused)::
+
+    {"pressure": {"active_statements": 32, "connection_share": 0.8, "read_seconds": 1.0},   # environment only
+     "ingress": {"shed_active_statements": 64, "shed_connection_share": 0.95,
+                 "retry_after_seconds": 5},                                                 # environment only
+     "retries": {"max_attempts": 5, "retry_base_seconds": 2.0},
+     "plans": {"<flow api name>": {"max_attempts": 3}}}
+
+- ``pressure``: new durable mutation work (a Flow step claim) waits while this account runs at least
+  ``active_statements`` statements on the database or holds ``connection_share`` of ``max_connections``
+  (:mod:`nexusflow.kernel.pressure`); read at most every ``read_seconds``.
+- ``ingress``: at the higher ``shed_*`` bounds the webhook ingress sheds: it answers 503 ``ingress_shed``
+  with ``Retry-After: retry_after_seconds`` and admits nothing, so nothing accepted is lost and the provider
+  redelivers later. Below them it answers as always.
+- ``retries`` / ``plans``: attempts a Flow step gets before its run fails ``retry_exhausted`` (a plan's own
+  bound wins), and the first retry's delay (seconds; doubled per attempt, capped, jittered).
+
+The policy is read through a per-process cache refreshed at most every ``NEXUS_POLICY_READ_SECONDS``
+(default 2; 0: every read), so a published generation applies within that time, without a restart.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import IntegrityError, transaction
+
+from nexusflow.kernel import canonical_json
+from nexusflow.kernel.clock import db_now
+from nexusflow.kernel.digests import digest_v2
+from nexusflow.kernel.errors import NexusError
+from nexusflow.kernel.pressure import PressureBounds, pressure_bounds
+from nexusflow.kernel.models import insert
+from nexusflow.kernel.tuning import setting_number
+
+from .models import RuntimePolicyGeneration
+
+#: The scope of the environment's chain (every org).
+ENVIRONMENT = "*"
+#: The version a deployment without any published generation reports.
+BUILTIN_VERSION = "runtime.policy.builtin"
+#: Sections only the environment's chain may carry (they bound shared resources: the database, the ingress).
+ENVIRONMENT_SECTIONS = frozenset({"pressure", "ingress"})
+_SCHEMA: dict[str, dict[str, tuple[type, float, float]]] = {
+    # section -> key -> (type, minimum, maximum)
+    "pressure": {"active_statements": (int, 1, 100_000), "connection_share": (float, 0.01, 1.0),
+                 "read_seconds": (float, 0.0, 60.0)},
+    "ingress": {"shed_active_statements": (int, 1, 100_000), "shed_connection_share": (float, 0.01, 1.0),
+                "retry_after_seconds": (int, 1, 3600)},
+    "retries": {"max_attempts": (int, 1, 100), "retry_base_seconds": (float, 0.0, 3600.0)},
+}
+_PLAN_KEYS = {"max_attempts": (int, 1, 100)}
+#: A plan is named by its Flow's API name.
+FLOW_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,79}")
+
+
+class RuntimePolicyInvalid(NexusError):
+    """A runtime policy document is malformed (names the key): nothing is published."""
+
+    code = "runtime_policy_invalid"
+    definite = True
+    http_status = 400
+
+
+@dataclass(frozen=True)
+class IngressBounds:
+    """When the ingress sheds: ``shed_active_statements`` (count), ``shed_connection_share`` (0..1], and the
+    ``retry_after_seconds`` it answers with."""
+
+    shed_active_statements: int
+    shed_connection_share: float
+    retry_after_seconds: int
+
+    def as_pressure(self, read_seconds: float) -> PressureBounds:
+        return PressureBounds(self.shed_active_statements, self.shed_connection_share, read_seconds)
+
+
+@dataclass(frozen=True)
+class RuntimePolicy:
+    """The policy in force for one org (module docstring): ``version`` names the generations it is built from
+    (``runtime.policy.builtin``, or ``env.<n>`` / ``org.<m>`` joined with ``+``)."""
+
+    version: str
+    pressure: PressureBounds
+    ingress: IngressBounds
+    max_attempts_default: int
+    retry_base_seconds: float
+    plan_max_attempts: dict[str, int] = field(default_factory=dict)
+
+    def max_attempts(self, flow_api_name: str | None = None) -> int:
+        """Attempts a step of ``flow_api_name`` gets (its plan's bound, else the policy's)."""
+        return self.plan_max_attempts.get(flow_api_name or "", self.max_attempts_default)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"version": self.version,
+                "pressure": {"active_statements": self.pressure.active_statements,
+                             "connection_share": self.pressure.connection_share,
+                             "read_seconds": self.pressure.read_seconds},
+                "ingress": {"shed_active_statements": self.ingress.shed_active_statements,
+                            "shed_connection_share": self.ingress.shed_connection_share,
+                            "retry_after_seconds": self.ingress.retry_after_seconds},
+                "retries": {"max_attempts": self.max_attempts_default,
+                            "retry_base_seconds": self.retry_base_seconds},
+                "plans": {name: {"max_attempts": n} for name, n in sorted(self.plan_max_attempts.items())}}
+
+
+def _number(value: Any, kind: type, low: float, high: float, where: str) -> int | float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+        raise RuntimePolicyInvalid(f"{where} must be {'an integer' if kind is int else 'a number'}")
+    if not low <= value <= high:
+        raise RuntimePolicyInvalid(f"{where} must be between {low:g} and {high:g}, got {value}")
+    return kind(value)
+
+
+def validate_policy_document(document: Any, *, scope: str) -> dict[str, Any]:
+    """The canonical form of ``document`` for ``scope`` (``*`` or an org id).
+
+    Raises:
+        RuntimePolicyInvalid: not an object, an unknown section or key, a value of the wrong type or out of
+            range, an environment-only section in an org's document, an invalid plan name, or an empty
+            document.
+    """
+    if not isinstance(document, dict) or not document:
+        raise RuntimePolicyInvalid("a runtime policy is a non-empty JSON object")
+    out: dict[str, Any] = {}
+    for section, body in document.items():
+        if section not in _SCHEMA and section != "plans":
+            raise RuntimePolicyInvalid(f"unknown section {section!r}; sections: "
+                                       f"{', '.join(sorted([*_SCHEMA, 'plans']))}")
+        if section in ENVIRONMENT_SECTIONS and scope != ENVIRONMENT:
+            raise RuntimePolicyInvalid(f"{section} bounds a shared resource: only the environment policy "
+                                       f"(--scope '*') sets it")
+        if not isinstance(body, dict) or not body:
+            raise RuntimePolicyInvalid(f"{section} is a non-empty JSON object")
+        if section == "plans":
+            plans = {}
+            for name, bounds in body.items():
+                if not isinstance(name, str) or not FLOW_NAME.fullmatch(name):
+                    raise RuntimePolicyInvalid(f"plans: {name!r} is not a Flow API name")
+                if not isinstance(bounds, dict) or not bounds or set(bounds) - set(_PLAN_KEYS):
+                    raise RuntimePolicyInvalid(f"plans.{name} takes {', '.join(_PLAN_KEYS)}")
+                plans[name] = {k: _number(v, *_PLAN_KEYS[k], f"plans.{name}.{k}") for k, v in bounds.items()}
+            out["plans"] = plans
+            continue
+        unknown = sorted(set(body) - set(_SCHEMA[section]))
+        if unknown:
+            raise RuntimePolicyInvalid(f"unknown key {section}.{unknown[0]}; keys: {', '.join(_SCHEMA[section])}")
+        out[section] = {k: _number(v, *_SCHEMA[section][k], f"{section}.{k}") for k, v in body.items()}
+    return out
+
+
+def policy_version_of(scope: str, generation: int) -> str:
+    """The name of one generation in a policy version (``env.3``, ``org.2``)."""
+    return f"{'env' if scope == ENVIRONMENT else 'org'}.{generation}"
+
+
+def runtime_policy_publish(*, scope: str, document: Any, authored_by: str,
+                           reason: str) -> tuple[RuntimePolicyGeneration, bool]:
+    """Publish ``document`` as the next generation of ``scope``'s chain; ``(generation, created)``.
+
+    A document equal to the scope's latest generation returns that generation (``created`` False): a
+    retried publish writes nothing. Two concurrent publishes of one scope get distinct generation numbers.
+
+    Raises:
+        RuntimePolicyInvalid: see :func:`validate_policy_document`; an empty ``authored_by`` or ``reason``.
+    """
+    from nexusflow.kernel.errors import InvalidIdentity
+    from nexusflow.kernel.identity import validate_key
+
+    if scope != ENVIRONMENT:
+        try:
+            validate_key(scope, field="org", max_length=64)
+        except InvalidIdentity as exc:
+            raise RuntimePolicyInvalid(str(exc)) from None
+    if not authored_by.strip() or not reason.strip():
+        raise RuntimePolicyInvalid("a policy generation names who authored it and why")
+    canonical = validate_policy_document(document, scope=scope)
+    digest = digest_v2("runtime.policy", [("scope", scope), ("document", canonical_json.dumps(canonical))]).hexdigest
+    for _ in range(3):
+        latest = RuntimePolicyGeneration.objects.filter(scope=scope).order_by("-generation").first()
+        if latest is not None and latest.digest == digest:
+            return latest, False
+        number = (latest.generation if latest else 0) + 1
+        try:
+            with transaction.atomic():
+                row = insert(RuntimePolicyGeneration, scope=scope, generation=number, document=canonical,
+                             digest=digest, policy_version=policy_version_of(scope, number),
+                             authored_by=authored_by[:120], reason=reason[:240], created_at=db_now())
+        except IntegrityError:
+            continue  # a concurrent publish took this number (or published the same document): read again
+        policy_cache_clear()
+        return row, True
+    raise RuntimePolicyInvalid(f"policy scope {scope} is being published concurrently; retry")
+
+
+def _defaults() -> dict[str, Any]:
+    pressure = pressure_bounds()
+    return {
+        "pressure": {"active_statements": pressure.active_statements,
+                     "connection_share": pressure.connection_share, "read_seconds": pressure.read_seconds},
+        "ingress": {"shed_active_statements": int(setting_number("NEXUS_INGRESS_SHED_ACTIVE_STATEMENTS",
+                                                                 2 * pressure.active_statements)),
+                    "shed_connection_share": setting_number("NEXUS_INGRESS_SHED_CONNECTION_SHARE", 0.95),
+                    "retry_after_seconds": int(setting_number("NEXUS_INGRESS_RETRY_AFTER_SECONDS", 5))},
+        "retries": {"max_attempts": int(setting_number("NEXUS_FLOW_MAX_ATTEMPTS", 5)),
+                    "retry_base_seconds": setting_number("NEXUS_FLOW_RETRY_BASE_SECONDS", 2.0)},
+        "plans": {},
+    }
+
+
+#: scope -> (read at, the scope's latest generation's version and document, or None)
+_CACHE: dict[str, tuple[float, tuple[str, dict] | None]] = {}
+
+
+def policy_cache_clear() -> None:
+    """Forget the cached generations of this process (the next read goes to the database)."""
+    _CACHE.clear()
+
+
+def _latest(scope: str) -> tuple[str, dict] | None:
+    ttl = setting_number("NEXUS_POLICY_READ_SECONDS", 2.0)
+    now = time.monotonic()
+    cached = _CACHE.get(scope)
+    if cached is not None and now - cached[0] < ttl:
+        return cached[1]
+    row = (RuntimePolicyGeneration.objects.filter(scope=scope).order_by("-generation")
+           .values_list("policy_version", "document").first())
+    _CACHE[scope] = (now, row)
+    return row
+
+
+def runtime_policy(org_id: str | None = None) -> RuntimePolicy:
+    """The policy in force for ``org_id`` (``None``: the environment's): the built-in defaults (read now)
+    overlaid by the latest generations, read through the process cache (module docstring)."""
+    key = org_id or ENVIRONMENT
+    merged = _defaults()
+    versions = []
+    for scope in ([ENVIRONMENT] if key == ENVIRONMENT else [ENVIRONMENT, key]):
+        latest = _latest(scope)
+        if latest is None:
+            continue
+        version, document = latest
+        versions.append(version)
+        for section, body in document.items():
+            merged[section] = {**merged[section], **body}
+    return RuntimePolicy(
+        version="+".join(versions) or BUILTIN_VERSION,
+        pressure=PressureBounds(**merged["pressure"]),
+        ingress=IngressBounds(**merged["ingress"]),
+        max_attempts_default=merged["retries"]["max_attempts"],
+        retry_base_seconds=merged["retries"]["retry_base_seconds"],
+        plan_max_attempts={name: b["max_attempts"] for name, b in merged["plans"].items() if "max_attempts" in b})
