@@ -13,7 +13,8 @@ Document (every section and key optional; unknown keys are refused)::
      "ingress": {"shed_active_statements": 64, "shed_connection_share": 0.95,
                  "retry_after_seconds": 5},                                                 # environment only
      "retries": {"max_attempts": 5, "retry_base_seconds": 2.0},
-     "plans": {"<flow api name>": {"max_attempts": 3}}}
+     "plans": {"<flow api name>": {"max_attempts": 3}},
+     "plan_bounds": {"atomic_max_reads": 10, "atomic_max_writes": 10}}
 
 - ``pressure``: new durable mutation work (a Flow step claim) waits while this account runs at least
   ``active_statements`` statements on the database or holds ``connection_share`` of ``max_connections``
@@ -23,6 +24,9 @@ Document (every section and key optional; unknown keys are refused)::
   redelivers later. Below them it answers as always.
 - ``retries`` / ``plans``: attempts a Flow step gets before its run fails ``retry_exhausted`` (a plan's own
   bound wins), and the first retry's delay (seconds; doubled per attempt, capped, jittered).
+- ``plan_bounds``: the reads and writes a Bounded Atomic plan may declare (plan eligibility, seed 004
+  section 9.2). A generation that changes them for an org recompiles that org's active Flows (the
+  ``policy published`` hook the flows app registers, :func:`register_policy_published`).
 
 The policy is read through a per-process cache refreshed at most every ``NEXUS_POLICY_READ_SECONDS``
 (default 2; 0: every read), so a published generation applies within that time, without a restart.
@@ -32,7 +36,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 from django.db import IntegrityError, transaction
 
@@ -59,6 +63,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, float, float]]] = {
     "ingress": {"shed_active_statements": (int, 1, 100_000), "shed_connection_share": (float, 0.01, 1.0),
                 "retry_after_seconds": (int, 1, 3600)},
     "retries": {"max_attempts": (int, 1, 100), "retry_base_seconds": (float, 0.0, 3600.0)},
+    "plan_bounds": {"atomic_max_reads": (int, 1, 1000), "atomic_max_writes": (int, 1, 1000)},
 }
 _PLAN_KEYS = {"max_attempts": (int, 1, 100)}
 #: A plan is named by its Flow's API name.
@@ -97,6 +102,8 @@ class RuntimePolicy:
     max_attempts_default: int
     retry_base_seconds: float
     plan_max_attempts: dict[str, int] = field(default_factory=dict)
+    #: ``{"atomic_max_reads", "atomic_max_writes"}``: the plan-eligibility bounds (``{}``: the compiler's own).
+    plan_bounds: dict[str, int] = field(default_factory=dict)
 
     def max_attempts(self, flow_api_name: str | None = None) -> int:
         """Attempts a step of ``flow_api_name`` gets (its plan's bound, else the policy's)."""
@@ -112,7 +119,8 @@ class RuntimePolicy:
                             "retry_after_seconds": self.ingress.retry_after_seconds},
                 "retries": {"max_attempts": self.max_attempts_default,
                             "retry_base_seconds": self.retry_base_seconds},
-                "plans": {name: {"max_attempts": n} for name, n in sorted(self.plan_max_attempts.items())}}
+                "plans": {name: {"max_attempts": n} for name, n in sorted(self.plan_max_attempts.items())},
+                "plan_bounds": dict(sorted(self.plan_bounds.items()))}
 
 
 def _number(value: Any, kind: type, low: float, high: float, where: str) -> int | float:
@@ -165,12 +173,33 @@ def policy_version_of(scope: str, generation: int) -> str:
     return f"{'env' if scope == ENVIRONMENT else 'org'}.{generation}"
 
 
-def runtime_policy_publish(*, scope: str, document: Any, authored_by: str,
-                           reason: str) -> tuple[RuntimePolicyGeneration, bool]:
-    """Publish ``document`` as the next generation of ``scope``'s chain; ``(generation, created)``.
+class Published(NamedTuple):
+    """What a publish did: the ``generation`` in force for the scope, whether this call ``created`` it, and
+    what the registered hooks did with it (``effects``: e.g. the Flows recompiled under new plan bounds)."""
+
+    generation: RuntimePolicyGeneration
+    created: bool
+    effects: list
+
+
+#: ``hook(*, scope) -> list[dict]``, called once a new generation of ``scope`` committed.
+_PUBLISHED_HOOKS: list[Callable[..., list]] = []
+
+
+def register_policy_published(hook: Callable[..., list]) -> None:
+    """Call ``hook(scope=...)`` after each new generation commits (idempotent registration). The flows app
+    recompiles the active Flows whose plan bounds changed (:mod:`nexusflow.flows.services.policy_recompile`).
+    """
+    if hook not in _PUBLISHED_HOOKS:
+        _PUBLISHED_HOOKS.append(hook)
+
+
+def runtime_policy_publish(*, scope: str, document: Any, authored_by: str, reason: str) -> Published:
+    """Publish ``document`` as the next generation of ``scope``'s chain and run the published hooks.
 
     A document equal to the scope's latest generation returns that generation (``created`` False): a
-    retried publish writes nothing. Two concurrent publishes of one scope get distinct generation numbers.
+    retried publish writes nothing and runs no hook. Two concurrent publishes of one scope get distinct
+    generation numbers. Inside a caller's transaction the hooks run once it commits (``effects`` empty).
 
     Raises:
         RuntimePolicyInvalid: see :func:`validate_policy_document`; an empty ``authored_by`` or ``reason``.
@@ -190,7 +219,7 @@ def runtime_policy_publish(*, scope: str, document: Any, authored_by: str,
     for _ in range(3):
         latest = RuntimePolicyGeneration.objects.filter(scope=scope).order_by("-generation").first()
         if latest is not None and latest.digest == digest:
-            return latest, False
+            return Published(latest, False, [])
         number = (latest.generation if latest else 0) + 1
         try:
             with transaction.atomic():
@@ -200,8 +229,15 @@ def runtime_policy_publish(*, scope: str, document: Any, authored_by: str,
         except IntegrityError:
             continue  # a concurrent publish took this number (or published the same document): read again
         policy_cache_clear()
-        return row, True
+        return Published(row, True, _published(scope))
     raise RuntimePolicyInvalid(f"policy scope {scope} is being published concurrently; retry")
+
+
+def _published(scope: str) -> list:
+    if transaction.get_connection().in_atomic_block:
+        transaction.on_commit(lambda: [hook(scope=scope) for hook in list(_PUBLISHED_HOOKS)], robust=True)
+        return []
+    return [effect for hook in list(_PUBLISHED_HOOKS) for effect in hook(scope=scope)]
 
 
 def _defaults() -> dict[str, Any]:
@@ -216,6 +252,7 @@ def _defaults() -> dict[str, Any]:
         "retries": {"max_attempts": int(setting_number("NEXUS_FLOW_MAX_ATTEMPTS", 5)),
                     "retry_base_seconds": setting_number("NEXUS_FLOW_RETRY_BASE_SECONDS", 2.0)},
         "plans": {},
+        "plan_bounds": {},
     }
 
 
@@ -260,4 +297,5 @@ def runtime_policy(org_id: str | None = None) -> RuntimePolicy:
         ingress=IngressBounds(**merged["ingress"]),
         max_attempts_default=merged["retries"]["max_attempts"],
         retry_base_seconds=merged["retries"]["retry_base_seconds"],
-        plan_max_attempts={name: b["max_attempts"] for name, b in merged["plans"].items() if "max_attempts" in b})
+        plan_max_attempts={name: b["max_attempts"] for name, b in merged["plans"].items() if "max_attempts" in b},
+        plan_bounds=dict(merged["plan_bounds"]))

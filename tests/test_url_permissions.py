@@ -79,7 +79,7 @@ ADMIN_MODELS = (
     "flows.flowactioncataloggeneration", "flows.flowruntimemetadataview", "flows.flowexecutionplan",
     "flows.flowactivation", "flows.flowrun", "flows.flowstepexecution", "flows.flowstepattempt",
     "flows.flowcheckpoint", "flows.flowdependency", "flows.flowwakesignal", "flows.floweffectlink",
-    "flows.flowauditevent", "flows.flowscheduleoccurrence",
+    "flows.flowauditevent", "flows.flowscheduleoccurrence", "flows.flowdeploymentsource",
     "connectors.accountservinggate", "connectors.servingepoch", "connectors.receipt", "connectors.receiptcomponent",
     "connectors.event", "connectors.execution", "connectors.orderinglane", "connectors.projectionwindow",
     "connectors.executiondependency", "connectors.orderinghandoff", "connectors.remoteeffect",

@@ -9,6 +9,7 @@ from .models import (
     FlowAuditEvent,
     FlowCheckpoint,
     FlowDependency,
+    FlowDeploymentSource,
     FlowEffectLink,
     FlowExecutionPlan,
     FlowRun,
@@ -37,6 +38,12 @@ class FlowExecutionPlanAdmin(ReadOnlyAdmin):
     list_display = ("plan_id", "flow_api_name", "org_id", "execution_profile", "trigger_object_name", "created_at")
     list_filter = ("execution_profile", "trigger_object_name")
     search_fields = ("plan_id", "flow_api_name", "plan_digest")
+
+
+@admin.register(FlowDeploymentSource)
+class FlowDeploymentSourceAdmin(ReadOnlyAdmin):
+    list_display = ("flow_api_name", "org_id", "plan", "requested_profile", "source_digest", "created_at")
+    search_fields = ("flow_api_name", "source_digest")
 
 
 @admin.register(FlowActivation)

@@ -56,3 +56,9 @@ class FlowsConfig(AppConfig):
         register_handoff_finalizer(effect_handoff_finalize)
         # A subflow's child run, ending, wakes the parent step waiting on it (producer ``subflow``).
         register_run_ended(subflow_run_ended)
+        # A runtime policy generation that changes plan-eligibility bounds recompiles the active Flows it covers.
+        from runtime_outbox.policy import register_policy_published
+
+        from .services.policy_recompile import flow_plans_recompile
+
+        register_policy_published(flow_plans_recompile)

@@ -130,6 +130,27 @@ class FlowExecutionPlan(GuardedModel):
         return f"{self.flow_api_name} {self.plan_id}"
 
 
+class FlowDeploymentSource(GuardedModel):
+    """The Flow metadata a deployed plan was compiled from (seed 004 section 7.4), kept so a runtime policy
+    generation that changes a plan-eligibility bound can recompile the org's active Flows
+    (docs/operations.md "The runtime policy"). ``subflows``: ``{flow API name: source text}`` of the flows
+    it calls, transitively; ``requested_profile``: the deploy's requested profile, if any."""
+
+    org_id = OrgField()
+    flow_api_name = IdentityField(max_length=80)
+    plan = models.ForeignKey(FlowExecutionPlan, on_delete=models.PROTECT, related_name="sources")
+    source = models.TextField()
+    subflows = models.JSONField(default=dict)
+    requested_profile = models.CharField(max_length=32, blank=True)
+    source_digest = DigestField()
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["org_id", "plan", "source_digest"], name="flow_deployment_source_uniq"),
+        ]
+
+
 class FlowActivation(GuardedModel):
     """Which plan a Flow version runs in an org; owns active/superseded (section 7.4)."""
 

@@ -23,6 +23,7 @@ from .models import (
     FlowActivation,
     FlowCheckpoint,
     FlowDependency,
+    FlowDeploymentSource,
     FlowEffectLink,
     FlowExecutionPlan,
     FlowRun,
@@ -198,6 +199,10 @@ def metadata_view_insert(**values) -> FlowRuntimeMetadataView:
 
 def plan_insert(**values) -> FlowExecutionPlan:
     return insert(FlowExecutionPlan, **values)
+
+
+def deployment_source_insert(**values) -> FlowDeploymentSource:
+    return insert(FlowDeploymentSource, **values)
 
 
 #: Seed 004 sections 10.4 and 17.3: the serialized context bound of one checkpoint (bytes).

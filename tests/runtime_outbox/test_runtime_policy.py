@@ -29,7 +29,8 @@ pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "cont
 
 
 def _publish(scope, document, reason="test"):
-    return runtime_policy_publish(scope=scope, document=document, authored_by="ops", reason=reason)
+    """``(generation, created)`` of one publish."""
+    return runtime_policy_publish(scope=scope, document=document, authored_by="ops", reason=reason)[:2]
 
 
 @pytest.mark.parametrize("scope,document,detail", [

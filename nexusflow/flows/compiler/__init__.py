@@ -48,6 +48,7 @@ from .constants import (
     MAX_STEPS,
     MAX_SUBFLOW_DEPTH,
     PAYLOAD_SCHEMA,
+    DEFAULT_PLAN_BOUNDS,
     POLICY_VERSION,
     PROFILE_ATOMIC,
     PROFILE_DURABLE,
@@ -56,6 +57,7 @@ from .constants import (
     STEP_KINDS,
     SCHEDULED_STEP_PREFIX,
     TERMINAL_STEP_KEY,
+    PlanBounds,
 )
 from .context import Analysis, CompiledPlan
 from .pipeline import analyze_flow, compile_flow
@@ -63,7 +65,8 @@ from .plan import trigger_binding_digest_of, validate_effect_pairs
 from .values import normalize_value, parse_logic
 
 __all__ = [
-    "ATOMIC_MAX_FANOUT", "ATOMIC_MAX_READS", "ATOMIC_MAX_WRITES", "COMPILER_VERSION", "DIAGNOSTIC_FAMILIES",
+    "ATOMIC_MAX_FANOUT", "ATOMIC_MAX_READS", "ATOMIC_MAX_WRITES", "COMPILER_VERSION", "DEFAULT_PLAN_BOUNDS",
+    "DIAGNOSTIC_FAMILIES", "PlanBounds",
     "EMBEDDED_MAX_READS", "KIND_CURRENT_READ", "KIND_DEPENDENCY_WAIT", "KIND_EFFECT_COMPLETION",
     "KIND_EFFECT_SUBMIT", "KIND_EMBEDDED", "KIND_EXPLICIT_FAULT", "KIND_MUTATION", "KIND_PURE_COMPUTE",
     "KIND_SNAPSHOT_READ", "KIND_TERMINAL", "MAX_STEPS", "MAX_SUBFLOW_DEPTH", "PAYLOAD_SCHEMA", "POLICY_VERSION",

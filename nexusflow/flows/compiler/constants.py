@@ -6,6 +6,7 @@ Plain data of ``POLICY_VERSION`` / ``COMPILER_VERSION`` (seed 004 sections 7,
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 
 COMPILER_VERSION = "flows.compiler.v2"
@@ -24,6 +25,28 @@ ATOMIC_MAX_WRITES = 10
 ATOMIC_MAX_FANOUT = 200
 EMBEDDED_MAX_READS = 5
 MAX_SUBFLOW_DEPTH = 8
+
+
+@dataclass(frozen=True)
+class PlanBounds:
+    """The plan-eligibility bounds a compilation applies (seed 004 sections 9.2 and 16.3): the reads and
+    writes a Bounded Atomic plan may declare, and ``version``, the policy version they come from (a plan
+    records it as its ``policy_version``; a changed bound is a new plan)."""
+
+    atomic_max_reads: int = ATOMIC_MAX_READS
+    atomic_max_writes: int = ATOMIC_MAX_WRITES
+
+    @property
+    def version(self) -> str:
+        """``POLICY_VERSION`` for its own bounds, else ``POLICY_VERSION+r<reads>w<writes>``: a function of the
+        bounds alone, so equal bounds compile equal plans wherever they are set."""
+        if (self.atomic_max_reads, self.atomic_max_writes) == (ATOMIC_MAX_READS, ATOMIC_MAX_WRITES):
+            return POLICY_VERSION
+        return f"{POLICY_VERSION}+r{self.atomic_max_reads}w{self.atomic_max_writes}"
+
+
+#: The bounds of ``POLICY_VERSION`` itself.
+DEFAULT_PLAN_BOUNDS = PlanBounds()
 
 # Step kinds (seed 004 section 7.5).
 KIND_EMBEDDED = "EmbeddedTransform"

@@ -16,7 +16,7 @@ from ..binding import RuntimeWorkBinding
 from ..catalog import CatalogEntry, CatalogSnapshot
 from ..errors import Diagnostic
 from ..frontend import FlowDocument
-from .constants import COHORT_METADATA_ONLY
+from .constants import COHORT_METADATA_ONLY, DEFAULT_PLAN_BOUNDS, PlanBounds
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,8 @@ class CompileContext:
     schema: str
     stack: tuple[str, ...]
     analyze: Callable[..., Analysis]
+    #: The plan-eligibility bounds of the runtime policy in force (``DEFAULT_PLAN_BOUNDS`` when none is set).
+    bounds: PlanBounds = DEFAULT_PLAN_BOUNDS
     diags: list[Diagnostic] = field(default_factory=list)
     doc: FlowDocument | None = None
     nodes: dict[str, _Node] = field(default_factory=dict)

@@ -303,7 +303,7 @@ def _el_subflows(ctx: CompileContext, node: _Node) -> None:
         return
     child = ctx.analyze(source=source, flow_api_name=flow_name, catalog=ctx.catalog, view=ctx.view,
                         subflows=ctx.subflows, requested_profile=None, schema=ctx.schema,
-                        stack=(*ctx.stack, ctx.flow_api_name))
+                        stack=(*ctx.stack, ctx.flow_api_name), bounds=ctx.bounds)
     node.child = child
     for key in child.unknown_capabilities:
         node.unknown = node.unknown or key

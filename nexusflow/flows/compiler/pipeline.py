@@ -13,7 +13,7 @@ from nexusflow.records.metadata import MetadataView
 from ..catalog import CatalogSnapshot
 from ..errors import CompileError, Diagnostic
 from ..frontend import FrontEndError, parse_flow_document
-from .constants import COHORT_METADATA_ONLY, MAX_STEPS, NAME_RE, REJECTED_ELEMENTS
+from .constants import COHORT_METADATA_ONLY, DEFAULT_PLAN_BOUNDS, MAX_STEPS, NAME_RE, REJECTED_ELEMENTS, PlanBounds
 from .context import Analysis, CompiledPlan, CompileContext, _Abort
 from .document import check_packaging_tokens, check_process_type, collect_resources, read_start
 from .elements import resolve_elements
@@ -25,11 +25,11 @@ from .references import check_references
 
 def _analyze(*, source: bytes | str, flow_api_name: str, catalog: CatalogSnapshot, view: MetadataView,
              subflows: Mapping[str, bytes] | None, requested_profile: str | None, schema: str,
-             stack: tuple[str, ...]) -> Analysis:
+             stack: tuple[str, ...], bounds: PlanBounds = DEFAULT_PLAN_BOUNDS) -> Analysis:
     """Run every pass over one Flow and return its :class:`Analysis`; never raises."""
     ctx = CompileContext(source=source, flow_api_name=flow_api_name, catalog=catalog, view=view,
                          subflows=subflows or {}, option_profile=requested_profile, schema=schema,
-                         stack=stack, analyze=_analyze)
+                         stack=stack, analyze=_analyze, bounds=bounds)
     try:
         _run_passes(ctx)
     except _Abort:
@@ -91,7 +91,7 @@ def _run_passes(ctx: CompileContext) -> None:
 
 def analyze_flow(*, source: bytes | str, flow_api_name: str, catalog: CatalogSnapshot, view: MetadataView,
                  subflows: Mapping[str, bytes] | None = None, requested_profile: str | None = None,
-                 schema: str = "strict") -> Analysis:
+                 schema: str = "strict", bounds: PlanBounds = DEFAULT_PLAN_BOUNDS) -> Analysis:
     """Run the compiler and return its findings; never raises (seed 004 sections 7.2 and 20.4).
 
     Args:
@@ -104,17 +104,19 @@ def analyze_flow(*, source: bytes | str, flow_api_name: str, catalog: CatalogSna
             = RunAtomically); the document's own request applies otherwise.
         schema: ``"strict"`` checks objects and trigger fields against ``view``;
             ``"open"`` (compile-only inventory of foreign metadata) does not.
+        bounds: the plan-eligibility bounds of the runtime policy in force (default: those of
+            ``POLICY_VERSION``); a subflow compiles under the same bounds.
 
     Returns:
         The :class:`Analysis`; ``plan`` is set only when nothing blocks.
     """
     return _analyze(source=source, flow_api_name=flow_api_name, catalog=catalog, view=view, subflows=subflows,
-                    requested_profile=requested_profile, schema=schema, stack=())
+                    requested_profile=requested_profile, schema=schema, stack=(), bounds=bounds)
 
 
 def compile_flow(*, source: bytes | str, flow_api_name: str, catalog: CatalogSnapshot, view: MetadataView,
                  subflows: Mapping[str, bytes] | None = None, requested_profile: str | None = None,
-                 schema: str = "strict") -> CompiledPlan:
+                 schema: str = "strict", bounds: PlanBounds = DEFAULT_PLAN_BOUNDS) -> CompiledPlan:
     """Compile one Flow metadata document against a sealed catalog and metadata view (seed 004 section 7).
 
     Same arguments as :func:`analyze_flow`.
@@ -127,7 +129,7 @@ def compile_flow(*, source: bytes | str, flow_api_name: str, catalog: CatalogSna
         CompileError: with every blocking diagnostic; no other exception escapes.
     """
     result = analyze_flow(source=source, flow_api_name=flow_api_name, catalog=catalog, view=view,
-                          subflows=subflows, requested_profile=requested_profile, schema=schema)
+                          subflows=subflows, requested_profile=requested_profile, schema=schema, bounds=bounds)
     if result.rejected:
         raise CompileError(result.errors or [Diagnostic("compiler_internal_error", None, "no plan")])
     return result.plan

@@ -9,8 +9,6 @@ blocker); :func:`cohort_of` places the flow in its section 20.7 cohort.
 from __future__ import annotations
 
 from .constants import (
-    ATOMIC_MAX_READS,
-    ATOMIC_MAX_WRITES,
     COHORT_EMBEDDED,
     COHORT_EXTERNAL_EFFECTS,
     COHORT_LARGE_COMPLEX,
@@ -119,10 +117,13 @@ def _atomic_blockers(ctx: CompileContext) -> list[tuple[str, str]]:
     out += [(x, "fan-out is not bounded") for x in f["fanout_unknown"]]
     out += [(x, "transaction forbidden by its capability") for x in f["tx_forbidden"]]
     out += [(x, "not replay-safe under the root retry owner") for x in f["not_replay_safe"]]
-    if f["reads"] is not None and f["reads"] > ATOMIC_MAX_READS:
-        out.append(("reads", f"{f['reads']} reads exceed the policy bound {ATOMIC_MAX_READS}"))
-    if f["writes"] is not None and f["writes"] > ATOMIC_MAX_WRITES:
-        out.append(("writes", f"{f['writes']} writes exceed the policy bound {ATOMIC_MAX_WRITES}"))
+    bounds = ctx.bounds
+    if f["reads"] is not None and f["reads"] > bounds.atomic_max_reads:
+        out.append(("reads", f"{f['reads']} reads exceed the policy bound {bounds.atomic_max_reads} "
+                             f"({bounds.version})"))
+    if f["writes"] is not None and f["writes"] > bounds.atomic_max_writes:
+        out.append(("writes", f"{f['writes']} writes exceed the policy bound {bounds.atomic_max_writes} "
+                              f"({bounds.version})"))
     if ctx.trigger.get("trigger_type") == "PlatformEvent":
         out.append(("start", "platform-event trigger: producer-backed delivery"))
     return out

@@ -7,24 +7,26 @@ Flow; :func:`flow_deploy` does both in one transaction.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
 
 from nexusflow.kernel.clock import db_now
-from nexusflow.kernel.digests import PROFILE_V2
+from nexusflow.kernel import canonical_json
+from nexusflow.kernel.digests import PROFILE_V2, digest_v2
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.metadata import current_view
 
 from .. import transitions as t
 from ..binding import RuntimeWorkBinding, flow_runtime_binding
 from ..catalog import CatalogMismatch, catalog_current, catalog_seal, catalog_snapshot_from_row
-from ..compiler import CompiledPlan, compile_flow
+from ..compiler import CompiledPlan, PlanBounds, compile_flow
 from ..errors import ActivationRejected, PlanMismatch
 from ..handlers import engine_support_diagnostics
-from ..models import FlowActivation, FlowExecutionPlan, FlowRuntimeMetadataView
+from ..models import FlowActivation, FlowDeploymentSource, FlowExecutionPlan, FlowRuntimeMetadataView
 from ..selectors import flow_subflow_payloads
-from ..store import FlowActivationStore, metadata_view_insert, plan_insert
+from ..store import FlowActivationStore, deployment_source_insert, metadata_view_insert, plan_insert
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,16 @@ def flow_compile_check(*, source: bytes | str, flow_api_name: str, org: OrgScope
     view = current_view()
     binding = flow_runtime_binding(org_id=org.org_id, metadata_view_digest=view.digest)
     return compile_flow(source=source, flow_api_name=flow_api_name, catalog=catalog_current(binding=binding),
-                        view=view, subflows=subflows, requested_profile=requested_profile)
+                        view=view, subflows=subflows, requested_profile=requested_profile,
+                        bounds=plan_bounds_for(org))
+
+
+def plan_bounds_for(org: OrgScope) -> PlanBounds:
+    """The plan-eligibility bounds of ``org``'s runtime policy (``plan_bounds``; the compiler's own when none
+    is published), which every compilation for the org applies (docs/operations.md "The runtime policy")."""
+    from runtime_outbox.policy import runtime_policy
+
+    return PlanBounds(**runtime_policy(org.org_id).plan_bounds)
 
 
 def metadata_view_seal(*, org: OrgScope, view) -> FlowRuntimeMetadataView:
@@ -98,7 +109,7 @@ def flow_plan_compile(*, org: OrgScope, source: bytes | str, flow_api_name: str,
     binding = flow_runtime_binding(org_id=org.org_id, metadata_view_digest=view.digest)
     snapshot = catalog_current(binding=binding)
     compiled = compile_flow(source=source, flow_api_name=flow_api_name, catalog=snapshot, view=view,
-                            subflows=subflows, requested_profile=requested_profile)
+                            subflows=subflows, requested_profile=requested_profile, bounds=plan_bounds_for(org))
     catalog_row = catalog_seal(snapshot=snapshot)
     view_row = metadata_view_seal(org=org, view=view)
     # The plans of the subflows it calls, exactly as compiled with it: a subflow resolves by plan digest.
@@ -223,4 +234,38 @@ def flow_deploy(*, org: OrgScope, source: bytes | str, flow_api_name: str,
         plan, created = flow_plan_compile(org=org, source=source, flow_api_name=flow_api_name, subflows=subflows,
                                           requested_profile=requested_profile)
         activation, activated = flow_activate(org=org, plan=plan)
+        _source_keep(org=org, plan=plan, source=source, subflows=subflows, requested_profile=requested_profile)
     return DeployResult(plan=plan, activation=activation, plan_created=created, activated=activated)
+
+
+_FLOW_NAME_REF = re.compile(r"<flowName>\s*([A-Za-z][A-Za-z0-9_]*)\s*</flowName>")
+
+
+def _text(source: bytes | str) -> str:
+    return source.decode("utf-8") if isinstance(source, bytes) else source
+
+
+def _source_keep(*, org: OrgScope, plan: FlowExecutionPlan, source: bytes | str,
+                 subflows: dict[str, bytes] | None, requested_profile: str | None) -> None:
+    """Keep the source ``plan`` was compiled from, with the subflows it calls transitively (idempotent)."""
+    text = _text(source)
+    called: dict[str, str] = {}
+    pending = _FLOW_NAME_REF.findall(text)
+    while pending:
+        name = pending.pop()
+        if name in called or name not in (subflows or {}):
+            continue
+        called[name] = _text(subflows[name])
+        pending += _FLOW_NAME_REF.findall(called[name])
+    digest = digest_v2("flows.deployment-source", [
+        ("source", text), ("subflows", canonical_json.dumps(called).decode()),
+        ("requested_profile", requested_profile or "")]).hexdigest
+    if FlowDeploymentSource.objects.filter(org_id=org.org_id, plan=plan, source_digest=digest).exists():
+        return
+    with transaction.atomic():
+        try:
+            deployment_source_insert(org_id=org.org_id, flow_api_name=plan.flow_api_name, plan=plan, source=text,
+                                     subflows=called, requested_profile=requested_profile or "",
+                                     source_digest=digest, created_at=db_now())
+        except IntegrityError:
+            pass  # the same source kept by a concurrent deploy

@@ -5,8 +5,9 @@ Subcommands:
 
 - ``publish FILE --scope SCOPE --actor A --reason R``: publish the JSON document in FILE (``-``: standard
   input) as the next generation of SCOPE (``*``: the environment; else an org id). Prints ``{"scope",
-  "generation", "policy_version", "digest", "created"}``; a document equal to the scope's latest generation
-  is not published again (``created`` false). Exit 2 on an unreadable file, invalid JSON or an invalid
+  "generation", "policy_version", "digest", "created", "effects"}`` (``effects``: each active Flow
+  recompiled because its plan bounds changed, or why it could not be); a document equal to the scope's
+  latest generation is not published again (``created`` false). Exit 2 on an unreadable file, invalid JSON or an invalid
   document (``runtime_policy_invalid`` with the key at fault); nothing is published then.
 - ``show [--org ORG] [--json]``: the policy in force for ORG (default: the environment's), with the
   generations it is built from, and every published generation of its scopes.
@@ -51,12 +52,13 @@ class Command(BaseCommand):
         except ValueError as exc:
             raise CommandError(f"runtime_policy_invalid: {file} is not JSON ({exc})", returncode=2) from None
         try:
-            row, created = runtime_policy_publish(scope=scope, document=document, authored_by=actor, reason=reason)
+            row, created, effects = runtime_policy_publish(scope=scope, document=document, authored_by=actor,
+                                                           reason=reason)
         except RuntimePolicyInvalid as exc:
             raise CommandError(f"{exc.code}: {exc}", returncode=2) from None
         self.stdout.write(json.dumps({"scope": row.scope, "generation": row.generation,
                                       "policy_version": row.policy_version, "digest": row.digest,
-                                      "created": created}))
+                                      "created": created, "effects": effects}))
 
     def _show(self, *, org, as_json, **_options):
         from nexusflow.kernel.errors import InvalidIdentity
