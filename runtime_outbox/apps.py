@@ -14,7 +14,7 @@ class RuntimeOutboxConfig(AppConfig):
         from nexusflow.records.services import DELETE_STAGE_OWNER_WORK, register_after_save, register_before_delete
 
         from .command_inbox import command_handoff_accept
-        from .metrics import outbox_families
+        from .metrics import admission_families, outbox_families
         from .messages import RUNTIME_COMMAND_HANDOFF, check_every_family_consumed, register_consumer
         from .owner import owner_before_delete, owner_intents_read, owner_work_check
         from .replay_guard import record_replay_write
@@ -30,6 +30,7 @@ class RuntimeOutboxConfig(AppConfig):
         register_reconciler("outbox.reconcile", role="runtime")
         register_open_work("outbox", outbox_pending_count)
         register_families("runtime_outbox", outbox_families)
+        register_families("admission", admission_families)
         # The durable Runtime command inbox: V1's RuntimeCommandHandoff (runtime_outbox/command_inbox.py).
         register_consumer(RUNTIME_COMMAND_HANDOFF, command_handoff_accept)
         # Every declared message family has its one consumer once all apps are ready (``manage.py check``).

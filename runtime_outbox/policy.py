@@ -9,7 +9,8 @@ generation, overlaid by the org's latest generation.
 
 Document (every section and key optional; unknown keys are refused)::
 
-    {"pressure": {"active_statements": 32, "connection_share": 0.8, "read_seconds": 1.0},   # environment only
+    {"pressure": {"active_statements": 32, "connection_share": 0.8, "read_seconds": 1.0,
+                  "lock_waits": 16},                                                         # environment only
      "ingress": {"shed_active_statements": 64, "shed_connection_share": 0.95,
                  "retry_after_seconds": 5},                                                 # environment only
      "retries": {"max_attempts": 5, "retry_base_seconds": 2.0},
@@ -59,7 +60,7 @@ ENVIRONMENT_SECTIONS = frozenset({"pressure", "ingress"})
 _SCHEMA: dict[str, dict[str, tuple[type, float, float]]] = {
     # section -> key -> (type, minimum, maximum)
     "pressure": {"active_statements": (int, 1, 100_000), "connection_share": (float, 0.01, 1.0),
-                 "read_seconds": (float, 0.0, 60.0)},
+                 "read_seconds": (float, 0.0, 60.0), "lock_waits": (int, 1, 100_000)},
     "ingress": {"shed_active_statements": (int, 1, 100_000), "shed_connection_share": (float, 0.01, 1.0),
                 "retry_after_seconds": (int, 1, 3600)},
     "retries": {"max_attempts": (int, 1, 100), "retry_base_seconds": (float, 0.0, 3600.0)},
@@ -88,7 +89,10 @@ class IngressBounds:
     retry_after_seconds: int
 
     def as_pressure(self, read_seconds: float) -> PressureBounds:
-        return PressureBounds(self.shed_active_statements, self.shed_connection_share, read_seconds)
+        """The ingress's bounds as pressure bounds (lock waits never shed ingress: admission takes no row lock
+        a mutation holds)."""
+        return PressureBounds(self.shed_active_statements, self.shed_connection_share, read_seconds,
+                              lock_waits=10**9)
 
 
 @dataclass(frozen=True)
@@ -113,7 +117,8 @@ class RuntimePolicy:
         return {"version": self.version,
                 "pressure": {"active_statements": self.pressure.active_statements,
                              "connection_share": self.pressure.connection_share,
-                             "read_seconds": self.pressure.read_seconds},
+                             "read_seconds": self.pressure.read_seconds,
+                             "lock_waits": self.pressure.lock_waits},
                 "ingress": {"shed_active_statements": self.ingress.shed_active_statements,
                             "shed_connection_share": self.ingress.shed_connection_share,
                             "retry_after_seconds": self.ingress.retry_after_seconds},
@@ -244,7 +249,8 @@ def _defaults() -> dict[str, Any]:
     pressure = pressure_bounds()
     return {
         "pressure": {"active_statements": pressure.active_statements,
-                     "connection_share": pressure.connection_share, "read_seconds": pressure.read_seconds},
+                     "connection_share": pressure.connection_share, "read_seconds": pressure.read_seconds,
+                     "lock_waits": pressure.lock_waits},
         "ingress": {"shed_active_statements": int(setting_number("NEXUS_INGRESS_SHED_ACTIVE_STATEMENTS",
                                                                  2 * pressure.active_statements)),
                     "shed_connection_share": setting_number("NEXUS_INGRESS_SHED_CONNECTION_SHARE", 0.95),

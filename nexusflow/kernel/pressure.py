@@ -15,7 +15,13 @@ the server's ``max_connections``. The bounds are settings (environment variables
 - ``NEXUS_PRESSURE_CONNECTION_SHARE`` (default 0.8): at or above this share of ``max_connections`` in
   use, new mutation work waits, well before the server refuses connections;
 - ``NEXUS_PRESSURE_READ_SECONDS`` (default 1.0): a process reads the signals at most this often (0: on
-  every question).
+  every question);
+- ``NEXUS_PRESSURE_LOCK_WAITS`` (default 16): at or above this many transactions of the server waiting
+  for a row lock now (``Innodb_row_lock_current_waits``), new mutation work waits: the contention would
+  only grow with it.
+
+These settings are the defaults of the versioned runtime policy (:mod:`runtime_outbox.policy`), whose
+published environment generation wins over them.
 """
 from __future__ import annotations
 
@@ -30,17 +36,19 @@ log = logging.getLogger("nexusflow.pressure")
 #: Reason codes of a paused admission.
 PRESSURE_ACTIVE_STATEMENTS = "db_pressure_active_statements"
 PRESSURE_CONNECTIONS = "db_pressure_connections"
-
+PRESSURE_LOCK_WAITS = "db_pressure_lock_waits"
 
 
 
 @dataclass(frozen=True)
 class PressureBounds:
-    """The bounds in force: ``active_statements`` (count), ``connection_share`` (0..1], ``read_seconds``."""
+    """The bounds in force: ``active_statements`` (count), ``connection_share`` (0..1], ``read_seconds``,
+    ``lock_waits`` (transactions of the server waiting for a row lock now)."""
 
     active_statements: int
     connection_share: float
     read_seconds: float
+    lock_waits: int = 16
 
 
 def pressure_bounds() -> PressureBounds:
@@ -52,8 +60,10 @@ def pressure_bounds() -> PressureBounds:
     """
     bounds = PressureBounds(active_statements=int(setting_number("NEXUS_PRESSURE_ACTIVE_STATEMENTS", 32)),
                             connection_share=setting_number("NEXUS_PRESSURE_CONNECTION_SHARE", 0.8),
-                            read_seconds=setting_number("NEXUS_PRESSURE_READ_SECONDS", 1.0))
-    if bounds.active_statements < 1 or not 0 < bounds.connection_share <= 1 or bounds.read_seconds < 0:
+                            read_seconds=setting_number("NEXUS_PRESSURE_READ_SECONDS", 1.0),
+                            lock_waits=int(setting_number("NEXUS_PRESSURE_LOCK_WAITS", 16)))
+    if (bounds.active_statements < 1 or not 0 < bounds.connection_share <= 1 or bounds.read_seconds < 0
+            or bounds.lock_waits < 1):
         raise ValueError(f"pressure bounds out of range: {bounds}")
     return bounds
 
@@ -67,6 +77,8 @@ class PressureReading:
     active_statements: int
     max_connections: int
     reason: str
+    #: Transactions of the whole server waiting for a row lock now (``Innodb_row_lock_current_waits``).
+    lock_waits: int = 0
 
     def as_json(self) -> dict:
         return asdict(self)
@@ -74,16 +86,19 @@ class PressureReading:
 
 def read_pressure(bounds: PressureBounds | None = None) -> PressureReading:
     """Read the signals now and judge them against ``bounds`` (default :func:`pressure_bounds`)."""
-    from .selectors import database_load
+    from .selectors import database_load, database_status
 
     bounds = bounds or pressure_bounds()
     connections, active, max_connections = database_load()
+    lock_waits = database_status()["Innodb_row_lock_current_waits"]
     reason = ""
     if active >= bounds.active_statements:
         reason = PRESSURE_ACTIVE_STATEMENTS
     elif max_connections and connections >= bounds.connection_share * max_connections:
         reason = PRESSURE_CONNECTIONS
-    return PressureReading(connections, active, max_connections, reason)
+    elif lock_waits >= bounds.lock_waits:
+        reason = PRESSURE_LOCK_WAITS
+    return PressureReading(connections, active, max_connections, reason, lock_waits)
 
 
 _LAST: dict[str, dict[str, object]] = {}

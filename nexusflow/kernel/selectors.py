@@ -80,6 +80,32 @@ def database_load(using: str = "default") -> tuple[int, int, int]:
     return int(count), int(active), int(bound or 0)
 
 
+#: The server status counters :func:`database_status` reads (MariaDB/MySQL names; absent ones read 0).
+STATUS_COUNTERS = ("Innodb_row_lock_current_waits", "Innodb_row_lock_waits", "Innodb_deadlocks",
+                   "Threads_connected", "Threads_running")
+
+
+def database_status(using: str = "default") -> dict[str, int]:
+    """The server's lock and session counters: ``{counter: value}`` for :data:`STATUS_COUNTERS`.
+
+    ``Innodb_row_lock_current_waits`` (transactions waiting for a row lock now), ``Innodb_row_lock_waits``
+    and ``Innodb_deadlocks`` (totals since start), ``Threads_connected`` / ``Threads_running`` (every
+    account's sessions). A server without one of them (TiDB has no InnoDB counters) reads 0 for it. Seed
+    004 section 16.2's lock-wait and deadlock signals.
+    """
+    placeholders = ", ".join(["%s"] * len(STATUS_COUNTERS))
+    with connections[using].cursor() as cursor:
+        cursor.execute(f"SHOW GLOBAL STATUS WHERE Variable_name IN ({placeholders})", list(STATUS_COUNTERS))
+        found = {name: value for name, value in cursor.fetchall()}
+    out = {}
+    for name in STATUS_COUNTERS:
+        try:
+            out[name] = int(found.get(name) or 0)
+        except (TypeError, ValueError):
+            out[name] = 0
+    return out
+
+
 def reason_rows(model, states, since: str | None) -> list[tuple[str, str, int, dt.datetime | None]]:
     """Rows of ``model`` (all orgs) in ``states`` by state and reason code: ``(state, reason_code, rows, oldest)``.
 

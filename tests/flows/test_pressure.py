@@ -149,3 +149,24 @@ def test_the_published_runtime_policy_sets_the_pressure_bound(settings, capsys):
                                authored_by="ops", reason="relaxed")
         assert flow_try_run_step_one(worker_id="pressure-worker") is True
     assert _attempts(runs) == 1
+
+
+def test_row_lock_waits_at_the_policys_bound_pause_new_step_claims(settings):
+    """The server's current row lock waits (``Innodb_row_lock_current_waits``) are a pressure signal of their
+    own: with the running-statement bound out of reach, ``BLOCKED`` transactions waiting on a held row lock
+    pause claims with ``db_pressure_lock_waits``; a generation raising the bound admits them again."""
+    from runtime_outbox.policy import runtime_policy, runtime_policy_publish
+
+    settings.NEXUS_POLICY_READ_SECONDS = 0
+    org = OrgScope("pressure-org")
+    runs = _chain_runs(org, 1)
+    runtime_policy_publish(scope="*", document={"pressure": {"active_statements": 10_000, "lock_waits": BLOCKED,
+                                                             "read_seconds": 0}}, authored_by="ops", reason="waits")
+    with _blocked_statements(FlowRun.objects.get(pk=runs[0]).plan_id, BLOCKED):
+        reading = pressure.read_pressure(runtime_policy().pressure)
+        assert reading.lock_waits >= BLOCKED and reading.reason == pressure.PRESSURE_LOCK_WAITS
+        assert flow_try_run_step_one(worker_id="pressure-worker") is False and _attempts(runs) == 0
+        runtime_policy_publish(scope="*", document={"pressure": {"active_statements": 10_000, "lock_waits": 10_000,
+                                                                 "read_seconds": 0}}, authored_by="ops", reason="up")
+        assert flow_try_run_step_one(worker_id="pressure-worker") is True
+    assert _attempts(runs) == 1

@@ -143,3 +143,22 @@ def test_the_ingress_sheds_at_the_policys_bound_and_admits_again_below_it(client
     until("the blocked statements finished", lambda: pressure.read_pressure().reason == "")
     assert post_signed(client, [hubspot_event(2, 502, 1000)]).status_code == 202
     assert Receipt.objects.count() == 2
+
+
+def test_metrics_show_the_servers_lock_waits_and_what_the_policy_pauses(settings):
+    """``/metrics`` reads the server's own counters and judges them under the policy in force."""
+    from nexusflow.flows.services import flow_deploy as deploy
+    from nexusflow.kernel.scope import OrgScope
+    from tests.kernel.test_metrics import scrape_metrics
+
+    settings.NEXUS_POLICY_READ_SECONDS = 0
+    plan = deploy(org=OrgScope("metrics-org"), source=decision_flow_xml(), flow_api_name="Decide_Only").plan
+    _publish("*", {"pressure": {"active_statements": 10_000, "lock_waits": 2, "read_seconds": 0}})
+    with blocked_statements(plan.pk, 2):
+        samples = scrape_metrics()
+    assert samples[("nexusflow_database_row_lock_waits", ())] >= 2
+    assert samples[("nexusflow_admission_paused", (("purpose", "mutation"),))] == 1
+    assert samples[("nexusflow_admission_paused", (("purpose", "ingress"),))] == 0
+    assert samples[("nexusflow_runtime_policy_info", (("version", "env.1"),))] == 1
+    assert samples[("nexusflow_database_deadlocks_total", ())] >= 0
+    assert samples[("nexusflow_database_sessions", (("scope", "account"), ("state", "running")))] >= 2
