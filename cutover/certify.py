@@ -288,5 +288,5 @@ def _certify(org: OrgScope, attempt_key: str, blockers: list[dict]) -> CertifyRe
         for gate in gates:
             gate_transition(gate=gate, dst="v1_drained", reason_code=reasons.CUTOVER_IN_PROGRESS, evidence={
                 "attempt_key": attempt_key, "v1_shutdown_certificate": int(certificate.pk), "digest": digest})
-    return CertifyReport(attempt_key, int(certificate.pk), digest, [g.account_key for g in gates],
+    return CertifyReport(attempt_key, int(certificate.pk), digest, sorted(g.account_key for g in gates),
                          certificate_document["coverage"]["tombstones"], certificate_document["coverage"]["baselines"])

@@ -114,6 +114,9 @@ def _reconcile_one(org: OrgScope, attempt_key: str, answer: dict) -> dict | None
     with transaction.atomic(durable=True):
         gates = AccountServingGateStore.lock_all(org.org_id)
         states = {g.state for g in gates}
+        if not gates or not states <= {"halting_v1", "v1_stopped"}:
+            raise CutoverRefused(f"reconciliation needs every gate halting_v1 or v1_stopped; gates are "
+                                 f"{', '.join(sorted(states)) or 'none'} (after v1_drained no V1 row changes)")
         prior = CutoverEvidence.objects.filter(org_id=org.org_id, attempt_key=attempt_key, kind="v1_reconciliation",
                                                account_key=subject).first()
         if prior is not None:
@@ -121,9 +124,6 @@ def _reconcile_one(org: OrgScope, attempt_key: str, answer: dict) -> dict | None
                 raise ReconciliationConflict(f"call {answer['call_id']} was reconciled with another answer "
                                              f"(evidence {prior.digest[:16]})")
             return None
-        if not gates or not states <= {"halting_v1", "v1_stopped"}:
-            raise CutoverRefused(f"reconciliation needs every gate halting_v1 or v1_stopped; gates are "
-                                 f"{', '.join(sorted(states)) or 'none'} (after v1_drained no V1 row changes)")
         try:
             call = V1ProviderCallStore.lock(org.org_id, answer["call_id"])
         except V1ProviderCall.DoesNotExist:

@@ -1,9 +1,9 @@
 """``cutover stop``: deny V1 provider egress, terminate the V1 process generations, gates -> ``v1_stopped``.
 
-Seed 003 "Offline V1 shutdown, cold rollback, and V2 cutover", step 3; proofs
-S003-RP-41 (no egress-capable old generation) and S003-RP-45 (a terminated
-generation never regains egress). After ``cutover drain`` recorded the first
-zero inventory:
+Seed 003 "Offline V1 shutdown, cold rollback, and V2 cutover", step 3; proof
+S003-RP-41 (no egress-capable old generation). Once ``cutover drain`` reports
+no V1 work (no open event, live lease or parked ambiguous call; a V1 call still
+``prepared`` or ``sending`` is interrupted here and reconciled afterwards):
 
 1. Isolation: one transaction locks the org's V1 egress mutex (the
    ``root_outbound`` barrier row, ``FOR UPDATE``) and inserts one
@@ -135,7 +135,7 @@ def cutover_stop(*, org: OrgScope, attempt_key: str, wait_seconds: float = DEFAU
     """Isolate and terminate every V1 process generation, then move every gate ``halting_v1 -> v1_stopped``.
 
     Args:
-        attempt_key: the attempt whose drain recorded its zero inventory.
+        attempt_key: the attempt ``cutover halt-v1`` halted.
         wait_seconds: how long to wait for signalled local V1 processes to be proven gone (>= 0).
 
     Returns:
@@ -143,8 +143,9 @@ def cutover_stop(*, org: OrgScope, attempt_key: str, wait_seconds: float = DEFAU
 
     Raises:
         InvalidIdentity / CertificateMissing: see :func:`cutover.v1_shutdown.attempt_certificate`.
-        CutoverRefused: no drain inventory for the attempt, or the gates are not ``halting_v1``.
-        ShutdownBlocked: V1 work reappeared before isolation, or a generation is not proven gone (exit 3).
+        CutoverRefused: the attempt did not halt V1, or the gates are not ``halting_v1``.
+        ShutdownBlocked: V1 work, a live lease or a parked ambiguous call remains, or a generation is not proven
+            gone (exit 3). Calls ``prepared``/``sending`` at isolation are listed as interrupted, not blockers.
 
     Seed 003 "Offline V1 shutdown, cold rollback, and V2 cutover" (step 3); proof S003-RP-41.
     """
@@ -159,15 +160,19 @@ def cutover_stop(*, org: OrgScope, attempt_key: str, wait_seconds: float = DEFAU
                           sorted(int(k) for k in evidence["process_termination"].payload["generations"]),
                           int(denial.pk), evidence["process_termination"].digest,
                           evidence["egress_isolation"].digest, already=True)
-    if not CutoverEvidence.objects.filter(org_id=org.org_id, attempt_key=attempt_key,
-                                          kind="v1_drain_inventory").exists():
-        raise CutoverRefused(f"attempt {attempt_key} has no zero drain inventory; run cutover drain first")
+    remeasure = CutoverEvidence.objects.filter(org_id=org.org_id, attempt_key=attempt_key,
+                                               kind="halt_remeasure").first()
+    if remeasure is None or remeasure.payload["blockers"]:
+        raise CutoverRefused(f"attempt {attempt_key} did not halt V1; run cutover halt-v1 first")
     if not gates or not states <= {"halting_v1", "v1_stopped"}:
         raise CutoverRefused(f"stop needs every gate halting_v1; gates are {', '.join(sorted(states)) or 'none'}")
 
     if "egress_isolation" not in evidence:
-        # The live inventory reached zero once; nothing new may have started before isolation.
-        blockers = inventory_blockers(v1_inventory(org))
+        # V1 work and leases must be gone, and no parked ambiguity may leave halting_v1. A call still
+        # prepared or sending is frozen by the isolation and termination below, and reconciled after.
+        inventory = v1_inventory(org)
+        inventory["unresolved_calls"] = [c for c in inventory["unresolved_calls"] if c["state"] == "ambiguous"]
+        blockers = inventory_blockers(inventory)
         if blockers:
             record_blocked(org, attempt_key, "stop", blockers)
             raise ShutdownBlocked("stop", blockers)
@@ -179,8 +184,10 @@ def cutover_stop(*, org: OrgScope, attempt_key: str, wait_seconds: float = DEFAU
     if blockers:
         record_blocked(org, attempt_key, "stop", blockers)
         raise ShutdownBlocked("stop", blockers)
+    interrupted = selectors.v1_unresolved_calls(org_id=org.org_id, states=("prepared", "sending"))
     with transaction.atomic(durable=True):
         termination = _evidence(org, attempt_key, "process_termination", "", {
+            "interrupted_calls": interrupted,
             "generations": {str(gid): {"worker_id": g["worker_id"], "release": g["release"], "proof": proofs[g["id"]]}
                             for g in generations for gid in [g["id"]]},
             "isolation_digest": isolation["digest"]})
@@ -192,5 +199,5 @@ def cutover_stop(*, org: OrgScope, attempt_key: str, wait_seconds: float = DEFAU
                 gate_transition(gate=gate, dst="v1_stopped", reason_code=reasons.CUTOVER_IN_PROGRESS, evidence={
                     "attempt_key": attempt_key, "process_termination": termination, "egress_isolation": isolation})
     denial = V1EgressDenial.objects.get(org_id=org.org_id, attempt_key=attempt_key)
-    return StopReport(attempt_key, [g.account_key for g in locked], sorted(proofs), int(denial.pk),
+    return StopReport(attempt_key, sorted(g.account_key for g in locked), sorted(proofs), int(denial.pk),
                       termination["digest"], isolation["digest"])
