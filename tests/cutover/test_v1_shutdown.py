@@ -243,23 +243,59 @@ def _manifest_gap(monkeypatch):
         V1ProviderCallStore.transition(org_id=ORG, pk=call.pk, src="prepared", dst="abandoned", version=call.version)
 
 
+def _egress_capable_generation():
+    """A V1 generation started after the egress denial (terminated, but never denied egress)."""
+    from connectors.store import WorkerProcessStore
+    from nexusflow.kernel.clock import db_now
+
+    insert(V1ProcessGeneration, worker_id="v1:after-stop:1:abc", host="another-host", pid=1, release="0" * 64)
+    insert(WorkerProcess, worker_id="v1:after-stop:1:abc", role="v1", host="another-host", pid=1,
+           process_start_ticks=1)
+    WorkerProcessStore.record_termination(worker_id="v1:after-stop:1:abc", proof={"proof": "pid_absent"},
+                                          at=db_now())
+
+
+def _identity_conflict():
+    """A ReceiptAdmissionKey that holds a V1 transport key with another payload digest."""
+    from nexusflow.kernel.digests import PROFILE_V2
+
+    key = V1TransportKey.objects.get(org_id=ORG)
+    insert(ReceiptAdmissionKey, org_id=ORG, account_key=key.account_key, channel=key.channel,
+           transport_key=key.transport_key, identity_digest="f" * 64, profile_id=PROFILE_V2,
+           v1_tombstone={"predecessor": {"protocol": "v1"}, "route_key": key.route_key})
+
+
+def _unpositioned_event():
+    """A V1 event of the order-dependent route without a typed source position: no high-water exists."""
+    sibling = V1Event.objects.filter(org_id=ORG).first()
+    insert(V1Event, org_id=ORG, account_key=sibling.account_key, channel=sibling.channel,
+           route_key=sibling.route_key, transport=sibling.transport, ordinal=8, source_event_key="no-position",
+           payload=None, state="pending")
+
+
 @pytest.mark.parametrize("violation,code", [
     ("nonterminal_event", reasons.V1_WORK_OPEN),
     ("live_lease", reasons.V1_LEASE_LIVE),
     ("live_generation", reasons.V1_GENERATION_LIVE),
+    ("egress_capable_generation", reasons.V1_EGRESS_NOT_ISOLATED),
     ("incomplete_manifest", reasons.V1_EGRESS_MANIFEST_INCOMPLETE),
+    ("identity_conflict", reasons.V1_IDENTITY_CONFLICT),
+    ("missing_baseline", reasons.V1_BASELINE_MISSING),
 ])
 def test_shutdown_cannot_certify_with_open_work_a_live_lease_a_live_generation_or_an_incomplete_manifest(
         stopped, monkeypatch, violation, code):
     """S003-RP-41: each blocker alone rejects ``v1_stopped -> v1_drained``; nothing is exported."""
     {"nonterminal_event": _pending_event, "live_lease": _live_lease, "live_generation": _live_generation,
+     "egress_capable_generation": _egress_capable_generation, "identity_conflict": _identity_conflict,
+     "missing_baseline": _unpositioned_event,
      "incomplete_manifest": lambda: _manifest_gap(monkeypatch)}[violation]()
+    tombstones = ReceiptAdmissionKey.objects.filter(org_id=ORG).count()
     with pytest.raises(ShutdownBlocked) as blocked:
         cutover_certify(org=stopped, attempt_key=ATTEMPT)
     assert code in _codes(blocked.value)
     assert _gate_states() == {"v1_stopped"}
     assert not V1ShutdownCertificate.objects.exists() and not OrderingBaseline.objects.exists()
-    assert not ReceiptAdmissionKey.objects.filter(org_id=ORG).exists()
+    assert ReceiptAdmissionKey.objects.filter(org_id=ORG).count() == tombstones
 
 
 def test_a_v1_call_interrupted_before_or_after_io_blocks_certification_until_exactly_reconciled(interrupted):
