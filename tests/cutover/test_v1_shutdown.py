@@ -293,6 +293,8 @@ def test_shutdown_cannot_certify_with_open_work_a_live_lease_a_live_generation_o
     with pytest.raises(ShutdownBlocked) as blocked:
         cutover_certify(org=stopped, attempt_key=ATTEMPT)
     assert code in _codes(blocked.value)
+    if violation == "incomplete_manifest":
+        assert "call_site.v1.push.update" in {b["subject"] for b in blocked.value.blockers}
     assert _gate_states() == {"v1_stopped"}
     assert not V1ShutdownCertificate.objects.exists() and not OrderingBaseline.objects.exists()
     assert ReceiptAdmissionKey.objects.filter(org_id=ORG).count() == tombstones
