@@ -204,6 +204,20 @@ def test_stop_reports_a_v1_generation_it_cannot_prove_gone(halted):
     assert _gate_states() == {"halting_v1"} and V1EgressDenial.objects.filter(org_id=ORG).exists()
 
 
+def test_a_stop_killed_after_isolation_resumes_under_the_same_attempt(halted):
+    """The denial survives the crash (the service stays stopped for V1 egress); the rerun finishes the stop."""
+    _run_v1_worker()
+    crashed = run_manage(["cutover", "stop", "--org", ORG, "--attempt", ATTEMPT, "--wait-seconds", "0"],
+                         subprocess_env(NEXUS_FAILPOINTS="cutover.stop.after_isolation"))
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    assert _gate_states() == {"halting_v1"}
+    denial = V1EgressDenial.objects.get(org_id=ORG, attempt_key=ATTEMPT)
+    assert CutoverEvidence.objects.filter(org_id=ORG, kind="egress_isolation").count() == 1
+    report = cutover_stop(org=halted, attempt_key=ATTEMPT, wait_seconds=0)
+    assert report.denial_id == int(denial.pk) and _gate_states() == {"v1_stopped"}
+    assert V1EgressDenial.objects.filter(org_id=ORG).count() == 1
+
+
 # --- certify: S003-RP-41 ------------------------------------------------------------------------------------
 def _pending_event():
     sibling = V1Event.objects.filter(org_id=ORG).first()
