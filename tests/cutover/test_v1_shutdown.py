@@ -355,6 +355,50 @@ def test_a_v1_call_interrupted_before_or_after_io_blocks_certification_until_exa
             {"call_id": int(before.pk), "outcome": "no_effect", "evidence": "again, other words"}])
 
 
+def test_a_real_v1_push_killed_past_its_pre_io_marker_blocks_certification_until_reconciled(billing_sandbox, client):
+    """S003-RP-41: a V1 process killed after committing ``sending``; the answer comes from the provider's records."""
+    from nexusflow.records.models import Record
+    from nexusflow.records.services import record_lock, record_write_mirror
+    from tests.conftest import BILLING_KEY, hubspot_event
+    from tests.connectors.v1.support import install_v1, post_v1
+    from tests.cutover.test_preflight import full_plan
+    from cutover.preflight import cutover_preflight
+
+    org = install_v1(billing_sandbox.base_url)
+    assert post_v1(client, [hubspot_event(1, 501, 1000, "email", "a@example.test")]).status_code == 202
+    _run_v1_worker()
+    record = Record.objects.get(org_id=ORG, object_name="Contact")
+    customer = httpx.post(billing_sandbox.base_url + "/v1/customers", data={"email": "old@example.test"},
+                          headers={"Authorization": f"Bearer {BILLING_KEY}"}).json()
+    with transaction.atomic():
+        locked = record_lock(org=org, object_name="Contact", record_key=record.record_key)
+        record_write_mirror(org=org, record=locked, field="billing_id", value=customer["id"])
+    killed = run_manage(["v1_push", "--org", ORG, "--contract", "billing.customer", "--record", record.record_key],
+                        subprocess_env(NEXUS_FAILPOINTS="v1.call.after_sending"))
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    call = V1ProviderCall.objects.get(org_id=ORG)
+    assert call.state == "sending" and call.io_may_have_started_at is not None
+    requests = billing_sandbox.state()["requests"]
+
+    cutover_preflight(org=org, attempt_key=ATTEMPT, plan=full_plan())
+    cutover_halt_v1(org=org, attempt_key=ATTEMPT)
+    with pytest.raises(ShutdownBlocked) as draining:
+        cutover_drain(org=org, attempt_key=ATTEMPT)
+    assert _codes(draining.value) == {reasons.V1_EFFECT_UNRESOLVED}
+    cutover_stop(org=org, attempt_key=ATTEMPT, wait_seconds=0)
+    with pytest.raises(ShutdownBlocked) as blocked:
+        cutover_certify(org=org, attempt_key=ATTEMPT)
+    assert {b["subject"] for b in blocked.value.blockers} == {f"v1_provider_call.{call.pk}"}
+    # The operator reads the provider: the customer never received the update.
+    [remote] = [c for c in billing_sandbox.state()["customers"] if c["id"] == customer["id"]]
+    assert remote["update_requests"] == 0
+    cutover_reconcile(org=org, attempt_key=ATTEMPT, answers=[
+        {"call_id": int(call.pk), "outcome": "no_effect", "evidence": f"{customer['id']}: 0 update requests"}])
+    cutover_certify(org=org, attempt_key=ATTEMPT)
+    assert _gate_states() == {"v1_drained"}
+    assert billing_sandbox.state()["requests"] == requests  # nothing was dispatched by the cutover
+
+
 # --- S003-RP-42: reconciliation and certification serialize on the v1_stopped gate rows ---------------------
 def _connection_id() -> int:
     with connection.cursor() as cursor:
