@@ -23,6 +23,11 @@ no V1 work (no open event, live lease or parked ambiguous call; a V1 call still
 3. One transaction locks every gate and moves it ``halting_v1 -> v1_stopped``,
    binding both receipts and the attempt.
 
+Termination is deployment-wide, as V1 ignores the per-account gates: every
+recorded V1 process generation must be gone, whichever org it served. The
+denial is the org's; a generation started after it (a later cold abort's new
+generation) is not denied, and ``cutover certify`` refuses while one exists.
+
 Resumable: each step is idempotent and a rerun continues where a crash left it.
 """
 from __future__ import annotations

@@ -317,6 +317,10 @@ def test_shutdown_cannot_certify_with_open_work_a_live_lease_a_live_generation_o
 def test_a_v1_call_interrupted_before_or_after_io_blocks_certification_until_exactly_reconciled(interrupted):
     """S003-RP-41: interrupted at the pre-I/O row and after the marker; reconciliation never dispatches."""
     stopped, before, after = interrupted
+    status = cutover_status(org=stopped)
+    assert status["phase"] == "v1_stopped" and "cutover reconcile" in status["next_command"]
+    assert {b["subject"] for b in status["blockers"] if b["reason_code"] == reasons.V1_EFFECT_UNRESOLVED} \
+        == {f"v1_provider_call.{before.pk}", f"v1_provider_call.{after.pk}"}
     with pytest.raises(ShutdownBlocked) as blocked:
         cutover_certify(org=stopped, attempt_key=ATTEMPT)
     assert {b["subject"] for b in blocked.value.blockers if b["reason_code"] == reasons.V1_EFFECT_UNRESOLVED} \
@@ -350,6 +354,8 @@ def test_a_v1_call_interrupted_before_or_after_io_blocks_certification_until_exa
         evidence = GateTransitionEvidence.objects.get(gate=gate, to_state="v1_drained").evidence
         assert evidence["digest"] == report.digest
     assert cutover_certify(org=stopped, attempt_key=ATTEMPT).already
+    status = cutover_status(org=stopped)
+    assert status["shutdown_certificate"]["digest"] == report.digest and "restore point" in status["next_command"]
     with pytest.raises(CutoverRefused, match="v1_drained"):
         cutover_reconcile(org=stopped, attempt_key=ATTEMPT, answers=[
             {"call_id": int(before.pk), "outcome": "no_effect", "evidence": "again, other words"}])
