@@ -127,13 +127,21 @@ def _tombstones(org: OrgScope) -> tuple[list[dict], list[dict]]:
 
 
 def _position(payload, ordering: dict):
+    """``(partition values, [*typed position, tie-breaker])`` of one V1 event payload, or ``(None, None)``."""
     if not isinstance(payload, dict):
         return None, None
     position = [payload.get(f) for f in ordering["position"]]
     tie = payload.get(ordering["tie_breaker"])
-    if any(not isinstance(p, int) or isinstance(p, bool) for p in position) or tie in (None, ""):
+    if any(not isinstance(p, int) or isinstance(p, bool) for p in position) or tie in (None, "") \
+            or isinstance(tie, (bool, float, dict, list)):
         return None, None
-    return [payload.get(f) for f in ordering["partition"]], [*position, str(tie)]
+    return [payload.get(f) for f in ordering["partition"]], [*position, tie]
+
+
+def _order_key(position: list) -> tuple:
+    """Compare typed positions numerically, then the tie-breaker (integers before texts, each in its own order)."""
+    *typed, tie = position
+    return (*typed, (0, tie, "") if isinstance(tie, int) else (1, 0, tie))
 
 
 def _baselines(org: OrgScope, document: dict) -> tuple[list[dict], list[dict]]:
@@ -154,7 +162,7 @@ def _baselines(org: OrgScope, document: dict) -> tuple[list[dict], list[dict]]:
                     missing += 1
                     continue
                 key = canonical_json.dumps(partition)
-                if key not in highs or position > highs[key][1]:
+                if key not in highs or _order_key(position) > _order_key(highs[key][1]):
                     highs[key] = (partition, position)
             if missing:
                 out.append(blocker(reasons.V1_BASELINE_MISSING, name,

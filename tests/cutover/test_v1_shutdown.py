@@ -349,7 +349,12 @@ def test_a_v1_call_interrupted_before_or_after_io_blocks_certification_until_exa
     key = V1TransportKey.objects.get(org_id=ORG)
     tombstone = ReceiptAdmissionKey.objects.get(org_id=ORG, transport_key=key.transport_key)
     assert tombstone.identity_digest == key.identity_digest and tombstone.receipt_id is None
-    assert report.baselines == OrderingBaseline.objects.filter(org_id=ORG).count() >= 1
+    # The drained V1 high-water of each (objectId, propertyName) partition: [occurredAt, eventId, tie-breaker].
+    baselines = {tuple(b.partition): (b.origin, json.loads(bytes(b.position)))
+                 for b in OrderingBaseline.objects.filter(org_id=ORG)}
+    assert baselines == {(501, None): ("v1_high_water", [1000, 1, 1]),
+                         (501, "email"): ("v1_high_water", [1001, 2, 2])}
+    assert report.baselines == 2
     for gate in AccountServingGate.objects.filter(org_id=ORG):
         evidence = GateTransitionEvidence.objects.get(gate=gate, to_state="v1_drained").evidence
         assert evidence["digest"] == report.digest
@@ -546,3 +551,15 @@ def test_the_shutdown_commands_walk_to_v1_drained_with_exit_codes(halted, tmp_pa
     assert "v1_drained" in done.stdout
     status = run_manage(["cutover", "status", "--org", ORG], env)
     assert "phase v1_drained" in status.stdout
+
+
+@pytest.mark.django_db(databases=[])
+def test_the_high_water_compares_typed_positions_and_tie_breakers_by_value_not_by_text():
+    from cutover.certify import _order_key, _position
+
+    ordering = {"partition": ["objectId"], "position": ["occurredAt"], "tie_breaker": "eventId"}
+    assert _order_key([5, 10]) > _order_key([5, 9]) and _order_key([10, 1]) > _order_key([9, 99])
+    assert _order_key([5, "b"]) > _order_key([5, "a"]) > _order_key([5, 10 ** 6])
+    assert _position({"objectId": 1, "occurredAt": 7, "eventId": 3}, ordering) == ([1], [7, 3])
+    assert _position({"objectId": 1, "occurredAt": "7", "eventId": 3}, ordering) == (None, None)
+    assert _position({"objectId": 1, "occurredAt": 7, "eventId": True}, ordering) == (None, None)
