@@ -32,6 +32,12 @@ def _next_command(org_id: str, phase: str, certificate, refusal, open_v1: dict) 
     if phase == "halting_v1":
         if CutoverEvidence.objects.filter(org_id=org_id, attempt_key=attempt, kind="v1_drain_inventory").exists():
             return f"manage.py cutover stop --org {org_id} --attempt {attempt}"
+        in_flight = [c["id"] for c in open_v1["unresolved_calls"] if c["state"] in ("prepared", "sending")]
+        if in_flight and not open_v1["open_events"] and not open_v1["live_leases"] \
+                and len(in_flight) == len(open_v1["unresolved_calls"]):
+            return (f"manage.py cutover stop --org {org_id} --attempt {attempt} (only V1 calls "
+                    f"{', '.join(map(str, in_flight[:10]))} are prepared or sending: the stop interrupts them, "
+                    "cutover reconcile resolves them after)")
         return (f"manage.py cutover drain --org {org_id} --attempt {attempt} (run_workers --role v1 finishes the "
                 "accepted work; rerun until it reports no blocker)")
     if phase == "v1_stopped":
@@ -93,7 +99,7 @@ def cutover_status(*, org: OrgScope) -> dict:
     if refusal is not None:
         blockers += [{**b, "subject": f"{refusal.payload['attempt_key']}: {b['subject']}"}
                      for b in refusal.payload.get("blockers", [])]
-    open_v1 = {"unresolved_calls": []}
+    open_v1 = {"open_events": {}, "unresolved_calls": [], "live_leases": []}
     if phase in ("halting_v1", "v1_stopped"):
         from .v1_shutdown import inventory_blockers, v1_inventory
 

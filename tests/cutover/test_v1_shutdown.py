@@ -396,6 +396,7 @@ def test_a_real_v1_push_killed_past_its_pre_io_marker_blocks_certification_until
     with pytest.raises(ShutdownBlocked) as draining:
         cutover_drain(org=org, attempt_key=ATTEMPT)
     assert _codes(draining.value) == {reasons.V1_EFFECT_UNRESOLVED}
+    assert "cutover stop" in cutover_status(org=org)["next_command"]  # the call's process is gone: stop, reconcile
     cutover_stop(org=org, attempt_key=ATTEMPT, wait_seconds=0)
     with pytest.raises(ShutdownBlocked) as blocked:
         cutover_certify(org=org, attempt_key=ATTEMPT)
