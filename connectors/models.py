@@ -786,6 +786,7 @@ class WorkerProcess(GuardedModel):
 # --- The V1 runtime being retired (connectors/v1/models.py; same app label) ---------
 from connectors.v1.models import (  # noqa: E402,F401
     V1Account,
+    V1EgressDenial,
     V1Event,
     V1MaintenanceBarrier,
     V1ProcessGeneration,

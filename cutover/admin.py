@@ -29,3 +29,32 @@ class CutoverReadinessCertificateAdmin(ReadOnlyAdmin):
     @admin.display(description="document (canonical JSON)")
     def certified_document(self, obj) -> str:
         return bytes(obj.document).decode("utf-8")
+
+
+@admin.register(models.V1ShutdownCertificate)
+class V1ShutdownCertificateAdmin(ReadOnlyAdmin):
+    list_display = ("attempt_key", "org_id", "readiness_digest", "digest", "created_at")
+    search_fields = ("attempt_key", "digest")
+    exclude = ("document",)
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f for f in super().get_readonly_fields(request, obj) if f != "document"] + ["certified_document"]
+
+    @admin.display(description="document (canonical JSON)")
+    def certified_document(self, obj) -> str:
+        return bytes(obj.document).decode("utf-8")
+
+
+@admin.register(models.OrderingBaseline)
+class OrderingBaselineAdmin(ReadOnlyAdmin):
+    list_display = ("attempt_key", "account_key", "route_key", "partition_key", "origin", "created_at")
+    list_filter = ("origin",)
+    search_fields = ("attempt_key", "account_key", "route_key")
+    exclude = ("position",)
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f for f in super().get_readonly_fields(request, obj) if f != "position"] + ["position_text"]
+
+    @admin.display(description="position (canonical JSON or stream cursor bytes)")
+    def position_text(self, obj) -> str:
+        return "" if obj.position is None else bytes(obj.position).decode("utf-8", "replace")

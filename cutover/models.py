@@ -79,3 +79,52 @@ class CutoverReadinessCertificate(GuardedModel):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["org_id", "attempt_key"], name="cutover_readiness_uniq")]
+
+
+class OrderingBaseline(GuardedModel):
+    """The certified source-order baseline of one order-dependent route partition (immutable).
+
+    Written by ``cutover certify`` under the ``v1_stopped`` gate locks (seed 003 "Offline V1
+    shutdown ...", step 4): ``origin`` is ``v1_high_water`` (``position`` holds the canonical JSON
+    of the drained V1 high-water ``[position..., tie_breaker]`` of ``partition``) or
+    ``provider_snapshot_barrier`` (``position`` holds the frozen V1 stream cursor bytes; the
+    partition is the whole route, ``partition_key`` the digest of ``[]``). It carries no lease,
+    command or executable state; the first V2 lanes start from it.
+    """
+
+    org_id = IdentityField(max_length=64)
+    attempt_key = IdentityField(max_length=80)
+    account_key = IdentityField(max_length=80)
+    route_key = IdentityField(max_length=80)
+    partition_key = IdentityField(max_length=64)
+    partition = models.JSONField()
+    origin = models.CharField(max_length=32)
+    position = models.BinaryField(null=True)
+    ordering_digest = IdentityField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["org_id", "attempt_key", "account_key", "route_key",
+                                                       "partition_key"], name="cutover_ordering_baseline_uniq")]
+
+
+class V1ShutdownCertificate(GuardedModel):
+    """The one immutable V1 shutdown certificate of a cutover attempt (seed 003 "Offline V1 shutdown ...", step 5).
+
+    ``document`` holds the canonical JSON bytes ``cutover certify`` bound: the V1 release and schema,
+    the frozen configuration generation, the readiness certificate digest, the gate-set digest, the
+    current-tree egress manifest digest, the maintenance-barrier receipts, the post-isolation inventory,
+    the ReceiptAdmissionKey tombstone and OrderingBaseline coverage, the termination and isolation
+    receipts and every reconciliation evidence digest. Every gate of the frozen set references it on
+    ``v1_stopped -> v1_drained``.
+    """
+
+    org_id = IdentityField(max_length=64)
+    attempt_key = IdentityField(max_length=80)
+    readiness_digest = IdentityField(max_length=64)
+    document = models.BinaryField(help_text="Canonical JSON bytes of the certified shutdown document.")
+    digest = IdentityField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["org_id", "attempt_key"], name="cutover_v1_shutdown_uniq")]

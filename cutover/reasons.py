@@ -30,3 +30,28 @@ CUTOVER_BUDGET_EXCEEDED = register(
 V1_EFFECT_UNRESOLVED = register(
     "v1_effect_unresolved", owner=OWNER, evidence="cutover.selectors.preflight_refusals",
     severity_class=ATTENTION, alert_after_seconds=3600, remediations=("operator_reconcile", "revise_cutover_plan"))
+
+# --- V1 drain, stop and shutdown certification (seed 003 "Offline V1 shutdown ...", steps 2-5) ---------
+#: Blockers of ``cutover drain``, ``stop`` and ``certify``, each stored in the ``blockers`` of a ``shutdown_blocked``
+#: CutoverEvidence row and reported with exit 3; a blocker is resolved by its owner, never relabeled away.
+V1_WORK_OPEN = register(
+    "v1_work_open", owner=OWNER, evidence="cutover.selectors.shutdown_blocks",
+    severity_class=ATTENTION, alert_after_seconds=3600, remediations=("automatic_retry", "resume_cutover"))
+V1_LEASE_LIVE = register(
+    "v1_lease_live", owner=OWNER, evidence="cutover.selectors.shutdown_blocks",
+    severity_class=ATTENTION, alert_after_seconds=3600, remediations=("automatic_retry", "resume_cutover"))
+V1_GENERATION_LIVE = register(
+    "v1_generation_live", owner=OWNER, evidence="cutover.selectors.shutdown_blocks",
+    severity_class=ATTENTION, alert_after_seconds=1800, remediations=("resume_cutover",))
+V1_EGRESS_NOT_ISOLATED = register(
+    "v1_egress_not_isolated", owner=OWNER, evidence="cutover.selectors.shutdown_blocks",
+    severity_class=ATTENTION, alert_after_seconds=1800, remediations=("resume_cutover",))
+V1_EGRESS_MANIFEST_INCOMPLETE = register(
+    "v1_egress_manifest_incomplete", owner=OWNER, evidence="cutover.selectors.shutdown_blocks",
+    severity_class=ATTENTION, alert_after_seconds=3600, remediations=("revise_cutover_plan",))
+V1_IDENTITY_CONFLICT = register(
+    "v1_identity_conflict", owner=OWNER, evidence="cutover.selectors.shutdown_blocks",
+    severity_class=ATTENTION, alert_after_seconds=3600, remediations=("revise_cutover_plan",))
+V1_BASELINE_MISSING = register(
+    "v1_baseline_missing", owner=OWNER, evidence="cutover.selectors.shutdown_blocks",
+    severity_class=ATTENTION, alert_after_seconds=3600, remediations=("revise_cutover_plan",))

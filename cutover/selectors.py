@@ -111,3 +111,80 @@ def database_bytes(*, using: str = "default") -> int:
         cursor.execute("SELECT COALESCE(SUM(data_length + index_length), 0) FROM information_schema.tables "
                        "WHERE table_schema = DATABASE()")
         return int(cursor.fetchone()[0])
+
+
+# --- V1 shutdown inventory (seed 003 "Offline V1 shutdown, cold rollback, and V2 cutover", steps 2-5) ------
+def shutdown_blocks(*, org_id: str, reason_code: str | None = None) -> QuerySet[CutoverEvidence]:
+    """``shutdown_blocked`` evidence rows of ``org_id``, newest first; the evidence query of every V1 shutdown code.
+
+    Each row's ``payload`` is ``{"attempt_key", "phase", "blockers": [{"reason_code", "subject", "detail"}]}``.
+
+    Args:
+        reason_code: only rows with at least one blocker carrying this code.
+    """
+    qs = CutoverEvidence.objects.filter(org_id=org_id, kind="shutdown_blocked").order_by("-id")
+    if reason_code is None:
+        return qs
+    return qs.filter(payload__contains={"blockers": [{"reason_code": reason_code}]})
+
+
+def v1_open_events(*, org_id: str, states: tuple[str, ...]) -> dict[str, list[int]]:
+    """``{state: [event id, ...]}`` of the V1 events of ``org_id`` in ``states`` (ids ascending)."""
+    out: dict[str, list[int]] = {}
+    for pk, state in V1Event.objects.filter(org_id=org_id, state__in=states).order_by("id").values_list("id", "state"):
+        out.setdefault(state, []).append(int(pk))
+    return out
+
+
+def v1_unresolved_calls(*, org_id: str, states: tuple[str, ...]) -> list[dict]:
+    """``[{"id", "state", "call_site", "kind", "subject"}]`` of the V1 provider calls of ``org_id`` in ``states``."""
+    return [{"id": int(c["id"]), "state": c["state"], "call_site": c["call_site"], "kind": c["kind"],
+             "subject": c["subject"]}
+            for c in V1ProviderCall.objects.filter(org_id=org_id, state__in=states).order_by("id")
+            .values("id", "state", "call_site", "kind", "subject")]
+
+
+def v1_call_sites(*, org_id: str) -> list[str]:
+    """The distinct ``call_site`` of every V1 provider call of ``org_id``, sorted."""
+    return sorted(set(V1ProviderCall.objects.filter(org_id=org_id).values_list("call_site", flat=True)))
+
+
+def v1_held_scheduler_leases(*, org_id: str) -> list[V1SchedulerLease]:
+    """The ``held`` V1 SchedulerLeases of ``org_id``, by name."""
+    return list(V1SchedulerLease.objects.filter(org_id=org_id, state="held").order_by("name"))
+
+
+def v1_generations() -> list[dict]:
+    """Every V1 process generation (deployment-wide) with its worker registry facts, by id.
+
+    Returns:
+        ``[{"id", "worker_id", "release", "host", "pid", "terminated": bool, "termination_proof"}]``.
+    """
+    from connectors.models import V1ProcessGeneration, WorkerProcess
+
+    generations = list(V1ProcessGeneration.objects.order_by("id"))
+    workers = {w.worker_id: w for w in WorkerProcess.objects.filter(worker_id__in=[g.worker_id for g in generations])}
+    out = []
+    for g in generations:
+        worker = workers.get(g.worker_id)
+        out.append({"id": int(g.pk), "worker_id": g.worker_id, "release": g.release, "host": g.host, "pid": g.pid,
+                    "registered": worker is not None,
+                    "terminated": worker is not None and worker.terminated_at is not None,
+                    "termination_proof": None if worker is None else worker.termination_proof})
+    return out
+
+
+def v1_transport_keys(*, org_id: str) -> Iterator[V1TransportKey]:
+    """Every V1 transport identity of ``org_id`` in id order (without its body)."""
+    return V1TransportKey.objects.filter(org_id=org_id).defer("body").order_by("id").iterator(chunk_size=2000)
+
+
+def applied_migrations_digest() -> str:
+    """The v2 digest of the applied migrations of the ``default`` database (the schema the V1 release runs on)."""
+    from nexusflow.kernel import canonical_json
+    from nexusflow.kernel.digests import digest_v2
+
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT app, name FROM django_migrations ORDER BY app, name")
+        rows = [list(r) for r in cursor.fetchall()]
+    return digest_v2("cutover.schema", [("migrations", canonical_json.dumps(rows))]).hexdigest

@@ -14,13 +14,13 @@ from nexusflow.kernel.reasons import REASONS, load_all_reasons
 from nexusflow.kernel.scope import OrgScope
 
 from . import selectors
-from .models import CutoverDecision, CutoverEvidence
+from .models import CutoverDecision, CutoverEvidence, V1ShutdownCertificate
 
 #: Gate states in procedure order (seed 003 "State machines", AccountServingGate).
 GATE_ORDER = ("v1_serving", "halting_v1", "v1_stopped", "v1_drained", "v2_validating", "v2_serving", "v2_halted")
 
 
-def _next_command(org_id: str, phase: str, certificate, refusal) -> str:
+def _next_command(org_id: str, phase: str, certificate, refusal, open_v1: dict) -> str:
     if phase == "unconfigured":
         return f"manage.py connector_config_apply --org {org_id} FILE"
     if phase == "v1_serving":
@@ -28,8 +28,26 @@ def _next_command(org_id: str, phase: str, certificate, refusal) -> str:
             detail = " (fix the blockers first, under a new attempt key)" if refusal is not None else ""
             return f"manage.py cutover preflight --org {org_id} --attempt KEY --plan FILE{detail}"
         return f"manage.py cutover halt-v1 --org {org_id} --attempt {certificate.attempt_key}"
+    attempt = "KEY" if certificate is None else certificate.attempt_key
     if phase == "halting_v1":
-        return "drain V1 (run_workers --role v1 finishes accepted work); the drain phase command is not available yet"
+        if CutoverEvidence.objects.filter(org_id=org_id, attempt_key=attempt, kind="v1_drain_inventory").exists():
+            return f"manage.py cutover stop --org {org_id} --attempt {attempt}"
+        in_flight = [c["id"] for c in open_v1["unresolved_calls"] if c["state"] in ("prepared", "sending")]
+        if in_flight and not open_v1["open_events"] and not open_v1["live_leases"] \
+                and len(in_flight) == len(open_v1["unresolved_calls"]):
+            return (f"manage.py cutover stop --org {org_id} --attempt {attempt} (only V1 calls "
+                    f"{', '.join(map(str, in_flight[:10]))} are prepared or sending: the stop interrupts them, "
+                    "cutover reconcile resolves them after)")
+        return (f"manage.py cutover drain --org {org_id} --attempt {attempt} (run_workers --role v1 finishes the "
+                "accepted work; rerun until it reports no blocker)")
+    if phase == "v1_stopped":
+        if open_v1["unresolved_calls"]:
+            ids = ", ".join(str(c["id"]) for c in open_v1["unresolved_calls"][:10])
+            return (f"manage.py cutover reconcile --org {org_id} --attempt {attempt} --call ID --outcome "
+                    f"remote_finalized|no_effect --evidence TEXT (interrupted V1 calls: {ids})")
+        return f"manage.py cutover certify --org {org_id} --attempt {attempt}"
+    if phase == "v1_drained":
+        return "capture the V1 restore point (the restore-point phase command is not available yet)"
     if phase == "v2_serving":
         return "none: V2 serves every account"
     return f"manage.py cutover greenfield --org {org_id} (resumes a greenfield walk)"
@@ -48,7 +66,10 @@ def cutover_status(*, org: OrgScope) -> dict:
         ``used_seconds`` is null until the phase has run; ``owner_barrier_closure`` is measured by
         ``halt-v1`` on the database clock, reporting only: elapsed time never decides safety),
         "blockers": [{"reason_code", "subject", "detail", "owner", "remediations", "alert_after_seconds"}],
-        "decision": {"attempt_key", "state"} | None, "next_command": str}``.
+        "decision": {"attempt_key", "state"} | None,
+        "shutdown_certificate": {"attempt_key", "digest"} | None (the latest V1ShutdownCertificate),
+        "next_command": str}``. In ``halting_v1`` and ``v1_stopped`` the blockers include the live V1
+        inventory (open work, live leases, unresolved V1 calls) that drain, stop and certify would report.
 
     Seed 003 "Operational liveness and maintenance admission".
     """
@@ -78,6 +99,12 @@ def cutover_status(*, org: OrgScope) -> dict:
     if refusal is not None:
         blockers += [{**b, "subject": f"{refusal.payload['attempt_key']}: {b['subject']}"}
                      for b in refusal.payload.get("blockers", [])]
+    open_v1 = {"open_events": {}, "unresolved_calls": [], "live_leases": []}
+    if phase in ("halting_v1", "v1_stopped"):
+        from .v1_shutdown import inventory_blockers, v1_inventory
+
+        open_v1 = v1_inventory(org)
+        blockers += inventory_blockers(open_v1)
     for blocker in blockers:
         reason = REASONS.get(blocker["reason_code"])
         if reason is not None:
@@ -97,6 +124,7 @@ def cutover_status(*, org: OrgScope) -> dict:
             budgets[phase_name]["used_seconds"] = seconds
     barriers = {b.kind: b.state for b in V1MaintenanceBarrier.objects.filter(org_id=org.org_id).order_by("kind")}
     decision = CutoverDecision.objects.filter(org_id=org.org_id).order_by("-id").first()
+    shutdown = V1ShutdownCertificate.objects.filter(org_id=org.org_id).order_by("-id").first()
     return {
         "org_id": org.org_id, "phase": phase,
         "configuration": None if configuration is None else {"generation": configuration.generation,
@@ -107,5 +135,7 @@ def cutover_status(*, org: OrgScope) -> dict:
             "epoch_id": int(certificate.epoch_id), "created_at": certificate.created_at.isoformat()},
         "barriers": barriers, "budgets": budgets, "blockers": blockers,
         "decision": None if decision is None else {"attempt_key": decision.attempt_key, "state": decision.state},
-        "next_command": _next_command(org.org_id, phase, certificate, refusal),
+        "shutdown_certificate": None if shutdown is None else {"attempt_key": shutdown.attempt_key,
+                                                               "digest": shutdown.digest},
+        "next_command": _next_command(org.org_id, phase, certificate, refusal, open_v1),
     }

@@ -58,3 +58,9 @@ class V1ProviderCallAdmin(ReadOnlyAdmin):
 class V1MaintenanceBarrierAdmin(ReadOnlyAdmin):
     list_display = ("org_id", "kind", "state", "fence_token", "attempt_key", "updated_at")
     list_filter = ("kind", "state")
+
+
+@admin.register(models.V1EgressDenial)
+class V1EgressDenialAdmin(ReadOnlyAdmin):
+    list_display = ("id", "org_id", "attempt_key", "through_generation", "release", "created_at")
+    search_fields = ("attempt_key",)

@@ -9,6 +9,11 @@ the row. A process killed between the marker and the answer leaves the row
 ``sending``: an interrupted V1 call the cutover reconciles before certification
 (seed 003 "Offline V1 shutdown, cold rollback, and V2 cutover").
 
+Once ``cutover stop`` denied the org's V1 egress (:class:`~connectors.v1.models.V1EgressDenial`),
+a process of a denied generation (or one that started no generation) can neither commit a
+new pre-I/O row nor cross the marker of a ``prepared`` one: the row is ``abandoned`` (provably
+nothing sent) and :class:`V1EgressDenied` is raised before any I/O.
+
 The egress manifest (:mod:`connectors.v1.egress_manifest`) is generated from this
 code: each function that calls the HTTP client declares itself with
 :func:`provider_io` (its effect row and its pre-I/O marker), and each
@@ -24,12 +29,14 @@ from django.db import transaction
 from nexusflow.kernel import failpoints
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import digest_v2
+from nexusflow.kernel.errors import NexusError
 
 from connectors.contracts import outcomes
 from connectors.reasons import DEFINITE_REFUSAL, RESPONSE_AMBIGUOUS, UNCLASSIFIED_RESPONSE
 from connectors.v1.models import V1ProviderCall
 from connectors.reasons import V1_NOT_PERFORMED
-from connectors.v1.store import V1ProviderCallStore
+from connectors.v1.generations import current_generation_id
+from connectors.v1.store import V1ProviderCallStore, v1_egress_denied
 
 #: The V1 call crossed the pre-I/O marker (``sending`` committed) and is about to call the provider.
 FP_AFTER_SENDING = failpoints.declare("v1.call.after_sending")
@@ -57,6 +64,22 @@ def provider_io(*, effect: str, marker: str):
     return mark
 
 
+class V1EgressDenied(NexusError):
+    """This process's V1 generation lost its provider egress for the org (``cutover stop``): nothing was sent."""
+
+    code = "v1_egress_denied"
+    http_status = 503
+    definite = True
+
+
+def _require_egress(org_id: str) -> None:
+    """Refuse, inside the caller's transaction, a process whose V1 generation is denied egress for ``org_id``."""
+    denial = v1_egress_denied(org_id, current_generation_id())
+    if denial is not None:
+        raise V1EgressDenied(f"V1 provider egress of {org_id} was denied by cutover attempt {denial.attempt_key} "
+                             f"(generations up to {denial.through_generation})")
+
+
 @dataclass(frozen=True)
 class V1CallResult:
     """The settled call: ``state`` (confirmed | refused | ambiguous), the HTTP status and body when one arrived."""
@@ -82,6 +105,7 @@ def v1_call_prepare(*, org_id: str, account_key: str, call_site: str, kind: str,
         RuntimeError: called inside a transaction (the row must be durable on its own).
         InvalidIdentity: a non-canonical key (before SQL).
         V1MaintenanceClosed: ``root_barrier`` is closed (no row written, nothing sent).
+        V1EgressDenied: this process's generation is denied egress for the org (no row written).
     """
     if transaction.get_connection().in_atomic_block:
         raise RuntimeError("a V1 provider call row commits on its own, before any I/O")
@@ -91,16 +115,31 @@ def v1_call_prepare(*, org_id: str, account_key: str, call_site: str, kind: str,
             from connectors.v1.barriers import v1_barrier_admit
 
             v1_barrier_admit(org_id=org_id, kind=root_barrier)
+        _require_egress(org_id)
         return V1ProviderCallStore.create(org_id=org_id, account_key=account_key, call_site=call_site, kind=kind,
                                           subject=subject[:160], method=method, url=url[:500], request_body=body,
                                           request_digest=digest, state="prepared")
 
 
 def _mark_sending(call: V1ProviderCall) -> int:
-    """Commit ``prepared -> sending`` with ``io_may_have_started_at``: the pre-I/O marker. Returns the new version."""
+    """Commit ``prepared -> sending`` with ``io_may_have_started_at``: the pre-I/O marker. Returns the new version.
+
+    Raises:
+        V1EgressDenied: the generation is denied egress; the row was committed ``abandoned`` instead.
+    """
+    denied = None
     with transaction.atomic(durable=True):
-        return V1ProviderCallStore.transition(org_id=call.org_id, pk=call.pk, src="prepared", dst="sending",
-                                              version=call.version, set_fields={"io_may_have_started_at": db_now()})
+        try:
+            _require_egress(call.org_id)
+        except V1EgressDenied as exc:
+            denied = exc
+            V1ProviderCallStore.transition(org_id=call.org_id, pk=call.pk, src="prepared", dst="abandoned",
+                                           version=call.version, set_fields={"error": str(exc)[:255]})
+        else:
+            return V1ProviderCallStore.transition(org_id=call.org_id, pk=call.pk, src="prepared", dst="sending",
+                                                  version=call.version,
+                                                  set_fields={"io_may_have_started_at": db_now()})
+    raise denied
 
 
 def _settle(call: V1ProviderCall, version: int, *, state: str, reason: str, status: int | None, body: bytes,
@@ -129,6 +168,7 @@ def v1_call_send(call: V1ProviderCall, *, headers: dict[str, str], profile: dict
     Raises:
         RuntimeError: called inside a transaction.
         FenceRejected / StaleVersion: the row is no longer ``prepared`` at this version (nothing was sent).
+        V1EgressDenied: the generation is denied egress; the row is ``abandoned`` and nothing was sent.
     """
     if transaction.get_connection().in_atomic_block:
         raise RuntimeError("a V1 provider call never runs inside a transaction")

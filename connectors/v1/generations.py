@@ -17,6 +17,8 @@ from nexusflow.kernel.models import insert
 from connectors.v1.models import V1ProcessGeneration
 
 _V1_DIR = Path(__file__).resolve().parent
+#: The V1ProcessGeneration this process started (``None``: this process started none).
+_CURRENT: dict[str, int] = {}
 
 
 def v1_release() -> str:
@@ -42,5 +44,16 @@ def v1_process_generation_start(*, worker_id: str) -> V1ProcessGeneration:
     Raises:
         IntegrityError: ``worker_id`` already started a generation.
     """
-    return insert(V1ProcessGeneration, worker_id=worker_id, host=socket.gethostname(), pid=os.getpid(),
-                  release=v1_release())
+    generation = insert(V1ProcessGeneration, worker_id=worker_id, host=socket.gethostname(), pid=os.getpid(),
+                        release=v1_release())
+    _CURRENT["id"] = int(generation.pk)
+    return generation
+
+
+def current_generation_id() -> int:
+    """The id of the V1ProcessGeneration this process started, or 0 when it started none.
+
+    Egress compares it with the org's :class:`~connectors.v1.models.V1EgressDenial` rows: a
+    process without a generation is denied as soon as any generation of the org is.
+    """
+    return _CURRENT.get("id", 0)

@@ -219,3 +219,25 @@ class V1MaintenanceBarrier(GuardedModel):
     class Meta:
         app_label = "connectors"
         constraints = [models.UniqueConstraint(fields=["org_id", "kind"], name="v1_maintenance_barrier_uniq")]
+
+
+class V1EgressDenial(GuardedModel):
+    """The permanent denial of provider egress to the V1 process generations of one org (immutable).
+
+    Written once per cutover attempt by ``cutover stop`` (seed 003 "Offline V1
+    shutdown, cold rollback, and V2 cutover", step 3). Every V1ProcessGeneration
+    with ``id <= through_generation`` (and any process that started no generation)
+    may no longer commit a V1 pre-I/O row or marker for the org: egress checks this
+    under the org's ``root_outbound`` barrier row lock (:func:`connectors.v1.egress.v1_call_prepare`).
+    A later generation (a certified cold abort) is a new row id and is not denied.
+    """
+
+    org_id = IdentityField(max_length=64)
+    attempt_key = IdentityField(max_length=80)
+    through_generation = models.PositiveBigIntegerField(help_text="Highest V1ProcessGeneration id denied (0: none).")
+    release = IdentityField(**DIGEST)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        app_label = "connectors"
+        constraints = [models.UniqueConstraint(fields=["org_id", "attempt_key"], name="v1_egress_denial_uniq")]

@@ -93,3 +93,28 @@ class V1MaintenanceBarrierStore(CasStore):
                            [org_id, kind])
             row = cursor.fetchone()
         return None if row is None else row[0]
+
+
+#: The barrier row whose lock serializes V1 egress with its denial (any state: the row is the mutex).
+EGRESS_MUTEX_KIND = "root_outbound"
+
+
+def v1_egress_denied(org_id: str, generation_id: int) -> models.V1EgressDenial | None:
+    """Share-lock the org's egress mutex and return the denial covering ``generation_id``, or ``None``.
+
+    Must run inside the transaction that commits the pre-I/O row or marker: ``cutover stop`` takes the
+    same row ``FOR UPDATE`` before it inserts a denial, so a marker either committed first (an interrupted
+    call the cutover reconciles) or sees the denial. An org without barrier rows has no denial either.
+    """
+    V1MaintenanceBarrierStore.share_state(org_id, EGRESS_MUTEX_KIND)
+    return (models.V1EgressDenial.objects.filter(org_id=org_id, through_generation__gte=generation_id)
+            .order_by("id").first())
+
+
+def v1_egress_mutex_lock(org_id: str) -> models.V1MaintenanceBarrier:
+    """Lock the org's egress mutex row ``FOR UPDATE`` (before inserting a V1EgressDenial).
+
+    Raises:
+        V1MaintenanceBarrier.DoesNotExist: the org has no V1 barriers.
+    """
+    return V1MaintenanceBarrierStore.lock_where(org_id, kind=EGRESS_MUTEX_KIND)

@@ -7,23 +7,38 @@
 - ``halt-v1 --attempt KEY``: close the V1 maintenance barriers, move every gate to ``halting_v1``
   under the attempt's certificate and remeasure; a breach reopens the barriers and aborts to
   ``v1_serving`` (exit 3);
+- ``drain --attempt KEY``: report the V1 work, leases and unresolved V1 calls still open (exit 3), or
+  record the first zero inventory;
+- ``stop --attempt KEY [--wait-seconds N]``: deny V1 provider egress, terminate and prove gone every V1
+  process generation, move every gate to ``v1_stopped``;
+- ``reconcile --attempt KEY (--call ID --outcome remote_finalized|no_effect --evidence TEXT [--remote-id R]
+  | --answers FILE)``: terminalize interrupted V1 provider calls from provider-established evidence;
+- ``certify --attempt KEY``: the second inventory under the gate locks; tombstones, ordering baselines,
+  one V1ShutdownCertificate, every gate ``v1_drained``;
 - ``status [--json]``: phase, gate counts, certificate, budgets, blockers and the next command.
 
+Every procedure but ``status`` is idempotent and resumable; ``--json`` prints the report as JSON.
 Exit codes: 0 done; 1 a greenfield/v1-install refusal or an unexpected error; 2 bad input (the
-stable code first on the line); 3 preflight or halt-v1 refused (blockers, a changed input under the same
+stable code first on the line); 3 refused or blocked (reason-coded blockers, a changed input under the same
 attempt, gates in the wrong state); 4 deferred (an owner could not be read now: run it again).
 """
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
 from connectors.serving.gates import EpochVerificationDeferred
+from cutover.certify import cutover_certify
+from cutover.drain import cutover_drain
 from cutover.halt import HaltAborted, cutover_halt_v1
 from cutover.preflight import CutoverPlanInvalid, ReadinessRefused, cutover_preflight
+from cutover.reconcile import ReconciliationInvalid, cutover_reconcile
 from cutover.services import cutover_greenfield
 from cutover.status import cutover_status
+from cutover.stop import DEFAULT_WAIT_SECONDS, cutover_stop
 from cutover.v1_install import cutover_v1_install
+from cutover.v1_shutdown import ShutdownBlocked
 from nexusflow.kernel.errors import InvalidIdentity, NexusError
 from nexusflow.kernel.scope import OrgScope
 
@@ -34,18 +49,36 @@ class Command(BaseCommand):
     help = ("Run a cutover procedure: 'greenfield' (a fresh install with no V1 activates V2), 'v1-install' "
             "(a fresh V1 install: every gate v1_serving, served by run_workers --role v1), 'preflight' (certify a "
             "V1 -> V2 attempt against an L2 plan before maintenance), 'halt-v1' (close the V1 maintenance barriers "
-            "and halt every gate under that certificate) or 'status' (where the cutover stands).")
+            "and halt every gate under that certificate), 'drain' (check V1 finished its accepted work), 'stop' (deny V1 "
+            "egress and terminate the V1 processes), 'reconcile' (resolve interrupted V1 calls from provider "
+            "evidence), 'certify' (the V1 shutdown certificate; gates v1_drained) or 'status' (where the cutover "
+            "stands).")
+    SHUTDOWN = ("drain", "stop", "reconcile", "certify")
 
     def add_arguments(self, parser):
-        parser.add_argument("procedure", choices=["greenfield", "v1-install", "preflight", "halt-v1", "status"])
+        parser.add_argument("procedure", choices=["greenfield", "v1-install", "preflight", "halt-v1", "drain", "stop",
+                                                  "reconcile", "certify", "status"])
         parser.add_argument("--org", required=True, help="Org id whose accounts to activate, install or certify.")
         parser.add_argument("--attempt", help="preflight: the service cutover attempt key (a new key per input change).")
         parser.add_argument("--plan", help="preflight: the L2 cutover plan JSON file (docs/operations.md).")
-        parser.add_argument("--json", dest="as_json", action="store_true", help="status: print the report as JSON.")
+        parser.add_argument("--json", dest="as_json", action="store_true",
+                            help="status, drain, stop, reconcile, certify: print the report as JSON.")
+        parser.add_argument("--wait-seconds", type=float, default=DEFAULT_WAIT_SECONDS,
+                            help="stop: how long to wait for signalled V1 processes to be proven gone.")
+        parser.add_argument("--call", type=int, help="reconcile: the V1 provider call id.")
+        parser.add_argument("--outcome", choices=["remote_finalized", "no_effect"],
+                            help="reconcile: what the provider shows for the call.")
+        parser.add_argument("--evidence", help="reconcile: how the answer was established (lookup, ticket).")
+        parser.add_argument("--remote-id", default="", help="reconcile: the provider's id of a finalized object.")
+        parser.add_argument("--answers", help='reconcile: a JSON file [{"call_id", "outcome", "evidence", '
+                                              '"remote_id"?}].')
 
     def handle(self, *args, procedure, org, attempt=None, plan=None, as_json=False, **options):
         scope = OrgScope(org)
         try:
+            if procedure in self.SHUTDOWN:
+                self._shutdown(scope, procedure, attempt, as_json, options)
+                return
             if procedure == "v1-install":
                 report = cutover_v1_install(org=scope)
                 self.stdout.write(f"V1 installed for {org}: configuration generation {report.configuration_generation}, "
@@ -62,10 +95,17 @@ class Command(BaseCommand):
                 self._status(scope, as_json)
                 return
             report = cutover_greenfield(org=scope)
-        except (InvalidIdentity, CutoverPlanInvalid) as exc:
+        except (InvalidIdentity, CutoverPlanInvalid, ReconciliationInvalid) as exc:
             raise CommandError(f"{exc.code}: {exc}", returncode=EXIT_BAD_INPUT) from exc
         except EpochVerificationDeferred as exc:
             raise CommandError(f"{exc.code}: {exc}", returncode=EXIT_DEFERRED) from exc
+        except ShutdownBlocked as exc:
+            if as_json:
+                self.stdout.write(json.dumps({"phase": exc.phase, "blocked": True, "blockers": exc.blockers},
+                                             indent=2, sort_keys=True))
+            lines = [f"  {b['reason_code']}: {b['subject']}: {b['detail']}" for b in exc.blockers]
+            raise CommandError(f"{exc.code}: {exc}; run it again once the blockers are resolved\n"
+                               + "\n".join(lines), returncode=EXIT_REFUSED) from exc
         except (ReadinessRefused, HaltAborted) as exc:
             lines = [f"  {b['reason_code']}: {b['subject']}: {b['detail']}" for b in exc.blockers]
             tail = "; nothing entered maintenance" if isinstance(exc, ReadinessRefused) else ""
@@ -73,7 +113,7 @@ class Command(BaseCommand):
                                returncode=EXIT_REFUSED) from exc
         except NexusError as exc:
             # greenfield and v1-install keep their original exit 1 for a refusal.
-            code = EXIT_REFUSED if procedure in ("preflight", "halt-v1") else 1
+            code = EXIT_REFUSED if procedure in ("preflight", "halt-v1", *self.SHUTDOWN) else 1
             raise CommandError(f"{exc.code}: {exc}", returncode=code) from exc
         state = "already active" if report.already_active else "activated"
         self.stdout.write(f"epoch {report.epoch_id} {state} ({report.epoch_digest[:16]}); "
@@ -109,6 +149,52 @@ class Command(BaseCommand):
                           f"barriers closed: {fences}; certificate {report.certificate_digest[:16]}")
         for phase, p in report.remeasured.items():
             self.stdout.write(f"  remeasured {phase}: {p['projected_seconds']}s of {p['budget_seconds']}s")
+
+    def _shutdown(self, org: OrgScope, procedure: str, attempt: str | None, as_json: bool, options: dict) -> None:
+        if not attempt:
+            raise CommandError(f"missing_argument: {procedure} needs --attempt KEY", returncode=EXIT_BAD_INPUT)
+        if procedure == "drain":
+            report = cutover_drain(org=org, attempt_key=attempt)
+            text = (f"attempt {attempt} {'already ' if report.already else ''}drained: V1 has no open work, live "
+                    f"lease or unresolved call (inventory {report.inventory_digest[:16]})")
+        elif procedure == "stop":
+            report = cutover_stop(org=org, attempt_key=attempt, wait_seconds=options["wait_seconds"])
+            text = (f"attempt {attempt} {'already ' if report.already else ''}stopped: gates v1_stopped: "
+                    f"{', '.join(report.gates)}; V1 generations terminated: "
+                    f"{', '.join(map(str, report.generations)) or 'none'}; egress denial {report.denial_id}")
+        elif procedure == "reconcile":
+            report = cutover_reconcile(org=org, attempt_key=attempt, answers=self._answers(options))
+            done = "; ".join(f"call {r['call_id']}: {r['from_state']} -> {r['to_state']}" for r in report.reconciled)
+            text = (f"attempt {attempt} reconciled: {done or 'nothing new'}"
+                    + (f"; already: {', '.join(map(str, report.already))}" if report.already else ""))
+        else:
+            report = cutover_certify(org=org, attempt_key=attempt)
+            text = (f"attempt {attempt} {'already ' if report.already else ''}certified: V1 shutdown certificate "
+                    f"{report.certificate_id} {report.digest[:16]}; gates v1_drained: {', '.join(report.gates)}; "
+                    f"tombstones {report.tombstones}, ordering baselines {report.baselines}")
+        self.stdout.write(json.dumps(asdict(report), indent=2, sort_keys=True) if as_json else text)
+
+    @staticmethod
+    def _answers(options: dict) -> list:
+        if options.get("answers"):
+            if options.get("call") is not None:
+                raise CommandError("bad_arguments: give --answers FILE or --call ID, not both",
+                                   returncode=EXIT_BAD_INPUT)
+            try:
+                return json.loads(Path(options["answers"]).read_bytes())
+            except OSError as exc:
+                raise CommandError(f"answers_unreadable: {options['answers']}: {exc.strerror}",
+                                   returncode=EXIT_BAD_INPUT) from exc
+            except ValueError as exc:
+                raise CommandError(f"reconciliation_invalid: {options['answers']} is not JSON: {exc}",
+                                   returncode=EXIT_BAD_INPUT) from exc
+        if options.get("call") is None or not options.get("outcome") or not options.get("evidence"):
+            raise CommandError("missing_argument: reconcile needs --answers FILE, or --call ID --outcome OUTCOME "
+                               "--evidence TEXT", returncode=EXIT_BAD_INPUT)
+        answer = {"call_id": options["call"], "outcome": options["outcome"], "evidence": options["evidence"]}
+        if options.get("remote_id"):
+            answer["remote_id"] = options["remote_id"]
+        return [answer]
 
     def _status(self, org: OrgScope, as_json: bool) -> None:
         report = cutover_status(org=org)
