@@ -101,9 +101,11 @@ def _secrets(monkeypatch):
 def _runtime_policy_cache():
     """Each test reads the runtime policy its own database holds (a flushed database drops the generations
     an earlier test published; the process cache must not keep them)."""
+    from nexusflow.flows.policy import _plan_flow_name
     from runtime_outbox.policy import policy_cache_clear
 
     policy_cache_clear()
+    _plan_flow_name.cache_clear()  # plan ids of a flushed database come again
     yield
     policy_cache_clear()
 

@@ -25,7 +25,21 @@ import datetime as dt
 import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from typing import Any, Callable
+from typing import Any
+
+from .formula_values import (  # noqa: F401 - the value rules are part of this module's interface
+    FUNCTIONS,
+    Call,
+    Env,
+    FormulaRuntimeError,
+    Function,
+    _blank,
+    _bool,
+    _equal,
+    _is_number,
+    _num,
+    _text,
+)
 
 MAX_EXPRESSION_CHARS = 20_000
 MAX_DEPTH = 64
@@ -38,32 +52,6 @@ class FormulaError(Exception):
         self.code, self.detail = code, detail
         super().__init__(f"{code}: {detail}")
 
-
-class FormulaRuntimeError(Exception):
-    """Evaluation failed on a value (division by zero, wrong type)."""
-
-
-@dataclass(frozen=True)
-class Function:
-    """One entry of the function library: arity and implementation.
-
-    ``impl`` receives the evaluated argument values, or the :class:`Call` itself
-    when ``lazy`` (it then evaluates only the arguments it needs: ``IF``, ``CASE``,
-    ``BLANKVALUE``, the context functions). ``even_args``: the argument count
-    must also be even (``CASE``: subject, value/result pairs, default).
-    """
-
-    name: str
-    min_args: int
-    max_args: int | None
-    impl: Callable[..., Any]
-    lazy: bool = False
-    context: bool = False
-    even_args: bool = False
-
-
-#: The closed function library, name -> :class:`Function`; filled by ``formula_functions``.
-FUNCTIONS: dict[str, Function] = {}
 
 _TOKEN = re.compile(r"""
     (?P<ws>\s+)
@@ -284,56 +272,6 @@ def functions_used(ast: list) -> list[str]:
 
 
 # --- evaluation ------------------------------------------------------------------
-@dataclass(frozen=True)
-class Env:
-    """What evaluation may read: a reference resolver, the clock and the trigger context."""
-
-    resolve: Callable[[str], Any]
-    now: dt.datetime | None = None
-    is_new: bool = False
-    prior: Callable[[str], Any] | None = None
-
-
-def _num(v: Any) -> Decimal:
-    if isinstance(v, bool) or v is None:
-        raise FormulaRuntimeError(f"expected a number, got {v!r}")
-    if isinstance(v, Decimal):
-        return v
-    try:
-        return Decimal(str(v))
-    except InvalidOperation:
-        raise FormulaRuntimeError(f"expected a number, got {v!r}") from None
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float, Decimal)) and not isinstance(v, bool)
-
-
-def _text(v: Any) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, Decimal):
-        return format(v.normalize(), "f") if v == v.to_integral_value() else str(v)
-    if isinstance(v, dt.datetime):  # as TEXT() writes a date/time: UTC, "YYYY-MM-DD HH:MM:SSZ"
-        utc = v.astimezone(dt.timezone.utc) if v.tzinfo else v
-        return utc.strftime("%Y-%m-%d %H:%M:%SZ")
-    return str(v)
-
-
-def _blank(v: Any) -> bool:
-    return v is None or (isinstance(v, str) and v == "")
-
-
-def _bool(v: Any) -> bool:
-    if isinstance(v, bool):
-        return v
-    if v is None:
-        return False
-    raise FormulaRuntimeError(f"expected a boolean, got {v!r}")
-
-
 def _add(a: Any, b: Any) -> Any:
     if isinstance(a, str) or isinstance(b, str):
         return _text(a) + _text(b)
@@ -418,19 +356,6 @@ def _iso_date(text: str, *, like: dt.date) -> dt.date:
         raise FormulaRuntimeError(f"cannot compare {text!r} with a date") from None
 
 
-def _equal(a: Any, b: Any) -> bool:
-    if _blank(a) and _blank(b):
-        return True
-    if isinstance(a, bool) or isinstance(b, bool):
-        return a is b or a == b
-    if isinstance(a, (int, float, Decimal)) or isinstance(b, (int, float, Decimal)):
-        try:
-            return _num(a) == _num(b)
-        except FormulaRuntimeError:
-            return False
-    return a == b
-
-
 def evaluate(ast: list, env: Env) -> Any:
     """Evaluate an AST; text is ``str``, numbers ``Decimal``, booleans ``bool``, null ``None``.
 
@@ -479,24 +404,11 @@ def evaluate(ast: list, env: Env) -> Any:
     raise FormulaRuntimeError(f"unknown node {tag!r}")
 
 
-@dataclass(frozen=True)
-class Call:
-    """One function call being evaluated: what a lazy implementation reads."""
-
-    name: str
-    args: list
-    env: Env
-
-    def arg(self, i: int) -> Any:
-        """The value of argument ``i`` (0-based), evaluated now."""
-        return evaluate(self.args[i], self.env)
-
-
 def _call(name: str, args: list, env: Env) -> Any:
     fn = FUNCTIONS.get(name)
     if fn is None:
         raise FormulaRuntimeError(f"no evaluator for {name}")
-    call = Call(name, args, env)
+    call = Call(name, args, env, evaluate)
     if fn.lazy:
         return fn.impl(call)
     values = [call.arg(i) for i in range(len(args))]

@@ -1,6 +1,6 @@
 """The function library of Flow formulas (seed 004 section 7.2 steps 1-2).
 
-Each function registers into :data:`.formula.FUNCTIONS` with its arity and its
+Each function registers into :data:`.formula_values.FUNCTIONS` with its arity and its
 implementation; the parser refuses any other name (``unknown_function``) and
 a wrong argument count (``formula_arity``) at compile time. The semantics are
 those of the Flow formula language's operator and function reference:
@@ -22,7 +22,7 @@ argument may be ISO text (``2020-01-31``), a date/time ISO text
 (``2020-01-31 17:00:00`` or ``2020-01-31T17:00:00Z``, UTC when no offset) and
 a time ``17:30:45.125``. Date/times are timezone-aware UTC (``NOW()`` is the
 database clock). A value of the wrong type or out of range (``DATE(2019, 2,
-29)``, ``SQRT(-1)``) raises :class:`.formula.FormulaRuntimeError`.
+29)``, ``SQRT(-1)``) raises :class:`.formula_values.FormulaRuntimeError`.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from decimal import ROUND_CEILING, ROUND_DOWN, ROUND_FLOOR, ROUND_HALF_UP, ROUND
 from types import EllipsisType
 from typing import Any, Callable
 
-from .formula import FUNCTIONS, Call, Function, FormulaRuntimeError, _blank, _bool, _equal, _num, _text
+from .formula_values import FUNCTIONS, Call, Function, FormulaRuntimeError, _blank, _bool, _equal, _num, _text
 
 _NUMBER_TEXT = re.compile(r"^\s*[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?\s*$")
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)

@@ -52,10 +52,11 @@ def retry_base_seconds(org_id: str | None = None) -> float:
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan_flow_name(plan_id: int) -> str:
+def _plan_flow_name(org_id: str, plan_id: int) -> str:
     from .models import FlowExecutionPlan
 
-    return FlowExecutionPlan.objects.filter(pk=plan_id).values_list("flow_api_name", flat=True).first() or ""
+    return (FlowExecutionPlan.objects.filter(org_id=org_id, pk=plan_id).values_list("flow_api_name", flat=True)
+            .first() or "")
 
 
 #: Recursive saves one logical save may cause (docs/operations.md "Flows that save their own records").
@@ -73,7 +74,7 @@ def max_attempts(org_id: str | None = None, plan_id: int | None = None) -> int:
     (:mod:`runtime_outbox.policy`)."""
     from runtime_outbox.policy import runtime_policy
 
-    return runtime_policy(org_id).max_attempts(_plan_flow_name(int(plan_id)) if plan_id else None)
+    return runtime_policy(org_id).max_attempts(_plan_flow_name(org_id, int(plan_id)) if org_id and plan_id else None)
 
 
 def dependency_deadline_seconds() -> float:
