@@ -28,6 +28,7 @@ from nexusflow.kernel import failpoints, locks
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.errors import FenceRejected, StaleVersion
 from nexusflow.kernel.ids import require_id
+from nexusflow.kernel.logs import log_context
 from nexusflow.kernel.models import insert
 from nexusflow.kernel.pressure import mutation_admission
 from runtime_outbox.policy import runtime_policy
@@ -351,6 +352,11 @@ def execution_run(claim: Claim) -> bool:
         ``True`` when this claim completed the Execution; ``False`` when its
         fence was lost (another worker owns the Execution now).
     """
+    with log_context(org_id=claim.org_id, execution_id=int(claim.execution_id), unit="connector.execution"):
+        return _execution_run(claim)
+
+
+def _execution_run(claim: Claim) -> bool:
     from runtime_outbox.services import application_command_submit
 
     execution = Execution.objects.select_related("projection__event__epoch").get(
