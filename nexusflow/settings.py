@@ -80,6 +80,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "nexusflow.kernel.logs.TraceMiddleware",
 ]
 
 ROOT_URLCONF = "nexusflow.urls"
@@ -190,7 +191,8 @@ LOGGING = {
     # NEXUS_LOG_FORMAT=json: one JSON object per line, correlation ids and safe codes only (nexusflow/kernel/logs.py).
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
                    "json": {"()": "nexusflow.kernel.logs.JsonFormatter"}},
-    "handlers": {"console": {"class": "logging.StreamHandler",
+    "filters": {"context": {"()": "nexusflow.kernel.logs.ContextFilter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["context"],
                              "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": os.environ.get("NEXUS_LOG_LEVEL", "WARNING")},
 }

@@ -28,7 +28,10 @@ from nexusflow.kernel import failpoints, locks
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.errors import FenceRejected, StaleVersion
 from nexusflow.kernel.ids import require_id
+from nexusflow.kernel.logs import log_context
 from nexusflow.kernel.models import insert
+from nexusflow.kernel.pressure import mutation_admission
+from runtime_outbox.policy import runtime_policy
 
 from connectors import reasons
 from connectors.models import Event, Execution, ExecutionAttempt, ExecutionDependency, OrderingDecision, OrderingLane
@@ -349,6 +352,11 @@ def execution_run(claim: Claim) -> bool:
         ``True`` when this claim completed the Execution; ``False`` when its
         fence was lost (another worker owns the Execution now).
     """
+    with log_context(org_id=claim.org_id, execution_id=int(claim.execution_id), unit="connector.execution"):
+        return _execution_run(claim)
+
+
+def _execution_run(claim: Claim) -> bool:
     from runtime_outbox.services import application_command_submit
 
     execution = Execution.objects.select_related("projection__event__epoch").get(
@@ -413,7 +421,15 @@ def execution_complete(claim: Claim, *, result_id: int) -> None:
 
 
 def execution_try_run_one(*, worker_id: str) -> bool:
-    """Claim and run one Execution. Returns ``True`` if work was done."""
+    """Claim and run one Execution. Returns ``True`` if work was done.
+
+    Applying an inbound event is new mutation work: under database pressure (the runtime policy's
+    ``pressure`` bounds, :func:`nexusflow.kernel.pressure.mutation_admission`; seed 004 section 16.2) the
+    round claims nothing and returns ``False``, so the worker backs off. Recovery of expired claims
+    (:func:`execution_try_recover_one`) never asks: work already started finishes.
+    """
+    if mutation_admission(runtime_policy().pressure):
+        return False
     claim = execution_try_claim_one(worker_id=worker_id)
     if claim is None:
         return False

@@ -27,6 +27,7 @@ import httpx
 
 from nexusflow.kernel import failpoints
 from nexusflow.kernel.errors import StaleVersion
+from nexusflow.kernel.logs import log_context
 from nexusflow.kernel.retry import retry_deadlock_victim
 
 from connectors.outbound.effect_finalize import effect_try_finalize_one
@@ -72,6 +73,11 @@ def effect_try_dispatch_one(*, worker_id: str, client: httpx.Client | None = Non
     grant = permit_try_grant_one(worker_id=worker_id, lanes=lanes)
     if grant is None:
         return False
+    with log_context(org_id=grant.org_id, effect_id=int(grant.effect_id), unit="egress.dispatch"):
+        return _dispatch_granted(grant, client)
+
+
+def _dispatch_granted(grant, client: httpx.Client | None) -> bool:
     response = permit_send(grant, client=client)
     if response is None:
         return True

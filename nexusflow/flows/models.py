@@ -265,6 +265,7 @@ class FlowRun(GuardedModel):
         ]
         indexes = [
             models.Index(fields=["org_id", "state", "run_after", "queue_class", "id"], name="flow_run_claim_idx"),
+            models.Index(fields=["org_id", "plan", "state", "run_after", "id"], name="flow_run_plan_claim_idx"),
             models.Index(fields=["state", "run_after", "id"], name="flow_run_due_idx"),
             # a record save finds its waiting scheduled paths (wait_resolution.scheduled_paths_recheck)
             models.Index(fields=["org_id", "record_key", "state"], name="flow_run_record_state_idx"),

@@ -40,37 +40,51 @@ def _clock_sql(now) -> tuple[str, list]:
     return "%s", [connection.ops.adapt_datetimefield_value(now)]
 
 
-def flow_orgs_with_due_runs(*, now) -> list[str]:
-    """The orgs that have a due ``Runnable`` root, in org order (seed 004 sections 12.1 and 16.2).
+def flow_plans_with_due_runs(*, now) -> list[tuple[str, int]]:
+    """The ``(org id, plan id)`` pairs with a due ``Runnable`` root, in org then plan order (seed 004 sections
+    12.1 and 16.2: per-org and per-plan fair share).
 
-    ``now`` is the database clock (:func:`nexusflow.kernel.clock.db_now_sql`, or a datetime). The orgs come
-    from the execution plans (every run names one; a few rows per deployed Flow version), and each is
-    checked with one dive into ``flow_run_claim_idx`` for its oldest ``Runnable`` root, so the cost grows
-    with the deployed plans and orgs and never with a backlog, whatever the optimizer's statistics say.
-    A root with no ``run_after`` is due.
+    ``now`` is the database clock (:func:`nexusflow.kernel.clock.db_now_sql`, or a datetime). The pairs come
+    from the execution plans (every run names one; a few rows per deployed Flow version), and each is checked
+    with one dive into ``flow_run_plan_claim_idx`` for its oldest ``Runnable`` root, so the cost grows with
+    the deployed plans and never with a backlog, whatever the optimizer's statistics say. A root with no
+    ``run_after`` is due.
     """
     clock, clock_params = _clock_sql(now)
     run, plan = FlowRun._meta.db_table, FlowExecutionPlan._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT orgs.org_id FROM (SELECT DISTINCT org_id FROM {plan}) orgs WHERE ("
-            f"SELECT due.run_after IS NULL OR due.run_after <= {clock} FROM {run} due FORCE INDEX (flow_run_claim_idx) "
-            "WHERE due.org_id = orgs.org_id AND due.state = %s ORDER BY due.run_after LIMIT 1) = 1 "
-            "ORDER BY orgs.org_id",
+            f"SELECT plans.org_id, plans.id FROM {plan} plans WHERE ("
+            f"SELECT due.run_after IS NULL OR due.run_after <= {clock} FROM {run} due "
+            "FORCE INDEX (flow_run_plan_claim_idx) WHERE due.org_id = plans.org_id AND due.plan_id = plans.id "
+            "AND due.state = %s ORDER BY due.run_after LIMIT 1) = 1 ORDER BY plans.org_id, plans.id",
             [*clock_params, t.RUN_RUNNABLE])
-        return [org_id for (org_id,) in cursor.fetchall()]
+        return [(org_id, int(plan_id)) for org_id, plan_id in cursor.fetchall()]
 
 
-def flow_due_run_candidates(*, org_id: str, now, limit: int) -> list[tuple[int, int]]:
-    """Up to ``limit`` due runs of one org as ``(run id, current step id)``, oldest due first.
+def flow_due_run_candidates(*, org_id: str, now, limit: int, plan_id: int | None = None) -> list[tuple[int, int]]:
+    """Up to ``limit`` due runs of one org (of one of its plans when ``plan_id`` is given) as ``(run id,
+    current step id)``, oldest due first.
 
     Seed 004 section 12.1 discovery: a non-locking read of ``Runnable`` roots due on the database clock
     ``now`` whose current step is ``Pending`` or ``RetryScheduled``, in (``run_after``, ``queue_class``, id)
-    order straight off ``flow_run_claim_idx`` (no sort: the limit stops the read however large the org's
-    backlog), each step reached by its primary key. The claim re-verifies every candidate under its locks.
+    order straight off ``flow_run_claim_idx`` (of one plan: (``run_after``, id) off
+    ``flow_run_plan_claim_idx``; no sort: the limit stops the read however large the backlog), each step
+    reached by its primary key. The claim re-verifies every candidate under its locks.
     """
     clock, clock_params = _clock_sql(now)
     run, step = FlowRun._meta.db_table, FlowStepExecution._meta.db_table
+    if plan_id is not None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT STRAIGHT_JOIN {run}.id, {run}.current_step_id FROM {run} FORCE INDEX (flow_run_plan_claim_idx) "
+                f"JOIN {step} ON {step}.id = {run}.current_step_id WHERE {run}.org_id = %s AND {run}.plan_id = %s "
+                f"AND {run}.state = %s AND ({run}.run_after IS NULL OR {run}.run_after <= {clock}) "
+                f"AND {run}.is_deleted = 0 AND {run}.delete_requested_at IS NULL AND {step}.state IN (%s, %s) "
+                f"ORDER BY {run}.run_after, {run}.id LIMIT %s",
+                [org_id, int(plan_id), t.RUN_RUNNABLE, *clock_params, t.STEP_PENDING, t.STEP_RETRY_SCHEDULED,
+                 int(limit)])
+            return [(int(run_id), int(step_id)) for run_id, step_id in cursor.fetchall()]
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT STRAIGHT_JOIN {run}.id, {run}.current_step_id FROM {run} FORCE INDEX (flow_run_claim_idx) "

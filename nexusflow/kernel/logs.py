@@ -12,7 +12,18 @@ record as one JSON object per line through :class:`JsonFormatter`:
   kept only when it is a lower snake case code; ``error``: the exception's
   class name (never its text or traceback);
 - the correlation ids of :data:`CORRELATION_FIELDS` a call passes in ``extra``
-  (ints or canonical keys; anything else is dropped).
+  (ints or canonical keys; anything else is dropped), or that the code around
+  it set with :func:`log_context` (a worker around the step, execution or
+  effect it runs; :class:`TraceMiddleware` around an HTTP request): every line
+  inside carries them without each call passing them. :class:`ContextFilter`
+  (installed on the handlers in ``settings.LOGGING``) copies them onto the
+  record; an ``extra`` value wins.
+
+A request's ``trace_id`` is the trace id of its W3C ``traceparent`` header when
+it sends a valid one, else a new random one; the response carries it as
+``X-Trace-Id``. Durable work (a Flow step, an inbound execution, an outbound
+effect) is correlated by its own ids instead: a trace id is not carried across
+the durable boundaries.
 """
 from __future__ import annotations
 
@@ -20,6 +31,9 @@ import datetime as dt
 import json
 import logging
 import re
+import secrets
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 #: The ``extra`` keys a line keeps: org, run, step, attempt, effect, execution, plan and trace identity, and the
 #: worker unit that logged it.
@@ -27,6 +41,67 @@ CORRELATION_FIELDS = ("org_id", "run_id", "step_id", "attempt_id", "effect_id", 
                       "trace_id", "unit")
 _SAFE_CODE = re.compile(r"^[a-z][a-z0-9_.]{1,63}$")
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
+
+
+_CONTEXT: ContextVar[dict] = ContextVar("nexusflow_log_context", default={})
+_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
+
+
+@contextmanager
+def log_context(**ids):
+    """Within the block, every log line carries ``ids`` (keys of :data:`CORRELATION_FIELDS`; ``None`` values
+    are left out) beside those of enclosing blocks; the previous context returns after it.
+
+    Raises:
+        ValueError: a key outside :data:`CORRELATION_FIELDS` (a programming error, before anything is set).
+    """
+    unknown = sorted(set(ids) - set(CORRELATION_FIELDS))
+    if unknown:
+        raise ValueError(f"not correlation fields: {unknown}")
+    token = _CONTEXT.set({**_CONTEXT.get(), **{k: v for k, v in ids.items() if v is not None}})
+    try:
+        yield
+    finally:
+        _CONTEXT.reset(token)
+
+
+def current_log_context() -> dict:
+    """The ids the enclosing :func:`log_context` blocks set (a copy)."""
+    return dict(_CONTEXT.get())
+
+
+class ContextFilter(logging.Filter):
+    """Copy the :func:`log_context` ids onto each record (a value the call passed in ``extra`` wins)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for name, value in _CONTEXT.get().items():
+            if getattr(record, name, None) is None:
+                setattr(record, name, value)
+        return True
+
+
+def trace_id_of(traceparent: str | None) -> str:
+    """The trace id of a W3C ``traceparent`` header (``00-<32 hex>-<16 hex>-<2 hex>``, not all zeros), else a
+    new random 32-hex trace id."""
+    match = _TRACEPARENT.match((traceparent or "").strip().lower())
+    if match and match.group(1) != "0" * 32:
+        return match.group(1)
+    return secrets.token_hex(16)
+
+
+class TraceMiddleware:
+    """Django middleware: the request's ``trace_id`` (module docstring) in the log context of everything the
+    request runs, and in the response's ``X-Trace-Id`` header."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        trace_id = trace_id_of(request.headers.get("traceparent"))
+        with log_context(trace_id=trace_id):
+            response = self.get_response(request)
+        response["X-Trace-Id"] = trace_id
+        return response
 
 
 def _safe_id(value):

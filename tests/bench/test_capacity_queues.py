@@ -32,7 +32,7 @@ from nexusflow.flows.services import (
     flow_wake_signal_accept,
 )
 from nexusflow.flows.binding import scope_of
-from nexusflow.flows.selectors import flow_due_run_candidates, flow_orgs_with_due_runs
+from nexusflow.flows.selectors import flow_due_run_candidates, flow_plans_with_due_runs
 from nexusflow.kernel.clock import db_now_sql
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.scope import OrgScope
@@ -100,7 +100,7 @@ def test_a_hot_tenants_backlog_of_a_hundred_thousand_runs_delays_another_tenants
     (per-org fair share), so the other org's run is claimed within as many
     rounds as there are busy orgs, after at most one batch of the hot org's
     runs, and the hot org's claims take its oldest due runs first. Discovery
-    reads one index entry per org, not the backlog: its handler row reads
+    reads one index entry per deployed plan, not the backlog: its handler row reads
     beside the backlog stay within twice those beside a backlog of one run.
     An oldest-due-first queue over all orgs would claim the whole backlog
     first.
@@ -113,8 +113,10 @@ def test_a_hot_tenants_backlog_of_a_hundred_thousand_runs_delays_another_tenants
     def discovery_reads() -> int:
         # The two discovery reads a claim round sends (captured from the selectors it calls), rows read.
         sent = []
-        for call in (lambda: flow_orgs_with_due_runs(now=db_now_sql()),
-                     lambda: flow_due_run_candidates(org_id=hot.org_id, now=db_now_sql(), limit=policy.CLAIM_BATCH)):
+        plan_id = FlowRun.objects.filter(org_id=hot.org_id).values_list("plan_id", flat=True).first()
+        for call in (lambda: flow_plans_with_due_runs(now=db_now_sql()),
+                     lambda: flow_due_run_candidates(org_id=hot.org_id, now=db_now_sql(), limit=policy.CLAIM_BATCH,
+                                                     plan_id=plan_id)):
             sent += cs.captured_statements(call)[1]
         return sum(_rows_read(sql) for sql in sent)
 
@@ -175,7 +177,8 @@ def test_claim_queries_read_the_same_rows_beside_twenty_thousand_waiting_runs():
     statements = {}
     for name, call, table in (("step claim orgs", lambda: flow_step_claim_batch(worker_id="bench"), "flowrun"),
                               ("step claim", lambda: flow_due_run_candidates(
-                                  org_id=org.org_id, now=db_now_sql(), limit=policy.CLAIM_BATCH), "flowrun"),
+                                  org_id=org.org_id, now=db_now_sql(), limit=policy.CLAIM_BATCH,
+                                  plan_id=template.plan_id), "flowrun"),
                               ("due waits", flow_try_resume_due_one, "flowdependency"),
                               ("wake signals", flow_try_wake_one, "flowwakesignal")):
         result, sent = cs.captured_statements(call)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import logging
 
+import pytest
+
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.logs import CORRELATION_FIELDS, JsonFormatter
 from tests.conftest import run_manage, subprocess_env
@@ -54,3 +56,41 @@ def test_the_json_format_is_chosen_by_the_environment_and_a_bad_value_refuses_to
     assert SECRET not in result.stderr
     bad = run_manage(["check"], subprocess_env(NEXUS_LOG_FORMAT="xml"))
     assert bad.returncode != 0 and "NEXUS_LOG_FORMAT must be plain or json, got 'xml'" in bad.stderr
+
+
+def test_a_log_context_puts_its_ids_on_every_line_inside_and_restores_the_outer_one():
+    from nexusflow.kernel.logs import ContextFilter, current_log_context, log_context
+
+    context_filter, formatter = ContextFilter(), JsonFormatter()
+
+    def line(**extra) -> dict:
+        record = _record("step ran", (), **extra)
+        context_filter.filter(record)
+        return json.loads(formatter.format(record))
+
+    with log_context(org_id="org-1", run_id=42):
+        with log_context(step_id=7, attempt_id=None, unit="flow.step"):
+            inner = line()
+            assert current_log_context() == {"org_id": "org-1", "run_id": 42, "step_id": 7, "unit": "flow.step"}
+        outer = line(run_id=43)  # a value passed in extra wins
+    assert {k: inner.get(k) for k in ("org_id", "run_id", "step_id", "unit")} == {
+        "org_id": "org-1", "run_id": 42, "step_id": 7, "unit": "flow.step"}
+    assert "attempt_id" not in inner and outer["run_id"] == 43 and "step_id" not in outer
+    assert "org_id" not in line() and current_log_context() == {}
+    try:
+        with log_context(payload="x"):
+            raise AssertionError("an unknown field is refused")
+    except ValueError:
+        pass
+
+
+@pytest.mark.django_db
+def test_a_request_carries_its_traceparent_trace_id_into_its_response(client):
+    from nexusflow.kernel.logs import trace_id_of
+
+    trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    response = client.get("/api/v2/health/", HTTP_TRACEPARENT=f"00-{trace}-00f067aa0ba902b7-01")
+    assert response["X-Trace-Id"] == trace
+    generated = client.get("/api/v2/health/", HTTP_TRACEPARENT="garbage")["X-Trace-Id"]
+    assert len(generated) == 32 and generated != trace and int(generated, 16) >= 0
+    assert trace_id_of("00-" + "0" * 32 + "-00f067aa0ba902b7-01") != "0" * 32

@@ -24,7 +24,7 @@ from .. import policy
 from .. import transitions as t
 from ..compiler import KIND_MUTATION
 from ..models import FlowExecutionPlan, FlowRun, FlowStepAttempt, FlowStepExecution
-from ..selectors import flow_due_run_candidates, flow_orgs_with_due_runs, flow_plan_of
+from ..selectors import flow_due_run_candidates, flow_plan_of, flow_plans_with_due_runs
 from ..store import FlowAttemptStore, FlowRunStore, FlowStepStore
 from .admission import START_OBJECT
 
@@ -84,11 +84,12 @@ def flow_step_claim_one(*, worker_id: str) -> StepClaim | None:
 def flow_step_claim_batch(*, worker_id: str, limit: int | None = None) -> list[StepClaim]:
     """Claim up to ``limit`` due steps of one org in one transaction (bounded multi-row claim).
 
-    Seed 004 sections 12.1 and 16.2: discovery is two non-locking reads on the database clock: the orgs
-    with due runs (:func:`..selectors.flow_orgs_with_due_runs`), of which this worker serves the next in
-    round robin (:func:`_next_org`: per-org fair share, a hot tenant's backlog never queues another
-    tenant's run behind it), then that org's oldest due runs in stable order (``run_after``, id; at most
-    :data:`policy.CLAIM_BATCH`, :func:`..selectors.flow_due_run_candidates`). The claim transaction then
+    Seed 004 sections 12.1 and 16.2: discovery is two non-locking reads on the database clock: the
+    ``(org, plan)`` pairs with due runs (:func:`..selectors.flow_plans_with_due_runs`), of which this worker
+    serves the next org in round robin (:func:`_next_org`: per-org fair share, a hot tenant's backlog never
+    queues another tenant's run behind it) and, within it, the next plan in round robin (:func:`_next_plan`:
+    per-plan fair share, likewise between the Flows of one org), then that plan's oldest due runs in stable
+    order (``run_after``, id; at most :data:`policy.CLAIM_BATCH`, :func:`..selectors.flow_due_run_candidates`). The claim transaction then
     locks the candidates' roots (one org, ascending id, ``FOR UPDATE SKIP LOCKED``: a root another worker is claiming or
     running is left to it, never waited for), then their steps (ascending id), re-verifies each pair
     exactly as a single claim does and writes each lease, ``Claimed`` step, ``Running`` root and
@@ -111,10 +112,12 @@ def flow_step_claim_batch(*, worker_id: str, limit: int | None = None) -> list[S
     if limit < 1:
         raise ValueError("limit must be at least 1")
     now = db_now_sql()  # the database clock, read by each discovery query itself
-    org_id = _next_org(worker_id, flow_orgs_with_due_runs(now=now))
+    due = flow_plans_with_due_runs(now=now)
+    org_id = _next_org(worker_id, sorted({org for org, _plan in due}))
     if org_id is None:
         return []
-    ours = flow_due_run_candidates(org_id=org_id, now=now, limit=max(policy.CLAIM_BATCH, limit))
+    plan_id = _next_plan(worker_id, org_id, [plan for org, plan in due if org == org_id])
+    ours = flow_due_run_candidates(org_id=org_id, now=now, limit=max(policy.CLAIM_BATCH, limit), plan_id=plan_id)
     for first in range(0, len(ours), limit):
         claims = _claim_chunk(org_id, ours[first:first + limit], worker_id)
         if claims:
@@ -135,6 +138,22 @@ def _next_org(worker_id: str, orgs: list[str]) -> str | None:
     last = _last_org.get(worker_id)
     chosen = next((org for org in orgs if last is None or org > last), orgs[0])
     _last_org[worker_id] = chosen
+    return chosen
+
+
+#: The plan each worker claimed from last, per org: the next round of that org serves its next plan.
+_last_plan: dict[tuple[str, str], int] = {}
+
+
+def _next_plan(worker_id: str, org_id: str, plans: list[int]) -> int | None:
+    """Round robin over the org's plans with due work (``plans``, ascending), like :func:`_next_org`: a Flow
+    with a backlog of any size delays another Flow of the same org by at most one round per other busy plan
+    (seed 004 section 16.2, "per plan" fair share)."""
+    if not plans:
+        return None
+    last = _last_plan.get((worker_id, org_id))
+    chosen = next((plan for plan in plans if last is None or plan > last), plans[0])
+    _last_plan[(worker_id, org_id)] = chosen
     return chosen
 
 

@@ -23,6 +23,7 @@ from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.errors import FenceRejected, NexusError, StaleVersion
 from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.identity import validate_key
+from nexusflow.kernel.logs import log_context
 from nexusflow.kernel.pressure import mutation_admission
 from runtime_outbox.policy import runtime_policy
 from nexusflow.kernel.scope import OrgScope
@@ -405,6 +406,12 @@ def flow_step_execute(*, claim: StepClaim, started: StepClaim | None = None) -> 
             recovered, root moved or cancelled); nothing from this attempt was
             committed.
     """
+    with log_context(org_id=claim.org_id, run_id=int(claim.run_id), step_id=int(claim.step_id),
+                     attempt_id=int(claim.attempt_id), plan_id=claim.plan_id or None, unit="flow.step"):
+        return _step_execute(claim, started)
+
+
+def _step_execute(claim: StepClaim, started: StepClaim | None) -> str:
     failpoints.hit(FP_AFTER_CLAIM)
     claim = _start(claim) if started is None else started
     plan = flow_plan_of(org_id=claim.org_id, plan_id=claim.plan_id, plan_digest=claim.plan_digest)
