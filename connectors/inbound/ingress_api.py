@@ -20,19 +20,37 @@ from __future__ import annotations
 import logging
 
 from django.db import DataError, DatabaseError
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.parsers import BaseParser
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from nexusflow.api_errors import error_response
+from nexusflow.api_errors import TEMPORARILY_UNAVAILABLE, error_response
+from nexusflow.api_schema import error_responses, key_path
 from nexusflow.kernel.errors import InvalidIdentity
 
-from connectors.inbound.admission import MalformedBody, admit
+from connectors.contracts.signatures import SignatureInvalid, SignatureMissing, SignatureStale
+from connectors.models import AccountServingGate, ReceiptAdmissionKey
+from connectors.inbound.admission import AdmissionConflict, MalformedBody, UnknownIngress, admit
 from connectors.selectors import database_answers
 from connectors.serving.gates import CredentialUnavailable, NotServing
+
+#: The code of a health probe whose database does not answer.
+DATABASE_UNAVAILABLE = "database_unavailable"
+#: The path of an ingress route, in the schema (V1 and V2 alike), as long as the columns that store it.
+INGRESS_PATH_PARAMETERS = [
+    key_path("account_key", AccountServingGate._meta.get_field("account_key").max_length,
+             "The provider account the route belongs to."),
+    key_path("channel", ReceiptAdmissionKey._meta.get_field("channel").max_length, "The account's inbound channel."),
+]
+#: The request body of an ingress route: the provider's bytes as sent (signed; parsed only after verification).
+INGRESS_REQUEST = {"application/json": {"type": "string", "format": "binary"}}
+#: The error answers both ingress versions share.
+INGRESS_ERRORS = {400: (MalformedBody,), 401: (SignatureMissing, SignatureInvalid, SignatureStale),
+                  404: (UnknownIngress,), 409: (AdmissionConflict,),
+                  503: (CredentialUnavailable, TEMPORARILY_UNAVAILABLE)}
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +79,10 @@ class IngressAdmitApi(APIView):
             ref_name = "IngressReceipt"
 
     @extend_schema(
-        request={"application/json": {"type": "string", "format": "binary"}},
+        parameters=INGRESS_PATH_PARAMETERS,
+        request=INGRESS_REQUEST,
         responses={202: OutputSerializer, 200: OutputSerializer,
-                   400: OpenApiResponse(description="malformed_body"),
-                   401: OpenApiResponse(description="signature_invalid | signature_stale | signature_missing"),
-                   404: OpenApiResponse(description="unknown_ingress"),
-                   409: OpenApiResponse(description="admission_conflict"),
-                   503: OpenApiResponse(description="not_serving | credential_unavailable | temporarily_unavailable"
-                                                    " (Retry-After)")},
+                   **error_responses(INGRESS_ERRORS, {503: (NotServing,)})},
     )
     def post(self, request, account_key: str, channel: str):
         body = request.body
@@ -106,15 +120,15 @@ class HealthApi(APIView):
     permission_classes = [AllowAny]
 
     class OutputSerializer(serializers.Serializer):
-        status = serializers.CharField()
+        status = serializers.ChoiceField(choices=["ok"])
 
         class Meta:
             ref_name = "Health"
 
-    @extend_schema(responses={200: OutputSerializer, 503: OpenApiResponse(description="database_unavailable")})
+    @extend_schema(responses={200: OutputSerializer, **error_responses({503: (DATABASE_UNAVAILABLE,)})})
     def get(self, request):
         try:
             database_answers()
         except DatabaseError:
-            return error_response("database_unavailable", "the database does not answer", status.HTTP_503_SERVICE_UNAVAILABLE)
+            return error_response(DATABASE_UNAVAILABLE, "the database does not answer", status.HTTP_503_SERVICE_UNAVAILABLE)
         return Response({"status": "ok"})

@@ -22,21 +22,29 @@ errors are raised and answered by :func:`nexusflow.api_errors.exception_handler`
 """
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from nexusflow.api_errors import error_response
+from nexusflow.api_errors import INVALID_REQUEST, error_response
+from nexusflow.api_schema import AUTH_ERRORS, DATABASE_ERRORS, error_responses, id_path, key_path
+from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.ids import id_from_text
-from nexusflow.kernel.permissions import IsOperator, require_operator_org
+from nexusflow.kernel.permissions import IsOperator, OrgNotAuthorized, require_operator_org
 from nexusflow.kernel.scope import OrgScope
 
+from .errors import FlowRunNotFound
 from .models import FlowRun
 from .services import flow_run_support_read
 
-_UNAUTHENTICATED = OpenApiResponse(description="not_authenticated | authentication_failed (WWW-Authenticate)")
+#: The length of an org id (its column).
+ORG_ID_MAX_LENGTH = FlowRun._meta.get_field("org_id").max_length
+#: ``include_deleted``: "0" (default) hides a run of a deleted record, "1" shows it.
+INCLUDE_DELETED_VALUES = ("0", "1")
+#: The code of a FlowRunId-only read.
+FLOW_RUN_ORG_REQUIRED = "flow_run_org_required"
 
 
 class FlowRunSupportReadApi(APIView):
@@ -44,16 +52,21 @@ class FlowRunSupportReadApi(APIView):
 
     permission_classes = [IsOperator]
 
-    @extend_schema(responses={200: OpenApiResponse(description="the section 19 support read"),
-                              400: OpenApiResponse(description="invalid_identity | invalid_request"),
-                              401: _UNAUTHENTICATED,
-                              403: OpenApiResponse(description="permission_denied | org_not_authorized"),
-                              404: OpenApiResponse(description="flow_run_not_found")})
+    @extend_schema(
+        parameters=[key_path("org_id", ORG_ID_MAX_LENGTH, "The trusted org; one of the operator's orgs."),
+                    id_path("run_id", "The FlowRun."),
+                    OpenApiParameter("include_deleted", str, OpenApiParameter.QUERY, enum=INCLUDE_DELETED_VALUES,
+                                     default=INCLUDE_DELETED_VALUES[0],
+                                     description="1: also a run whose triggering record is deleted")],
+        responses={200: OpenApiResponse(response={"type": "object", "additionalProperties": True},
+                                        description="the section 19 support read"),
+                   **error_responses({400: (InvalidIdentity, INVALID_REQUEST), 403: (OrgNotAuthorized,),
+                                      404: (FlowRunNotFound,)}, AUTH_ERRORS, DATABASE_ERRORS)})
     def get(self, request, org_id: str, run_id: str):
-        include = request.query_params.get("include_deleted", "0")
-        if include not in ("0", "1"):
-            return error_response("invalid_request", "include_deleted is 0 or 1", status.HTTP_400_BAD_REQUEST)
-        validate_key(org_id, field="org_id", max_length=64)
+        include = request.query_params.get("include_deleted", INCLUDE_DELETED_VALUES[0])
+        if include not in INCLUDE_DELETED_VALUES:
+            return error_response(INVALID_REQUEST, "include_deleted is 0 or 1", status.HTTP_400_BAD_REQUEST)
+        validate_key(org_id, field="org_id", max_length=ORG_ID_MAX_LENGTH)
         run = id_from_text(run_id, FlowRun, field="run id")
         require_operator_org(request.user, org_id, detail="the operator may not read this org")
         body = flow_run_support_read(org=OrgScope(org_id), run_id=run, include_deleted=include == "1")
@@ -65,8 +78,11 @@ class FlowRunIdOnlyReadApi(APIView):
 
     permission_classes = [IsOperator]
 
-    @extend_schema(responses={400: OpenApiResponse(description="flow_run_org_required"), 401: _UNAUTHENTICATED,
-                              403: OpenApiResponse(description="permission_denied")})
+    @extend_schema(parameters=[OpenApiParameter("run_id", str, OpenApiParameter.PATH,
+                                                description="Any text: the read is refused whatever it names.")],
+                   responses=error_responses({400: (FLOW_RUN_ORG_REQUIRED,)}, AUTH_ERRORS),
+                   description="Refuses a FlowRunId-only support read (seed 004 section 19): every request "
+                               "answers 400 flow_run_org_required; read /api/v2/flows/orgs/{org_id}/runs/{run_id}/.")
     def get(self, request, run_id: str):
-        return error_response("flow_run_org_required", "a flow run is read within its trusted org: "
+        return error_response(FLOW_RUN_ORG_REQUIRED, "a flow run is read within its trusted org: "
                               "/api/v2/flows/orgs/<org_id>/runs/<run_id>/", status.HTTP_400_BAD_REQUEST)
