@@ -10,7 +10,11 @@ schema tells the truth a schema-driven client (or fuzzer) relies on:
   ``{"error": <code>, "detail": <text or field map>}``, with ``error`` an
   enum of exactly the codes the operation answers with that status
   (:func:`error_responses`); the codes are read from the error classes
-  (``NexusError.code``, DRF's ``default_code``), never retyped;
+  (``NexusError.code``, DRF's ``default_code``), never retyped. A code that
+  can answer a request the schema calls valid (it depends on stored state:
+  the org's object metadata, the operator's orgs) is listed in the body's
+  ``x-valid-request-codes``; every other 400 means the request broke the
+  schema;
 - :func:`add_links` (a drf-spectacular postprocessing hook) adds OpenAPI
   links from an operation that creates an object to the operations that
   read or change it, so a client (and schemathesis' stateful phase) can
@@ -100,31 +104,55 @@ def error_code(item) -> str:
     return item.default_code
 
 
-def error_body(codes: Iterable[str]) -> dict:
-    """The JSON schema of the error body whose ``error`` is one of ``codes``."""
-    return {
+#: The schema extension of an error body listing the codes a request the schema calls valid may still get.
+VALID_REQUEST_CODES = "x-valid-request-codes"
+
+
+def error_body(codes: Iterable[str], valid_request: Iterable[str] = ()) -> dict:
+    """The JSON schema of the error body whose ``error`` is one of ``codes``.
+
+    Args:
+        valid_request: the codes among ``codes`` that answer requests the schema calls valid, because they
+            depend on stored state the schema cannot state (the org's object metadata, the operator's orgs,
+            another row); listed in :data:`VALID_REQUEST_CODES`. Every other code answers only a request
+            the schema calls invalid.
+    """
+    body = {
         "type": "object",
         "properties": {
             "error": {"type": "string", "enum": sorted(set(codes))},
             "detail": {"oneOf": [{"type": "string"}, {"type": "object"}],
-                       "description": "a text, or a field-to-messages map for invalid_request"},
+                       "description": "a text, or (invalid_request) a map of each refused field to its messages"},
         },
         "required": ["error", "detail"],
     }
+    if valid_request:
+        body[VALID_REQUEST_CODES] = sorted(set(valid_request))
+    return body
 
 
-def error_responses(*specs: Mapping[int, Iterable]) -> dict[int, OpenApiResponse]:
+def _merge(specs: Iterable[Mapping[int, Iterable]]) -> dict[int, list[str]]:
+    merged: dict[int, list[str]] = {}
+    for spec in specs:
+        for http_status, items in spec.items():
+            merged.setdefault(http_status, []).extend(error_code(item) for item in items)
+    return merged
+
+
+def error_responses(*specs: Mapping[int, Iterable],
+                    valid_request: Mapping[int, Iterable] | None = None) -> dict[int, OpenApiResponse]:
     """The error answers of one operation: ``{status: OpenApiResponse}`` from ``{status: codes}`` maps.
 
     Args:
         specs: maps of HTTP status to error classes or code strings; the maps are merged, a status named
             twice lists the codes of both.
+        valid_request: the same kind of map, for the codes a schema-valid request may get (see
+            :func:`error_body`); they join the status's codes.
     """
-    merged: dict[int, list[str]] = {}
-    for spec in specs:
-        for http_status, items in spec.items():
-            merged.setdefault(http_status, []).extend(error_code(item) for item in items)
-    return {http_status: OpenApiResponse(response=error_body(codes), description=" | ".join(sorted(set(codes))))
+    valid = _merge([valid_request or {}])
+    merged = _merge([*specs, valid])
+    return {http_status: OpenApiResponse(response=error_body(codes, valid.get(http_status, ())),
+                                         description=" | ".join(sorted(set(codes))))
             for http_status, codes in sorted(merged.items())}
 
 

@@ -80,7 +80,7 @@ class FlowRunIdOnlyReadApi(APIView):
 
     @extend_schema(parameters=[OpenApiParameter("run_id", str, OpenApiParameter.PATH,
                                                 description="Any text: the read is refused whatever it names.")],
-                   responses=error_responses({400: (FLOW_RUN_ORG_REQUIRED,)}, AUTH_ERRORS),
+                   responses=error_responses(AUTH_ERRORS, valid_request={400: (FLOW_RUN_ORG_REQUIRED,)}),
                    description="Refuses a FlowRunId-only support read (seed 004 section 19): every request "
                                "answers 400 flow_run_org_required; read /api/v2/flows/orgs/{org_id}/runs/{run_id}/.")
     def get(self, request, run_id: str):

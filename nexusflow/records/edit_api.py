@@ -98,16 +98,17 @@ class RecordEditOutputSerializer(serializers.Serializer):
         ref_name = "RecordEdit"
 
 
-def _responses(ok: int, errors: dict) -> dict:
+def _responses(ok: int, errors: dict, valid_request: dict) -> dict:
     """The answers of an edit: ``ok`` with the record, or the errors every edit shares plus ``errors``.
 
     Which field names and values an object takes is its metadata's (L2), not the schema's: a field the
-    object does not have answers 400 ``unknown_field``, a value its type refuses ``invalid_field_value``.
+    object does not have answers 400 ``unknown_field``, a value its type refuses ``invalid_field_value``
+    (codes of valid requests, with ``valid_request``'s).
     """
     return {ok: RecordEditOutputSerializer, **error_responses(
-        {400: (INVALID_REQUEST, InvalidIdentity, UnknownField, InvalidFieldValue),
-         404: (UnknownObject,), 409: (OwnerContended, OwnerWorkPending)},
-        errors, JSON_BODY_ERRORS, AUTH_ERRORS, DATABASE_ERRORS)}
+        {400: (INVALID_REQUEST, InvalidIdentity), 404: (UnknownObject,), 409: (OwnerContended, OwnerWorkPending)},
+        errors, JSON_BODY_ERRORS, AUTH_ERRORS, DATABASE_ERRORS,
+        valid_request={400: (UnknownField, InvalidFieldValue, *valid_request.get(400, ()))})}
 
 
 class _EditApi(APIView):
@@ -151,7 +152,7 @@ class RecordCreateApi(_EditApi):
             ref_name = "RecordCreateInput"
 
     @extend_schema(parameters=[OBJECT_PATH], request={"application/json": InputSerializer},
-                   responses=_responses(201, {400: (OrgRequired,), 403: (OrgNotAuthorized,)}))
+                   responses=_responses(201, {403: (OrgNotAuthorized,)}, {400: (OrgRequired,)}))
     def post(self, request, object_name: str):
         def call(values):
             org = operator_org_for_create(request.user, values.get("org_id"))
@@ -169,7 +170,7 @@ class RecordUpdateApi(_EditApi):
             ref_name = "RecordUpdateInput"
 
     @extend_schema(parameters=RECORD_PATH, request={"application/json": InputSerializer},
-                   responses=_responses(200, {404: (RecordNotFound,)}))
+                   responses=_responses(200, {404: (RecordNotFound,)}, {}))
     def patch(self, request, object_name: str, record_key: str):
         def call(values):
             org = operator_org_for_live_record(request.user, object_name, record_key)

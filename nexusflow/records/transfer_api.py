@@ -84,11 +84,12 @@ class TransferOutputSerializer(serializers.Serializer):
 _RESPONSES = {
     201: TransferOutputSerializer, 200: TransferOutputSerializer,
     **error_responses(
-        {400: (INVALID_REQUEST, InvalidIdentity, TransferInvalid, TransferConversionUndeclared),
-         404: (TransferRecordNotFound, UnknownObject),
+        {400: (INVALID_REQUEST, InvalidIdentity), 404: (TransferRecordNotFound, UnknownObject),
          409: (OwnerWorkPending, OwnerContended, TransferMismatch, TransferIdentityConflict,
                TransferAuthorityInactive, TransferMirrorMismatch, TransferTargetSlotMissing)},
-        JSON_BODY_ERRORS, AUTH_ERRORS, DATABASE_ERRORS),
+        JSON_BODY_ERRORS, AUTH_ERRORS, DATABASE_ERRORS,
+        # Whether the target is the source itself, or the object declares that conversion, is stored state.
+        valid_request={400: (TransferInvalid, TransferConversionUndeclared)}),
 }
 
 
