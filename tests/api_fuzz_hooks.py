@@ -14,6 +14,11 @@ configuration), from the repository root.
   JSON map of object name to field names), so the generated edits reach past
   ``unknown_field`` to the record write; the body stays as valid (or as
   invalid) as it was generated.
+- :func:`sign_ingress` signs three in four requests to the one ingress route
+  named in ``NEXUS_FUZZ_SIGNED_INGRESS`` (a JSON object: ``path``,
+  ``account_key``, ``channel``, the route's signature ``auth`` config and the
+  environment variable holding its secret) like the provider, over the exact
+  bytes sent, so generated bodies reach admission past the signature check.
 - :func:`no_foreign_identifier` fails a successful answer that carries one of
   the identifiers named in ``NEXUS_FUZZ_FOREIGN_IDS`` (a JSON list): the run
   authenticates as an operator of another org, so none may ever come back.
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import zlib
 
 import schemathesis
@@ -95,3 +101,34 @@ def metadata_field_names(case):
         renamed.setdefault(name, value)
     case.body = {**body, "fields": renamed}
     return case
+
+
+@schemathesis.hook
+def before_call(context, case, kwargs):
+    """See :func:`sign_ingress`."""
+    sign_ingress(case)
+
+
+def sign_ingress(case) -> None:
+    """Add the provider's signature headers to a request to the configured ingress route (three in four)."""
+    from connectors.contracts.signatures import header_timestamp, sign_request
+
+    route = json.loads(os.environ.get("NEXUS_FUZZ_SIGNED_INGRESS", "null"))
+    params = case.path_parameters or {}
+    if (not route or case.method.upper() != "POST" or case.operation.path != route["path"]
+            or (params.get("account_key"), params.get("channel")) != (route["account_key"], route["channel"])):
+        return
+    sent = case.as_transport_kwargs()
+    if "json" in sent:  # serialized by requests, as requests does
+        body = json.dumps(sent["json"], allow_nan=False).encode("utf-8")
+    else:
+        body = sent.get("data") or b""
+    if isinstance(body, str):
+        body = body.encode("utf-8")
+    if not isinstance(body, bytes) or zlib.crc32(body) % 4 == 0:
+        return
+    auth = route["auth"]
+    timestamp = header_timestamp(auth, epoch_seconds=time.time()) if auth.get("timestamp_header") else None
+    signature = sign_request(auth, secret=os.environ[route["secret_env"]].encode(), method="POST", url=sent["url"],
+                             body=body, timestamp=timestamp)
+    case.headers = {**(case.headers or {}), **signature}

@@ -45,6 +45,7 @@ from nexusflow.flows.models import FlowRun
 from nexusflow.records.metadata import current_view
 from nexusflow.records.models import Record
 from packs.demo.run import Processes, _free_port, web_server_argv
+from packs.hubspot import webhook_route
 from runtime_outbox.replay_guard import SUPPRESS_EXTERNAL_EFFECTS
 from tests.conftest import ORG, drain, hubspot_event, make_serving_org, post_signed, subprocess_env
 
@@ -64,6 +65,8 @@ PHASES = "examples,coverage,fuzzing,stateful"
 CHECKS = ("all",)
 EXCLUDED_CHECKS = ("positive_data_acceptance",)
 RUN_TIMEOUT_SECONDS = 600
+#: The environment variable holding the webhook route's secret (tests/conftest.py sets it).
+WEBHOOK_SECRET_ENV = "NEXUS_TEST_WEBHOOK_SECRET"
 #: The CSRF secret the runs send as cookie and header: DRF checks CSRF for a session-authenticated write.
 CSRF_SECRET = "fuzzCSRFsecret0123456789abcdefAB"
 
@@ -178,7 +181,10 @@ def _st_run(base: str, tmp_path: Path, config: str, *, user: str, session: str,
             "--report-junit-path", str(junit)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NEXUS_FUZZ_FOREIGN_IDS": json.dumps(list(foreign)),
            "NEXUS_FUZZ_FIELDS": json.dumps({name: sorted(definition.fields)
-                                             for name, definition in current_view().objects.items()})}
+                                             for name, definition in current_view().objects.items()}),
+           "NEXUS_FUZZ_SIGNED_INGRESS": json.dumps({
+               "path": "/api/v2/ingress/{account_key}/{channel}/", "account_key": ACCOUNT, "channel": CHANNEL,
+               "auth": webhook_route()["auth"], "secret_env": WEBHOOK_SECRET_ENV})}
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_SECONDS)
     output = done.stdout + done.stderr
     (tmp_path / f"st-{user}.log").write_text(output)

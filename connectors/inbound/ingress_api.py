@@ -45,10 +45,13 @@ INGRESS_PATH_PARAMETERS = [
              "The provider account the route belongs to."),
     key_path("channel", ReceiptAdmissionKey._meta.get_field("channel").max_length, "The account's inbound channel."),
 ]
-#: The request body of an ingress route: the provider's bytes as sent (signed; parsed only after verification).
-INGRESS_REQUEST = {"application/json": {"type": "string", "format": "binary"}}
-#: The error answers both ingress versions share.
-INGRESS_ERRORS = {400: (MalformedBody,), 401: (SignatureMissing, SignatureInvalid, SignatureStale),
+#: The request body of an ingress route: the provider's bytes as sent, signed, read only after the signature
+#: is verified. Its shape is the route's contract (the pack's), which this schema cannot state.
+INGRESS_REQUEST = {"application/json": {"description": "the provider's request body, byte for byte; its shape is "
+                                                       "the route's contract (malformed_body otherwise)"}}
+#: The error answers both ingress versions share; a body the route's contract refuses is malformed_body.
+INGRESS_VALID_REQUEST = {400: (MalformedBody,)}
+INGRESS_ERRORS = {401: (SignatureMissing, SignatureInvalid, SignatureStale),
                   404: (UnknownIngress,), 409: (AdmissionConflict,),
                   503: (CredentialUnavailable, TEMPORARILY_UNAVAILABLE)}
 
@@ -82,7 +85,7 @@ class IngressAdmitApi(APIView):
         parameters=INGRESS_PATH_PARAMETERS,
         request=INGRESS_REQUEST,
         responses={202: OutputSerializer, 200: OutputSerializer,
-                   **error_responses(INGRESS_ERRORS, {503: (NotServing,)})},
+                   **error_responses(INGRESS_ERRORS, {503: (NotServing,)}, valid_request=INGRESS_VALID_REQUEST)},
     )
     def post(self, request, account_key: str, channel: str):
         body = request.body

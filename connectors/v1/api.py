@@ -25,7 +25,13 @@ from nexusflow.api_schema import error_responses
 from nexusflow.kernel.errors import InvalidIdentity
 
 from connectors.inbound.admission import MalformedBody
-from connectors.inbound.ingress_api import INGRESS_ERRORS, INGRESS_PATH_PARAMETERS, INGRESS_REQUEST, RawBodyParser
+from connectors.inbound.ingress_api import (
+    INGRESS_ERRORS,
+    INGRESS_PATH_PARAMETERS,
+    INGRESS_REQUEST,
+    INGRESS_VALID_REQUEST,
+    RawBodyParser,
+)
 from connectors.v1.barriers import V1MaintenanceClosed
 from connectors.v1.ingress import v1_admit
 
@@ -50,7 +56,8 @@ class V1IngressAdmitApi(APIView):
         parameters=INGRESS_PATH_PARAMETERS,
         request=INGRESS_REQUEST,
         responses={202: OutputSerializer, 200: OutputSerializer,
-                   **error_responses(INGRESS_ERRORS, {503: (V1MaintenanceClosed,)})},
+                   **error_responses(INGRESS_ERRORS, {503: (V1MaintenanceClosed,)},
+                                     valid_request=INGRESS_VALID_REQUEST)},
     )
     def post(self, request, account_key: str, channel: str):
         try:
