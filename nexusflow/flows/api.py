@@ -23,7 +23,7 @@ errors are raised and answered by :func:`nexusflow.api_errors.exception_handler`
 from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import status
+from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -38,6 +38,7 @@ from nexusflow.kernel.scope import OrgScope
 from .errors import FlowRunNotFound
 from .models import FlowRun
 from .services import flow_run_support_read
+from .transitions import FLOW_RUN, FLOW_STEP_EXECUTION, LEGACY_STATUS
 
 #: The length of an org id (its column).
 ORG_ID_MAX_LENGTH = FlowRun._meta.get_field("org_id").max_length
@@ -45,6 +46,84 @@ ORG_ID_MAX_LENGTH = FlowRun._meta.get_field("org_id").max_length
 INCLUDE_DELETED_VALUES = ("0", "1")
 #: The code of a FlowRunId-only read.
 FLOW_RUN_ORG_REQUIRED = "flow_run_org_required"
+
+
+class _PlanSerializer(serializers.Serializer):
+    plan_id = serializers.CharField()
+    plan_digest = serializers.CharField()
+    flow_api_name = serializers.CharField()
+    flow_version = serializers.CharField(help_text="the metadata digest")
+    execution_profile = serializers.CharField()
+
+    class Meta:
+        ref_name = "FlowRunPlan"
+
+
+class _CheckpointSerializer(serializers.Serializer):
+    checkpoint_id = serializers.IntegerField()
+    sequence = serializers.IntegerField()
+    plan_cursor = serializers.CharField(allow_null=True, help_text="the next compiled step key; null at the end")
+    context_digest = serializers.CharField()
+    context_schema_version = serializers.IntegerField()
+
+    class Meta:
+        ref_name = "FlowRunCheckpoint"
+
+
+class _TriggerSerializer(serializers.Serializer):
+    object = serializers.CharField()
+    record_key = serializers.CharField()
+    record_version = serializers.IntegerField()
+    save_depth = serializers.IntegerField()
+    triggered_by_run_id = serializers.IntegerField(allow_null=True)
+
+    class Meta:
+        ref_name = "FlowRunTrigger"
+
+
+class _StepSerializer(serializers.Serializer):
+    step_id = serializers.IntegerField()
+    plan_step_key = serializers.CharField()
+    step_kind = serializers.CharField()
+    state = serializers.ChoiceField(choices=sorted(FLOW_STEP_EXECUTION.transitions))
+    version = serializers.IntegerField()
+    attempt_count = serializers.IntegerField()
+    run_after = serializers.DateTimeField(allow_null=True)
+    reason_code = serializers.CharField(allow_blank=True)
+    wait_outcome = serializers.DictField(allow_null=True, help_text="what a committed wait step decided")
+    attempts = serializers.ListField(child=serializers.DictField(), help_text="the step's attempts, oldest first")
+
+    class Meta:
+        ref_name = "FlowRunStep"
+
+
+class FlowRunSupportReadSerializer(serializers.Serializer):
+    """The section 19 support read (:func:`nexusflow.flows.services.flow_run_support_read`)."""
+
+    run_id = serializers.IntegerField()
+    org_id = serializers.CharField()
+    plan = _PlanSerializer()
+    execution_owner = serializers.CharField()
+    state = serializers.ChoiceField(choices=sorted(FLOW_RUN.transitions))
+    legacy_status = serializers.ChoiceField(choices=sorted(set(LEGACY_STATUS.values())))
+    state_version = serializers.IntegerField()
+    ownership_epoch = serializers.IntegerField()
+    current_step_id = serializers.IntegerField(allow_null=True)
+    current_checkpoint = _CheckpointSerializer(allow_null=True)
+    terminal_cause = serializers.CharField(allow_blank=True, help_text="the run's reason code; empty unless halted")
+    is_deleted = serializers.BooleanField()
+    delete_requested_at = serializers.DateTimeField(allow_null=True)
+    started_at = serializers.DateTimeField(allow_null=True)
+    completed_at = serializers.DateTimeField(allow_null=True)
+    trigger = _TriggerSerializer()
+    parent_run_id = serializers.IntegerField(allow_null=True)
+    subflow_run_ids = serializers.ListField(child=serializers.IntegerField())
+    steps = _StepSerializer(many=True)
+    dependencies = serializers.ListField(child=serializers.DictField(), help_text="the run's waits, by id")
+    effects = serializers.ListField(child=serializers.DictField(), help_text="the run's effect links, by id")
+
+    class Meta:
+        ref_name = "FlowRunSupportRead"
 
 
 class FlowRunSupportReadApi(APIView):
@@ -58,7 +137,7 @@ class FlowRunSupportReadApi(APIView):
                     OpenApiParameter("include_deleted", str, OpenApiParameter.QUERY, enum=INCLUDE_DELETED_VALUES,
                                      default=INCLUDE_DELETED_VALUES[0],
                                      description="1: also a run whose triggering record is deleted")],
-        responses={200: OpenApiResponse(response={"type": "object", "additionalProperties": True},
+        responses={200: OpenApiResponse(response=FlowRunSupportReadSerializer,
                                         description="the section 19 support read"),
                    **error_responses({400: (InvalidIdentity, INVALID_REQUEST), 403: (OrgNotAuthorized,),
                                       404: (FlowRunNotFound,)}, AUTH_ERRORS, DATABASE_ERRORS)})
