@@ -15,7 +15,9 @@ schema tells the truth a schema-driven client (or fuzzer) relies on:
   the org's object metadata, the operator's orgs) is listed in the body's
   ``x-valid-request-codes``; every other 400 means the request broke the
   schema;
-- :func:`add_links` (a drf-spectacular postprocessing hook) adds OpenAPI
+- :func:`add_headers` (a drf-spectacular postprocessing hook) documents
+  ``Retry-After`` where a code carries it and the 401 challenge;
+- :func:`add_links` (another one) adds OpenAPI
   links from an operation that creates an object to the operations that
   read or change it, so a client (and schemathesis' stateful phase) can
   follow a created record or replay instead of guessing its identifiers.
@@ -106,9 +108,18 @@ def error_code(item) -> str:
 
 #: The schema extension of an error body listing the codes a request the schema calls valid may still get.
 VALID_REQUEST_CODES = "x-valid-request-codes"
+#: The schema extension of an error body listing the codes answered with ``Retry-After`` (see :func:`add_headers`).
+RETRY_AFTER_CODES = "x-retry-after-codes"
 
 
-def error_body(codes: Iterable[str], valid_request: Iterable[str] = ()) -> dict:
+def retries(item) -> bool:
+    """Whether the error ``item`` (as :func:`error_code` takes it) is answered with ``Retry-After``."""
+    if isinstance(item, str):
+        return item == TEMPORARILY_UNAVAILABLE
+    return getattr(item, "retry_after", None) is not None
+
+
+def error_body(codes: Iterable[str], valid_request: Iterable[str] = (), retry_after: Iterable[str] = ()) -> dict:
     """The JSON schema of the error body whose ``error`` is one of ``codes``.
 
     Args:
@@ -128,14 +139,17 @@ def error_body(codes: Iterable[str], valid_request: Iterable[str] = ()) -> dict:
     }
     if valid_request:
         body[VALID_REQUEST_CODES] = sorted(set(valid_request))
+    if retry_after:
+        body[RETRY_AFTER_CODES] = sorted(set(retry_after))
     return body
 
 
-def _merge(specs: Iterable[Mapping[int, Iterable]]) -> dict[int, list[str]]:
+def _merge(specs: Iterable[Mapping[int, Iterable]], *, retrying: bool = False) -> dict[int, list[str]]:
     merged: dict[int, list[str]] = {}
     for spec in specs:
         for http_status, items in spec.items():
-            merged.setdefault(http_status, []).extend(error_code(item) for item in items)
+            merged.setdefault(http_status, []).extend(
+                error_code(item) for item in items if not retrying or retries(item))
     return merged
 
 
@@ -149,10 +163,12 @@ def error_responses(*specs: Mapping[int, Iterable],
         valid_request: the same kind of map, for the codes a schema-valid request may get (see
             :func:`error_body`); they join the status's codes.
     """
+    merged = _merge([*specs, valid_request or {}])
     valid = _merge([valid_request or {}])
-    merged = _merge([*specs, valid])
-    return {http_status: OpenApiResponse(response=error_body(codes, valid.get(http_status, ())),
-                                         description=" | ".join(sorted(set(codes))))
+    retrying = _merge([*specs, valid_request or {}], retrying=True)
+    return {http_status: OpenApiResponse(
+                response=error_body(codes, valid.get(http_status, ()), retrying.get(http_status, ())),
+                description=" | ".join(sorted(set(codes))))
             for http_status, codes in sorted(merged.items())}
 
 
@@ -174,6 +190,37 @@ LINKS: dict[tuple[str, tuple[str, ...]], dict[str, tuple[str, dict]]] = {
                                                                         _RECORD_FROM_TRANSFER)},
     ("api_v2_replays_create", ("200", "201", "202")): {"GetReplay": ("api_v2_replays_retrieve", _REPLAY)},
 }
+
+
+#: The header of an operator endpoint's 401 (DRF's basic authentication answers the challenge).
+_CHALLENGE_CODES = frozenset({exceptions.NotAuthenticated.default_code, exceptions.AuthenticationFailed.default_code})
+
+
+def add_headers(result: dict, generator, request, public) -> dict:
+    """Document the headers of error answers (``SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"]``).
+
+    ``Retry-After`` (seconds) on a status whose error body lists :data:`RETRY_AFTER_CODES` (present for those
+    codes only); ``WWW-Authenticate`` on an operator endpoint's 401 (always present).
+    """
+    for item in result.get("paths", {}).values():
+        for operation in item.values():
+            if not isinstance(operation, dict):
+                continue
+            for status_code, response in operation.get("responses", {}).items():
+                schema = response.get("content", {}).get("application/json", {}).get("schema", {})
+                headers = {}
+                if schema.get(RETRY_AFTER_CODES):
+                    headers["Retry-After"] = {
+                        "schema": {"type": "integer", "minimum": 0},
+                        "description": "seconds to wait before retrying; sent with " + ", ".join(
+                            schema[RETRY_AFTER_CODES])}
+                codes = set(schema.get("properties", {}).get("error", {}).get("enum", ()))
+                if status_code == "401" and codes and codes <= _CHALLENGE_CODES:
+                    headers["WWW-Authenticate"] = {"schema": {"type": "string"}, "required": True,
+                                                   "description": "the authentication challenge (HTTP basic)"}
+                if headers:
+                    response["headers"] = {**response.get("headers", {}), **headers}
+    return result
 
 
 def add_links(result: dict, generator, request, public) -> dict:
