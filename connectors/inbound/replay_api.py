@@ -46,9 +46,11 @@ from nexusflow.kernel.scope import OrgScope
 from runtime_outbox.replay_guard import REPLAY_MODES, ReplayModeUnsupported, require_replay_mode
 
 from connectors.models import AccountServingGate, ReplayRequest
+from connectors.transitions import EXECUTION
 from connectors.serving.gates import NotServing
 from connectors.inbound.replay import (
     LIVE_GENERATION,
+    PREDECESSOR_PROTOCOL,
     MAX_REASON_LENGTH,
     ReplayInvalid,
     ReplayMismatch,
@@ -86,7 +88,7 @@ def operator_org_for_account(user, account_key: str) -> OrgScope:
 
 
 class _PredecessorSerializer(serializers.Serializer):
-    protocol = serializers.CharField()
+    protocol = serializers.ChoiceField(choices=[PREDECESSOR_PROTOCOL])
     receipt_id = serializers.IntegerField()
     event_id = serializers.IntegerField()
     epoch_id = serializers.IntegerField()
@@ -102,7 +104,7 @@ class _PredecessorSerializer(serializers.Serializer):
 
 class _ExecutionSerializer(serializers.Serializer):
     id = serializers.IntegerField()
-    state = serializers.CharField()
+    state = serializers.ChoiceField(choices=sorted(EXECUTION.transitions))
     reason_code = serializers.CharField(allow_blank=True)
     execution_ref_digest = serializers.CharField()
 
