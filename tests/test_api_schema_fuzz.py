@@ -152,9 +152,11 @@ def _config(org_data: dict, *, probability: float) -> str:
         "body.account_key": "accounts", "body.target_key": "record_keys", "body.target_object": "objects",
         "body.predecessor_event_id": "events", "body.org_id": "orgs",
     }
-    # The session cookie is the run's credential: no generated cookie may replace it.
-    lines = ['hooks = "tests.api_fuzz_hooks"', "", "[generation]", "deterministic = true",
-             'database = "none"', f"max-examples = {MAX_EXAMPLES}", "with-security-parameters = false", ""]
+    # No cache: a run must not replay what an earlier one found, nor write into the repository. The session
+    # cookie is the run's credential: no generated cookie may replace it.
+    lines = ['hooks = "tests.api_fuzz_hooks"', "", "[cache]", "enabled = false", "", "[generation]",
+             "deterministic = true", 'database = "none"', f"max-examples = {MAX_EXAMPLES}",
+             "with-security-parameters = false", ""]
     for name, values in dictionaries.items():
         lines += [f"[dictionaries.{name}]", f"values = {_toml_list(values)}", ""]
     lines += ["[dictionaries.events]", f"values = {_toml_list(org_data['event_ids'])}", "", "[parameters]"]
