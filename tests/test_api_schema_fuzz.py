@@ -65,6 +65,7 @@ PHASES = "examples,coverage,fuzzing,stateful"
 CHECKS = ("all",)
 EXCLUDED_CHECKS = ("positive_data_acceptance",)
 RUN_TIMEOUT_SECONDS = 600
+REQUEST_TIMEOUT_SECONDS = 60
 #: The environment variable holding the webhook route's secret (tests/conftest.py sets it).
 WEBHOOK_SECRET_ENV = "NEXUS_TEST_WEBHOOK_SECRET"
 #: The CSRF secret the runs send as cookie and header: DRF checks CSRF for a session-authenticated write.
@@ -152,9 +153,12 @@ def _config(org_data: dict, *, probability: float) -> str:
         "body.account_key": "accounts", "body.target_key": "record_keys", "body.target_object": "objects",
         "body.predecessor_event_id": "events", "body.org_id": "orgs",
     }
-    # No cache: a run must not replay what an earlier one found, nor write into the repository. The session
-    # cookie is the run's credential: no generated cookie may replace it.
-    lines = ['hooks = "tests.api_fuzz_hooks"', "", "[cache]", "enabled = false", "", "[generation]",
+    # No cache: a run must not replay what an earlier one found, nor write into the repository. Deterministic
+    # generation (Hypothesis derandomized) without the time-based health check and with a generous request
+    # timeout: a loaded machine runs the same cases, only slower. The session cookie is the run's credential:
+    # no generated cookie may replace it.
+    lines = ['hooks = "tests.api_fuzz_hooks"', 'suppress-health-check = ["too_slow"]',
+             f"request-timeout = {REQUEST_TIMEOUT_SECONDS}", "", "[cache]", "enabled = false", "", "[generation]",
              "deterministic = true", 'database = "none"', f"max-examples = {MAX_EXAMPLES}",
              "with-security-parameters = false", ""]
     for name, values in dictionaries.items():
