@@ -32,6 +32,10 @@ log = logging.getLogger(__name__)
 
 #: Seconds a client waits before retrying after a database error (``Retry-After``).
 UNAVAILABLE_RETRY_AFTER = 5
+#: The code of a request body that fails its view's input serializer (``detail`` is the field map).
+INVALID_REQUEST = "invalid_request"
+#: The code of a database error during a request: nothing was acknowledged, retry later.
+TEMPORARILY_UNAVAILABLE = "temporarily_unavailable"
 
 
 def error_response(code: str, detail, http_status: int, headers: dict | None = None) -> Response:
@@ -55,7 +59,7 @@ def exception_handler(exc, context):
         view = context.get("view")
         log.warning("%s %s: database error: %s", type(view).__name__ if view else "api", context.get("kwargs"), exc)
         set_rollback()
-        return error_response("temporarily_unavailable", "retry later", status.HTTP_503_SERVICE_UNAVAILABLE,
+        return error_response(TEMPORARILY_UNAVAILABLE, "retry later", status.HTTP_503_SERVICE_UNAVAILABLE,
                               headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER)})
     if isinstance(exc, Http404):
         exc = exceptions.NotFound(*exc.args)
@@ -63,7 +67,7 @@ def exception_handler(exc, context):
         exc = exceptions.PermissionDenied(*exc.args)
     response = drf_handler(exc, context)
     if response is not None:
-        code = getattr(exc, "default_code", "invalid_request")
+        code = getattr(exc, "default_code", INVALID_REQUEST)
         detail = response.data
         if isinstance(detail, dict) and set(detail) == {"detail"}:
             detail = detail["detail"]

@@ -132,7 +132,14 @@ REST_FRAMEWORK = {
 #: The schema and its page are public (they describe the API, they read no data).
 SPECTACULAR_SETTINGS = {"TITLE": "NexusFlow API", "VERSION": "2.0.0", "SWAGGER_UI_DIST": "SIDECAR",
                         "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
-                        "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"]}
+                        "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+                        # A PATCH body is the view's whole input serializer (its required fields stay required).
+                        "COMPONENT_SPLIT_PATCH": False,
+                        # drf-spectacular's enum hook, then error headers and the links between operations
+                        # (nexusflow.api_schema).
+                        "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                                                 "nexusflow.api_schema.add_headers",
+                                                 "nexusflow.api_schema.add_links"]}
 
 # django-q2 runs the periodic schedules; NEXUS_Q_WORKERS and NEXUS_Q_SAVE_LIMIT size it (``make bench`` runs it as
 # the peer with 1, 2 and 4 workers and keeps every task result to count them).

@@ -22,21 +22,42 @@ from __future__ import annotations
 import logging
 
 from django.db import DataError, DatabaseError
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.parsers import BaseParser
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from nexusflow.api_errors import error_response
+from nexusflow.api_errors import TEMPORARILY_UNAVAILABLE, error_response
+from nexusflow.api_schema import error_responses, key_path
 from nexusflow.kernel.errors import InvalidIdentity, NexusError
 from nexusflow.kernel.pressure import ingress_admission
 from runtime_outbox.policy import runtime_policy
 
-from connectors.inbound.admission import MalformedBody, admit
+from connectors.contracts.signatures import SignatureInvalid, SignatureMissing, SignatureStale
+from connectors.models import AccountServingGate, ReceiptAdmissionKey
+from connectors.inbound.admission import AdmissionConflict, MalformedBody, UnknownIngress, admit
 from connectors.selectors import database_answers
 from connectors.serving.gates import CredentialUnavailable, NotServing
+
+#: The code of a health probe whose database does not answer.
+DATABASE_UNAVAILABLE = "database_unavailable"
+#: The path of an ingress route, in the schema (V1 and V2 alike), as long as the columns that store it.
+INGRESS_PATH_PARAMETERS = [
+    key_path("account_key", AccountServingGate._meta.get_field("account_key").max_length,
+             "The provider account the route belongs to."),
+    key_path("channel", ReceiptAdmissionKey._meta.get_field("channel").max_length, "The account's inbound channel."),
+]
+#: The request body of an ingress route: the provider's bytes as sent, signed, read only after the signature
+#: is verified. Its shape is the route's contract (the pack's), which this schema cannot state.
+INGRESS_REQUEST = {"application/json": {"description": "the provider's request body, byte for byte; its shape is "
+                                                       "the route's contract (malformed_body otherwise)"}}
+#: The error answers both ingress versions share; a body the route's contract refuses is malformed_body.
+INGRESS_VALID_REQUEST = {400: (MalformedBody,)}
+INGRESS_ERRORS = {401: (SignatureMissing, SignatureInvalid, SignatureStale),
+                  404: (UnknownIngress,), 409: (AdmissionConflict,),
+                  503: (CredentialUnavailable, TEMPORARILY_UNAVAILABLE)}
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +67,8 @@ class IngressShed(NexusError):
 
     code = "ingress_shed"
     http_status = 503
+    #: The policy's ``ingress.retry_after_seconds`` replaces it on each answer.
+    retry_after = 5
 
 
 class RawBodyParser(BaseParser):
@@ -72,14 +95,11 @@ class IngressAdmitApi(APIView):
             ref_name = "IngressReceipt"
 
     @extend_schema(
-        request={"application/json": {"type": "string", "format": "binary"}},
+        parameters=INGRESS_PATH_PARAMETERS,
+        request=INGRESS_REQUEST,
         responses={202: OutputSerializer, 200: OutputSerializer,
-                   400: OpenApiResponse(description="malformed_body"),
-                   401: OpenApiResponse(description="signature_invalid | signature_stale | signature_missing"),
-                   404: OpenApiResponse(description="unknown_ingress"),
-                   409: OpenApiResponse(description="admission_conflict"),
-                   503: OpenApiResponse(description="not_serving | credential_unavailable | temporarily_unavailable"
-                                                    " | ingress_shed (Retry-After)")},
+                   **error_responses(INGRESS_ERRORS, {503: (NotServing, IngressShed)},
+                                     valid_request=INGRESS_VALID_REQUEST)},
     )
     def post(self, request, account_key: str, channel: str):
         policy = runtime_policy()
@@ -123,15 +143,15 @@ class HealthApi(APIView):
     permission_classes = [AllowAny]
 
     class OutputSerializer(serializers.Serializer):
-        status = serializers.CharField()
+        status = serializers.ChoiceField(choices=["ok"])
 
         class Meta:
             ref_name = "Health"
 
-    @extend_schema(responses={200: OutputSerializer, 503: OpenApiResponse(description="database_unavailable")})
+    @extend_schema(responses={200: OutputSerializer, **error_responses({503: (DATABASE_UNAVAILABLE,)})})
     def get(self, request):
         try:
             database_answers()
         except DatabaseError:
-            return error_response("database_unavailable", "the database does not answer", status.HTTP_503_SERVICE_UNAVAILABLE)
+            return error_response(DATABASE_UNAVAILABLE, "the database does not answer", status.HTTP_503_SERVICE_UNAVAILABLE)
         return Response({"status": "ok"})

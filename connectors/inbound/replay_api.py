@@ -24,22 +24,49 @@ errors are raised and answered by :func:`nexusflow.api_errors.exception_handler`
 """
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from nexusflow.api_errors import error_response
+from nexusflow.api_errors import INVALID_REQUEST, error_response
+from nexusflow.api_schema import (
+    AUTH_ERRORS,
+    DATABASE_ERRORS,
+    JSON_BODY_ERRORS,
+    error_responses,
+    key_field,
+    key_path,
+    text_field,
+)
+from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.permissions import IsOperator, operator_org_ids
 from nexusflow.kernel.scope import OrgScope
-from runtime_outbox.replay_guard import require_replay_mode
+from runtime_outbox.replay_guard import REPLAY_MODES, ReplayModeUnsupported, require_replay_mode
 
-from connectors.models import AccountServingGate
-from connectors.inbound.replay import ReplayUnknownAccount, replay_lookup, replay_submit
+from connectors.models import AccountServingGate, ReplayRequest
+from connectors.transitions import EXECUTION
+from connectors.serving.gates import NotServing
+from connectors.inbound.replay import (
+    LIVE_GENERATION,
+    PREDECESSOR_PROTOCOL,
+    MAX_REASON_LENGTH,
+    ReplayInvalid,
+    ReplayMismatch,
+    ReplayNotFound,
+    ReplayPredecessorNotTerminal,
+    ReplayRouteNotServed,
+    ReplayTargetNotServing,
+    ReplayUnknownAccount,
+    ReplayUnknownPredecessor,
+    replay_lookup,
+    replay_submit,
+)
 
-_UNAUTHORIZED = {401: OpenApiResponse(description="not_authenticated | authentication_failed (WWW-Authenticate)"),
-                 403: OpenApiResponse(description="permission_denied")}
+#: The length of an account key and of a ReplayRequest ID (their columns).
+ACCOUNT_KEY_MAX_LENGTH = ReplayRequest._meta.get_field("account_key").max_length
+REPLAY_ID_MAX_LENGTH = ReplayRequest._meta.get_field("replay_id").max_length
 
 
 def operator_org_for_account(user, account_key: str) -> OrgScope:
@@ -49,7 +76,7 @@ def operator_org_for_account(user, account_key: str) -> OrgScope:
         InvalidIdentity: malformed ``account_key``.
         ReplayUnknownAccount: no such account in the operator's orgs (or it is ambiguous).
     """
-    validate_key(account_key, field="account_key", max_length=80)
+    validate_key(account_key, field="account_key", max_length=ACCOUNT_KEY_MAX_LENGTH)
     orgs = operator_org_ids(user)
     gates = AccountServingGate.objects.filter(account_key=account_key)
     if orgs is not None:
@@ -61,7 +88,7 @@ def operator_org_for_account(user, account_key: str) -> OrgScope:
 
 
 class _PredecessorSerializer(serializers.Serializer):
-    protocol = serializers.CharField()
+    protocol = serializers.ChoiceField(choices=[PREDECESSOR_PROTOCOL])
     receipt_id = serializers.IntegerField()
     event_id = serializers.IntegerField()
     epoch_id = serializers.IntegerField()
@@ -77,7 +104,7 @@ class _PredecessorSerializer(serializers.Serializer):
 
 class _ExecutionSerializer(serializers.Serializer):
     id = serializers.IntegerField()
-    state = serializers.CharField()
+    state = serializers.ChoiceField(choices=sorted(EXECUTION.transitions))
     reason_code = serializers.CharField(allow_blank=True)
     execution_ref_digest = serializers.CharField()
 
@@ -91,7 +118,7 @@ class ReplayOutputSerializer(serializers.Serializer):
     request_digest = serializers.CharField()
     target_epoch_id = serializers.IntegerField()
     target_epoch_digest = serializers.CharField()
-    external_effects = serializers.CharField()
+    external_effects = serializers.ChoiceField(choices=sorted(REPLAY_MODES))
     receipt_id = serializers.IntegerField()
     predecessor = _PredecessorSerializer()
     reason = serializers.CharField()
@@ -111,24 +138,26 @@ class ReplayCreateApi(APIView):
     permission_classes = [IsOperator]
 
     class InputSerializer(serializers.Serializer):
-        account_key = serializers.CharField(max_length=80, trim_whitespace=False)
-        replay_id = serializers.CharField(max_length=80, trim_whitespace=False)
+        account_key = key_field(ACCOUNT_KEY_MAX_LENGTH)
+        # The live EventGeneration's name is no ReplayRequest ID (replay_invalid).
+        replay_id = key_field(REPLAY_ID_MAX_LENGTH, schema={"not": {"enum": [LIVE_GENERATION]}})
         predecessor_event_id = serializers.IntegerField(min_value=1)
-        reason = serializers.CharField(max_length=500, trim_whitespace=False)
-        external_effects = serializers.CharField(max_length=64, trim_whitespace=False)
+        reason = text_field(MAX_REASON_LENGTH)
+        # Checked before the serializer (require_replay_mode); the choices document the same set.
+        external_effects = serializers.ChoiceField(choices=sorted(REPLAY_MODES))
 
         class Meta:
             ref_name = "ReplayCreateInput"
 
     @extend_schema(
-        request=InputSerializer,
+        request={"application/json": InputSerializer},
         responses={201: ReplayOutputSerializer, 200: ReplayOutputSerializer, 202: ReplayOutputSerializer,
-                   400: OpenApiResponse(description="replay_mode_unsupported | replay_invalid | invalid_identity"),
-                   404: OpenApiResponse(description="unknown_account | unknown_predecessor"),
-                   409: OpenApiResponse(description="replay_mismatch | replay_predecessor_not_terminal | "
-                                                    "replay_route_not_served"),
-                   503: OpenApiResponse(description="not_serving | replay_target_not_serving (Retry-After)"),
-                   **_UNAUTHORIZED},
+                   **error_responses(
+                       {400: (ReplayModeUnsupported, ReplayInvalid, InvalidIdentity, INVALID_REQUEST),
+                        404: (ReplayUnknownAccount, ReplayUnknownPredecessor),
+                        409: (ReplayMismatch, ReplayPredecessorNotTerminal, ReplayRouteNotServed),
+                        503: (NotServing, ReplayTargetNotServing)},
+                       JSON_BODY_ERRORS, AUTH_ERRORS, DATABASE_ERRORS)},
     )
     def post(self, request):
         data = request.data if isinstance(request.data, dict) else {}
@@ -137,7 +166,7 @@ class ReplayCreateApi(APIView):
             require_replay_mode(data["external_effects"])
         serializer = self.InputSerializer(data=data)
         if not serializer.is_valid():
-            return error_response("invalid_request", serializer.errors, status.HTTP_400_BAD_REQUEST)
+            return error_response(INVALID_REQUEST, serializer.errors, status.HTTP_400_BAD_REQUEST)
         values = serializer.validated_data
         org = operator_org_for_account(request.user, values["account_key"])
         result = replay_submit(org=org, account_key=values["account_key"], replay_id=values["replay_id"],
@@ -155,10 +184,11 @@ class ReplayDetailApi(APIView):
 
     permission_classes = [IsOperator]
 
-    @extend_schema(responses={200: ReplayOutputSerializer,
-                              400: OpenApiResponse(description="invalid_identity"),
-                              404: OpenApiResponse(description="unknown_account | replay_not_found"),
-                              **_UNAUTHORIZED})
+    @extend_schema(parameters=[key_path("account_key", ACCOUNT_KEY_MAX_LENGTH),
+                               key_path("replay_id", REPLAY_ID_MAX_LENGTH)],
+                   responses={200: ReplayOutputSerializer,
+                              **error_responses({400: (InvalidIdentity,), 404: (ReplayUnknownAccount, ReplayNotFound)},
+                                                AUTH_ERRORS, DATABASE_ERRORS)})
     def get(self, request, account_key: str, replay_id: str):
         org = operator_org_for_account(request.user, account_key)
         result = replay_lookup(org=org, account_key=account_key, replay_id=replay_id)

@@ -15,16 +15,24 @@ anything is written. Errors are answered by :func:`nexusflow.api_errors.exceptio
 from __future__ import annotations
 
 from django.db import DataError
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from nexusflow.api_schema import error_responses
 from nexusflow.kernel.errors import InvalidIdentity
 
 from connectors.inbound.admission import MalformedBody
-from connectors.inbound.ingress_api import RawBodyParser
+from connectors.inbound.ingress_api import (
+    INGRESS_ERRORS,
+    INGRESS_PATH_PARAMETERS,
+    INGRESS_REQUEST,
+    INGRESS_VALID_REQUEST,
+    RawBodyParser,
+)
+from connectors.v1.barriers import V1MaintenanceClosed
 from connectors.v1.ingress import v1_admit
 
 
@@ -45,14 +53,11 @@ class V1IngressAdmitApi(APIView):
             ref_name = "V1IngressReceipt"
 
     @extend_schema(
-        request={"application/json": {"type": "string", "format": "binary"}},
+        parameters=INGRESS_PATH_PARAMETERS,
+        request=INGRESS_REQUEST,
         responses={202: OutputSerializer, 200: OutputSerializer,
-                   400: OpenApiResponse(description="malformed_body"),
-                   401: OpenApiResponse(description="signature_invalid | signature_stale | signature_missing"),
-                   404: OpenApiResponse(description="unknown_ingress"),
-                   409: OpenApiResponse(description="admission_conflict"),
-                   503: OpenApiResponse(description="credential_unavailable | temporarily_unavailable "
-                                                    "(Retry-After)")},
+                   **error_responses(INGRESS_ERRORS, {503: (V1MaintenanceClosed,)},
+                                     valid_request=INGRESS_VALID_REQUEST)},
     )
     def post(self, request, account_key: str, channel: str):
         try:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from django.http import HttpResponse
 from drf_spectacular.utils import OpenApiResponse, extend_schema
+
+from nexusflow.api_schema import AUTH_ERRORS, DATABASE_ERRORS, error_responses
 from prometheus_client import CONTENT_TYPE_LATEST
 from rest_framework.views import APIView
 
@@ -23,8 +25,8 @@ class MetricsApi(APIView):
 
     permission_classes = [IsOperator]
 
-    @extend_schema(responses={200: OpenApiResponse(description="Prometheus text exposition format"),
-                              401: OpenApiResponse(description="not_authenticated | authentication_failed"),
-                              403: OpenApiResponse(description="permission_denied")})
+    @extend_schema(responses={(200, CONTENT_TYPE_LATEST.split(";")[0]): OpenApiResponse(response={"type": "string"},
+                                                   description="Prometheus text exposition format"),
+                              **error_responses(AUTH_ERRORS, DATABASE_ERRORS)})
     def get(self, request):
         return HttpResponse(scrape(), content_type=CONTENT_TYPE_LATEST)

@@ -21,11 +21,14 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from nexusflow.api_schema import AUTH_ERRORS, DATABASE_ERRORS, error_responses
+from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.permissions import IsOperator
 
-from .edit_api import RecordUpdateApi
+from .edit_api import RECORD_PATH, RecordUpdateApi
+from .owner import OwnerContended, OwnerWorkPending
 from .selectors import operator_org_for_record
-from .services import record_delete_by_key
+from .services import RecordNotFound, record_delete_by_key
 
 
 class RecordDeleteApi(APIView):
@@ -34,13 +37,11 @@ class RecordDeleteApi(APIView):
     permission_classes = [IsOperator]
 
     @extend_schema(
+        parameters=RECORD_PATH,
         request=None,
         responses={204: OpenApiResponse(description="deleted"),
-                   400: OpenApiResponse(description="invalid_identity"),
-                   401: OpenApiResponse(description="not_authenticated | authentication_failed (WWW-Authenticate)"),
-                   403: OpenApiResponse(description="permission_denied"),
-                   404: OpenApiResponse(description="record_not_found"),
-                   409: OpenApiResponse(description="owner_outbound_pending | owner_contended (Retry-After)")},
+                   **error_responses({400: (InvalidIdentity,), 404: (RecordNotFound,),
+                                      409: (OwnerWorkPending, OwnerContended)}, AUTH_ERRORS, DATABASE_ERRORS)},
     )
     def delete(self, request, object_name: str, record_key: str):
         org = operator_org_for_record(request.user, object_name, record_key)

@@ -21,20 +21,32 @@ and answered by :func:`nexusflow.api_errors.exception_handler`.
 """
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from nexusflow.api_errors import error_response
-from nexusflow.kernel.errors import NexusError
+from nexusflow.api_errors import INVALID_REQUEST, error_response
+from nexusflow.api_schema import AUTH_ERRORS, DATABASE_ERRORS, JSON_BODY_ERRORS, error_responses, key_field, key_path
+from nexusflow.kernel.errors import InvalidIdentity, NexusError
 from nexusflow.kernel.identity import validate_key
-from nexusflow.kernel.permissions import IsOperator, operator_org_ids, require_operator_org
+from nexusflow.kernel.permissions import IsOperator, OrgNotAuthorized, operator_org_ids, require_operator_org
 from nexusflow.kernel.scope import OrgScope
 
 from .edits import record_edit_create, record_edit_update
-from .metadata import current_view
+from .metadata import InvalidFieldValue, UnknownField, UnknownObject, current_view
+from .models import Record
+from .owner import OwnerContended, OwnerWorkPending
 from .selectors import operator_org_for_record
+from .services import RecordNotFound
+
+#: The length of an org id, an object name and a record key (their columns).
+ORG_ID_MAX_LENGTH = Record._meta.get_field("org_id").max_length
+OBJECT_NAME_MAX_LENGTH = Record._meta.get_field("object_name").max_length
+RECORD_KEY_MAX_LENGTH = Record._meta.get_field("record_key").max_length
+#: The path of a record, in the schema.
+OBJECT_PATH = key_path("object_name", OBJECT_NAME_MAX_LENGTH, "The object's API name in the metadata view.")
+RECORD_PATH = [OBJECT_PATH, key_path("record_key", RECORD_KEY_MAX_LENGTH, "The record's stable key.")]
 
 
 class OrgRequired(NexusError):
@@ -53,7 +65,7 @@ def operator_org_for_create(user, org_id: str | None) -> OrgScope:
         OrgNotAuthorized: ``org_id`` is not one of the operator's orgs.
     """
     if org_id is not None:
-        validate_key(org_id, field="org_id", max_length=64)
+        validate_key(org_id, field="org_id", max_length=ORG_ID_MAX_LENGTH)
         require_operator_org(user, org_id)
         return OrgScope(org_id)
     orgs = operator_org_ids(user)
@@ -86,17 +98,17 @@ class RecordEditOutputSerializer(serializers.Serializer):
         ref_name = "RecordEdit"
 
 
-def _responses(ok: int) -> dict:
-    return {
-        ok: RecordEditOutputSerializer,
-        400: OpenApiResponse(description="invalid_request | invalid_identity | unknown_field | invalid_field_value"
-                                         " | org_required"),
-        401: OpenApiResponse(description="not_authenticated | authentication_failed (WWW-Authenticate)"),
-        403: OpenApiResponse(description="permission_denied | org_not_authorized"),
-        404: OpenApiResponse(description="unknown_object | record_not_found"),
-        409: OpenApiResponse(description="owner_contended | owner_outbound_pending (Retry-After)"),
-        503: OpenApiResponse(description="temporarily_unavailable (Retry-After)"),
-    }
+def _responses(ok: int, errors: dict, valid_request: dict) -> dict:
+    """The answers of an edit: ``ok`` with the record, or the errors every edit shares plus ``errors``.
+
+    Which field names and values an object takes is its metadata's (L2), not the schema's: a field the
+    object does not have answers 400 ``unknown_field``, a value its type refuses ``invalid_field_value``
+    (codes of valid requests, with ``valid_request``'s).
+    """
+    return {ok: RecordEditOutputSerializer, **error_responses(
+        {400: (INVALID_REQUEST, InvalidIdentity), 404: (UnknownObject,), 409: (OwnerContended, OwnerWorkPending)},
+        errors, JSON_BODY_ERRORS, AUTH_ERRORS, DATABASE_ERRORS,
+        valid_request={400: (UnknownField, InvalidFieldValue, *valid_request.get(400, ()))})}
 
 
 class _EditApi(APIView):
@@ -105,7 +117,7 @@ class _EditApi(APIView):
     def _run(self, request, call, ok_status: int) -> Response:
         serializer = self.InputSerializer(data=request.data if isinstance(request.data, dict) else {})
         if not serializer.is_valid():
-            return error_response("invalid_request", serializer.errors, status.HTTP_400_BAD_REQUEST)
+            return error_response(INVALID_REQUEST, serializer.errors, status.HTTP_400_BAD_REQUEST)
         result = call(serializer.validated_data)
         return Response(RecordEditOutputSerializer(result.as_dict()).data, status=ok_status)
 
@@ -119,6 +131,10 @@ class _Text(serializers.CharField):
         return super().to_internal_value(data)
 
 
+@extend_schema_field({"type": "object", "minProperties": 1,
+                      "description": "field API name -> text as sent, or null to clear; the object's metadata "
+                                     "decides which names and values it takes",
+                      "additionalProperties": {"type": "string", "nullable": True, "pattern": r"^[^\x00]*$"}})
 class _FieldsField(serializers.DictField):
     def __init__(self, **kwargs):
         super().__init__(child=_Text(allow_null=True, allow_blank=True, trim_whitespace=False), allow_empty=False,
@@ -130,12 +146,13 @@ class RecordCreateApi(_EditApi):
 
     class InputSerializer(serializers.Serializer):
         fields = _FieldsField()
-        org_id = serializers.CharField(max_length=64, trim_whitespace=False, required=False)
+        org_id = key_field(ORG_ID_MAX_LENGTH, required=False)
 
         class Meta:
             ref_name = "RecordCreateInput"
 
-    @extend_schema(request=InputSerializer, responses=_responses(201))
+    @extend_schema(parameters=[OBJECT_PATH], request={"application/json": InputSerializer},
+                   responses=_responses(201, {403: (OrgNotAuthorized,)}, {400: (OrgRequired,)}))
     def post(self, request, object_name: str):
         def call(values):
             org = operator_org_for_create(request.user, values.get("org_id"))
@@ -152,7 +169,8 @@ class RecordUpdateApi(_EditApi):
         class Meta:
             ref_name = "RecordUpdateInput"
 
-    @extend_schema(request=InputSerializer, responses=_responses(200))
+    @extend_schema(parameters=RECORD_PATH, request={"application/json": InputSerializer},
+                   responses=_responses(200, {404: (RecordNotFound,)}, {}))
     def patch(self, request, object_name: str, record_key: str):
         def call(values):
             org = operator_org_for_live_record(request.user, object_name, record_key)

@@ -20,17 +20,39 @@ The errors are raised and answered by :func:`nexusflow.api_errors.exception_hand
 """
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from nexusflow.api_errors import error_response
+from nexusflow.api_errors import INVALID_REQUEST, error_response
+from nexusflow.api_schema import AUTH_ERRORS, DATABASE_ERRORS, JSON_BODY_ERRORS, error_responses, key_field
+from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.permissions import IsOperator
 from nexusflow.kernel.scope import OrgScope
 
+from .edit_api import OBJECT_NAME_MAX_LENGTH, RECORD_KEY_MAX_LENGTH, RECORD_PATH
+from .metadata import UnknownObject
+from .models import IdentityTransfer
+from .owner import OwnerContended, OwnerWorkPending
 from .selectors import operator_org_for_record
-from .transfer import TransferRecordNotFound, record_convert, record_merge
+from .transfer import (
+    CONVERT,
+    MERGE,
+    TransferAuthorityInactive,
+    TransferConversionUndeclared,
+    TransferIdentityConflict,
+    TransferInvalid,
+    TransferMirrorMismatch,
+    TransferMismatch,
+    TransferRecordNotFound,
+    TransferTargetSlotMissing,
+    record_convert,
+    record_merge,
+)
+
+#: The length of a caller's transfer id (its column).
+TRANSFER_ID_MAX_LENGTH = IdentityTransfer._meta.get_field("transfer_id").max_length
 
 
 def _operator_org(user, object_name: str, record_key: str) -> OrgScope:
@@ -45,7 +67,7 @@ def _operator_org(user, object_name: str, record_key: str) -> OrgScope:
 
 class TransferOutputSerializer(serializers.Serializer):
     transfer_id = serializers.CharField()
-    kind = serializers.CharField()
+    kind = serializers.ChoiceField(choices=[MERGE, CONVERT])
     source_object = serializers.CharField()
     source_record_key = serializers.CharField()
     target_object = serializers.CharField()
@@ -61,15 +83,13 @@ class TransferOutputSerializer(serializers.Serializer):
 
 _RESPONSES = {
     201: TransferOutputSerializer, 200: TransferOutputSerializer,
-    400: OpenApiResponse(description="invalid_request | invalid_identity | transfer_invalid | "
-                                     "transfer_conversion_undeclared"),
-    401: OpenApiResponse(description="not_authenticated | authentication_failed (WWW-Authenticate)"),
-    403: OpenApiResponse(description="permission_denied"),
-    404: OpenApiResponse(description="transfer_record_not_found | unknown_object"),
-    409: OpenApiResponse(description="owner_outbound_pending | owner_contended (Retry-After) | transfer_mismatch | "
-                                     "transfer_identity_conflict | transfer_authority_inactive | "
-                                     "transfer_mirror_mismatch | transfer_target_slot_missing"),
-    503: OpenApiResponse(description="temporarily_unavailable (Retry-After)"),
+    **error_responses(
+        {400: (INVALID_REQUEST, InvalidIdentity), 404: (TransferRecordNotFound, UnknownObject),
+         409: (OwnerWorkPending, OwnerContended, TransferMismatch, TransferIdentityConflict,
+               TransferAuthorityInactive, TransferMirrorMismatch, TransferTargetSlotMissing)},
+        JSON_BODY_ERRORS, AUTH_ERRORS, DATABASE_ERRORS,
+        # Whether the target is the source itself, or the object declares that conversion, is stored state.
+        valid_request={400: (TransferInvalid, TransferConversionUndeclared)}),
 }
 
 
@@ -79,7 +99,7 @@ class _TransferApi(APIView):
     def _run(self, request, object_name: str, record_key: str, call) -> Response:
         serializer = self.InputSerializer(data=request.data if isinstance(request.data, dict) else {})
         if not serializer.is_valid():
-            return error_response("invalid_request", serializer.errors, status.HTTP_400_BAD_REQUEST)
+            return error_response(INVALID_REQUEST, serializer.errors, status.HTTP_400_BAD_REQUEST)
         org = _operator_org(request.user, object_name, record_key)
         result = call(org, serializer.validated_data, request.user.get_username())
         return Response(TransferOutputSerializer(result.as_dict()).data,
@@ -90,13 +110,13 @@ class RecordMergeApi(_TransferApi):
     """Merge this record into another record of the same object (remote authority moves; no provider call)."""
 
     class InputSerializer(serializers.Serializer):
-        transfer_id = serializers.CharField(max_length=120, trim_whitespace=False)
-        target_key = serializers.CharField(max_length=64, trim_whitespace=False)
+        transfer_id = key_field(TRANSFER_ID_MAX_LENGTH)
+        target_key = key_field(RECORD_KEY_MAX_LENGTH)
 
         class Meta:
             ref_name = "RecordMergeInput"
 
-    @extend_schema(request=InputSerializer, responses=_RESPONSES)
+    @extend_schema(parameters=RECORD_PATH, request={"application/json": InputSerializer}, responses=_RESPONSES)
     def post(self, request, object_name: str, record_key: str):
         return self._run(request, object_name, record_key, lambda org, values, actor: record_merge(
             org=org, transfer_id=values["transfer_id"], object_name=object_name, source_key=record_key,
@@ -107,14 +127,14 @@ class RecordConvertApi(_TransferApi):
     """Convert this record into a new (or an existing) record of its declared target object."""
 
     class InputSerializer(serializers.Serializer):
-        transfer_id = serializers.CharField(max_length=120, trim_whitespace=False)
-        target_object = serializers.CharField(max_length=80, trim_whitespace=False)
-        target_key = serializers.CharField(max_length=64, trim_whitespace=False, required=False)
+        transfer_id = key_field(TRANSFER_ID_MAX_LENGTH)
+        target_object = key_field(OBJECT_NAME_MAX_LENGTH)
+        target_key = key_field(RECORD_KEY_MAX_LENGTH, required=False)
 
         class Meta:
             ref_name = "RecordConvertInput"
 
-    @extend_schema(request=InputSerializer, responses=_RESPONSES)
+    @extend_schema(parameters=RECORD_PATH, request={"application/json": InputSerializer}, responses=_RESPONSES)
     def post(self, request, object_name: str, record_key: str):
         return self._run(request, object_name, record_key, lambda org, values, actor: record_convert(
             org=org, transfer_id=values["transfer_id"], source_object=object_name, source_key=record_key,
