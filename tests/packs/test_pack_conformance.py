@@ -229,7 +229,10 @@ _COMMON_WORDS = {"UPDATE", "DELETE", "CREATE", "Authorization", "Bearer", "GET",
                  "email", "notification",
                  # the message relay's notification body keys; L0 uses the same words structurally (a plan
                  # node's type, an edge's target, a request body).
-                 "type", "target", "body", "title", "recipients"}
+                 "type", "target", "body", "title", "recipients",
+                 # JSON Schema's own keyword (the OpenAPI schema L0 publishes); the CRM pack's API nests
+                 # its fields under a key of the same name.
+                 "properties"}
 
 
 def _strings(value: Any, key: str = "") -> set[str]:
