@@ -573,8 +573,12 @@ def _print_table(summary: dict, ok: bool, failures: list[str]) -> None:
 
 
 def run_demo(*, events: str | None, as_json: bool, dump_path: str | None, keep_logs: bool = True,
-             chaos_seed: int | None = None) -> int:
+             chaos_seed: int | None = None, run_dir: str | Path | None = None) -> int:
     """Run the demo; return the process exit code (0 ok, 1 invariant failed, 2 could not run).
+
+    ``run_dir`` (default ``var/demo``) receives the processes' logs, the
+    applied configuration and the run's secret backend (``run_dir/secrets``);
+    a test gives each run its own.
 
     With ``chaos_seed`` (a non-negative int) it is the chaos demo of
     :mod:`packs.demo.chaos`: worker processes are SIGKILLed at the seed's
@@ -603,7 +607,7 @@ def run_demo(*, events: str | None, as_json: bool, dump_path: str | None, keep_l
         return 2
     cfg = settings.DATABASES["default"]
     main_db, control_db = demo_database_names(cfg["NAME"])
-    run_dir = ROOT / "var" / "demo"
+    run_dir = Path(run_dir) if run_dir else ROOT / "var" / "demo"
     run_dir.mkdir(parents=True, exist_ok=True)
     for old in run_dir.glob("*.log"):
         old.unlink()
