@@ -54,3 +54,21 @@ def test_the_json_format_is_chosen_by_the_environment_and_a_bad_value_refuses_to
     assert SECRET not in result.stderr
     bad = run_manage(["check"], subprocess_env(NEXUS_LOG_FORMAT="xml"))
     assert bad.returncode != 0 and "NEXUS_LOG_FORMAT must be plain or json, got 'xml'" in bad.stderr
+
+
+def test_a_worker_unit_error_logs_its_code_and_unit_never_the_exception_text(caplog):
+    """``run_workers`` passes a failing unit's exception text as an argument: a JSON line keeps only the code."""
+    from runtime_outbox.management.commands.run_workers import Command
+
+    def failing_unit():
+        raise _Refused(f"provider said: Authorization: Bearer {SECRET}")
+
+    with caplog.at_level(logging.WARNING, logger="nexusflow.workers"):
+        assert Command()._loop([("egress.dispatch", failing_unit)], {"flag": False}, until_idle=False, idle_rounds=1,
+                               once=True, idle_sleep=0) == 0
+    (record,) = [r for r in caplog.records if r.name == "nexusflow.workers"]
+    line = JsonFormatter().format(record)
+    assert SECRET not in line
+    doc = json.loads(line)
+    assert (doc["event"], doc["unit"], doc["code"]) == ("worker.unit_error %s: %s", "egress.dispatch",
+                                                        "demo_refusal_code")
