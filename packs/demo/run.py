@@ -138,7 +138,7 @@ def service_secrets_env(run_dir: Path) -> dict[str, str]:
 def start_billing_sandbox(procs: Processes, *, env: dict, run_dir: Path) -> str:
     """Start the billing sandbox on a free port of 127.0.0.1; return its base URL (``http://127.0.0.1:PORT``).
 
-    It takes the API key ``env["NEXUS_DEMO_BILLING_API_KEY"]`` (see
+    It reads the API key from ``env["NEXUS_DEMO_BILLING_API_KEY"]``, never its command line (see
     :func:`service_secrets_env`) and logs to ``run_dir/billing-sandbox.log``.
 
     Raises:
@@ -146,8 +146,9 @@ def start_billing_sandbox(procs: Processes, *, env: dict, run_dir: Path) -> str:
     """
     port_file = run_dir / "billing.port"
     port_file.unlink(missing_ok=True)
+    # The key travels in the environment, never on the command line (which every local user can read).
     procs.start("billing-sandbox", [sys.executable, "-m", "packs.billing.sandbox", "--port", "0",
-                                    "--api-key", env["NEXUS_DEMO_BILLING_API_KEY"], "--port-file", str(port_file)],
+                                    "--secret-env", "NEXUS_DEMO_BILLING_API_KEY", "--port-file", str(port_file)],
                 env, run_dir)
     deadline = time.monotonic() + 20
     while not port_file.exists() or not port_file.read_text().strip():
