@@ -550,15 +550,22 @@ def serve_process(argv: Sequence[str] | None, *, description: str, secret_flag: 
     """Run one sandbox as a process until SIGTERM/SIGINT; return the exit status (0).
 
     Command line: ``--port N`` (0 picks a free port on 127.0.0.1), ``<secret_flag> VALUE``
-    (required), ``--port-file PATH`` (the bound port is written there atomically once
+    or ``--secret-env NAME`` (one is required; the variable keeps the secret out of the
+    process list), ``--port-file PATH`` (the bound port is written there atomically once
     listening) and ``--log-level``. ``build(secret, port=port)`` returns the unstarted sandbox.
     """
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1; 0 picks a free one")
-    parser.add_argument(secret_flag, dest="secret", required=True, help=secret_help)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(secret_flag, dest="secret", help=secret_help)
+    source.add_argument("--secret-env", metavar="NAME", help=f"read {secret_flag}'s value from this environment variable")
     parser.add_argument("--port-file", type=Path, help="write the bound port here once listening")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
+    if args.secret_env is not None:
+        args.secret = os.environ.get(args.secret_env, "")
+        if not args.secret:
+            parser.error(f"--secret-env: the environment variable {args.secret_env} is not set or empty")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -513,10 +513,15 @@ def _base_url(account: dict, where: str, needed: bool) -> str | None:
         if needed:
             raise ConfigurationError(f"{where}: push contracts need a base_url")
         return None
-    if not isinstance(url, str) or "{" in url or "}" in url:
+    parts = urllib.parse.urlsplit(url) if isinstance(url, str) else None
+    if parts is not None and ("@" in parts.netloc or parts.query or parts.fragment):
+        # Credential material rides only in credential generations (bytes in the secret backend); a URL is
+        # stored in the configuration document and every frozen binding. The URL is not echoed: it may hold it.
+        raise ConfigurationError(f"{where}.base_url must not carry user information, a query or a fragment; "
+                                 "publish credentials as credential generations", code="configuration_url_credentials")
+    if parts is None or "{" in url or "}" in url:
         raise ConfigurationError(f"{where}.base_url {url!r} is a template placeholder, not a URL",
                                  code="configuration_placeholder")
-    parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc or url != url.strip():
         raise ConfigurationError(f"{where}.base_url must be an http(s) URL, got {url!r}")
     return url

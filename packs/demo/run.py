@@ -138,7 +138,7 @@ def service_secrets_env(run_dir: Path) -> dict[str, str]:
 def start_billing_sandbox(procs: Processes, *, env: dict, run_dir: Path) -> str:
     """Start the billing sandbox on a free port of 127.0.0.1; return its base URL (``http://127.0.0.1:PORT``).
 
-    It takes the API key ``env["NEXUS_DEMO_BILLING_API_KEY"]`` (see
+    It reads the API key from ``env["NEXUS_DEMO_BILLING_API_KEY"]``, never its command line (see
     :func:`service_secrets_env`) and logs to ``run_dir/billing-sandbox.log``.
 
     Raises:
@@ -146,8 +146,9 @@ def start_billing_sandbox(procs: Processes, *, env: dict, run_dir: Path) -> str:
     """
     port_file = run_dir / "billing.port"
     port_file.unlink(missing_ok=True)
+    # The key travels in the environment, never on the command line (which every local user can read).
     procs.start("billing-sandbox", [sys.executable, "-m", "packs.billing.sandbox", "--port", "0",
-                                    "--api-key", env["NEXUS_DEMO_BILLING_API_KEY"], "--port-file", str(port_file)],
+                                    "--secret-env", "NEXUS_DEMO_BILLING_API_KEY", "--port-file", str(port_file)],
                 env, run_dir)
     deadline = time.monotonic() + 20
     while not port_file.exists() or not port_file.read_text().strip():
@@ -573,8 +574,12 @@ def _print_table(summary: dict, ok: bool, failures: list[str]) -> None:
 
 
 def run_demo(*, events: str | None, as_json: bool, dump_path: str | None, keep_logs: bool = True,
-             chaos_seed: int | None = None) -> int:
+             chaos_seed: int | None = None, run_dir: str | Path | None = None) -> int:
     """Run the demo; return the process exit code (0 ok, 1 invariant failed, 2 could not run).
+
+    ``run_dir`` (default ``var/demo``) receives the processes' logs, the
+    applied configuration and the run's secret backend (``run_dir/secrets``);
+    a test gives each run its own.
 
     With ``chaos_seed`` (a non-negative int) it is the chaos demo of
     :mod:`packs.demo.chaos`: worker processes are SIGKILLed at the seed's
@@ -603,7 +608,7 @@ def run_demo(*, events: str | None, as_json: bool, dump_path: str | None, keep_l
         return 2
     cfg = settings.DATABASES["default"]
     main_db, control_db = demo_database_names(cfg["NAME"])
-    run_dir = ROOT / "var" / "demo"
+    run_dir = Path(run_dir) if run_dir else ROOT / "var" / "demo"
     run_dir.mkdir(parents=True, exist_ok=True)
     for old in run_dir.glob("*.log"):
         old.unlink()

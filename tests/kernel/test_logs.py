@@ -94,3 +94,21 @@ def test_a_request_carries_its_traceparent_trace_id_into_its_response(client):
     generated = client.get("/api/v2/health/", HTTP_TRACEPARENT="garbage")["X-Trace-Id"]
     assert len(generated) == 32 and generated != trace and int(generated, 16) >= 0
     assert trace_id_of("00-" + "0" * 32 + "-00f067aa0ba902b7-01") != "0" * 32
+
+
+def test_a_worker_unit_error_logs_its_code_and_unit_never_the_exception_text(caplog):
+    """``run_workers`` passes a failing unit's exception text as an argument: a JSON line keeps only the code."""
+    from runtime_outbox.management.commands.run_workers import Command
+
+    def failing_unit():
+        raise _Refused(f"provider said: Authorization: Bearer {SECRET}")
+
+    with caplog.at_level(logging.WARNING, logger="nexusflow.workers"):
+        assert Command()._loop([("egress.dispatch", failing_unit)], {"flag": False}, until_idle=False, idle_rounds=1,
+                               once=True, idle_sleep=0) == 0
+    (record,) = [r for r in caplog.records if r.name == "nexusflow.workers"]
+    line = JsonFormatter().format(record)
+    assert SECRET not in line
+    doc = json.loads(line)
+    assert (doc["event"], doc["unit"], doc["code"]) == ("worker.unit_error %s: %s", "egress.dispatch",
+                                                        "demo_refusal_code")

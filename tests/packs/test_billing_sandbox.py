@@ -235,3 +235,32 @@ def test_runs_as_a_process_until_sigterm(tmp_path: Path) -> None:
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=10) == 0
+
+
+def test_a_process_reads_its_key_from_the_environment_so_the_process_list_never_shows_it(tmp_path: Path) -> None:
+    port_file = tmp_path / "port"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "packs.billing.sandbox", "--port", "0", "--secret-env", "SANDBOX_TEST_KEY",
+         "--port-file", str(port_file), "--log-level", "WARNING"],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "SANDBOX_TEST_KEY": API_KEY},
+    )
+    try:
+        deadline = time.monotonic() + 15
+        while not port_file.exists():
+            assert process.poll() is None, "sandbox process exited early"
+            assert time.monotonic() < deadline, "sandbox never wrote its port file"
+            time.sleep(0.05)
+        assert API_KEY.encode() not in Path(f"/proc/{process.pid}/cmdline").read_bytes()
+        base_url = f"http://127.0.0.1:{int(port_file.read_text())}"
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        assert httpx.post(f"{base_url}/v1/customers", data={"email": "e@example.com"}, headers=headers).status_code == 200
+        wrong = {"Authorization": "Bearer not-the-key"}
+        assert httpx.post(f"{base_url}/v1/customers", data={"email": "f@example.com"}, headers=wrong).status_code == 401
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 0
+    unset = subprocess.run([sys.executable, "-m", "packs.billing.sandbox", "--port", "0", "--secret-env", "UNSET_KEY_VAR"],
+                           cwd=REPO_ROOT, env={k: v for k, v in os.environ.items() if k != "UNSET_KEY_VAR"},
+                           capture_output=True, text=True, timeout=30)
+    assert unset.returncode == 2 and "UNSET_KEY_VAR is not set" in unset.stderr

@@ -1,4 +1,7 @@
-"""``manage.py demo [--events FILE] [--json] [--dump PATH] [--chaos SEED]``: the main job end to end.
+"""``manage.py demo [--events FILE] [--json] [--dump PATH] [--chaos SEED] [--run-dir DIR]``: the main job end to end.
+
+``--run-dir DIR`` (default ``var/demo``) holds the run's logs, applied
+configuration and secret backend.
 
 ``--chaos SEED`` (a non-negative integer) runs the chaos demo of
 ``packs/demo/chaos.py``: worker processes are SIGKILLed at the seed's named
@@ -34,9 +37,11 @@ class Command(BaseCommand):
         parser.add_argument("--chaos", type=_seed, metavar="SEED",
                             help="Kill worker processes with SIGKILL at failpoints chosen by SEED, restart them, "
                                  "and report the kills.")
+        parser.add_argument("--run-dir", help="Directory of the run's logs, configuration and secret backend "
+                                              "(default: var/demo).")
 
-    def handle(self, *args, events=None, json=False, dump=None, chaos=None, **options):
-        code = run_demo(events=events, as_json=json, dump_path=dump, chaos_seed=chaos)
+    def handle(self, *args, events=None, json=False, dump=None, chaos=None, run_dir=None, **options):
+        code = run_demo(events=events, as_json=json, dump_path=dump, chaos_seed=chaos, run_dir=run_dir)
         sys.stdout.flush()
         if code:
             sys.exit(code)

@@ -123,7 +123,9 @@ class Command(BaseCommand):
                 try:
                     worked = unit()
                 except (NexusError, DatabaseError) as exc:
-                    log.warning(json.dumps({"event": "worker.unit_error", "unit": name, "error": str(exc)[:300]}),
+                    # The exception text is an argument, never the message: it may carry record values or
+                    # provider text, which a JSON line drops (nexusflow/kernel/logs.py); the code stays.
+                    log.warning("worker.unit_error %s: %s", type(exc).__name__, str(exc)[:300],
                                 extra={"unit": name, "code": getattr(exc, "code", None)})
                     worked = False
                 except Exception:  # a bug in one unit must not stop the others; it is logged loudly

@@ -90,6 +90,19 @@ def test_config_apply_refuses_placeholders_and_unpublished_packs_with_a_clear_er
     assert "configuration generation 1" in _ok(["connector_config_apply", "--org", ORG, str(path)])
 
 
+def test_config_apply_refuses_a_base_url_carrying_credentials_without_echoing_it(tmp_path):
+    """Credentials live in credential generations only: a URL holding one never reaches a stored document."""
+    _ok(["connector_pack_publish", *PACKS])
+    _publish_credentials(tmp_path)
+    path = tmp_path / "service.json"
+    for url in ("http://ops:sk_live_in_url_0042@127.0.0.1:9", "http://sk_live_in_url_0042@127.0.0.1:9",
+                "http://127.0.0.1:9/v1?api_key=sk_live_in_url_0042", "http://127.0.0.1:9/#sk_live_in_url_0042"):
+        path.write_text(json.dumps({"org_id": ORG, **service_document(url)}))
+        stderr = _refused(["connector_config_apply", "--org", ORG, str(path)], "configuration_url_credentials")
+        assert "sk_live_in_url_0042" not in stderr
+    assert not ConnectorServiceConfigurationGeneration.objects.exists()
+
+
 def test_config_apply_refuses_duplicate_json_keys(tmp_path):
     path = tmp_path / "service.json"
     path.write_text('{"accounts": [], "accounts": []}')
