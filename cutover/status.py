@@ -50,7 +50,8 @@ def _next_command(org_id: str, phase: str, certificate, refusal, open_v1: dict) 
         if V1RestorePoint.objects.filter(org_id=org_id, attempt_key=attempt).exists():
             return (f"manage.py cutover validate --org {org_id} --attempt {attempt} (the V2 candidate validation; "
                     "not available yet)")
-        return f"manage.py cutover restore-point --org {org_id} --attempt {attempt} [--backup-dir DIR]"
+        return (f"manage.py cutover restore-point --org {org_id} --attempt {attempt} [--backup-dir DIR] (capture and "
+                "rehearse the full-database V1 restore point)")
     if phase == "v2_serving":
         return "none: V2 serves every account"
     return f"manage.py cutover greenfield --org {org_id} (resumes a greenfield walk)"
