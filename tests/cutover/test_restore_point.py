@@ -27,6 +27,7 @@ from cutover.restore_point import (
     RestorePointRejected,
     cutover_restore_point,
     restore_point_capture,
+    restore_point_record,
 )
 from cutover.status import cutover_status
 from nexusflow.kernel.clock import db_now
@@ -128,9 +129,15 @@ def _cursor_moved(capture) -> None:
     (_reset_only, reasons.RESTORE_POINT_BACKUP_INVALID, "database.control"),
     (_cursor_moved, reasons.RESTORE_POINT_DRIFT, "v1_facts.v1_stream_cursors"),
 ], ids=["corrupt_byte", "partial_dump", "reset_only_backup", "cursor_drift"])
-def test_a_corrupt_partial_or_reset_only_backup_or_v1_drift_rejects_the_point(drained, tmp_path, damage, code,
-                                                                              subject):
+def test_a_corrupt_partial_or_reset_only_backup_or_v1_drift_rejects_the_point(drained, tmp_path, monkeypatch, damage,
+                                                                              code, subject):
     """S003-RP-43: the capture is checked against its manifest and the live V1 facts before it is rehearsed."""
+    import cutover.restore_point as restore_point
+
+    def no_server():
+        raise AssertionError("a rejected capture must not reach the rehearsal server")
+
+    monkeypatch.setattr(restore_point, "rehearsal_server", no_server)
     capture = restore_point_capture(org=drained, attempt_key=ATTEMPT, backup_dir=tmp_path)
     assert {d["alias"] for d in capture.manifest["databases"]} == {"default", "control"}
     assert capture.manifest["v1_facts"]["v1_stream_cursors"]["rows"] >= 1
@@ -140,6 +147,17 @@ def test_a_corrupt_partial_or_reset_only_backup_or_v1_drift_rejects_the_point(dr
     assert subject in {b["subject"] for b in rejected.blockers}
     assert _rehearsal_dirs() == before  # no server was started for it
     assert not capture.path.exists() and capture.path.with_name(capture.path.name + ".rejected").is_dir()
+
+
+def test_drift_during_the_rehearsal_is_rejected_by_the_final_check_under_the_gate_locks(drained, tmp_path):
+    """S003-RP-43: the record step rereads the live V1 facts; a cursor moved after the rehearsal rejects the point."""
+    capture = restore_point_capture(org=drained, attempt_key=ATTEMPT, backup_dir=tmp_path)
+    _cursor_moved(capture)
+    with pytest.raises(RestorePointRejected) as rejected:
+        restore_point_record(org=drained, capture=capture, rehearsal={"seconds": {}})
+    assert {b["subject"] for b in rejected.value.blockers} == {"v1_facts.v1_stream_cursors"}
+    assert _codes(rejected.value) == {reasons.RESTORE_POINT_DRIFT}
+    assert not V1RestorePoint.objects.exists()
 
 
 # --- the rehearsal: a real isolated mariadbd ------------------------------------------------------------------
