@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from django.db import transaction
+from django.db import connections, transaction
 
 from connectors.models import AccountServingGate, ServingEpoch, V1StreamCursor
 from connectors.store import ServingEpochStore
@@ -84,6 +84,10 @@ def test_a_restore_point_before_v1_drained_is_refused_and_nothing_is_captured(st
     _assert_rejected(stopped, tmp_path, reasons.RESTORE_POINT_NOT_DRAINED)
     assert list(tmp_path.iterdir()) == []
     assert "cutover certify" in cutover_status(org=stopped)["next_command"]
+    refused = run_manage(["cutover", "restore-point", "--org", ORG, "--attempt", ATTEMPT, "--backup-dir",
+                          str(tmp_path)], subprocess_env())
+    assert refused.returncode == 3 and "restore_point_not_drained" in refused.stderr, refused.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_restore_point_after_a_v2_mutation_is_refused(drained, tmp_path):
@@ -167,6 +171,9 @@ def test_a_restore_point_is_captured_rehearsed_on_an_isolated_server_and_recorde
     report = cutover_restore_point(org=drained, attempt_key=ATTEMPT, backup_dir=tmp_path)
     assert not report.already
     point = V1RestorePoint.objects.using("control").get(org_id=ORG, attempt_key=ATTEMPT)
+    # The receipt lives outside the database a restore rewrites.
+    assert "cutover_v1restorepoint" in connections["control"].introspection.table_names()
+    assert "cutover_v1restorepoint" not in connections["default"].introspection.table_names()
     assert int(point.pk) == report.restore_point_id and V1RestorePoint.objects.count() == 1
     certificate = V1ShutdownCertificate.objects.get(org_id=ORG, attempt_key=ATTEMPT)
     assert point.certificate_digest == certificate.digest and int(point.certificate_id) == int(certificate.pk)
