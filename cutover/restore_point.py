@@ -48,7 +48,7 @@ from django.db import connections, transaction
 from connectors.models import AccountServingGate, GateTransitionEvidence
 from connectors.store import AccountServingGateStore
 from connectors.v1.generations import v1_release
-from nexusflow.kernel import canonical_json
+from nexusflow.kernel import canonical_json, failpoints
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.models import insert
@@ -68,6 +68,8 @@ COMPLETION_MARKER = b"-- Dump completed"
 #: How long the rehearsal server may take to answer, and to stop.
 SERVER_START_SECONDS = 60.0
 SERVER_STOP_SECONDS = 60.0
+#: A crash after the capture is complete and before its rehearsal: the rerun resumes that capture.
+FP_AFTER_CAPTURE = failpoints.declare("cutover.restore_point.after_capture")
 
 
 class RestorePointRejected(ShutdownBlocked):
@@ -599,6 +601,7 @@ def cutover_restore_point(*, org: OrgScope, attempt_key: str, backup_dir: str | 
     if point is not None:
         return _report(point, already=True)
     capture = restore_point_capture(org=org, attempt_key=attempt_key, backup_dir=backup_dir)
+    failpoints.hit(FP_AFTER_CAPTURE)
     rehearsal = restore_point_rehearse(org=org, capture=capture)
     point = restore_point_record(org=org, capture=capture, rehearsal=rehearsal)
     return _report(point, already=False)

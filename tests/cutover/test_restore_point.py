@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import signal
 import tempfile
 from pathlib import Path
 
@@ -166,10 +167,18 @@ def test_drift_during_the_rehearsal_is_rejected_by_the_final_check_under_the_gat
 
 # --- the rehearsal: a real isolated mariadbd ------------------------------------------------------------------
 def test_a_restore_point_is_captured_rehearsed_on_an_isolated_server_and_recorded_once(drained, tmp_path):
-    """S003-RP-43: the happy path binds the complete database and V1 release; a rerun returns the same point."""
+    """S003-RP-43: the happy path binds the complete database and V1 release; a rerun returns the same point.
+
+    The first run is killed after its capture: the rerun resumes that capture, rehearses and records it.
+    """
     before = _rehearsal_dirs()
+    killed = run_manage(["cutover", "restore-point", "--org", ORG, "--attempt", ATTEMPT, "--backup-dir", str(tmp_path)],
+                        subprocess_env(NEXUS_FAILPOINTS="cutover.restore_point.after_capture"))
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    [captured] = (tmp_path / ORG / ATTEMPT).iterdir()
+    assert (captured / MANIFEST_NAME).is_file() and not V1RestorePoint.objects.exists()
     report = cutover_restore_point(org=drained, attempt_key=ATTEMPT, backup_dir=tmp_path)
-    assert not report.already
+    assert not report.already and report.backup_path == str(captured.resolve())
     point = V1RestorePoint.objects.using("control").get(org_id=ORG, attempt_key=ATTEMPT)
     # The receipt lives outside the database a restore rewrites.
     assert "cutover_v1restorepoint" in connections["control"].introspection.table_names()
