@@ -58,3 +58,17 @@ class OrderingBaselineAdmin(ReadOnlyAdmin):
     @admin.display(description="position (canonical JSON or stream cursor bytes)")
     def position_text(self, obj) -> str:
         return "" if obj.position is None else bytes(obj.position).decode("utf-8", "replace")
+
+
+@admin.register(models.V1RestorePoint)
+class V1RestorePointAdmin(ReadOnlyAdmin):
+    list_display = ("attempt_key", "org_id", "certificate_digest", "manifest_digest", "created_at")
+    search_fields = ("attempt_key", "manifest_digest")
+    exclude = ("manifest",)
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f for f in super().get_readonly_fields(request, obj) if f != "manifest"] + ["manifest_text"]
+
+    @admin.display(description="manifest (canonical JSON)")
+    def manifest_text(self, obj) -> str:
+        return bytes(obj.manifest).decode("utf-8")

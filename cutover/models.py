@@ -128,3 +128,35 @@ class V1ShutdownCertificate(GuardedModel):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["org_id", "attempt_key"], name="cutover_v1_shutdown_uniq")]
+
+
+class V1RestorePoint(GuardedModel):
+    """The one immutable V1 restore point of a certified cutover attempt (control database).
+
+    Seed 003 "Offline V1 shutdown, cold rollback, and V2 cutover", step 6, and "Compressed durable
+    model": written by ``cutover restore-point`` only after every gate of the org is ``v1_drained``
+    under the attempt's V1ShutdownCertificate, before any V2 mutation, and only after an isolated
+    restore rehearsal recomputed every bound digest from the restored copy. It lives on the
+    ``control`` database (``nexusflow/routers.py``) so it stays durable outside the database a
+    restore rewrites.
+
+    ``manifest`` holds the canonical JSON bytes of the backup manifest (dump files and their
+    SHA-256, databases, row counts and content digests per table, schema digest, V1 fact digests,
+    V1 release, certificate digest); ``manifest_digest`` is its v2 digest. ``rehearsal`` records the
+    rehearsal (timings in seconds, server version, the digests recomputed from the restored copy).
+    """
+
+    org_id = IdentityField(max_length=64)
+    attempt_key = IdentityField(max_length=80)
+    certificate_id = TypedIdReference(to="cutover.V1ShutdownCertificate")
+    certificate_digest = IdentityField(max_length=64)
+    v1_release = IdentityField(max_length=64)
+    schema_digest = IdentityField(max_length=64)
+    backup_path = models.CharField(max_length=500, help_text="The directory holding the dump files and manifest.")
+    manifest = models.BinaryField(help_text="Canonical JSON bytes of the backup manifest.")
+    manifest_digest = IdentityField(max_length=64)
+    rehearsal = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["org_id", "attempt_key"], name="cutover_v1_restore_point_uniq")]

@@ -55,3 +55,22 @@ V1_IDENTITY_CONFLICT = register(
 V1_BASELINE_MISSING = register(
     "v1_baseline_missing", owner=OWNER, evidence="cutover.selectors.shutdown_blocks",
     severity_class=ATTENTION, alert_after_seconds=3600, remediations=("revise_cutover_plan",))
+
+# --- V1 restore point (seed 003 "Offline V1 shutdown ...", step 6; proof S003-RP-43) -------------------------
+#: Refusals of ``cutover restore-point``, each stored in the ``blockers`` of a ``shutdown_blocked`` CutoverEvidence
+#: row (phase ``restore_point``) and reported with exit 3; no V1RestorePoint is written and no V2 mutation may start.
+RESTORE_POINT_NOT_DRAINED = register(
+    "restore_point_not_drained", owner=OWNER, evidence="cutover.selectors.shutdown_blocks",
+    severity_class=ATTENTION, alert_after_seconds=1800, remediations=("resume_cutover",))
+RESTORE_POINT_V2_MUTATED = register(
+    "restore_point_v2_mutated", owner=OWNER, evidence="cutover.selectors.shutdown_blocks",
+    severity_class=ATTENTION, alert_after_seconds=600, remediations=("inspect_invariant",))
+RESTORE_POINT_BACKUP_INVALID = register(
+    "restore_point_backup_invalid", owner=OWNER, evidence="cutover.selectors.shutdown_blocks",
+    severity_class=ATTENTION, alert_after_seconds=1800, remediations=("resume_cutover",))
+RESTORE_POINT_REHEARSAL_FAILED = register(
+    "restore_point_rehearsal_failed", owner=OWNER, evidence="cutover.selectors.shutdown_blocks",
+    severity_class=ATTENTION, alert_after_seconds=1800, remediations=("resume_cutover", "inspect_invariant"))
+RESTORE_POINT_DRIFT = register(
+    "restore_point_drift", owner=OWNER, evidence="cutover.selectors.shutdown_blocks",
+    severity_class=ATTENTION, alert_after_seconds=600, remediations=("inspect_invariant", "resume_cutover"))

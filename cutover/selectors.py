@@ -188,3 +188,133 @@ def applied_migrations_digest() -> str:
         cursor.execute("SELECT app, name FROM django_migrations ORDER BY app, name")
         rows = [list(r) for r in cursor.fetchall()]
     return digest_v2("cutover.schema", [("migrations", canonical_json.dumps(rows))]).hexdigest
+
+
+# --- V1 restore point (seed 003 "Offline V1 shutdown, cold rollback, and V2 cutover", step 6) ----------------
+#: The V1 facts a restore point binds by content (``{name: (table, org column)}``): stream cursors, transport and
+#: idempotency keys (with the exported tombstones), provider-call/effect rows, account and gate bindings, the
+#: certified ordering baselines. A restored copy and the live database must give the same digest for each.
+V1_FACT_TABLES = {
+    "v1_accounts": "connectors_v1account",
+    "v1_stream_cursors": "connectors_v1streamcursor",
+    "v1_transport_keys": "connectors_v1transportkey",
+    "v1_provider_calls": "connectors_v1providercall",
+    "receipt_admission_keys": "connectors_receiptadmissionkey",
+    "account_serving_gates": "connectors_accountservinggate",
+    "ordering_baselines": "cutover_orderingbaseline",
+}
+
+
+def _canonical_cell(value) -> object:
+    """One column value as a JSON-stable value: bytes as ``{"hex"}``, dates/decimals as text."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"hex": bytes(value).hex()}
+    if isinstance(value, float):
+        return {"float": repr(value)}
+    return {type(value).__name__: str(value)}
+
+
+def _rows_digest(cursor, sql: str, params: tuple = ()) -> tuple[int, str]:
+    """``(rows, sha256 hex)`` over the canonical JSON of every row ``sql`` returns, in its order."""
+    import hashlib
+
+    from nexusflow.kernel import canonical_json
+
+    digest = hashlib.sha256(b"nexusflow.table-content\x00")
+    count = 0
+    cursor.execute(sql, params)
+    while True:
+        batch = cursor.fetchmany(2000)
+        if not batch:
+            break
+        for row in batch:
+            encoded = canonical_json.dumps([_canonical_cell(v) for v in row])
+            digest.update(len(encoded).to_bytes(8, "big") + encoded)
+            count += 1
+    return count, digest.hexdigest()
+
+
+def _order_by(cursor, schema: str, table: str) -> str:
+    cursor.execute("SELECT column_name FROM information_schema.statistics WHERE table_schema = %s AND "
+                   "table_name = %s AND index_name = 'PRIMARY' ORDER BY seq_in_index", (schema, table))
+    columns = [r[0] for r in cursor.fetchall()]
+    if not columns:
+        cursor.execute("SELECT column_name FROM information_schema.columns WHERE table_schema = %s AND "
+                       "table_name = %s ORDER BY ordinal_position", (schema, table))
+        columns = [r[0] for r in cursor.fetchall()]
+    return ", ".join(f"`{c}`" for c in columns)
+
+
+def open_consistent_snapshot(cursor) -> None:
+    """Start a read-only ``REPEATABLE READ`` transaction with a consistent snapshot on ``cursor``'s connection."""
+    cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    cursor.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+
+
+def database_content_facts(cursor, *, schema: str, org_id: str | None = None,
+                           include_tables: bool = True) -> dict:
+    """Recompute the restore-point facts of one database through a DB-API ``cursor`` (no Django connection).
+
+    The same function reads the live database (inside a consistent snapshot the caller opened) and the
+    copy restored into an isolated server, so both sides are computed by the exact same code.
+
+    Args:
+        cursor: a MySQLdb cursor on the server holding ``schema``.
+        schema: the database name.
+        org_id: when given, also compute :data:`V1_FACT_TABLES` restricted to this org.
+        include_tables: ``False`` leaves out the per-table rows and digests (``{}``).
+
+    Returns:
+        ``{"tables": {table: {"rows": int, "digest": sha256 hex}}, "migrations": [[app, name], ...],
+        "v1_facts": {name: {"rows", "digest"}}}`` (``v1_facts`` only for tables present in ``schema``).
+
+    Seed 003 "Offline V1 shutdown, cold rollback, and V2 cutover", step 6.
+    """
+    cursor.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = %s AND "
+                   "table_type = 'BASE TABLE' ORDER BY table_name", (schema,))
+    tables = [r[0] for r in cursor.fetchall()]
+    out: dict = {"tables": {}, "migrations": [], "v1_facts": {}}
+    for table in tables if include_tables else ():
+        order = _order_by(cursor, schema, table)
+        rows, digest = _rows_digest(cursor, f"SELECT * FROM `{schema}`.`{table}` ORDER BY {order}")
+        out["tables"][table] = {"rows": rows, "digest": digest}
+    if "django_migrations" in tables:
+        cursor.execute(f"SELECT app, name FROM `{schema}`.`django_migrations` ORDER BY app, name")
+        out["migrations"] = [list(r) for r in cursor.fetchall()]
+    if org_id is not None:
+        for name, table in sorted(V1_FACT_TABLES.items()):
+            if table in tables:
+                order = _order_by(cursor, schema, table)
+                rows, digest = _rows_digest(cursor, f"SELECT * FROM `{schema}`.`{table}` WHERE org_id = %s "
+                                                    f"ORDER BY {order}", (org_id,))
+                out["v1_facts"][name] = {"rows": rows, "digest": digest}
+    return out
+
+
+def v2_mutations_since(*, org_id: str, since: dt.datetime) -> dict[str, int]:
+    """``{fact: count}`` of the V2 facts of ``org_id`` that show a V2 mutation after ``since`` (empty when none).
+
+    Counted: ServingEpochs ever activated (``activated_at`` set or state ``active``/``draining``/``retired``),
+    gates past ``v1_drained``, and Receipts, Events, Executions, RemoteEffects, ReceiptAdmissionKeys that
+    point at a V2 Receipt, created at or after ``since`` (the V1ShutdownCertificate's ``created_at``).
+    """
+    from django.db.models import Q
+
+    from connectors.models import (AccountServingGate, Event, Execution, Receipt, ReceiptAdmissionKey, RemoteEffect,
+                                   ServingEpoch)
+
+    found = {
+        "serving_epochs_activated": ServingEpoch.objects.filter(org_id=org_id).filter(
+            Q(activated_at__isnull=False) | Q(state__in=("active", "draining", "retired"))).count(),
+        "gates_past_v1_drained": AccountServingGate.objects.filter(
+            org_id=org_id, state__in=("v2_validating", "v2_serving", "halting_v2", "v2_halted")).count(),
+        "receipts": Receipt.objects.filter(org_id=org_id, received_at__gte=since).count(),
+        "events": Event.objects.filter(org_id=org_id, created_at__gte=since).count(),
+        "executions": Execution.objects.filter(org_id=org_id, created_at__gte=since).count(),
+        "remote_effects": RemoteEffect.objects.filter(org_id=org_id, created_at__gte=since).count(),
+        "admission_keys_with_receipt": ReceiptAdmissionKey.objects.filter(org_id=org_id,
+                                                                          receipt__isnull=False).count(),
+    }
+    return {k: v for k, v in found.items() if v}

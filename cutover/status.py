@@ -14,7 +14,7 @@ from nexusflow.kernel.reasons import REASONS, load_all_reasons
 from nexusflow.kernel.scope import OrgScope
 
 from . import selectors
-from .models import CutoverDecision, CutoverEvidence, V1ShutdownCertificate
+from .models import CutoverDecision, CutoverEvidence, V1RestorePoint, V1ShutdownCertificate
 
 #: Gate states in procedure order (seed 003 "State machines", AccountServingGate).
 GATE_ORDER = ("v1_serving", "halting_v1", "v1_stopped", "v1_drained", "v2_validating", "v2_serving", "v2_halted")
@@ -47,7 +47,11 @@ def _next_command(org_id: str, phase: str, certificate, refusal, open_v1: dict) 
                     f"remote_finalized|no_effect --evidence TEXT (interrupted V1 calls: {ids})")
         return f"manage.py cutover certify --org {org_id} --attempt {attempt}"
     if phase == "v1_drained":
-        return "capture the V1 restore point (the restore-point phase command is not available yet)"
+        if V1RestorePoint.objects.filter(org_id=org_id, attempt_key=attempt).exists():
+            return (f"manage.py cutover validate --org {org_id} --attempt {attempt} (the V2 candidate validation; "
+                    "not available yet)")
+        return (f"manage.py cutover restore-point --org {org_id} --attempt {attempt} [--backup-dir DIR] (capture and "
+                "rehearse the full-database V1 restore point)")
     if phase == "v2_serving":
         return "none: V2 serves every account"
     return f"manage.py cutover greenfield --org {org_id} (resumes a greenfield walk)"
@@ -68,6 +72,8 @@ def cutover_status(*, org: OrgScope) -> dict:
         "blockers": [{"reason_code", "subject", "detail", "owner", "remediations", "alert_after_seconds"}],
         "decision": {"attempt_key", "state"} | None,
         "shutdown_certificate": {"attempt_key", "digest"} | None (the latest V1ShutdownCertificate),
+        "restore_point": {"attempt_key", "manifest_digest", "certificate_digest", "backup_path", "created_at"}
+        | None (the latest V1RestorePoint, control database),
         "next_command": str}``. In ``halting_v1`` and ``v1_stopped`` the blockers include the live V1
         inventory (open work, live leases, unresolved V1 calls) that drain, stop and certify would report.
 
@@ -125,6 +131,7 @@ def cutover_status(*, org: OrgScope) -> dict:
     barriers = {b.kind: b.state for b in V1MaintenanceBarrier.objects.filter(org_id=org.org_id).order_by("kind")}
     decision = CutoverDecision.objects.filter(org_id=org.org_id).order_by("-id").first()
     shutdown = V1ShutdownCertificate.objects.filter(org_id=org.org_id).order_by("-id").first()
+    restore_point = V1RestorePoint.objects.filter(org_id=org.org_id).order_by("-id").first()
     return {
         "org_id": org.org_id, "phase": phase,
         "configuration": None if configuration is None else {"generation": configuration.generation,
@@ -137,5 +144,9 @@ def cutover_status(*, org: OrgScope) -> dict:
         "decision": None if decision is None else {"attempt_key": decision.attempt_key, "state": decision.state},
         "shutdown_certificate": None if shutdown is None else {"attempt_key": shutdown.attempt_key,
                                                                "digest": shutdown.digest},
+        "restore_point": None if restore_point is None else {
+            "attempt_key": restore_point.attempt_key, "manifest_digest": restore_point.manifest_digest,
+            "certificate_digest": restore_point.certificate_digest, "backup_path": restore_point.backup_path,
+            "created_at": restore_point.created_at.isoformat()},
         "next_command": _next_command(org.org_id, phase, certificate, refusal, open_v1),
     }

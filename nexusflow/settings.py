@@ -178,6 +178,9 @@ NEXUS_PACKS_DIR = Path(os.environ.get("NEXUS_PACKS_DIR", BASE_DIR / "packs"))
 #: Versioned local secret backend: <dir>/<org>/<account>/<credential_ref>/<version>, one file per version.
 NEXUS_SECRETS_DIR = Path(os.environ.get("NEXUS_SECRETS_DIR", BASE_DIR / "var" / "secrets"))
 NEXUS_METADATA_DIR = Path(os.environ.get("NEXUS_METADATA_DIR", BASE_DIR / "metadata"))
+#: Where `manage.py cutover restore-point` writes the dump files and manifest of each V1 restore point
+#: (<dir>/<org>/<attempt>/<capture>/); keep it on storage that survives the loss of the database server.
+NEXUS_BACKUP_DIR = Path(os.environ.get("NEXUS_BACKUP_DIR", BASE_DIR / "var" / "restore_points"))
 
 
 

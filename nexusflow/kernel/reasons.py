@@ -138,8 +138,8 @@ REMEDIATIONS: dict[str, Remediation] = {r.id: r for r in (
     Remediation(
         "resume_cutover",
         "Run the cutover procedure again: `manage.py cutover status --org ORG` names the next command "
-        "(greenfield, drain, stop, reconcile or certify); each is idempotent and walks every gate on from where it "
-        "stopped, or refuses with the reason-coded state that blocks it.",
+        "(greenfield, drain, stop, reconcile, certify or restore-point); each is idempotent and walks every gate "
+        "on from where it stopped, or refuses with the reason-coded state that blocks it.",
     ),
     Remediation(
         "revise_cutover_plan",

@@ -15,6 +15,8 @@
   | --answers FILE)``: terminalize interrupted V1 provider calls from provider-established evidence;
 - ``certify --attempt KEY``: the second inventory under the gate locks; tombstones, ordering baselines,
   one V1ShutdownCertificate, every gate ``v1_drained``;
+- ``restore-point --attempt KEY [--backup-dir DIR]``: a full ``mariadb-dump`` of every NexusFlow database with
+  its manifest, restored and verified on an isolated ``mariadbd``, then one V1RestorePoint (control database);
 - ``status [--json]``: phase, gate counts, certificate, budgets, blockers and the next command.
 
 Every procedure but ``status`` is idempotent and resumable; ``--json`` prints the report as JSON.
@@ -34,6 +36,7 @@ from cutover.drain import cutover_drain
 from cutover.halt import HaltAborted, cutover_halt_v1
 from cutover.preflight import CutoverPlanInvalid, ReadinessRefused, cutover_preflight
 from cutover.reconcile import ReconciliationInvalid, cutover_reconcile
+from cutover.restore_point import cutover_restore_point
 from cutover.services import cutover_greenfield
 from cutover.status import cutover_status
 from cutover.stop import DEFAULT_WAIT_SECONDS, cutover_stop
@@ -51,18 +54,20 @@ class Command(BaseCommand):
             "V1 -> V2 attempt against an L2 plan before maintenance), 'halt-v1' (close the V1 maintenance barriers "
             "and halt every gate under that certificate), 'drain' (check V1 finished its accepted work), 'stop' (deny V1 "
             "egress and terminate the V1 processes), 'reconcile' (resolve interrupted V1 calls from provider "
-            "evidence), 'certify' (the V1 shutdown certificate; gates v1_drained) or 'status' (where the cutover "
-            "stands).")
-    SHUTDOWN = ("drain", "stop", "reconcile", "certify")
+            "evidence), 'certify' (the V1 shutdown certificate; gates v1_drained), 'restore-point' (the rehearsed "
+            "full-database V1 restore point) or 'status' (where the cutover stands).")
+    SHUTDOWN = ("drain", "stop", "reconcile", "certify", "restore-point")
 
     def add_arguments(self, parser):
         parser.add_argument("procedure", choices=["greenfield", "v1-install", "preflight", "halt-v1", "drain", "stop",
-                                                  "reconcile", "certify", "status"])
+                                                  "reconcile", "certify", "restore-point", "status"])
         parser.add_argument("--org", required=True, help="Org id whose accounts to activate, install or certify.")
         parser.add_argument("--attempt", help="preflight: the service cutover attempt key (a new key per input change).")
         parser.add_argument("--plan", help="preflight: the L2 cutover plan JSON file (docs/operations.md).")
         parser.add_argument("--json", dest="as_json", action="store_true",
-                            help="status, drain, stop, reconcile, certify: print the report as JSON.")
+                            help="status, drain, stop, reconcile, certify, restore-point: print the report as JSON.")
+        parser.add_argument("--backup-dir", help="restore-point: where the dump files and manifest go "
+                                                 "(default settings.NEXUS_BACKUP_DIR, var/restore_points/).")
         parser.add_argument("--wait-seconds", type=float, default=DEFAULT_WAIT_SECONDS,
                             help="stop: how long to wait for signalled V1 processes to be proven gone.")
         parser.add_argument("--call", type=int, help="reconcile: the V1 provider call id.")
@@ -167,6 +172,13 @@ class Command(BaseCommand):
             done = "; ".join(f"call {r['call_id']}: {r['from_state']} -> {r['to_state']}" for r in report.reconciled)
             text = (f"attempt {attempt} reconciled: {done or 'nothing new'}"
                     + (f"; already: {', '.join(map(str, report.already))}" if report.already else ""))
+        elif procedure == "restore-point":
+            report = cutover_restore_point(org=org, attempt_key=attempt, backup_dir=options.get("backup_dir"))
+            seconds = report.rehearsal.get("seconds", {})
+            text = (f"attempt {attempt} {'already has a' if report.already else 'captured a'} V1 restore point "
+                    f"{report.restore_point_id} (manifest {report.manifest_digest[:16]}, certificate "
+                    f"{report.certificate_digest[:16]}) in {report.backup_path}; rehearsal restored and verified it "
+                    f"in {seconds.get('total', '?')}s")
         else:
             report = cutover_certify(org=org, attempt_key=attempt)
             text = (f"attempt {attempt} {'already ' if report.already else ''}certified: V1 shutdown certificate "
@@ -206,6 +218,10 @@ class Command(BaseCommand):
         certificate = report["certificate"]
         self.stdout.write("certificate: " + ("none" if certificate is None else
                                              f"{certificate['attempt_key']} {certificate['digest'][:16]}"))
+        point = report["restore_point"]
+        if point is not None:
+            self.stdout.write(f"V1 restore point: {point['attempt_key']} manifest {point['manifest_digest'][:16]} "
+                              f"in {point['backup_path']}")
         for phase, b in report["budgets"].items():
             used = "-" if b["used_seconds"] is None else f"{b['used_seconds']}s"
             self.stdout.write(f"  budget {phase}: used {used}, projected {b['projected_seconds']}s "
