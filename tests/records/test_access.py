@@ -1,0 +1,284 @@
+"""Who may do what: users, permission sets, field-level security and record access (issue 23, item 1;
+seed 004 section 17).
+
+An org's access policy is an immutable chain of generations published by ``manage.py records access
+publish``; decisions combine the user's state, object permissions, FLS, the org-wide default, ownership,
+explicit shares and view all / modify all. An org without a generation is unrestricted, as before.
+"""
+from __future__ import annotations
+
+import copy
+import io
+import json
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import transaction
+
+from nexusflow.kernel.errors import ImmutableRow
+from nexusflow.kernel.scope import OrgScope
+from nexusflow.records import access as a
+from nexusflow.records.access_services import access_policy_publish, record_share_set
+from nexusflow.records.authority import field_read_authority
+from nexusflow.records.models import AccessPolicyGeneration, RecordShare
+from nexusflow.records.selectors import access_principal, record_access_check
+from nexusflow.records.services import RecordNotFound, record_create
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
+
+ORG, OTHER = "org-access-a", "org-access-b"
+
+DOCUMENT = {
+    "users": [
+        {"id": "owner", "email": "owner@example.org", "name": "Owner", "permission_sets": ["rep"]},
+        {"id": "peer", "email": "peer@example.org", "name": "Peer", "permission_sets": ["rep"]},
+        {"id": "auditor", "email": "aud@example.org", "name": "Auditor", "permission_sets": ["rep", "audit"]},
+        {"id": "admin", "email": "adm@example.org", "name": "Admin", "permission_sets": ["rep", "admin"]},
+        {"id": "gone", "active": False, "email": "gone@example.org", "name": "Gone", "permission_sets": ["rep"]},
+        {"id": "nobody", "email": "no@example.org", "name": "Nobody", "permission_sets": []},
+        {"id": "sync", "email": "sync@example.org", "name": "Sync", "permission_sets": ["rep"]},
+    ],
+    "permission_sets": {
+        "rep": {"objects": {"Contact": ["create", "delete"], "Lead": ["read"]},
+                "fields": {"Contact": {"email": ["edit"], "firstname": ["read"]}}},
+        "audit": {"view_all": ["Contact"]},
+        "admin": {"modify_all": ["Contact"]},
+    },
+    "sharing": {"Contact": "private", "Lead": "public_read"},
+    "integration_user": "sync",
+}
+
+
+def _doc(sharing: str | None = None) -> dict:
+    doc = copy.deepcopy(DOCUMENT)
+    if sharing is not None:
+        doc["sharing"]["Contact"] = sharing
+    return doc
+
+
+def _publish(org=ORG, document=None, reason="test"):
+    return access_policy_publish(org_id=org, document=_doc() if document is None else document, authored_by="ops", reason=reason)
+
+
+def _contact(org=ORG, owner="owner", **values):
+    with transaction.atomic():
+        return record_create(org=OrgScope(org), object_name="Contact",
+                             values=values or {"email": "c@example.org"}, owner_id=owner)
+
+
+# --- the decision table -------------------------------------------------------------------------------------
+
+R, E, D = "read", "edit", "delete"
+#: (org-wide default, who, {op: (allowed, basis)}); "peer+read"/"peer+edit": peer with a read/edit share.
+TABLE = [
+    ("private", "owner", {R: (True, "owner"), E: (True, "owner"), D: (True, "owner")}),
+    ("private", "peer", {R: (False, "no_record_access"), E: (False, "no_record_access"),
+                         D: (False, "no_record_access")}),
+    ("private", "peer+read", {R: (True, "share"), E: (False, "no_record_access"), D: (False, "no_record_access")}),
+    ("private", "peer+edit", {R: (True, "share"), E: (True, "share"), D: (False, "no_record_access")}),
+    ("private", "auditor", {R: (True, "view_all"), E: (False, "no_record_access"), D: (False, "no_record_access")}),
+    ("private", "admin", {R: (True, "modify_all"), E: (True, "modify_all"), D: (True, "modify_all")}),
+    ("public_read", "owner", {R: (True, "owner"), E: (True, "owner"), D: (True, "owner")}),
+    ("public_read", "peer", {R: (True, "org_wide_default"), E: (False, "no_record_access"),
+                             D: (False, "no_record_access")}),
+    ("public_read", "peer+edit", {R: (True, "org_wide_default"), E: (True, "share"), D: (False, "no_record_access")}),
+    ("public_read", "auditor", {R: (True, "view_all"), E: (False, "no_record_access"),
+                                D: (False, "no_record_access")}),
+    ("public_read", "admin", {R: (True, "modify_all"), E: (True, "modify_all"), D: (True, "modify_all")}),
+    ("public_read_write", "owner", {R: (True, "owner"), E: (True, "owner"), D: (True, "owner")}),
+    ("public_read_write", "peer", {R: (True, "org_wide_default"), E: (True, "org_wide_default"),
+                                   D: (False, "no_record_access")}),
+    ("public_read_write", "peer+read", {R: (True, "org_wide_default"), E: (True, "org_wide_default"),
+                                        D: (False, "no_record_access")}),
+    ("public_read_write", "auditor", {R: (True, "view_all"), E: (True, "org_wide_default"),
+                                      D: (False, "no_record_access")}),
+    ("public_read_write", "admin", {R: (True, "modify_all"), E: (True, "modify_all"), D: (True, "modify_all")}),
+    # The user's state and the object permission come first, whatever the record's sharing.
+    ("public_read_write", "gone", {R: (False, "inactive_user"), E: (False, "inactive_user"),
+                                   D: (False, "inactive_user")}),
+    ("public_read_write", "nobody", {R: (False, "object_denied"), E: (False, "object_denied"),
+                                     D: (False, "object_denied")}),
+    ("public_read_write", "stranger", {R: (False, "unknown_user"), E: (False, "unknown_user"),
+                                       D: (False, "unknown_user")}),
+]
+
+
+@pytest.mark.parametrize("sharing,who,expected", TABLE, ids=[f"{s}-{w}" for s, w, _ in TABLE])
+def test_record_access_decision_table(sharing, who, expected):
+    generation, _ = _publish(document=_doc(sharing))
+    record = _contact()
+    user, _, level = who.partition("+")
+    if level:
+        record_share_set(org_id=ORG, object_name="Contact", record_key=record.record_key, user_id=user,
+                         access=level, authored_by="ops", reason="share")
+    for op, (allowed, basis) in expected.items():
+        decision = record_access_check(org_id=ORG, user_id=user, object_name="Contact",
+                                       record_key=record.record_key, op=op)
+        assert (decision.allowed, decision.basis) == (allowed, basis), op
+        assert decision.context_digest == generation.digest
+
+
+def test_an_org_without_a_policy_allows_everything_as_before():
+    record = _contact(owner=None)
+    for op in (R, E, D):
+        decision = record_access_check(org_id=ORG, user_id="anyone", object_name="Contact",
+                                       record_key=record.record_key, op=op)
+        assert (decision.allowed, decision.basis, decision.context_digest) == (True, "no_policy", "")
+    principal = access_principal(org_id=ORG, user_id="anyone")
+    assert a.field_access(principal, "Contact", ["email", "lastname"], R).allowed == ("email", "lastname")
+    assert a.object_access(principal, "Contact", "create").allowed
+
+
+def test_object_permissions_imply_and_create_needs_the_object_permission_only():
+    _publish()
+    owner = access_principal(org_id=ORG, user_id="owner")
+    assert owner.objects["Contact"] == {"create", "read", "edit", "delete"}  # delete implies edit, read
+    assert owner.objects["Lead"] == {"read"}
+    assert a.object_access(owner, "Contact", "create").allowed
+    assert not a.object_access(owner, "Lead", "create").allowed
+    assert a.object_access(owner, "Lead", "create").basis == "object_denied"
+    nobody = access_principal(org_id=ORG, user_id="nobody")
+    assert not a.object_access(nobody, "Contact", "read").allowed
+    with pytest.raises(ValueError):
+        a.object_access(owner, "Contact", "merge")
+
+
+def test_a_record_without_owner_follows_the_org_wide_default_and_shares():
+    _publish(document=_doc("public_read"))
+    record = _contact(owner=None)
+    decide = lambda user, op: record_access_check(org_id=ORG, user_id=user, object_name="Contact",  # noqa: E731
+                                                  record_key=record.record_key, op=op)
+    assert decide("owner", R).basis == "org_wide_default" and not decide("owner", E).allowed
+    record_share_set(org_id=ORG, object_name="Contact", record_key=record.record_key, user_id="owner",
+                     access="edit", authored_by="ops", reason="share")
+    assert decide("owner", E).basis == "share"
+    assert not decide("owner", D).allowed  # a share never grants deletion
+
+
+def test_field_level_security_allows_and_denies_per_field():
+    generation, _ = _publish()
+    owner = access_principal(org_id=ORG, user_id="owner")
+    read = a.field_access(owner, "Contact", ["lastname", "email", "firstname", "email"], R)
+    assert (read.allowed, read.denied) == (("email", "firstname"), ("lastname",))
+    assert read.context_digest == generation.digest
+    edit = a.field_access(owner, "Contact", ["email", "firstname"], E)
+    assert (edit.allowed, edit.denied) == (("email",), ("firstname",))
+    # Object permission first: Lead is readable but lists no field; editing needs the object's edit.
+    lead = a.field_access(owner, "Lead", ["email"], R)
+    assert (lead.allowed, lead.denied, lead.basis) == ((), ("email",), "field_level_security")
+    assert a.field_access(owner, "Lead", ["email"], E).basis == "object_denied"
+    # view all / modify all do not widen FLS; inactive users read nothing.
+    admin = access_principal(org_id=ORG, user_id="admin")
+    assert a.field_access(admin, "Contact", ["lastname"], R).denied == ("lastname",)
+    gone = a.field_access(access_principal(org_id=ORG, user_id="gone"), "Contact", ["email"], R)
+    assert (gone.allowed, gone.basis) == ((), "inactive_user")
+
+
+def test_field_read_authority_answers_from_the_policy_when_the_org_has_one():
+    # Without a policy (or without an org): the metadata view's read_access lists, as before.
+    before = field_read_authority(user_id="owner", object_name="Contact", fields=["email", "lastname"], org_id=ORG)
+    assert (before.allowed_fields, before.denied, before.context_digest) == (("email", "lastname"), (), "")
+    generation, _ = _publish()
+    decision = field_read_authority(user_id="owner", object_name="Contact", fields=["email", "lastname", "nope"],
+                                    org_id=ORG)
+    assert (decision.allowed_fields, decision.denied) == (("email",), ("lastname", "nope"))
+    assert decision.context_digest == generation.digest
+    other = field_read_authority(user_id="owner", object_name="Contact", fields=["lastname"], org_id=OTHER)
+    assert other.allowed_fields == ("lastname",)
+    legacy = field_read_authority(user_id="owner", object_name="Contact", fields=["lastname"])
+    assert legacy.allowed_fields == ("lastname",)
+
+
+# --- generations ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("document,detail", [
+    ([], "a JSON object"),
+    ({"roles": {}}, "unknown key 'roles'"),
+    ({"users": [{"id": "u"}, {"id": "u"}]}, "declared twice"),
+    ({"users": [{"id": " u"}]}, "users[0].id"),
+    ({"users": [{"id": "u", "active": "yes"}]}, "users[0].active must be true or false"),
+    ({"users": [{"id": "u", "permission_sets": ["missing"]}]}, "no permission set 'missing'"),
+    ({"users": [{"id": "u", "role": "x"}]}, "unknown key users[0].role"),
+    ({"permission_sets": {"p": {"objects": {"Nope__c": ["read"]}}}}, "no object 'Nope__c'"),
+    ({"permission_sets": {"p": {"objects": {"Contact": ["merge"]}}}}, "unknown permission 'merge'"),
+    ({"permission_sets": {"p": {"fields": {"Contact": {"nope": ["read"]}}}}}, "no field 'nope' on Contact"),
+    ({"permission_sets": {"p": {"fields": {"Contact": {"email": ["delete"]}}}}}, "unknown permission 'delete'"),
+    ({"permission_sets": {"p": {"view_all": "Contact"}}}, "view_all must be a list"),
+    ({"permission_sets": {"p": {"grants": {}}}}, "unknown key permission_sets.p.grants"),
+    ({"sharing": {"Contact": "public"}}, "sharing.Contact: 'public' is not one of"),
+    ({"users": [{"id": "u"}], "integration_user": "v"}, "integration_user: 'v' is not a declared user"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_an_invalid_document_is_refused_naming_the_key_and_publishes_nothing(document, detail):
+    with pytest.raises(a.AccessPolicyInvalid) as caught:
+        _publish(document=document)
+    assert caught.value.code == "access_policy_invalid" and detail in str(caught.value)
+    assert not AccessPolicyGeneration.objects.exists()
+
+
+def test_generations_chain_immutably_and_the_same_document_publishes_nothing():
+    first, created = _publish()
+    assert created and first.generation == 1
+    reordered = _doc()
+    reordered["users"].reverse()
+    reordered["permission_sets"]["rep"]["objects"]["Contact"] = ["delete", "read", "edit", "create"]
+    again, created = _publish(document=reordered)
+    assert (again.pk, created) == (first.pk, False)  # the canonical form is the same document
+    second, created = _publish(document=_doc("public_read"), reason="open up")
+    assert created and second.generation == 2 and second.digest != first.digest
+    back, created = _publish(reason="close again")  # an earlier document again: a new generation
+    assert created and back.generation == 3 and back.digest == first.digest
+    assert access_principal(org_id=ORG, user_id="owner").generation == 3
+    with pytest.raises(ImmutableRow):
+        first.save()
+    with pytest.raises(ImmutableRow):
+        AccessPolicyGeneration.objects.filter(pk=first.pk).update(reason="rewritten")
+    assert AccessPolicyGeneration.objects.get(pk=first.pk).reason == "test"
+    with pytest.raises(a.AccessPolicyInvalid):
+        access_policy_publish(org_id=ORG, document=_doc(), authored_by=" ", reason="r")
+
+
+def test_shares_are_an_append_only_log_and_revocation_is_an_entry():
+    _publish()
+    record = _contact()
+    share = dict(org_id=ORG, object_name="Contact", record_key=record.record_key, user_id="peer",
+                 authored_by="ops", reason="r")
+    assert record_share_set(**share, access="none") == (None, False)
+    granted, created = record_share_set(**share, access="read")
+    assert created and granted.sequence == 1
+    assert record_share_set(**share, access="read")[1] is False
+    revoked, created = record_share_set(**share, access="none")
+    assert created and revoked.sequence == 2
+    assert not record_access_check(org_id=ORG, user_id="peer", object_name="Contact",
+                                   record_key=record.record_key, op=R).allowed
+    assert list(RecordShare.objects.filter(record_key=record.record_key).order_by("sequence")
+                .values_list("access", flat=True)) == ["read", "none"]
+    with pytest.raises(ImmutableRow):
+        RecordShare.objects.filter(pk=granted.pk).delete()
+    with pytest.raises(a.AccessPolicyInvalid):
+        record_share_set(**share, access="owner")
+    with pytest.raises(RecordNotFound):
+        record_share_set(**{**share, "record_key": "003missing"}, access="read")
+
+
+def test_two_orgs_with_the_same_record_and_user_ids_decide_independently():
+    _publish(ORG, _doc("private"))
+    other_doc = _doc("public_read_write")
+    other_doc["users"] = [dict(u, active=u["id"] != "owner") for u in other_doc["users"]]
+    _publish(OTHER, other_doc)
+    mine, theirs = _contact(ORG), _contact(OTHER)
+    assert mine.record_key != theirs.record_key
+    assert not record_access_check(org_id=ORG, user_id="peer", object_name="Contact",
+                                   record_key=mine.record_key, op=E).allowed
+    assert record_access_check(org_id=OTHER, user_id="peer", object_name="Contact",
+                               record_key=theirs.record_key, op=E).allowed
+    assert record_access_check(org_id=ORG, user_id="owner", object_name="Contact",
+                               record_key=mine.record_key, op=R).allowed
+    assert record_access_check(org_id=OTHER, user_id="owner", object_name="Contact",
+                               record_key=theirs.record_key, op=R).basis == "inactive_user"
+    # A share in one org says nothing in the other, even for identical ids.
+    record_share_set(org_id=ORG, object_name="Contact", record_key=mine.record_key, user_id="peer",
+                     access="edit", authored_by="ops", reason="r")
+    with pytest.raises(RecordNotFound):
+        record_access_check(org_id=OTHER, user_id="peer", object_name="Contact", record_key=mine.record_key, op=R)
+    assert access_principal(org_id=ORG, user_id="peer").context_digest != \
+        access_principal(org_id=OTHER, user_id="peer").context_digest
