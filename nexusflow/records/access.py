@@ -3,7 +3,7 @@
 An org's access policy is an immutable generation (``records.AccessPolicyGeneration``) of one document::
 
     {"users": [{"id": "u1", "active": true, "email": "a@example.org", "name": "A",
-                "permission_sets": ["sales"]}],
+                "permission_sets": ["sales"], "fields": {<attribute>: <text>}}],
      "permission_sets": {"sales": {"objects": {<object>: ["create", "read", "edit", "delete"]},
                                    "fields": {<object>: {<field>: ["read", "edit"]}},
                                    "view_all": [<object>], "modify_all": [<object>]}},
@@ -20,7 +20,8 @@ An org's access policy is an immutable generation (``records.AccessPolicyGenerat
   ``private``), then ownership (the owner reads, edits and deletes), then explicit shares (``read`` or
   ``edit``; a share never grants deletion); every record decision needs the object permission first;
 - an inactive user, and a user the document does not declare, may do nothing;
-- the ``integration_user`` is the user inbound application runs as (it must be declared).
+- the ``integration_user`` is the user inbound application runs as (it must be declared);
+- a user's ``fields`` are the attributes a Flow running as them reads as ``$User.<attribute>`` (text).
 
 This module is pure (no database): :func:`validate_access_document` builds the canonical document,
 :class:`AccessPolicy` reads one generation, :meth:`AccessPolicy.principal` resolves a user, and
@@ -52,7 +53,7 @@ SHARE_LEVELS = (SHARE_READ, SHARE_EDIT, SHARE_NONE)
 _OBJECT_IMPLIES = {CREATE: {READ}, READ: set(), EDIT: {READ}, DELETE: {EDIT, READ}}
 _FIELD_IMPLIES = {READ: set(), EDIT: {READ}}
 _DOCUMENT_KEYS = {"users", "permission_sets", "sharing", "integration_user"}
-_USER_KEYS = {"id", "active", "email", "name", "permission_sets"}
+_USER_KEYS = {"id", "active", "email", "name", "permission_sets", "fields"}
 _SET_KEYS = {"objects", "fields", "view_all", "modify_all"}
 
 
@@ -181,13 +182,18 @@ def validate_access_document(document: Any, *, objects: Mapping[str, Iterable[st
             if not isinstance(value, str):
                 _fail(f"{where}.{key} must be text")
             text[key] = value
+        attributes = user.get("fields", {})
+        if not isinstance(attributes, dict) or not all(isinstance(k, str) and k and isinstance(v, str)
+                                                       for k, v in attributes.items()):
+            _fail(f"{where}.fields must be an object of attribute name to text")
         names = user.get("permission_sets", [])
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             _fail(f"{where}.permission_sets must be a list of permission set names")
         missing = sorted(set(names) - set(sets))
         if missing:
             _fail(f"{where}.permission_sets: no permission set {missing[0]!r}")
-        users.append({"id": user_id, "active": active, **text, "permission_sets": sorted(set(names))})
+        users.append({"id": user_id, "active": active, **text, "permission_sets": sorted(set(names)),
+                      "fields": dict(sorted(attributes.items()))})
     ids = [u["id"] for u in users]
     if len(set(ids)) != len(ids):
         _fail(f"users: user {sorted(i for i in ids if ids.count(i) > 1)[0]!r} is declared twice")

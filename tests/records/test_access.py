@@ -199,6 +199,7 @@ def test_field_read_authority_answers_from_the_policy_when_the_org_has_one():
     ({"users": [{"id": "u", "active": "yes"}]}, "users[0].active must be true or false"),
     ({"users": [{"id": "u", "permission_sets": ["missing"]}]}, "no permission set 'missing'"),
     ({"users": [{"id": "u", "role": "x"}]}, "unknown key users[0].role"),
+    ({"users": [{"id": "u", "fields": {"Title": 3}}]}, "users[0].fields must be an object"),
     ({"permission_sets": {"p": {"objects": {"Nope__c": ["read"]}}}}, "no object 'Nope__c'"),
     ({"permission_sets": {"p": {"objects": {"Contact": ["merge"]}}}}, "unknown permission 'merge'"),
     ({"permission_sets": {"p": {"fields": {"Contact": {"nope": ["read"]}}}}}, "no field 'nope' on Contact"),
@@ -282,3 +283,110 @@ def test_two_orgs_with_the_same_record_and_user_ids_decide_independently():
         record_access_check(org_id=OTHER, user_id="peer", object_name="Contact", record_key=mine.record_key, op=R)
     assert access_principal(org_id=ORG, user_id="peer").context_digest != \
         access_principal(org_id=OTHER, user_id="peer").context_digest
+
+
+# --- the command ---------------------------------------------------------------------------------------------
+
+def _manage(*args) -> str:
+    out = io.StringIO()
+    call_command("records", "access", *args, stdout=out, stderr=io.StringIO())
+    return out.getvalue()
+
+
+def _refused(*args) -> CommandError:
+    with pytest.raises(CommandError) as caught:
+        _manage(*args)
+    return caught.value
+
+
+def test_the_command_publishes_shows_checks_and_shares(tmp_path):
+    path = tmp_path / "access.json"
+    path.write_text(json.dumps(_doc()), encoding="utf-8")
+    assert json.loads(_manage("show", "--org", ORG, "--json"))["generation"] is None
+    assert "unrestricted" in _manage("show", "--org", ORG)
+    published = json.loads(_manage("publish", str(path), "--org", ORG, "--actor", "ops", "--reason", "first"))
+    assert (published["generation"], published["created"]) == (1, True)
+    again = json.loads(_manage("publish", str(path), "--org", ORG, "--actor", "ops", "--reason", "retry"))
+    assert (again["generation"], again["created"]) == (1, False)
+    report = json.loads(_manage("show", "--org", ORG, "--json"))
+    assert report["digest"] == published["digest"] and report["document"]["integration_user"] == "sync"
+    assert [g["reason"] for g in report["generations"]] == ["first"]
+    text = _manage("show", "--org", ORG)
+    assert "user gone INACTIVE" in text and "sharing Contact: private" in text
+
+    record = _contact()
+    check = json.loads(_manage("check", "--org", ORG, "--user", "owner", "--object", "Contact",
+                               "--record", record.record_key, "--op", "delete"))
+    assert (check["allowed"], check["basis"], check["context_digest"]) == (True, "owner", published["digest"])
+    denied = _refused("check", "--org", ORG, "--user", "peer", "--object", "Contact", "--record", record.record_key)
+    assert denied.returncode == 1 and str(denied).startswith("access_denied:")
+    shared = json.loads(_manage("share", "Contact", record.record_key, "--org", ORG, "--user", "peer",
+                                "--access", "read", "--actor", "ops", "--reason", "needs it"))
+    assert (shared["sequence"], shared["created"]) == (1, True)
+    assert json.loads(_manage("check", "--org", ORG, "--user", "peer", "--object", "Contact",
+                              "--record", record.record_key))["basis"] == "share"
+    fields = _refused("check", "--org", ORG, "--user", "owner", "--object", "Contact", "--fields", "email,lastname")
+    assert fields.returncode == 1
+    assert json.loads(_manage("check", "--org", ORG, "--user", "owner", "--object", "Contact", "--op", "edit",
+                              "--fields", "email"))["allowed_fields"] == ["email"]
+    assert json.loads(_manage("check", "--org", ORG, "--user", "owner", "--object", "Contact",
+                              "--op", "create"))["basis"] == "object_granted"
+
+
+def test_the_command_refuses_bad_input_with_exit_2_and_publishes_nothing(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json", encoding="utf-8")
+    invalid = tmp_path / "invalid.json"
+    invalid.write_text(json.dumps({"sharing": {"Contact": "open"}}), encoding="utf-8")
+    cases = [
+        (("publish", str(bad), "--org", ORG, "--actor", "ops", "--reason", "r"), "access_policy_invalid"),
+        (("publish", str(invalid), "--org", ORG, "--actor", "ops", "--reason", "r"), "access_policy_invalid"),
+        (("publish", str(tmp_path / "missing.json"), "--org", ORG, "--actor", "ops", "--reason", "r"), "cannot read"),
+        (("publish", str(invalid), "--org", " bad", "--actor", "ops", "--reason", "r"), "invalid_identity"),
+        (("show", "--org", "bad org\n"), "invalid_identity"),
+        (("check", "--org", ORG, "--user", "owner", "--object", "Contact", "--op", "merge"), "invalid_operation"),
+        (("check", "--org", ORG, "--user", " owner", "--object", "Contact"), "invalid_identity"),
+        (("share", "Contact", "003x", "--org", ORG, "--user", "u ", "--access", "read", "--actor", "ops",
+          "--reason", "r"), "access_policy_invalid"),
+    ]
+    for args, code in cases:
+        error = _refused(*args)
+        assert error.returncode == 2 and str(error).startswith(code), (args, str(error))
+    assert not AccessPolicyGeneration.objects.exists()
+    missing = _refused("check", "--org", ORG, "--user", "owner", "--object", "Contact", "--record", "003missing")
+    assert missing.returncode == 1 and str(missing).startswith("record_not_found")
+
+
+# --- running user and inbound ownership ----------------------------------------------------------------------
+
+def test_the_running_user_prefers_the_policy_user_record_of_the_org():
+    from nexusflow.flows.interpreter import running_user
+    from nexusflow.records.authority import AUTOMATED_PROCESS_USER
+
+    doc = _doc()
+    doc["users"].append({"id": AUTOMATED_PROCESS_USER, "email": "robot@example.org", "name": "Robot",
+                         "fields": {"Email": "robot@example.org", "Name": "Robot"}})
+    before = running_user(ORG)
+    assert before == running_user() and before["Id"] == AUTOMATED_PROCESS_USER
+    _publish(document=doc)
+    assert running_user(ORG) == {**before, "Email": "robot@example.org", "Name": "Robot"}
+    assert running_user(OTHER) == before == running_user()
+
+
+def test_inbound_application_creates_records_owned_by_the_integration_user(client, billing_sandbox):
+    from connectors.inbound.executions import execution_try_run_one
+    from nexusflow.records.models import Record
+    from nexusflow.records.selectors import access_integration_user
+    from tests.conftest import ORG as SERVING_ORG, hubspot_event, make_serving_org, post_signed
+
+    make_serving_org(billing_sandbox.base_url, deploy_flow=False)
+    assert post_signed(client, [hubspot_event(1, 901, 1000, "email", "before@x.io")]).status_code == 202
+    while execution_try_run_one(worker_id="t"):
+        pass
+    _publish(SERVING_ORG)
+    assert access_integration_user(org_id=SERVING_ORG) == "sync" and access_integration_user(org_id=OTHER) is None
+    assert post_signed(client, [hubspot_event(2, 902, 2000, "email", "after@x.io")]).status_code == 202
+    while execution_try_run_one(worker_id="t"):
+        pass
+    owners = {r.fields.get("email"): r.owner_id for r in Record.objects.filter(org_id=SERVING_ORG)}
+    assert owners == {"before@x.io": None, "after@x.io": "sync"}

@@ -7,10 +7,23 @@
   (Runtime owner check, then the record's active push links are suspended
   ``source_deleted``).
 
-Exit codes: 0 done; 75 (EX_TEMPFAIL) retryable conflict (``owner_outbound_pending``,
-``owner_contended``: retry later); 1 refused or not found (``record_not_found``);
-2 bad usage or a malformed org/object/key (``invalid_identity``). The message
-on stderr starts with the stable code.
+- ``access publish FILE --org ORG --actor A --reason R``: publish the JSON access
+  policy in FILE (``-``: standard input) as the org's next generation; prints
+  ``{"org", "generation", "digest", "created"}`` (the latest document again:
+  ``created`` false, nothing written);
+- ``access show --org ORG [--json]``: the org's access policy in force and its
+  generation chain (none: the org is unrestricted);
+- ``access check --org ORG --user U --object O [--record KEY] [--op read]
+  [--fields F1,F2]``: one decision (object, record or field access) as JSON;
+- ``access share --org ORG OBJECT KEY --user U --access read|edit|none --actor A
+  --reason R``: share a record with a user, or revoke the share.
+
+Exit codes: 0 done (``check``: allowed); 75 (EX_TEMPFAIL) retryable conflict (``owner_outbound_pending``,
+``owner_contended``: retry later); 1 refused or not found (``record_not_found``;
+``check``: ``access_denied``); 2 bad usage, a malformed org/object/key/user
+(``invalid_identity``), an unreadable file or an invalid access policy
+(``access_policy_invalid``; nothing is published). The message on stderr starts
+with the stable code. Access policies: docs/operations.md, "Who may do what".
 """
 from __future__ import annotations
 
@@ -68,7 +81,7 @@ class Command(BaseCommand):
     help = "CRM record operator commands: show, delete."
 
     def add_arguments(self, parser):
-        sub = parser.add_subparsers(dest="subcommand", required=True, metavar="{show,delete}")
+        sub = parser.add_subparsers(dest="subcommand", required=True, metavar="{show,delete,access}")
         for name, text in (("show", "Fields, mirrors, remote links and outbound intents of one record."),
                            ("delete", "Delete one record through the installed deletion lifecycle.")):
             op = sub.add_parser(name, help=text)
@@ -77,8 +90,35 @@ class Command(BaseCommand):
             op.add_argument("record_key", metavar="KEY")
             if name == "show":
                 op.add_argument("--json", action="store_true")
+        access = sub.add_parser("access", help="Who may do what: access policy generations, decisions, shares.")
+        verbs = access.add_subparsers(dest="access_command", required=True, metavar="{publish,show,check,share}")
+        publish = verbs.add_parser("publish", help="Publish an access policy document as the org's next generation.")
+        publish.add_argument("file", metavar="FILE", help="The JSON document (- for standard input).")
+        show = verbs.add_parser("show", help="The org's access policy in force and its generations.")
+        show.add_argument("--json", action="store_true")
+        check = verbs.add_parser("check", help="Decide whether a user may do an operation.")
+        check.add_argument("--user", required=True)
+        check.add_argument("--object", required=True, dest="object_name")
+        check.add_argument("--record", dest="record_key", help="A record key: decide record access.")
+        check.add_argument("--op", default="read", help="create | read | edit | delete (default read).")
+        check.add_argument("--fields", help="Comma-separated fields: decide field access (op read or edit).")
+        share = verbs.add_parser("share", help="Share a record with a user (read, edit) or revoke (none).")
+        share.add_argument("object_name", metavar="OBJECT")
+        share.add_argument("record_key", metavar="KEY")
+        share.add_argument("--user", required=True)
+        share.add_argument("--access", required=True, choices=["read", "edit", "none"])
+        for verb in (publish, show, check, share):
+            verb.add_argument("--org", required=True)
+        for verb in (publish, share):
+            verb.add_argument("--actor", required=True, help="Who makes the change.")
+            verb.add_argument("--reason", required=True, help="Why (kept on the row).")
 
     def handle(self, *args, subcommand: str, **options):
+        if subcommand == "access":
+            from ._access import handle_access
+
+            handle_access(self, **options)
+            return
         org_id, object_name, record_key = _identity(options)
         try:
             if subcommand == "show":
