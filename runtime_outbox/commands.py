@@ -71,9 +71,10 @@ def record_upsert_via_link(org: OrgScope, command: dict) -> tuple[str, dict]:
                              remote_id=command["source_locator"])
     try:
         if link is None:
-            # Inbound application runs as the org's declared integration user: it owns what it creates.
+            # Inbound application runs as the account's declared integration user: it owns what it creates.
             record = record_create(org=org, object_name=object_name, values=changes,
-                                   owner_id=access_integration_user(org_id=org.org_id))
+                                   owner_id=access_integration_user(org_id=org.org_id,
+                                                                    account_key=command["account_key"]))
             inbound_link_create(org_id=org.org_id, owner_key=command["owner_key"], route_key=command["route_key"],
                                 destination_slot_id=app["destination_slot_id"], source_object=object_name,
                                 source_record_key=record.record_key, remote_scope=command.get("remote_scope") or command["account_key"],

@@ -8,7 +8,7 @@ An org's access policy is an immutable generation (``records.AccessPolicyGenerat
                                    "fields": {<object>: {<field>: ["read", "edit"]}},
                                    "view_all": [<object>], "modify_all": [<object>]}},
      "sharing": {<object>: "private" | "public_read" | "public_read_write"},
-     "integration_user": "u1"}
+     "integration_user": "u1", "integration_users": {<account key>: "u2"}}
 
 - object permissions: what a user may do with an object's records at all (``edit`` implies ``read``,
   ``delete`` implies ``edit``, ``create`` implies ``read``); ``view_all`` reads every record of the object,
@@ -20,7 +20,8 @@ An org's access policy is an immutable generation (``records.AccessPolicyGenerat
   ``private``), then ownership (the owner reads, edits and deletes), then explicit shares (``read`` or
   ``edit``; a share never grants deletion); every record decision needs the object permission first;
 - an inactive user, and a user the document does not declare, may do nothing;
-- the ``integration_user`` is the user inbound application runs as (it must be declared);
+- inbound application of a connector account runs as the account's user in ``integration_users``, else as
+  the org's ``integration_user`` (each must be a declared user);
 - a user's ``fields`` are the attributes a Flow running as them reads as ``$User.<attribute>`` (text).
 
 This module is pure (no database): :func:`validate_access_document` builds the canonical document,
@@ -52,7 +53,7 @@ SHARE_LEVELS = (SHARE_READ, SHARE_EDIT, SHARE_NONE)
 #: What an object permission implies (the canonical document stores the closure).
 _OBJECT_IMPLIES = {CREATE: {READ}, READ: set(), EDIT: {READ}, DELETE: {EDIT, READ}}
 _FIELD_IMPLIES = {READ: set(), EDIT: {READ}}
-_DOCUMENT_KEYS = {"users", "permission_sets", "sharing", "integration_user"}
+_DOCUMENT_KEYS = {"users", "permission_sets", "sharing", "integration_user", "integration_users"}
 _USER_KEYS = {"id", "active", "email", "name", "permission_sets", "fields"}
 _SET_KEYS = {"objects", "fields", "view_all", "modify_all"}
 
@@ -212,7 +213,17 @@ def validate_access_document(document: Any, *, objects: Mapping[str, Iterable[st
     integration_user = document.get("integration_user")
     if integration_user is not None and integration_user not in ids:
         _fail(f"integration_user: {integration_user!r} is not a declared user")
-    return {"users": users, "permission_sets": sets, "sharing": sharing, "integration_user": integration_user}
+    raw_accounts = document.get("integration_users", {})
+    if not isinstance(raw_accounts, dict):
+        _fail("integration_users must be an object of connector account key to user id")
+    accounts = {}
+    for account_key, user_id in sorted(raw_accounts.items()):
+        account_key = _key(account_key, "integration_users account key")
+        if user_id not in ids:
+            _fail(f"integration_users.{account_key}: {user_id!r} is not a declared user")
+        accounts[account_key] = user_id
+    return {"users": users, "permission_sets": sets, "sharing": sharing, "integration_user": integration_user,
+            "integration_users": accounts}
 
 
 def access_document_digest(org_id: str, canonical: dict) -> str:
@@ -259,9 +270,10 @@ class AccessPolicy:
     digest: str
     document: Mapping[str, Any]
 
-    @property
-    def integration_user(self) -> str | None:
-        return self.document.get("integration_user")
+    def integration_user(self, account_key: str | None = None) -> str | None:
+        """The user inbound application of ``account_key`` runs as: the account's, else the org's, else ``None``."""
+        accounts = self.document.get("integration_users") or {}
+        return accounts.get(account_key) if account_key in accounts else self.document.get("integration_user")
 
     def user(self, user_id: str) -> dict | None:
         return next((u for u in self.document["users"] if u["id"] == user_id), None)

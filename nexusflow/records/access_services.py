@@ -19,6 +19,9 @@ from .metadata import current_view
 from .models import AccessPolicyGeneration, RecordShare
 from .selectors import record_get
 
+#: How often a publish reads the chain again after a concurrent publish took its number.
+_PUBLISH_TRIES = 8
+
 
 def _org(org_id: str) -> str:
     try:
@@ -58,7 +61,7 @@ def access_policy_publish(*, org_id: str, document: Any, authored_by: str,
     canonical = validate_access_document(document, objects={name: tuple(d.fields)
                                                              for name, d in view.objects.items()})
     digest = access_document_digest(org_id, canonical)
-    for _ in range(3):
+    for _ in range(_PUBLISH_TRIES):
         latest = AccessPolicyGeneration.objects.filter(org_id=org_id).order_by("-generation").first()
         if latest is not None and latest.digest == digest:
             return latest, False
@@ -75,11 +78,12 @@ def access_policy_publish(*, org_id: str, document: Any, authored_by: str,
 
 
 def record_share_set(*, org_id: str, object_name: str, record_key: str, user_id: str, access: str,
-                     authored_by: str, reason: str) -> tuple[RecordShare, bool]:
+                     authored_by: str, reason: str) -> tuple[RecordShare | None, bool]:
     """Share a live record with a user (``access`` ``read`` / ``edit``) or revoke the share (``none``).
 
-    Appends the next entry of the ``(record, user)`` share log; the same access as the entry in force
-    returns that entry (``created`` False). Revoking a record never shared writes nothing either.
+    Appends the next entry of the ``(record, user)`` share log and returns ``(entry, created)``; the same
+    access as the entry in force returns that entry (``created`` False). Revoking a share that never
+    existed writes nothing and returns ``(None, False)``.
 
     Raises:
         AccessPolicyInvalid: a malformed org/object/record/user key, an unknown access level, an empty
@@ -105,7 +109,7 @@ def record_share_set(*, org_id: str, object_name: str, record_key: str, user_id:
     if record_get(org=OrgScope(org_id), object_name=object_name, record_key=record_key) is None:
         raise RecordNotFound(f"no live record {object_name}/{record_key}")
     key = {"org_id": org_id, "object_name": object_name, "record_key": record_key, "user_id": user_id}
-    for _ in range(3):
+    for _ in range(_PUBLISH_TRIES):
         latest = RecordShare.objects.filter(**key).order_by("-sequence").first()
         if (latest is not None and latest.access == access) or (latest is None and access == "none"):
             return latest, False

@@ -8,9 +8,9 @@ from .models import (AccessPolicyGeneration, IdentityTransfer, Record, RecordFie
 
 @admin.register(Record)
 class RecordAdmin(ReadOnlyAdmin):
-    list_display = ("record_key", "object_name", "org_id", "version", "updated_at")
+    list_display = ("record_key", "object_name", "org_id", "owner_id", "version", "updated_at")
     list_filter = ("object_name",)
-    search_fields = ("record_key",)
+    search_fields = ("record_key", "owner_id")
 
 
 @admin.register(RecordFieldHistory)

@@ -117,11 +117,12 @@ class AccessPolicyGeneration(GuardedModel):
     """One immutable generation of an org's access policy: users, permission sets and sharing (seed 004 17).
 
     ``document`` is the canonical validated document (:func:`nexusflow.records.access.validate_access_document`):
-    ``users`` (id, active, email, name, permission sets), ``permission_sets`` (object permissions, field-level
-    security, view all / modify all), ``sharing`` (the org-wide default of each object) and the
-    ``integration_user`` inbound application runs as. ``digest`` is its digest: the authorization-context
-    digest decisions made under it carry. Authored by ``manage.py records access publish``; the org's latest
-    generation is in force; no generation means no restriction.
+    ``users`` (id, active, email, name, permission sets, ``$User`` fields), ``permission_sets`` (object
+    permissions, field-level security, view all / modify all), ``sharing`` (the org-wide default of each
+    object) and the integration users inbound application runs as (the org's, and per connector account).
+    ``digest`` is its digest: the authorization-context digest decisions made under it carry. Authored by
+    ``manage.py records access publish``; the org's latest generation is in force; no generation means no
+    restriction.
     """
 
     org_id = IdentityField(max_length=64)

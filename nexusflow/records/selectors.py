@@ -107,7 +107,11 @@ def record_access_check(*, org_id: str, user_id: str, object_name: str, record_k
     return record_access(principal, record, op, share=share)
 
 
-def access_integration_user(*, org_id: str) -> str | None:
-    """The user inbound application runs as in ``org_id`` (its access policy's ``integration_user``), or ``None``."""
+def access_integration_user(*, org_id: str, account_key: str | None = None) -> str | None:
+    """The user inbound application of connector account ``account_key`` runs as in ``org_id``.
+
+    The access policy's ``integration_users[account_key]``, else its ``integration_user``; ``None`` without a
+    policy or a declared integration user.
+    """
     policy = access_policy(org_id=org_id)
-    return None if policy is None else policy.integration_user
+    return None if policy is None else policy.integration_user(account_key)

@@ -208,6 +208,8 @@ def test_field_read_authority_answers_from_the_policy_when_the_org_has_one():
     ({"permission_sets": {"p": {"grants": {}}}}, "unknown key permission_sets.p.grants"),
     ({"sharing": {"Contact": "public"}}, "sharing.Contact: 'public' is not one of"),
     ({"users": [{"id": "u"}], "integration_user": "v"}, "integration_user: 'v' is not a declared user"),
+    ({"users": [{"id": "u"}], "integration_users": {"acct": "v"}}, "integration_users.acct: 'v' is not a declared"),
+    ({"users": [{"id": "u"}], "integration_users": ["u"]}, "integration_users must be an object"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_an_invalid_document_is_refused_naming_the_key_and_publishes_nothing(document, detail):
     with pytest.raises(a.AccessPolicyInvalid) as caught:
@@ -236,6 +238,20 @@ def test_generations_chain_immutably_and_the_same_document_publishes_nothing():
     assert AccessPolicyGeneration.objects.get(pk=first.pk).reason == "test"
     with pytest.raises(a.AccessPolicyInvalid):
         access_policy_publish(org_id=ORG, document=_doc(), authored_by=" ", reason="r")
+
+
+def test_concurrent_publishes_get_distinct_generations_and_one_document_is_published_once():
+    from tests.concurrency import run_at_once
+
+    documents = [_doc("private"), _doc("public_read"), _doc("public_read_write"), _doc("public_read")]
+    results, errors = run_at_once(*[(lambda d=d: _publish(document=d)) for d in documents])
+    assert not errors
+    generations = list(AccessPolicyGeneration.objects.filter(org_id=ORG).order_by("generation")
+                       .values_list("generation", "digest"))
+    assert [g for g, _ in generations] == list(range(1, len(generations) + 1))
+    assert len(generations) in (3, 4)  # the repeated document is new again only after another one came between
+    assert sum(created for _, created in results) == len(generations)
+    assert {row.digest for row, _ in results} == {d for _, d in generations}
 
 
 def test_shares_are_an_append_only_log_and_revocation_is_an_entry():
@@ -388,5 +404,17 @@ def test_inbound_application_creates_records_owned_by_the_integration_user(clien
     assert post_signed(client, [hubspot_event(2, 902, 2000, "email", "after@x.io")]).status_code == 202
     while execution_try_run_one(worker_id="t"):
         pass
+    # The account's own integration user wins over the org's.
+    per_account = _doc()
+    per_account["integration_users"] = {"crm-webhooks": "peer", "another-account": "owner"}
+    _publish(SERVING_ORG, per_account)
+    assert post_signed(client, [hubspot_event(3, 903, 3000, "email", "account@x.io")]).status_code == 202
+    while execution_try_run_one(worker_id="t"):
+        pass
     owners = {r.fields.get("email"): r.owner_id for r in Record.objects.filter(org_id=SERVING_ORG)}
-    assert owners == {"before@x.io": None, "after@x.io": "sync"}
+    assert owners == {"before@x.io": None, "after@x.io": "sync", "account@x.io": "peer"}
+    shown = io.StringIO()
+    record = Record.objects.get(org_id=SERVING_ORG, owner_id="peer")
+    call_command("records", "show", "--org", SERVING_ORG, record.object_name, record.record_key, "--json",
+                 stdout=shown)
+    assert json.loads(shown.getvalue())["owner"] == "peer"

@@ -82,6 +82,8 @@ def _show(command, org_id: str, *, as_json: bool) -> None:
     doc = report["document"]
     out(f"org {org_id}: access policy generation {report['generation']} digest {report['digest']}")
     out(f"  integration user: {doc['integration_user'] or '-'}")
+    for account_key, user_id in sorted((doc.get("integration_users") or {}).items()):
+        out(f"  integration user of account {account_key}: {user_id}")
     for user in doc["users"]:
         out(f"  user {user['id']} {'active' if user['active'] else 'INACTIVE'} {user['email']} "
             f"sets {', '.join(user['permission_sets']) or '-'}")

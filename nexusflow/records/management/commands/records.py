@@ -1,6 +1,6 @@
 """``manage.py records <subcommand>``: operator view and deletion of CRM records (seed 000).
 
-- ``show --org ORG OBJECT KEY [--json]``: the record's fields and mirrors, its
+- ``show --org ORG OBJECT KEY [--json]``: the record's owner, fields and mirrors, its
   remote links, and its outbound intents with their Runtime states
   (``pending`` / ``accepted`` / ``terminal`` / ``unknown``);
 - ``delete --org ORG OBJECT KEY``: delete through the installed lifecycle
@@ -62,7 +62,8 @@ def record_report(*, org_id: str, object_name: str, record_key: str) -> dict:
         raise RecordNotFound(f"no {object_name} record {record_key!r}")
     return {
         "record": f"{object_name}/{record_key}", "org": org_id, "version": int(record.version),
-        "deleted": bool(record.is_deleted), "fields": record.fields, "mirrors": record.mirrors,
+        "deleted": bool(record.is_deleted), "owner": record.owner_id, "fields": record.fields,
+        "mirrors": record.mirrors,
         "remote_links": remote_links().describe(org_id=org_id, object_name=object_name, record_key=record_key),
         "intents": [{"command": intent.command_id, "contract_key": intent.contract_key,
                      "link_key": intent.link_key, "state": intent.state}
@@ -139,7 +140,7 @@ class Command(BaseCommand):
             return
         out = self.stdout.write
         out(f"{report['record']} org {report['org']} version {report['version']}"
-            f"{' DELETED' if report['deleted'] else ''}")
+            f"{' DELETED' if report['deleted'] else ''} owner {report['owner'] or '-'}")
         for name, value in sorted(report["fields"].items()):
             out(f"  field {name} = {value!r}")
         for name, value in sorted(report["mirrors"].items()):
