@@ -429,3 +429,45 @@ def record_access(principal: Principal, record: Any, op: str, *, share: str | No
     if (op == READ and share in (SHARE_READ, SHARE_EDIT)) or (op == EDIT and share == SHARE_EDIT):
         return _decision(principal, object_name, op, True, "share")
     return _decision(principal, object_name, op, False, "no_record_access")
+
+
+def access_document_from_view(view: Any, *, system_users: Iterable[str] = ()) -> dict:
+    """A starting access policy equal to what an org without one may do (for ``records access draft``).
+
+    Every object: every object permission and ``modify_all`` (deletion without owners), sharing
+    ``public_read_write``; every field without ``read_access``: read and edit for everyone (permission set
+    ``all``); a field with ``read_access``: read and edit only for the users it lists (permission set
+    ``fields-<user>``). Users: the view's declared users (their active flag and ``$User`` fields), every
+    user a ``read_access`` list names, and ``system_users``.
+
+    Args:
+        view: a :class:`nexusflow.records.metadata.MetadataView`.
+        system_users: user ids the runtime acts as (the system context user) to declare as well.
+
+    Returns:
+        A document :func:`validate_access_document` accepts (not yet canonical).
+    """
+    open_fields: dict[str, dict[str, list[str]]] = {}
+    listed: dict[str, dict[str, dict[str, list[str]]]] = {}
+    for name, definition in sorted(view.objects.items()):
+        for field_name, field in sorted(definition.fields.items()):
+            if field.read_access is None:
+                open_fields.setdefault(name, {})[field_name] = [READ, EDIT]
+            else:
+                for user_id in field.read_access:
+                    listed.setdefault(user_id, {}).setdefault(name, {})[field_name] = [READ, EDIT]
+    sets = {"all": {"objects": {name: list(OBJECT_OPS) for name in sorted(view.objects)}, "fields": open_fields,
+                    "view_all": [], "modify_all": sorted(view.objects)}}
+    for user_id, fields in sorted(listed.items()):
+        sets[f"fields-{user_id}"] = {"objects": {}, "fields": fields, "view_all": [], "modify_all": []}
+    user_ids = sorted(set(view.users) | set(listed) | set(system_users))
+    users = []
+    for user_id in user_ids:
+        declared = view.users.get(user_id)
+        users.append({"id": user_id, "active": declared.active if declared is not None else True,
+                      "email": "", "name": "",
+                      "permission_sets": ["all"] + ([f"fields-{user_id}"] if user_id in listed else []),
+                      "fields": dict(declared.fields) if declared is not None else {}})
+    return {"users": users, "permission_sets": sets,
+            "sharing": {name: PUBLIC_READ_WRITE for name in sorted(view.objects)},
+            "integration_user": None, "integration_users": {}}

@@ -418,3 +418,57 @@ def test_inbound_application_creates_records_owned_by_the_integration_user(clien
     call_command("records", "show", "--org", SERVING_ORG, record.object_name, record.record_key, "--json",
                  stdout=shown)
     assert json.loads(shown.getvalue())["owner"] == "peer"
+
+
+# --- from the metadata view's read_access lists to a policy ---------------------------------------------------
+
+@pytest.fixture
+def restricted_view(settings, tmp_path):
+    """The project's metadata with ``Contact.lastname`` readable by ``integration_admin`` only, and a declared user."""
+    import shutil
+    from pathlib import Path
+
+    from nexusflow.records.metadata import current_view
+
+    objects = tmp_path / "metadata" / "objects"
+    objects.mkdir(parents=True)
+    for path in (Path(settings.BASE_DIR) / "metadata" / "objects").glob("*.object.json"):
+        shutil.copy(path, objects / path.name)
+    contact = json.loads((objects / "Contact.object.json").read_text())
+    for field in contact["fields"]:
+        if field["name"] == "lastname":
+            field["read_access"] = ["integration_admin"]
+    (objects / "Contact.object.json").write_text(json.dumps(contact), encoding="utf-8")
+    (tmp_path / "metadata" / "users").mkdir()
+    (tmp_path / "metadata" / "users" / "ops.user.json").write_text(
+        json.dumps({"id": "ops", "active": False, "fields": {"Title": "Ops"}}), encoding="utf-8")
+    settings.NEXUS_METADATA_DIR = tmp_path / "metadata"
+    current_view.cache_clear()
+    yield
+    current_view.cache_clear()
+
+
+def test_the_draft_carries_the_read_access_lists_and_decides_as_before(restricted_view, tmp_path):
+    from nexusflow.records.authority import AUTOMATED_PROCESS_USER
+
+    users, fields = ["integration_admin", "ops", AUTOMATED_PROCESS_USER], ["email", "firstname", "lastname"]
+    before = {u: field_read_authority(user_id=u, object_name="Contact", fields=fields, org_id=ORG) for u in users}
+    assert before["integration_admin"].allowed_fields == tuple(sorted(fields))
+    assert before[AUTOMATED_PROCESS_USER].denied == ("lastname",)
+    path = tmp_path / "draft.json"
+    path.write_text(_manage("draft", "--org", ORG), encoding="utf-8")
+    draft = json.loads(path.read_text())
+    assert {u["id"] for u in draft["users"]} == set(users)
+    assert draft["permission_sets"]["fields-integration_admin"]["fields"] == {"Contact": {"lastname": ["read", "edit"]}}
+    generation = json.loads(_manage("publish", str(path), "--org", ORG, "--actor", "ops", "--reason", "adopt"))
+    for user in ("integration_admin", AUTOMATED_PROCESS_USER):
+        after = field_read_authority(user_id=user, object_name="Contact", fields=fields, org_id=ORG)
+        assert (after.allowed_fields, after.denied) == (before[user].allowed_fields, before[user].denied)
+        assert after.context_digest == generation["digest"]
+    # The view's inactive user stays inactive under the policy; everyone else keeps every record operation.
+    assert field_read_authority(user_id="ops", object_name="Contact", fields=["email"], org_id=ORG).denied == ("email",)
+    record = _contact(owner=None)
+    for op in (R, E, D):
+        assert record_access_check(org_id=ORG, user_id=AUTOMATED_PROCESS_USER, object_name="Contact",
+                                   record_key=record.record_key, op=op).allowed
+    assert json.loads(_manage("draft", "--org", ORG)) == AccessPolicyGeneration.objects.get(org_id=ORG).document

@@ -30,6 +30,8 @@ def handle_access(command, *, access_command: str, **options) -> None:
         _show(command, org_id, as_json=options["json"])
     elif access_command == "check":
         _check(command, org_id, **options)
+    elif access_command == "draft":
+        _draft(command, org_id)
     else:
         _share(command, org_id, **options)
 
@@ -146,3 +148,15 @@ def _share(command, org_id: str, *, object_name: str, record_key: str, user: str
     command.stdout.write(json.dumps({"org": org_id, "record": f"{object_name}/{record_key}", "user": user,
                                      "access": access, "sequence": row.sequence if row else None,
                                      "created": created}))
+
+
+def _draft(command, org_id: str) -> None:
+    from nexusflow.records.access import access_document_from_view
+    from nexusflow.records.authority import AUTOMATED_PROCESS_USER
+    from nexusflow.records.metadata import current_view
+    from nexusflow.records.selectors import access_policy
+
+    policy = access_policy(org_id=org_id)
+    document = (dict(policy.document) if policy is not None
+                else access_document_from_view(current_view(), system_users=[AUTOMATED_PROCESS_USER]))
+    command.stdout.write(json.dumps(document, indent=2, sort_keys=True))

@@ -17,6 +17,9 @@
   [--fields F1,F2]``: one decision (object, record or field access) as JSON;
 - ``access share --org ORG OBJECT KEY --user U --access read|edit|none --actor A
   --reason R``: share a record with a user, or revoke the share.
+- ``access draft --org ORG``: print, as JSON, the org's policy in force, or
+  without one a policy equal to what the org may do today (the metadata view's
+  users and ``read_access`` lists), to edit and publish.
 
 Exit codes: 0 done (``check``: allowed); 75 (EX_TEMPFAIL) retryable conflict (``owner_outbound_pending``,
 ``owner_contended``: retry later); 1 refused or not found (``record_not_found``;
@@ -92,7 +95,8 @@ class Command(BaseCommand):
             if name == "show":
                 op.add_argument("--json", action="store_true")
         access = sub.add_parser("access", help="Who may do what: access policy generations, decisions, shares.")
-        verbs = access.add_subparsers(dest="access_command", required=True, metavar="{publish,show,check,share}")
+        verbs = access.add_subparsers(dest="access_command", required=True,
+                                      metavar="{publish,show,check,share,draft}")
         publish = verbs.add_parser("publish", help="Publish an access policy document as the org's next generation.")
         publish.add_argument("file", metavar="FILE", help="The JSON document (- for standard input).")
         show = verbs.add_parser("show", help="The org's access policy in force and its generations.")
@@ -108,7 +112,9 @@ class Command(BaseCommand):
         share.add_argument("record_key", metavar="KEY")
         share.add_argument("--user", required=True)
         share.add_argument("--access", required=True, choices=["read", "edit", "none"])
-        for verb in (publish, show, check, share):
+        draft = verbs.add_parser("draft", help="Print a policy equal to what the org may do today (to edit, then "
+                                                "publish).")
+        for verb in (publish, show, check, share, draft):
             verb.add_argument("--org", required=True)
         for verb in (publish, share):
             verb.add_argument("--actor", required=True, help="Who makes the change.")
