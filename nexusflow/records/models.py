@@ -16,7 +16,7 @@ class Record(GuardedModel):
     org_id = IdentityField(max_length=64)
     object_name = IdentityField(max_length=80)
     record_key = IdentityField(max_length=64, help_text="Stable record id, e.g. 003000000000001.")
-    owner_id = IdentityField(max_length=64, null=True, blank=True, default=None,
+    owner_id = IdentityField(max_length=64, null=True, default=None,
                              help_text="The user who owns the record (record access); empty: no owner.")
     fields = models.JSONField(default=dict)
     mirrors = models.JSONField(default=dict, help_text="Compatibility mirror fields; never PATCH authority.")

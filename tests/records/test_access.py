@@ -472,3 +472,18 @@ def test_the_draft_carries_the_read_access_lists_and_decides_as_before(restricte
         assert record_access_check(org_id=ORG, user_id=AUTOMATED_PROCESS_USER, object_name="Contact",
                                    record_key=record.record_key, op=op).allowed
     assert json.loads(_manage("draft", "--org", ORG)) == AccessPolicyGeneration.objects.get(org_id=ORG).document
+
+
+def test_decisions_read_nothing_from_the_database(django_assert_num_queries):
+    from types import SimpleNamespace
+
+    generation, _ = _publish()
+    policy = a.AccessPolicy(org_id=ORG, generation=generation.generation, digest=generation.digest,
+                            document=generation.document)
+    with django_assert_num_queries(0):
+        owner = policy.principal("owner")
+        record = SimpleNamespace(object_name="Contact", owner_id="someone-else")
+        assert a.record_access(owner, record, R, share="edit").basis == "share"
+        assert a.record_access(owner, record, D, share="edit").basis == "no_record_access"
+        assert a.field_access(owner, "Contact", ["email"], E).allowed == ("email",)
+        assert a.object_access(policy.principal("gone"), "Contact", R).basis == "inactive_user"
