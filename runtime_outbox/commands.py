@@ -12,6 +12,7 @@ from typing import Callable
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.metadata import InvalidFieldValue, UnknownField, UnknownObject
+from nexusflow.records.selectors import access_integration_user
 from nexusflow.records.services import record_create, record_delete, record_lock_owner, record_update
 
 from .ports import inbound_link_create, inbound_link_find
@@ -70,7 +71,10 @@ def record_upsert_via_link(org: OrgScope, command: dict) -> tuple[str, dict]:
                              remote_id=command["source_locator"])
     try:
         if link is None:
-            record = record_create(org=org, object_name=object_name, values=changes)
+            # Inbound application runs as the account's declared integration user: it owns what it creates.
+            record = record_create(org=org, object_name=object_name, values=changes,
+                                   owner_id=access_integration_user(org_id=org.org_id,
+                                                                    account_key=command["account_key"]))
             inbound_link_create(org_id=org.org_id, owner_key=command["owner_key"], route_key=command["route_key"],
                                 destination_slot_id=app["destination_slot_id"], source_object=object_name,
                                 source_record_key=record.record_key, remote_scope=command.get("remote_scope") or command["account_key"],

@@ -76,6 +76,7 @@ ADMIN_MODELS = (
     "auth.group", "auth.user",
     "django_q.schedule", "django_q.success", "django_q.failure", "django_q.ormq",
     "records.record", "records.identitytransfer", "records.recordfieldhistory", "records.recordhistorysequence",
+    "records.accesspolicygeneration", "records.recordshare",
     "flows.flowactioncataloggeneration", "flows.flowruntimemetadataview", "flows.flowexecutionplan",
     "flows.flowactivation", "flows.flowrun", "flows.flowstepexecution", "flows.flowstepattempt",
     "flows.flowcheckpoint", "flows.flowdependency", "flows.flowwakesignal", "flows.floweffectlink",

@@ -178,7 +178,7 @@ def freeze_push_binding(*, org_id: str, contract_key: str, record, intent_key: s
     user_id = origin.pop("user_id", None) or AUTOMATED_PROCESS_USER
     try:
         decision = require_read_authority(
-            user_id=user_id, object_name=record.object_name,
+            user_id=user_id, object_name=record.object_name, org_id=org_id,
             fields=sorted(set(mapping_source_fields(contract)) | set(association_source_fields(contract))))
     except AuthorityDenied as exc:
         raise PushContractError(str(exc), code="authority_denied") from None
@@ -233,7 +233,9 @@ def freeze_push_binding(*, org_id: str, contract_key: str, record, intent_key: s
                     "credential_ref": action_config["credential_ref"]},
         "authority": {"originating_user": user_id, "source_object": record.object_name,
                       "source_record_id": record.record_key, "allowed_fields": list(decision.allowed_fields),
-                      "decided_at": db_now().isoformat(), "mapping_fingerprint": action_config["mapping_fingerprint"]},
+                      "decided_at": db_now().isoformat(), "mapping_fingerprint": action_config["mapping_fingerprint"],
+                      # The access policy generation the decision was made under (none: the metadata view's).
+                      **({"context_digest": decision.context_digest} if decision.context_digest else {})},
         "writeback": {"source_object": record.object_name, "source_record_id": record.record_key,
                       "mirror_field": contract.get("mirror_field", ""),
                       "expected": (record.mirrors or {}).get(contract.get("mirror_field", "")) or ""},

@@ -351,7 +351,7 @@ def _plan_update(effect: RemoteEffect, binding: dict, contract: dict, link: Remo
     authority = binding.get("authority") or {}
     decision = field_read_authority(user_id=authority.get("originating_user") or AUTOMATED_PROCESS_USER,
                                     object_name=effect.command.source_object,
-                                    fields=mapping_source_fields(contract))
+                                    fields=mapping_source_fields(contract), org_id=effect.org_id)
     if decision.denied:
         quarantine(effect, reasons.AUTHORITY_DENIED)
         return None

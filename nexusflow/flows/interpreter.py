@@ -86,14 +86,29 @@ class Outcome:
         return {"path": self.path, "writes": [w.as_json() for w in self.writes], "next": self.next_step}
 
 
-def running_user() -> dict[str, Any]:
-    """``$User``: the user Flows run as (the system context user), ``{"Id": user id, <field>: text}`` from the
-    metadata view's declared users; a field the view does not declare reads ``None``."""
+def running_user(org_id: str | None = None) -> dict[str, Any]:
+    """``$User``: the user Flows run as (the system context user), ``{"Id": user id, <field>: text}``.
+
+    Args:
+        org_id: the run's org. When given and the org's access policy declares the user, the ``fields`` of
+            the policy's user record (seed 004 section 17.1) win over the metadata view's.
+
+    The metadata view's declared users are the base (and the whole answer without an org or a policy); a
+    field neither declares reads ``None``.
+    """
     from nexusflow.records.authority import AUTOMATED_PROCESS_USER
     from nexusflow.records.metadata import current_view
 
     user = current_view().users.get(AUTOMATED_PROCESS_USER)
-    return {**(user.fields if user is not None else {}), "Id": AUTOMATED_PROCESS_USER}
+    fields = dict(user.fields) if user is not None else {}
+    if org_id is not None:
+        from nexusflow.records.selectors import access_policy
+
+        policy = access_policy(org_id=org_id)
+        declared = policy.user(AUTOMATED_PROCESS_USER) if policy is not None else None
+        if declared is not None:
+            fields.update(declared.get("fields") or {})
+    return {**fields, "Id": AUTOMATED_PROCESS_USER}
 
 
 def to_field_text(value: Any) -> str | None:

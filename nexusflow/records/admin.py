@@ -2,14 +2,15 @@ from django.contrib import admin
 
 from nexusflow.kernel.admin import ReadOnlyAdmin
 
-from .models import IdentityTransfer, Record, RecordFieldHistory, RecordHistorySequence
+from .models import (AccessPolicyGeneration, IdentityTransfer, Record, RecordFieldHistory, RecordHistorySequence,
+                     RecordShare)
 
 
 @admin.register(Record)
 class RecordAdmin(ReadOnlyAdmin):
-    list_display = ("record_key", "object_name", "org_id", "version", "updated_at")
+    list_display = ("record_key", "object_name", "org_id", "owner_id", "version", "updated_at")
     list_filter = ("object_name",)
-    search_fields = ("record_key",)
+    search_fields = ("record_key", "owner_id")
 
 
 @admin.register(RecordFieldHistory)
@@ -34,3 +35,21 @@ class IdentityTransferAdmin(ReadOnlyAdmin):
                     "target_record_key", "org_id", "created_at")
     list_filter = ("kind",)
     search_fields = ("transfer_id", "source_record_key", "target_record_key")
+
+
+@admin.register(AccessPolicyGeneration)
+class AccessPolicyGenerationAdmin(ReadOnlyAdmin):
+    """Who may do what: each org's immutable access policy generations (users, permission sets, sharing)."""
+
+    list_display = ("org_id", "generation", "digest", "authored_by", "reason", "created_at")
+    search_fields = ("digest",)
+
+
+@admin.register(RecordShare)
+class RecordShareAdmin(ReadOnlyAdmin):
+    """Explicit record shares: one immutable entry per grant or revocation; the latest entry is in force."""
+
+    list_display = ("object_name", "record_key", "user_id", "sequence", "access", "authored_by", "reason",
+                    "org_id", "created_at")
+    list_filter = ("object_name", "access")
+    search_fields = ("record_key", "user_id")

@@ -58,13 +58,15 @@ def _check_fields(fields: object) -> dict:
     return fields
 
 
-def record_edit_create(*, org: OrgScope, object_name: str, fields: dict[str, str | None]) -> EditResult:
+def record_edit_create(*, org: OrgScope, object_name: str, fields: dict[str, str | None],
+                       owner_id: str | None = None) -> EditResult:
     """Create one record of ``object_name`` with ``fields``; its after-save Flows run in the same transaction.
 
     Args:
         org: trusted org (from authentication).
         object_name: an object of the metadata view.
         fields: ``{field name: text or None}`` (at least one).
+        owner_id: the calling user, who owns the new record (``None``: no owner).
 
     Returns:
         :class:`EditResult` (``created`` ``True``).
@@ -80,7 +82,7 @@ def record_edit_create(*, org: OrgScope, object_name: str, fields: dict[str, str
     fields = _check_fields(fields)
     try:
         with transaction.atomic(durable=True):
-            record = record_create(org=org, object_name=object_name, values=fields)
+            record = record_create(org=org, object_name=object_name, values=fields, owner_id=owner_id)
     except OperationalError as exc:
         raise _contended(exc, f"a new {object_name}") or exc
     return EditResult(object_name, record.record_key, record.version, dict(record.fields), tuple(sorted(record.fields)),

@@ -16,6 +16,8 @@ class Record(GuardedModel):
     org_id = IdentityField(max_length=64)
     object_name = IdentityField(max_length=80)
     record_key = IdentityField(max_length=64, help_text="Stable record id, e.g. 003000000000001.")
+    owner_id = IdentityField(max_length=64, null=True, default=None,
+                             help_text="The user who owns the record (record access); empty: no owner.")
     fields = models.JSONField(default=dict)
     mirrors = models.JSONField(default=dict, help_text="Compatibility mirror fields; never PATCH authority.")
     version = models.PositiveBigIntegerField(default=1)
@@ -109,3 +111,60 @@ class IdentityTransfer(GuardedModel):
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.transfer_id}"
+
+
+class AccessPolicyGeneration(GuardedModel):
+    """One immutable generation of an org's access policy: users, permission sets and sharing (seed 004 17).
+
+    ``document`` is the canonical validated document (:func:`nexusflow.records.access.validate_access_document`):
+    ``users`` (id, active, email, name, permission sets, ``$User`` fields), ``permission_sets`` (object
+    permissions, field-level security, view all / modify all), ``sharing`` (the org-wide default of each
+    object) and the integration users inbound application runs as (the org's, and per connector account).
+    ``digest`` is its digest: the authorization-context digest decisions made under it carry. Authored by
+    ``manage.py records access publish``; the org's latest generation is in force; no generation means no
+    restriction.
+    """
+
+    org_id = IdentityField(max_length=64)
+    generation = models.PositiveIntegerField()
+    document = models.JSONField()
+    digest = IdentityField(max_length=64)
+    authored_by = models.CharField(max_length=120)
+    reason = models.CharField(max_length=240)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["org_id", "generation"], name="access_policy_generation_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.org_id} access generation {self.generation}"
+
+
+class RecordShare(GuardedModel):
+    """One immutable entry of a record's explicit share to a user (record access, seed 004 section 17).
+
+    Shares are an append-only log per ``(org, object, record, user)``: ``sequence`` counts its entries,
+    ``access`` is ``read`` or ``edit`` (a grant) or ``none`` (a revocation); the entry with the highest
+    sequence is the share in force. A share never grants deletion.
+    """
+
+    org_id = IdentityField(max_length=64)
+    object_name = IdentityField(max_length=80)
+    record_key = IdentityField(max_length=64)
+    user_id = IdentityField(max_length=64)
+    sequence = models.PositiveIntegerField()
+    access = models.CharField(max_length=8, help_text="read | edit | none (revoked)")
+    authored_by = models.CharField(max_length=120)
+    reason = models.CharField(max_length=240)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["org_id", "object_name", "record_key", "user_id", "sequence"],
+                                    name="record_share_sequence_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.object_name}:{self.record_key} -> {self.user_id} {self.access} #{self.sequence}"

@@ -141,8 +141,13 @@ def new_record_key(prefix: str) -> str:
     return (prefix + uuid.uuid4().hex)[:18]
 
 
-def record_create(*, org: OrgScope, object_name: str, values: dict[str, str | None]) -> Record:
+def record_create(*, org: OrgScope, object_name: str, values: dict[str, str | None],
+                  owner_id: str | None = None) -> Record:
     """Insert a record of ``object_name`` and run after-save hooks.
+
+    Args:
+        owner_id: the user who owns the new record (the creating principal, when known; record access,
+            seed 004 section 17); ``None``: no owner.
 
     Raises:
         UnknownObject, UnknownField, InvalidFieldValue: values do not fit the metadata.
@@ -156,6 +161,7 @@ def record_create(*, org: OrgScope, object_name: str, values: dict[str, str | No
         fields = {name: definition.clean_value(name, value) for name, value in transformed.items()}
     record = RecordStore.create(
         org_id=org.org_id, object_name=object_name, record_key=record_key, fields=fields, mirrors={},
+        owner_id=owner_id,
     )
     _history(definition, record, "create", {name: (None, value) for name, value in fields.items()
                                             if value not in (None, "")}, new=True)
