@@ -96,6 +96,7 @@ def test_a_request_carries_its_traceparent_trace_id_into_its_response(client):
     assert trace_id_of("00-" + "0" * 32 + "-00f067aa0ba902b7-01") != "0" * 32
 
 
+@pytest.mark.django_db  # the worker loop closes stale connections between rounds
 def test_a_worker_unit_error_logs_its_code_and_unit_never_the_exception_text(caplog):
     """``run_workers`` passes a failing unit's exception text as an argument: a JSON line keeps only the code."""
     from runtime_outbox.management.commands.run_workers import Command
