@@ -19,6 +19,7 @@ from django.db.models import Exists, OuterRef, QuerySet
 from connectors import reasons, transitions
 from connectors.models import (
     AccountServingGate,
+    PackGeneration,
     CredentialGenerationDispatchGate,
     DispatchPermit,
     Execution,
@@ -43,6 +44,19 @@ from connectors.models import (
 _SERVING_GATE_JOIN = ("JOIN connectors_accountservinggate g ON g.org_id = {row}.org_id"
                       " AND g.account_key = {row}.account_key AND g.state = 'v2_serving'"
                       " AND g.epoch_id = {row}.epoch_id ")
+
+
+def served_push_contracts(org_id: str):
+    """Every push contract a ``v2_serving`` account of ``org_id`` offers, as ``(pack generation, account
+    document, contract document)``, in gate order (read committed, no lock)."""
+    for gate in AccountServingGate.objects.filter(org_id=org_id, state="v2_serving").select_related("epoch"):
+        account = next((a for a in gate.epoch.document["accounts"] if a["account_key"] == gate.account_key), None)
+        if not account or not account.get("push_contracts"):
+            continue
+        pack = PackGeneration.objects.get(pk=account["pack_generation"]["id"])
+        for contract in pack.document.get("push_contracts", []):
+            if contract["contract_key"] in account["push_contracts"]:
+                yield pack, account, contract
 
 
 def _serving_gates(account_key_ref: str, epoch_ref: str):

@@ -27,7 +27,6 @@ from nexusflow.kernel.digests import digest_v2
 
 from connectors.links.link_keys import PUSH_ACTION_TYPE
 from connectors.models import (
-    AccountServingGate,
     PackGeneration,
     PushLinkRevalidationReceipt,
     RemoteEffect,
@@ -182,16 +181,10 @@ def patch_drift(link: RemoteLink, current: dict) -> Drift:
 
 def active_slots(org_id: str) -> set[tuple[str, str, str]]:
     """``(owner_key, action_slot_id, destination_slot_id)`` of every push contract the org's serving accounts offer."""
-    slots: set[tuple[str, str, str]] = set()
-    for gate in AccountServingGate.objects.filter(org_id=org_id, state="v2_serving").select_related("epoch"):
-        account = next((a for a in gate.epoch.document["accounts"] if a["account_key"] == gate.account_key), None)
-        if not account or not account.get("push_contracts"):
-            continue
-        pack = PackGeneration.objects.get(pk=account["pack_generation"]["id"])
-        for contract in pack.document.get("push_contracts", []):
-            if contract["contract_key"] in account["push_contracts"]:
-                slots.add((pack.owner_key, contract.get("action_slot_id", ""), contract.get("destination_slot_id", "")))
-    return slots
+    from connectors.selectors import served_push_contracts
+
+    return {(pack.owner_key, contract.get("action_slot_id", ""), contract.get("destination_slot_id", ""))
+            for pack, _account, contract in served_push_contracts(org_id)}
 
 
 @dataclass(frozen=True)

@@ -64,17 +64,12 @@ def delivery_contract_for(*, org_id: str, family: str):
     """
     from runtime_outbox.ports import DeliveryContract
 
-    matches = []
-    for gate in AccountServingGate.objects.filter(org_id=org_id, state="v2_serving").select_related("epoch"):
-        account = next((a for a in gate.epoch.document["accounts"] if a["account_key"] == gate.account_key), None)
-        if not account or not account.get("push_contracts"):
-            continue
-        pack = PackGeneration.objects.get(pk=account["pack_generation"]["id"])
-        for contract in pack.document.get("push_contracts", []):
-            delivers = contract.get("delivers") or {}
-            if contract["contract_key"] in account["push_contracts"] and delivers.get("family") == family:
-                matches.append(DeliveryContract(contract["contract_key"], contract["source_object"],
-                                                dict(delivers.get("fields") or {})))
+    from connectors.selectors import served_push_contracts
+
+    matches = [DeliveryContract(contract["contract_key"], contract["source_object"],
+                                dict(contract["delivers"].get("fields") or {}))
+               for _pack, _account, contract in served_push_contracts(org_id)
+               if (contract.get("delivers") or {}).get("family") == family]
     if not matches:
         raise NotServing(f"no serving account delivers {family!r}")
     if len(matches) > 1:

@@ -27,11 +27,14 @@ from .conftest import run_until_idle, save_record
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("short_lease")]
 
-def _count_flow(*, operator: str, trigger: str, rtt: str) -> bytes:
+def count_flow(*, operator: str, trigger: str, rtt: str, obj: str = "Member__c", team_field: str = "Id",
+               team_of: str = "$Record.Team__c") -> bytes:
+    """A flow on ``obj`` that adds (``operator`` Add) or subtracts one to the ``Member_Count__c`` of the team
+    whose ``team_field`` equals ``team_of``."""
     lookup = ("<recordLookups><name>Get_Team</name><label>Get Team</label><locationX>1</locationX>"
               "<locationY>1</locationY><assignNullValuesIfNoRecordsFound>false</assignNullValuesIfNoRecordsFound>"
-              f"{fx.conn('Count')}<filterLogic>and</filterLogic><filters><field>Id</field><operator>EqualTo</operator>"
-              "<value><elementReference>$Record.Team__c</elementReference></value></filters>"
+              f"{fx.conn('Count')}<filterLogic>and</filterLogic><filters><field>{team_field}</field>"
+              f"<operator>EqualTo</operator><value><elementReference>{team_of}</elementReference></value></filters>"
               "<getFirstRecordOnly>true</getFirstRecordOnly><object>Team__c</object>"
               "<storeOutputAutomatically>true</storeOutputAutomatically></recordLookups>")
     count = fx.assignment("Count", "Save", [
@@ -41,14 +44,13 @@ def _count_flow(*, operator: str, trigger: str, rtt: str) -> bytes:
     save = fx.update("Save", None, "Get_Team")
     variable = ("<variables><name>members</name><dataType>Number</dataType><isCollection>false</isCollection>"
                 "<isInput>false</isInput><isOutput>false</isOutput><scale>0</scale></variables>")
-    return fx.flow(lookup, count, save, variable, start=fx.start("Get_Team", trigger=trigger, obj="Member__c",
-                                                                 rtt=rtt))
+    return fx.flow(lookup, count, save, variable, start=fx.start("Get_Team", trigger=trigger, obj=obj, rtt=rtt))
 
 
 def _deploy(org):
-    flow_deploy(org=org, source=_count_flow(operator="Add", trigger="RecordAfterSave", rtt="Create"),
+    flow_deploy(org=org, source=count_flow(operator="Add", trigger="RecordAfterSave", rtt="Create"),
                 flow_api_name="Count_Member_Created")
-    flow_deploy(org=org, source=_count_flow(operator="Subtract", trigger="RecordBeforeDelete", rtt="Delete"),
+    flow_deploy(org=org, source=count_flow(operator="Subtract", trigger="RecordBeforeDelete", rtt="Delete"),
                 flow_api_name="Count_Member_Deleted")
 
 
@@ -145,11 +147,11 @@ def test_delete_records_deletes_what_a_reference_holds_and_what_a_filter_selects
 
 
 def test_a_delete_trigger_is_compiled_only_as_before_delete_with_no_prior_record(org, team_view):
-    bad = _count_flow(operator="Add", trigger="RecordAfterSave", rtt="Delete")
+    bad = count_flow(operator="Add", trigger="RecordAfterSave", rtt="Delete")
     with pytest.raises(CompileError) as caught:
         flow_compile_check(source=bad, flow_api_name="Bad", org=org)
     assert "unsupported_record_trigger_type:Delete" in [d.code for d in caught.value.diagnostics]
-    prior = _count_flow(operator="Add", trigger="RecordBeforeDelete", rtt="Delete").replace(
+    prior = count_flow(operator="Add", trigger="RecordBeforeDelete", rtt="Delete").replace(
         b"$Record.Team__c", b"$Record__Prior.Team__c")
     with pytest.raises(CompileError) as caught:
         flow_compile_check(source=prior, flow_api_name="Bad", org=org)

@@ -21,28 +21,16 @@ from runtime_outbox.models import ApplicationResult
 from tests.conftest import billing_sandbox, drain  # noqa: F401 (fixture)
 from tests.stream_support import cdc_sandbox, stream_org, stream_target  # noqa: F401 (fixtures)
 
-from . import flowxml as fx
 from .conftest import save_record
+from .test_delete_triggers import count_flow
 
 pytestmark = [pytest.mark.django_db(transaction=True, databases=["default", "control"]),
               pytest.mark.usefixtures("short_lease")]
 
 
 def _count_flow(*, operator: str, trigger: str, rtt: str) -> bytes:
-    lookup = ("<recordLookups><name>Get_Team</name><label>Get Team</label><locationX>1</locationX>"
-              "<locationY>1</locationY><assignNullValuesIfNoRecordsFound>false</assignNullValuesIfNoRecordsFound>"
-              f"{fx.conn('Count')}<filterLogic>and</filterLogic><filters><field>Name</field><operator>EqualTo"
-              "</operator><value><elementReference>$Record.lastname</elementReference></value></filters>"
-              "<getFirstRecordOnly>true</getFirstRecordOnly><object>Team__c</object>"
-              "<storeOutputAutomatically>true</storeOutputAutomatically></recordLookups>")
-    count = fx.assignment("Count", "Save", [
-        ("members", "Assign", "<elementReference>Get_Team.Member_Count__c</elementReference>"),
-        ("members", operator, "<numberValue>1</numberValue>"),
-        ("Get_Team.Member_Count__c", "Assign", "<elementReference>members</elementReference>")])
-    variable = ("<variables><name>members</name><dataType>Number</dataType><isCollection>false</isCollection>"
-                "<isInput>false</isInput><isOutput>false</isOutput><scale>0</scale></variables>")
-    return fx.flow(lookup, count, fx.update("Save", None, "Get_Team"), variable,
-                   start=fx.start("Get_Team", trigger=trigger, obj="Contact", rtt=rtt))
+    return count_flow(operator=operator, trigger=trigger, rtt=rtt, obj="Contact", team_field="Name",
+                      team_of="$Record.lastname")
 
 
 def _contact(remote_id: str):

@@ -15,9 +15,10 @@ Subcommands:
 from __future__ import annotations
 
 import json
-import sys
 
 from django.core.management.base import BaseCommand, CommandError
+
+from nexusflow.kernel.command_input import json_document_argument
 
 
 class Command(BaseCommand):
@@ -43,14 +44,7 @@ class Command(BaseCommand):
     def _publish(self, *, file, scope, actor, reason, **_options):
         from runtime_outbox.policy import RuntimePolicyInvalid, runtime_policy_publish
 
-        try:
-            text = sys.stdin.read() if file == "-" else open(file, encoding="utf-8").read()
-        except OSError as exc:
-            raise CommandError(f"cannot read {file}: {exc.strerror}", returncode=2) from None
-        try:
-            document = json.loads(text)
-        except ValueError as exc:
-            raise CommandError(f"runtime_policy_invalid: {file} is not JSON ({exc})", returncode=2) from None
+        document = json_document_argument(file, invalid_code="runtime_policy_invalid")
         try:
             row, created, effects = runtime_policy_publish(scope=scope, document=document, authored_by=actor,
                                                            reason=reason)

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import json
-import sys
 
 from django.core.management.base import CommandError
 
+from nexusflow.kernel.command_input import json_document_argument
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.identity import validate_key
 
@@ -40,14 +40,7 @@ def _publish(command, org_id: str, *, file: str, actor: str, reason: str, **_opt
     from nexusflow.records.access import AccessPolicyInvalid
     from nexusflow.records.access_services import access_policy_publish
 
-    try:
-        text = sys.stdin.read() if file == "-" else open(file, encoding="utf-8").read()
-    except OSError as exc:
-        raise CommandError(f"cannot read {file}: {exc.strerror}", returncode=2) from None
-    try:
-        document = json.loads(text)
-    except ValueError as exc:
-        raise CommandError(f"access_policy_invalid: {file} is not JSON ({exc})", returncode=2) from None
+    document = json_document_argument(file, invalid_code="access_policy_invalid")
     try:
         row, created = access_policy_publish(org_id=org_id, document=document, authored_by=actor, reason=reason)
     except AccessPolicyInvalid as exc:
