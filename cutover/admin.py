@@ -17,9 +17,9 @@ class CutoverEvidenceAdmin(ReadOnlyAdmin):
     list_filter = ("kind",)
 
 
-@admin.register(models.CutoverReadinessCertificate)
-class CutoverReadinessCertificateAdmin(ReadOnlyAdmin):
-    list_display = ("attempt_key", "org_id", "epoch_id", "configuration_id", "digest", "created_at")
+class _CertificateAdmin(ReadOnlyAdmin):
+    """A certificate's exact stored bytes shown as text (its binary ``document`` column is not editable)."""
+
     search_fields = ("attempt_key", "digest")
     exclude = ("document",)
 
@@ -29,20 +29,16 @@ class CutoverReadinessCertificateAdmin(ReadOnlyAdmin):
     @admin.display(description="document (canonical JSON)")
     def certified_document(self, obj) -> str:
         return bytes(obj.document).decode("utf-8")
+
+
+@admin.register(models.CutoverReadinessCertificate)
+class CutoverReadinessCertificateAdmin(_CertificateAdmin):
+    list_display = ("attempt_key", "org_id", "epoch_id", "configuration_id", "digest", "created_at")
 
 
 @admin.register(models.V1ShutdownCertificate)
-class V1ShutdownCertificateAdmin(ReadOnlyAdmin):
+class V1ShutdownCertificateAdmin(_CertificateAdmin):
     list_display = ("attempt_key", "org_id", "readiness_digest", "digest", "created_at")
-    search_fields = ("attempt_key", "digest")
-    exclude = ("document",)
-
-    def get_readonly_fields(self, request, obj=None):
-        return [f for f in super().get_readonly_fields(request, obj) if f != "document"] + ["certified_document"]
-
-    @admin.display(description="document (canonical JSON)")
-    def certified_document(self, obj) -> str:
-        return bytes(obj.document).decode("utf-8")
 
 
 @admin.register(models.OrderingBaseline)
