@@ -6,7 +6,8 @@
 - 200 ``{"receipt_id": null, "status": "already_accepted"}``: V1 accepted this
   exact delivery before the upgrade (a tombstone); nothing runs again;
 - 401 ``signature_invalid`` / ``signature_stale`` / ``signature_missing``;
-- 400 ``malformed_body``; 404 ``unknown_ingress``; 409 ``admission_conflict``;
+- 400 ``malformed_body``; 404 ``unknown_ingress`` (also for an account or channel in the path that is
+  not a key); 409 ``admission_conflict``;
 - 503 ``not_serving`` / ``credential_unavailable`` / ``temporarily_unavailable`` with ``Retry-After``;
 - 503 ``ingress_shed`` with ``Retry-After``: the runtime policy sheds load now (the database is at the
   policy's ``ingress`` bounds); nothing was read or admitted, the provider redelivers later.
@@ -32,6 +33,7 @@ from rest_framework.views import APIView
 from nexusflow.api_errors import TEMPORARILY_UNAVAILABLE, error_response
 from nexusflow.api_schema import error_responses, key_path
 from nexusflow.kernel.errors import InvalidIdentity, NexusError
+from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.pressure import ingress_admission
 from runtime_outbox.policy import runtime_policy
 
@@ -44,10 +46,11 @@ from connectors.serving.gates import CredentialUnavailable, NotServing
 #: The code of a health probe whose database does not answer.
 DATABASE_UNAVAILABLE = "database_unavailable"
 #: The path of an ingress route, in the schema (V1 and V2 alike), as long as the columns that store it.
+_ACCOUNT_KEY_LENGTH = AccountServingGate._meta.get_field("account_key").max_length
+_CHANNEL_LENGTH = ReceiptAdmissionKey._meta.get_field("channel").max_length
 INGRESS_PATH_PARAMETERS = [
-    key_path("account_key", AccountServingGate._meta.get_field("account_key").max_length,
-             "The provider account the route belongs to."),
-    key_path("channel", ReceiptAdmissionKey._meta.get_field("channel").max_length, "The account's inbound channel."),
+    key_path("account_key", _ACCOUNT_KEY_LENGTH, "The provider account the route belongs to."),
+    key_path("channel", _CHANNEL_LENGTH, "The account's inbound channel."),
 ]
 #: The request body of an ingress route: the provider's bytes as sent, signed, read only after the signature
 #: is verified. Its shape is the route's contract (the pack's), which this schema cannot state.
@@ -60,6 +63,21 @@ INGRESS_ERRORS = {401: (SignatureMissing, SignatureInvalid, SignatureStale),
                   503: (CredentialUnavailable, TEMPORARILY_UNAVAILABLE)}
 
 log = logging.getLogger(__name__)
+
+
+def ingress_route_keys(account_key: str, channel: str) -> None:
+    """Refuse a route whose path keys cannot name one: a key that is not canonical (surrounding whitespace,
+    control or invisible characters) or longer than its column is no route, whatever the body holds.
+
+    Raises:
+        UnknownIngress: 404 ``unknown_ingress`` (never ``malformed_body``: the body was not read).
+    """
+    for name, value, length in (("account_key", account_key, _ACCOUNT_KEY_LENGTH), ("channel", channel,
+                                                                                   _CHANNEL_LENGTH)):
+        try:
+            validate_key(value, field=name, max_length=length)
+        except InvalidIdentity:
+            raise UnknownIngress(f"no ingress route: {name} is not a key") from None
 
 
 class IngressShed(NexusError):
@@ -102,6 +120,7 @@ class IngressAdmitApi(APIView):
                                      valid_request=INGRESS_VALID_REQUEST)},
     )
     def post(self, request, account_key: str, channel: str):
+        ingress_route_keys(account_key, channel)
         policy = runtime_policy()
         shed_for = ingress_admission(policy.ingress.as_pressure(policy.pressure.read_seconds))
         if shed_for:

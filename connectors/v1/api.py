@@ -31,6 +31,7 @@ from connectors.inbound.ingress_api import (
     INGRESS_REQUEST,
     INGRESS_VALID_REQUEST,
     RawBodyParser,
+    ingress_route_keys,
 )
 from connectors.v1.barriers import V1MaintenanceClosed
 from connectors.v1.ingress import v1_admit
@@ -60,6 +61,7 @@ class V1IngressAdmitApi(APIView):
                                      valid_request=INGRESS_VALID_REQUEST)},
     )
     def post(self, request, account_key: str, channel: str):
+        ingress_route_keys(account_key, channel)
         try:
             result = v1_admit(account_key=account_key, channel=channel, method=request.method,
                               url=request.build_absolute_uri(), body=request.body, headers=request.headers)

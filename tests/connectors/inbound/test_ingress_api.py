@@ -108,3 +108,13 @@ def test_openapi_schema_lists_the_ingress_endpoint(client, org):
     response = client.get("/api/schema/?format=json")
     assert response.status_code == 200
     assert "/api/v2/ingress/{account_key}/{channel}/" in json.loads(response.content)["paths"]
+
+
+@pytest.mark.parametrize("path", [
+    "/api/v2/ingress/%20crm-webhooks/webhooks/", "/api/v2/ingress/crm-webhooks/web%00hooks/",
+    "/api/v2/ingress/" + "a" * 300 + "/webhooks/", "/api/v1/ingress/%20crm-webhooks/webhooks/",
+], ids=["v2-padded-account", "v2-control-channel", "v2-over-length-account", "v1-padded-account"])
+def test_a_path_key_that_names_no_route_is_unknown_ingress_not_a_malformed_body(client, org, path):
+    response = client.post(path, data=b"[]", content_type="application/json")
+    assert (response.status_code, response.json()["error"]) == (404, "unknown_ingress")
+    assert not Receipt.objects.exists()
