@@ -11,7 +11,9 @@ provider's idempotency key and the RemoteLink of the message record: a retry nev
 answer is parked for reconciliation, and the message record is the support view of what was sent.
 
 Which provider delivers a family is L2 configuration: the one ``v2_serving`` account whose pack's contract
-``delivers`` it (:func:`runtime_outbox.ports.delivery_contract`).
+``delivers`` it (:func:`runtime_outbox.ports.delivery_contract`). The sealed catalog's handler references
+``runtime_outbox.delivery.email_send`` and ``runtime_outbox.delivery.notification_send`` name this module's
+delivery of the ``email`` and ``notification`` families (:func:`delivery_message_create` with that family).
 """
 from __future__ import annotations
 
@@ -24,9 +26,6 @@ from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
 from . import ports
 from .models import OutboundCommand
 
-#: Catalog effect family -> the handler reference whose implementation this module is.
-DELIVERY_HANDLERS = {"email": "runtime_outbox.delivery.email_send",
-                     "notification": "runtime_outbox.delivery.notification_send"}
 #: Items of a collection input (``emailAddressesArray``, ``recipientIds``) are joined with this separator.
 LIST_SEPARATOR = ","
 
@@ -134,13 +133,3 @@ def delivery_intent_author(*, scope: TrustedRuntimeWorkScope, message: DeliveryM
         scope=scope, effect_root_id=effect_root_id, effect_slot_id=effect_slot_id,
         effect_generation_id=effect_generation_id, contract_key=message.contract.contract_key,
         record=message.record, origin_flow_run_id=origin_flow_run_id, origin=origin)
-
-
-def email_send(*, scope: TrustedRuntimeWorkScope, inputs: dict[str, Any]) -> DeliveryMessage:
-    """``emailSimple``: :func:`delivery_message_create` of the ``email`` family."""
-    return delivery_message_create(scope=scope, family="email", inputs=inputs)
-
-
-def notification_send(*, scope: TrustedRuntimeWorkScope, inputs: dict[str, Any]) -> DeliveryMessage:
-    """``customNotificationAction``: :func:`delivery_message_create` of the ``notification`` family."""
-    return delivery_message_create(scope=scope, family="notification", inputs=inputs)

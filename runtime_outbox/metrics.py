@@ -34,7 +34,7 @@ ADMISSION_PURPOSES = ("mutation", "ingress")
 def admission_families(now: dt.datetime) -> Iterable[Metric]:
     """The database's own load and lock counters, and what the runtime policy in force admits now (seed 004
     section 16.2 pressure signals; docs/operations.md "The runtime policy")."""
-    from nexusflow.kernel.pressure import read_pressure
+    from nexusflow.kernel.pressure import judge, read_pressure
     from nexusflow.kernel.selectors import database_status
 
     from .policy import runtime_policy
@@ -50,8 +50,9 @@ def admission_families(now: dt.datetime) -> Iterable[Metric]:
     deadlocks.add_metric([], status["Innodb_deadlocks"])
     yield deadlocks
     policy = runtime_policy()
-    judged = {"mutation": read_pressure(policy.pressure),
-              "ingress": read_pressure(policy.ingress.as_pressure(policy.pressure.read_seconds))}
+    mutation = read_pressure(policy.pressure, status=status)
+    judged = {"mutation": mutation,
+              "ingress": judge(mutation, policy.ingress.as_pressure(policy.pressure.read_seconds))}
     sessions = gauge("database_sessions", "Sessions on the database: this account's on its database, and the "
                      "server's.", ("scope", "state"))
     sessions.add_metric(["account", "connected"], judged["mutation"].connections)

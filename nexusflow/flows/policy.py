@@ -88,10 +88,13 @@ def max_wait_age_seconds() -> float:
 
 def retry_policy_digest(org_id: str | None = None, plan_id: int | None = None) -> str:
     """Digest of the retry policy selected at claim (immutable on the attempt)."""
+    from runtime_outbox.policy import runtime_policy
+
+    policy = runtime_policy(org_id)
     return digest_v2("flows.retry-policy", [
-        ("base_ms", int(retry_base_seconds(org_id) * 1000)),
+        ("base_ms", int(policy.retry_base_seconds * 1000)),
         ("cap_ms", int(RETRY_CAP_SECONDS * 1000)),
-        ("max_attempts", max_attempts(org_id, plan_id)),
+        ("max_attempts", policy.max_attempts(_plan_flow_name(org_id, int(plan_id)) if org_id and plan_id else None)),
         ("jitter_permille", int(JITTER_FRACTION * 1000)),
     ]).hexdigest
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from .tuning import setting_number
 
@@ -84,21 +84,29 @@ class PressureReading:
         return asdict(self)
 
 
-def read_pressure(bounds: PressureBounds | None = None) -> PressureReading:
-    """Read the signals now and judge them against ``bounds`` (default :func:`pressure_bounds`)."""
+def read_pressure(bounds: PressureBounds | None = None, *, status: dict[str, int] | None = None) -> PressureReading:
+    """Read the signals now and judge them against ``bounds`` (default :func:`pressure_bounds`).
+
+    ``status``: the server counters already read (:func:`nexusflow.kernel.selectors.database_status`), so a
+    caller that has them does not read them again.
+    """
     from .selectors import database_load, database_status
 
-    bounds = bounds or pressure_bounds()
     connections, active, max_connections = database_load()
-    lock_waits = database_status()["Innodb_row_lock_current_waits"]
+    lock_waits = (status or database_status())["Innodb_row_lock_current_waits"]
+    return judge(PressureReading(connections, active, max_connections, "", lock_waits), bounds or pressure_bounds())
+
+
+def judge(reading: PressureReading, bounds: PressureBounds) -> PressureReading:
+    """``reading`` with ``reason`` set to the first bound of ``bounds`` it reaches (``""``: none)."""
     reason = ""
-    if active >= bounds.active_statements:
+    if reading.active_statements >= bounds.active_statements:
         reason = PRESSURE_ACTIVE_STATEMENTS
-    elif max_connections and connections >= bounds.connection_share * max_connections:
+    elif reading.max_connections and reading.connections >= bounds.connection_share * reading.max_connections:
         reason = PRESSURE_CONNECTIONS
-    elif lock_waits >= bounds.lock_waits:
+    elif reading.lock_waits >= bounds.lock_waits:
         reason = PRESSURE_LOCK_WAITS
-    return PressureReading(connections, active, max_connections, reason, lock_waits)
+    return replace(reading, reason=reason)
 
 
 _LAST: dict[str, dict[str, object]] = {}

@@ -125,36 +125,33 @@ def flow_step_claim_batch(*, worker_id: str, limit: int | None = None) -> list[S
     return []
 
 
-#: The org each worker (by worker id) claimed from last: the next round serves the next org with due work.
-_last_org: dict[str, str] = {}
+#: What each worker served last, by round-robin key: ``worker id`` -> org, ``(worker id, org)`` -> plan.
+_last_served: dict = {}
+
+
+def _round_robin(key, items: list):
+    """The first of ``items`` (sorted) after the one served last under ``key``, wrapping around; ``None``
+    when there is none."""
+    if not items:
+        return None
+    last = _last_served.get(key)
+    chosen = next((item for item in items if last is None or item > last), items[0])
+    _last_served[key] = chosen
+    return chosen
 
 
 def _next_org(worker_id: str, orgs: list[str]) -> str | None:
     """Round robin over the orgs with due work (``orgs``, sorted): the first after the one ``worker_id`` served
     last, wrapping around. Each org with due runs gets one claim round in turn, so a tenant's backlog of any
     size delays another tenant's run by at most one round per other busy org (seed 004 section 16.2)."""
-    if not orgs:
-        return None
-    last = _last_org.get(worker_id)
-    chosen = next((org for org in orgs if last is None or org > last), orgs[0])
-    _last_org[worker_id] = chosen
-    return chosen
-
-
-#: The plan each worker claimed from last, per org: the next round of that org serves its next plan.
-_last_plan: dict[tuple[str, str], int] = {}
+    return _round_robin(worker_id, orgs)
 
 
 def _next_plan(worker_id: str, org_id: str, plans: list[int]) -> int | None:
     """Round robin over the org's plans with due work (``plans``, ascending), like :func:`_next_org`: a Flow
     with a backlog of any size delays another Flow of the same org by at most one round per other busy plan
     (seed 004 section 16.2, "per plan" fair share)."""
-    if not plans:
-        return None
-    last = _last_plan.get((worker_id, org_id))
-    chosen = next((plan for plan in plans if last is None or plan > last), plans[0])
-    _last_plan[(worker_id, org_id)] = chosen
-    return chosen
+    return _round_robin((worker_id, org_id), plans)
 
 
 def _claim_chunk(org_id: str, chunk: list[tuple[int, int]], worker_id: str) -> list[StepClaim]:

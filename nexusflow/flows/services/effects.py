@@ -73,8 +73,6 @@ def _exec_effect_submit(claim: StepClaim, plan: FlowExecutionPlan, step_def: dic
     from runtime_outbox.owner import OwnerDeleted
     from runtime_outbox.services import outbound_command_author
 
-    if step_def.get("effect_owner") == DELIVERY_EFFECT_OWNER and _handler_binding_matches(plan, step_def):
-        return _exec_delivery_submit(claim, plan, step_def)
     if not _handler_binding_matches(plan, step_def):
         # Fail closed before any business lock or mutation; never dispatch through another handler.
         with _step_txn():
@@ -85,6 +83,8 @@ def _exec_effect_submit(claim: StepClaim, plan: FlowExecutionPlan, step_def: dic
                          cause=reasons.HANDLER_BINDING_MISMATCH)
             failpoints.hit(FP_BEFORE_COMMIT)
         return "quarantined"
+    if step_def.get("effect_owner") == DELIVERY_EFFECT_OWNER:
+        return _exec_delivery_submit(claim, plan, step_def)
     identity = FlowRun.objects.only("org_id", "trigger_object_name", "record_key").get(
         org_id=claim.org_id, pk=claim.run_id)
     context = _input_state(claim)  # the variables the steps after the effect read
@@ -161,9 +161,8 @@ def _exec_delivery_submit(claim: StepClaim, plan: FlowExecutionPlan, step_def: d
     from runtime_outbox.delivery import delivery_intent_author, delivery_intent_existing, delivery_message_create
 
     snapshot, context = _step_inputs(claim)
-    started = FlowRun.objects.only("org_id", "app_installation_id", "runtime_capability_id", "binding_digest",
-                                   "started_at", "created_at").get(org_id=claim.org_id, pk=claim.run_id)
-    scope = scope_of(started)  # the run's persisted scope (immutable)
+    scope = scope_of(FlowRun.objects.only("org_id", "app_installation_id", "runtime_capability_id",
+                                          "binding_digest").get(org_id=claim.org_id, pk=claim.run_id))
     record = {"Id": snapshot.get("record_key"), **(snapshot.get("fields") or {})}
     effect = dict(effect_root_id=effect_root_id_for(org_id=claim.org_id, plan_id=plan.plan_id, run_id=claim.run_id),
                   effect_slot_id=step_def["key"], effect_generation_id=EFFECT_GENERATION_ID)
@@ -174,7 +173,7 @@ def _exec_delivery_submit(claim: StepClaim, plan: FlowExecutionPlan, step_def: d
         if command is None:  # business row first (section 13.1): the message record, then the Flow root
             inputs = action_call_inputs(plan_payload=plan.plan_payload, inputs=step_def.get("inputs") or {},
                                         record=record, object_name=snapshot.get("object") or "", now=now,
-                                        interview_start=started.started_at or started.created_at, state=context)
+                                        interview_start=claim.interview_start, state=context)
             message = delivery_message_create(scope=scope, family=step_def["effect_family"], inputs=inputs)
         run, _step, attempt = _lock_fenced(claim)
         if message is not None:
