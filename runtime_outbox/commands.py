@@ -66,9 +66,7 @@ def record_upsert_via_link(org: OrgScope, command: dict) -> tuple[str, dict]:
     if isinstance(values, dict):
         # A change envelope carries several field values at once (route "values_field").
         changes.update({app["field_map"][name]: value for name, value in values.items() if name in app["field_map"]})
-    link = inbound_link_find(org_id=org.org_id, owner_key=command["owner_key"],
-                             destination_slot_id=app["destination_slot_id"], remote_scope=command.get("remote_scope") or command["account_key"],
-                             remote_id=command["source_locator"])
+    link = _link_of(org, command, app)
     try:
         if link is None:
             # Inbound application runs as the account's declared integration user: it owns what it creates.
@@ -93,6 +91,14 @@ def record_upsert_via_link(org: OrgScope, command: dict) -> tuple[str, dict]:
     return "applied", {"record_key": record.record_key, "created": False, "changed": sorted(change.changed_fields)}
 
 
+def _link_of(org: OrgScope, command: dict, app: dict):
+    """The inbound link naming the local record of the command's provider object, or ``None``."""
+    return inbound_link_find(org_id=org.org_id, owner_key=command["owner_key"],
+                             destination_slot_id=app["destination_slot_id"],
+                             remote_scope=command.get("remote_scope") or command["account_key"],
+                             remote_id=command["source_locator"])
+
+
 def _delete_via_link(org: OrgScope, command: dict, app: dict) -> tuple[str, dict]:
     """Apply the provider's removal of a linked record: the local record goes through the record deletion
     lifecycle (seed 000 before-delete hooks, so delete-triggered Flows run as for a local delete).
@@ -101,10 +107,7 @@ def _delete_via_link(org: OrgScope, command: dict, app: dict) -> tuple[str, dict
     already (``record_deleted``). A hook's retryable refusal (owner work pending) raises, so the whole
     application transaction rolls back and the execution retries.
     """
-    link = inbound_link_find(org_id=org.org_id, owner_key=command["owner_key"],
-                             destination_slot_id=app["destination_slot_id"],
-                             remote_scope=command.get("remote_scope") or command["account_key"],
-                             remote_id=command["source_locator"])
+    link = _link_of(org, command, app)
     if link is None:
         return "noop", {"reason": "record_not_linked"}
     record = record_lock_owner(org=org, object_name=link.source_object, record_key=link.source_record_key)
