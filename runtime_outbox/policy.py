@@ -14,8 +14,10 @@ Document (every section and key optional; unknown keys are refused)::
      "ingress": {"shed_active_statements": 64, "shed_connection_share": 0.95,
                  "retry_after_seconds": 5},                                                 # environment only
      "retries": {"max_attempts": 5, "retry_base_seconds": 2.0},
-     "plans": {"<flow api name>": {"max_attempts": 3}},
-     "plan_bounds": {"atomic_max_reads": 10, "atomic_max_writes": 10}}
+     "plans": {"<flow api name>": {"max_attempts": 3, "max_active": 8}},
+     "plan_bounds": {"atomic_max_reads": 10, "atomic_max_writes": 10},
+     "queues": {"durable_mutation": {"max_active": 16}},
+     "resource_classes": {"<object api name>": {"max_active": 4}}}
 
 - ``pressure``: new durable mutation work (a Flow step claim) waits while this account runs at least
   ``active_statements`` statements on the database or holds ``connection_share`` of ``max_connections``
@@ -25,6 +27,13 @@ Document (every section and key optional; unknown keys are refused)::
   redelivers later. Below them it answers as always.
 - ``retries`` / ``plans``: attempts a Flow step gets before its run fails ``retry_exhausted`` (a plan's own
   bound wins), and the first retry's delay (seconds; doubled per attempt, capped, jittered).
+- ``queues`` / ``plans.<flow>.max_active`` / ``resource_classes``: admission budgets of the durable mutation
+  queue class (seed 004 sections 16.1-16.2): at most ``max_active`` Flow runs of one org executing a step at
+  once (``Running``), of one plan (Flow) of the org, or of the org's Flows triggered by one object (the
+  resource class). A claim round skips an org, plan or object at its budget, so the others take the worker
+  (:func:`nexusflow.flows.services.claim.flow_step_claim_batch`). No budget is set by default: a number is
+  established by benchmark evidence and published (seed 004 section 16.3). The other queue classes
+  (dependency wakeups, effect completions, recovery) are the reserved share: they never ask for admission.
 - ``plan_bounds``: the reads and writes a Bounded Atomic plan may declare (plan eligibility, seed 004
   section 9.2). A generation that changes them for an org recompiles that org's active Flows (the
   ``policy published`` hook the flows app registers, :func:`register_policy_published`).
@@ -66,7 +75,12 @@ _SCHEMA: dict[str, dict[str, tuple[type, float, float]]] = {
     "retries": {"max_attempts": (int, 1, 100), "retry_base_seconds": (float, 0.0, 3600.0)},
     "plan_bounds": {"atomic_max_reads": (int, 1, 1000), "atomic_max_writes": (int, 1, 1000)},
 }
-_PLAN_KEYS = {"max_attempts": (int, 1, 100)}
+_PLAN_KEYS = {"max_attempts": (int, 1, 100), "max_active": (int, 1, 100_000)}
+#: Queue classes whose admission a budget bounds (seed 004 section 16.1; the others are the reserved share).
+QUEUE_CLASSES = {"durable_mutation": {"max_active": (int, 1, 100_000)}}
+_RESOURCE_KEYS = {"max_active": (int, 1, 100_000)}
+#: Sections keyed by a name (a Flow, a queue class, an object), each naming its keys.
+_NAMED_SECTIONS = ("plans", "queues", "resource_classes")
 #: A plan is named by its Flow's API name.
 FLOW_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,79}")
 
@@ -95,6 +109,15 @@ class IngressBounds:
                               lock_waits=10**9)
 
 
+class AdmissionBudget(NamedTuple):
+    """Running Flow runs one org may have at once: in all (``org``, ``None``: unbounded), per Flow API name
+    (``plans``) and per trigger object (``objects``)."""
+
+    org: int | None
+    plans: dict[str, int]
+    objects: dict[str, int]
+
+
 @dataclass(frozen=True)
 class RuntimePolicy:
     """The policy in force for one org (module docstring): ``version`` names the generations it is built from
@@ -105,13 +128,28 @@ class RuntimePolicy:
     ingress: IngressBounds
     max_attempts_default: int
     retry_base_seconds: float
-    plan_max_attempts: dict[str, int] = field(default_factory=dict)
+    #: Flow API name -> ``{"max_attempts": n, "max_active": n}`` (either optional).
+    plans: dict[str, dict[str, int]] = field(default_factory=dict)
     #: ``{"atomic_max_reads", "atomic_max_writes"}``: the plan-eligibility bounds (``{}``: the compiler's own).
     plan_bounds: dict[str, int] = field(default_factory=dict)
+    #: Queue class -> ``{"max_active": n}`` (module docstring).
+    queues: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: Object API name -> ``{"max_active": n}``: the resource-class budgets of the org's Flows by trigger object.
+    resource_classes: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def max_attempts(self, flow_api_name: str | None = None) -> int:
         """Attempts a step of ``flow_api_name`` gets (its plan's bound, else the policy's)."""
-        return self.plan_max_attempts.get(flow_api_name or "", self.max_attempts_default)
+        return self.plans.get(flow_api_name or "", {}).get("max_attempts", self.max_attempts_default)
+
+    def admission_budget(self) -> AdmissionBudget | None:
+        """The durable-mutation admission budget of the org (``None``: no budget applies)."""
+        org = self.queues.get("durable_mutation", {}).get("max_active")
+        plans = {name: b["max_active"] for name, b in self.plans.items() if "max_active" in b}
+        objects = {name: b["max_active"] for name, b in self.resource_classes.items()}
+        if org is None and not plans and not objects:
+            return None
+        return AdmissionBudget(org, plans, objects)
+
 
     def as_json(self) -> dict[str, Any]:
         return {"version": self.version,
@@ -124,8 +162,11 @@ class RuntimePolicy:
                             "retry_after_seconds": self.ingress.retry_after_seconds},
                 "retries": {"max_attempts": self.max_attempts_default,
                             "retry_base_seconds": self.retry_base_seconds},
-                "plans": {name: {"max_attempts": n} for name, n in sorted(self.plan_max_attempts.items())},
-                "plan_bounds": dict(sorted(self.plan_bounds.items()))}
+                "plans": {name: dict(sorted(bounds.items())) for name, bounds in sorted(self.plans.items())},
+                "plan_bounds": dict(sorted(self.plan_bounds.items())),
+                "queues": {name: dict(sorted(bounds.items())) for name, bounds in sorted(self.queues.items())},
+                "resource_classes": {name: dict(sorted(bounds.items()))
+                                     for name, bounds in sorted(self.resource_classes.items())}}
 
 
 def _number(value: Any, kind: type, low: float, high: float, where: str) -> int | float:
@@ -148,29 +189,43 @@ def validate_policy_document(document: Any, *, scope: str) -> dict[str, Any]:
         raise RuntimePolicyInvalid("a runtime policy is a non-empty JSON object")
     out: dict[str, Any] = {}
     for section, body in document.items():
-        if section not in _SCHEMA and section != "plans":
+        if section not in _SCHEMA and section not in _NAMED_SECTIONS:
             raise RuntimePolicyInvalid(f"unknown section {section!r}; sections: "
-                                       f"{', '.join(sorted([*_SCHEMA, 'plans']))}")
+                                       f"{', '.join(sorted([*_SCHEMA, *_NAMED_SECTIONS]))}")
         if section in ENVIRONMENT_SECTIONS and scope != ENVIRONMENT:
             raise RuntimePolicyInvalid(f"{section} bounds a shared resource: only the environment policy "
                                        f"(--scope '*') sets it")
         if not isinstance(body, dict) or not body:
             raise RuntimePolicyInvalid(f"{section} is a non-empty JSON object")
-        if section == "plans":
-            plans = {}
-            for name, bounds in body.items():
-                if not isinstance(name, str) or not FLOW_NAME.fullmatch(name):
-                    raise RuntimePolicyInvalid(f"plans: {name!r} is not a Flow API name")
-                if not isinstance(bounds, dict) or not bounds or set(bounds) - set(_PLAN_KEYS):
-                    raise RuntimePolicyInvalid(f"plans.{name} takes {', '.join(_PLAN_KEYS)}")
-                plans[name] = {k: _number(v, *_PLAN_KEYS[k], f"plans.{name}.{k}") for k, v in bounds.items()}
-            out["plans"] = plans
+        if section in _NAMED_SECTIONS:
+            out[section] = _named_section(section, body)
             continue
         unknown = sorted(set(body) - set(_SCHEMA[section]))
         if unknown:
             raise RuntimePolicyInvalid(f"unknown key {section}.{unknown[0]}; keys: {', '.join(_SCHEMA[section])}")
         out[section] = {k: _number(v, *_SCHEMA[section][k], f"{section}.{k}") for k, v in body.items()}
     return out
+
+
+def _named_section(section: str, body: dict) -> dict[str, dict[str, int | float]]:
+    """A section keyed by Flow API name (``plans``), queue class (``queues``) or object API name
+    (``resource_classes``), each name's bounds checked against its keys."""
+    named = {}
+    for name, bounds in body.items():
+        if section == "queues":
+            if name not in QUEUE_CLASSES:
+                raise RuntimePolicyInvalid(f"queues: {name!r} is not a budgeted queue class; classes: "
+                                           f"{', '.join(QUEUE_CLASSES)}")
+            keys = QUEUE_CLASSES[name]
+        else:
+            if not isinstance(name, str) or not FLOW_NAME.fullmatch(name):
+                raise RuntimePolicyInvalid(f"{section}: {name!r} is not "
+                                           f"{'a Flow' if section == 'plans' else 'an object'} API name")
+            keys = _PLAN_KEYS if section == "plans" else _RESOURCE_KEYS
+        if not isinstance(bounds, dict) or not bounds or set(bounds) - set(keys):
+            raise RuntimePolicyInvalid(f"{section}.{name} takes {', '.join(keys)}")
+        named[name] = {k: _number(v, *keys[k], f"{section}.{name}.{k}") for k, v in bounds.items()}
+    return named
 
 
 def policy_version_of(scope: str, generation: int) -> str:
@@ -259,6 +314,8 @@ def _defaults() -> dict[str, Any]:
                     "retry_base_seconds": setting_number("NEXUS_FLOW_RETRY_BASE_SECONDS", 2.0)},
         "plans": {},
         "plan_bounds": {},
+        "queues": {},
+        "resource_classes": {},
     }
 
 
@@ -296,12 +353,16 @@ def runtime_policy(org_id: str | None = None) -> RuntimePolicy:
         version, document = latest
         versions.append(version)
         for section, body in document.items():
-            merged[section] = {**merged[section], **body}
+            if section in _NAMED_SECTIONS:  # a name's bounds merge key by key (an org's plan keeps env keys)
+                merged[section] = {**merged[section], **{name: {**merged[section].get(name, {}), **bounds}
+                                                         for name, bounds in body.items()}}
+            else:
+                merged[section] = {**merged[section], **body}
     return RuntimePolicy(
         version="+".join(versions) or BUILTIN_VERSION,
         pressure=PressureBounds(**merged["pressure"]),
         ingress=IngressBounds(**merged["ingress"]),
         max_attempts_default=merged["retries"]["max_attempts"],
         retry_base_seconds=merged["retries"]["retry_base_seconds"],
-        plan_max_attempts={name: b["max_attempts"] for name, b in merged["plans"].items() if "max_attempts" in b},
-        plan_bounds=dict(merged["plan_bounds"]))
+        plans=merged["plans"], plan_bounds=dict(merged["plan_bounds"]), queues=merged["queues"],
+        resource_classes=merged["resource_classes"])

@@ -62,6 +62,21 @@ def flow_plans_with_due_runs(*, now) -> list[tuple[str, int]]:
         return [(org_id, int(plan_id)) for org_id, plan_id in cursor.fetchall()]
 
 
+def flow_running_by_plan(*, org_id: str) -> dict[int, int]:
+    """The org's ``Running`` roots (a step claimed and executing) per plan id (``flow_run_claim_idx``: the
+    executing runs are bounded by the workers' claims, never by a backlog)."""
+    rows = (FlowRun.objects.filter(org_id=org_id, state=t.RUN_RUNNING).values("plan_id")
+            .annotate(n=Count("pk")).order_by())
+    return {int(r["plan_id"]): int(r["n"]) for r in rows}
+
+
+def flow_plans_described(*, org_id: str, plan_ids: list[int]) -> dict[int, tuple[str, str]]:
+    """``plan id -> (Flow API name, trigger object)`` of the org's plans ``plan_ids``."""
+    rows = FlowExecutionPlan.objects.filter(org_id=org_id, pk__in=plan_ids).values_list(
+        "pk", "flow_api_name", "trigger_object_name")
+    return {int(pk): (flow, obj) for pk, flow, obj in rows}
+
+
 def flow_due_run_candidates(*, org_id: str, now, limit: int, plan_id: int | None = None) -> list[tuple[int, int]]:
     """Up to ``limit`` due runs of one org (of one of its plans when ``plan_id`` is given) as ``(run id,
     current step id)``, oldest due first.

@@ -14,17 +14,21 @@ import secrets
 from dataclasses import dataclass
 
 from django.db import transaction
+from django_mysql.exceptions import TimeoutError as LockTimeout
+from django_mysql.locks import Lock
 
 from nexusflow.kernel.clock import db_now, db_now_sql
 
 from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.identity import validate_key
+from runtime_outbox.policy import AdmissionBudget, runtime_policy
 
 from .. import policy
 from .. import transitions as t
 from ..compiler import KIND_MUTATION
 from ..models import FlowExecutionPlan, FlowRun, FlowStepAttempt, FlowStepExecution
-from ..selectors import flow_due_run_candidates, flow_plan_of, flow_plans_with_due_runs
+from ..selectors import (flow_due_run_candidates, flow_plan_of, flow_plans_described, flow_plans_with_due_runs,
+                         flow_running_by_plan)
 from ..store import FlowAttemptStore, FlowRunStore, FlowStepStore
 from .admission import START_OBJECT
 
@@ -89,7 +93,12 @@ def flow_step_claim_batch(*, worker_id: str, limit: int | None = None) -> list[S
     serves the next org in round robin (:func:`_next_org`: per-org fair share, a hot tenant's backlog never
     queues another tenant's run behind it) and, within it, the next plan in round robin (:func:`_next_plan`:
     per-plan fair share, likewise between the Flows of one org), then that plan's oldest due runs in stable
-    order (``run_after``, id; at most :data:`policy.CLAIM_BATCH`, :func:`..selectors.flow_due_run_candidates`). The claim transaction then
+    order (``run_after``, id; at most :data:`policy.CLAIM_BATCH`, :func:`..selectors.flow_due_run_candidates`).
+    When the org's runtime policy sets admission budgets (``queues``, ``plans.<flow>.max_active``,
+    ``resource_classes``; seed 004 section 16.2), the round holds the org's claim lock (a server named lock,
+    taken without waiting: an org another worker is claiming passes the round to the next org) while it
+    counts the org's ``Running`` roots and claims at most the remaining budget of the plan it serves; an org
+    or plan at its budget passes the round on. The claim transaction then
     locks the candidates' roots (one org, ascending id, ``FOR UPDATE SKIP LOCKED``: a root another worker is claiming or
     running is left to it, never waited for), then their steps (ascending id), re-verifies each pair
     exactly as a single claim does and writes each lease, ``Claimed`` step, ``Running`` root and
@@ -113,16 +122,65 @@ def flow_step_claim_batch(*, worker_id: str, limit: int | None = None) -> list[S
         raise ValueError("limit must be at least 1")
     now = db_now_sql()  # the database clock, read by each discovery query itself
     due = flow_plans_with_due_runs(now=now)
-    org_id = _next_org(worker_id, sorted({org for org, _plan in due}))
-    if org_id is None:
-        return []
-    plan_id = _next_plan(worker_id, org_id, [plan for org, plan in due if org == org_id])
+    orgs = sorted({org for org, _plan in due})
+    for _ in orgs:  # one pass at most: an org at its admission budget passes the round to the next
+        org_id = _next_org(worker_id, orgs)
+        plans = [plan for org, plan in due if org == org_id]
+        budget = runtime_policy(org_id).admission_budget()
+        if budget is None:
+            return _claim_from(worker_id, org_id, plans, now, limit)
+        try:
+            with Lock(_budget_lock_name(org_id), acquire_timeout=0):  # counts and claims of one org, one at a time
+                headroom = _headroom(org_id, plans, budget)
+                plans = [plan for plan in plans if headroom[plan] > 0]
+                claims = _claim_from(worker_id, org_id, plans, now, limit, headroom) if plans else []
+        except LockTimeout:
+            continue  # another worker is claiming this org's work now: serve the next org
+        if claims:
+            return claims
+    return []
+
+
+def _claim_from(worker_id: str, org_id: str, plans: list[int], now, limit: int,
+                headroom: dict[int, int] | None = None) -> list[StepClaim]:
+    """Claim up to ``limit`` (and the chosen plan's ``headroom``) due runs of the next of ``plans`` in round
+    robin."""
+    plan_id = _next_plan(worker_id, org_id, plans)
+    if headroom is not None:
+        limit = min(limit, headroom[plan_id])
     ours = flow_due_run_candidates(org_id=org_id, now=now, limit=max(policy.CLAIM_BATCH, limit), plan_id=plan_id)
     for first in range(0, len(ours), limit):
         claims = _claim_chunk(org_id, ours[first:first + limit], worker_id)
         if claims:
             return claims
     return []
+
+
+def _budget_lock_name(org_id: str) -> str:
+    return "flowclaim." + digest_v2("flows.claim-budget", [("org", org_id)]).hexdigest[:24]
+
+
+def _headroom(org_id: str, plans: list[int], budget: AdmissionBudget) -> dict[int, int]:
+    """Runs each of ``plans`` may still start now under ``budget`` (runtime policy ``queues``, ``plans``,
+    ``resource_classes``): the least of the org's, the plan's Flow's and its trigger object's remaining
+    budgets, counted from the org's ``Running`` roots (read under the org's claim lock)."""
+    running = flow_running_by_plan(org_id=org_id)
+    described = flow_plans_described(org_id=org_id, plan_ids=sorted(set(plans) | set(running)))
+    unbounded = 10**9
+    org_left = unbounded if budget.org is None else budget.org - sum(running.values())
+    by_flow: dict[str, int] = {}
+    by_object: dict[str, int] = {}
+    for plan_id, n in running.items():
+        flow, obj = described.get(plan_id, ("", ""))
+        by_flow[flow] = by_flow.get(flow, 0) + n
+        by_object[obj] = by_object.get(obj, 0) + n
+    headroom = {}
+    for plan_id in plans:
+        flow, obj = described.get(plan_id, ("", ""))
+        flow_left = budget.plans[flow] - by_flow.get(flow, 0) if flow in budget.plans else unbounded
+        object_left = budget.objects[obj] - by_object.get(obj, 0) if obj in budget.objects else unbounded
+        headroom[plan_id] = min(org_left, flow_left, object_left)
+    return headroom
 
 
 #: What each worker served last, by round-robin key: ``worker id`` -> org, ``(worker id, org)`` -> plan.
