@@ -10,23 +10,27 @@ generation, overlaid by the org's latest generation.
 Document (every section and key optional; unknown keys are refused)::
 
     {"pressure": {"active_statements": 32, "connection_share": 0.8, "read_seconds": 1.0,
-                  "lock_waits": 16},                                                         # environment only
+                  "lock_waits": 16, "expired_leases": 16},                                   # environment only
      "ingress": {"shed_active_statements": 64, "shed_connection_share": 0.95,
                  "retry_after_seconds": 5},                                                 # environment only
-     "retries": {"max_attempts": 5, "retry_base_seconds": 2.0},
+     "retries": {"max_attempts": 5, "retry_base_seconds": 2.0, "max_per_minute": 600},
      "plans": {"<flow api name>": {"max_attempts": 3, "max_active": 8}},
      "plan_bounds": {"atomic_max_reads": 10, "atomic_max_writes": 10},
      "queues": {"durable_mutation": {"max_active": 16}},
      "resource_classes": {"<object api name>": {"max_active": 4}}}
 
 - ``pressure``: new durable mutation work (a Flow step claim) waits while this account runs at least
-  ``active_statements`` statements on the database or holds ``connection_share`` of ``max_connections``
-  (:mod:`nexusflow.kernel.pressure`); read at most every ``read_seconds``.
+  ``active_statements`` statements on the database or holds ``connection_share`` of ``max_connections``,
+  while ``lock_waits`` transactions wait for a row lock, or while ``expired_leases`` step leases expired
+  and are not yet recovered (:mod:`nexusflow.kernel.pressure`); read at most every ``read_seconds``.
 - ``ingress``: at the higher ``shed_*`` bounds the webhook ingress sheds: it answers 503 ``ingress_shed``
   with ``Retry-After: retry_after_seconds`` and admits nothing, so nothing accepted is lost and the provider
   redelivers later. Below them it answers as always.
 - ``retries`` / ``plans``: attempts a Flow step gets before its run fails ``retry_exhausted`` (a plan's own
-  bound wins), and the first retry's delay (seconds; doubled per attempt, capped, jittered).
+  bound wins), and the first retry's delay (seconds; doubled per attempt, capped, jittered);
+  ``max_per_minute``: the retry budget of one org: once its steps started this many retries (attempts after
+  the first) in the last 60 seconds of the database clock, its claim rounds take first attempts only, so a
+  retry storm is contained at this rate while new work keeps moving (no budget by default).
 - ``queues`` / ``plans.<flow>.max_active`` / ``resource_classes``: admission budgets of the durable mutation
   queue class (seed 004 sections 16.1-16.2): at most ``max_active`` Flow runs of one org executing a step at
   once (``Running``), of one plan (Flow) of the org, or of the org's Flows triggered by one object (the
@@ -69,10 +73,12 @@ ENVIRONMENT_SECTIONS = frozenset({"pressure", "ingress"})
 _SCHEMA: dict[str, dict[str, tuple[type, float, float]]] = {
     # section -> key -> (type, minimum, maximum)
     "pressure": {"active_statements": (int, 1, 100_000), "connection_share": (float, 0.01, 1.0),
-                 "read_seconds": (float, 0.0, 60.0), "lock_waits": (int, 1, 100_000)},
+                 "read_seconds": (float, 0.0, 60.0), "lock_waits": (int, 1, 100_000),
+                 "expired_leases": (int, 1, 100_000)},
     "ingress": {"shed_active_statements": (int, 1, 100_000), "shed_connection_share": (float, 0.01, 1.0),
                 "retry_after_seconds": (int, 1, 3600)},
-    "retries": {"max_attempts": (int, 1, 100), "retry_base_seconds": (float, 0.0, 3600.0)},
+    "retries": {"max_attempts": (int, 1, 100), "retry_base_seconds": (float, 0.0, 3600.0),
+                "max_per_minute": (int, 1, 1_000_000)},
     "plan_bounds": {"atomic_max_reads": (int, 1, 1000), "atomic_max_writes": (int, 1, 1000)},
 }
 _PLAN_KEYS = {"max_attempts": (int, 1, 100), "max_active": (int, 1, 100_000)}
@@ -106,7 +112,7 @@ class IngressBounds:
         """The ingress's bounds as pressure bounds (lock waits never shed ingress: admission takes no row lock
         a mutation holds)."""
         return PressureBounds(self.shed_active_statements, self.shed_connection_share, read_seconds,
-                              lock_waits=10**9)
+                              lock_waits=10**9, expired_leases=10**9)
 
 
 class AdmissionBudget(NamedTuple):
@@ -128,6 +134,8 @@ class RuntimePolicy:
     ingress: IngressBounds
     max_attempts_default: int
     retry_base_seconds: float
+    #: Retries one org's steps may start per minute (``None``: unbounded).
+    retries_per_minute: int | None = None
     #: Flow API name -> ``{"max_attempts": n, "max_active": n}`` (either optional).
     plans: dict[str, dict[str, int]] = field(default_factory=dict)
     #: ``{"atomic_max_reads", "atomic_max_writes"}``: the plan-eligibility bounds (``{}``: the compiler's own).
@@ -156,12 +164,14 @@ class RuntimePolicy:
                 "pressure": {"active_statements": self.pressure.active_statements,
                              "connection_share": self.pressure.connection_share,
                              "read_seconds": self.pressure.read_seconds,
-                             "lock_waits": self.pressure.lock_waits},
+                             "lock_waits": self.pressure.lock_waits,
+                             "expired_leases": self.pressure.expired_leases},
                 "ingress": {"shed_active_statements": self.ingress.shed_active_statements,
                             "shed_connection_share": self.ingress.shed_connection_share,
                             "retry_after_seconds": self.ingress.retry_after_seconds},
                 "retries": {"max_attempts": self.max_attempts_default,
-                            "retry_base_seconds": self.retry_base_seconds},
+                            "retry_base_seconds": self.retry_base_seconds,
+                            **({} if self.retries_per_minute is None else {"max_per_minute": self.retries_per_minute})},
                 "plans": {name: dict(sorted(bounds.items())) for name, bounds in sorted(self.plans.items())},
                 "plan_bounds": dict(sorted(self.plan_bounds.items())),
                 "queues": {name: dict(sorted(bounds.items())) for name, bounds in sorted(self.queues.items())},
@@ -305,7 +315,7 @@ def _defaults() -> dict[str, Any]:
     return {
         "pressure": {"active_statements": pressure.active_statements,
                      "connection_share": pressure.connection_share, "read_seconds": pressure.read_seconds,
-                     "lock_waits": pressure.lock_waits},
+                     "lock_waits": pressure.lock_waits, "expired_leases": pressure.expired_leases},
         "ingress": {"shed_active_statements": int(setting_number("NEXUS_INGRESS_SHED_ACTIVE_STATEMENTS",
                                                                  2 * pressure.active_statements)),
                     "shed_connection_share": setting_number("NEXUS_INGRESS_SHED_CONNECTION_SHARE", 0.95),
@@ -364,5 +374,6 @@ def runtime_policy(org_id: str | None = None) -> RuntimePolicy:
         ingress=IngressBounds(**merged["ingress"]),
         max_attempts_default=merged["retries"]["max_attempts"],
         retry_base_seconds=merged["retries"]["retry_base_seconds"],
+        retries_per_minute=merged["retries"].get("max_per_minute"),
         plans=merged["plans"], plan_bounds=dict(merged["plan_bounds"]), queues=merged["queues"],
         resource_classes=merged["resource_classes"])

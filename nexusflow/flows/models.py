@@ -345,6 +345,7 @@ class FlowStepAttempt(GuardedModel):
         constraints = [
             models.UniqueConstraint(fields=["org_id", "step", "attempt_number"], name="flow_attempt_number_uniq"),
         ]
+        indexes = [models.Index(fields=["org_id", "started_at"], name="flow_attempt_org_started_idx")]
 
 
 class FlowCheckpoint(GuardedModel):

@@ -70,6 +70,20 @@ def flow_running_by_plan(*, org_id: str) -> dict[int, int]:
     return {int(r["plan_id"]): int(r["n"]) for r in rows}
 
 
+def flow_retries_started_since(*, org_id: str, since, limit: int) -> int:
+    """The org's attempts after a step's first started at or after ``since``, counted up to ``limit``
+    (``flow_attempt_org_started_idx``: the read stops at the budget)."""
+    return len(FlowStepAttempt.objects.filter(org_id=org_id, started_at__gte=since, attempt_number__gt=1)
+               .values_list("pk", flat=True)[:limit])
+
+
+def flow_expired_leases(*, now, limit: int) -> int:
+    """Step leases (every org) expired before ``now`` and not yet recovered, counted up to ``limit``
+    (``flow_step_lease_idx``)."""
+    return len(FlowStepExecution.objects.filter(state__in=(t.STEP_CLAIMED, t.STEP_RUNNING),
+                                                lease_expires_at__lt=now).values_list("pk", flat=True)[:limit])
+
+
 def flow_plans_described(*, org_id: str, plan_ids: list[int]) -> dict[int, tuple[str, str]]:
     """``plan id -> (Flow API name, trigger object)`` of the org's plans ``plan_ids``."""
     rows = FlowExecutionPlan.objects.filter(org_id=org_id, pk__in=plan_ids).values_list(
@@ -77,7 +91,8 @@ def flow_plans_described(*, org_id: str, plan_ids: list[int]) -> dict[int, tuple
     return {int(pk): (flow, obj) for pk, flow, obj in rows}
 
 
-def flow_due_run_candidates(*, org_id: str, now, limit: int, plan_id: int | None = None) -> list[tuple[int, int]]:
+def flow_due_run_candidates(*, org_id: str, now, limit: int, plan_id: int | None = None,
+                            retries: bool = True) -> list[tuple[int, int]]:
     """Up to ``limit`` due runs of one org (of one of its plans when ``plan_id`` is given) as ``(run id,
     current step id)``, oldest due first.
 
@@ -85,10 +100,12 @@ def flow_due_run_candidates(*, org_id: str, now, limit: int, plan_id: int | None
     ``now`` whose current step is ``Pending`` or ``RetryScheduled``, in (``run_after``, ``queue_class``, id)
     order straight off ``flow_run_claim_idx`` (of one plan: (``run_after``, id) off
     ``flow_run_plan_claim_idx``; no sort: the limit stops the read however large the backlog), each step
-    reached by its primary key. The claim re-verifies every candidate under its locks.
+    reached by its primary key. The claim re-verifies every candidate under its locks. ``retries`` False:
+    first attempts only (``Pending`` steps; the org's retry budget is spent).
     """
     clock, clock_params = _clock_sql(now)
     run, step = FlowRun._meta.db_table, FlowStepExecution._meta.db_table
+    states = [t.STEP_PENDING, t.STEP_RETRY_SCHEDULED if retries else t.STEP_PENDING]
     if plan_id is not None:
         with connection.cursor() as cursor:
             cursor.execute(
@@ -97,8 +114,7 @@ def flow_due_run_candidates(*, org_id: str, now, limit: int, plan_id: int | None
                 f"AND {run}.state = %s AND ({run}.run_after IS NULL OR {run}.run_after <= {clock}) "
                 f"AND {run}.is_deleted = 0 AND {run}.delete_requested_at IS NULL AND {step}.state IN (%s, %s) "
                 f"ORDER BY {run}.run_after, {run}.id LIMIT %s",
-                [org_id, int(plan_id), t.RUN_RUNNABLE, *clock_params, t.STEP_PENDING, t.STEP_RETRY_SCHEDULED,
-                 int(limit)])
+                [org_id, int(plan_id), t.RUN_RUNNABLE, *clock_params, *states, int(limit)])
             return [(int(run_id), int(step_id)) for run_id, step_id in cursor.fetchall()]
     with connection.cursor() as cursor:
         cursor.execute(
@@ -107,7 +123,7 @@ def flow_due_run_candidates(*, org_id: str, now, limit: int, plan_id: int | None
             f"AND ({run}.run_after IS NULL OR {run}.run_after <= {clock}) AND {run}.is_deleted = 0 "
             f"AND {run}.delete_requested_at IS NULL AND {step}.state IN (%s, %s) "
             f"ORDER BY {run}.run_after, {run}.queue_class, {run}.id LIMIT %s",
-            [org_id, t.RUN_RUNNABLE, *clock_params, t.STEP_PENDING, t.STEP_RETRY_SCHEDULED, int(limit)])
+            [org_id, t.RUN_RUNNABLE, *clock_params, *states, int(limit)])
         return [(int(run_id), int(step_id)) for run_id, step_id in cursor.fetchall()]
 
 

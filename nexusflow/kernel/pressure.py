@@ -18,7 +18,11 @@ the server's ``max_connections``. The bounds are settings (environment variables
   every question);
 - ``NEXUS_PRESSURE_LOCK_WAITS`` (default 16): at or above this many transactions of the server waiting
   for a row lock now (``Innodb_row_lock_current_waits``), new mutation work waits: the contention would
-  only grow with it.
+  only grow with it;
+- ``NEXUS_PRESSURE_EXPIRED_LEASES`` (default 16): at or above this many step leases expired and not yet
+  recovered, new Flow step claims wait (judged by the flows app,
+  :func:`nexusflow.flows.services.claim.flow_lease_admission`): workers are dying or overrun, and recovery
+  (which never asks) catches up first.
 
 These settings are the defaults of the versioned runtime policy (:mod:`runtime_outbox.policy`), whose
 published environment generation wins over them.
@@ -43,12 +47,14 @@ PRESSURE_LOCK_WAITS = "db_pressure_lock_waits"
 @dataclass(frozen=True)
 class PressureBounds:
     """The bounds in force: ``active_statements`` (count), ``connection_share`` (0..1], ``read_seconds``,
-    ``lock_waits`` (transactions of the server waiting for a row lock now)."""
+    ``lock_waits`` (transactions of the server waiting for a row lock now), ``expired_leases`` (step leases
+    expired and not yet recovered)."""
 
     active_statements: int
     connection_share: float
     read_seconds: float
     lock_waits: int = 16
+    expired_leases: int = 16
 
 
 def pressure_bounds() -> PressureBounds:
@@ -61,9 +67,10 @@ def pressure_bounds() -> PressureBounds:
     bounds = PressureBounds(active_statements=int(setting_number("NEXUS_PRESSURE_ACTIVE_STATEMENTS", 32)),
                             connection_share=setting_number("NEXUS_PRESSURE_CONNECTION_SHARE", 0.8),
                             read_seconds=setting_number("NEXUS_PRESSURE_READ_SECONDS", 1.0),
-                            lock_waits=int(setting_number("NEXUS_PRESSURE_LOCK_WAITS", 16)))
+                            lock_waits=int(setting_number("NEXUS_PRESSURE_LOCK_WAITS", 16)),
+                            expired_leases=int(setting_number("NEXUS_PRESSURE_EXPIRED_LEASES", 16)))
     if (bounds.active_statements < 1 or not 0 < bounds.connection_share <= 1 or bounds.read_seconds < 0
-            or bounds.lock_waits < 1):
+            or bounds.lock_waits < 1 or bounds.expired_leases < 1):
         raise ValueError(f"pressure bounds out of range: {bounds}")
     return bounds
 

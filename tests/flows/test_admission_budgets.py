@@ -14,12 +14,16 @@ import threading
 import pytest
 from django.db import connection
 
+from nexusflow.flows import policy
 from nexusflow.flows import transitions as t
-from nexusflow.flows.models import FlowRun
+from nexusflow.flows.compiler import KIND_PURE_COMPUTE
+from nexusflow.flows.models import FlowRun, FlowStepAttempt, FlowStepExecution
 from nexusflow.flows.services import claim as claim_module
-from nexusflow.flows.services import flow_deploy, flow_run_start
-from nexusflow.flows.services.claim import flow_step_claim_batch
+from nexusflow.flows.services import execute, flow_deploy, flow_run_start, flow_try_recover_expired_one
+from nexusflow.flows.services.claim import (PRESSURE_EXPIRED_LEASES, RETRY_WINDOW_SECONDS, flow_lease_admission,
+                                            flow_step_claim_batch)
 from nexusflow.flows.services.execute import flow_step_execute
+from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.scope import OrgScope
 from runtime_outbox.policy import RuntimePolicyInvalid, runtime_policy, runtime_policy_publish
 from tests.bench import capacity_flows as cf
@@ -162,3 +166,72 @@ def test_two_workers_claiming_one_org_at_once_never_exceed_its_budget(monkeypatc
     assert not a.is_alive() and not b.is_alive()
     assert len(results["worker-a"]) == 1 and results["worker-b"] == []
     assert _running(org) == 1
+
+
+class _Retryable(NexusError):
+    """A retryable step failure raised before any write (a proven rollback)."""
+
+    code = "budget_test_failure"
+
+
+def test_the_retry_budget_caps_retries_per_minute_while_first_attempts_go_on(monkeypatch, settings, db_clock_advance):
+    """A retry storm is contained by the policy's budget: once the org's steps started ``max_per_minute``
+    retries within a minute of the database clock, its rounds take first attempts only, until the window
+    moves on."""
+    settings.NEXUS_FLOW_RETRY_BASE_SECONDS = 1.0
+    org = OrgScope("budget-retries")
+    storm = flow_deploy(org=org, source=cf.durable_chain(1), flow_api_name="Storm").plan
+    flow_deploy(org=org, source=cf.durable_chain(2), flow_api_name="Calm")
+    real = execute.EXECUTORS[KIND_PURE_COMPUTE]
+
+    def failing(claim, plan, step_def):
+        if claim.plan_id == storm.pk:
+            raise _Retryable()
+        return real(claim, plan, step_def)
+
+    monkeypatch.setitem(execute.EXECUTORS, KIND_PURE_COMPUTE, failing)
+    _publish(org.org_id, {"retries": {"max_per_minute": 3, "max_attempts": 10}})
+    storm_runs = _start(org, "Storm", 5)
+    for claim in flow_step_claim_batch(worker_id="w", limit=5):  # the first attempts are not retries
+        flow_step_execute(claim=claim)
+    assert FlowStepExecution.objects.filter(run_id__in=storm_runs, state=t.STEP_RETRY_SCHEDULED).count() == 5
+    db_clock_advance(30)  # every retry is due
+    calm_runs = _start(org, "Calm", 2)
+
+    def retries_started() -> int:
+        return FlowStepAttempt.objects.filter(org_id=org.org_id, attempt_number__gt=1).count()
+
+    taken = []
+    for _ in range(4):
+        for claim in flow_step_claim_batch(worker_id="w", limit=4):
+            taken.append(claim.run_id)
+            flow_step_execute(claim=claim)
+    assert retries_started() == 3  # the budget, though five retries were due the whole time
+    assert set(calm_runs) <= set(taken)  # first attempts kept moving beside the spent budget
+    db_clock_advance(RETRY_WINDOW_SECONDS + 1)  # the window moves on: the next retries are admitted
+    for claim in flow_step_claim_batch(worker_id="w", limit=4):
+        flow_step_execute(claim=claim)
+    assert retries_started() == 3 + 3  # the next minute's budget, no more (five were due)
+
+
+def test_expired_unrecovered_leases_at_the_bound_pause_new_step_claims_until_recovery(settings, db_clock_advance):
+    """Workers dying or overrun leave leases expired: at the policy's ``expired_leases`` bound no new step is
+    claimed, while recovery (which never asks) fences them and admission resumes."""
+    settings.NEXUS_PRESSURE_EXPIRED_LEASES = 2
+    settings.NEXUS_PRESSURE_READ_SECONDS = 0
+    org = OrgScope("budget-leases")
+    flow_deploy(org=org, source=cf.durable_chain(1), flow_api_name="Chain")
+    abandoned = _start(org, "Chain", 2)
+    assert len(flow_step_claim_batch(worker_id="dead-worker", limit=2)) == 2  # claimed, never executed
+    waiting = _start(org, "Chain", 1)
+    assert flow_lease_admission(runtime_policy().pressure) == ""  # the leases are live
+    db_clock_advance(policy.lease_seconds() + 1)
+    assert flow_lease_admission(runtime_policy().pressure) == PRESSURE_EXPIRED_LEASES
+    assert execute.flow_try_run_step_one(worker_id="live-worker") is False
+    assert FlowRun.objects.get(pk=waiting[0]).state == t.RUN_RUNNABLE  # paused, not claimed
+    recovered = 0
+    while flow_try_recover_expired_one():
+        recovered += 1
+    assert recovered >= 1 and flow_lease_admission(runtime_policy().pressure) == ""
+    assert FlowStepExecution.objects.filter(run_id__in=abandoned, state__in=(t.STEP_CLAIMED, t.STEP_RUNNING)).count() < 2
+    assert execute.flow_try_run_step_one(worker_id="live-worker") is True

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import secrets
+import time
 from dataclasses import dataclass
 
 from django.db import transaction
@@ -21,18 +22,22 @@ from nexusflow.kernel.clock import db_now, db_now_sql
 
 from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.identity import validate_key
+from nexusflow.kernel.pressure import PressureBounds
 from runtime_outbox.policy import AdmissionBudget, runtime_policy
 
 from .. import policy
 from .. import transitions as t
 from ..compiler import KIND_MUTATION
 from ..models import FlowExecutionPlan, FlowRun, FlowStepAttempt, FlowStepExecution
-from ..selectors import (flow_due_run_candidates, flow_plan_of, flow_plans_described, flow_plans_with_due_runs,
-                         flow_running_by_plan)
+from ..selectors import (flow_due_run_candidates, flow_expired_leases, flow_plan_of, flow_plans_described,
+                         flow_plans_with_due_runs, flow_retries_started_since, flow_running_by_plan)
 from ..store import FlowAttemptStore, FlowRunStore, FlowStepStore
 from .admission import START_OBJECT
 
 log = logging.getLogger("nexusflow.flows")
+
+#: Reason code of a claim round paused by expired, unrecovered step leases (:func:`flow_lease_admission`).
+PRESSURE_EXPIRED_LEASES = "flow_pressure_expired_leases"
 
 
 @dataclass(frozen=True)
@@ -95,10 +100,11 @@ def flow_step_claim_batch(*, worker_id: str, limit: int | None = None) -> list[S
     per-plan fair share, likewise between the Flows of one org), then that plan's oldest due runs in stable
     order (``run_after``, id; at most :data:`policy.CLAIM_BATCH`, :func:`..selectors.flow_due_run_candidates`).
     When the org's runtime policy sets admission budgets (``queues``, ``plans.<flow>.max_active``,
-    ``resource_classes``; seed 004 section 16.2), the round holds the org's claim lock (a server named lock,
-    taken without waiting: an org another worker is claiming passes the round to the next org) while it
-    counts the org's ``Running`` roots and claims at most the remaining budget of the plan it serves; an org
-    or plan at its budget passes the round on. The claim transaction then
+    ``resource_classes``, ``retries.max_per_minute``; seed 004 section 16.2), the round holds the org's claim
+    lock (a server named lock, taken without waiting: an org another worker is claiming passes the round to
+    the next org) while it counts the org's ``Running`` roots and recent retries and claims at most the
+    remaining budget of the plan it serves (retries only within the retry budget, :func:`_claim_budgeted`);
+    an org or plan at its budget passes the round on. The claim transaction then
     locks the candidates' roots (one org, ascending id, ``FOR UPDATE SKIP LOCKED``: a root another worker is claiming or
     running is left to it, never waited for), then their steps (ascending id), re-verifies each pair
     exactly as a single claim does and writes each lease, ``Claimed`` step, ``Running`` root and
@@ -126,14 +132,13 @@ def flow_step_claim_batch(*, worker_id: str, limit: int | None = None) -> list[S
     for _ in orgs:  # one pass at most: an org at its admission budget passes the round to the next
         org_id = _next_org(worker_id, orgs)
         plans = [plan for org, plan in due if org == org_id]
-        budget = runtime_policy(org_id).admission_budget()
-        if budget is None:
+        org_policy = runtime_policy(org_id)
+        budget, per_minute = org_policy.admission_budget(), org_policy.retries_per_minute
+        if budget is None and per_minute is None:
             return _claim_from(worker_id, org_id, plans, now, limit)
         try:
             with Lock(_budget_lock_name(org_id), acquire_timeout=0):  # counts and claims of one org, one at a time
-                headroom = _headroom(org_id, plans, budget)
-                plans = [plan for plan in plans if headroom[plan] > 0]
-                claims = _claim_from(worker_id, org_id, plans, now, limit, headroom) if plans else []
+                claims = _claim_budgeted(worker_id, org_id, plans, now, limit, budget, per_minute)
         except LockTimeout:
             continue  # another worker is claiming this org's work now: serve the next org
         if claims:
@@ -141,19 +146,60 @@ def flow_step_claim_batch(*, worker_id: str, limit: int | None = None) -> list[S
     return []
 
 
+def _claim_budgeted(worker_id: str, org_id: str, plans: list[int], now, limit: int,
+                    budget: AdmissionBudget | None, per_minute: int | None) -> list[StepClaim]:
+    """One claim round of an org with budgets, under its claim lock: the plans with headroom only, and
+    retries only within the retry budget (at most the retries left in its window)."""
+    headroom = _headroom(org_id, plans, budget) if budget is not None else None
+    if headroom is not None:
+        plans = [plan for plan in plans if headroom[plan] > 0]
+    if not plans:
+        return []
+    retries_left = None
+    if per_minute is not None:
+        since = db_now() - dt.timedelta(seconds=RETRY_WINDOW_SECONDS)
+        retries_left = per_minute - flow_retries_started_since(org_id=org_id, since=since, limit=per_minute)
+    return _claim_from(worker_id, org_id, plans, now, limit, headroom, retries_left=retries_left)
+
+
 def _claim_from(worker_id: str, org_id: str, plans: list[int], now, limit: int,
-                headroom: dict[int, int] | None = None) -> list[StepClaim]:
+                headroom: dict[int, int] | None = None, *, retries_left: int | None = None) -> list[StepClaim]:
     """Claim up to ``limit`` (and the chosen plan's ``headroom``) due runs of the next of ``plans`` in round
-    robin."""
+    robin, of which at most ``retries_left`` retries (``None``: any)."""
     plan_id = _next_plan(worker_id, org_id, plans)
     if headroom is not None:
         limit = min(limit, headroom[plan_id])
-    ours = flow_due_run_candidates(org_id=org_id, now=now, limit=max(policy.CLAIM_BATCH, limit), plan_id=plan_id)
+    ours = flow_due_run_candidates(org_id=org_id, now=now, limit=max(policy.CLAIM_BATCH, limit), plan_id=plan_id,
+                                   retries=retries_left is None or retries_left > 0)
     for first in range(0, len(ours), limit):
-        claims = _claim_chunk(org_id, ours[first:first + limit], worker_id)
+        claims = _claim_chunk(org_id, ours[first:first + limit], worker_id, retries_left)
         if claims:
             return claims
     return []
+
+
+#: The window of the retry budget (runtime policy ``retries.max_per_minute``), seconds of the database clock.
+RETRY_WINDOW_SECONDS = 60
+
+#: This process's last expired-lease reading: ``(monotonic time, bound, reason)``.
+_LEASES: dict[str, tuple[float, int, str]] = {}
+
+
+def flow_lease_admission(bounds: PressureBounds) -> str:
+    """``""`` when new Flow steps may be claimed, else ``flow_pressure_expired_leases``: at least
+    ``bounds.expired_leases`` step leases expired and are not yet recovered (workers dying or overrun;
+    recovery never asks and catches up first). Read at most every ``bounds.read_seconds`` per process."""
+    now = time.monotonic()
+    last = _LEASES.get("reading")
+    if last is not None and last[1] == bounds.expired_leases and now - last[0] < bounds.read_seconds:
+        return last[2]
+    expired = flow_expired_leases(now=db_now(), limit=bounds.expired_leases)
+    reason = PRESSURE_EXPIRED_LEASES if expired >= bounds.expired_leases else ""
+    if reason != (last[2] if last else ""):
+        (log.warning if reason else log.info)("flow step admission %s", f"paused: {reason}" if reason else "resumed",
+                                              extra={"expired_leases": expired})
+    _LEASES["reading"] = (now, bounds.expired_leases, reason)
+    return reason
 
 
 def _budget_lock_name(org_id: str) -> str:
@@ -212,9 +258,11 @@ def _next_plan(worker_id: str, org_id: str, plans: list[int]) -> int | None:
     return _round_robin((worker_id, org_id), plans)
 
 
-def _claim_chunk(org_id: str, chunk: list[tuple[int, int]], worker_id: str) -> list[StepClaim]:
-    """One claim transaction over ``chunk`` (``(run_id, step_id)`` pairs of one org, discovery order)."""
-    if len(chunk) == 1:
+def _claim_chunk(org_id: str, chunk: list[tuple[int, int]], worker_id: str,
+                 retries_left: int | None = None) -> list[StepClaim]:
+    """One claim transaction over ``chunk`` (``(run_id, step_id)`` pairs of one org, discovery order), taking
+    at most ``retries_left`` retries (``None``: any)."""
+    if len(chunk) == 1 and retries_left is None:
         claim = _claim(org_id=org_id, run_id=chunk[0][0], step_id=chunk[0][1], worker_id=worker_id)
         return [] if claim is None else [claim]
     steps_of = dict(chunk)
@@ -226,9 +274,14 @@ def _claim_chunk(org_id: str, chunk: list[tuple[int, int]], worker_id: str) -> l
             org_id, [run.current_step_id for run in runs])}
         claims = {}
         for run in runs:
-            claim = _claim_locked(run, steps.get(int(run.current_step_id)), now, worker_id)
+            step = steps.get(int(run.current_step_id))
+            retry = step is not None and step.state == t.STEP_RETRY_SCHEDULED
+            if retry and retries_left is not None and retries_left <= 0:
+                continue  # the org's retry budget is spent: first attempts only
+            claim = _claim_locked(run, step, now, worker_id)
             if claim is not None:
                 claims[int(run.pk)] = claim
+                retries_left = retries_left - 1 if retry and retries_left is not None else retries_left
     return [claims[run_id] for run_id, _step in chunk if run_id in claims]
 
 

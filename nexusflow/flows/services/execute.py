@@ -47,7 +47,7 @@ from ..models import FlowExecutionPlan, FlowRun, FlowStepAttempt
 from ..selectors import flow_plan_of, flow_subflow_payloads
 from ..store import FlowAttemptStore, FlowRunStore, FlowStepStore
 from .admission import _SAVE_ORIGIN, _SaveOrigin, _step_def
-from .claim import StepClaim, _claim, flow_step_claim_batch
+from .claim import StepClaim, _claim, flow_lease_admission, flow_step_claim_batch
 from .effects import _exec_effect_completion, _exec_effect_submit
 from .time_waits import _exec_dependency_wait
 from .step_txn import (
@@ -602,7 +602,8 @@ def flow_try_run_step_one(*, worker_id: str) -> bool:
     16.2) it claims nothing and returns False, so the worker backs off instead of adding load.
     """
     # Database pressure under the runtime policy's bounds: no new mutation work now (the cold lanes never ask).
-    if mutation_admission(runtime_policy().pressure):
+    bounds = runtime_policy().pressure
+    if mutation_admission(bounds) or flow_lease_admission(bounds):
         return False
     claims = flow_step_claim_batch(worker_id=worker_id)
     starts = _start_batch(claims) if len(claims) > 1 else {}

@@ -192,19 +192,28 @@ class Command(BaseCommand):
             policy = runtime_policy()
         except ValueError as exc:
             raise CommandError(f"invalid_setting: {exc}", returncode=2) from None
+        from nexusflow.flows.selectors import flow_expired_leases
+        from nexusflow.flows.services.claim import PRESSURE_EXPIRED_LEASES
+        from nexusflow.kernel.clock import db_now
+
         bounds = policy.pressure
         reading = read_pressure(bounds)
-        body = {**reading.as_json(), "admitted": not reading.reason, "policy_version": policy.version,
+        expired = flow_expired_leases(now=db_now(), limit=bounds.expired_leases)
+        reason = reading.reason or (PRESSURE_EXPIRED_LEASES if expired >= bounds.expired_leases else "")
+        body = {**reading.as_json(), "expired_leases": expired, "reason": reason, "admitted": not reason,
+                "policy_version": policy.version,
                 "bounds": {"active_statements": bounds.active_statements,
-                           "connection_share": bounds.connection_share, "read_seconds": bounds.read_seconds}}
+                           "connection_share": bounds.connection_share, "read_seconds": bounds.read_seconds,
+                           "lock_waits": bounds.lock_waits, "expired_leases": bounds.expired_leases}}
         if json:
             self.stdout.write(_dumps(body))
             return
-        verdict = f"paused ({reading.reason})" if reading.reason else "admitted"
+        verdict = f"paused ({reason})" if reason else "admitted"
         self.stdout.write(f"new durable mutation work: {verdict}; running statements {reading.active_statements} "
                           f"(bound {bounds.active_statements}); connections {reading.connections} of "
-                          f"{reading.max_connections or 'unbounded'} (bound {bounds.connection_share:.0%}; "
-                          f"runtime policy {policy.version})")
+                          f"{reading.max_connections or 'unbounded'} (bound {bounds.connection_share:.0%}); "
+                          f"row lock waits {reading.lock_waits} (bound {bounds.lock_waits}); expired step leases "
+                          f"{expired} (bound {bounds.expired_leases}; runtime policy {policy.version})")
 
     def _waits(self, *, org: str, state: str | None, limit: int, **_options):
         from nexusflow.flows import services
