@@ -6,7 +6,8 @@ only by compare-and-swap. Identity columns use binary collation.
 from django.db import models
 
 from nexusflow.kernel.identity import IdentityField
-from nexusflow.kernel.models import GuardedModel, TypedIdReference, reason_code_constraint, reason_code_field
+from nexusflow.kernel.models import (GuardedModel, TypedIdReference, reason_code_constraint, reason_code_field,
+                                     trace_id_field)
 
 from connectors import transitions
 
@@ -214,6 +215,7 @@ class Receipt(GuardedModel):
     component_count = models.PositiveIntegerField()
     quarantined_count = models.PositiveIntegerField()
     received_at = models.DateTimeField(auto_now_add=True)
+    trace_id = trace_id_field()
 
 
 class ReceiptAdmissionKey(GuardedModel):
@@ -474,6 +476,7 @@ class Execution(GuardedModel):
     org_id = IdentityField(max_length=64)
     projection = models.ForeignKey(Projection, on_delete=models.PROTECT)
     generation = models.PositiveIntegerField(default=1)
+    trace_id = trace_id_field()
     lane = models.ForeignKey(OrderingLane, null=True, blank=True, on_delete=models.PROTECT)
     position = models.BinaryField(max_length=64)
     state = models.CharField(max_length=24)
@@ -606,6 +609,7 @@ class RemoteEffect(GuardedModel):
 
     org_id = IdentityField(max_length=64)
     command = models.OneToOneField("runtime_outbox.OutboundCommand", on_delete=models.PROTECT)
+    trace_id = trace_id_field()
     logical_effect_digest = IdentityField(**DIGEST)
     account_key = IdentityField(max_length=80)
     contract_key = IdentityField(max_length=80)

@@ -6,7 +6,7 @@ protection reads intents and receipts by owner, never Connector history).
 from django.db import models
 
 from nexusflow.kernel.identity import IdentityField
-from nexusflow.kernel.models import GuardedModel, TypedIdReference
+from nexusflow.kernel.models import GuardedModel, TypedIdReference, trace_id_field
 
 DIGEST = {"max_length": 64}
 
@@ -36,6 +36,7 @@ class OutboundCommand(GuardedModel):
     binding_digest = IdentityField(max_length=128)
     effect_root_id = IdentityField(**DIGEST)
     effect_slot_id = IdentityField(max_length=120)
+    trace_id = trace_id_field()
     effect_generation_id = IdentityField(max_length=40)
     idempotency_key = IdentityField(**DIGEST, unique=True)
     profile_id = IdentityField(max_length=64)

@@ -222,15 +222,18 @@ def hubspot_event(event_id: int, object_id: int, occurred_at: int, prop: str | N
     return event
 
 
-def post_signed(client, events_or_body, *, sign: str = "valid", account="crm-webhooks", channel="webhooks"):
-    """POST a webhook body through the real ingress view, signed like the provider."""
+def post_signed(client, events_or_body, *, sign: str = "valid", account="crm-webhooks", channel="webhooks",
+                extra_headers: dict | None = None):
+    """POST a webhook body through the real ingress view, signed like the provider (with ``extra_headers``,
+    e.g. a ``traceparent``)."""
     from packs.hubspot.sender import Delivery, signed_headers, webhook_route
 
     delivery = Delivery(events_or_body, sign)
     url = f"http://testserver/api/v2/ingress/{account}/{channel}/"
     headers = signed_headers(delivery, auth=webhook_route()["auth"], url=url, secret=WEBHOOK_SECRET.encode(),
                              now_epoch_seconds=time.time())
-    return client.post(url, data=delivery.body_bytes(), content_type="application/json", headers=headers)
+    return client.post(url, data=delivery.body_bytes(), content_type="application/json",
+                       headers={**headers, **(extra_headers or {})})
 
 
 def drain(*, worker_id: str = "test-worker", max_rounds: int = 2000, client=None) -> int:

@@ -61,6 +61,8 @@ class Claim:
     attempt_id: ExecutionAttempt.Id
     lease_token: str
     lane_id: OrderingLane.Id | None
+    #: The execution's trace id (``Execution.trace_id``; ``""``: none).
+    trace_id: str = ""
 
 
 def _lease_expired(org_id: str, execution_id: int, now: dt.datetime) -> ExecutionAttempt | None:
@@ -313,7 +315,8 @@ def _start_attempt(lane: OrderingLane | None, execution: Execution, worker_id: s
     if lane is not None and not keep_active:
         OrderingLaneStore.touch(org_id=lane.org_id, pk=lane.pk, state=lane.state, version=lane.version,
                                 set_fields={"active_execution_id": execution.pk})
-    return Claim(execution.org_id, execution.pk, attempt.pk, token, lane.pk if lane is not None else None)
+    return Claim(execution.org_id, execution.pk, attempt.pk, token, lane.pk if lane is not None else None,
+                 execution.trace_id)
 
 
 def _event_facts(event: Event) -> dict:
@@ -352,7 +355,8 @@ def execution_run(claim: Claim) -> bool:
         ``True`` when this claim completed the Execution; ``False`` when its
         fence was lost (another worker owns the Execution now).
     """
-    with log_context(org_id=claim.org_id, execution_id=int(claim.execution_id), unit="connector.execution"):
+    with log_context(org_id=claim.org_id, execution_id=int(claim.execution_id), trace_id=claim.trace_id or None,
+                     unit="connector.execution"):
         return _execution_run(claim)
 
 

@@ -73,7 +73,8 @@ def effect_try_dispatch_one(*, worker_id: str, client: httpx.Client | None = Non
     grant = permit_try_grant_one(worker_id=worker_id, lanes=lanes)
     if grant is None:
         return False
-    with log_context(org_id=grant.org_id, effect_id=int(grant.effect_id), unit="egress.dispatch"):
+    with log_context(org_id=grant.org_id, effect_id=int(grant.effect_id), trace_id=grant.trace_id or None,
+                     unit="egress.dispatch"):
         return _dispatch_granted(grant, client)
 
 

@@ -80,6 +80,8 @@ class Grant:
     attempt_id: RemoteEffectAttempt.Id
     permit_id: DispatchPermit.Id
     holder_fence: str
+    #: The effect's trace id (``RemoteEffect.trace_id``; ``""``: none).
+    trace_id: str = ""
 
 
 def backoff(attempts: int) -> dt.timedelta:

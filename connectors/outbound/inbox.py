@@ -13,6 +13,7 @@ from django.db import transaction
 
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.ids import require_id
+from nexusflow.kernel.logs import log_context
 from runtime_outbox import messages
 from runtime_outbox.models import OutboundCommand
 
@@ -52,7 +53,8 @@ def outbound_message_accept(envelope: messages.Envelope) -> None:
         command = _envelope_command(envelope)
 
         def accept_effect() -> str:
-            return f"remote_effect:{outbound.remote_effect_find_or_create(command=command).pk}"
+            with log_context(trace_id=command.trace_id or None):  # the effect carries its intent's trace
+                return f"remote_effect:{outbound.remote_effect_find_or_create(command=command).pk}"
 
         messages.inbox_accept(envelope, consumer=INBOX_CONSUMER, accepted_ref_fn=accept_effect)
 

@@ -168,7 +168,7 @@ def _grant(effect: RemoteEffect, worker_id: str) -> Grant | None:
         RemoteEffectStore.transition(org_id=effect.org_id, pk=effect.pk, src="prepared", dst="dispatching",
                                      version=effect.version, set_fields={"attempt_count": effect.attempt_count + 1})
         failpoints.hit(FP_GRANT_BEFORE_COMMIT)
-        return Grant(effect.org_id, effect.pk, attempt.pk, permit.pk, fence)
+        return Grant(effect.org_id, effect.pk, attempt.pk, permit.pk, fence, effect.trace_id)
 
 
 def _plan_request(effect: RemoteEffect, binding: dict, contract: dict):

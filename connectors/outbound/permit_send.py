@@ -12,6 +12,7 @@ from django.db import OperationalError, transaction
 from nexusflow.kernel import failpoints, locks
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.errors import NexusError
+from nexusflow.kernel.logs import traceparent_for
 
 from connectors.contracts import outcomes
 from connectors.models import (
@@ -55,6 +56,9 @@ def permit_send(grant: Grant, *, client: httpx.Client | None = None) -> Response
     # ``sending``; after ``sending`` nothing but the provider call itself may fail.
     try:
         headers = {"Content-Type": content_type(contract), "Accept": "application/json"}
+        traceparent = traceparent_for(grant.trace_id)
+        if traceparent:  # the provider call continues the trace of the work that authored the effect
+            headers["traceparent"] = traceparent
         if profile.get("auth", {}).get("kind") == "bearer":
             headers["Authorization"] = bearer(
                 resolve_frozen_secret(org_id=grant.org_id, frozen=binding["credential_generation"]))

@@ -8,7 +8,8 @@ the ``TrustedRuntimeWorkScope``. Identity columns use binary collation.
 from django.db import models
 
 from nexusflow.kernel.identity import IdentityField
-from nexusflow.kernel.models import GuardedModel, TypedIdReference, reason_code_constraint, reason_code_field
+from nexusflow.kernel.models import (GuardedModel, TypedIdReference, reason_code_constraint, reason_code_field,
+                                     trace_id_field)
 
 from . import transitions
 
@@ -218,6 +219,7 @@ class FlowRun(GuardedModel):
     binding_digest = DigestField()
     plan = models.ForeignKey(FlowExecutionPlan, on_delete=models.PROTECT, related_name="runs")
     plan_digest = DigestField()
+    trace_id = trace_id_field()
     execution_profile = models.CharField(max_length=32)
     execution_owner = models.CharField(max_length=32)
     state = models.CharField(max_length=24)

@@ -21,9 +21,15 @@ record as one JSON object per line through :class:`JsonFormatter`:
 
 A request's ``trace_id`` is the trace id of its W3C ``traceparent`` header when
 it sends a valid one, else a new random one; the response carries it as
-``X-Trace-Id``. Durable work (a Flow step, an inbound execution, an outbound
-effect) is correlated by its own ids instead: a trace id is not carried across
-the durable boundaries.
+``X-Trace-Id``. The trace crosses the durable boundaries: a row that starts or
+carries durable work (a Receipt, an inbound Execution, a FlowRun, an
+OutboundCommand, a RemoteEffect) records the trace id open when it was inserted
+(``trace_id``, :func:`nexusflow.kernel.models.insert`), and the worker that runs
+it opens that trace again around the unit (:func:`log_context`), so the
+execution a webhook admitted, the Flow run its record write started, the intent
+that run authored and the provider call that effect made all log under the
+webhook request's trace id; the provider call sends it on as its own
+``traceparent`` (:func:`traceparent_for`).
 """
 from __future__ import annotations
 
@@ -63,6 +69,19 @@ def log_context(**ids):
         yield
     finally:
         _CONTEXT.reset(token)
+
+
+def current_trace_id() -> str:
+    """The trace id of the enclosing :func:`log_context` blocks (``""``: none open)."""
+    return _CONTEXT.get().get("trace_id", "")
+
+
+def traceparent_for(trace_id: str) -> str | None:
+    """A W3C ``traceparent`` header continuing ``trace_id`` with a new span id (``None`` for an empty or
+    malformed trace id)."""
+    if not re.fullmatch(r"[0-9a-f]{32}", trace_id or "") or trace_id == "0" * 32:
+        return None
+    return f"00-{trace_id}-{secrets.token_hex(8)}-01"
 
 
 def current_log_context() -> dict:

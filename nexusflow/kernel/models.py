@@ -17,6 +17,7 @@ from django.db import models
 
 from .errors import ImmutableRow, InvalidIdentity
 from .ids import TypedId, id_class_for, require_id
+from .logs import current_trace_id
 from .store_registry import load_all_stores
 
 
@@ -246,9 +247,25 @@ def insert(model_cls, *, allow_any_state: bool = False, **values):
         value = getattr(obj, field.attname)
         if value is not None:
             setattr(obj, field.attname, require_id(value, id_cls, field=f"{model_cls.__name__}.{field.attname}"))
+    if "trace_id" not in values and _traced(model_cls):
+        obj.trace_id = current_trace_id()  # the admitting request's or the durable work's trace (logs.py)
     obj._nexus_store_insert = True
     obj.save(using=model_cls.objects.db)
     return obj
+
+
+def trace_id_field():
+    """The ``trace_id`` column of a row that starts or carries durable work (a receipt, an execution, a Flow
+    run, an intent, a remote effect): the W3C trace id (32 hex) of the request or durable work that inserted
+    it, set by :func:`insert` (:func:`nexusflow.kernel.logs.current_trace_id`), so the workers that later run
+    it log under the same trace; empty when none was open."""
+    return models.CharField(max_length=32, blank=True, default="", help_text="W3C trace id of the work that "
+                            "inserted this row (correlation only; empty: none).")
+
+
+@functools.lru_cache(maxsize=None)
+def _traced(model_cls) -> bool:
+    return any(f.name == "trace_id" for f in model_cls._meta.concrete_fields)
 
 
 def reason_code_field():

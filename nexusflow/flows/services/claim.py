@@ -70,6 +70,8 @@ class StepClaim:
     input_checkpoint_id: int | None = None
     #: When the run started (``$Flow.InterviewStartTime``): its first claim.
     interview_start: dt.datetime | None = None
+    #: The run's trace id (``FlowRun.trace_id``; ``""``: none).
+    trace_id: str = ""
 
 
 def _lease_digest(token: str) -> str:
@@ -345,7 +347,7 @@ def _claim_locked(run: FlowRun, step: FlowStepExecution | None, now: dt.datetime
         lease_token_digest=token_digest, ownership_epoch=step.ownership_epoch, root_version=root_version,
         step_version=step_version, attempt_version=attempt.version, lease_expires_at=expires, lock_plan=lock_plan,
         plan_id=int(run.plan_id), plan_digest=run.plan_digest, input_checkpoint_id=step.input_checkpoint_id,
-        interview_start=started_at,
+        interview_start=started_at, trace_id=run.trace_id,
     )
 
 

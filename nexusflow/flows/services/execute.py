@@ -407,7 +407,8 @@ def flow_step_execute(*, claim: StepClaim, started: StepClaim | None = None) -> 
             committed.
     """
     with log_context(org_id=claim.org_id, run_id=int(claim.run_id), step_id=int(claim.step_id),
-                     attempt_id=int(claim.attempt_id), plan_id=claim.plan_id or None, unit="flow.step"):
+                     attempt_id=int(claim.attempt_id), plan_id=claim.plan_id or None, trace_id=claim.trace_id or None,
+                     unit="flow.step"):
         return _step_execute(claim, started)
 
 
