@@ -16,6 +16,7 @@ Document (every section and key optional; unknown keys are refused)::
      "retries": {"max_attempts": 5, "retry_base_seconds": 2.0, "max_per_minute": 600},
      "plans": {"<flow api name>": {"max_attempts": 3, "max_active": 8}},
      "plan_bounds": {"atomic_max_reads": 10, "atomic_max_writes": 10},
+     "execution": {"max_fan_out": 200},
      "queues": {"durable_mutation": {"max_active": 16}},
      "resource_classes": {"<object api name>": {"max_active": 4}}}
 
@@ -31,6 +32,10 @@ Document (every section and key optional; unknown keys are refused)::
   ``max_per_minute``: the retry budget of one org: once its steps started this many retries (attempts after
   the first) in the last 60 seconds of the database clock, its claim rounds take first attempts only, so a
   retry storm is contained at this rate while new work keeps moving (no budget by default).
+- ``execution``: ``max_fan_out``, the largest collection a Flow's loop or Get/Delete Records may handle in
+  one step or before-save interview (a larger one fails the run ``flow_budget_exhausted`` rather than
+  running unbounded); default ``NEXUS_FLOW_MAX_FAN_OUT`` (200). A run-time bound: changing it recompiles
+  nothing.
 - ``queues`` / ``plans.<flow>.max_active`` / ``resource_classes``: admission budgets of the durable mutation
   queue class (seed 004 sections 16.1-16.2): at most ``max_active`` Flow runs of one org executing a step at
   once (``Running``), of one plan (Flow) of the org, or of the org's Flows triggered by one object (the
@@ -80,6 +85,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, float, float]]] = {
     "retries": {"max_attempts": (int, 1, 100), "retry_base_seconds": (float, 0.0, 3600.0),
                 "max_per_minute": (int, 1, 1_000_000)},
     "plan_bounds": {"atomic_max_reads": (int, 1, 1000), "atomic_max_writes": (int, 1, 1000)},
+    "execution": {"max_fan_out": (int, 1, 100_000)},
 }
 _PLAN_KEYS = {"max_attempts": (int, 1, 100), "max_active": (int, 1, 100_000)}
 #: Queue classes whose admission a budget bounds (seed 004 section 16.1; the others are the reserved share).
@@ -140,6 +146,8 @@ class RuntimePolicy:
     plans: dict[str, dict[str, int]] = field(default_factory=dict)
     #: ``{"atomic_max_reads", "atomic_max_writes"}``: the plan-eligibility bounds (``{}``: the compiler's own).
     plan_bounds: dict[str, int] = field(default_factory=dict)
+    #: The largest collection a loop or record lookup may handle (``execution.max_fan_out``).
+    max_fan_out: int = 200
     #: Queue class -> ``{"max_active": n}`` (module docstring).
     queues: dict[str, dict[str, int]] = field(default_factory=dict)
     #: Object API name -> ``{"max_active": n}``: the resource-class budgets of the org's Flows by trigger object.
@@ -174,6 +182,7 @@ class RuntimePolicy:
                             **({} if self.retries_per_minute is None else {"max_per_minute": self.retries_per_minute})},
                 "plans": {name: dict(sorted(bounds.items())) for name, bounds in sorted(self.plans.items())},
                 "plan_bounds": dict(sorted(self.plan_bounds.items())),
+                "execution": {"max_fan_out": self.max_fan_out},
                 "queues": {name: dict(sorted(bounds.items())) for name, bounds in sorted(self.queues.items())},
                 "resource_classes": {name: dict(sorted(bounds.items()))
                                      for name, bounds in sorted(self.resource_classes.items())}}
@@ -324,6 +333,7 @@ def _defaults() -> dict[str, Any]:
                     "retry_base_seconds": setting_number("NEXUS_FLOW_RETRY_BASE_SECONDS", 2.0)},
         "plans": {},
         "plan_bounds": {},
+        "execution": {"max_fan_out": int(setting_number("NEXUS_FLOW_MAX_FAN_OUT", 200))},
         "queues": {},
         "resource_classes": {},
     }
@@ -376,4 +386,5 @@ def runtime_policy(org_id: str | None = None) -> RuntimePolicy:
         retry_base_seconds=merged["retries"]["retry_base_seconds"],
         retries_per_minute=merged["retries"].get("max_per_minute"),
         plans=merged["plans"], plan_bounds=dict(merged["plan_bounds"]), queues=merged["queues"],
+        max_fan_out=merged["execution"]["max_fan_out"],
         resource_classes=merged["resource_classes"])

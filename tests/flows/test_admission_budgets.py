@@ -28,7 +28,7 @@ from nexusflow.kernel.scope import OrgScope
 from runtime_outbox.policy import RuntimePolicyInvalid, runtime_policy, runtime_policy_publish
 from tests.bench import capacity_flows as cf
 from tests.flows import flowxml as fx
-from tests.flows.conftest import save_record
+from tests.flows.conftest import run_until_idle, save_record
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 
@@ -235,3 +235,23 @@ def test_expired_unrecovered_leases_at_the_bound_pause_new_step_claims_until_rec
     assert recovered >= 1 and flow_lease_admission(runtime_policy().pressure) == ""
     assert FlowStepExecution.objects.filter(run_id__in=abandoned, state__in=(t.STEP_CLAIMED, t.STEP_RUNNING)).count() < 2
     assert execute.flow_try_run_step_one(worker_id="live-worker") is True
+
+
+def test_the_policys_fan_out_bound_applies_to_the_orgs_runs_at_run_time():
+    """``execution.max_fan_out`` bounds the records a step's Get Records may return for the org that publishes
+    it (a run-time bound: the plan is not recompiled); another org keeps the default."""
+    bounded, default = OrgScope("fanout-bounded"), OrgScope("fanout-default")
+    source = fx.flow(fx.lookup("Get_All", None), start=fx.start("Get_All"), profile="DurableOrchestration")
+    for org in (bounded, default):
+        flow_deploy(org=org, source=source, flow_api_name="Read_All")
+        for i in range(3):
+            save_record(org, {cf.STAGE: "lead", "email": f"fan-{i}@example.com"})
+    _publish(bounded.org_id, {"execution": {"max_fan_out": 2}})
+    assert runtime_policy(bounded.org_id).max_fan_out == 2 and runtime_policy(default.org_id).max_fan_out == 200
+    runs = {org.org_id: flow_run_start(org=org, flow_api_name="Read_All", inputs={}).run.pk for org in (bounded, default)}
+    run_until_idle()
+    ended = {org_id: FlowRun.objects.get(pk=pk) for org_id, pk in runs.items()}
+    assert ended[bounded.org_id].state == t.RUN_TERMINAL_FAILED
+    assert list(FlowStepAttempt.objects.filter(org_id=bounded.org_id).values_list("safe_error_code", flat=True)) == [
+        "flow_budget_exhausted"]
+    assert ended[default.org_id].state == t.RUN_SUCCEEDED

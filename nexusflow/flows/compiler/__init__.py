@@ -29,7 +29,6 @@ run time is :mod:`nexusflow.flows.conditions`.
 """
 from ..errors import CompileError, Diagnostic
 from .constants import (
-    ATOMIC_MAX_FANOUT,
     ATOMIC_MAX_READS,
     ATOMIC_MAX_WRITES,
     COMPILER_VERSION,
@@ -65,7 +64,7 @@ from .plan import trigger_binding_digest_of, validate_effect_pairs
 from .values import normalize_value, parse_logic
 
 __all__ = [
-    "ATOMIC_MAX_FANOUT", "ATOMIC_MAX_READS", "ATOMIC_MAX_WRITES", "COMPILER_VERSION", "DEFAULT_PLAN_BOUNDS",
+    "ATOMIC_MAX_READS", "ATOMIC_MAX_WRITES", "COMPILER_VERSION", "DEFAULT_PLAN_BOUNDS",
     "DIAGNOSTIC_FAMILIES", "PlanBounds",
     "EMBEDDED_MAX_READS", "KIND_CURRENT_READ", "KIND_DEPENDENCY_WAIT", "KIND_EFFECT_COMPLETION",
     "KIND_EFFECT_SUBMIT", "KIND_EMBEDDED", "KIND_EXPLICIT_FAULT", "KIND_MUTATION", "KIND_PURE_COMPUTE",

@@ -12,10 +12,11 @@ from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.kernel.tuning import setting_number
 from nexusflow.records.metadata import current_view
+from runtime_outbox.policy import runtime_policy
 
 from .. import transitions as t
 from ..binding import flow_runtime_binding
-from ..compiler import ATOMIC_MAX_FANOUT, KIND_EMBEDDED, PROFILE_EMBEDDED
+from ..compiler import KIND_EMBEDDED, PROFILE_EMBEDDED
 from ..conditions import trigger_matches
 from ..errors import FlowAdmissionRejected, FlowExecutionError
 from ..interpreter import run_graph
@@ -71,7 +72,7 @@ def flow_before_save(*, org: OrgScope, object_name: str, record_key: str | None,
         outcome = run_graph(plan_payload=plan.plan_payload, graph=step["graph"], entry=step.get("entry_element"),
                             record={"Id": record_key, **current}, object_name=object_name, now=now,
                             reader=_CurrentReader(org.org_id), prior=prior, is_new=created,
-                            budget=policy_embedded_budget(), fan_out_limit=ATOMIC_MAX_FANOUT)
+                            budget=policy_embedded_budget(), fan_out_limit=runtime_policy(org.org_id).max_fan_out)
         for write in outcome.writes:
             if write.op != "update" or write.object_name != object_name or write.record_key != record_key:
                 raise FlowExecutionError(f"{plan.flow_api_name}: before-save output is the trigger record only")

@@ -31,7 +31,6 @@ from nexusflow.kernel.scope import OrgScope
 from .. import policy, reasons
 from .. import transitions as t
 from ..compiler import (
-    ATOMIC_MAX_FANOUT,
     ATOMIC_MAX_WRITES,
     KIND_CURRENT_READ,
     KIND_DEPENDENCY_WAIT,
@@ -206,7 +205,8 @@ def _interpret(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, An
     outcome = run_graph(plan_payload=plan.plan_payload, graph=graph, entry=entry, record=record,
                         object_name=snapshot["object"], now=now, reader=reader, state=state,
                         prior=None if prior is None else {"Id": snapshot["record_key"], **prior},
-                        is_new=snapshot.get("record_version") == 1, fan_out_limit=ATOMIC_MAX_FANOUT,
+                        is_new=snapshot.get("record_version") == 1,
+                        fan_out_limit=runtime_policy(claim.org_id).max_fan_out,
                         interview_start=claim.interview_start, subflows=_inline_subflows(claim, graph))
     if "graph" in step_def:
         next_key = step_def.get("next")
