@@ -33,6 +33,12 @@ from tests.flows.conftest import run_until_idle, save_record
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 
 
+@pytest.fixture(autouse=True)
+def _fresh_round_robin(monkeypatch):
+    """Each test's claim rounds start from the first org and plan (no round served before)."""
+    monkeypatch.setattr(claim_module, "_last_served", {})
+
+
 def _publish(scope: str, document: dict) -> None:
     runtime_policy_publish(scope=scope, document=document, authored_by="ops", reason="budget test")
 
@@ -77,7 +83,7 @@ def test_no_budget_claims_as_before():
 
 
 def test_an_org_at_its_budget_passes_the_round_to_the_next_org_and_resumes_when_a_run_ends():
-    hot, cold = OrgScope("budget-hot"), OrgScope("budget-cold")
+    hot, cold = OrgScope("budget-a-hot"), OrgScope("budget-b-cold")  # the round robin starts with the hot org
     for org in (hot, cold):
         flow_deploy(org=org, source=cf.durable_chain(1), flow_api_name="Chain")
     _publish(hot.org_id, {"queues": {"durable_mutation": {"max_active": 2}}})
