@@ -7,6 +7,7 @@ class ConnectorsConfig(AppConfig):
 
     def ready(self) -> None:
         from nexusflow.kernel.metrics import register_families
+        from nexusflow.kernel.pressure import register_queue_age
         from nexusflow.kernel.workers import (
             register_open_work,
             register_reconciler,
@@ -34,6 +35,7 @@ class ConnectorsConfig(AppConfig):
         )
         from connectors.links.source_deletion import links_before_source_delete
 
+        register_queue_age("connectors", selectors.execution_oldest_ready)
         # Seed 000: after Runtime's owner work check, a deleted source's push links stop being PATCH authority.
         register_before_delete(links_before_source_delete, stage=DELETE_STAGE_REMOTE_LINKS)
         # Identity transfer moves the records' remote links; the support view lists them.

@@ -496,7 +496,8 @@ class Execution(GuardedModel):
             models.UniqueConstraint(fields=["projection", "generation"], name="execution_generation_uniq"),
             reason_code_constraint(transitions.EXECUTION, name="execution_reason_chk"),
         ]
-        indexes = [models.Index(fields=["state", "lane"], name="execution_state_lane_idx")]
+        indexes = [models.Index(fields=["state", "lane"], name="execution_state_lane_idx"),
+                   models.Index(fields=["org_id", "state", "id"], name="execution_org_state_idx")]
 
 
 class ExecutionAttempt(GuardedModel):

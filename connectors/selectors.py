@@ -498,3 +498,10 @@ def execution_dependencies_waiting() -> tuple[int, dt.datetime | None]:
     """``waiting`` ExecutionDependencies (all orgs): ``(rows, oldest created_at)``."""
     rows = _by(ExecutionDependency.objects.filter(state="waiting"), "state", oldest="created_at")
     return (rows[0][1], rows[0][2]) if rows else (0, None)
+
+
+def execution_oldest_ready(org_id: str, now):
+    """When the org's oldest ``ready`` inbound Execution was created, or ``None`` when it has none
+    (``execution_org_state_idx``; ``now`` is unused: a ready execution is due at once)."""
+    return (Execution.objects.filter(org_id=org_id, state="ready").order_by("pk")
+            .values_list("created_at", flat=True).first())

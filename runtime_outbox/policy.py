@@ -12,7 +12,7 @@ Document (every section and key optional; unknown keys are refused)::
     {"pressure": {"active_statements": 32, "connection_share": 0.8, "read_seconds": 1.0,
                   "lock_waits": 16, "expired_leases": 16},                                   # environment only
      "ingress": {"shed_active_statements": 64, "shed_connection_share": 0.95,
-                 "retry_after_seconds": 5},                                                 # environment only
+                 "retry_after_seconds": 5, "shed_queue_age_seconds": 600},                                                 # environment only
      "retries": {"max_attempts": 5, "retry_base_seconds": 2.0, "max_per_minute": 600},
      "plans": {"<flow api name>": {"max_attempts": 3, "max_active": 8}},
      "plan_bounds": {"atomic_max_reads": 10, "atomic_max_writes": 10},
@@ -26,7 +26,10 @@ Document (every section and key optional; unknown keys are refused)::
   and are not yet recovered (:mod:`nexusflow.kernel.pressure`); read at most every ``read_seconds``.
 - ``ingress``: at the higher ``shed_*`` bounds the webhook ingress sheds: it answers 503 ``ingress_shed``
   with ``Retry-After: retry_after_seconds`` and admits nothing, so nothing accepted is lost and the provider
-  redelivers later. Below them it answers as always.
+  redelivers later. Below them it answers as always. ``shed_queue_age_seconds`` (no default: off) sheds
+  one org's ingress alone while its oldest due durable work (a Flow run, an inbound execution) has waited
+  that long, so a tenant whose backlog outgrows the workers gets backpressure and the others do not
+  (:func:`nexusflow.kernel.pressure.ingress_queue_admission`).
 - ``retries`` / ``plans``: attempts a Flow step gets before its run fails ``retry_exhausted`` (a plan's own
   bound wins), and the first retry's delay (seconds; doubled per attempt, capped, jittered);
   ``max_per_minute``: the retry budget of one org: once its steps started this many retries (attempts after
@@ -81,7 +84,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, float, float]]] = {
                  "read_seconds": (float, 0.0, 60.0), "lock_waits": (int, 1, 100_000),
                  "expired_leases": (int, 1, 100_000)},
     "ingress": {"shed_active_statements": (int, 1, 100_000), "shed_connection_share": (float, 0.01, 1.0),
-                "retry_after_seconds": (int, 1, 3600)},
+                "retry_after_seconds": (int, 1, 3600), "shed_queue_age_seconds": (int, 1, 30 * 86400)},
     "retries": {"max_attempts": (int, 1, 100), "retry_base_seconds": (float, 0.0, 3600.0),
                 "max_per_minute": (int, 1, 1_000_000)},
     "plan_bounds": {"atomic_max_reads": (int, 1, 1000), "atomic_max_writes": (int, 1, 1000)},
@@ -113,6 +116,8 @@ class IngressBounds:
     shed_active_statements: int
     shed_connection_share: float
     retry_after_seconds: int
+    #: Seconds an org's oldest due durable work may wait before its ingress sheds (``None``: never).
+    shed_queue_age_seconds: int | None = None
 
     def as_pressure(self, read_seconds: float) -> PressureBounds:
         """The ingress's bounds as pressure bounds (lock waits never shed ingress: admission takes no row lock
@@ -176,7 +181,9 @@ class RuntimePolicy:
                              "expired_leases": self.pressure.expired_leases},
                 "ingress": {"shed_active_statements": self.ingress.shed_active_statements,
                             "shed_connection_share": self.ingress.shed_connection_share,
-                            "retry_after_seconds": self.ingress.retry_after_seconds},
+                            "retry_after_seconds": self.ingress.retry_after_seconds,
+                            **({} if self.ingress.shed_queue_age_seconds is None
+                               else {"shed_queue_age_seconds": self.ingress.shed_queue_age_seconds})},
                 "retries": {"max_attempts": self.max_attempts_default,
                             "retry_base_seconds": self.retry_base_seconds,
                             **({} if self.retries_per_minute is None else {"max_per_minute": self.retries_per_minute})},

@@ -34,14 +34,14 @@ from nexusflow.api_errors import TEMPORARILY_UNAVAILABLE, error_response
 from nexusflow.api_schema import error_responses, key_path
 from nexusflow.kernel.errors import InvalidIdentity, NexusError
 from nexusflow.kernel.identity import validate_key
-from nexusflow.kernel.pressure import ingress_admission
+from nexusflow.kernel.pressure import ingress_admission, ingress_queue_admission
 from runtime_outbox.policy import runtime_policy
 
 from connectors.contracts.signatures import SignatureInvalid, SignatureMissing, SignatureStale
 from connectors.models import AccountServingGate, ReceiptAdmissionKey
 from connectors.inbound.admission import AdmissionConflict, MalformedBody, UnknownIngress, admit
 from connectors.selectors import database_answers
-from connectors.serving.gates import CredentialUnavailable, NotServing
+from connectors.serving.gates import CredentialUnavailable, NotServing, find_account_org
 
 #: The code of a health probe whose database does not answer.
 DATABASE_UNAVAILABLE = "database_unavailable"
@@ -123,6 +123,10 @@ class IngressAdmitApi(APIView):
         ingress_route_keys(account_key, channel)
         policy = runtime_policy()
         shed_for = ingress_admission(policy.ingress.as_pressure(policy.pressure.read_seconds))
+        org_id = find_account_org(account_key) if not shed_for and policy.ingress.shed_queue_age_seconds else None
+        if org_id is not None:  # the account's org alone sheds while its own backlog drains
+            shed_for = ingress_queue_admission(org_id, bound_seconds=policy.ingress.shed_queue_age_seconds,
+                                               read_seconds=policy.pressure.read_seconds)
         if shed_for:
             # Before any read or write: the delivery is refused whole and redelivered by the provider later.
             raise IngressShed(f"the service is shedding load ({shed_for}); retry later",

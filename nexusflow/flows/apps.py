@@ -8,6 +8,7 @@ class FlowsConfig(AppConfig):
 
     def ready(self) -> None:
         from nexusflow.kernel.metrics import register_families
+        from nexusflow.kernel.pressure import register_queue_age
         from nexusflow.kernel.workers import register_open_work, register_reconciler, register_role
         from nexusflow.records.services import (
             DELETE_STAGE_FLOW_WAITS,
@@ -22,7 +23,7 @@ class FlowsConfig(AppConfig):
         from . import reasons, transitions  # noqa: F401  register the reason codes and state machines
         from .inbox import intent_completed_accept
         from .metrics import flow_families
-        from .selectors import flow_run_trigger, flow_runs_nonterminal_count
+        from .selectors import flow_oldest_due, flow_run_trigger, flow_runs_nonterminal_count
         from .services import effect_handoff_finalize, flow_before_save, flow_trigger_on_record_saved
         from .services.admission import flow_trigger_on_record_deleting
         from .services.subflows import subflow_run_ended
@@ -31,6 +32,7 @@ class FlowsConfig(AppConfig):
         from .services.wait_resolution import scheduled_paths_before_delete
         from .workers import flow_units
 
+        register_queue_age("flows", flow_oldest_due)
         register_before_save(flow_before_save)
         # A save signals the runs whose Wait element watches its record (producer record.condition), before
         # admission, so the runs it admits are not signalled by their own admitting save.

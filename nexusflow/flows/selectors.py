@@ -62,6 +62,17 @@ def flow_plans_with_due_runs(*, now) -> list[tuple[str, int]]:
         return [(org_id, int(plan_id)) for org_id, plan_id in cursor.fetchall()]
 
 
+def flow_oldest_due(org_id: str, now):
+    """When the org's oldest due ``Runnable`` root became eligible (its ``run_after``, or its last change
+    without one), or ``None`` when none is due at ``now`` (one dive into ``flow_run_claim_idx``)."""
+    row = (FlowRun.objects.filter(org_id=org_id, state=t.RUN_RUNNABLE).order_by("run_after")
+           .values_list("run_after", "updated_at").first())
+    if row is None:
+        return None
+    eligible = row[0] or row[1]
+    return eligible if eligible <= now else None
+
+
 def flow_running_by_plan(*, org_id: str) -> dict[int, int]:
     """The org's ``Running`` roots (a step claimed and executing) per plan id (``flow_run_claim_idx``: the
     executing runs are bounded by the workers' claims, never by a backlog)."""

@@ -38,6 +38,7 @@ from .tuning import setting_number
 log = logging.getLogger("nexusflow.pressure")
 
 #: Reason codes of a paused admission.
+QUEUE_AGE = "queue_age"
 PRESSURE_ACTIVE_STATEMENTS = "db_pressure_active_statements"
 PRESSURE_CONNECTIONS = "db_pressure_connections"
 PRESSURE_LOCK_WAITS = "db_pressure_lock_waits"
@@ -150,3 +151,47 @@ def ingress_admission(bounds: PressureBounds) -> str:
     """``""`` when the ingress admits a delivery now, else the reason code it sheds for (the runtime
     policy's higher ``ingress`` bounds; read and cached like :func:`mutation_admission`)."""
     return _admission("ingress", bounds)
+
+
+#: ``name -> reader(org_id, now) -> the eligible time of the org's oldest due work (a datetime), or None``.
+_QUEUE_READERS: dict = {}
+
+
+def register_queue_age(name: str, reader) -> None:
+    """Register a reader of the oldest due durable work of an org (idempotent per ``name``): the flows app
+    reads its due ``Runnable`` roots, the connector app its ready inbound executions (their ``ready``)."""
+    _QUEUE_READERS[name] = reader
+
+
+#: ``org id -> (monotonic time, bound, reason, age seconds)`` of this process's last queue-age judgement.
+_QUEUE_LAST: dict[str, tuple[float, int, str, float]] = {}
+
+
+def queue_age_seconds(org_id: str) -> float:
+    """Age in seconds, on the database clock, of the org's oldest due durable work over every registered
+    reader (0 when none is due)."""
+    from .clock import db_now
+
+    now = db_now()
+    oldest = [at for reader in list(_QUEUE_READERS.values()) if (at := reader(org_id, now)) is not None]
+    return max(0.0, (now - min(oldest)).total_seconds()) if oldest else 0.0
+
+
+def ingress_queue_admission(org_id: str, *, bound_seconds: int | None, read_seconds: float) -> str:
+    """``""`` when the org's ingress admits now, else :data:`QUEUE_AGE`: its oldest due durable work has waited
+    ``bound_seconds`` or longer, so new root work of that org is refused (503, redelivered later) while its
+    backlog drains; other orgs are not affected. ``None`` bound: never. Read at most every ``read_seconds``
+    per org and process; each change between admitted and shed logged once."""
+    if bound_seconds is None:
+        return ""
+    now = time.monotonic()
+    last = _QUEUE_LAST.get(org_id)
+    if last is not None and last[1] == bound_seconds and now - last[0] < read_seconds:
+        return last[2]
+    age = queue_age_seconds(org_id)
+    reason = QUEUE_AGE if age >= bound_seconds else ""
+    if reason != (last[2] if last else ""):
+        (log.warning if reason else log.info)("ingress admission %s", "shed: queue_age" if reason else "resumed",
+                                              extra={"org_id": org_id, "queue_age_seconds": round(age, 3)})
+    _QUEUE_LAST[org_id] = (now, bound_seconds, reason, age)
+    return reason

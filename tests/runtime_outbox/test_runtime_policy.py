@@ -145,6 +145,35 @@ def test_the_ingress_sheds_at_the_policys_bound_and_admits_again_below_it(client
     assert Receipt.objects.count() == 2
 
 
+def test_an_orgs_ingress_sheds_while_its_oldest_due_work_is_older_than_the_bound(client, billing_sandbox, settings,
+                                                                                   db_clock_advance):
+    """Queue age as an admission signal: while the org's oldest due durable work (here a Flow run no worker has
+    claimed) has waited ``shed_queue_age_seconds`` on the database clock, its webhook answers 503
+    ``ingress_shed`` and admits nothing; another org is not shed; once the backlog drains, the redelivery is
+    admitted."""
+    from nexusflow.flows.services import flow_run_start
+    from nexusflow.kernel.pressure import ingress_queue_admission, queue_age_seconds
+    from tests.bench import capacity_flows as cf
+    from tests.conftest import ORG, drain
+
+    settings.NEXUS_POLICY_READ_SECONDS = 0
+    org = make_serving_org(billing_sandbox.base_url)
+    flow_deploy(org=org, source=cf.durable_chain(1), flow_api_name="Backlog")
+    _publish("*", {"pressure": {"read_seconds": 0}, "ingress": {"shed_queue_age_seconds": 60, "retry_after_seconds": 9}})
+    flow_run_start(org=org, flow_api_name="Backlog", inputs={"counter": 0})
+    assert post_signed(client, [hubspot_event(1, 501, 1000)]).status_code == 202  # young backlog: admitted
+    db_clock_advance(61)
+    assert queue_age_seconds(ORG) >= 60 and queue_age_seconds("another-org") == 0
+    shed = post_signed(client, [hubspot_event(2, 502, 1000)])
+    assert (shed.status_code, shed.json()["error"], shed["Retry-After"]) == (503, "ingress_shed", "9")
+    assert Receipt.objects.count() == 1
+    assert ingress_queue_admission("another-org", bound_seconds=60, read_seconds=0) == ""
+    drain()  # the workers drain the org's backlog (its run and the admitted delivery's executions)
+    assert queue_age_seconds(ORG) == 0
+    assert post_signed(client, [hubspot_event(2, 502, 1000)]).status_code == 202
+    assert Receipt.objects.count() == 2
+
+
 def test_metrics_show_the_servers_lock_waits_and_what_the_policy_pauses(settings):
     """``/metrics`` reads the server's own counters and judges them under the policy in force."""
     from nexusflow.flows.services import flow_deploy as deploy
