@@ -259,8 +259,10 @@ def trace_id_field():
     run, an intent, a remote effect): the W3C trace id (32 hex) of the request or durable work that inserted
     it, set by :func:`insert` (:func:`nexusflow.kernel.logs.current_trace_id`), so the workers that later run
     it log under the same trace; empty when none was open."""
-    return models.CharField(max_length=32, blank=True, default="", help_text="W3C trace id of the work that "
-                            "inserted this row (correlation only; empty: none).")
+    from .identity import IdentityField
+
+    return IdentityField(max_length=32, blank=True, default="", help_text="W3C trace id of the work that "
+                         "inserted this row (correlation only; empty: none).")
 
 
 @functools.lru_cache(maxsize=None)
