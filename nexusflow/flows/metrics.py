@@ -21,6 +21,10 @@ from . import transitions as t
 RETRY_BUDGET_CODES = (reasons.STEP_RETRY_EXHAUSTED, reasons.LEASE_EXPIRY_EXHAUSTED)
 
 
+#: The expired leases one scrape counts at most (the gauge saturates there).
+UNRECOVERED_LIMIT = 100_000
+
+
 def flow_families(now: dt.datetime) -> Iterable[Metric]:
     """Every Flow family; ``now`` is the database clock of this scrape."""
     runs = gauge("flow_runs", "FlowRuns by state.", ("state",))
@@ -49,6 +53,10 @@ def flow_families(now: dt.datetime) -> Iterable[Metric]:
     expiries = counter("lease_expiries", "Leases that expired and were fenced by recovery, by worker role.", ("role",))
     expiries.add_metric(["flow"], sum(n for s, _f, n in outcomes if s == t.ATTEMPT_FENCED))
     yield expiries
+    unrecovered = gauge("leases_expired_unrecovered", "Leases expired and not yet fenced by recovery now, by worker "
+                        "role (a pressure signal: at the runtime policy's bound, new step claims wait).", ("role",))
+    unrecovered.add_metric(["flow"], selectors.flow_expired_leases(now=now, limit=UNRECOVERED_LIMIT))
+    yield unrecovered
     retries = counter("retries", "Attempts after the first, by worker role.", ("role",))
     retries.add_metric(["flow"], selectors.flow_attempt_retries())
     yield retries

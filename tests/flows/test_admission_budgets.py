@@ -29,6 +29,7 @@ from runtime_outbox.policy import RuntimePolicyInvalid, runtime_policy, runtime_
 from tests.bench import capacity_flows as cf
 from tests.flows import flowxml as fx
 from tests.flows.conftest import run_until_idle, save_record
+from tests.kernel.test_metrics import scrape_metrics
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 
@@ -233,6 +234,7 @@ def test_expired_unrecovered_leases_at_the_bound_pause_new_step_claims_until_rec
     assert flow_lease_admission(runtime_policy().pressure) == ""  # the leases are live
     db_clock_advance(policy.lease_seconds() + 1)
     assert flow_lease_admission(runtime_policy().pressure) == PRESSURE_EXPIRED_LEASES
+    assert scrape_metrics()[("nexusflow_leases_expired_unrecovered", (("role", "flow"),))] == 2
     assert execute.flow_try_run_step_one(worker_id="live-worker") is False
     assert FlowRun.objects.get(pk=waiting[0]).state == t.RUN_RUNNABLE  # paused, not claimed
     recovered = 0
