@@ -36,6 +36,7 @@ from connectors.models import (
     AccountServingGate,
     ConnectorServiceConfigurationGeneration,
     ServingEpoch,
+    V1Account,
     V1MaintenanceBarrier,
     V1StreamCursor,
 )
@@ -216,8 +217,14 @@ def _check_certificate(org: OrgScope, certificate: CutoverReadinessCertificate,
                        gates: list[AccountServingGate] | None = None) -> dict:
     """Byte-compare ``certificate`` with its digest, the latest configuration generation and the gate set.
 
+    ``gates`` (locked by the caller, or read here) must be exactly the certificate's frozen exhaustive
+    set, and every current account (the latest configuration's and the V1 registry's) must be in it.
+    Halt, stop and certify call it; activation rereads the same set under its locks.
+
     Raises:
-        CertificateMismatch: any of the three differs.
+        CertificateMismatch: any of them differs.
+
+    Seed 003 "Offline V1 shutdown, cold rollback, and V2 cutover" (step 5); proof S003-RP-40.
     """
     data = bytes(certificate.document)
     document = json.loads(data)
@@ -232,6 +239,11 @@ def _check_certificate(org: OrgScope, certificate: CutoverReadinessCertificate,
         gates = list(AccountServingGate.objects.filter(org_id=org.org_id))
     if sorted(g.account_key for g in gates) != document["gate_set"]:
         raise CertificateMismatch("the gate set is not the certified one-to-one account set")
+    current = {a["account_key"] for a in latest.document["accounts"]} | set(
+        V1Account.objects.filter(org_id=org.org_id).values_list("account_key", flat=True))
+    outside = sorted(current - set(document["gate_set"]))
+    if outside:
+        raise CertificateMismatch(f"current account(s) {', '.join(outside)} are outside the certified gate set")
     return document
 
 
