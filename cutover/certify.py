@@ -32,7 +32,12 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
-from connectors.models import AccountServingGate, ReceiptAdmissionKey, V1EgressDenial, V1StreamCursor
+from connectors.models import (
+    AccountServingGate,
+    ReceiptAdmissionKey,
+    V1EgressDenial,
+    V1StreamCursor,
+)
 from connectors.serving.gates import gate_transition
 from connectors.store import AccountServingGateStore
 from connectors.v1 import egress_manifest
@@ -44,8 +49,8 @@ from nexusflow.kernel.scope import OrgScope
 
 from . import reasons, selectors
 from .halt import _check_certificate
-from .preflight import revalidate_routes
 from .models import CutoverEvidence, OrderingBaseline, V1ShutdownCertificate
+from .preflight import revalidate_routes
 from .services import CutoverRefused
 from .store import certificate_lock
 from .v1_shutdown import (

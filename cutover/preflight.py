@@ -34,7 +34,11 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from connectors.models import ConnectorServiceConfigurationGeneration, PackGeneration, ServingEpoch
+from connectors.models import (
+    ConnectorServiceConfigurationGeneration,
+    PackGeneration,
+    ServingEpoch,
+)
 from connectors.serving.gates import epoch_prepare, epoch_verify
 from connectors.v1.generations import v1_release
 from nexusflow.kernel import canonical_json

@@ -51,8 +51,8 @@ from nexusflow.kernel.models import insert
 from nexusflow.kernel.scope import OrgScope
 
 from . import reasons, selectors
-from .models import CutoverEvidence
 from .halt import _check_certificate
+from .models import CutoverEvidence
 from .services import CutoverRefused, _evidence
 from .store import certificate_lock
 from .v1_shutdown import (

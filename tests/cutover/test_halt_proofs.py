@@ -27,7 +27,12 @@ from cutover import reasons
 from cutover.certify import cutover_certify
 from cutover.drain import cutover_drain
 from cutover.halt import CertificateMismatch, cutover_halt_v1
-from cutover.models import CutoverEvidence, CutoverReadinessCertificate, OrderingBaseline, V1ShutdownCertificate
+from cutover.models import (
+    CutoverEvidence,
+    CutoverReadinessCertificate,
+    OrderingBaseline,
+    V1ShutdownCertificate,
+)
 from cutover.preflight import cutover_preflight
 from cutover.stop import cutover_stop
 from cutover.v1_shutdown import ShutdownBlocked
@@ -35,7 +40,12 @@ from nexusflow.kernel import canonical_json
 from nexusflow.kernel.models import insert
 from nexusflow.kernel.scope import OrgScope
 from tests.concurrency import connection_id, wait_until_blocked_on
-from tests.conftest import HUBSPOT_CREDENTIAL_DOCUMENT, ORG, hubspot_event, service_document
+from tests.conftest import (
+    HUBSPOT_CREDENTIAL_DOCUMENT,
+    ORG,
+    hubspot_event,
+    service_document,
+)
 from tests.connectors.v1.support import install_v1, post_v1
 from tests.cutover.test_preflight import full_plan
 
@@ -313,3 +323,105 @@ def test_certify_refuses_when_the_certified_current_and_generation_v1_releases_d
         cutover_certify(org=roomy, attempt_key=ATTEMPT)
     assert (reasons.V1_RELEASE_MISMATCH, subject) in {(b["reason_code"], b["subject"]) for b in blocked.value.blockers}
     assert _gate_states() == {"v1_stopped"} and not V1ShutdownCertificate.objects.exists()
+
+
+# --- S003-RP-36 -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("phase", ["drain", "baseline_capture", "recovery_point", "restore_rehearsal", "validation",
+                                   "activation_readback", "full_restore"])
+def test_preflight_rejects_each_measured_phase_over_its_declared_budget(roomy, phase):
+    """Each phase alone, one second under its conservative projection, refuses the attempt before maintenance."""
+    from cutover.preflight import ReadinessRefused
+
+    plan = full_plan()
+    plan["throughput"]["baseline_partitions_per_second"] = 1  # 2 partitions: 4 s with the margin
+    probe = cutover_preflight(org=roomy, attempt_key="probe", plan=plan)
+    projected = probe.projections[phase]["projected_seconds"]
+    assert projected > 1, probe.projections
+    plan["budgets_seconds"][phase] = projected - 1
+    with pytest.raises(ReadinessRefused) as refused:
+        cutover_preflight(org=roomy, attempt_key="attempt-over", plan=plan)
+    assert {(b["reason_code"], b["subject"]) for b in refused.value.blockers} == \
+        {(reasons.CUTOVER_BUDGET_EXCEEDED, phase)}
+    assert not CutoverReadinessCertificate.objects.filter(attempt_key="attempt-over").exists()
+    assert _gate_states() == {"v1_serving"} and set(_barrier_states().values()) == {"open"}
+
+
+def _io_may_have_started():
+    """A V1 continuation call whose pre-I/O marker committed (I/O may have started), with no answer."""
+    from tests.cutover.test_v1_shutdown import _interrupted_call
+
+    return _interrupted_call(sent=True)
+
+
+def test_a_halt_over_its_budget_takes_the_fenced_abort_and_leaves_possible_io_unresolved(roomy, db_clock_advance):
+    """Past the certified barrier-closure + drain budget (database clock moved, not slept) the drain reports the
+    breach and ``abort-halt`` reopens the barriers with new fences; the call that may have reached the provider
+    is neither finished nor relabeled by the time that passed."""
+    from connectors.models import V1ProviderCall
+    from cutover.halt import cutover_halt_abort, halt_budget
+
+    cutover_halt_v1(org=roomy, attempt_key=ATTEMPT)
+    call = _io_may_have_started()  # continuation outbound stays open behind the closed root barrier
+    fences = dict(AccountServingGate.objects.filter(org_id=ORG).values_list("account_key", "fence_token"))
+    with pytest.raises(ShutdownBlocked) as blocked:
+        cutover_drain(org=roomy, attempt_key=ATTEMPT)
+    assert reasons.CUTOVER_BUDGET_EXCEEDED not in {b["reason_code"] for b in blocked.value.blockers}
+    assert halt_budget(org=roomy, attempt_key=ATTEMPT)["breached"] is False
+
+    db_clock_advance(2 * 3600 + 60)  # owner_barrier_closure + drain budgets of the plan, and a minute
+    assert halt_budget(org=roomy, attempt_key=ATTEMPT)["breached"] is True
+    with pytest.raises(ShutdownBlocked) as blocked:
+        cutover_drain(org=roomy, attempt_key=ATTEMPT)
+    codes = {(b["reason_code"], b["subject"]) for b in blocked.value.blockers}
+    assert (reasons.CUTOVER_BUDGET_EXCEEDED, "drain") in codes
+    assert (reasons.V1_EFFECT_UNRESOLVED, f"v1_provider_call.{call.pk}") in codes
+    assert not CutoverEvidence.objects.filter(org_id=ORG, kind="v1_drain_inventory").exists()
+
+    report = cutover_halt_abort(org=roomy, attempt_key=ATTEMPT)
+    assert report.budget["breached"] and sorted(report.gates) == ["billing-main", "crm-webhooks"]
+    assert set(_barrier_states().values()) == {"open"}
+    for gate in AccountServingGate.objects.filter(org_id=ORG):
+        assert gate.state == "v1_serving" and gate.fence_token == fences[gate.account_key] + 1
+    abort = CutoverEvidence.objects.get(org_id=ORG, attempt_key=ATTEMPT, kind="halt_abort")
+    assert [b["reason_code"] for b in abort.payload["blockers"]] == [reasons.CUTOVER_BUDGET_EXCEEDED]
+    after = V1ProviderCall.objects.get(pk=call.pk)
+    assert (after.state, after.version, after.reason_code) == (call.state, call.version, call.reason_code) \
+        and after.state == "sending"
+    assert cutover_halt_abort(org=roomy, attempt_key=ATTEMPT).already
+
+
+def test_after_isolation_a_breach_has_no_fenced_abort_and_elapsed_time_resolves_nothing(roomy, db_clock_advance):
+    """Once V1 is isolated and terminated the fenced abort is closed; thirty days of database clock leave the
+    interrupted call blocking certification: the service stays halted until it is reconciled."""
+    from connectors.models import V1ProviderCall
+    from cutover.halt import cutover_halt_abort
+    from cutover.services import CutoverRefused
+    from tests.cutover.test_v1_shutdown import _run_v1_worker
+
+    cutover_halt_v1(org=roomy, attempt_key=ATTEMPT)
+    _run_v1_worker()
+    call = _io_may_have_started()
+    cutover_stop(org=roomy, attempt_key=ATTEMPT, wait_seconds=0)
+    db_clock_advance(30 * 86400)
+    with pytest.raises(CutoverRefused, match="cold-abort"):
+        cutover_halt_abort(org=roomy, attempt_key=ATTEMPT)
+    with pytest.raises(ShutdownBlocked) as blocked:
+        cutover_certify(org=roomy, attempt_key=ATTEMPT)
+    assert (reasons.V1_EFFECT_UNRESOLVED, f"v1_provider_call.{call.pk}") in \
+        {(b["reason_code"], b["subject"]) for b in blocked.value.blockers}
+    assert _gate_states() == {"v1_stopped"} and set(_barrier_states().values()) == {"closed"}
+    assert V1ProviderCall.objects.get(pk=call.pk).state == "sending"
+
+
+def test_abort_halt_command_as_a_new_operator_would(roomy):
+    from tests.conftest import run_manage, subprocess_env
+
+    env = subprocess_env()
+    missing = run_manage(["cutover", "abort-halt", "--org", ORG], env)
+    assert missing.returncode == 2 and "missing_argument" in missing.stderr
+    early = run_manage(["cutover", "abort-halt", "--org", ORG, "--attempt", ATTEMPT], env)
+    assert early.returncode == 3 and "cutover_refused" in early.stderr  # nothing halted yet
+    cutover_halt_v1(org=roomy, attempt_key=ATTEMPT)
+    done = run_manage(["cutover", "abort-halt", "--org", ORG, "--attempt", ATTEMPT], env)
+    assert done.returncode == 0, done.stderr
+    assert "v1_serving" in done.stdout and _gate_states() == {"v1_serving"}
