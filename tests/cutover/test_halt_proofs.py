@@ -154,9 +154,8 @@ def _with_new_account(billing_url: str) -> dict:
 
 
 def test_account_creation_holding_the_configuration_barrier_makes_the_racing_halt_refuse(roomy, billing_sandbox,
-                                                                                          holds, monkeypatch):
+                                                                                          holds):
     """Account creation first: the halt's close waits for it, then refuses the changed set and reopens."""
-    monkeypatch.setenv("NEXUS_TEST_HUBSPOT_TOKEN", "pat-race")
     document = _with_new_account(billing_sandbox.base_url)
     holds.arm("l2.configuration.before_commit")
     creating = _Side(lambda: service_configuration_apply(org=OrgScope(ORG), document=document))
@@ -176,10 +175,8 @@ def test_account_creation_holding_the_configuration_barrier_makes_the_racing_hal
     assert not CutoverEvidence.objects.filter(org_id=ORG, kind__in=("maintenance_barrier", "halt_remeasure")).exists()
 
 
-def test_account_creation_after_the_barrier_closed_is_refused_and_creates_nothing(roomy, billing_sandbox, holds,
-                                                                                   monkeypatch):
+def test_account_creation_after_the_barrier_closed_is_refused_and_creates_nothing(roomy, billing_sandbox, holds):
     """Halt first: held after its barriers closed, a racing account creation is refused retryably."""
-    monkeypatch.setenv("NEXUS_TEST_HUBSPOT_TOKEN", "pat-race")
     document = _with_new_account(billing_sandbox.base_url)
     generations = ConnectorServiceConfigurationGeneration.objects.filter(org_id=ORG).count()
     holds.arm("cutover.halt_v1.after_barriers")
