@@ -32,7 +32,12 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
-from connectors.models import AccountServingGate, ReceiptAdmissionKey, V1EgressDenial, V1StreamCursor
+from connectors.models import (
+    AccountServingGate,
+    ReceiptAdmissionKey,
+    V1EgressDenial,
+    V1StreamCursor,
+)
 from connectors.serving.gates import gate_transition
 from connectors.store import AccountServingGateStore
 from connectors.v1 import egress_manifest
@@ -45,6 +50,7 @@ from nexusflow.kernel.scope import OrgScope
 from . import reasons, selectors
 from .halt import _check_certificate
 from .models import CutoverEvidence, OrderingBaseline, V1ShutdownCertificate
+from .preflight import revalidate_routes
 from .services import CutoverRefused
 from .store import certificate_lock
 from .v1_shutdown import (
@@ -91,6 +97,20 @@ def _generation_blockers(org: OrgScope, attempt_key: str) -> tuple[list[dict], l
     if denial is None:
         out.append(blocker(reasons.V1_EGRESS_NOT_ISOLATED, "v1_egress", "the attempt has no V1 egress denial"))
     return out, generations, denial
+
+
+def _release_blockers(certified: str, generations: list[dict]) -> list[dict]:
+    """One blocker per V1 release (current tree, each process generation) other than the certified one."""
+    out = []
+    if v1_release() != certified:
+        out.append(blocker(reasons.V1_RELEASE_MISMATCH, "v1_release.current_tree",
+                           f"the current tree's V1 release {v1_release()[:16]} is not the certified {certified[:16]}"))
+    for g in generations:
+        if g["release"] != certified:
+            out.append(blocker(reasons.V1_RELEASE_MISMATCH, f"v1_process_generation.{g['id']}",
+                               f"{g['worker_id']} ran V1 release {g['release'][:16]}, not the certified "
+                               f"{certified[:16]}"))
+    return out
 
 
 def _manifest_blockers(org: OrgScope) -> tuple[list[dict], dict]:
@@ -248,8 +268,10 @@ def _certify(org: OrgScope, attempt_key: str, blockers: list[dict]) -> CertifyRe
         blockers += found
         tombstones, found = _tombstones(org)
         blockers += found
+        blockers += revalidate_routes(org=org, document=document)  # the proved plan, never a new one
         baselines, found = _baselines(org, document)
         blockers += found
+        blockers += _release_blockers(document["v1_release"], generations)
         if blockers:
             raise ShutdownBlocked("certify", blockers)
 

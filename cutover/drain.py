@@ -25,6 +25,7 @@ from django.db import transaction
 from connectors.models import AccountServingGate
 from nexusflow.kernel.scope import OrgScope
 
+from .halt import halt_budget_blockers
 from .models import CutoverEvidence
 from .services import CutoverRefused, _evidence
 from .v1_shutdown import (
@@ -60,7 +61,9 @@ def cutover_drain(*, org: OrgScope, attempt_key: str) -> DrainReport:
         InvalidIdentity: ``attempt_key`` is not a canonical key.
         CertificateMissing: the attempt has no readiness certificate.
         CutoverRefused: the gates are not ``halting_v1`` for this attempt (or past it without a drain).
-        ShutdownBlocked: V1 work, a live lease or an unresolved V1 call remains (exit 3; rerun later).
+        ShutdownBlocked: V1 work, a live lease or an unresolved V1 call remains (exit 3; rerun later); over the
+            certified barrier-closure and drain budget it also carries ``cutover_budget_exceeded`` (abort with
+            ``cutover abort-halt``: seed 003 "Operational liveness and maintenance admission", S003-RP-36).
 
     Seed 003 "Offline V1 shutdown, cold rollback, and V2 cutover" (step 2); proof S003-RP-41.
     """
@@ -78,7 +81,8 @@ def cutover_drain(*, org: OrgScope, attempt_key: str) -> DrainReport:
                              f"halt-v1 first); gates are {', '.join(sorted(states)) or 'none'}")
     inventory = v1_inventory(org)
     blockers = inventory_blockers(inventory)
-    if blockers:
+    if blockers:  # over budget: the operator's go/no-go, never a reason to treat the open work as done
+        blockers += halt_budget_blockers(org=org, attempt_key=attempt_key)
         record_blocked(org, attempt_key, "drain", blockers)
         raise ShutdownBlocked("drain", blockers)
     digest = inventory_digest(inventory)

@@ -36,6 +36,7 @@ from connectors.models import (
     AccountServingGate,
     ConnectorServiceConfigurationGeneration,
     ServingEpoch,
+    V1Account,
     V1MaintenanceBarrier,
     V1StreamCursor,
 )
@@ -202,6 +203,7 @@ def cutover_halt_v1(*, org: OrgScope, attempt_key: str) -> HaltReport:
     summary = {phase: {"budget_seconds": p["budget_seconds"], "projected_seconds": p["projected_seconds"]}
                for phase, p in projections.items()}
     _evidence(org, attempt_key, "halt_remeasure", "", {"certificate_digest": certificate.digest,
+                                                       "halted_at": closing_started.isoformat(),
                                                        "measurements": measured, "projections": summary,
                                                        "used_seconds": {"owner_barrier_closure": closure_seconds},
                                                        "blockers": blockers})
@@ -216,8 +218,14 @@ def _check_certificate(org: OrgScope, certificate: CutoverReadinessCertificate,
                        gates: list[AccountServingGate] | None = None) -> dict:
     """Byte-compare ``certificate`` with its digest, the latest configuration generation and the gate set.
 
+    ``gates`` (locked by the caller, or read here) must be exactly the certificate's frozen exhaustive
+    set, and every current account (the latest configuration's and the V1 registry's) must be in it.
+    Halt, stop and certify call it; activation rereads the same set under its locks.
+
     Raises:
-        CertificateMismatch: any of the three differs.
+        CertificateMismatch: any of them differs.
+
+    Seed 003 "Offline V1 shutdown, cold rollback, and V2 cutover" (step 5); proof S003-RP-40.
     """
     data = bytes(certificate.document)
     document = json.loads(data)
@@ -232,6 +240,11 @@ def _check_certificate(org: OrgScope, certificate: CutoverReadinessCertificate,
         gates = list(AccountServingGate.objects.filter(org_id=org.org_id))
     if sorted(g.account_key for g in gates) != document["gate_set"]:
         raise CertificateMismatch("the gate set is not the certified one-to-one account set")
+    current = {a["account_key"] for a in latest.document["accounts"]} | set(
+        V1Account.objects.filter(org_id=org.org_id).values_list("account_key", flat=True))
+    outside = sorted(current - set(document["gate_set"]))
+    if outside:
+        raise CertificateMismatch(f"current account(s) {', '.join(outside)} are outside the certified gate set")
     return document
 
 
@@ -263,3 +276,107 @@ def _abort(org: OrgScope, attempt_key: str, digest: str, blockers: list[dict]) -
         for gate in gates:
             if gate.state == "halting_v1":
                 gate_transition(gate=gate, dst="v1_serving", evidence=proof)
+
+
+# --- the budget of the halted service, and its fenced abort (seed 003 "Operational liveness ...") ---------
+#: The phases a service in ``halting_v1`` spends before process termination and egress isolation.
+HALTED_PHASES = ("owner_barrier_closure", "drain")
+#: Evidence after which the fenced abort back to ``v1_serving`` is closed (V1 was isolated or terminated).
+ISOLATION_KINDS = ("egress_isolation", "process_termination")
+
+
+@dataclass
+class HaltAbortReport:
+    """``gates``: account keys back in ``v1_serving``; ``budget``: :func:`halt_budget` at the abort."""
+
+    attempt_key: str
+    gates: list[str]
+    budget: dict
+    already: bool = False
+
+
+def halt_budget(*, org: OrgScope, attempt_key: str) -> dict | None:
+    """How much of the certified barrier-closure and drain budget the halted attempt has used.
+
+    Time is the database clock's, from the moment the barriers started closing.
+
+    Returns:
+        ``{"budget_seconds": int, "used_seconds": int, "breached": bool, "halted_at": ISO-8601}``, or
+        ``None`` while the attempt has not halted V1 (no successful remeasure).
+
+    A breach is a go/no-go threshold for the operator, never evidence that V1 work or a V1 provider
+    call is finished: the drain inventory still decides that. Seed 003 "Operational liveness and
+    maintenance admission"; proof S003-RP-36.
+    """
+    import datetime as dt
+
+    remeasure = CutoverEvidence.objects.filter(org_id=org.org_id, attempt_key=attempt_key,
+                                               kind="halt_remeasure").first()
+    certificate = CutoverReadinessCertificate.objects.filter(org_id=org.org_id, attempt_key=attempt_key).first()
+    if remeasure is None or remeasure.payload["blockers"] or certificate is None:
+        return None
+    budgets = json.loads(bytes(certificate.document))["plan"]["budgets_seconds"]
+    budget = sum(budgets[phase] for phase in HALTED_PHASES)
+    halted_at = remeasure.payload.get("halted_at")
+    since = dt.datetime.fromisoformat(halted_at) if halted_at else remeasure.created_at
+    used = max(0, math.ceil((db_now() - since).total_seconds()))
+    return {"budget_seconds": budget, "used_seconds": used, "breached": used > budget,
+            "halted_at": since.isoformat()}
+
+
+def halt_budget_blockers(*, org: OrgScope, attempt_key: str) -> list[dict]:
+    """``[cutover_budget_exceeded blocker]`` when :func:`halt_budget` is breached, else ``[]``."""
+    budget = halt_budget(org=org, attempt_key=attempt_key)
+    if budget is None or not budget["breached"]:
+        return []
+    return [{"reason_code": reasons.CUTOVER_BUDGET_EXCEEDED, "subject": "drain",
+             "detail": f"halted for {budget['used_seconds']}s, over the certified barrier-closure and drain budget "
+                       f"of {budget['budget_seconds']}s; abort to v1_serving with cutover abort-halt"}]
+
+
+def cutover_halt_abort(*, org: OrgScope, attempt_key: str) -> HaltAbortReport:
+    """Take the fenced abort ``halting_v1 -> v1_serving``: reopen the barriers, then every gate with a new fence.
+
+    The phase-appropriate path of a budget breach (or an operator's decision) while V1 is halted but
+    neither isolated nor terminated. V2 stayed disabled throughout (every gate is ``halting_v1``, no
+    epoch of the org is active). V1 work and V1 provider calls are not touched: a call whose I/O may
+    have started stays exactly as it is, owned by V1. The attempt is spent afterwards.
+
+    Args:
+        attempt_key: the attempt ``cutover halt-v1`` halted.
+
+    Returns:
+        :class:`HaltAbortReport`; ``already`` when the attempt was aborted before.
+
+    Raises:
+        InvalidIdentity / CertificateMissing: see :func:`cutover_halt_v1`.
+        CutoverRefused: the attempt did not halt V1, V1 was already isolated or terminated (``cutover stop``
+            ran: after ``v1_drained`` the path is ``cold-abort``, during ``v2_validating`` ``restore``), or a
+            gate is not ``halting_v1``.
+
+    Seed 003 "Operational liveness and maintenance admission" and "Offline V1 shutdown, cold rollback,
+    and V2 cutover" (the fenced abort); proof S003-RP-36.
+    """
+    attempt_key = validate_key(attempt_key, field="attempt_key", max_length=80)
+    certificate = CutoverReadinessCertificate.objects.filter(org_id=org.org_id, attempt_key=attempt_key).first()
+    if certificate is None:
+        raise CertificateMissing(f"attempt {attempt_key} has no readiness certificate; run cutover preflight")
+    gates = list(AccountServingGate.objects.filter(org_id=org.org_id).order_by("account_key"))
+    if CutoverEvidence.objects.filter(org_id=org.org_id, attempt_key=attempt_key, kind="halt_abort").exists() \
+            and {g.state for g in gates} == {"v1_serving"}:
+        return HaltAbortReport(attempt_key, [g.account_key for g in gates], {}, already=True)
+    isolated = sorted(CutoverEvidence.objects.filter(org_id=org.org_id, attempt_key=attempt_key,
+                                                     kind__in=ISOLATION_KINDS).values_list("kind", flat=True))
+    if isolated:
+        raise CutoverRefused(f"attempt {attempt_key} already recorded {', '.join(isolated)}: the fenced abort is "
+                             "closed; after v1_drained use cutover cold-abort, during v2_validating cutover restore")
+    budget = halt_budget(org=org, attempt_key=attempt_key)
+    states = sorted({g.state for g in gates})
+    if budget is None or states != ["halting_v1"]:
+        raise CutoverRefused(f"abort-halt needs every gate halting_v1 under attempt {attempt_key}; gates are "
+                             f"{', '.join(states) or 'none'}")
+    if ServingEpoch.objects.filter(org_id=org.org_id, state="active").exists():
+        raise CutoverRefused("an epoch of the org is active: V2 is not proven stopped")
+    _abort(org, attempt_key, certificate.digest, halt_budget_blockers(org=org, attempt_key=attempt_key)
+           or [{"reason_code": reasons.CUTOVER_IN_PROGRESS, "subject": "operator", "detail": "operator abort"}])
+    return HaltAbortReport(attempt_key, [g.account_key for g in gates], budget)

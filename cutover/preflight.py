@@ -34,7 +34,11 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from connectors.models import ConnectorServiceConfigurationGeneration, PackGeneration
+from connectors.models import (
+    ConnectorServiceConfigurationGeneration,
+    PackGeneration,
+    ServingEpoch,
+)
 from connectors.serving.gates import epoch_prepare, epoch_verify
 from connectors.v1.generations import v1_release
 from nexusflow.kernel import canonical_json
@@ -369,6 +373,66 @@ def _disposition_blockers(route: dict, disposition: str | None, measured: dict) 
         return [_blocker(code, name, "provider_snapshot_barrier needs a pulled route whose cursor can be "
                                      "fenced losslessly")], {}
     return [], {**proof, "delivery": "pull"}
+
+
+def _route_name(route: dict) -> str:
+    return f"{route['account_key']}/{route['route_key']}"
+
+
+def revalidate_routes(*, org: OrgScope, document: dict) -> list[dict]:
+    """Recheck a certificate's per-route migration plan against the service now, before baselines are taken.
+
+    The final baseline capture executes the plan preflight proved; it never discovers one. This
+    rereads the certified configuration generation and candidate epoch, recomputes every enabled
+    route's ordering-contract digest from the epoch's frozen contract, and checks each route again
+    with :func:`_disposition_blockers` against freshly measured V1 positions. A V1 event without a
+    typed source position and tie-breaker stays a blocker: its insertion order (the V1 queue's
+    ``EnqueueOrdinal``) or arrival order is never used as a high-water.
+
+    Args:
+        document: the parsed CutoverReadinessCertificate document.
+
+    Returns:
+        Blockers ``{"reason_code": "route_migration_unsupported", "subject", "detail"}``; empty when every
+        enabled route still holds exactly its certified disposition and proof.
+
+    Seed 003 "Durable source ordering" (ordering-migration disposition); proof S003-RP-14.
+    """
+    code = reasons.ROUTE_MIGRATION_UNSUPPORTED
+    configuration = ConnectorServiceConfigurationGeneration.objects.filter(
+        org_id=org.org_id, pk=document["configuration"]["id"]).first()
+    epoch = ServingEpoch.objects.filter(org_id=org.org_id, pk=document["epoch"]["id"]).first()
+    if configuration is None or configuration.digest != document["configuration"]["digest"]:
+        return [_blocker(code, "configuration", "the certified configuration generation is gone or changed")]
+    if epoch is None or epoch.digest != document["epoch"]["digest"]:
+        return [_blocker(code, "epoch", "the certified candidate epoch is gone or changed")]
+    routes = _enabled_routes(configuration, epoch.document)
+    certified = {_route_name(r): r for r in document["routes"]}
+    measured: dict = {"partitions": {}, "unpositioned_events": {}}
+    for route in routes:
+        if route["ordering"].get("contract") != "order_independent":
+            name = _route_name(route)
+            measured["partitions"][name], measured["unpositioned_events"][name] = _route_partitions(org, route)
+    out = []
+    for route in routes:
+        name = _route_name(route)
+        entry = certified.get(name)
+        if entry is None:
+            out.append(_blocker(code, name, "the route is enabled but the certificate gives it no disposition"))
+            continue
+        recomputed = digest_v2("connectors.ordering-contract",
+                               [("ordering", canonical_json.dumps(route["ordering"]))]).hexdigest
+        if recomputed != route["ordering_digest"] or recomputed != entry["proof"].get("ordering_digest"):
+            out.append(_blocker(code, name, "the route's frozen ordering contract is not the one preflight proved"))
+            continue
+        found, proof = _disposition_blockers(route, entry["disposition"], measured)
+        out += found
+        if not found and {k: v for k, v in proof.items() if k != "partitions"} != \
+                {k: v for k, v in entry["proof"].items() if k != "partitions"}:
+            out.append(_blocker(code, name, "the route's disposition proof differs from the certified one"))
+    for name in sorted(set(certified) - {_route_name(r) for r in routes}):
+        out.append(_blocker(code, name, "the certificate names a route the frozen configuration does not enable"))
+    return out
 
 
 def _certificate_document(*, org: OrgScope, attempt_key: str, plan: dict) -> tuple[dict, list[dict], dict]:

@@ -56,6 +56,10 @@ V1_BASELINE_MISSING = register(
     "v1_baseline_missing", owner=OWNER, evidence="cutover.selectors.shutdown_blocks",
     severity_class=ATTENTION, alert_after_seconds=3600, remediations=("revise_cutover_plan",))
 
+V1_RELEASE_MISMATCH = register(
+    "v1_release_mismatch", owner=OWNER, evidence="cutover.selectors.shutdown_blocks",
+    severity_class=ATTENTION, alert_after_seconds=1800, remediations=("revise_cutover_plan",))
+
 # --- V1 restore point (seed 003 "Offline V1 shutdown ...", step 6; proof S003-RP-43) -------------------------
 #: Refusals of ``cutover restore-point``, each stored in the ``blockers`` of a ``shutdown_blocked`` CutoverEvidence
 #: row (phase ``restore_point``) and reported with exit 3; no V1RestorePoint is written and no V2 mutation may start.

@@ -51,8 +51,10 @@ from nexusflow.kernel.models import insert
 from nexusflow.kernel.scope import OrgScope
 
 from . import reasons, selectors
+from .halt import _check_certificate
 from .models import CutoverEvidence
 from .services import CutoverRefused, _evidence
+from .store import certificate_lock
 from .v1_shutdown import (
     ShutdownBlocked,
     attempt_certificate,
@@ -149,12 +151,14 @@ def cutover_stop(*, org: OrgScope, attempt_key: str, wait_seconds: float = DEFAU
     Raises:
         InvalidIdentity / CertificateMissing: see :func:`cutover.v1_shutdown.attempt_certificate`.
         CutoverRefused: the attempt did not halt V1, or the gates are not ``halting_v1``.
+        CertificateMismatch: a current account, configuration generation or gate is outside the certificate's
+            frozen exhaustive set (checked before isolation and again under the gate locks; nothing moves).
         ShutdownBlocked: V1 work, a live lease or a parked ambiguous call remains, or a generation is not proven
             gone (exit 3). Calls ``prepared``/``sending`` at isolation are listed as interrupted, not blockers.
 
     Seed 003 "Offline V1 shutdown, cold rollback, and V2 cutover" (step 3); proof S003-RP-41.
     """
-    attempt_key, _ = attempt_certificate(org, attempt_key)
+    attempt_key, readiness = attempt_certificate(org, attempt_key)
     gates = list(AccountServingGate.objects.filter(org_id=org.org_id).order_by("account_key"))
     states = {g.state for g in gates}
     evidence = {row.kind: row for row in CutoverEvidence.objects.filter(
@@ -172,6 +176,7 @@ def cutover_stop(*, org: OrgScope, attempt_key: str, wait_seconds: float = DEFAU
     if not gates or not states <= {"halting_v1", "v1_stopped"}:
         raise CutoverRefused(f"stop needs every gate halting_v1; gates are {', '.join(sorted(states)) or 'none'}")
 
+    _check_certificate(org, readiness, gates)  # an account or gate outside the frozen set: nothing isolated yet
     if "egress_isolation" not in evidence:
         # V1 work and leases must be gone, and no parked ambiguity may leave halting_v1. A call still
         # prepared or sending is frozen by the isolation and termination below, and reconciled after.
@@ -199,6 +204,7 @@ def cutover_stop(*, org: OrgScope, attempt_key: str, wait_seconds: float = DEFAU
 
     with transaction.atomic(durable=True):
         locked = AccountServingGateStore.lock_all(org.org_id)
+        _check_certificate(org, certificate_lock(org.org_id, attempt_key), locked)
         for gate in locked:
             if gate.state == "halting_v1":
                 gate_transition(gate=gate, dst="v1_stopped", reason_code=reasons.CUTOVER_IN_PROGRESS, evidence={

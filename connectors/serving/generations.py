@@ -34,7 +34,7 @@ from pathlib import Path
 
 from django.db import IntegrityError, transaction
 
-from nexusflow.kernel import canonical_json
+from nexusflow.kernel import canonical_json, failpoints
 from nexusflow.kernel.digests import PROFILE_V2, OwnerReceipt, digest_v2
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.identity import validate_key
@@ -63,6 +63,9 @@ CONFIG_GENERATION_PROTOCOL = "nexusflow.l2-service-configuration.v1"
 CONFIG_RECEIPT_PROTOCOL = "nexusflow.l2-service-configuration-receipt.v1"
 CREDENTIAL_RECEIPT_PROTOCOL = "nexusflow.credential-generation-receipt.v1"
 RUNTIME_COMMAND_VERSION = "1"
+#: Inside the configuration transaction, past the configuration maintenance barrier, the new generation
+#: and its new gates written, before the commit: a configuration held here crosses a barrier close.
+FP_CONFIGURATION_BEFORE_COMMIT = failpoints.declare("l2.configuration.before_commit")
 
 
 class ConfigurationError(NexusError):
@@ -707,6 +710,7 @@ def service_configuration_apply(*, org: OrgScope, document: object) -> Connector
             if account["account_key"] not in existing:
                 AccountServingGateStore.create(org_id=org.org_id, account_key=account["account_key"],
                                                pack_key=account["pack_key"], state="v1_serving")
+        failpoints.hit(FP_CONFIGURATION_BEFORE_COMMIT)
         return generation
 
 

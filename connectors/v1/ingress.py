@@ -14,7 +14,7 @@ from typing import Mapping
 
 from django.db import IntegrityError, transaction
 
-from nexusflow.kernel import canonical_json
+from nexusflow.kernel import canonical_json, failpoints
 from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.models import insert
 
@@ -30,6 +30,10 @@ from connectors.inbound.admission import (
 from connectors.v1.barriers import v1_barrier_admit
 from connectors.v1.config import live_route, live_secret, v1_account
 from connectors.v1.models import V1Event, V1TransportKey
+
+#: Inside the admission transaction, past the ingress barrier and every insert, before the commit:
+#: a delivery held here crosses a barrier close (``cutover halt-v1`` waits for it).
+FP_BEFORE_COMMIT = failpoints.declare("v1.ingress.before_commit")
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,7 @@ def _accept_locked(org_id, account_key, channel, route, body, items, key, identi
         insert(V1Event, **common, source_event_key=item.source_event_key, canonical_kind=item.kind,
                source_locator=item.locator, occurred_at_ms=item.occurred_at_ms, state="pending")
         created += 1
+    failpoints.hit(FP_BEFORE_COMMIT)
     return V1AdmissionResult(transport.pk, True, created)
 
 

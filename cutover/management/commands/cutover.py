@@ -7,6 +7,8 @@
 - ``halt-v1 --attempt KEY``: close the V1 maintenance barriers, move every gate to ``halting_v1``
   under the attempt's certificate and remeasure; a breach reopens the barriers and aborts to
   ``v1_serving`` (exit 3);
+- ``abort-halt --attempt KEY``: the fenced abort ``halting_v1 -> v1_serving`` (a budget breach or an operator's
+  decision) before V1 was isolated or terminated: barriers reopened, every gate with a new fence;
 - ``drain --attempt KEY``: report the V1 work, leases and unresolved V1 calls still open (exit 3), or
   record the first zero inventory;
 - ``stop --attempt KEY [--wait-seconds N]``: deny V1 provider egress, terminate and prove gone every V1
@@ -33,7 +35,7 @@ from django.core.management.base import BaseCommand, CommandError
 from connectors.serving.gates import EpochVerificationDeferred
 from cutover.certify import cutover_certify
 from cutover.drain import cutover_drain
-from cutover.halt import HaltAborted, cutover_halt_v1
+from cutover.halt import HaltAborted, cutover_halt_abort, cutover_halt_v1
 from cutover.preflight import CutoverPlanInvalid, ReadinessRefused, cutover_preflight
 from cutover.reconcile import ReconciliationInvalid, cutover_reconcile
 from cutover.restore_point import cutover_restore_point
@@ -52,14 +54,15 @@ class Command(BaseCommand):
     help = ("Run a cutover procedure: 'greenfield' (a fresh install with no V1 activates V2), 'v1-install' "
             "(a fresh V1 install: every gate v1_serving, served by run_workers --role v1), 'preflight' (certify a "
             "V1 -> V2 attempt against an L2 plan before maintenance), 'halt-v1' (close the V1 maintenance barriers "
-            "and halt every gate under that certificate), 'drain' (check V1 finished its accepted work), 'stop' (deny V1 "
+            "and halt every gate under that certificate), 'abort-halt' (the fenced abort back to v1_serving before "
+            "V1 is stopped), 'drain' (check V1 finished its accepted work), 'stop' (deny V1 "
             "egress and terminate the V1 processes), 'reconcile' (resolve interrupted V1 calls from provider "
             "evidence), 'certify' (the V1 shutdown certificate; gates v1_drained), 'restore-point' (the rehearsed "
             "full-database V1 restore point) or 'status' (where the cutover stands).")
     SHUTDOWN = ("drain", "stop", "reconcile", "certify", "restore-point")
 
     def add_arguments(self, parser):
-        parser.add_argument("procedure", choices=["greenfield", "v1-install", "preflight", "halt-v1", "drain", "stop",
+        parser.add_argument("procedure", choices=["greenfield", "v1-install", "preflight", "halt-v1", "abort-halt", "drain", "stop",
                                                   "reconcile", "certify", "restore-point", "status"])
         parser.add_argument("--org", required=True, help="Org id whose accounts to activate, install or certify.")
         parser.add_argument("--attempt", help="preflight: the service cutover attempt key (a new key per input change).")
@@ -96,6 +99,16 @@ class Command(BaseCommand):
             if procedure == "halt-v1":
                 self._halt(scope, attempt)
                 return
+            if procedure == "abort-halt":
+                if not attempt:
+                    raise CommandError("missing_argument: abort-halt needs --attempt KEY", returncode=EXIT_BAD_INPUT)
+                aborted = cutover_halt_abort(org=scope, attempt_key=attempt)
+                used = aborted.budget.get("used_seconds")
+                self.stdout.write(f"attempt {attempt} {'already ' if aborted.already else ''}aborted: gates "
+                                  f"v1_serving: {', '.join(aborted.gates)}; barriers open"
+                                  + (f"; halted {used}s of {aborted.budget['budget_seconds']}s" if used is not None
+                                     else ""))
+                return
             if procedure == "status":
                 self._status(scope, as_json)
                 return
@@ -118,7 +131,7 @@ class Command(BaseCommand):
                                returncode=EXIT_REFUSED) from exc
         except NexusError as exc:
             # greenfield and v1-install keep their original exit 1 for a refusal.
-            code = EXIT_REFUSED if procedure in ("preflight", "halt-v1", *self.SHUTDOWN) else 1
+            code = EXIT_REFUSED if procedure in ("preflight", "halt-v1", "abort-halt", *self.SHUTDOWN) else 1
             raise CommandError(f"{exc.code}: {exc}", returncode=code) from exc
         state = "already active" if report.already_active else "activated"
         self.stdout.write(f"epoch {report.epoch_id} {state} ({report.epoch_digest[:16]}); "
