@@ -28,6 +28,7 @@ from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.retry import retry_deadlock_victim
 
 from connectors import reasons
+from connectors.serving.publication import publication_barrier_admit
 from connectors.models import (
     CredentialGeneration,
     CredentialGenerationDispatchGate,
@@ -91,6 +92,8 @@ def credential_revoke(*, org_id: str, credential_generation_id: int, actor: str,
                                   code="credential_revoke_unauthorized")
     actor = actor.strip()
     with transaction.atomic(durable=True):
+        # Revocation serializes through the publication barriers: refused while an activation holds them.
+        publication_barrier_admit(org_id=org_id, owner="credential_revocation")
         gate = _gate_of(org_id, credential_generation_id)
         changed = gate.state == "enabled"
         fence = gate.fence_token
