@@ -15,12 +15,15 @@ from __future__ import annotations
 
 from django.db import transaction
 
+from nexusflow.kernel import failpoints
 from nexusflow.kernel.errors import NexusError
 
 from .models import CutoverDecision
 from .store import CutoverDecisionStore
 
 MODE = "v1_upgrade"
+#: Inside the decision's control transaction, after its row lock and before the CAS.
+FP_BEFORE_CAS = failpoints.declare("cutover.decision.before_cas")
 
 
 class DecisionLost(NexusError):
@@ -69,6 +72,7 @@ def _move(org_id: str, attempt_key: str, src: str, dst: str, done: tuple[str, ..
         except CutoverDecision.DoesNotExist:
             raise DecisionMissing(f"attempt {attempt_key} of {org_id} has no cutover decision; run cutover validate "
                                   "first") from None
+        failpoints.hit(FP_BEFORE_CAS)
         if locked.state in done:
             return locked
         if locked.state != src:

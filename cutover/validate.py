@@ -81,8 +81,9 @@ def _preconditions(org: OrgScope, attempt_key: str) -> tuple:
     shutdown = V1ShutdownCertificate.objects.filter(org_id=org.org_id, attempt_key=attempt_key).first()
     point = V1RestorePoint.objects.filter(org_id=org.org_id, attempt_key=attempt_key).first()
     if shutdown is None or point is None:
-        raise CutoverRefused(f"attempt {attempt_key} has no {'V1ShutdownCertificate' if shutdown is None else
-                             'V1RestorePoint'}: run cutover certify and cutover restore-point first")
+        missing = "V1ShutdownCertificate" if shutdown is None else "V1RestorePoint"
+        raise CutoverRefused(f"attempt {attempt_key} has no {missing}: run cutover certify and cutover restore-point "
+                             "first")
     if point.certificate_digest != shutdown.digest:
         raise CutoverRefused(f"the V1RestorePoint of {attempt_key} binds another shutdown certificate")
     return attempt_key, certificate, shutdown, point
