@@ -204,7 +204,8 @@ def barrier_hold(*, org: OrgScope, holding: Holding, receipts: dict) -> ServingP
         elif locked.state == "acquiring":
             ServingPublicationBarrierSetStore.transition(
                 org_id=org.org_id, pk=locked.pk, src="acquiring", dst="held", version=locked.version,
-                fences={"holder_fence": holding.fence}, set_fields={"receipts": receipts, "receipts_digest": digest})
+                fences={"holder_fence": holding.fence}, set_fields={"receipts": canonical_json.dumps(receipts).decode(),
+                                                     "receipts_digest": digest})
         else:
             raise BarrierSetConflict(f"publication barrier set {locked.pk} is {locked.state}")
     failpoints.hit(FP_AFTER_HELD)

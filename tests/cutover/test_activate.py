@@ -14,7 +14,7 @@ import signal
 import threading
 
 import pytest
-from django.db import connections
+from django.db import connections, transaction
 
 from connectors.models import (
     AccountServingGate,
@@ -123,7 +123,7 @@ def test_validate_verifies_the_candidate_starts_lanes_from_the_baselines_and_ser
     assert v2.status_code >= 400 and v1.status_code >= 400, (v2.status_code, v1.status_code)
     assert drain(worker_id="validating-worker") == 0  # no claim, delivery, dispatch or finalize found work
     for gate in gates:
-        with pytest.raises(NotServing):
+        with pytest.raises(NotServing), transaction.atomic():
             serving_lock(org_id=ORG, account_key=gate.account_key)
     worker = run_manage(["run_workers", "--role", "v1", "--until-idle", "--idle-sleep", "0"], subprocess_env())
     assert _counts() == before, worker.stderr
