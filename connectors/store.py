@@ -52,7 +52,10 @@ class AccountServingGateStore(CasStore):
         locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label)
         table = cls.model._meta.db_table
         with connections[cls.db()].cursor() as cursor:
-            cursor.execute(f"SELECT id FROM {table} WHERE org_id = %s ORDER BY id LOCK IN SHARE MODE", [org_id])
+            # ``state`` is not in the (org_id, account_key) index: the read visits, and so share-locks, the
+            # clustered rows a FOR UPDATE of the same gates locks, whichever index either plan uses.
+            cursor.execute(f"SELECT id, state FROM {table} WHERE org_id = %s ORDER BY id LOCK IN SHARE MODE",
+                           [org_id])
             return len(cursor.fetchall())
 
 
