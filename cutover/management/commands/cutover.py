@@ -74,7 +74,8 @@ class Command(BaseCommand):
         parser.add_argument("--attempt", help="preflight: the service cutover attempt key (a new key per input change).")
         parser.add_argument("--plan", help="preflight: the L2 cutover plan JSON file (docs/operations.md).")
         parser.add_argument("--json", dest="as_json", action="store_true",
-                            help="status, drain, stop, reconcile, certify, restore-point: print the report as JSON.")
+                            help="status, drain, stop, reconcile, certify, restore-point, validate, activate: print "
+                                 "the report as JSON.")
         parser.add_argument("--backup-dir", help="restore-point: where the dump files and manifest go "
                                                  "(default settings.NEXUS_BACKUP_DIR, var/restore_points/).")
         parser.add_argument("--wait-seconds", type=float, default=DEFAULT_WAIT_SECONDS,
@@ -241,6 +242,13 @@ class Command(BaseCommand):
         if point is not None:
             self.stdout.write(f"V1 restore point: {point['attempt_key']} manifest {point['manifest_digest'][:16]} "
                               f"in {point['backup_path']}")
+        barriers = report["publication_barriers"]
+        if barriers is not None:
+            self.stdout.write(f"publication barriers: set {barriers['id']} of {barriers['attempt_key']} "
+                              f"{barriers['state']}, holder {barriers['holder']} fence {barriers['holder_fence']}")
+        decision = report["decision"]
+        if decision is not None:
+            self.stdout.write(f"decision: {decision['attempt_key']} {decision['state']}")
         for phase, b in report["budgets"].items():
             used = "-" if b["used_seconds"] is None else f"{b['used_seconds']}s"
             self.stdout.write(f"  budget {phase}: used {used}, projected {b['projected_seconds']}s "
