@@ -92,9 +92,10 @@ def credential_revoke(*, org_id: str, credential_generation_id: int, actor: str,
                                   code="credential_revoke_unauthorized")
     actor = actor.strip()
     with transaction.atomic(durable=True):
-        # Revocation serializes through the publication barriers: refused while an activation holds them.
-        publication_barrier_admit(org_id=org_id, owner="credential_revocation")
         gate = _gate_of(org_id, credential_generation_id)
+        # Revocation serializes through the publication barriers (on this credential gate's lock): refused
+        # while an activation holds them.
+        publication_barrier_admit(org_id=org_id, owner="credential_revocation")
         changed = gate.state == "enabled"
         fence = gate.fence_token
         if changed:

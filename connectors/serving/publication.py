@@ -8,9 +8,11 @@ credential revocation of that org fails in :func:`publication_barrier_admit`; th
 transaction records ``activation_committed`` together with the epoch and gates, and only an
 explicit fenced release reopens publication. Nothing expires.
 
-Serialization: every write of a set locks the org's gates ``FOR UPDATE`` first; every publication
-share-locks the same gates before it checks the set. A publication already past its check
-therefore commits before the set changes, and one arriving later sees the set.
+Serialization: every write of a set locks the org's gates ``FOR UPDATE`` first and the org's
+credential dispatch gates after the set; every configuration or credential publication share-locks
+the same gates, and every revocation locks its credential dispatch gate, before it checks the set.
+A publication already past its check therefore commits before the set changes, and one arriving
+later sees the set.
 
 Holder fence: :func:`barrier_acquire` by a new coordinator of the same attempt is the one
 takeover; it increments ``holder_fence``. Every later write compares the caller's fence, so a
@@ -30,7 +32,7 @@ from connectors.models import (
     ServingEpoch,
     ServingPublicationBarrierSet,
 )
-from connectors.store import AccountServingGateStore, ServingPublicationBarrierSetStore
+from connectors.store import AccountServingGateStore, CredentialDispatchGateStore, ServingPublicationBarrierSetStore
 from nexusflow.kernel import canonical_json, failpoints
 from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.errors import FenceRejected, NexusError
@@ -84,7 +86,10 @@ def publication_barrier_admit(*, org_id: str, owner: str) -> None:
     """Admit one publication of ``owner`` for ``org_id`` inside the caller's transaction, or refuse it.
 
     Must run first in the transaction that writes the publication; the shared gate locks it takes last
-    until that transaction ends. An org without gates has nothing to activate and is admitted.
+    until that transaction ends. An org without gates has nothing to activate and is admitted. A
+    ``credential_revocation`` takes no gate lock: it runs right after the revocation locked its
+    CredentialGenerationDispatchGate, which every barrier-set write locks too, so revocations do not
+    queue behind (or hold up) the org's production transactions on the gates.
 
     Args:
         owner: one of :data:`OWNERS`.
@@ -100,7 +105,7 @@ def publication_barrier_admit(*, org_id: str, owner: str) -> None:
         raise ValueError(f"unknown publication owner {owner!r}")
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("a publication barrier is checked inside the transaction that publishes")
-    if not AccountServingGateStore.share_lock_org(org_id):
+    if owner != "credential_revocation" and not AccountServingGateStore.share_lock_org(org_id):
         return
     held = open_barrier_set(org_id=org_id)
     if held is not None:
@@ -141,10 +146,16 @@ def receipts_digest(receipts: dict) -> str:
     return digest_v2("connectors.publication-receipts", [("receipts", canonical_json.dumps(receipts))]).hexdigest
 
 
+def _lock_publishers(org: OrgScope) -> None:
+    """Lock what publications lock, after the set: every credential dispatch gate of the org (revocations)."""
+    CredentialDispatchGateStore.lock_all(org.org_id)
+
+
 def _lock(org: OrgScope, holding: Holding) -> ServingPublicationBarrierSet:
-    """Lock the org's gates, then the set; require the caller's fence (inside a transaction)."""
+    """Lock the org's gates, the set, then the credential dispatch gates; require the caller's fence."""
     AccountServingGateStore.lock_all(org.org_id)
     locked = ServingPublicationBarrierSetStore.lock(org.org_id, holding.set_id)
+    _lock_publishers(org)
     if locked.holder_fence != holding.fence:
         raise FenceRejected(f"publication barrier set {holding.set_id} is held under fence {locked.holder_fence}, "
                             f"not {holding.fence}: a newer coordinator took it over")
@@ -174,12 +185,14 @@ def barrier_acquire(*, org: OrgScope, attempt_key: str, epoch: ServingEpoch) -> 
                 raise BarrierSetConflict(f"org {org.org_id} has an open publication barrier set of attempt "
                                          f"{current.attempt_key} (epoch {current.epoch_id})")
             locked = ServingPublicationBarrierSetStore.lock(org.org_id, current.pk)
+            _lock_publishers(org)
             fence = locked.holder_fence + 1
             ServingPublicationBarrierSetStore.touch(
                 org_id=org.org_id, pk=locked.pk, state=locked.state, version=locked.version,
                 fences={"holder_fence": locked.holder_fence},
                 set_fields={"holder_fence": fence, "holder": coordinator_name()})
             return Holding(int(locked.pk), fence)
+        _lock_publishers(org)  # a revocation already past its check commits first
         created = ServingPublicationBarrierSetStore.create(
             org_id=org.org_id, attempt_key=attempt_key, epoch=epoch, state="acquiring", holder_fence=1,
             holder=coordinator_name(), open_key=org.org_id)

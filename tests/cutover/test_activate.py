@@ -247,7 +247,7 @@ def test_a_revocation_in_flight_commits_before_the_barrier_and_the_frozen_receip
         holds, "credential.revoke_before_commit",
         lambda: credential_revoke(org_id=ORG, credential_generation_id=credential.pk, actor="ops"),
         lambda: cutover_activate(org=validated, attempt_key=ATTEMPT),
-        table="connectors_accountservinggate", names=("revoke", "activate"))
+        table="connectors_credentialgenerationdispatchgate", names=("revoke", "activate"))
     assert revoke.error is None and revoke.result.changed
     assert activate.error is None, activate.error
     _assert_activated()
