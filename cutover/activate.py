@@ -159,13 +159,36 @@ def _reopen_configuration(org: OrgScope, attempt_key: str) -> None:
                 set_fields={"fence_token": barrier.fence_token + 1, "attempt_key": attempt_key})
 
 
+def activation_release_after_restore(*, org: OrgScope, attempt_key: str, holding: Holding | None = None) -> bool:
+    """Release the attempt's open publication barrier set once a RestoreAttempt won its decision.
+
+    ``cutover restore`` may call it after :func:`cutover.decision.begin_restore` so a crashed activation's
+    barriers never outlive the restore; it is the one holder-fenced takeover (``holding`` given: this
+    coordinator's own fence) followed by the release.
+
+    Returns:
+        ``True`` when a set was released, ``False`` when the attempt held none.
+
+    Raises:
+        CutoverRefused: the decision is not ``restoring_v1`` / ``v1_restored`` (release is not legal).
+        FenceRejected: a newer coordinator took the set over meanwhile.
+
+    Seed 003 "State machines" (``ServingPublicationBarrierSet: held -> released``); proof S003-RP-49.
+    """
+    decision = decisions.decision_of(org.org_id, attempt_key)
+    if decision is None or decision.state not in ("restoring_v1", "v1_restored"):
+        raise CutoverRefused(f"attempt {attempt_key}: restore has not won the cutover decision")
+    current = open_barrier_set(org_id=org.org_id)
+    if current is None or current.attempt_key != attempt_key:
+        return False
+    if holding is None or holding.set_id != int(current.pk):
+        holding = barrier_acquire(org=org, attempt_key=attempt_key, epoch=current.epoch)
+    return barrier_release(org=org, holding=holding, reason="restore_won")
+
+
 def _release_for_restore(org: OrgScope, attempt_key: str, holding: Holding | None, state: str):
     """Restore won: take over (if needed) and fenced-release the attempt's open set; refuse."""
-    current = open_barrier_set(org_id=org.org_id)
-    if current is not None and current.attempt_key == attempt_key:
-        if holding is None or holding.set_id != int(current.pk):
-            holding = barrier_acquire(org=org, attempt_key=attempt_key, epoch=current.epoch)
-        barrier_release(org=org, holding=holding, reason="restore_won")
+    activation_release_after_restore(org=org, attempt_key=attempt_key, holding=holding)
     raise decisions.DecisionLost(f"attempt {attempt_key}: a RestoreAttempt won the cutover decision ({state}); "
                                  "nothing was activated and the publication barriers are released", state=state)
 

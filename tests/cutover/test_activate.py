@@ -318,3 +318,23 @@ def test_activation_losing_the_decision_to_restore_commits_nothing_and_releases_
     assert _assert_all_or_nothing() == "offline" and decision_of(ORG, ATTEMPT).state == "restoring_v1"
     refused = run_manage(["cutover", "activate", "--org", ORG, "--attempt", ATTEMPT], subprocess_env())
     assert refused.returncode == 3 and "cutover_decision_lost" in refused.stderr
+
+
+def test_a_restore_after_a_crashed_activation_releases_its_barriers_and_activation_stays_refused(validated):
+    """S003-RP-49: the coordinator died holding the barriers; restore wins the open decision, releases the set
+    by one fenced takeover, publication reopens, and no later activation can commit."""
+    killed = run_manage(["cutover", "activate", "--org", ORG, "--attempt", ATTEMPT],
+                        subprocess_env(NEXUS_FAILPOINTS=activation.FP_AFTER_HELD))
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert ServingPublicationBarrierSet.objects.get(org_id=ORG).state == "held"
+    with pytest.raises(CutoverRefused):
+        activation.activation_release_after_restore(org=validated, attempt_key=ATTEMPT)  # rollback still open
+    assert begin_restore(ORG, ATTEMPT).state == "restoring_v1"
+    assert activation.activation_release_after_restore(org=validated, attempt_key=ATTEMPT)
+    barrier = ServingPublicationBarrierSet.objects.get(org_id=ORG)
+    assert (barrier.state, barrier.holder_fence, barrier.release_reason) == ("released", 2, "restore_won")
+    credential = CredentialGeneration.objects.filter(org_id=ORG).first()
+    assert credential_revoke(org_id=ORG, credential_generation_id=credential.pk, actor="ops").changed
+    with pytest.raises(DecisionLost):
+        cutover_activate(org=validated, attempt_key=ATTEMPT)
+    assert _assert_all_or_nothing() == "offline"
