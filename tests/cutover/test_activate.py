@@ -204,6 +204,10 @@ def test_a_stale_coordinator_can_neither_hold_commit_nor_release_and_time_never_
     with pytest.raises(PublicationBarrierHeld):
         credential_revoke(org_id=ORG, credential_generation_id=credential.pk, actor="ops")
     assert ServingPublicationBarrierSet.objects.get(org_id=ORG).state == "held"
+    shown = run_manage(["cutover", "status", "--org", ORG], subprocess_env())
+    assert shown.returncode == 0, shown.stderr
+    assert f"held, holder {ServingPublicationBarrierSet.objects.get(org_id=ORG).holder} fence 2" in shown.stdout
+    assert f"next: manage.py cutover activate --org {ORG} --attempt {ATTEMPT}" in shown.stdout
     cutover_activate(org=validated, attempt_key=ATTEMPT)
     _assert_activated()
 
