@@ -159,3 +159,12 @@ class PushLinkRevalidationReceiptAdmin(ReadOnlyAdmin):
 
 # The V1 runtime being retired: its support views (connectors/v1/admin.py).
 from connectors.v1 import admin as _v1_admin  # noqa: E402,F401
+
+
+@admin.register(models.ServingPublicationBarrierSet)
+class ServingPublicationBarrierSetAdmin(ReadOnlyAdmin):
+    """Which activation attempt holds an org's publication barriers, under which holder fence."""
+
+    list_display = ("id", "org_id", "attempt_key", "epoch_id", "state", "holder_fence", "holder", "release_reason",
+                    "updated_at")
+    list_filter = ("state",)

@@ -800,3 +800,38 @@ from connectors.v1.models import (  # noqa: E402,F401
     V1StreamCursor,
     V1TransportKey,
 )
+
+
+class ServingPublicationBarrierSet(GuardedModel):
+    """The frozen external-owner publication barriers of one activation attempt (seed 003 "Generation and replay").
+
+    Activation evidence, not another metadata authority: while a set of an org is not ``released``
+    (``acquiring``, ``held`` or ``activation_committed``), every L2 configuration publication,
+    credential publication and credential revocation of that org fails
+    (:func:`connectors.serving.publication.publication_barrier_admit`). ``receipts`` freezes the exact
+    owner generations the coordinator read under the barrier (configuration generation and digest,
+    pack generations, credential generations); ``receipts_digest`` is their v2 digest.
+
+    ``holder_fence`` is the coordinator fence: a takeover increments it, and every later write of the
+    set compares it, so a stale coordinator can neither record, commit nor release. Nothing expires:
+    only an explicit fenced release reopens publication. ``open_key`` holds ``org_id`` while the set is
+    not released and NULL after, under a unique index: at most one nonreleased set per activation scope.
+    """
+
+    org_id = IdentityField(max_length=64)
+    attempt_key = IdentityField(max_length=80)
+    epoch = models.ForeignKey(ServingEpoch, on_delete=models.PROTECT)
+    state = models.CharField(max_length=24)
+    version = models.PositiveBigIntegerField(default=1)
+    holder_fence = models.PositiveBigIntegerField(default=1)
+    holder = models.CharField(max_length=120, help_text="Who holds the set now (host:pid of the coordinator).")
+    open_key = IdentityField(max_length=64, null=True, blank=True, unique=True)
+    receipts = models.JSONField(default=dict)
+    receipts_digest = IdentityField(**DIGEST, blank=True, default="")
+    release_reason = models.CharField(max_length=40, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["org_id", "attempt_key", "epoch"],
+                                               name="publication_barrier_set_uniq")]

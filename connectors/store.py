@@ -10,6 +10,9 @@ both; :mod:`nexusflow.kernel.locks` refuses a reversal.
 """
 from __future__ import annotations
 
+from django.db import connections
+
+from nexusflow.kernel import locks
 from nexusflow.kernel.errors import FenceRejected
 from nexusflow.kernel.locks import LockClass
 
@@ -19,6 +22,8 @@ RANK_LANE, RANK_PROJECTION, RANK_EXECUTION, RANK_EXECUTION_ATTEMPT = 0, 1, 2, 3
 RANK_EFFECT, RANK_PERMIT, RANK_EFFECT_ATTEMPT, RANK_LINK = 4, 5, 6, 7
 # OrderingHandoff rows are locked after the lanes they join (predecessor and successor lanes).
 RANK_HANDOFF = 8
+# The ServingPublicationBarrierSet is locked after the gates it freezes and before their epoch.
+RANK_PUBLICATION_BARRIER = 0.5
 from nexusflow.kernel.store import CasStore
 
 from connectors import models, transitions
@@ -34,6 +39,34 @@ class AccountServingGateStore(CasStore):
     @classmethod
     def lock_by_account(cls, org_id: str, account_key: str) -> models.AccountServingGate:
         return cls.lock_where(org_id, account_key=account_key)
+
+
+    @classmethod
+    def share_lock_org(cls, org_id: str) -> int:
+        """Share-lock every gate of ``org_id`` until the caller's transaction ends; return how many.
+
+        A writer that changes the org's ServingPublicationBarrierSet locks the same gates ``FOR UPDATE``
+        first, so it waits for every publication already past this lock, and a publication arriving later
+        waits for it (``LOCK IN SHARE MODE``: MariaDB and MySQL).
+        """
+        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label)
+        table = cls.model._meta.db_table
+        with connections[cls.db()].cursor() as cursor:
+            # ``state`` is not in the (org_id, account_key) index: the read visits, and so share-locks, the
+            # clustered rows a FOR UPDATE of the same gates locks, whichever index either plan uses.
+            cursor.execute(f"SELECT id, state FROM {table} WHERE org_id = %s ORDER BY id LOCK IN SHARE MODE",
+                           [org_id])
+            return len(cursor.fetchall())
+
+
+class ServingPublicationBarrierSetStore(CasStore):
+    """The activation attempt's publication barrier set; every write compares ``holder_fence``."""
+
+    model = models.ServingPublicationBarrierSet
+    machine = transitions.SERVING_PUBLICATION_BARRIER_SET
+    lock_class = LockClass.SERVING_GATE
+    lock_rank, lock_label = RANK_PUBLICATION_BARRIER, "publication barrier set"
+    stale_error = FenceRejected
 
 
 class ServingEpochStore(CasStore):

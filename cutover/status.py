@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 from connectors.models import AccountServingGate, ConnectorServiceConfigurationGeneration, V1MaintenanceBarrier
+from connectors.serving.publication import open_barrier_set
 from nexusflow.kernel.reasons import REASONS, load_all_reasons
 from nexusflow.kernel.scope import OrgScope
 
@@ -48,11 +49,22 @@ def _next_command(org_id: str, phase: str, certificate, refusal, open_v1: dict) 
         return f"manage.py cutover certify --org {org_id} --attempt {attempt}"
     if phase == "v1_drained":
         if V1RestorePoint.objects.filter(org_id=org_id, attempt_key=attempt).exists():
-            return (f"manage.py cutover validate --org {org_id} --attempt {attempt} (the V2 candidate validation; "
-                    "not available yet)")
+            return (f"manage.py cutover validate --org {org_id} --attempt {attempt} (verify the V2 candidate with "
+                    "every production path disabled)")
         return (f"manage.py cutover restore-point --org {org_id} --attempt {attempt} [--backup-dir DIR] (capture and "
                 "rehearse the full-database V1 restore point)")
+    if phase == "v2_validating":
+        decision = CutoverDecision.objects.filter(org_id=org_id, attempt_key=attempt).first()
+        if decision is not None and decision.state in ("restoring_v1", "v1_restored"):
+            return (f"manage.py cutover restore --org {org_id} --attempt {attempt} (a RestoreAttempt won the "
+                    f"decision: {decision.state})")
+        return (f"manage.py cutover activate --org {org_id} --attempt {attempt} (hold the publication barriers "
+                "and activate V2; reruns resume)")
     if phase == "v2_serving":
+        decision = CutoverDecision.objects.filter(org_id=org_id, attempt_key=attempt).first()
+        if decision is not None and (decision.state != "v2_committed" or open_barrier_set(org_id=org_id)):
+            return (f"manage.py cutover activate --org {org_id} --attempt {attempt} (activation committed locally: "
+                    "finish the readback, v2_committed and the barrier release)")
         return "none: V2 serves every account"
     return f"manage.py cutover greenfield --org {org_id} (resumes a greenfield walk)"
 
@@ -71,6 +83,8 @@ def cutover_status(*, org: OrgScope) -> dict:
         ``halt-v1`` on the database clock, reporting only: elapsed time never decides safety),
         "blockers": [{"reason_code", "subject", "detail", "owner", "remediations", "alert_after_seconds"}],
         "decision": {"attempt_key", "state"} | None,
+        "publication_barriers": {"id", "attempt_key", "state", "holder_fence", "holder"} | None (the org's
+        ServingPublicationBarrierSet that is not released),
         "shutdown_certificate": {"attempt_key", "digest"} | None (the latest V1ShutdownCertificate),
         "restore_point": {"attempt_key", "manifest_digest", "certificate_digest", "backup_path", "created_at"}
         | None (the latest V1RestorePoint, control database),
@@ -132,6 +146,7 @@ def cutover_status(*, org: OrgScope) -> dict:
     decision = CutoverDecision.objects.filter(org_id=org.org_id).order_by("-id").first()
     shutdown = V1ShutdownCertificate.objects.filter(org_id=org.org_id).order_by("-id").first()
     restore_point = V1RestorePoint.objects.filter(org_id=org.org_id).order_by("-id").first()
+    barrier_set = open_barrier_set(org_id=org.org_id)
     return {
         "org_id": org.org_id, "phase": phase,
         "configuration": None if configuration is None else {"generation": configuration.generation,
@@ -142,6 +157,9 @@ def cutover_status(*, org: OrgScope) -> dict:
             "epoch_id": int(certificate.epoch_id), "created_at": certificate.created_at.isoformat()},
         "barriers": barriers, "budgets": budgets, "blockers": blockers,
         "decision": None if decision is None else {"attempt_key": decision.attempt_key, "state": decision.state},
+        "publication_barriers": None if barrier_set is None else {
+            "id": int(barrier_set.pk), "attempt_key": barrier_set.attempt_key, "state": barrier_set.state,
+            "holder_fence": barrier_set.holder_fence, "holder": barrier_set.holder},
         "shutdown_certificate": None if shutdown is None else {"attempt_key": shutdown.attempt_key,
                                                                "digest": shutdown.digest},
         "restore_point": None if restore_point is None else {

@@ -93,7 +93,7 @@ ADMIN_MODELS = (
     "connectors.pushlinkrevalidationreceipt",
     "connectors.v1account", "connectors.v1processgeneration", "connectors.v1transportkey", "connectors.v1event",
     "connectors.v1schedulerlease", "connectors.v1streamcursor", "connectors.v1providercall",
-    "connectors.v1maintenancebarrier", "connectors.v1egressdenial",
+    "connectors.v1maintenancebarrier", "connectors.v1egressdenial", "connectors.servingpublicationbarrierset",
     "runtime_outbox.outboundcommand", "runtime_outbox.applicationresult", "runtime_outbox.outboxmessage",
     "runtime_outbox.intentresultreceipt", "runtime_outbox.replayrecordwrite", "runtime_outbox.inboxacceptance",
     "runtime_outbox.runtimepolicygeneration",

@@ -28,6 +28,7 @@ from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.retry import retry_deadlock_victim
 
 from connectors import reasons
+from connectors.serving.publication import publication_barrier_admit
 from connectors.models import (
     CredentialGeneration,
     CredentialGenerationDispatchGate,
@@ -92,6 +93,9 @@ def credential_revoke(*, org_id: str, credential_generation_id: int, actor: str,
     actor = actor.strip()
     with transaction.atomic(durable=True):
         gate = _gate_of(org_id, credential_generation_id)
+        # Revocation serializes through the publication barriers (on this credential gate's lock): refused
+        # while an activation holds them.
+        publication_barrier_admit(org_id=org_id, owner="credential_revocation")
         changed = gate.state == "enabled"
         fence = gate.fence_token
         if changed:

@@ -43,6 +43,7 @@ from nexusflow.kernel.scope import OrgScope
 
 from connectors.serving import secret_store
 from connectors.v1.barriers import v1_barrier_admit
+from connectors.serving.publication import publication_barrier_admit
 from connectors.models import (
     AccountServingGate,
     CatalogBinding,
@@ -415,6 +416,8 @@ def credential_publish(*, org: OrgScope, document: dict) -> tuple[CredentialGene
             return existing, False
         try:
             with transaction.atomic(durable=True):
+                # Frozen while an activation attempt holds the org's publication barriers.
+                publication_barrier_admit(org_id=org.org_id, owner="credential_publication")
                 generation = insert(CredentialGeneration, transport=transport, transport_digest=transport_digest,
                                     digest=digest, profile_id=PROFILE_V2, **ref)
                 CredentialDispatchGateStore.create(org_id=org.org_id, credential_generation=generation,
@@ -697,6 +700,8 @@ def service_configuration_apply(*, org: OrgScope, document: object) -> Connector
     body = {"protocol": CONFIG_GENERATION_PROTOCOL, "org_id": org.org_id, "accounts": frozen_accounts}
     with transaction.atomic(durable=True):
         # The configuration owner's maintenance barrier (seed 003 "Offline V1 shutdown ..."): frozen during a cutover.
+        # The ServingPublicationBarrierSet (the gates, first in the lock order): frozen while an activation holds it.
+        publication_barrier_admit(org_id=org.org_id, owner="configuration")
         v1_barrier_admit(org_id=org.org_id, kind="configuration")
         latest = ConnectorServiceConfigurationGeneration.objects.filter(org_id=org.org_id).order_by("-generation").first()
         if latest is not None and {k: v for k, v in latest.document.items() if k != "generation"} == body:

@@ -29,7 +29,7 @@ def test_state_graph_prints_text_dot_and_the_list():
     assert '"uncertain" [style=dashed, color=red, xlabel="reason code"];' in dot
     assert '"finalized" [shape=doublecircle];' in dot
     listing = dict(line.split("\t")[::2] for line in _out("state_graph", "list").splitlines())
-    assert listing["connectors.ServingPublicationBarrierSet"] == "table only (no store yet)"
+    assert listing["connectors.ServingPublicationBarrierSet"] == "connectors.store.ServingPublicationBarrierSetStore"
     assert listing["flows.FlowRun"] == "nexusflow.flows.store.FlowRunStore"
     assert listing["cutover.CutoverDecision"] == "cutover.store.CutoverDecisionStore"
     with pytest.raises(CommandError) as exc:

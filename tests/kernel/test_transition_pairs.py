@@ -25,7 +25,6 @@ UNKNOWN_STATE = "no_such_state"
 #: contract, the store arrives with the issue named. A machine listed here
 #: must not have a store (the test below fails when one appears).
 TABLE_ONLY = {
-    "connectors.ServingPublicationBarrierSet": "the activation / cutover issues",
     "connectors.PushAttemptStatus": "never: seed 002 status projection (test_push_attempt_projection.py)",
 }
 

@@ -19,6 +19,11 @@
   one V1ShutdownCertificate, every gate ``v1_drained``;
 - ``restore-point --attempt KEY [--backup-dir DIR]``: a full ``mariadb-dump`` of every NexusFlow database with
   its manifest, restored and verified on an isolated ``mariadbd``, then one V1RestorePoint (control database);
+- ``validate --attempt KEY``: verify the certified V2 candidate (exact generations, conformance), start its
+  OrderingLanes from the certified baselines, every gate ``v2_validating`` with every production path disabled,
+  the CutoverDecision opened ``rollback_open``;
+- ``activate --attempt KEY``: hold the publication barriers, final reread, win ``activating_v2``, one transaction
+  to ``v2_serving``, readback, ``v2_committed``, release (exit 3 when a restore won the decision);
 - ``status [--json]``: phase, gate counts, certificate, budgets, blockers and the next command.
 
 Every procedure but ``status`` is idempotent and resumable; ``--json`` prints the report as JSON.
@@ -33,6 +38,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from connectors.serving.gates import EpochVerificationDeferred
+from cutover.activate import cutover_activate
 from cutover.certify import cutover_certify
 from cutover.drain import cutover_drain
 from cutover.halt import HaltAborted, cutover_halt_abort, cutover_halt_v1
@@ -44,6 +50,7 @@ from cutover.status import cutover_status
 from cutover.stop import DEFAULT_WAIT_SECONDS, cutover_stop
 from cutover.v1_install import cutover_v1_install
 from cutover.v1_shutdown import ShutdownBlocked
+from cutover.validate import cutover_validate
 from nexusflow.kernel.errors import InvalidIdentity, NexusError
 from nexusflow.kernel.scope import OrgScope
 
@@ -58,17 +65,20 @@ class Command(BaseCommand):
             "V1 is stopped), 'drain' (check V1 finished its accepted work), 'stop' (deny V1 "
             "egress and terminate the V1 processes), 'reconcile' (resolve interrupted V1 calls from provider "
             "evidence), 'certify' (the V1 shutdown certificate; gates v1_drained), 'restore-point' (the rehearsed "
-            "full-database V1 restore point) or 'status' (where the cutover stands).")
-    SHUTDOWN = ("drain", "stop", "reconcile", "certify", "restore-point")
+            "full-database V1 restore point), 'validate' (verify the V2 candidate; gates v2_validating), "
+            "'activate' (the atomic V2 activation) or 'status' (where the cutover stands).")
+    SHUTDOWN = ("drain", "stop", "reconcile", "certify", "restore-point", "validate", "activate")
 
     def add_arguments(self, parser):
-        parser.add_argument("procedure", choices=["greenfield", "v1-install", "preflight", "halt-v1", "abort-halt", "drain", "stop",
-                                                  "reconcile", "certify", "restore-point", "status"])
+        parser.add_argument("procedure", choices=["greenfield", "v1-install", "preflight", "halt-v1", "abort-halt", "drain",
+                                                  "stop", "reconcile", "certify", "restore-point", "validate", "activate",
+                                                  "status"])
         parser.add_argument("--org", required=True, help="Org id whose accounts to activate, install or certify.")
         parser.add_argument("--attempt", help="preflight: the service cutover attempt key (a new key per input change).")
         parser.add_argument("--plan", help="preflight: the L2 cutover plan JSON file (docs/operations.md).")
         parser.add_argument("--json", dest="as_json", action="store_true",
-                            help="status, drain, stop, reconcile, certify, restore-point: print the report as JSON.")
+                            help="status, drain, stop, reconcile, certify, restore-point, validate, activate: print "
+                                 "the report as JSON.")
         parser.add_argument("--backup-dir", help="restore-point: where the dump files and manifest go "
                                                  "(default settings.NEXUS_BACKUP_DIR, var/restore_points/).")
         parser.add_argument("--wait-seconds", type=float, default=DEFAULT_WAIT_SECONDS,
@@ -185,6 +195,16 @@ class Command(BaseCommand):
             done = "; ".join(f"call {r['call_id']}: {r['from_state']} -> {r['to_state']}" for r in report.reconciled)
             text = (f"attempt {attempt} reconciled: {done or 'nothing new'}"
                     + (f"; already: {', '.join(map(str, report.already))}" if report.already else ""))
+        elif procedure == "validate":
+            report = cutover_validate(org=org, attempt_key=attempt)
+            text = (f"attempt {attempt} {'already ' if report.already else ''}validated: candidate epoch "
+                    f"{report.epoch_id} {report.epoch_digest[:16]} verified; gates v2_validating: "
+                    f"{', '.join(report.gates)}; ordering lanes {report.lanes}; decision {report.decision}")
+        elif procedure == "activate":
+            report = cutover_activate(org=org, attempt_key=attempt)
+            text = (f"attempt {attempt} {'already ' if report.already else ''}activated: epoch {report.epoch_id} "
+                    f"{report.epoch_digest[:16]} active; gates v2_serving: {', '.join(report.gates)}; decision "
+                    f"{report.decision}; publication barriers released")
         elif procedure == "restore-point":
             report = cutover_restore_point(org=org, attempt_key=attempt, backup_dir=options.get("backup_dir"))
             seconds = report.rehearsal.get("seconds", {})
@@ -235,6 +255,13 @@ class Command(BaseCommand):
         if point is not None:
             self.stdout.write(f"V1 restore point: {point['attempt_key']} manifest {point['manifest_digest'][:16]} "
                               f"in {point['backup_path']}")
+        barriers = report["publication_barriers"]
+        if barriers is not None:
+            self.stdout.write(f"publication barriers: set {barriers['id']} of {barriers['attempt_key']} "
+                              f"{barriers['state']}, holder {barriers['holder']} fence {barriers['holder_fence']}")
+        decision = report["decision"]
+        if decision is not None:
+            self.stdout.write(f"decision: {decision['attempt_key']} {decision['state']}")
         for phase, b in report["budgets"].items():
             used = "-" if b["used_seconds"] is None else f"{b['used_seconds']}s"
             self.stdout.write(f"  budget {phase}: used {used}, projected {b['projected_seconds']}s "
