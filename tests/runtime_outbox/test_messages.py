@@ -496,3 +496,26 @@ def test_identical_producer_keys_and_payloads_in_two_orgs_never_dedupe_accept_or
         inbox_accept(envelope_of(OutboxMessage.objects.get(org_id="other-org", pk=theirs.pk)),
                      consumer=INBOX_CONSUMER, accepted_ref_fn=lambda: refs.append("other-org") or "x:2")
     assert refs == [ORG] and InboxAcceptance.objects.get(org_id=ORG).state == "accepted"
+
+
+def test_scope_named_in_a_payload_never_overrides_the_persisted_work_scope(org):
+    """Seed 004 section 22.6: an org, installation, capability or binding digest named inside a message
+    payload is data; delivery, acceptance and the fence use the persisted trusted work scope only."""
+    forged = {"org_id": "other-org", "app_installation_id": "other-installation",
+              "runtime_capability_id": "other-capability", "binding_digest": "f" * 64}
+    with transaction.atomic():
+        message = publish(SCOPE, FLOW_EFFECT_SUBMIT, "key-forged", {"command_id": 7, **forged})
+    stored = OutboxMessage.objects.get(org_id=ORG, pk=message.pk)
+    envelope = envelope_of(stored)
+    assert messages.scope_of(stored) == envelope.scope == SCOPE
+    with transaction.atomic():
+        accepted = inbox_accept(envelope, consumer=INBOX_CONSUMER, accepted_ref_fn=lambda: "x:1")
+    assert messages.scope_of(InboxAcceptance.objects.get(pk=accepted.pk)) == SCOPE
+    forged_scope = TrustedRuntimeWorkScope(**forged)
+    with pytest.raises(InboxConflict) as fenced:
+        inbox_reject_if_unaccepted(scope=forged_scope, family=FLOW_EFFECT_SUBMIT, message_key="key-forged",
+                                   payload_digest=message.payload_digest, outbox_message_id=message.pk,
+                                   consumer=INBOX_CONSUMER)
+    assert fenced.value.code == "inbox_scope_conflict"
+    assert not InboxAcceptance.objects.exclude(org_id=ORG).exists()
+    assert not OutboxMessage.objects.exclude(app_installation_id=SCOPE.app_installation_id).exists()
