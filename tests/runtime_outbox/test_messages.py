@@ -460,3 +460,62 @@ def test_the_support_views_list_messages_by_family_and_their_acceptances(org, cl
         "cl"].result_count == 0
     acceptances = client.get("/admin/runtime_outbox/inboxacceptance/?state=accepted")
     assert acceptances.status_code == 200 and command.idempotency_key.encode() in acceptances.content
+
+
+
+def test_identical_producer_keys_and_payloads_in_two_orgs_never_dedupe_accept_or_disclose_across_orgs(org):
+    """Seed 004 section 22.6: the same producer key and payload in two orgs make two handoff keys, two
+    messages and two acceptances; one org's acceptance or tombstone never answers, fences or discloses the
+    other's, and reusing the other org's handoff key fails closed without naming its scope."""
+    from runtime_outbox.services import intent_idempotency_key
+
+    other = dataclasses.replace(SCOPE, org_id="other-org")
+    producer = ("root-501", "slot-1", "1")
+    key, other_key = intent_idempotency_key(SCOPE, *producer), intent_idempotency_key(other, *producer)
+    assert key != other_key
+    payload = {"command_id": 7, "record_id": 501}
+    with transaction.atomic():
+        mine = publish(SCOPE, FLOW_EFFECT_SUBMIT, key, payload)
+        theirs = publish(other, FLOW_EFFECT_SUBMIT, other_key, payload)
+    assert mine.pk != theirs.pk
+    assert [messages.scope_of(m) for m in OutboxMessage.objects.order_by("pk")] == [SCOPE, other]
+    with pytest.raises(OutboxConflict) as reused, transaction.atomic():
+        publish(other, FLOW_EFFECT_SUBMIT, key, payload)
+    assert reused.value.code == "outbox_scope_conflict"
+    assert "test-binding" not in str(reused.value) and ORG not in str(reused.value)
+    refs = []
+    with transaction.atomic():
+        accepted = inbox_accept(envelope_of(OutboxMessage.objects.get(org_id=ORG, pk=mine.pk)),
+                                consumer=INBOX_CONSUMER, accepted_ref_fn=lambda: refs.append(ORG) or "x:1")
+    tombstone = inbox_reject_if_unaccepted(scope=other, family=FLOW_EFFECT_SUBMIT, message_key=other_key,
+                                           payload_digest=theirs.payload_digest, outbox_message_id=theirs.pk,
+                                           consumer=INBOX_CONSUMER)
+    assert refs == [ORG] and (accepted.org_id, accepted.state) == (ORG, "accepted")
+    assert (tombstone.org_id, tombstone.state) == ("other-org", "rejected") and tombstone.pk != accepted.pk
+    with pytest.raises(InboxRejected), transaction.atomic():
+        inbox_accept(envelope_of(OutboxMessage.objects.get(org_id="other-org", pk=theirs.pk)),
+                     consumer=INBOX_CONSUMER, accepted_ref_fn=lambda: refs.append("other-org") or "x:2")
+    assert refs == [ORG] and InboxAcceptance.objects.get(org_id=ORG).state == "accepted"
+
+
+def test_scope_named_in_a_payload_never_overrides_the_persisted_work_scope(org):
+    """Seed 004 section 22.6: an org, installation, capability or binding digest named inside a message
+    payload is data; delivery, acceptance and the fence use the persisted trusted work scope only."""
+    forged = {"org_id": "other-org", "app_installation_id": "other-installation",
+              "runtime_capability_id": "other-capability", "binding_digest": "f" * 64}
+    with transaction.atomic():
+        message = publish(SCOPE, FLOW_EFFECT_SUBMIT, "key-forged", {"command_id": 7, **forged})
+    stored = OutboxMessage.objects.get(org_id=ORG, pk=message.pk)
+    envelope = envelope_of(stored)
+    assert messages.scope_of(stored) == envelope.scope == SCOPE
+    with transaction.atomic():
+        accepted = inbox_accept(envelope, consumer=INBOX_CONSUMER, accepted_ref_fn=lambda: "x:1")
+    assert messages.scope_of(InboxAcceptance.objects.get(pk=accepted.pk)) == SCOPE
+    forged_scope = TrustedRuntimeWorkScope(**forged)
+    with pytest.raises(InboxConflict) as fenced:
+        inbox_reject_if_unaccepted(scope=forged_scope, family=FLOW_EFFECT_SUBMIT, message_key="key-forged",
+                                   payload_digest=message.payload_digest, outbox_message_id=message.pk,
+                                   consumer=INBOX_CONSUMER)
+    assert fenced.value.code == "inbox_scope_conflict"
+    assert not InboxAcceptance.objects.exclude(org_id=ORG).exists()
+    assert not OutboxMessage.objects.exclude(app_installation_id=SCOPE.app_installation_id).exists()

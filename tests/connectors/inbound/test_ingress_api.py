@@ -118,3 +118,20 @@ def test_a_path_key_that_names_no_route_is_unknown_ingress_not_a_malformed_body(
     response = client.post(path, data=b"[]", content_type="application/json")
     assert (response.status_code, response.json()["error"]) == (404, "unknown_ingress")
     assert not Receipt.objects.exists()
+
+
+def test_an_org_named_in_the_payload_never_routes_the_webhook(client, org):
+    """Seed 004 section 22.6: payload-supplied org identity cannot override trusted routing; the org comes
+    from the authenticated ingress account alone, and a body that wraps events under an org is refused."""
+    from connectors.models import Projection
+    from tests.conftest import ORG
+
+    victim = "victim-org"
+    event = {**hubspot_event(1, 501, 1000), "org_id": victim, "orgId": victim, "portalId": victim}
+    admitted = post_signed(client, [event])
+    assert admitted.status_code == 202
+    for model in (ReceiptAdmissionKey, Receipt, Event, Projection, Execution):
+        assert set(model.objects.values_list("org_id", flat=True)) == {ORG}, model.__name__
+    wrapped = post_signed(client, {"org_id": victim, "events": [hubspot_event(2, 502, 1000)]})
+    assert (wrapped.status_code, wrapped.json()["error"]) == (400, "malformed_body")
+    assert Receipt.objects.count() == 1 and not Receipt.objects.filter(org_id=victim).exists()
