@@ -12,7 +12,7 @@ Document (every section and key optional; unknown keys are refused)::
     {"pressure": {"active_statements": 32, "connection_share": 0.8, "read_seconds": 1.0,
                   "lock_waits": 16, "expired_leases": 16},                                   # environment only
      "ingress": {"shed_active_statements": 64, "shed_connection_share": 0.95,
-                 "retry_after_seconds": 5, "shed_queue_age_seconds": 600},                                                 # environment only
+                 "retry_after_seconds": 5, "shed_queue_age_seconds": 600},                  # environment only
      "retries": {"max_attempts": 5, "retry_base_seconds": 2.0, "max_per_minute": 600},
      "plans": {"<flow api name>": {"max_attempts": 3, "max_active": 8}},
      "plan_bounds": {"atomic_max_reads": 10, "atomic_max_writes": 10},

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 from .tuning import setting_number
@@ -117,24 +118,35 @@ def judge(reading: PressureReading, bounds: PressureBounds) -> PressureReading:
     return replace(reading, reason=reason)
 
 
-_LAST: dict[str, dict[str, object]] = {}
+#: ``key -> (monotonic time, bound, reason)``: this process's last judgement of each admission question.
+_JUDGED: dict[object, tuple[float, object, str]] = {}
+
+
+def cached_judgement(key, *, bound, read_seconds: float, judge: Callable[[], tuple[str, dict]], purpose: str) -> str:
+    """The reason code (``""``: admitted) of the admission question ``key`` under ``bound``: ``judge()`` (which
+    reads the signal and returns ``(reason, details for the log)``) runs at most every ``read_seconds`` per
+    process while the bound is unchanged, and each change between admitted and paused is logged once
+    (``"<purpose> admission paused: <reason>"`` / ``"... resumed"``, with the details)."""
+    now = time.monotonic()
+    last = _JUDGED.get(key)
+    if last is not None and last[1] == bound and now - last[0] < read_seconds:
+        return last[2]
+    reason, details = judge()
+    if reason != (last[2] if last is not None else ""):
+        (log.warning if reason else log.info)("%s admission %s", purpose,
+                                              f"paused: {reason}" if reason else "resumed", extra=details)
+    _JUDGED[key] = (now, bound, reason)
+    return reason
 
 
 def _admission(purpose: str, bounds: PressureBounds) -> str:
-    """The cached judgement of ``purpose`` under ``bounds`` (a fresh reading at most every
-    ``bounds.read_seconds``; each change between admitted and paused logged once)."""
-    last = _LAST.setdefault(purpose, {"at": None, "bounds": None, "reading": None})
-    now = time.monotonic()
-    at, reading = last["at"], last["reading"]
-    if reading is None or last["bounds"] != bounds or now - at >= bounds.read_seconds:
-        fresh = read_pressure(bounds)
-        if fresh.reason != (reading.reason if reading is not None else ""):
-            (log.warning if fresh.reason else log.info)(
-                "%s admission %s", purpose, f"paused: {fresh.reason}" if fresh.reason else "resumed",
-                extra={"pressure": fresh.as_json()})
-        last.update(at=now, bounds=bounds, reading=fresh)
-        reading = fresh
-    return reading.reason
+    """The cached judgement of ``purpose`` under ``bounds`` (:func:`cached_judgement`)."""
+
+    def judge() -> tuple[str, dict]:
+        reading = read_pressure(bounds)
+        return reading.reason, {"pressure": reading.as_json()}
+
+    return cached_judgement(purpose, bound=bounds, read_seconds=bounds.read_seconds, judge=judge, purpose=purpose)
 
 
 def mutation_admission(bounds: PressureBounds | None = None) -> str:
@@ -163,10 +175,6 @@ def register_queue_age(name: str, reader) -> None:
     _QUEUE_READERS[name] = reader
 
 
-#: ``org id -> (monotonic time, bound, reason, age seconds)`` of this process's last queue-age judgement.
-_QUEUE_LAST: dict[str, tuple[float, int, str, float]] = {}
-
-
 def queue_age_seconds(org_id: str) -> float:
     """Age in seconds, on the database clock, of the org's oldest due durable work over every registered
     reader (0 when none is due)."""
@@ -184,14 +192,10 @@ def ingress_queue_admission(org_id: str, *, bound_seconds: int | None, read_seco
     per org and process; each change between admitted and shed logged once."""
     if bound_seconds is None:
         return ""
-    now = time.monotonic()
-    last = _QUEUE_LAST.get(org_id)
-    if last is not None and last[1] == bound_seconds and now - last[0] < read_seconds:
-        return last[2]
-    age = queue_age_seconds(org_id)
-    reason = QUEUE_AGE if age >= bound_seconds else ""
-    if reason != (last[2] if last else ""):
-        (log.warning if reason else log.info)("ingress admission %s", "shed: queue_age" if reason else "resumed",
-                                              extra={"org_id": org_id, "queue_age_seconds": round(age, 3)})
-    _QUEUE_LAST[org_id] = (now, bound_seconds, reason, age)
-    return reason
+
+    def judge() -> tuple[str, dict]:
+        age = queue_age_seconds(org_id)
+        return (QUEUE_AGE if age >= bound_seconds else ""), {"org_id": org_id, "queue_age_seconds": round(age, 3)}
+
+    return cached_judgement(("queue_age", org_id), bound=bound_seconds, read_seconds=read_seconds, judge=judge,
+                            purpose="ingress")

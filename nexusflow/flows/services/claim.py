@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import secrets
-import time
 from dataclasses import dataclass
 
 from django.db import transaction
@@ -22,7 +21,7 @@ from nexusflow.kernel.clock import db_now, db_now_sql
 
 from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.identity import validate_key
-from nexusflow.kernel.pressure import PressureBounds
+from nexusflow.kernel.pressure import PressureBounds, cached_judgement
 from runtime_outbox.policy import AdmissionBudget, runtime_policy
 
 from .. import policy
@@ -183,25 +182,24 @@ def _claim_from(worker_id: str, org_id: str, plans: list[int], now, limit: int,
 #: The window of the retry budget (runtime policy ``retries.max_per_minute``), seconds of the database clock.
 RETRY_WINDOW_SECONDS = 60
 
-#: This process's last expired-lease reading: ``(monotonic time, bound, reason)``.
-_LEASES: dict[str, tuple[float, int, str]] = {}
+def flow_lease_reading(bounds: PressureBounds) -> tuple[int, str]:
+    """``(expired, reason)`` now: the step leases expired and not yet recovered (every org, counted up to
+    ``bounds.expired_leases``) and ``flow_pressure_expired_leases`` when they reach it, else ``""``."""
+    expired = flow_expired_leases(now=db_now(), limit=bounds.expired_leases)
+    return expired, PRESSURE_EXPIRED_LEASES if expired >= bounds.expired_leases else ""
 
 
 def flow_lease_admission(bounds: PressureBounds) -> str:
     """``""`` when new Flow steps may be claimed, else ``flow_pressure_expired_leases``: at least
     ``bounds.expired_leases`` step leases expired and are not yet recovered (workers dying or overrun;
     recovery never asks and catches up first). Read at most every ``bounds.read_seconds`` per process."""
-    now = time.monotonic()
-    last = _LEASES.get("reading")
-    if last is not None and last[1] == bounds.expired_leases and now - last[0] < bounds.read_seconds:
-        return last[2]
-    expired = flow_expired_leases(now=db_now(), limit=bounds.expired_leases)
-    reason = PRESSURE_EXPIRED_LEASES if expired >= bounds.expired_leases else ""
-    if reason != (last[2] if last else ""):
-        (log.warning if reason else log.info)("flow step admission %s", f"paused: {reason}" if reason else "resumed",
-                                              extra={"expired_leases": expired})
-    _LEASES["reading"] = (now, bounds.expired_leases, reason)
-    return reason
+
+    def judge() -> tuple[str, dict]:
+        expired, reason = flow_lease_reading(bounds)
+        return reason, {"expired_leases": expired}
+
+    return cached_judgement("flow.expired_leases", bound=bounds.expired_leases, read_seconds=bounds.read_seconds,
+                            judge=judge, purpose="flow step")
 
 
 def _budget_lock_name(org_id: str) -> str:

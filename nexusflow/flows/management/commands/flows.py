@@ -192,14 +192,12 @@ class Command(BaseCommand):
             policy = runtime_policy()
         except ValueError as exc:
             raise CommandError(f"invalid_setting: {exc}", returncode=2) from None
-        from nexusflow.flows.selectors import flow_expired_leases
-        from nexusflow.flows.services.claim import PRESSURE_EXPIRED_LEASES
-        from nexusflow.kernel.clock import db_now
+        from nexusflow.flows.services.claim import flow_lease_reading
 
         bounds = policy.pressure
         reading = read_pressure(bounds)
-        expired = flow_expired_leases(now=db_now(), limit=bounds.expired_leases)
-        reason = reading.reason or (PRESSURE_EXPIRED_LEASES if expired >= bounds.expired_leases else "")
+        expired, lease_reason = flow_lease_reading(bounds)
+        reason = reading.reason or lease_reason
         body = {**reading.as_json(), "expired_leases": expired, "reason": reason, "admitted": not reason,
                 "policy_version": policy.version,
                 "bounds": {"active_statements": bounds.active_statements,
