@@ -28,7 +28,6 @@ from django.db import transaction
 
 from connectors.models import AccountServingGate, ServingEpoch, ServingPublicationBarrierSet, V1MaintenanceBarrier
 from connectors.serving.epoch import EpochVerificationFailed, epoch_recheck_for_activation
-from connectors.serving.gates import gate_transition
 from connectors.serving.publication import (
     Holding,
     barrier_acquire,
@@ -43,12 +42,11 @@ from connectors.serving.publication import (
 from connectors.store import AccountServingGateStore, ServingEpochStore
 from connectors.v1.store import V1MaintenanceBarrierStore
 from nexusflow.kernel import failpoints
-from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.scope import OrgScope
 
 from . import decision as decisions
 from .models import CutoverReadinessCertificate, V1RestorePoint, V1ShutdownCertificate
-from .services import CutoverRefused, _evidence
+from .services import CutoverRefused, activate_locked
 from .v1_shutdown import attempt_certificate
 
 FP_AFTER_HELD = failpoints.declare("cutover.activate.after_held")
@@ -115,24 +113,14 @@ def _commit(org: OrgScope, attempt_key: str, epoch: ServingEpoch, holding: Holdi
         if barrier.state == "activation_committed" and locked_epoch.state == "active" \
                 and all(g.state == "v2_serving" and g.epoch_id == epoch.pk for g in gates):
             return
-        if locked_epoch.state != "verified" or locked_epoch.digest != epoch.digest:
-            raise CutoverRefused(f"epoch {epoch.pk} is {locked_epoch.state}, not the verified candidate")
-        not_ready = [g.account_key for g in gates if g.state != "v2_validating"]
-        if not_ready:
-            raise CutoverRefused(f"gates not in v2_validating: {', '.join(not_ready)}")
-        if {a["account_key"] for a in locked_epoch.document["accounts"]} != {g.account_key for g in gates}:
-            raise CutoverRefused("the epoch's account set differs from the exhaustive gate set")
-        if receipts_digest(owner_receipts(org=org, epoch=locked_epoch)) != barrier.receipts_digest:
+        if locked_epoch.state == "verified" and \
+                receipts_digest(owner_receipts(org=org, epoch=locked_epoch)) != barrier.receipts_digest:
             raise CutoverRefused("an owner generation drifted from the frozen barrier receipts")
         barrier_commit(org=org, locked=barrier, holding=holding)
-        ServingEpochStore.transition(org_id=org.org_id, pk=epoch.pk, src="verified", dst="active",
-                                     version=locked_epoch.version, set_fields={"activated_at": db_now()})
-        locked_epoch.refresh_from_db()
-        proof = _evidence(org, attempt_key, "activation", "", {
-            "epoch_id": int(epoch.pk), "epoch_digest": epoch.digest, "barrier_set_id": int(barrier.pk),
-            "receipts_digest": barrier.receipts_digest})
-        for gate in gates:
-            gate_transition(gate=gate, dst="v2_serving", evidence=proof, epoch=locked_epoch)
+        activate_locked(org=org, attempt_key=attempt_key, epoch=locked_epoch, gates=gates,
+                        expected_digest=epoch.digest, evidence={
+                            "epoch_id": int(epoch.pk), "epoch_digest": epoch.digest,
+                            "barrier_set_id": int(barrier.pk), "receipts_digest": barrier.receipts_digest})
         failpoints.hit(FP_BEFORE_COMMIT)
 
 

@@ -47,12 +47,14 @@ def decision_of(org_id: str, attempt_key: str) -> CutoverDecision | None:
     return CutoverDecision.objects.filter(org_id=org_id, attempt_key=attempt_key).first()
 
 
-def decision_open(*, org_id: str, attempt_key: str, epoch_id: int | None, epoch_digest: str) -> CutoverDecision:
+def decision_open(*, org_id: str, attempt_key: str, epoch_id: int | None, epoch_digest: str,
+                  mode: str = MODE) -> CutoverDecision:
     """Create the attempt's decision in ``rollback_open`` for the candidate epoch, or return it.
 
     Args:
         epoch_id / epoch_digest: the verified candidate ServingEpoch (``None`` / ``""`` when a restore
             opens it before any candidate exists).
+        mode: ``v1_upgrade`` (a V1 -> V2 attempt) or ``greenfield``.
 
     Returns:
         The decision row (any state: a rerun never reopens a decided attempt).
@@ -61,7 +63,7 @@ def decision_open(*, org_id: str, attempt_key: str, epoch_id: int | None, epoch_
     if existing is not None:
         return existing
     with transaction.atomic(using="control", durable=True):
-        return CutoverDecisionStore.create(org_id=org_id, attempt_key=attempt_key, mode=MODE, state="rollback_open",
+        return CutoverDecisionStore.create(org_id=org_id, attempt_key=attempt_key, mode=mode, state="rollback_open",
                                            epoch_id=epoch_id, epoch_digest=epoch_digest)
 
 

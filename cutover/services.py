@@ -23,9 +23,9 @@ from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.models import insert
 from nexusflow.kernel.scope import OrgScope
 
+from . import decision as decisions
 from . import reasons
-from .models import CutoverDecision, CutoverEvidence
-from .store import CutoverDecisionStore
+from .models import CutoverEvidence
 
 FP_BEFORE_ACTIVATION = failpoints.declare("cutover.before_activation")
 
@@ -105,10 +105,8 @@ def cutover_greenfield(*, org: OrgScope) -> GreenfieldReport:
     epoch = epoch_prepare(org=org)
     epoch = epoch_verify(org=org, epoch_id=epoch.pk)
     attempt_key = f"greenfield-{epoch.pk}"
-    decision = CutoverDecision.objects.filter(org_id=org.org_id, attempt_key=attempt_key).first()
-    if decision is None:
-        decision = CutoverDecisionStore.create(org_id=org.org_id, attempt_key=attempt_key, mode="greenfield",
-                                               state="rollback_open", epoch_id=epoch.pk, epoch_digest=epoch.digest)
+    decisions.decision_open(org_id=org.org_id, attempt_key=attempt_key, epoch_id=epoch.pk,
+                            epoch_digest=epoch.digest, mode="greenfield")
 
     empty_inventory = {"v1_process_generations": [], "v1_open_work": 0, "v1_unreconciled_effects": 0,
                        "observed_at": db_now().isoformat(), "mode": "greenfield"}
@@ -121,25 +119,17 @@ def cutover_greenfield(*, org: OrgScope) -> GreenfieldReport:
                 proof = _evidence(org, attempt_key, kind, gate.account_key, empty_inventory)
                 gate_transition(gate=locked, dst=dst, evidence=proof, reason_code=reasons.CUTOVER_IN_PROGRESS)
 
-    if decision.state == "rollback_open":
-        with transaction.atomic(using="control", durable=True):
-            locked = CutoverDecisionStore.lock(org.org_id, decision.pk)
-            CutoverDecisionStore.transition(org_id=org.org_id, pk=locked.pk, src=locked.state, dst="activating_v2",
-                                            version=locked.version)
-        decision.refresh_from_db()
-    if decision.state not in ("activating_v2", "v2_committed"):
-        raise CutoverRefused(f"cutover decision is {decision.state}; activation cannot proceed")
+    try:
+        decisions.begin_activation(org.org_id, attempt_key)
+    except decisions.DecisionLost as exc:
+        raise CutoverRefused(f"cutover decision is {exc.state}; activation cannot proceed") from None
     failpoints.hit(FP_BEFORE_ACTIVATION)
     epoch = ServingEpoch.objects.get(org_id=org.org_id, pk=epoch.pk)
     if epoch.state == "verified":
         # "verified" is evidence at one point in time: reread every owner before the atomic activation.
         epoch_recheck_for_activation(org=org, epoch=epoch)
     _activate(org, epoch, attempt_key)
-    if decision.state == "activating_v2":
-        with transaction.atomic(using="control", durable=True):
-            locked = CutoverDecisionStore.lock(org.org_id, decision.pk)
-            CutoverDecisionStore.transition(org_id=org.org_id, pk=locked.pk, src="activating_v2", dst="v2_committed",
-                                            version=locked.version)
+    decisions.commit_activation(org.org_id, attempt_key)
     return GreenfieldReport(epoch.pk, epoch.digest, [g.account_key for g in gates], "v2_committed", False)
 
 
@@ -151,17 +141,31 @@ def _activate(org: OrgScope, epoch: ServingEpoch, attempt_key: str) -> None:
         locked_epoch = ServingEpochStore.lock(org.org_id, epoch.pk)
         if locked_epoch.state == "active" and all(g.state == "v2_serving" and g.epoch_id == epoch.pk for g in gates):
             return
-        if locked_epoch.state != "verified":
-            raise CutoverRefused(f"epoch {epoch.pk} is {locked_epoch.state}, not verified")
-        not_ready = [g.account_key for g in gates if g.state != "v2_validating"]
-        if not_ready:
-            raise CutoverRefused(f"gates not in v2_validating: {', '.join(not_ready)}")
-        accounts = {a["account_key"] for a in locked_epoch.document["accounts"]}
-        if accounts != {g.account_key for g in gates}:
-            raise CutoverRefused("the epoch's account set differs from the exhaustive gate set")
-        ServingEpochStore.transition(org_id=org.org_id, pk=epoch.pk, src="verified", dst="active",
-                                     version=locked_epoch.version, set_fields={"activated_at": db_now()})
-        locked_epoch.refresh_from_db()
-        proof = _evidence(org, attempt_key, "activation", "", {"epoch_id": epoch.pk, "epoch_digest": epoch.digest})
-        for gate in gates:
-            gate_transition(gate=gate, dst="v2_serving", evidence=proof, epoch=locked_epoch)
+        activate_locked(org=org, attempt_key=attempt_key, epoch=locked_epoch, gates=gates,
+                        evidence={"epoch_id": epoch.pk, "epoch_digest": epoch.digest})
+
+
+def activate_locked(*, org: OrgScope, attempt_key: str, epoch: ServingEpoch, gates: list, evidence: dict,
+                    expected_digest: str | None = None) -> ServingEpoch:
+    """Inside the caller's transaction, with every gate of the org and ``epoch`` locked: check the epoch is
+    the ``verified`` candidate (of ``expected_digest`` when given), every gate is ``v2_validating`` and the
+    gates are exactly the epoch's accounts, then move the epoch ``verified -> active`` and every gate to
+    ``v2_serving`` on it under one ``activation`` evidence row carrying ``evidence``. Returns the active epoch.
+
+    Raises:
+        CutoverRefused: the epoch, a gate or the account set is not as required (nothing written).
+    """
+    if epoch.state != "verified" or (expected_digest is not None and epoch.digest != expected_digest):
+        raise CutoverRefused(f"epoch {epoch.pk} is {epoch.state}, not the verified candidate")
+    not_ready = [g.account_key for g in gates if g.state != "v2_validating"]
+    if not_ready:
+        raise CutoverRefused(f"gates not in v2_validating: {', '.join(not_ready)}")
+    if {a["account_key"] for a in epoch.document["accounts"]} != {g.account_key for g in gates}:
+        raise CutoverRefused("the epoch's account set differs from the exhaustive gate set")
+    ServingEpochStore.transition(org_id=org.org_id, pk=epoch.pk, src="verified", dst="active",
+                                 version=epoch.version, set_fields={"activated_at": db_now()})
+    epoch.refresh_from_db()
+    proof = _evidence(org, attempt_key, "activation", "", evidence)
+    for gate in gates:
+        gate_transition(gate=gate, dst="v2_serving", evidence=proof, epoch=epoch)
+    return epoch
