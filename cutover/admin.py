@@ -68,3 +68,10 @@ class V1RestorePointAdmin(ReadOnlyAdmin):
     @admin.display(description="manifest (canonical JSON)")
     def manifest_text(self, obj) -> str:
         return bytes(obj.manifest).decode("utf-8")
+
+
+@admin.register(models.RestoreAttempt)
+class RestoreAttemptAdmin(ReadOnlyAdmin):
+    list_display = ("attempt_key", "org_id", "state", "holder_fence", "holder", "restore_point_id", "updated_at")
+    list_filter = ("state",)
+    search_fields = ("attempt_key", "manifest_digest")

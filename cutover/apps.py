@@ -6,4 +6,9 @@ class CutoverConfig(AppConfig):
     verbose_name = "Cutover"
 
     def ready(self) -> None:
+        from connectors.v1.generations import register_v1_start_check
+
         from . import reasons  # noqa: F401  register the cutover reason codes
+        from .restore import v1_start_refusals
+
+        register_v1_start_check(v1_start_refusals)

@@ -169,8 +169,11 @@ def cutover_halt_v1(*, org: OrgScope, attempt_key: str) -> HaltReport:
     certificate = CutoverReadinessCertificate.objects.filter(org_id=org.org_id, attempt_key=attempt_key).first()
     if certificate is None:
         raise CertificateMissing(f"attempt {attempt_key} has no readiness certificate; run cutover preflight")
-    if CutoverEvidence.objects.filter(org_id=org.org_id, attempt_key=attempt_key, kind="halt_abort").exists():
-        raise CutoverRefused(f"attempt {attempt_key} was aborted at remeasure; certify a new attempt")
+    spent = CutoverEvidence.objects.filter(org_id=org.org_id, attempt_key=attempt_key,
+                                           kind__in=tuple(SPENT_KINDS)).values_list("kind", flat=True).first()
+    if spent is not None:
+        raise CutoverRefused(f"attempt {attempt_key} is spent: it {SPENT_KINDS[spent]} and V1 serves again; "
+                             "certify a new attempt with cutover preflight")
     if V1MaintenanceBarrier.objects.filter(org_id=org.org_id).count() != len(KINDS):
         raise CutoverRefused(f"org {org.org_id} has no V1 maintenance barriers; run cutover v1-install again")
     gates = list(AccountServingGate.objects.filter(org_id=org.org_id).order_by("account_key"))
@@ -276,6 +279,11 @@ def _abort(org: OrgScope, attempt_key: str, digest: str, blockers: list[dict]) -
         for gate in gates:
             if gate.state == "halting_v1":
                 gate_transition(gate=gate, dst="v1_serving", evidence=proof)
+
+
+#: Evidence after which an attempt is spent: V1 serves again and a new cutover needs a new attempt key.
+SPENT_KINDS = {"halt_abort": "was aborted at remeasure", "v1_restored": "was restored to V1 (cutover restore)",
+               "cold_abort": "was cold-aborted (cutover cold-abort)"}
 
 
 # --- the budget of the halted service, and its fenced abort (seed 003 "Operational liveness ...") ---------

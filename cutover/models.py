@@ -160,3 +160,33 @@ class V1RestorePoint(GuardedModel):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["org_id", "attempt_key"], name="cutover_v1_restore_point_uniq")]
+
+
+class RestoreAttempt(GuardedModel):
+    """The journal of one full V1 restore (``cutover restore``) of a cutover attempt (control database).
+
+    Seed 003 "Compressed durable model" (the external L2 RestoreAttempt) and "Transaction and crash
+    rules": it lives outside the database it restores, so a coordinator killed at any restore
+    boundary resumes the same attempt. ``state``: ``isolated`` (the attempt won ``restoring_v1`` and
+    proved V2 served nothing) -> ``loading`` (the main database is being rewritten from the
+    V1RestorePoint; a rerun loads it again) -> ``verified`` (every restored digest equals the
+    manifest) -> ``completed`` (``v1_restored`` recorded, every gate ``v1_serving``). ``holder_fence``
+    grows by one per coordinator that takes the attempt over; every write compares it.
+    ``evidence`` holds the isolation proof, the verification digests, the phase timings (seconds)
+    and the last refusal's blockers.
+    """
+
+    org_id = IdentityField(max_length=64)
+    attempt_key = IdentityField(max_length=80)
+    restore_point_id = TypedIdReference(to="cutover.V1RestorePoint")
+    manifest_digest = IdentityField(max_length=64)
+    state = models.CharField(max_length=16)
+    version = models.PositiveBigIntegerField(default=1)
+    holder = models.CharField(max_length=255, help_text="host:pid of the coordinator holding the attempt.")
+    holder_fence = models.PositiveIntegerField(default=1)
+    evidence = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["org_id", "attempt_key"], name="cutover_restore_attempt_uniq")]

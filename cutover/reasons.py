@@ -78,3 +78,19 @@ RESTORE_POINT_REHEARSAL_FAILED = register(
 RESTORE_POINT_DRIFT = register(
     "restore_point_drift", owner=OWNER, evidence="cutover.selectors.shutdown_blocks",
     severity_class=ATTENTION, alert_after_seconds=600, remediations=("inspect_invariant", "resume_cutover"))
+
+# --- full V1 restore (seed 003 "Offline V1 shutdown ...", the full restore; proofs S003-RP-44, -45, -50) ---------
+#: Refusals of ``cutover restore`` (exit 3), recorded in the RestoreAttempt's ``evidence.refusal`` (control
+#: database) once the attempt exists; a refusal before the load leaves the main database untouched.
+RESTORE_POINT_MISSING = register(
+    "restore_point_missing", owner=OWNER, evidence="cutover.selectors.restore_attempts",
+    severity_class=ATTENTION, alert_after_seconds=1800, remediations=("resume_cutover",))
+RESTORE_FORWARD_ONLY = register(
+    "restore_forward_only", owner=OWNER, evidence="cutover.selectors.restore_attempts",
+    severity_class=ATTENTION, alert_after_seconds=600, remediations=("inspect_invariant",))
+RESTORE_V2_SERVED = register(
+    "restore_v2_served", owner=OWNER, evidence="cutover.selectors.restore_attempts",
+    severity_class=ATTENTION, alert_after_seconds=600, remediations=("inspect_invariant",))
+RESTORE_VERIFICATION_FAILED = register(
+    "restore_verification_failed", owner=OWNER, evidence="cutover.selectors.restore_attempts",
+    severity_class=ATTENTION, alert_after_seconds=600, remediations=("resume_cutover", "inspect_invariant"))

@@ -128,6 +128,22 @@ def shutdown_blocks(*, org_id: str, reason_code: str | None = None) -> QuerySet[
     return qs.filter(payload__contains={"blockers": [{"reason_code": reason_code}]})
 
 
+def restore_attempts(*, org_id: str, reason_code: str | None = None) -> QuerySet:
+    """RestoreAttempts of ``org_id`` (control database), newest first; the evidence query of every restore code.
+
+    Each row's ``evidence["refusal"]`` holds the last refusal's ``[{"reason_code", "subject", "detail"}]``.
+
+    Args:
+        reason_code: only attempts whose last refusal carries this code.
+    """
+    from .models import RestoreAttempt
+
+    qs = RestoreAttempt.objects.filter(org_id=org_id).order_by("-id")
+    if reason_code is None:
+        return qs
+    return qs.filter(evidence__contains={"refusal": [{"reason_code": reason_code}]})
+
+
 def v1_open_events(*, org_id: str, states: tuple[str, ...]) -> dict[str, list[int]]:
     """``{state: [event id, ...]}`` of the V1 events of ``org_id`` in ``states`` (ids ascending)."""
     out: dict[str, list[int]] = {}
@@ -318,3 +334,14 @@ def v2_mutations_since(*, org_id: str, since: dt.datetime) -> dict[str, int]:
                                                                           receipt__isnull=False).count(),
     }
     return {k: v for k, v in found.items() if v}
+
+
+def epochs_ever_activated() -> int:
+    """How many ServingEpochs of the deployment (every org) were ever activated (``activated_at`` set or
+    state ``active``/``draining``/``retired``): after the first one, no V1 snapshot may be restored (S003-RP-50)."""
+    from django.db.models import Q
+
+    from connectors.models import ServingEpoch
+
+    return ServingEpoch.objects.filter(Q(activated_at__isnull=False)
+                                       | Q(state__in=("active", "draining", "retired"))).count()

@@ -15,7 +15,8 @@ from nexusflow.kernel.reasons import REASONS, load_all_reasons
 from nexusflow.kernel.scope import OrgScope
 
 from . import selectors
-from .models import CutoverDecision, CutoverEvidence, V1RestorePoint, V1ShutdownCertificate
+from .halt import SPENT_KINDS
+from .models import CutoverDecision, CutoverEvidence, RestoreAttempt, V1RestorePoint, V1ShutdownCertificate
 
 #: Gate states in procedure order (seed 003 "State machines", AccountServingGate).
 GATE_ORDER = ("v1_serving", "halting_v1", "v1_stopped", "v1_drained", "v2_validating", "v2_serving", "v2_halted")
@@ -28,6 +29,11 @@ def _next_command(org_id: str, phase: str, certificate, refusal, open_v1: dict) 
         if certificate is None:
             detail = " (fix the blockers first, under a new attempt key)" if refusal is not None else ""
             return f"manage.py cutover preflight --org {org_id} --attempt KEY --plan FILE{detail}"
+        spent = CutoverEvidence.objects.filter(org_id=org_id, attempt_key=certificate.attempt_key,
+                                               kind__in=tuple(SPENT_KINDS)).values_list("kind", flat=True).first()
+        if spent is not None:
+            return (f"manage.py cutover preflight --org {org_id} --attempt NEW_KEY --plan FILE (attempt "
+                    f"{certificate.attempt_key} is spent: {spent}; V1 serves)")
         return f"manage.py cutover halt-v1 --org {org_id} --attempt {certificate.attempt_key}"
     attempt = "KEY" if certificate is None else certificate.attempt_key
     if phase == "halting_v1":
@@ -47,6 +53,13 @@ def _next_command(org_id: str, phase: str, certificate, refusal, open_v1: dict) 
             return (f"manage.py cutover reconcile --org {org_id} --attempt {attempt} --call ID --outcome "
                     f"remote_finalized|no_effect --evidence TEXT (interrupted V1 calls: {ids})")
         return f"manage.py cutover certify --org {org_id} --attempt {attempt}"
+    if phase in ("v1_drained", "v2_validating"):
+        restoring = RestoreAttempt.objects.filter(org_id=org_id, attempt_key=attempt).first()
+        decision = CutoverDecision.objects.filter(org_id=org_id, attempt_key=attempt).first()
+        if (restoring is not None and restoring.state != "completed") or \
+                (decision is not None and decision.state in ("restoring_v1", "v1_restored")):
+            return (f"manage.py cutover restore --org {org_id} --attempt {attempt} (a RestoreAttempt won the "
+                    "decision: rerun it to finish the full V1 restore)")
     if phase == "v1_drained":
         if V1RestorePoint.objects.filter(org_id=org_id, attempt_key=attempt).exists():
             return (f"manage.py cutover validate --org {org_id} --attempt {attempt} (verify the V2 candidate with "
@@ -54,10 +67,6 @@ def _next_command(org_id: str, phase: str, certificate, refusal, open_v1: dict) 
         return (f"manage.py cutover restore-point --org {org_id} --attempt {attempt} [--backup-dir DIR] (capture and "
                 "rehearse the full-database V1 restore point)")
     if phase == "v2_validating":
-        decision = CutoverDecision.objects.filter(org_id=org_id, attempt_key=attempt).first()
-        if decision is not None and decision.state in ("restoring_v1", "v1_restored"):
-            return (f"manage.py cutover restore --org {org_id} --attempt {attempt} (a RestoreAttempt won the "
-                    f"decision: {decision.state})")
         return (f"manage.py cutover activate --org {org_id} --attempt {attempt} (hold the publication barriers "
                 "and activate V2; reruns resume)")
     if phase == "v2_serving":
@@ -88,6 +97,8 @@ def cutover_status(*, org: OrgScope) -> dict:
         "shutdown_certificate": {"attempt_key", "digest"} | None (the latest V1ShutdownCertificate),
         "restore_point": {"attempt_key", "manifest_digest", "certificate_digest", "backup_path", "created_at"}
         | None (the latest V1RestorePoint, control database),
+        "restore": {"attempt_key", "state", "holder_fence", "holder", "refusal"} | None (the latest RestoreAttempt,
+        control database),
         "next_command": str}``. In ``halting_v1`` and ``v1_stopped`` the blockers include the live V1
         inventory (open work, live leases, unresolved V1 calls) that drain, stop and certify would report.
 
@@ -147,6 +158,7 @@ def cutover_status(*, org: OrgScope) -> dict:
     shutdown = V1ShutdownCertificate.objects.filter(org_id=org.org_id).order_by("-id").first()
     restore_point = V1RestorePoint.objects.filter(org_id=org.org_id).order_by("-id").first()
     barrier_set = open_barrier_set(org_id=org.org_id)
+    restoring = RestoreAttempt.objects.filter(org_id=org.org_id).order_by("-id").first()
     return {
         "org_id": org.org_id, "phase": phase,
         "configuration": None if configuration is None else {"generation": configuration.generation,
@@ -166,5 +178,8 @@ def cutover_status(*, org: OrgScope) -> dict:
             "attempt_key": restore_point.attempt_key, "manifest_digest": restore_point.manifest_digest,
             "certificate_digest": restore_point.certificate_digest, "backup_path": restore_point.backup_path,
             "created_at": restore_point.created_at.isoformat()},
+        "restore": None if restoring is None else {
+            "attempt_key": restoring.attempt_key, "state": restoring.state, "holder_fence": restoring.holder_fence,
+            "holder": restoring.holder, "refusal": (restoring.evidence or {}).get("refusal")},
         "next_command": _next_command(org.org_id, phase, certificate, refusal, open_v1),
     }

@@ -12,6 +12,12 @@ class CutoverDecisionStore(CasStore):
     lock_class = LockClass.SERVING_GATE
 
 
+class RestoreAttemptStore(CasStore):
+    model = models.RestoreAttempt
+    machine = transitions.RESTORE_ATTEMPT
+    lock_class = LockClass.SERVING_GATE
+
+
 def certificate_insert(**values) -> models.CutoverReadinessCertificate:
     """Insert one immutable CutoverReadinessCertificate (the only writer; rows never change).
 
@@ -37,3 +43,22 @@ def certificate_lock(org_id: str, attempt_key: str) -> models.CutoverReadinessCe
     locks.note(LockClass.SERVING_GATE, "default", rank=RANK_READINESS_CERTIFICATE, label="readiness certificate")
     return (models.CutoverReadinessCertificate.objects.select_for_update()
             .filter(org_id=org_id, attempt_key=attempt_key).first())
+
+
+def drop_tables_except(cursor, *, schema: str, keep: set[str]) -> list[str]:
+    """Drop every base table and view of ``schema`` not in ``keep`` (a full restore's first step).
+
+    Runs on a DB-API ``cursor`` outside any Django transaction, with foreign key checks off for the
+    session, before the restore point's dump recreates the tables it holds.
+
+    Returns:
+        The dropped names, sorted.
+    """
+    cursor.execute("SELECT table_name, table_type FROM information_schema.tables WHERE table_schema = %s",
+                   (schema,))
+    extra = sorted((name, kind) for name, kind in cursor.fetchall() if name not in keep)
+    cursor.execute("SET SESSION foreign_key_checks = 0")
+    for name, kind in extra:
+        cursor.execute(f"DROP {'VIEW' if kind == 'VIEW' else 'TABLE'} IF EXISTS `{schema}`.`{name}`")
+    cursor.execute("SET SESSION foreign_key_checks = 1")
+    return [name for name, _ in extra]

@@ -18,3 +18,15 @@ CUTOVER_DECISION = machine(
     initial={"rollback_open"},
     seed='Seed 003, "Compressed durable model" (external L2 CutoverDecision)',
 )
+
+RESTORE_ATTEMPT = machine(
+    "cutover.RestoreAttempt",
+    {
+        "isolated": {"loading"},
+        "loading": {"verified"},
+        "verified": {"completed"},
+        "completed": set(),
+    },
+    initial={"isolated"},
+    seed='Seed 003, "Compressed durable model" (external L2 RestoreAttempt) and "Transaction and crash rules"',
+)

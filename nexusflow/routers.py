@@ -2,14 +2,14 @@
 
 ARCHITECTURE.md section 7: restoring the main database never rewrites the
 activation-versus-restore decision, so those models live on their own alias.
-The V1RestorePoint receipt lives there too (seed 003 step 6: durable outside the
+The V1RestorePoint receipt and the RestoreAttempt journal live there too (seed 003 step 6: durable outside the
 database being restored). The set below is the whole list; migrations see historical models, so the
 router decides by ``(app_label, model_name)``, not by class attributes.
 """
 from __future__ import annotations
 
 CONTROL = "control"
-CONTROL_MODELS = frozenset({("cutover", "cutoverdecision"), ("cutover", "v1restorepoint")})
+CONTROL_MODELS = frozenset({("cutover", "cutoverdecision"), ("cutover", "v1restorepoint"), ("cutover", "restoreattempt")})
 
 
 def _db_of(app_label: str, model_name: str | None) -> str:

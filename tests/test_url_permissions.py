@@ -98,7 +98,7 @@ ADMIN_MODELS = (
     "runtime_outbox.intentresultreceipt", "runtime_outbox.replayrecordwrite", "runtime_outbox.inboxacceptance",
     "runtime_outbox.runtimepolicygeneration",
     "cutover.cutoverdecision", "cutover.cutoverevidence", "cutover.cutoverreadinesscertificate",
-    "cutover.v1shutdowncertificate", "cutover.orderingbaseline", "cutover.v1restorepoint",
+    "cutover.v1shutdowncertificate", "cutover.orderingbaseline", "cutover.v1restorepoint", "cutover.restoreattempt",
 )
 
 

@@ -4,6 +4,17 @@ Every started V1 worker process is one :class:`~connectors.v1.models.V1ProcessGe
 row naming its registered :class:`~connectors.models.WorkerProcess` (``worker_id``)
 and the exact V1 release it runs. The cutover terminates and isolates these
 generations; a terminated generation is never reenabled (a new process is a new row).
+
+Starting a generation is refused (:class:`V1GenerationRefused`, ``v1_generation_refused``) while
+any org the V1 runtime serves (an org with V1 maintenance barriers, ``cutover v1-install``) is
+being cut over past its drain: a gate beyond ``halting_v1`` (``cutover stop`` terminated V1), or
+an egress denial while its gates still halt (the stop is under way). Only a certified cold abort
+or a full restore (``cutover cold-abort`` / ``cutover restore``) returns the gates to
+``v1_serving`` and so allows a new generation of the exact release. Once a V1 -> V2 activation
+won its CutoverDecision (the ``control`` database, which no restore of the main database rewrites)
+no generation ever starts again, whatever the main database says: a restored snapshot cannot
+bring V1 back (seed 003 "Offline V1 shutdown, cold rollback, and V2 cutover"; proofs S003-RP-45,
+S003-RP-50). The cutover app answers these questions through :func:`register_v1_start_check`.
 """
 from __future__ import annotations
 
@@ -11,8 +22,11 @@ import hashlib
 import os
 import socket
 from pathlib import Path
+from typing import Callable
 
+from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.models import insert
+from nexusflow.kernel.ports import Port
 
 from connectors.v1.models import V1ProcessGeneration
 
@@ -35,6 +49,32 @@ def v1_release() -> str:
     return digest.hexdigest()
 
 
+class V1GenerationRefused(NexusError):
+    """No V1 process generation may start now; the message names each reason."""
+
+    code = "v1_generation_refused"
+    definite = True
+
+
+#: The cutover app's answer: ``[reason, ...]`` why no V1 generation may start (empty: it may).
+_START_CHECK: Port[Callable[[], list[str]]] = Port("V1 generation start check", provider="cutover")
+
+
+def register_v1_start_check(check: Callable[[], list[str]]) -> None:
+    """The cutover app registers the check :func:`v1_start_refusals` asks (in its ``AppConfig.ready()``)."""
+    _START_CHECK.register(check)
+
+
+def v1_start_refusals() -> list[str]:
+    """Why no V1 process generation may start now (``[]``: it may): one sentence per reason.
+
+    The cutover app answers (V1 reads no V2 gate itself): an activated V1 -> V2 attempt (control
+    database), an org of the V1 runtime with a gate past ``halting_v1``, or one whose V1 egress is
+    denied while its gates halt.
+    """
+    return list(_START_CHECK.get()())
+
+
 def v1_process_generation_start(*, worker_id: str) -> V1ProcessGeneration:
     """Record that this process starts a new V1 process generation as ``worker_id`` (once per worker id).
 
@@ -42,8 +82,12 @@ def v1_process_generation_start(*, worker_id: str) -> V1ProcessGeneration:
         worker_id: the id :func:`nexusflow.kernel.workers.worker_process_register` returned for this process.
 
     Raises:
+        V1GenerationRefused: :func:`v1_start_refusals` found a reason (the process must not serve V1).
         IntegrityError: ``worker_id`` already started a generation.
     """
+    refusals = v1_start_refusals()
+    if refusals:
+        raise V1GenerationRefused("no V1 process generation may start: " + "; ".join(refusals))
     generation = insert(V1ProcessGeneration, worker_id=worker_id, host=socket.gethostname(), pid=os.getpid(),
                         release=v1_release())
     _CURRENT["id"] = int(generation.pk)

@@ -24,6 +24,9 @@
   the CutoverDecision opened ``rollback_open``;
 - ``activate --attempt KEY``: hold the publication barriers, final reread, win ``activating_v2``, one transaction
   to ``v2_serving``, readback, ``v2_committed``, release (exit 3 when a restore won the decision);
+- ``restore --attempt KEY``: the full V1 restore (a RestoreAttempt wins ``restoring_v1``, proves V2 served
+  nothing, rewrites the main database from the V1RestorePoint, verifies it, records ``v1_restored`` on the
+  control database, every gate ``v1_serving``); exit 3 when activation won the decision;
 - ``status [--json]``: phase, gate counts, certificate, budgets, blockers and the next command.
 
 Every procedure but ``status`` is idempotent and resumable; ``--json`` prints the report as JSON.
@@ -44,6 +47,7 @@ from cutover.drain import cutover_drain
 from cutover.halt import HaltAborted, cutover_halt_abort, cutover_halt_v1
 from cutover.preflight import CutoverPlanInvalid, ReadinessRefused, cutover_preflight
 from cutover.reconcile import ReconciliationInvalid, cutover_reconcile
+from cutover.restore import cutover_restore
 from cutover.restore_point import cutover_restore_point
 from cutover.services import cutover_greenfield
 from cutover.status import cutover_status
@@ -66,18 +70,19 @@ class Command(BaseCommand):
             "egress and terminate the V1 processes), 'reconcile' (resolve interrupted V1 calls from provider "
             "evidence), 'certify' (the V1 shutdown certificate; gates v1_drained), 'restore-point' (the rehearsed "
             "full-database V1 restore point), 'validate' (verify the V2 candidate; gates v2_validating), "
-            "'activate' (the atomic V2 activation) or 'status' (where the cutover stands).")
-    SHUTDOWN = ("drain", "stop", "reconcile", "certify", "restore-point", "validate", "activate")
+            "'activate' (the atomic V2 activation), 'restore' (the full V1 restore from the restore point) or "
+            "'status' (where the cutover stands).")
+    SHUTDOWN = ("drain", "stop", "reconcile", "certify", "restore-point", "validate", "activate", "restore")
 
     def add_arguments(self, parser):
         parser.add_argument("procedure", choices=["greenfield", "v1-install", "preflight", "halt-v1", "abort-halt", "drain",
                                                   "stop", "reconcile", "certify", "restore-point", "validate", "activate",
-                                                  "status"])
+                                                  "restore", "status"])
         parser.add_argument("--org", required=True, help="Org id whose accounts to activate, install or certify.")
         parser.add_argument("--attempt", help="preflight: the service cutover attempt key (a new key per input change).")
         parser.add_argument("--plan", help="preflight: the L2 cutover plan JSON file (docs/operations.md).")
         parser.add_argument("--json", dest="as_json", action="store_true",
-                            help="status, drain, stop, reconcile, certify, restore-point, validate, activate: print "
+                            help="status, drain, stop, reconcile, certify, restore-point, validate, activate, restore: print "
                                  "the report as JSON.")
         parser.add_argument("--backup-dir", help="restore-point: where the dump files and manifest go "
                                                  "(default settings.NEXUS_BACKUP_DIR, var/restore_points/).")
@@ -205,6 +210,14 @@ class Command(BaseCommand):
             text = (f"attempt {attempt} {'already ' if report.already else ''}activated: epoch {report.epoch_id} "
                     f"{report.epoch_digest[:16]} active; gates v2_serving: {', '.join(report.gates)}; decision "
                     f"{report.decision}; publication barriers released")
+        elif procedure == "restore":
+            report = cutover_restore(org=org, attempt_key=attempt)
+            seconds = ", ".join(f"{phase} {s}s" for phase, s in report.seconds.items())
+            text = (f"attempt {attempt} {'already ' if report.already else ''}restored: V1 restore point "
+                    f"{report.restore_point_id} loaded and verified (restore attempt {report.restore_attempt_id}, "
+                    f"fence {report.holder_fence}); decision {report.decision}; gates v1_serving: "
+                    f"{', '.join(report.gates)}; start V1 with run_workers --role v1"
+                    + (f" ({seconds})" if seconds else ""))
         elif procedure == "restore-point":
             report = cutover_restore_point(org=org, attempt_key=attempt, backup_dir=options.get("backup_dir"))
             seconds = report.rehearsal.get("seconds", {})

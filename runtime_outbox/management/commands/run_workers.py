@@ -75,7 +75,10 @@ class Command(BaseCommand):
         _keep_connections()
         roles = list(registered_roles(all_only=True)) if "all" in role else list(dict.fromkeys(role))
         worker_id = worker_process_register("+".join(roles))
-        units = [u for r in roles for u in units_for(r, worker_id)]
+        try:
+            units = [u for r in roles for u in units_for(r, worker_id)]
+        except NexusError as exc:  # a role refused to start (e.g. v1_generation_refused): serve nothing
+            raise CommandError(f"{exc.code}: {exc}", returncode=3) from exc
         stopping = {"flag": False}
 
         def stop(signum, frame):
