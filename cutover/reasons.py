@@ -94,3 +94,9 @@ RESTORE_V2_SERVED = register(
 RESTORE_VERIFICATION_FAILED = register(
     "restore_verification_failed", owner=OWNER, evidence="cutover.selectors.restore_attempts",
     severity_class=ATTENTION, alert_after_seconds=600, remediations=("resume_cutover", "inspect_invariant"))
+COLD_ABORT_NOT_DRAINED = register(
+    "cold_abort_not_drained", owner=OWNER, evidence="cutover.selectors.shutdown_blocks",
+    severity_class=ATTENTION, alert_after_seconds=1800, remediations=("resume_cutover",))
+COLD_ABORT_V2_MUTATED = register(
+    "cold_abort_v2_mutated", owner=OWNER, evidence="cutover.selectors.shutdown_blocks",
+    severity_class=ATTENTION, alert_after_seconds=600, remediations=("resume_cutover", "inspect_invariant"))

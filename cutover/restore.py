@@ -63,7 +63,7 @@ from . import reasons, selectors
 from .activate import activation_release_after_restore
 from .decision import DecisionLost, begin_restore, complete_restore, decision_of
 from .halt import _barriers_move
-from .models import CutoverDecision, RestoreAttempt, V1RestorePoint, V1ShutdownCertificate
+from .models import CutoverDecision, CutoverEvidence, RestoreAttempt, V1RestorePoint, V1ShutdownCertificate
 from .restore_point import (
     Capture,
     _client_args,
@@ -76,7 +76,7 @@ from .restore_point import (
 )
 from .services import _evidence
 from .store import RestoreAttemptStore, drop_tables_except
-from .v1_shutdown import ShutdownBlocked, blocker
+from .v1_shutdown import ShutdownBlocked, blocker, record_blocked
 
 PHASE = "restore"
 FP_AFTER_DECISION = failpoints.declare("cutover.restore.after_decision")
@@ -439,3 +439,69 @@ def _restore(org: OrgScope, attempt_key: str) -> RestoreReport:
     return RestoreReport(attempt_key, int(row.pk), int(point.pk), decision.state, gates, fence, seconds,
                          row.evidence.get("digests", {}))
 
+
+
+# --- the cold abort --------------------------------------------------------------------------------------
+@dataclass
+class ColdAbortReport:
+    """``gates``: the account keys back in ``v1_serving``; ``already`` when the attempt was cold-aborted before."""
+
+    attempt_key: str
+    certificate_digest: str
+    gates: list[str]
+    already: bool = False
+
+
+def cutover_cold_abort(*, org: OrgScope, attempt_key: str) -> ColdAbortReport:
+    """Return a drained, certified V1 service to ``v1_serving`` before any V2 mutation (resumable, idempotent).
+
+    After ``cutover certify`` (every gate ``v1_drained`` under the attempt's V1ShutdownCertificate) and
+    before ``cutover validate`` mutates anything for V2, V1's data is exactly what the certificate
+    describes, so no restore is needed: the V1 maintenance barriers reopen and every gate moves
+    ``v1_drained -> v1_serving`` with a new fence (evidence ``cold_abort``). A new process generation of
+    the exact V1 release may then start; the terminated ones stay denied. The attempt is spent.
+
+    Raises:
+        InvalidIdentity: ``attempt_key`` is not a canonical key.
+        RestoreRefused (exit 3; the blockers are also one ``shutdown_blocked`` evidence row, phase
+            ``cold_abort``): the attempt has no V1ShutdownCertificate or a gate is not ``v1_drained``
+            (``cold_abort_not_drained``); validation opened the attempt's CutoverDecision or a V2 fact exists
+            after the certificate (``cold_abort_v2_mutated``: use ``cutover restore``); a V1 -> V2 activation
+            won anywhere (``restore_forward_only``).
+
+    Seed 003 "Offline V1 shutdown, cold rollback, and V2 cutover" ("From v1_drained, a cold abort ...");
+    proof S003-RP-45.
+    """
+    attempt_key = validate_key(attempt_key, field="attempt_key", max_length=80)
+    certificate = V1ShutdownCertificate.objects.filter(org_id=org.org_id, attempt_key=attempt_key).first()
+    gates = list(AccountServingGate.objects.filter(org_id=org.org_id).order_by("account_key"))
+    keys = [g.account_key for g in gates]
+    if certificate is None:
+        blockers = [blocker(reasons.COLD_ABORT_NOT_DRAINED, f"attempt.{attempt_key}",
+                            "the attempt has no V1ShutdownCertificate (run cutover certify)")]
+        record_blocked(org, attempt_key, "cold_abort", blockers)
+        raise RestoreRefused("cold_abort", blockers)
+    if CutoverEvidence.objects.filter(org_id=org.org_id, attempt_key=attempt_key, kind="cold_abort").exists() \
+            and {g.state for g in gates} == {"v1_serving"}:
+        return ColdAbortReport(attempt_key, certificate.digest, keys, already=True)
+    blockers = [blocker(reasons.RESTORE_FORWARD_ONLY, "v1", reason) for reason in v1_start_refusals()
+                if "control database" in reason]
+    decision = decision_of(org.org_id, attempt_key)
+    if decision is not None:
+        blockers.append(blocker(reasons.COLD_ABORT_V2_MUTATED, "decision",
+                                f"the attempt's cutover decision is {decision.state}: validation or a restore began; "
+                                "V1 comes back only through cutover restore"))
+    past = sorted({g.state for g in gates} - {"v1_drained"})
+    if not gates or past:
+        code = reasons.COLD_ABORT_V2_MUTATED if any(s.startswith("v2") for s in past) else \
+            reasons.COLD_ABORT_NOT_DRAINED
+        blockers.append(blocker(code, "gates", f"every gate must be v1_drained; gates are {past or 'none'}"))
+    for fact, count in sorted(selectors.v2_mutations_since(org_id=org.org_id, since=certificate.created_at).items()):
+        if fact != "gates_past_v1_drained":
+            blockers.append(blocker(reasons.COLD_ABORT_V2_MUTATED, f"v2.{fact}",
+                                    f"{count} V2 fact(s) after the V1ShutdownCertificate: use cutover restore"))
+    if blockers:
+        record_blocked(org, attempt_key, "cold_abort", blockers)
+        raise RestoreRefused("cold_abort", blockers)
+    return_to_v1_serving(org, attempt_key, kind="cold_abort", payload={"certificate_digest": certificate.digest})
+    return ColdAbortReport(attempt_key, certificate.digest, keys)

@@ -34,7 +34,7 @@ from cutover.activate import cutover_activate
 from cutover.decision import DecisionLost, decision_of
 from cutover.halt import cutover_halt_v1
 from cutover.models import CutoverEvidence, RestoreAttempt, V1RestorePoint
-from cutover.restore import BOUNDARIES, RestoreRefused, cutover_restore
+from cutover.restore import BOUNDARIES, RestoreRefused, cutover_cold_abort, cutover_restore
 from cutover.services import CutoverRefused
 from cutover.status import cutover_status
 from tests.conftest import ORG, hubspot_event, run_manage, subprocess_env
@@ -289,3 +289,40 @@ def test_a_second_coordinator_is_refused_while_a_restore_runs_and_takes_over_aft
     cutover_restore(org=validated, attempt_key=ATTEMPT)  # the takeover, once the lock died with its holder
     _assert_restored(point_facts)
     assert RestoreAttempt.objects.get(org_id=ORG, attempt_key=ATTEMPT).holder_fence == 2
+
+
+# --- cold abort: after certify, before any V2 mutation -----------------------------------------------------
+def test_a_cold_abort_after_certify_serves_v1_again_with_a_new_exact_generation(drained, client):  # noqa: F811
+    """S003-RP-45: from v1_drained, before V2 mutated anything, the certified cold abort returns every gate to
+    v1_serving (new fences, barriers open) and authorizes a new exact-V1 generation; the V1 facts are untouched."""
+    facts = _v1_facts()
+    fences = {g.account_key: g.fence_token for g in AccountServingGate.objects.filter(org_id=ORG)}
+    assert _start_v1().returncode == 3  # drained: V1 may not start yet
+    done = run_manage(["cutover", "cold-abort", "--org", ORG, "--attempt", ATTEMPT], subprocess_env())
+    assert done.returncode == 0, done.stderr
+    gates = list(AccountServingGate.objects.filter(org_id=ORG))
+    assert {g.state for g in gates} == {"v1_serving"} and all(g.fence_token > fences[g.account_key] for g in gates)
+    assert set(V1MaintenanceBarrier.objects.filter(org_id=ORG).values_list("state", flat=True)) == {"open"}
+    assert _v1_facts() == facts
+    assert cutover_cold_abort(org=drained, attempt_key=ATTEMPT).already
+    with pytest.raises(CutoverRefused, match="cold-aborted"):
+        cutover_halt_v1(org=drained, attempt_key=ATTEMPT)
+    assert "--attempt NEW_KEY" in cutover_status(org=drained)["next_command"]
+    _v1_serves_again(client, facts)
+
+
+def test_a_cold_abort_is_refused_once_validation_mutated_anything_for_v2(validated):
+    """After validate (candidate lanes, gates v2_validating, the decision opened) only the full restore remains."""
+    with pytest.raises(RestoreRefused) as refused:
+        cutover_cold_abort(org=validated, attempt_key=ATTEMPT)
+    assert {b["reason_code"] for b in refused.value.blockers} == {"cold_abort_v2_mutated"}
+    assert {g.state for g in AccountServingGate.objects.filter(org_id=ORG)} == {"v2_validating"}
+    shown = run_manage(["cutover", "cold-abort", "--org", ORG, "--attempt", ATTEMPT], subprocess_env())
+    assert shown.returncode == 3 and "cold_abort_v2_mutated" in shown.stderr
+
+
+def test_a_cold_abort_is_refused_before_certify(stopped):
+    with pytest.raises(RestoreRefused) as refused:
+        cutover_cold_abort(org=stopped, attempt_key=ATTEMPT)
+    assert {b["reason_code"] for b in refused.value.blockers} == {"cold_abort_not_drained"}
+    assert {g.state for g in AccountServingGate.objects.filter(org_id=ORG)} == {"v1_stopped"}

@@ -27,6 +27,8 @@
 - ``restore --attempt KEY``: the full V1 restore (a RestoreAttempt wins ``restoring_v1``, proves V2 served
   nothing, rewrites the main database from the V1RestorePoint, verifies it, records ``v1_restored`` on the
   control database, every gate ``v1_serving``); exit 3 when activation won the decision;
+- ``cold-abort --attempt KEY``: after ``certify`` and before ``validate`` mutates anything for V2, return every
+  gate ``v1_drained -> v1_serving`` (barriers reopened; a new exact-V1 generation may start);
 - ``status [--json]``: phase, gate counts, certificate, budgets, blockers and the next command.
 
 Every procedure but ``status`` is idempotent and resumable; ``--json`` prints the report as JSON.
@@ -47,7 +49,7 @@ from cutover.drain import cutover_drain
 from cutover.halt import HaltAborted, cutover_halt_abort, cutover_halt_v1
 from cutover.preflight import CutoverPlanInvalid, ReadinessRefused, cutover_preflight
 from cutover.reconcile import ReconciliationInvalid, cutover_reconcile
-from cutover.restore import cutover_restore
+from cutover.restore import cutover_cold_abort, cutover_restore
 from cutover.restore_point import cutover_restore_point
 from cutover.services import cutover_greenfield
 from cutover.status import cutover_status
@@ -70,19 +72,22 @@ class Command(BaseCommand):
             "egress and terminate the V1 processes), 'reconcile' (resolve interrupted V1 calls from provider "
             "evidence), 'certify' (the V1 shutdown certificate; gates v1_drained), 'restore-point' (the rehearsed "
             "full-database V1 restore point), 'validate' (verify the V2 candidate; gates v2_validating), "
-            "'activate' (the atomic V2 activation), 'restore' (the full V1 restore from the restore point) or "
+            "'activate' (the atomic V2 activation), 'restore' (the full V1 restore from the restore point), "
+            "'cold-abort' (back to V1 after certify, before any V2 mutation) or "
             "'status' (where the cutover stands).")
-    SHUTDOWN = ("drain", "stop", "reconcile", "certify", "restore-point", "validate", "activate", "restore")
+    SHUTDOWN = ("drain", "stop", "reconcile", "certify", "restore-point", "validate", "activate", "restore",
+                "cold-abort")
 
     def add_arguments(self, parser):
         parser.add_argument("procedure", choices=["greenfield", "v1-install", "preflight", "halt-v1", "abort-halt", "drain",
                                                   "stop", "reconcile", "certify", "restore-point", "validate", "activate",
-                                                  "restore", "status"])
+                                                  "restore", "cold-abort", "status"])
         parser.add_argument("--org", required=True, help="Org id whose accounts to activate, install or certify.")
         parser.add_argument("--attempt", help="preflight: the service cutover attempt key (a new key per input change).")
         parser.add_argument("--plan", help="preflight: the L2 cutover plan JSON file (docs/operations.md).")
         parser.add_argument("--json", dest="as_json", action="store_true",
-                            help="status, drain, stop, reconcile, certify, restore-point, validate, activate, restore: print "
+                            help="status, drain, stop, reconcile, certify, restore-point, validate, activate, restore, "
+                                 "cold-abort: print "
                                  "the report as JSON.")
         parser.add_argument("--backup-dir", help="restore-point: where the dump files and manifest go "
                                                  "(default settings.NEXUS_BACKUP_DIR, var/restore_points/).")
@@ -210,6 +215,10 @@ class Command(BaseCommand):
             text = (f"attempt {attempt} {'already ' if report.already else ''}activated: epoch {report.epoch_id} "
                     f"{report.epoch_digest[:16]} active; gates v2_serving: {', '.join(report.gates)}; decision "
                     f"{report.decision}; publication barriers released")
+        elif procedure == "cold-abort":
+            report = cutover_cold_abort(org=org, attempt_key=attempt)
+            text = (f"attempt {attempt} {'already ' if report.already else ''}cold-aborted: gates v1_serving: "
+                    f"{', '.join(report.gates)}; barriers open; start V1 with run_workers --role v1")
         elif procedure == "restore":
             report = cutover_restore(org=org, attempt_key=attempt)
             seconds = ", ".join(f"{phase} {s}s" for phase, s in report.seconds.items())
