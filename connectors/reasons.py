@@ -96,6 +96,12 @@ SUPERSEDED_BY_NEWER_VERSION = register(
 SOURCE_DELETED_BEFORE_POST = register(
     "source_deleted_before_post", owner=OWNER, evidence=_S + "remote_effects_with_reason",
     severity_class=ATTENTION, alert_after_seconds=86400, remediations=("resolve_prior_create",))
+#: A create candidate for a record of an org that ran V1 whose remote-id mirror (or provenance marker) holds a
+#: value no RemoteLink of the key proves: the V1 link adoption refused it, so V2 never guesses and never POSTs
+#: (seed 002 "Migration Contract For #1783"); an operator binds it with ``push_links adopt``.
+LEGACY_REMOTE_ID_UNLINKED = register(
+    "legacy_remote_id_unlinked", owner=OWNER, evidence=_S + "remote_effects_with_reason",
+    severity_class=ATTENTION, alert_after_seconds=86400, remediations=("operator_reconcile",))
 SLOT_LINEAGE_UNRESOLVED = register(
     "slot_lineage_unresolved", owner=OWNER, evidence=_S + "remote_links_of_record_lineage",
     severity_class=ATTENTION, alert_after_seconds=600, remediations=("relink_or_retire",))

@@ -35,6 +35,7 @@ from django.db import transaction
 from connectors.models import (
     AccountServingGate,
     ReceiptAdmissionKey,
+    ServingEpoch,
     V1EgressDenial,
     V1StreamCursor,
 )
@@ -48,10 +49,11 @@ from nexusflow.kernel.models import insert
 from nexusflow.kernel.scope import OrgScope
 
 from . import reasons, selectors
+from .adoption import adopt_links, adoption_plan
 from .halt import _check_certificate
 from .models import CutoverEvidence, OrderingBaseline, V1ShutdownCertificate
 from .preflight import revalidate_routes
-from .services import CutoverRefused
+from .services import CutoverRefused, _evidence
 from .store import certificate_lock
 from .v1_shutdown import (
     ShutdownBlocked,
@@ -274,6 +276,16 @@ def _certify(org: OrgScope, attempt_key: str, blockers: list[dict]) -> CertifyRe
         blockers += _release_blockers(document["v1_release"], generations)
         if blockers:
             raise ShutdownBlocked("certify", blockers)
+        # V1 push links: adopted only where provable, in this transaction (seed 002 "Migration Contract").
+        adoption = adoption_plan(org=org, epoch=ServingEpoch.objects.get(org_id=org.org_id,
+                                                                         pk=document["epoch"]["id"]))
+        adopt_links(adoption)
+        by_record: dict[str, list[dict]] = {}
+        for refusal in adoption.refused:
+            by_record.setdefault(refusal["record"], []).append(refusal)
+        for record_key, refusals in sorted(by_record.items()):
+            _evidence(org, attempt_key, "link_adoption_refused", record_key,
+                      {**refusals[0], "refusals": refusals})
 
         for values in tombstones:
             insert(ReceiptAdmissionKey, **values)
@@ -303,6 +315,7 @@ def _certify(org: OrgScope, attempt_key: str, blockers: list[dict]) -> CertifyRe
             "egress_isolation": {"digest": evidence["egress_isolation"].digest, "denial_id": int(denial.pk),
                                  "through_generation": denial.through_generation},
             "reconciliations": reconciliations,
+            "link_adoption": adoption.document(),
             "coverage": {"transport_keys": selectors.v1_identity_counts(org_id=org.org_id)["transport_keys"],
                          "tombstones": exported,
                          "baselines": OrderingBaseline.objects.filter(org_id=org.org_id,

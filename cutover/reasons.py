@@ -100,3 +100,35 @@ COLD_ABORT_NOT_DRAINED = register(
 COLD_ABORT_V2_MUTATED = register(
     "cold_abort_v2_mutated", owner=OWNER, evidence="cutover.selectors.shutdown_blocks",
     severity_class=ATTENTION, alert_after_seconds=600, remediations=("resume_cutover", "inspect_invariant"))
+
+# --- V1 push link adoption at certify (seed 002 "Migration Contract For #1783"; issue 21 item 5) -------------
+#: A V1 record whose remote-id mirror and provenance marker prove no one link: no RemoteLink is created, the
+#: refusal is listed in the V1ShutdownCertificate's ``link_adoption`` and one ``link_adoption_refused`` evidence
+#: row, and V2 refuses to create for the record (``legacy_remote_id_unlinked``) until an operator decides.
+V1_LINK_MULTIPLE_CANDIDATES = register(
+    "v1_link_multiple_candidates", owner=OWNER, evidence="cutover.selectors.link_adoption_refusals",
+    severity_class=ATTENTION, alert_after_seconds=86400, remediations=("operator_reconcile",))
+V1_LINK_PROVENANCE_WITHOUT_REMOTE_ID = register(
+    "v1_link_provenance_without_remote_id", owner=OWNER, evidence="cutover.selectors.link_adoption_refusals",
+    severity_class=ATTENTION, alert_after_seconds=86400, remediations=("operator_reconcile",))
+V1_LINK_REMOTE_ID_OUTSIDE_FIELD_PAIR = register(
+    "v1_link_remote_id_outside_field_pair", owner=OWNER, evidence="cutover.selectors.link_adoption_refusals",
+    severity_class=ATTENTION, alert_after_seconds=86400, remediations=("operator_reconcile",))
+V1_LINK_PROVENANCE_MISSING = register(
+    "v1_link_provenance_missing", owner=OWNER, evidence="cutover.selectors.link_adoption_refusals",
+    severity_class=ATTENTION, alert_after_seconds=86400, remediations=("operator_reconcile",))
+V1_LINK_ACTION_SLOT_UNMAPPED = register(
+    "v1_link_action_slot_unmapped", owner=OWNER, evidence="cutover.selectors.link_adoption_refusals",
+    severity_class=ATTENTION, alert_after_seconds=86400, remediations=("operator_reconcile",))
+V1_LINK_DESTINATION_DRIFT = register(
+    "v1_link_destination_drift", owner=OWNER, evidence="cutover.selectors.link_adoption_refusals",
+    severity_class=ATTENTION, alert_after_seconds=86400, remediations=("operator_reconcile",))
+V1_LINK_PROVENANCE_MISMATCH = register(
+    "v1_link_provenance_mismatch", owner=OWNER, evidence="cutover.selectors.link_adoption_refusals",
+    severity_class=ATTENTION, alert_after_seconds=86400, remediations=("operator_reconcile",))
+V1_LINK_CONFLICT = register(
+    "v1_link_conflict", owner=OWNER, evidence="cutover.selectors.link_adoption_refusals",
+    severity_class=ATTENTION, alert_after_seconds=86400, remediations=("operator_reconcile",))
+V1_LINK_REMOTE_ID_CLAIMED = register(
+    "v1_link_remote_id_claimed", owner=OWNER, evidence="cutover.selectors.link_adoption_refusals",
+    severity_class=ATTENTION, alert_after_seconds=86400, remediations=("operator_reconcile",))

@@ -144,6 +144,16 @@ def restore_attempts(*, org_id: str, reason_code: str | None = None) -> QuerySet
     return qs.filter(evidence__contains={"refusal": [{"reason_code": reason_code}]})
 
 
+def link_adoption_refusals(*, org_id: str, reason_code: str | None = None) -> QuerySet[CutoverEvidence]:
+    """``link_adoption_refused`` evidence rows of ``org_id`` (one per refused V1 record at certify), newest first.
+
+    Each row's ``account_key`` is the record key and its ``payload`` ``{"contract", "record", "reason_code",
+    "detail"}``; ``reason_code`` filters on it.
+    """
+    qs = CutoverEvidence.objects.filter(org_id=org_id, kind="link_adoption_refused").order_by("-id")
+    return qs if reason_code is None else qs.filter(payload__reason_code=reason_code)
+
+
 def v1_open_events(*, org_id: str, states: tuple[str, ...]) -> dict[str, list[int]]:
     """``{state: [event id, ...]}`` of the V1 events of ``org_id`` in ``states`` (ids ascending)."""
     out: dict[str, list[int]] = {}

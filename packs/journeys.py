@@ -51,7 +51,8 @@ from packs.demo.run import (
 
 ROOT = Path(settings.BASE_DIR)
 #: Pack modules that register journeys (imported by :func:`registry`).
-JOURNEY_MODULES = ("packs.hubspot.journeys", "packs.hubspot.conversion_journeys", "packs.hubspot.wait_journeys")
+JOURNEY_MODULES = ("packs.hubspot.journeys", "packs.hubspot.conversion_journeys", "packs.hubspot.wait_journeys",
+                   "packs.demo.cutover_journeys")
 WORKER_ROLES = ("connector", "runtime", "flow", "egress")
 IDLE_STABLE_SECONDS = 1.5
 STALL_TIMEOUT_SECONDS = 60.0
@@ -186,11 +187,12 @@ class Harness:
         return path
 
     def start_web_and_workers(self) -> None:
-        """Start gunicorn and one ``run_workers`` process per role of :data:`WORKER_ROLES`; wait for health."""
+        """Start gunicorn and one ``run_workers`` process per role of :data:`WORKER_ROLES` (plus the roles a stage
+        put in ``values["extra_roles"]``, e.g. ``v1``); wait for health."""
         port = _free_port()
         self.web_base = f"http://127.0.0.1:{port}"
         self.procs.start("web", web_server_argv(port, workers=1), self.env, self.run_dir)
-        for index, role in enumerate(WORKER_ROLES):
+        for index, role in enumerate((*WORKER_ROLES, *self.values.get("extra_roles", ()))):
             self.procs.start(f"worker-{role}-{index}", [sys.executable, "manage.py", "run_workers", "--role", role],
                              self.env, self.run_dir)
         try:
@@ -418,13 +420,15 @@ def journey_database_names(main: str) -> tuple[str, str]:
     return f"{main}_journey", f"{main}_journey_control"
 
 
-def run_journey(name: str, *, as_json: bool = False, report_out: dict | None = None) -> int:
+def run_journey(name: str, *, as_json: bool = False, report_out: dict | None = None,
+                options: dict | None = None) -> int:
     """Run one journey end to end; return the exit code (0 pass, 1 a check failed, 2 could not run).
 
     Args:
         name: a registered journey name (see :func:`registry`).
         as_json: print the report as one JSON object (progress goes to stderr).
         report_out: when given, filled with the report (tests read it).
+        options: journey options (``{"events": PATH}``), in the harness's ``values["options"]``.
     """
     journeys = registry()
     journey = journeys.get(name)
@@ -442,6 +446,7 @@ def run_journey(name: str, *, as_json: bool = False, report_out: dict | None = N
            "PYTHONUNBUFFERED": "1"}
     env.pop("NEXUS_FAILPOINTS", None)
     harness = Harness(name=name, run_dir=run_dir, env=env, databases=databases, say=say)
+    harness.values["options"] = dict(options or {})
     original = {alias: dict(connection_settings) for alias, connection_settings in
                 ((a, settings.DATABASES[a]) for a in ("default", "control"))}
 

@@ -294,6 +294,70 @@ def link_rebind(*, org_id: str, link_key: str, contract_key: str, actor: str, re
         return LinkChange(int(link.pk), link_key, link.state, "retired", int(evidence.pk), int(new.pk), new_key)
 
 
+def link_adopt(*, org_id: str, contract_key: str, record_key: str, remote_id: str, actor: str,
+               reason: str) -> LinkChange:
+    """Bind a record's slot to a remote id an operator proved (the V1 link adoption's operator path).
+
+    For a record the V1 link adoption refused at ``cutover certify`` (seed 002 "Migration Contract For
+    #1783": the legacy mirror and provenance proved no one link), an operator who established the remote
+    record creates the link explicitly: an ``active`` RemoteLink of the contract's link key with the current
+    action config as its snapshot, evidence ``adopted`` with actor, reason and remote id. The create refused
+    before POST (``legacy_remote_id_unlinked``) stays terminal; a later save PATCHes through the link. Same
+    serialization as :func:`link_rebind` (the serving gate, then the key's effects).
+
+    Raises:
+        LinkOperationRefused: ``contract_key`` not served (``slot_not_served``), no live record of its source
+            object (``adopt_record_unknown``), the key already linked (``adopt_target_linked``), another link
+            of the destination holds ``remote_id`` (``remote_locator_claimed``), ``slot_occupied``, or
+            missing or malformed actor/reason (``link_evidence_missing``, ``link_evidence_invalid``).
+        InvalidIdentity: ``record_key`` or ``remote_id`` is not a canonical key (before any lock).
+    """
+    from django.db import IntegrityError
+
+    from nexusflow.records.models import Record
+
+    _require_words(actor, reason)
+    record_key = validate_key(record_key, field="record", max_length=64)
+    remote_id = validate_key(remote_id, field="remote_id", max_length=160)
+    contract, current, account_key = _served_contract(org_id, contract_key)
+    if not Record.objects.filter(org_id=org_id, object_name=contract["source_object"], record_key=record_key,
+                                 is_deleted=False).exists():
+        raise LinkOperationRefused(f"no live {contract['source_object']} record {record_key}",
+                                   code="adopt_record_unknown")
+    scope = serving_remote_scope(org_id=org_id, account_key=account_key)
+    key = link_key_for(owner_key=current["owner_key"], action_slot_id=contract["action_slot_id"],
+                       action_type=PUSH_ACTION_TYPE, source_object=contract["source_object"],
+                       source_record_key=record_key, destination_slot_id=contract["destination_slot_id"])
+    with transaction.atomic(durable=True):
+        try:
+            serving_lock(org_id=org_id, account_key=account_key)
+        except NotServing as exc:
+            raise LinkOperationRefused(str(exc), code="slot_not_served") from None
+        occupied = [e for e in RemoteEffectStore.lock_all(org_id, link_key=key) if e.state in _OCCUPYING]
+        if occupied:
+            raise LinkOperationRefused(f"effect {occupied[0].pk} of this slot is {occupied[0].state}",
+                                       code="slot_occupied")
+        if RemoteLink.objects.filter(org_id=org_id, link_key=key).exists():
+            raise LinkOperationRefused(f"slot {key} already has a link", code="adopt_target_linked")
+        try:
+            with transaction.atomic():
+                link = RemoteLinkStore.create(
+                    org_id=org_id, link_key=key, owner_key=current["owner_key"],
+                    action_slot_id=contract["action_slot_id"], action_type=PUSH_ACTION_TYPE,
+                    destination_slot_id=contract["destination_slot_id"], source_object=contract["source_object"],
+                    source_record_key=record_key, remote_scope=scope, remote_id=remote_id, live_remote_id=remote_id,
+                    state="active", snapshot=current, created_install_id=current["install_id"],
+                    last_validated_install_id=current["install_id"], mapping_fingerprint=mapping_fingerprint(contract),
+                    body_fingerprint=body_fingerprint(contract))
+        except IntegrityError:
+            raise LinkOperationRefused(f"another link of this destination holds remote id {remote_id}",
+                                       code="remote_locator_claimed") from None
+        evidence = append_link_evidence(link, kind="adopted", actor=actor, to_state="active",
+                                        detail={"reason": reason.strip(), "remote_id": remote_id,
+                                                "contract": contract_key, "record": record_key})
+        return LinkChange(int(link.pk), key, "none", "active", int(evidence.pk))
+
+
 def _served_contract(org_id: str, contract_key: str) -> tuple[dict, dict, str]:
     for gate in AccountServingGate.objects.filter(org_id=org_id, state="v2_serving").select_related("epoch"):
         account = next((a for a in gate.epoch.document["accounts"] if a["account_key"] == gate.account_key), None)

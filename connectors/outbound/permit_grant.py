@@ -190,7 +190,7 @@ def _plan_request(effect: RemoteEffect, binding: dict, contract: dict):
     body = encode_body(contract, effect.command.request_fields)
     key = binding.get("provider_idempotency_key")
     if link is None:
-        if not _plan_create(effect, binding):
+        if not _plan_create(effect, binding, contract):
             return None
         body = _create_body(effect, binding, contract, body)
         if body is None:
@@ -224,7 +224,26 @@ def _take_create_slot(effect: RemoteEffect) -> bool:
     return True
 
 
-def _plan_create(effect: RemoteEffect, binding: dict) -> bool:
+def _legacy_remote_id(effect: RemoteEffect, contract: dict) -> str | None:
+    """The V1 mirror field holding a value for the effect's record when its org ran V1, else ``None``.
+
+    A record of a V1 org with a remote id (or a provenance marker) and no link of the key is one the V1 link
+    adoption refused: creating it would guess (seed 002 "Migration Contract For #1783").
+    """
+    from connectors.v1.models import V1MaintenanceBarrier
+    from nexusflow.records.models import Record
+
+    fields = [f for f in [contract.get("mirror_field"), contract.get("provenance_field"),
+                          *contract.get("legacy_mirror_fields", [])] if f]
+    if not fields or not V1MaintenanceBarrier.objects.filter(org_id=effect.org_id).exists():
+        return None
+    record = Record.objects.filter(org_id=effect.org_id, object_name=effect.command.source_object,
+                                   record_key=effect.command.source_record_key).first()
+    mirrors = (record.mirrors or {}) if record is not None else {}
+    return next((f for f in fields if mirrors.get(f)), None)
+
+
+def _plan_create(effect: RemoteEffect, binding: dict, contract: dict) -> bool:
     """Seed 002 "Before POST" gates of a create candidate; ``True`` when the create may be granted."""
     from connectors.links.push_rules import orphaned_lineage
 
@@ -234,6 +253,11 @@ def _plan_create(effect: RemoteEffect, binding: dict) -> bool:
     if not _source_exists(effect):
         _refuse_create(effect, reasons.SOURCE_DELETED_BEFORE_POST,
                        {"source": f"{effect.command.source_object}/{effect.command.source_record_key}"})
+        return False
+    legacy = _legacy_remote_id(effect, contract)
+    if legacy is not None:
+        _refuse_create(effect, reasons.LEGACY_REMOTE_ID_UNLINKED,
+                       {"field": legacy, "source": f"{effect.command.source_object}/{effect.command.source_record_key}"})
         return False
     lineage = orphaned_lineage(org_id=effect.org_id, source_object=effect.command.source_object,
                                source_record_key=effect.command.source_record_key, link_key=effect.link_key)

@@ -69,6 +69,11 @@ def live_pack(account: dict) -> dict:
     return PackGeneration.objects.get(pk=account["pack_generation_id"]).document
 
 
+def live_pack_owner(account: dict) -> str:
+    """The owner key of the pack generation the account's configuration names."""
+    return PackGeneration.objects.get(pk=account["pack_generation_id"]).owner_key
+
+
 def live_route(org_id: str, account_key: str, channel: str, *, delivery: str = "push") -> tuple[dict, dict]:
     """``(account, route)``: the enabled route of ``channel`` with ``delivery`` (``push`` or ``pull``).
 

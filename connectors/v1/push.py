@@ -14,17 +14,21 @@ import urllib.parse
 from dataclasses import dataclass
 
 import httpx
+from django.db import transaction
 
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.scope import OrgScope
+from nexusflow.records.models import Record
 from nexusflow.records.selectors import record_get
+from nexusflow.records.services import record_lock, record_write_mirror
 
 from connectors.contracts import outcomes
 from connectors.outbound.egress_common import bearer, content_type, encode_body
 from connectors.outbound.intents import render_request_fields
-from connectors.v1.config import live_contract, live_secret
+from connectors.v1.config import live_contract, live_pack_owner, live_secret
 from connectors.v1.egress import v1_call_prepare, v1_call_send
 from connectors.v1.models import V1ProviderCall
+from connectors.v1.provenance import provenance_marker
 from connectors.reasons import V1_NO_LINKED_REMOTE
 
 
@@ -87,4 +91,23 @@ def v1_push_record(*, org: OrgScope, contract_key: str, record_key: str,
                            kind="push", subject=record_key, method=update["method"], url=url, body=body,
                            root_barrier="root_outbound")
     result = v1_call_send(call, headers=headers, profile=profile, client=client)
+    if result.state == "confirmed" and contract.get("provenance_field"):
+        _write_provenance(org, contract, account, record_key, remote_id)
     return V1PushReport(result.call_id, remote_id, result.state, result.status)
+
+
+def _write_provenance(org: OrgScope, contract: dict, account: dict, record_key: str, remote_id: str) -> None:
+    """Record which action and destination the confirmed PATCH used (:mod:`connectors.v1.provenance`), once.
+
+    Its own transaction after the call settled: a crash in between leaves a remote id without provenance,
+    which the V1 link adoption refuses (fail closed), never a marker without the call.
+    """
+    marker = provenance_marker(owner_key=live_pack_owner(account), contract=contract, base_url=account["base_url"],
+                               remote_id=remote_id)
+    with transaction.atomic():
+        try:
+            record = record_lock(org=org, object_name=contract["source_object"], record_key=record_key)
+        except Record.DoesNotExist:
+            return  # deleted meanwhile: nothing to mark
+        if (record.mirrors or {}).get(contract["provenance_field"]) in (None, ""):
+            record_write_mirror(org=org, record=record, field=contract["provenance_field"], value=marker)

@@ -159,13 +159,15 @@ def start_billing_sandbox(procs: Processes, *, env: dict, run_dir: Path) -> str:
 
 
 def service_activate(service: dict, *, env: dict, run_dir: Path, billing_url: str, say,
-                     flows: list[str] | None = None) -> None:
+                     flows: list[str] | None = None, v1: bool = False) -> None:
     """Make ``service`` (``packs/demo/service.json``) serve in the databases of ``env``.
 
     Publishes its packs and credential generations, applies its configuration
     (accounts, the billing account at ``billing_url``), activates it with
     ``cutover greenfield`` and deploys ``flows`` (repository-relative paths;
-    default: the service's ``flows``). ``say`` gets one line per step.
+    default: the service's ``flows``). ``say`` gets one line per step. With
+    ``v1`` it installs the V1 service instead (``cutover v1-install``) and
+    deploys no Flow (V1 runs none).
 
     Raises:
         DemoError: a step's ``manage.py`` command failed (its output is in the message).
@@ -180,6 +182,9 @@ def service_activate(service: dict, *, env: dict, run_dir: Path, billing_url: st
     credentials_path.write_text(json.dumps(service["credential_generations"], indent=2), encoding="utf-8")
     say(_manage(["connector_credential_publish", "--org", org, str(credentials_path)], env))
     say(_manage(["connector_config_apply", "--org", org, str(config_path)], env))
+    if v1:
+        say(_manage(["cutover", "v1-install", "--org", org], env))
+        return
     say(_manage(["cutover", "greenfield", "--org", org], env))
     flows = service["flows"] if flows is None else flows
     if flows:

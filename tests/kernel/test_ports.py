@@ -141,7 +141,7 @@ def test_each_role_yields_its_named_units(role):
     assert all(callable(unit) for _name, unit in units)
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(databases=["default", "control"])  # the V1 start check reads the control database
 def test_the_v1_role_yields_its_units_and_records_its_process_generation():
     from connectors.models import V1ProcessGeneration
 

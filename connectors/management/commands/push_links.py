@@ -71,6 +71,15 @@ class Command(BaseCommand):
             op.add_argument("--actor", required=True)
             op.add_argument("--reason", required=True)
 
+        adopt = sub.add_parser("adopt", help="Bind a record's slot to a remote id an operator proved (a record the "
+                                             "V1 link adoption refused).")
+        adopt.add_argument("--org", required=True)
+        adopt.add_argument("--contract", required=True, help="The serving push contract of the slot.")
+        adopt.add_argument("--record", required=True, help="The local record key.")
+        adopt.add_argument("--remote-id", required=True, help="The remote record's id, as the operator proved it.")
+        adopt.add_argument("--actor", required=True)
+        adopt.add_argument("--reason", required=True)
+
     def handle(self, *args, subcommand: str, **options):
         try:
             validate_key(options["org"], field="org")
@@ -156,6 +165,12 @@ class Command(BaseCommand):
         from connectors.links.link_decisions import link_rebind
 
         self._report(link_rebind(org_id=org, link_key=link_key, contract_key=contract, actor=actor, reason=reason))
+
+    def _adopt(self, *, org, contract, record, remote_id, actor, reason, **_):
+        from connectors.links.link_decisions import link_adopt
+
+        self._report(link_adopt(org_id=org, contract_key=contract, record_key=record, remote_id=remote_id,
+                                actor=actor, reason=reason))
 
     def _report(self, change) -> None:
         line = f"link {change.link_id}: {change.from_state} -> {change.to_state} (evidence {change.evidence_id})"

@@ -23,13 +23,15 @@ class Command(BaseCommand):
         run = sub.add_parser("run", help="Run one journey end to end.")
         run.add_argument("name", help="The journey name (see `journeys list`).")
         run.add_argument("--json", action="store_true", help="Print the report as one JSON object.")
+        run.add_argument("--events", help="A webhook deliveries file in the demo's format (journeys that take one, "
+                                          "e.g. cutover-v1-to-v2; default: the demo's).")
 
-    def handle(self, *args, action, name=None, json=False, **options):
+    def handle(self, *args, action, name=None, json=False, events=None, **options):
         if action == "list":
             for journey in registry().values():
                 self.stdout.write(f"{journey.name}\t{journey.summary}")
             return
-        code = run_journey(name, as_json=json)
+        code = run_journey(name, as_json=json, options={"events": events} if events else None)
         sys.stdout.flush()
         if code:
             sys.exit(code)

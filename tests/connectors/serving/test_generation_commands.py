@@ -44,7 +44,7 @@ def test_pack_publish_authors_immutable_generations_with_the_four_binding_kinds(
     first = _ok(["connector_pack_publish", *PACKS])
     assert "pack hubspot 1.4.0" in first and "published" in first
     assert "1 callout_profile, 3 field_mapping, 1 inbound_route, 3 push_contract" in first
-    assert "pack billing 1.1.0" in first and "1 callout_profile, 1 field_mapping, 1 push_contract)" in first
+    assert "pack billing 1.2.0" in first and "1 callout_profile, 1 field_mapping, 1 push_contract)" in first
     again = _ok(["connector_pack_publish", *PACKS])
     assert again.count("already published") == 2
     assert PackGeneration.objects.count() == 2 and CatalogBinding.objects.count() == 11
