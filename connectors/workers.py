@@ -23,15 +23,25 @@ from nexusflow.kernel.models import insert
 from connectors.models import WorkerProcess
 
 
-def _start_ticks(pid: int) -> int | None:
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """``/proc/<pid>/stat`` after the parenthesised command name (field 3, the state, first), or ``None``."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             stat = handle.read()
     except OSError:
         return None
-    # Field 22 (starttime) follows the parenthesised command name.
-    fields = stat[stat.rindex(b")") + 2:].split()
-    return int(fields[19])
+    return stat[stat.rindex(b")") + 2:].split()
+
+
+def _start_ticks(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return None if fields is None else int(fields[19])  # field 22 (starttime)
+
+
+def _exited(pid: int) -> bool:
+    """The process has exited and only its exit status waits for its parent (zombie ``Z`` or dead ``X``)."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] in (b"Z", b"X")
 
 
 def register_worker(role: str) -> str:
@@ -55,6 +65,8 @@ def holder_termination_proof(worker_id: str) -> dict | None:
         return {"host": worker.host, "pid": worker.pid, "proof": "pid_absent"}
     if ticks != worker.process_start_ticks:
         return {"host": worker.host, "pid": worker.pid, "proof": "pid_reused", "start_ticks": ticks}
+    if _exited(worker.pid):  # a zombie runs no code and holds no socket: its egress ended with it
+        return {"host": worker.host, "pid": worker.pid, "proof": "pid_exited"}
     return None
 
 

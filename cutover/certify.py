@@ -148,22 +148,38 @@ def _tombstones(org: OrgScope) -> tuple[list[dict], list[dict]]:
     return rows, out
 
 
-def _position(payload, ordering: dict):
-    """``(partition values, [*typed position, tie-breaker])`` of one V1 event payload, or ``(None, None)``."""
+def _position(payload, route: dict):
+    """``(partition values, [*typed position, SourceEventKey])`` of one V1 event payload, or ``(None, None)``.
+
+    Derived by the V2 admission's own classification (:func:`connectors.inbound.admission.classify_items`)
+    of the same pack route, so the baseline's partition and position are exactly the ones V2 computes for
+    the same event: its partition values as canonical locators, its position closed by its SourceEventKey.
+    """
+    from connectors.inbound.admission import classify_items
+
     if not isinstance(payload, dict):
         return None, None
-    position = [payload.get(f) for f in ordering["position"]]
-    tie = payload.get(ordering["tie_breaker"])
-    if any(not isinstance(p, int) or isinstance(p, bool) for p in position) or tie in (None, "") \
-            or isinstance(tie, (bool, float, dict, list)):
+    [item] = classify_items(route, [payload])
+    if item.reason or item.position is None:
         return None, None
-    return [payload.get(f) for f in ordering["partition"]], [*position, tie]
+    typed = [payload[f] for f in route["ordering"].get("position", [])]
+    return item.partition, [*typed, item.source_event_key]
 
 
 def _order_key(position: list) -> tuple:
     """Compare typed positions numerically, then the tie-breaker (integers before texts, each in its own order)."""
     *typed, tie = position
     return (*typed, (0, tie, "") if isinstance(tie, int) else (1, 0, tie))
+
+
+def _pack_route(org: OrgScope, document: dict, account_key: str, route_key: str) -> dict:
+    """The pack route document the certified candidate epoch serves ``account_key``/``route_key`` with."""
+    from connectors.models import PackGeneration
+
+    epoch = ServingEpoch.objects.get(org_id=org.org_id, pk=document["epoch"]["id"])
+    account = next(a for a in epoch.document["accounts"] if a["account_key"] == account_key)
+    pack = PackGeneration.objects.get(pk=account["pack_generation"]["id"])
+    return next(r for r in pack.document["inbound_routes"] if r["route_key"] == route_key)
 
 
 def _baselines(org: OrgScope, document: dict) -> tuple[list[dict], list[dict]]:
@@ -174,12 +190,12 @@ def _baselines(org: OrgScope, document: dict) -> tuple[list[dict], list[dict]]:
         base = {"org_id": org.org_id, "account_key": route["account_key"], "route_key": route["route_key"],
                 "ordering_digest": route["proof"].get("ordering_digest", "")}
         if route["disposition"] == "v1_high_water":
-            ordering = route["proof"]
+            pack_route = _pack_route(org, document, route["account_key"], route["route_key"])
             highs: dict[bytes, tuple[list, list]] = {}
             missing = 0
             for payload in selectors.v1_event_payloads(org_id=org.org_id, account_key=route["account_key"],
                                                        route_key=route["route_key"]):
-                partition, position = _position(payload, ordering)
+                partition, position = _position(payload, pack_route)
                 if position is None:
                     missing += 1
                     continue

@@ -57,6 +57,8 @@ def stage(h: Harness) -> None:
     service = json.loads(SERVICE_FILE.read_text(encoding="utf-8"))
     service["push"]["inbound_field_map"] = _inbound_field_map(service)
     h.env.update(service_secrets_env(h.run_dir))
+    # V1's SchedulerLease outlives its last claim by this much; the drain waits it out (default 30 s).
+    h.env["NEXUS_V1_LEASE_SECONDS"] = "5"
     billing_url = start_billing_sandbox(h.procs, env=h.env, run_dir=h.run_dir)
     service_activate(service, env=h.env, run_dir=h.run_dir, billing_url=billing_url, v1=True,
                      say=lambda m: h.say(f"journey: {m}"))
@@ -215,9 +217,12 @@ def story_v1_to_v2(h: Harness) -> None:
     with phase(h, "halt_v1"):
         cutover(h, "halt-v1")
     during = _send(h, middle, v1_url, retry=False)  # deliveries keep arriving while the cutover runs
+    # Bad input stays a definite 4xx (a bad signature, a malformed body) and a batch V1 accepted before is
+    # answered 200 'redelivered'; everything else is refused retryably: nothing new is accepted while V1 halts.
+    fresh = [r for r in during if r.status != 200 and not 400 <= r.status < 500]
     h.check("deliveries during the cutover are answered 503 with Retry-After (retryable, nothing accepted)",
-            all(r.status == 503 and r.retry_after for r in during) and bool(during),
-            f"statuses {sorted({r.status for r in during})}")
+            bool(fresh) and all(r.status == 503 and r.retry_after for r in fresh)
+            and not any(r.status == 202 for r in during), f"statuses {sorted({r.status for r in during})}")
     with phase(h, "drain"):
         cutover(h, "drain", retry_on=3)
     with phase(h, "stop"):
@@ -252,6 +257,10 @@ def story_v1_to_v2(h: Harness) -> None:
     object_of = {str(object_id): row["_record_key"] for object_id, row in _local_state(service).items()}
     failures = [f for f in failures if not (f.endswith("0 remote customers, expected 1")
                                             and object_of.get(_contact_of(f)) not in run_records)]
+    # V1 applied in arrival order (the defect V2 retires): a partition whose newest event V1 applied keeps what
+    # V1 left, and V2 never reorders below V1's high-water. Every other partition must end in source order.
+    v1_newest = _partitions_newest_in(first, deliveries, service["push"]["inbound_field_map"])
+    failures = [f for f in failures if _field_failure(f) not in v1_newest]
     h.check("the demo invariants hold (source order, one remote customer per pushed contact, no duplicate "
             "creates, nothing left open)", not failures, "; ".join(failures[:5]))
     h.check_equal("duplicate remote creates", summary["duplicate_remote_creates"], 0)
@@ -267,6 +276,34 @@ def story_v1_to_v2(h: Harness) -> None:
                       customer)
     h.check_equal("open work after the journey", sum(workers.open_work().values()), 0)
     h.values["summary"] = {**summary, "tombstone_answers": len(again), "answered_retryably": len(during)}
+
+
+def _events(deliveries) -> list[dict]:
+    return [e for d in deliveries if d.sign == "valid" and isinstance(d.body, list) for e in d.body
+            if isinstance(e, dict) and e.get("propertyName")]
+
+
+def _partitions_newest_in(part, deliveries, field_map: dict) -> set[tuple[str, str]]:
+    """``(contact id, local field)`` of each partition whose newest event (occurredAt, eventId) is in ``part``."""
+    def key(event):
+        return event.get("occurredAt", 0), event.get("eventId", 0)
+
+    newest: dict[tuple, dict] = {}
+    for event in _events(deliveries):
+        partition = (str(event.get("objectId")), event["propertyName"])
+        if partition not in newest or key(event) > key(newest[partition]):
+            newest[partition] = event
+    mine = {(str(e.get("objectId")), e["propertyName"], e.get("eventId")) for e in _events(part)}
+    return {(object_id, field_map.get(prop, prop)) for (object_id, prop), event in newest.items()
+            if (object_id, prop, event.get("eventId")) in mine}
+
+
+def _field_failure(failure: str) -> tuple[str, str] | None:
+    """``(contact id, field)`` of a ``"contact <id>: <field>=..., latest event says ..."`` failure, else ``None``."""
+    head, _, rest = failure.partition(": ")
+    if "latest event says" not in rest or "=" not in rest:
+        return None
+    return head.removeprefix("contact ").strip(), rest.split("=", 1)[0].strip()
 
 
 def _contact_of(failure: str) -> str:
@@ -293,7 +330,8 @@ def story_restore(h: Harness) -> None:
 
     service = h.values["service"]
     org = service["org_id"]
-    deliveries = load_deliveries(ROOT / service["events"])[:4]
+    everything = load_deliveries(ROOT / service["events"])
+    deliveries, later = everything[:4], everything[4:8]
     v1_url, _ = _urls(h)
     with phase(h, "v1_serving"):
         accepted = _send(h, deliveries, v1_url)
@@ -326,7 +364,15 @@ def story_restore(h: Harness) -> None:
     h.check("a V1-accepted batch is answered from V1 idempotency ('redelivered')",
             all(r.status == 200 and (r.response or {}).get("status") == "redelivered"
                 for r, first in zip(again, accepted) if first.status == 202))
-    h.values["summary"] = {"v1_deliveries": len(deliveries), "accepted": sum(r.status == 202 for r in accepted)}
+    fresh = _send(h, later, v1_url)
+    h.check("new deliveries are accepted by the new V1 generation", any(r.status == 202 for r in fresh),
+            f"statuses {sorted({r.status for r in fresh})}")
+    h.wait_until("the new V1 generation applied them", _v1_idle, timeout=120)
+    h.check_equal("every V1 event completed or was refused for good",
+                  set(V1Event.objects.filter(org_id=org).values_list("state", flat=True)) - {"failed", "quarantined"},
+                  {"completed"})
+    h.values["summary"] = {"v1_deliveries": len(deliveries) + len(later),
+                           "accepted": sum(r.status == 202 for r in accepted + fresh)}
 
 
 # --- cutover-abort -----------------------------------------------------------------------------------------

@@ -164,6 +164,25 @@ def test_activate_commits_every_gate_and_the_epoch_at_once_then_releases_the_bar
     assert post_signed(client, [hubspot_event(20, 888, 6000)]).status_code == 202  # V2 admits now
 
 
+def test_v2_continues_each_partition_from_the_v1_high_water_in_source_order(validated, client):
+    """After activation V2 admits into the lanes the V1 baselines started: an event older than what V1 applied
+    for the partition is superseded, a newer one applies (the V1 high-water is V2's, not a lane of its own)."""
+    from nexusflow.records.models import Record
+
+    cutover_activate(org=validated, attempt_key=ATTEMPT)
+    lanes = OrderingLane.objects.filter(org_id=ORG).count()
+    # V1 applied contact 501's email "a@example.test" at occurredAt 1001 (tests/cutover/test_halt_v1.py).
+    assert post_signed(client, [hubspot_event(30, 501, 999, "email", "older@example.test")]).status_code == 202
+    drain()
+    [record] = Record.objects.filter(org_id=ORG, object_name="Contact")
+    assert record.fields["email"] == "a@example.test"  # superseded by the V1 high-water
+    assert OrderingLane.objects.filter(org_id=ORG).count() == lanes  # the baseline's lane, no lane of its own
+    assert post_signed(client, [hubspot_event(31, 501, 1002, "email", "newer@example.test")]).status_code == 202
+    drain()
+    record.refresh_from_db()
+    assert record.fields["email"] == "newer@example.test"
+
+
 @pytest.mark.parametrize("boundary", BOUNDARIES)
 def test_a_coordinator_killed_at_any_activation_boundary_leaves_all_or_nothing_and_a_rerun_completes(validated,
                                                                                                     boundary):

@@ -146,7 +146,7 @@ def test_after_activation_the_adopted_link_patches_and_no_ambiguous_record_is_cr
     drain()
     after = {c["id"]: c for c in billing_sandbox.state()["customers"]}
     assert set(after) == set(before)  # no customer was created for any record
-    adopted_key, adopted_remote = legacy["adopted"]
+    _adopted_key, adopted_remote = legacy["adopted"]
     assert after[adopted_remote]["update_requests"] == before[adopted_remote]["update_requests"] + 1
     assert after[adopted_remote]["create_requests"] == before[adopted_remote]["create_requests"]
     for case, code in CASES.items():

@@ -43,7 +43,7 @@ from cutover.v1_shutdown import ShutdownBlocked
 from nexusflow.kernel.models import insert
 from nexusflow.kernel.scope import OrgScope
 from tests.concurrency import wait_until_blocked_on
-from tests.conftest import ORG, ROOT, run_manage, subprocess_env
+from tests.conftest import ORG, ROOT, hubspot_event, run_manage, subprocess_env
 from tests.cutover.test_halt_v1 import certified  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
@@ -353,8 +353,8 @@ def test_a_v1_call_interrupted_before_or_after_io_blocks_certification_until_exa
     # The drained V1 high-water of each (objectId, propertyName) partition: [occurredAt, eventId, tie-breaker].
     baselines = {tuple(b.partition): (b.origin, json.loads(bytes(b.position)))
                  for b in OrderingBaseline.objects.filter(org_id=ORG)}
-    assert baselines == {(501, None): ("v1_high_water", [1000, 1, 1]),
-                         (501, "email"): ("v1_high_water", [1001, 2, 2])}
+    assert baselines == {("501",): ("v1_high_water", [1000, 1, "3:101/1:1"]),
+                         ("501", "email"): ("v1_high_water", [1001, 2, "3:202/1:2"])}
     assert report.baselines == 2
     for gate in AccountServingGate.objects.filter(org_id=ORG):
         evidence = GateTransitionEvidence.objects.get(gate=gate, to_state="v1_drained").evidence
@@ -557,11 +557,28 @@ def test_the_shutdown_commands_walk_to_v1_drained_with_exit_codes(halted, tmp_pa
 
 @pytest.mark.django_db(databases=[])
 def test_the_high_water_compares_typed_positions_and_tie_breakers_by_value_not_by_text():
-    from cutover.certify import _order_key, _position
+    from cutover.certify import _order_key
 
-    ordering = {"partition": ["objectId"], "position": ["occurredAt"], "tie_breaker": "eventId"}
     assert _order_key([5, 10]) > _order_key([5, 9]) and _order_key([10, 1]) > _order_key([9, 99])
     assert _order_key([5, "b"]) > _order_key([5, "a"]) > _order_key([5, 10 ** 6])
-    assert _position({"objectId": 1, "occurredAt": 7, "eventId": 3}, ordering) == ([1], [7, 3])
-    assert _position({"objectId": 1, "occurredAt": "7", "eventId": 3}, ordering) == (None, None)
-    assert _position({"objectId": 1, "occurredAt": 7, "eventId": True}, ordering) == (None, None)
+
+
+@pytest.mark.django_db(databases=[])
+def test_a_baseline_partition_and_position_are_the_ones_v2_admission_computes_for_the_same_event():
+    """The V1 high-water must land on the lane V2 admits the same partition into (canonical locators, not the
+    payload's JSON types) and compare like V2's SourcePosition (closed by the SourceEventKey)."""
+    from connectors.contracts.ordering import encode_position
+    from connectors.inbound.admission import classify_items
+    from cutover.certify import _position
+    from packs.hubspot import webhook_route
+
+    route = webhook_route()
+    change = hubspot_event(3, 90345, 7000, "lifecyclestage", "customer")
+    partition, position = _position(change, route)
+    [item] = classify_items(route, [change])
+    assert partition == item.partition == ["90345", "lifecyclestage"]
+    assert encode_position(position[:-1], position[-1]) == item.position
+    creation = hubspot_event(4, 90345, 6000)
+    assert _position(creation, route)[0] == ["90345"]  # the kind's own partition, as V2 admits it
+    assert _position({**change, "occurredAt": "7000"}, route) == (None, None)
+    assert _position({**change, "eventId": True}, route) == (None, None)
