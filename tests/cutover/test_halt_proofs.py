@@ -141,7 +141,8 @@ def test_a_v1_delivery_crossing_the_barrier_close_commits_and_is_in_the_post_sto
     assert document["coverage"]["transport_keys"] == 2 and report.tombstones == 2
     positions = {json.dumps(b.partition): bytes(b.position) for b in OrderingBaseline.objects.filter(org_id=ORG)}
     # The crossing event's partition has its own baseline at the crossing event's typed position.
-    assert len(positions) == 3 and positions[json.dumps(["503", "email"])] == canonical_json.dumps([1003, 3, "3:202/1:3"])
+    assert len(positions) == 3
+    assert positions[json.dumps(["503", "email"])] == canonical_json.dumps([1003, 3, "3:202/1:3"])
     assert V1TransportKey.objects.filter(org_id=ORG).count() == 2  # the refused root left nothing
 
 
