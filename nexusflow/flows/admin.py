@@ -92,13 +92,46 @@ class FlowStepAttemptAdmin(ReadOnlyAdmin):
 
 @admin.register(FlowCheckpoint)
 class FlowCheckpointAdmin(ReadOnlyAdmin):
+    """The checkpoint's context is shown as its support projection: sensitive fields redacted to a digest
+    (:mod:`nexusflow.flows.redaction`, seed 004 section 17.3)."""
+
     list_display = ("id", "org_id", "run", "sequence", "plan_cursor", "context_digest", "created_at")
+    exclude = ("context_payload",)
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f for f in super().get_readonly_fields(request, obj) if f != "context_payload"] + ["context"]
+
+    @admin.display(description="context (support projection: sensitive fields redacted)")
+    def context(self, obj) -> str:
+        return _projected(obj.context_payload)
 
 
 @admin.register(FlowDependency)
 class FlowDependencyAdmin(ReadOnlyAdmin):
     list_display = ("id", "org_id", "run", "step", "producer_kind", "dependency_key", "state", "reason_code",
                     "reason_class", "deadline", "expiry_policy", "resolved_at")
+    exclude = ("condition", "resolution")
+
+    def get_readonly_fields(self, request, obj=None):
+        hidden = {"condition", "resolution"}
+        return [f for f in super().get_readonly_fields(request, obj) if f not in hidden] + [
+            "condition_projection", "resolution_projection"]
+
+    @admin.display(description="condition (sensitive fields redacted)")
+    def condition_projection(self, obj) -> str:
+        return _projected(obj.condition)
+
+    @admin.display(description="resolution (sensitive fields redacted)")
+    def resolution_projection(self, obj) -> str:
+        return _projected(obj.resolution)
+
+
+def _projected(value) -> str:
+    import json
+
+    from .redaction import support_projection
+
+    return json.dumps(support_projection(value), indent=2, sort_keys=True, ensure_ascii=False)
     list_filter = ("state", "reason_code", ReasonClassFilter, "producer_kind")
     search_fields = ("dependency_key",)
 

@@ -104,7 +104,9 @@ def _wait_outcome(step: FlowStepExecution) -> dict[str, Any] | None:
     output = (checkpoint.context_payload or {}).get("output") if checkpoint is not None else None
     if not isinstance(output, dict) or not ({"scheduled_path", "wait"} & output.keys()):
         return None
-    return {key: output[key] for key in _WAIT_OUTCOME_KEYS if key in output}
+    from nexusflow.flows.redaction import support_projection
+
+    return support_projection({key: output[key] for key in _WAIT_OUTCOME_KEYS if key in output})
 
 
 def flow_run_support_read(*, org: OrgScope, run_id: FlowRun.Id | int, include_deleted: bool = False) -> dict[str, Any]:
