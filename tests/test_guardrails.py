@@ -51,6 +51,7 @@ HTTP_CLIENT_ALLOWED = {
     "packs/journeys.py": "L1 journey harness: waits for the running web process and posts webhooks to it",
     "packs/hubspot/journeys.py": "L1 journeys: seed and read the provider sandbox through its own API",
     "packs/hubspot/conversion_journeys.py": "L1 journeys: act as an operator against the running web process",
+    "packs/demo/cutover_journeys.py": "L1 journeys: seed and read the billing sandbox through its own API",
 }
 
 

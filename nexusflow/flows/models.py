@@ -238,6 +238,15 @@ class FlowRun(GuardedModel):
     # how many such Flow-caused re-saves lie between the logical save and this run.
     triggered_by_run = models.ForeignKey("self", null=True, on_delete=models.PROTECT, related_name="triggered_runs")
     save_depth = models.PositiveSmallIntegerField(default=0)
+    # Seed 004 section 17.1 (nexusflow/flows/authorization.py): who the run acts as and who caused it, and the
+    # access-policy generation in force at admission; never a session cookie, token or password.
+    principal_mode = models.CharField(max_length=8, default="system", help_text="system | user")
+    execution_principal = models.CharField(max_length=80, default="", blank=True,
+                                           help_text="The declared identity every step reauthorizes as.")
+    initiating_principal = models.CharField(max_length=80, default="", blank=True,
+                                            help_text="Who caused the run, when known.")
+    authorization_digest = IdentityField(max_length=64, default="", blank=True,
+                                         help_text="The access-policy generation in force at admission ('' none).")
     # A subflow call of a Durable Orchestration plan (docs/operations.md "Subflows"): the run whose subflow
     # step started this one and waits on its end (null: not a subflow run).
     parent_run = models.ForeignKey("self", null=True, on_delete=models.PROTECT, related_name="subflow_runs")

@@ -86,6 +86,14 @@ HANDLER_BINDING_MISMATCH = register(
 STEP_EXECUTION_ERROR = register(
     "flow_step_execution_error", owner=OWNER, evidence=_S + "flow_attempts_for_reason",
     severity_class=ATTENTION, alert_after_seconds=3600, remediations=("reauthor_intent",))
+#: Seed 004 section 17.2: a step's writes, decided again as the run's principal under the access policy in
+#: force, were refused (object, field-level or record access), or the principal is no longer an active user.
+ACCESS_DENIED = register(
+    "flow_access_denied", owner=OWNER, evidence=_S + "flow_attempts_for_reason",
+    severity_class=ATTENTION, alert_after_seconds=3600, remediations=("operator_reconcile",))
+PRINCIPAL_DISABLED = register(
+    "flow_principal_disabled", owner=OWNER, evidence=_S + "flow_attempts_for_reason",
+    severity_class=ATTENTION, alert_after_seconds=3600, remediations=("operator_reconcile",))
 LOCK_PLAN_EXCEEDED = register(
     "flow_lock_plan_exceeded", owner=OWNER, evidence=_S + "flow_attempts_for_reason",
     severity_class=ATTENTION, alert_after_seconds=3600, remediations=("reauthor_intent",))

@@ -27,6 +27,7 @@ from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.metadata import current_view
 
+from ..authorization import run_identity
 from .. import transitions as t
 from ..binding import flow_runtime_binding
 from ..compiler import PROFILE_EMBEDDED, TERMINAL_STEP_KEY, trigger_binding_digest_of
@@ -175,6 +176,14 @@ def _admit_first_step(*, org: OrgScope, run: FlowRun, entry: dict[str, Any], sna
     )
 
 
+def _initiator_of(org: OrgScope, origin: _SaveOrigin | None) -> str:
+    """Who caused a run a save admits: the causing run's initiator when a Flow's own write saved (else unknown)."""
+    if origin is None:
+        return ""
+    return (FlowRun.objects.filter(org_id=org.org_id, pk=origin.run_id).values_list("initiating_principal", flat=True)
+            .first() or "")
+
+
 def _run_admit(*, org: OrgScope, plan: FlowExecutionPlan, record, prior_fields: dict | None,
                entry_path: str = IMMEDIATE_PATH, entry_key: str | None = None) -> FlowRun | None:
     now = db_now()
@@ -196,6 +205,7 @@ def _run_admit(*, org: OrgScope, plan: FlowExecutionPlan, record, prior_fields: 
                 record_key=record.record_key, record_version=record.version, entry_path=entry_path,
                 created_at=now, updated_at=now, triggered_by_run_id=None if origin is None else origin.run_id,
                 save_depth=0 if origin is None else origin.save_depth + 1,
+                **run_identity(org_id=org.org_id, initiating_principal=_initiator_of(org, origin)),
             )
             _admit_first_step(org=org, run=run, entry=entry, snapshot=snapshot, now=now)
     except IntegrityError:
@@ -411,6 +421,7 @@ def flow_run_start(*, org: OrgScope, flow_api_name: str, inputs: dict[str, Any],
                 plan=plan, plan_digest=plan.plan_digest, execution_profile=plan.execution_profile,
                 execution_owner=EXECUTION_OWNER, state=t.RUN_ACCEPTED, trigger_object_name=START_OBJECT,
                 record_key=key, record_version=START_RECORD_VERSION, created_at=now, updated_at=now,
+                **run_identity(org_id=org.org_id),
             )
             _admit_first_step(org=org, run=run, entry=entry, snapshot=snapshot, now=now)
     except IntegrityError:

@@ -22,7 +22,8 @@ from .. import transitions as t
 from ..binding import RuntimeWorkBinding, flow_runtime_binding
 from ..catalog import CatalogMismatch, catalog_current, catalog_seal, catalog_snapshot_from_row
 from ..compiler import CompiledPlan, PlanBounds, compile_flow
-from ..errors import ActivationRejected, PlanMismatch
+from ..authorization import system_identity_refusal
+from ..errors import ActivationRejected, Diagnostic, PlanMismatch
 from ..handlers import engine_support_diagnostics
 from ..models import FlowActivation, FlowDeploymentSource, FlowExecutionPlan, FlowRuntimeMetadataView
 from ..selectors import flow_subflow_payloads
@@ -193,12 +194,17 @@ def flow_activate(*, org: OrgScope, plan: FlowExecutionPlan) -> tuple[FlowActiva
 
     Raises:
         PlanMismatch: ``plan`` belongs to another org.
+        ActivationRejected: the engine cannot run the plan (``engine_unsupported:*``), or the org's access policy
+            does not declare the system identity its steps run as (``flow_system_identity_undeclared``).
         StaleVersion: a concurrent activation moved the previous row.
     """
     if plan.org_id != org.org_id:
         raise PlanMismatch("plan belongs to another org")
     blockers = engine_support_diagnostics(plan.plan_payload, _persisted_snapshot(plan),
                                           flow_subflow_payloads(org_id=org.org_id, payload=plan.plan_payload))
+    undeclared = system_identity_refusal(org_id=org.org_id)
+    if undeclared is not None:  # a system-mode step needs an explicit declared identity (S004-22.6-09)
+        blockers = [*blockers, Diagnostic("flow_system_identity_undeclared", None, undeclared)]
     if blockers:
         raise ActivationRejected(blockers)
     with transaction.atomic():

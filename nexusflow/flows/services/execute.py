@@ -29,6 +29,7 @@ from runtime_outbox.policy import runtime_policy
 from nexusflow.kernel.scope import OrgScope
 
 from .. import policy, reasons
+from ..authorization import FlowAccessDenied, reauthorize_writes, system_identity
 from .. import transitions as t
 from ..compiler import (
     ATOMIC_MAX_WRITES,
@@ -298,6 +299,13 @@ def _apply_writes(claim: StepClaim, run: FlowRun, outcome: Outcome,
     return done
 
 
+def _execution_principal(claim: StepClaim) -> str:
+    """The identity the claimed run's steps act as (``execution_principal``; the system identity if unset)."""
+    principal = (FlowRun.objects.filter(org_id=claim.org_id, pk=claim.run_id)
+                 .values_list("execution_principal", flat=True).first())
+    return principal or system_identity()
+
+
 def _exec_graph(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any]) -> str:
     """Run a compute, read or bounded-mutation step (durable element or Bounded Atomic graph).
 
@@ -319,6 +327,9 @@ def _exec_graph(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, A
                                         resource=[write.object_name, write.record_key])
             if write.op == "update" and locked[(write.object_name, write.record_key)] is None:
                 raise FlowExecutionError("the record to update no longer exists", code="flow_record_missing")
+        if outcome.writes:  # seed 004 section 17.2: every durable step reauthorizes under the policy in force
+            reauthorize_writes(org_id=claim.org_id, principal_id=_execution_principal(claim), writes=outcome.writes,
+                               locked=locked)
         _reserve_history(claim, outcome, locked)
         before_lifecycle_locks(claim)
         run, _step, attempt = _lock_fenced(claim)
@@ -512,6 +523,8 @@ def _record_rollback(claim: StepClaim, exc: BaseException) -> None:
                 metrics = {"discovered": [exc.resource]}
                 if not _discovery_admissible(run, claim, exc.resource):
                     definite, cause = True, reasons.LOCK_PLAN_EXCEEDED
+            elif isinstance(exc, FlowAccessDenied):  # the run ends with the access decision's own reason code
+                cause = reasons.ACCESS_DENIED if exc.code == reasons.ACCESS_DENIED else reasons.PRINCIPAL_DISABLED
             elif isinstance(exc, FlowExecutionError):
                 cause = reasons.STEP_EXECUTION_ERROR
             exhausted = definite or claim.attempt_number >= policy.max_attempts(claim.org_id, claim.plan_id)

@@ -86,7 +86,9 @@ def _child_admit(*, org_id: str, parent: FlowRun, step_id: int, plan: FlowExecut
         execution_owner=EXECUTION_OWNER, state=t.RUN_ACCEPTED, trigger_object_name=START_OBJECT,
         record_key=f"subflow:{int(step_id)}", record_version=START_RECORD_VERSION, parent_run=parent,
         triggered_by_run_id=parent.triggered_by_run_id, save_depth=parent.save_depth,
-        created_at=now, updated_at=now,
+        created_at=now, updated_at=now, principal_mode=parent.principal_mode,
+        execution_principal=parent.execution_principal, initiating_principal=parent.initiating_principal,
+        authorization_digest=parent.authorization_digest,
     )
     snapshot = {
         "record": {"object": None, "record_key": None, "record_version": START_RECORD_VERSION, "fields": {}},
