@@ -8,7 +8,8 @@ An org's access policy is an immutable generation (``records.AccessPolicyGenerat
                                    "fields": {<object>: {<field>: ["read", "edit"]}},
                                    "view_all": [<object>], "modify_all": [<object>]}},
      "sharing": {<object>: "private" | "public_read" | "public_read_write"},
-     "integration_user": "u1", "integration_users": {<account key>: "u2"}}
+     "integration_user": "u1", "integration_users": {<account key>: "u2"},
+     "operators": {<operator login name>: "u1"}}
 
 - object permissions: what a user may do with an object's records at all (``edit`` implies ``read``,
   ``delete`` implies ``edit``, ``create`` implies ``read``); ``view_all`` reads every record of the object,
@@ -22,6 +23,8 @@ An org's access policy is an immutable generation (``records.AccessPolicyGenerat
 - an inactive user, and a user the document does not declare, may do nothing;
 - inbound application of a connector account runs as the account's user in ``integration_users``, else as
   the org's ``integration_user`` (each must be a declared user);
+- an authenticated operator (a Django login) acts on the record REST endpoints as the user ``operators``
+  maps its login name to; an operator the org's policy does not map may do nothing there;
 - a user's ``fields`` are the attributes a Flow running as them reads as ``$User.<attribute>`` (text).
 
 This module is pure (no database): :func:`validate_access_document` builds the canonical document,
@@ -53,7 +56,9 @@ SHARE_LEVELS = (SHARE_READ, SHARE_EDIT, SHARE_NONE)
 #: What an object permission implies (the canonical document stores the closure).
 _OBJECT_IMPLIES = {CREATE: {READ}, READ: set(), EDIT: {READ}, DELETE: {EDIT, READ}}
 _FIELD_IMPLIES = {READ: set(), EDIT: {READ}}
-_DOCUMENT_KEYS = {"users", "permission_sets", "sharing", "integration_user", "integration_users"}
+_DOCUMENT_KEYS = {"users", "permission_sets", "sharing", "integration_user", "integration_users", "operators"}
+#: The longest operator login name (Django's ``User.username``).
+OPERATOR_NAME_MAX = 150
 _USER_KEYS = {"id", "active", "email", "name", "permission_sets", "fields"}
 _SET_KEYS = {"objects", "fields", "view_all", "modify_all"}
 
@@ -63,6 +68,15 @@ class AccessPolicyInvalid(NexusError):
 
     code = "access_policy_invalid"
     http_status = 400
+    definite = True
+
+
+class AccessDenied(NexusError):
+    """The calling user may not do this to the record (object permission, field-level security or record
+    access under the org's access policy); nothing was written (HTTP 403)."""
+
+    code = "access_denied"
+    http_status = 403
     definite = True
 
 
@@ -222,8 +236,21 @@ def validate_access_document(document: Any, *, objects: Mapping[str, Iterable[st
         if user_id not in ids:
             _fail(f"integration_users.{account_key}: {user_id!r} is not a declared user")
         accounts[account_key] = user_id
-    return {"users": users, "permission_sets": sets, "sharing": sharing, "integration_user": integration_user,
-            "integration_users": accounts}
+    raw_operators = document.get("operators", {})
+    if not isinstance(raw_operators, dict):
+        _fail("operators must be an object of operator login name to user id")
+    operators = {}
+    for login, user_id in sorted(raw_operators.items()):
+        if not isinstance(login, str) or not login.strip() or len(login) > OPERATOR_NAME_MAX:
+            _fail(f"operators: {login!r} is not an operator login name (1..{OPERATOR_NAME_MAX} characters)")
+        if user_id not in ids:
+            _fail(f"operators.{login}: {user_id!r} is not a declared user")
+        operators[login] = user_id
+    canonical = {"users": users, "permission_sets": sets, "sharing": sharing, "integration_user": integration_user,
+                 "integration_users": accounts}
+    if operators:  # only when given, so documents without it keep their digest
+        canonical["operators"] = operators
+    return canonical
 
 
 def access_document_digest(org_id: str, canonical: dict) -> str:
@@ -274,6 +301,10 @@ class AccessPolicy:
         """The user inbound application of ``account_key`` runs as: the account's, else the org's, else ``None``."""
         accounts = self.document.get("integration_users") or {}
         return accounts.get(account_key) if account_key in accounts else self.document.get("integration_user")
+
+    def operator_user(self, login: str) -> str | None:
+        """The declared user an authenticated operator (its login name) acts as over REST, or ``None``."""
+        return (self.document.get("operators") or {}).get(login)
 
     def user(self, user_id: str) -> dict | None:
         return next((u for u in self.document["users"] if u["id"] == user_id), None)

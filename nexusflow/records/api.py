@@ -12,6 +12,8 @@ operator's ``org:<id>`` groups, never from the payload or the URL.
 - 404 ``record_not_found``: no live record with this identity in the operator's orgs;
 - 409 ``owner_outbound_pending`` / ``owner_contended`` with ``Retry-After``:
   unfinished or committing Runtime outbound work; retry later;
+- 403 ``access_denied``: the org's access policy refuses the caller the deletion (object permission or record
+  access; :func:`nexusflow.records.edit_api.caller_principal`);
 - 401 ``not_authenticated`` (with ``WWW-Authenticate``); 403 ``permission_denied``: not an operator.
 """
 from __future__ import annotations
@@ -25,7 +27,8 @@ from nexusflow.api_schema import AUTH_ERRORS, DATABASE_ERRORS, error_responses
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.permissions import IsOperator
 
-from .edit_api import RECORD_PATH, RecordUpdateApi
+from .access import AccessDenied
+from .edit_api import RECORD_PATH, RecordUpdateApi, caller_principal
 from .owner import OwnerContended, OwnerWorkPending
 from .selectors import operator_org_for_record
 from .services import RecordNotFound, record_delete_by_key
@@ -41,11 +44,13 @@ class RecordDeleteApi(APIView):
         request=None,
         responses={204: OpenApiResponse(description="deleted"),
                    **error_responses({400: (InvalidIdentity,), 404: (RecordNotFound,),
-                                      409: (OwnerWorkPending, OwnerContended)}, AUTH_ERRORS, DATABASE_ERRORS)},
+                                      409: (OwnerWorkPending, OwnerContended)}, AUTH_ERRORS, DATABASE_ERRORS,
+                                     valid_request={403: (AccessDenied,)})},
     )
     def delete(self, request, object_name: str, record_key: str):
         org = operator_org_for_record(request.user, object_name, record_key)
-        record_delete_by_key(org=org, object_name=object_name, record_key=record_key)
+        record_delete_by_key(org=org, object_name=object_name, record_key=record_key,
+                             principal=caller_principal(request, org))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

@@ -13,7 +13,8 @@ the operator's orgs.
 (``changed`` empty for a no-op).
 
 Errors: 400 ``invalid_request``, ``invalid_identity``, ``unknown_field``, ``invalid_field_value``,
-``org_required``; 403 ``org_not_authorized``; 404 ``unknown_object``, ``record_not_found``;
+``org_required``; 403 ``org_not_authorized``, ``access_denied`` (the org's access policy refuses the caller:
+object permission, field-level security or record access; see :func:`caller_principal`); 404 ``unknown_object``, ``record_not_found``;
 409 + ``Retry-After``: ``owner_contended`` (the record row is held by another transaction now),
 ``owner_outbound_pending``; 503 ``temporarily_unavailable`` with ``Retry-After``; 401 ``not_authenticated``
 (with ``WWW-Authenticate``), 403 ``permission_denied`` for a user who is no operator. The errors are raised
@@ -37,7 +38,8 @@ from .edits import record_edit_create, record_edit_update
 from .metadata import InvalidFieldValue, UnknownField, UnknownObject, current_view
 from .models import Record
 from .owner import OwnerContended, OwnerWorkPending
-from .selectors import operator_org_for_record
+from .access import AccessDenied
+from .selectors import operator_org_for_record, operator_principal
 from .services import RecordNotFound
 
 #: The length of an org id, an object name and a record key (their columns).
@@ -86,6 +88,15 @@ def operator_org_for_live_record(user, object_name: str, record_key: str) -> Org
     return operator_org_for_record(user, object_name, record_key)
 
 
+def caller_principal(request, org: OrgScope):
+    """The access-policy principal the authenticated operator acts as in ``org`` (``None``: no policy).
+
+    The org's access policy maps operator login names to its users (``operators``); an operator it does not
+    map may do nothing (seed 004 section 17: the record REST endpoints enforce the policy for the caller).
+    """
+    return operator_principal(org_id=org.org_id, login=request.user.get_username())
+
+
 class RecordEditOutputSerializer(serializers.Serializer):
     object = serializers.CharField()
     record_key = serializers.CharField()
@@ -108,7 +119,7 @@ def _responses(ok: int, errors: dict, valid_request: dict) -> dict:
     return {ok: RecordEditOutputSerializer, **error_responses(
         {400: (INVALID_REQUEST, InvalidIdentity), 404: (UnknownObject,), 409: (OwnerContended, OwnerWorkPending)},
         errors, JSON_BODY_ERRORS, AUTH_ERRORS, DATABASE_ERRORS,
-        valid_request={400: (UnknownField, InvalidFieldValue, *valid_request.get(400, ()))})}
+        valid_request={400: (UnknownField, InvalidFieldValue, *valid_request.get(400, ())), 403: (AccessDenied,)})}
 
 
 class _EditApi(APIView):
@@ -156,7 +167,8 @@ class RecordCreateApi(_EditApi):
     def post(self, request, object_name: str):
         def call(values):
             org = operator_org_for_create(request.user, values.get("org_id"))
-            return record_edit_create(org=org, object_name=object_name, fields=dict(values["fields"]))
+            return record_edit_create(org=org, object_name=object_name, fields=dict(values["fields"]),
+                                      principal=caller_principal(request, org))
         return self._run(request, call, status.HTTP_201_CREATED)
 
 
@@ -175,5 +187,5 @@ class RecordUpdateApi(_EditApi):
         def call(values):
             org = operator_org_for_live_record(request.user, object_name, record_key)
             return record_edit_update(org=org, object_name=object_name, record_key=record_key,
-                                      fields=dict(values["fields"]))
+                                      fields=dict(values["fields"]), principal=caller_principal(request, org))
         return self._run(request, call, status.HTTP_200_OK)

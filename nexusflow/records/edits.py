@@ -24,6 +24,8 @@ from nexusflow.kernel.scope import OrgScope
 from .metadata import InvalidFieldValue, current_view
 from .models import Record
 from .owner import OwnerContended
+from .access import CREATE, EDIT, AccessDenied, field_access, object_access, record_access
+from .selectors import record_share_in_force
 from .services import RecordNotFound, record_create, record_lock, record_update
 
 #: MariaDB/MySQL deadlock: the transaction was rolled back, nothing was written; retrying can succeed.
@@ -58,8 +60,34 @@ def _check_fields(fields: object) -> dict:
     return fields
 
 
+def _require(decision, what: str) -> None:
+    if not decision.allowed:
+        raise AccessDenied(f"{decision.user_id} may not {what} ({decision.basis})")
+
+
+def _require_fields(principal, object_name: str, fields, op: str) -> None:
+    decision = field_access(principal, object_name, sorted(fields), op)
+    if decision.denied:
+        raise AccessDenied(f"{principal.user_id} may not {op} {object_name} field(s) "
+                           f"{', '.join(sorted(decision.denied))} (field-level security)")
+
+
+def require_record_access(principal, record: Record, op: str) -> None:
+    """Refuse ``op`` (edit / delete) of the locked ``record`` by ``principal`` (object permission, then record
+    access: ownership, shares, the org-wide default, ``modify_all``); ``principal`` ``None`` allows everything.
+
+    Raises:
+        AccessDenied: ``access_denied``.
+    """
+    if principal is None:
+        return
+    share = record_share_in_force(org_id=record.org_id, object_name=record.object_name,
+                                  record_key=record.record_key, user_id=principal.user_id)
+    _require(record_access(principal, record, op, share=share), f"{op} {record.object_name} {record.record_key}")
+
+
 def record_edit_create(*, org: OrgScope, object_name: str, fields: dict[str, str | None],
-                       owner_id: str | None = None) -> EditResult:
+                       owner_id: str | None = None, principal=None) -> EditResult:
     """Create one record of ``object_name`` with ``fields``; its after-save Flows run in the same transaction.
 
     Args:
@@ -67,6 +95,8 @@ def record_edit_create(*, org: OrgScope, object_name: str, fields: dict[str, str
         object_name: an object of the metadata view.
         fields: ``{field name: text or None}`` (at least one).
         owner_id: the calling user, who owns the new record (``None``: no owner).
+        principal: the calling user's access-policy principal (``None``: an org without a policy); it needs the
+            object's ``create`` and field-level ``edit`` on every field given, and owns the new record.
 
     Returns:
         :class:`EditResult` (``created`` ``True``).
@@ -80,6 +110,10 @@ def record_edit_create(*, org: OrgScope, object_name: str, fields: dict[str, str
     """
     current_view().object(object_name)
     fields = _check_fields(fields)
+    if principal is not None:
+        _require(object_access(principal, object_name, CREATE), f"create {object_name} records")
+        _require_fields(principal, object_name, fields, EDIT)
+        owner_id = principal.user_id
     try:
         with transaction.atomic(durable=True):
             record = record_create(org=org, object_name=object_name, values=fields, owner_id=owner_id)
@@ -90,13 +124,16 @@ def record_edit_create(*, org: OrgScope, object_name: str, fields: dict[str, str
 
 
 def record_edit_update(*, org: OrgScope, object_name: str, record_key: str,
-                       fields: dict[str, str | None]) -> EditResult:
+                       fields: dict[str, str | None], principal=None) -> EditResult:
     """Update fields of one live record; when something changed, its after-save Flows run in the same transaction.
 
     Args:
         org: trusted org (from authentication).
         object_name / record_key: the live record.
         fields: ``{field name: text or None}`` (at least one); unchanged values are a no-op.
+        principal: the calling user's access-policy principal (``None``: an org without a policy); decided under
+            the record lock: the object's ``edit``, record access ``edit`` and field-level ``edit`` on every
+            field given.
 
     Returns:
         :class:`EditResult` (``changed`` empty for a no-op).
@@ -119,6 +156,9 @@ def record_edit_update(*, org: OrgScope, object_name: str, record_key: str,
                 record = record_lock(org=org, object_name=object_name, record_key=record_key, nowait=True)
             except Record.DoesNotExist:
                 raise RecordNotFound(f"no live record {object_name}/{record_key}") from None
+            if principal is not None:
+                require_record_access(principal, record, EDIT)
+                _require_fields(principal, object_name, fields, EDIT)
             change = record_update(org=org, record=record, changes=fields)
     except OperationalError as exc:
         raise _contended(exc, f"{object_name}/{record_key}") or exc

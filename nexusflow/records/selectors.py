@@ -73,6 +73,20 @@ def access_principal(*, org_id: str, user_id: str):
     return Principal.unrestricted(user_id) if policy is None else policy.principal(user_id)
 
 
+def operator_principal(*, org_id: str, login: str):
+    """The access-policy principal an authenticated operator (login name) acts as in ``org_id``.
+
+    Returns:
+        ``None`` when the org has no access policy (unrestricted, as before access policies existed); else the
+        :class:`nexusflow.records.access.Principal` of the user the policy's ``operators`` maps ``login`` to,
+        or an undeclared principal (which may do nothing) when it maps none.
+    """
+    policy = access_policy(org_id=org_id)
+    if policy is None:
+        return None
+    return policy.principal(policy.operator_user(login) or f"operator:{login}")
+
+
 def record_share_in_force(*, org_id: str, object_name: str, record_key: str, user_id: str) -> str | None:
     """The access level (``read`` / ``edit``) of the share in force from a record to a user, or ``None``."""
     from .models import RecordShare
