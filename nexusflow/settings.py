@@ -21,7 +21,22 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 
 SECRET_KEY = os.environ.get("NEXUS_SECRET_KEY", "nexusflow-local-development-only")
 DEBUG = os.environ.get("NEXUS_DEBUG", "0") == "1"
-ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver"]
+ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver",
+                 *[h.strip() for h in os.environ.get("NEXUS_ALLOWED_HOSTS", "").split(",") if h.strip()]]
+
+# Production behind a TLS-terminating proxy (README "Production settings"): NEXUS_HTTPS=1 redirects plain HTTP,
+# marks the session and CSRF cookies secure and sends HSTS; the proxy says the original scheme in
+# X-Forwarded-Proto. `manage.py check --deploy --fail-level WARNING` passes with these and a NEXUS_SECRET_KEY.
+if os.environ.get("NEXUS_HTTPS", "0") == "1":
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = int(os.environ.get("NEXUS_HSTS_SECONDS", str(365 * 24 * 3600)))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = os.environ.get("NEXUS_HSTS_INCLUDE_SUBDOMAINS", "1") == "1"
+    SECURE_HSTS_PRELOAD = os.environ.get("NEXUS_HSTS_PRELOAD", "1") == "1"
+    # The health check answers the proxy over plain HTTP on the loopback.
+    SECURE_REDIRECT_EXEMPT = [r"^api/v2/health/$"]
 
 DEFAULT_DB_URL = "mysql://nexus:nexus@127.0.0.1:3306/nexusflow"
 
@@ -80,6 +95,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "nexusflow.kernel.logs.TraceMiddleware",
 ]
 
