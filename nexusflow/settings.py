@@ -139,6 +139,7 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.BasicAuthentication",
         "rest_framework.authentication.SessionAuthentication",
+        "nexusflow.records.tokens.OperatorTokenAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["nexusflow.kernel.permissions.IsOperator"],
     "UNAUTHENTICATED_USER": None,

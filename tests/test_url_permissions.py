@@ -75,7 +75,8 @@ ROUTES = {
 ADMIN_MODELS = (
     "auth.group", "auth.user",
     "django_q.schedule", "django_q.success", "django_q.failure", "django_q.ormq",
-    "records.record", "records.identitytransfer", "records.recordfieldhistory", "records.recordhistorysequence",
+    "records.record", "records.identitytransfer", "records.operatortoken", "records.operatortokenrevocation",
+    "records.recordfieldhistory", "records.recordhistorysequence",
     "records.accesspolicygeneration", "records.recordshare",
     "flows.flowactioncataloggeneration", "flows.flowruntimemetadataview", "flows.flowexecutionplan",
     "flows.flowactivation", "flows.flowrun", "flows.flowstepexecution", "flows.flowstepattempt",

@@ -2,6 +2,7 @@ from django.contrib import admin
 
 from nexusflow.kernel.admin import ReadOnlyAdmin
 
+from . import models
 from .models import (AccessPolicyGeneration, IdentityTransfer, Record, RecordFieldHistory, RecordHistorySequence,
                      RecordShare)
 
@@ -53,3 +54,16 @@ class RecordShareAdmin(ReadOnlyAdmin):
                     "org_id", "created_at")
     list_filter = ("object_name", "access")
     search_fields = ("record_key", "user_id")
+
+
+@admin.register(models.OperatorToken)
+class OperatorTokenAdmin(ReadOnlyAdmin):
+    """Operator API tokens: only their digest is stored (``manage.py operator_tokens``)."""
+
+    list_display = ("id", "user", "name", "issued_by", "created_at")
+    search_fields = ("name",)
+
+
+@admin.register(models.OperatorTokenRevocation)
+class OperatorTokenRevocationAdmin(ReadOnlyAdmin):
+    list_display = ("id", "token", "revoked_by", "reason", "created_at")

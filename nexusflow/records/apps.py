@@ -5,3 +5,6 @@ class RecordsConfig(AppConfig):
     name = "nexusflow.records"
     label = "records"
     verbose_name = "CRM records"
+
+    def ready(self) -> None:
+        from . import token_schema  # noqa: F401  the OpenAPI security scheme of operator tokens

@@ -168,3 +168,30 @@ class RecordShare(GuardedModel):
 
     def __str__(self) -> str:
         return f"{self.object_name}:{self.record_key} -> {self.user_id} {self.access} #{self.sequence}"
+
+
+class OperatorToken(GuardedModel):
+    """One API token of an operator (REST ``Authorization: Bearer <token>``), stored only as its digest.
+
+    Issued by ``manage.py operator_tokens issue`` (the token is printed once and never stored); a token ends
+    with one :class:`OperatorTokenRevocation` (append-only: a token row never changes). Authenticates as its
+    user, who must still be an active staff operator.
+    """
+
+    user = models.ForeignKey("auth.User", on_delete=models.PROTECT, related_name="+")
+    name = models.CharField(max_length=80, help_text="What the token is for (e.g. the client's name).")
+    token_digest = IdentityField(max_length=64, unique=True, help_text="SHA-256 (hex) of the token.")
+    issued_by = models.CharField(max_length=120)
+    created_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"token {self.pk} of {self.user_id}: {self.name}"
+
+
+class OperatorTokenRevocation(GuardedModel):
+    """The end of one OperatorToken (immutable; at most one per token)."""
+
+    token = models.OneToOneField(OperatorToken, on_delete=models.PROTECT, related_name="revocation")
+    revoked_by = models.CharField(max_length=120)
+    reason = models.CharField(max_length=240)
+    created_at = models.DateTimeField()
