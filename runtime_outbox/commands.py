@@ -12,6 +12,8 @@ from typing import Callable
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.metadata import InvalidFieldValue, UnknownField, UnknownObject
+from nexusflow.records.access import AccessDenied
+from nexusflow.records.edits import require_create, require_record_access, require_update
 from nexusflow.records.selectors import access_integration_user
 from nexusflow.records.services import record_create, record_delete, record_lock_owner, record_update
 
@@ -67,9 +69,12 @@ def record_upsert_via_link(org: OrgScope, command: dict) -> tuple[str, dict]:
         # A change envelope carries several field values at once (route "values_field").
         changes.update({app["field_map"][name]: value for name, value in values.items() if name in app["field_map"]})
     link = _link_of(org, command, app)
+    principal = _integration_principal(org, command)
     try:
         if link is None:
             # Inbound application runs as the account's declared integration user: it owns what it creates.
+            if principal is not None:
+                require_create(principal, object_name, changes)
             record = record_create(org=org, object_name=object_name, values=changes,
                                    owner_id=access_integration_user(org_id=org.org_id,
                                                                     account_key=command["account_key"]))
@@ -83,12 +88,28 @@ def record_upsert_via_link(org: OrgScope, command: dict) -> tuple[str, dict]:
         record = record_lock_owner(org=org, object_name=link.source_object, record_key=link.source_record_key)
         if record.is_deleted:  # deleted here or by an earlier removal of the provider's record
             return "noop", {"record_key": record.record_key, "reason": "record_deleted"}
+        if principal is not None:
+            require_update(principal, record, changes)
         change = record_update(org=org, record=record, changes=changes)
-    except (UnknownObject, UnknownField, InvalidFieldValue) as exc:
+    except (UnknownObject, UnknownField, InvalidFieldValue, AccessDenied) as exc:
         return "rejected", {"reason": exc.code, "detail": str(exc)}
     if not change.changed_fields:
         return "noop", {"record_key": record.record_key, "reason": "no_change"}
     return "applied", {"record_key": record.record_key, "created": False, "changed": sorted(change.changed_fields)}
+
+
+def _integration_principal(org: OrgScope, command: dict):
+    """The access-policy principal inbound application of the command's account runs as (``None``: no policy).
+
+    The policy's ``integration_users[account]``, else its ``integration_user``; a policy that declares
+    neither lets inbound application do nothing (seed 004 section 17: the integration user decides).
+    """
+    from nexusflow.records.selectors import access_policy
+
+    policy = access_policy(org_id=org.org_id)
+    if policy is None:
+        return None
+    return policy.principal(policy.integration_user(command["account_key"]) or "integration:undeclared")
 
 
 def _link_of(org: OrgScope, command: dict, app: dict):
@@ -113,6 +134,12 @@ def _delete_via_link(org: OrgScope, command: dict, app: dict) -> tuple[str, dict
     record = record_lock_owner(org=org, object_name=link.source_object, record_key=link.source_record_key)
     if record.is_deleted:
         return "noop", {"record_key": record.record_key, "reason": "record_deleted"}
+    principal = _integration_principal(org, command)
+    if principal is not None:
+        try:
+            require_record_access(principal, record, "delete")
+        except AccessDenied as exc:
+            return "rejected", {"reason": exc.code, "detail": str(exc)}
     record_delete(org=org, record=record)
     return "applied", {"record_key": record.record_key, "deleted": True}
 

@@ -86,6 +86,28 @@ def require_record_access(principal, record: Record, op: str) -> None:
     _require(record_access(principal, record, op, share=share), f"{op} {record.object_name} {record.record_key}")
 
 
+def require_create(principal, object_name: str, fields) -> None:
+    """Refuse creating an ``object_name`` record with ``fields`` as ``principal`` (object ``create``, field ``edit``).
+
+    Raises:
+        AccessDenied: ``access_denied``.
+    """
+    _require(object_access(principal, object_name, CREATE), f"create {object_name} records")
+    if fields:
+        _require_fields(principal, object_name, fields, EDIT)
+
+
+def require_update(principal, record: Record, fields) -> None:
+    """Refuse changing ``fields`` of the locked ``record`` as ``principal`` (record access ``edit``, field ``edit``).
+
+    Raises:
+        AccessDenied: ``access_denied``.
+    """
+    require_record_access(principal, record, EDIT)
+    if fields:
+        _require_fields(principal, record.object_name, fields, EDIT)
+
+
 def record_edit_create(*, org: OrgScope, object_name: str, fields: dict[str, str | None],
                        owner_id: str | None = None, principal=None) -> EditResult:
     """Create one record of ``object_name`` with ``fields``; its after-save Flows run in the same transaction.
@@ -111,8 +133,7 @@ def record_edit_create(*, org: OrgScope, object_name: str, fields: dict[str, str
     current_view().object(object_name)
     fields = _check_fields(fields)
     if principal is not None:
-        _require(object_access(principal, object_name, CREATE), f"create {object_name} records")
-        _require_fields(principal, object_name, fields, EDIT)
+        require_create(principal, object_name, fields)
         owner_id = principal.user_id
     try:
         with transaction.atomic(durable=True):
@@ -157,8 +178,7 @@ def record_edit_update(*, org: OrgScope, object_name: str, record_key: str,
             except Record.DoesNotExist:
                 raise RecordNotFound(f"no live record {object_name}/{record_key}") from None
             if principal is not None:
-                require_record_access(principal, record, EDIT)
-                _require_fields(principal, object_name, fields, EDIT)
+                require_update(principal, record, fields)
             change = record_update(org=org, record=record, changes=fields)
     except OperationalError as exc:
         raise _contended(exc, f"{object_name}/{record_key}") or exc

@@ -128,3 +128,30 @@ def test_an_org_without_an_access_policy_stays_unrestricted(operator):
     record = _bobs_contact()
     assert _patch(operator, record, lastname="Anyone").status_code == 200
     assert _create(operator, email="free@example.com").status_code == 201
+
+
+# --- inbound application runs as the account's integration user -----------------------------------------------
+def test_inbound_application_runs_as_the_integration_user_and_a_refused_change_is_recorded_not_lost(
+        client, billing_sandbox):
+    from connectors.models import Receipt
+    from runtime_outbox.models import ApplicationResult
+    from tests.conftest import drain, hubspot_event, make_serving_org, post_signed
+
+    make_serving_org(billing_sandbox.base_url, deploy_flow=False)
+    document = _policy(edit_fields=("email", "firstname", "lastname", "account_id"))  # lifecyclestage read-only
+    document["users"].append({"id": "u-sync", "active": True, "email": "", "name": "Sync",
+                              "permission_sets": ["sales"], "fields": {}})
+    document["integration_user"] = "u-sync"
+    _publish(document)
+    assert post_signed(client, [hubspot_event(1, 901, 1000), hubspot_event(2, 901, 1001, "email", "i@example.com")]
+                       ).status_code == 202
+    drain()
+    [record] = Record.objects.filter(org_id=ORG, object_name=OBJECT)
+    assert record.fields["email"] == "i@example.com" and record.owner_id == "u-sync"
+    assert post_signed(client, [hubspot_event(3, 901, 1002, "lifecyclestage", "customer")]).status_code == 202
+    drain()
+    record.refresh_from_db()
+    assert "lifecyclestage" not in record.fields  # the integration user may not edit it
+    refused = [r for r in ApplicationResult.objects.filter(org_id=ORG) if r.outcome == "rejected"]
+    assert len(refused) == 1 and refused[0].result["reason"] == "access_denied"
+    assert Receipt.objects.filter(org_id=ORG).count() == 2  # both deliveries stay accepted
