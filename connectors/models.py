@@ -833,5 +833,6 @@ class ServingPublicationBarrierSet(GuardedModel):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["org_id", "attempt_key", "epoch"],
-                                               name="publication_barrier_set_uniq")]
+        # An aborted (released) set is never reopened: the attempt's next activation writes a new set, so
+        # sets are not unique per attempt and epoch; ``open_key`` keeps one nonreleased set per org.
+        indexes = [models.Index(fields=["org_id", "attempt_key", "epoch"], name="publication_barrier_set_idx")]

@@ -22,6 +22,7 @@ rerunning ``activate`` resumes from what is durable. Nothing here waits on elaps
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from django.db import transaction
@@ -30,6 +31,7 @@ from connectors.models import AccountServingGate, ServingEpoch, ServingPublicati
 from connectors.serving.epoch import EpochVerificationFailed, epoch_recheck_for_activation
 from connectors.serving.publication import (
     Holding,
+    PublicationBarrierHeld,
     barrier_acquire,
     barrier_commit,
     barrier_hold,
@@ -45,9 +47,12 @@ from nexusflow.kernel import failpoints
 from nexusflow.kernel.scope import OrgScope
 
 from . import decision as decisions
-from .models import CutoverReadinessCertificate, V1RestorePoint, V1ShutdownCertificate
+from .models import CutoverDecision, CutoverReadinessCertificate, V1RestorePoint, V1ShutdownCertificate
+from .store import CutoverDecisionStore
 from .services import CutoverRefused, activate_locked
 from .v1_shutdown import attempt_certificate
+
+log = logging.getLogger(__name__)
 
 FP_AFTER_HELD = failpoints.declare("cutover.activate.after_held")
 FP_BEFORE_DECISION = failpoints.declare("cutover.activate.before_decision")
@@ -147,6 +152,50 @@ def _reopen_configuration(org: OrgScope, attempt_key: str) -> None:
                 set_fields={"fence_token": barrier.fence_token + 1, "attempt_key": attempt_key})
 
 
+def urgent_revocation_abort(*, org_id: str, actor: str) -> None:
+    """Abort the org's open first-activation attempt before an urgent credential revocation (seed 003).
+
+    Under the attempt's CutoverDecision row lock (control database): while it is ``rollback_open`` the barrier
+    set is taken over (one holder-fenced takeover) and released ``urgent_revocation``; the activation still
+    running cannot win the decision afterwards (:func:`_still_held`). Nothing happens when no set is open.
+
+    Raises:
+        PublicationBarrierHeld: activation won the decision (``activating_v2``/``v2_committed``), or the open
+            set has no first-activation decision: the revocation applies after the release.
+    """
+    org = OrgScope(org_id)
+    current = open_barrier_set(org_id=org_id)
+    if current is None:
+        return
+    with transaction.atomic(using="control", durable=True):
+        try:
+            decision = CutoverDecisionStore.lock_where(org_id, attempt_key=current.attempt_key)
+        except CutoverDecision.DoesNotExist:
+            raise PublicationBarrierHeld(f"an activation of org {org_id} holds the publication barriers; revoke "
+                                         "after its release") from None
+        if decision.state != "rollback_open":
+            raise PublicationBarrierHeld(f"attempt {current.attempt_key} won activation ({decision.state}); the "
+                                         "revocation applies after its release: run it again then")
+        holding = barrier_acquire(org=org, attempt_key=current.attempt_key, epoch=current.epoch)
+        barrier_release(org=org, holding=holding, reason="urgent_revocation")
+    log.warning("urgent revocation by %s aborted activation attempt %s", actor, current.attempt_key,
+                extra={"org_id": org_id})
+
+
+def _still_held(org: OrgScope, attempt_key: str, holding) -> None:
+    """Refuse to win the decision unless this coordinator still holds its barrier set (``held``, its fence).
+
+    Raises:
+        ActivationAborted: the set was released (an urgent credential revocation aborted the attempt) or
+            taken over; nothing is activated and the decision stays ``rollback_open``.
+    """
+    current = ServingPublicationBarrierSet.objects.get(org_id=org.org_id, pk=holding.set_id)
+    if current.state != "held" or current.holder_fence != holding.fence:
+        raise ActivationAborted(f"attempt {attempt_key}: the publication barriers are {current.state} "
+                                f"({current.release_reason or 'taken over'}); nothing activated, run cutover "
+                                "activate again")
+
+
 def activation_release_after_restore(*, org: OrgScope, attempt_key: str, holding: Holding | None = None) -> bool:
     """Release the attempt's open publication barrier set once a RestoreAttempt won its decision.
 
@@ -226,7 +275,8 @@ def cutover_activate(*, org: OrgScope, attempt_key: str) -> ActivateReport:
                                     "released, nothing activated: " + "; ".join(problems))
         failpoints.hit(FP_BEFORE_DECISION)
         try:
-            decision = decisions.begin_activation(org.org_id, attempt_key)
+            decision = decisions.begin_activation(org.org_id, attempt_key,
+                                                  guard=lambda: _still_held(org, attempt_key, holding))
         except decisions.DecisionLost as exc:
             _release_for_restore(org, attempt_key, holding, exc.state)
         failpoints.hit(FP_AFTER_DECISION)

@@ -12,3 +12,9 @@ class CutoverConfig(AppConfig):
         from .restore import v1_start_refusals
 
         register_v1_start_check(v1_start_refusals)
+
+        from connectors.serving.credential_gates import register_urgent_revocation_abort
+
+        from .activate import urgent_revocation_abort
+
+        register_urgent_revocation_abort(urgent_revocation_abort)

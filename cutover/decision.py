@@ -67,7 +67,8 @@ def decision_open(*, org_id: str, attempt_key: str, epoch_id: int | None, epoch_
                                            epoch_id=epoch_id, epoch_digest=epoch_digest)
 
 
-def _move(org_id: str, attempt_key: str, src: str, dst: str, done: tuple[str, ...]) -> CutoverDecision:
+def _move(org_id: str, attempt_key: str, src: str, dst: str, done: tuple[str, ...],
+          guard=None) -> CutoverDecision:
     with transaction.atomic(using="control", durable=True):
         try:
             locked = CutoverDecisionStore.lock_where(org_id, attempt_key=attempt_key)
@@ -80,12 +81,17 @@ def _move(org_id: str, attempt_key: str, src: str, dst: str, done: tuple[str, ..
         if locked.state != src:
             raise DecisionLost(f"attempt {attempt_key}: the cutover decision is {locked.state}; {dst} cannot win it",
                                state=locked.state)
+        if guard is not None:  # under the decision row lock: an urgent abort either happened or waits for us
+            guard()
         CutoverDecisionStore.transition(org_id=org_id, pk=locked.pk, src=src, dst=dst, version=locked.version)
     return CutoverDecision.objects.get(org_id=org_id, pk=locked.pk)
 
 
-def begin_activation(org_id: str, attempt_key: str) -> CutoverDecision:
+def begin_activation(org_id: str, attempt_key: str, *, guard=None) -> CutoverDecision:
     """Win ``rollback_open -> activating_v2`` for the attempt (idempotent once activation won).
+
+    ``guard``: called under the decision's row lock just before the CAS; it raises to win nothing (the
+    activation checks that its publication barriers are still held: an urgent revocation may have aborted it).
 
     Returns:
         The decision, ``activating_v2`` or ``v2_committed``.
@@ -97,7 +103,7 @@ def begin_activation(org_id: str, attempt_key: str) -> CutoverDecision:
 
     Seed 003 "Offline V1 shutdown ...", step 8; proofs S003-RP-45, S003-RP-49.
     """
-    return _move(org_id, attempt_key, "rollback_open", "activating_v2", ("activating_v2", "v2_committed"))
+    return _move(org_id, attempt_key, "rollback_open", "activating_v2", ("activating_v2", "v2_committed"), guard)
 
 
 def commit_activation(org_id: str, attempt_key: str) -> CutoverDecision:

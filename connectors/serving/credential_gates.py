@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Callable
 
 from django.db import transaction
 
 from nexusflow.kernel import failpoints, locks
 from nexusflow.kernel.errors import NexusError
+from nexusflow.kernel.ports import Port
 from nexusflow.kernel.retry import retry_deadlock_victim
 
 from connectors import reasons
@@ -67,6 +69,38 @@ def _gate_of(org_id: str, credential_generation_id: int) -> CredentialGeneration
         raise CredentialGateError(f"no credential generation {credential_generation_id} in org {org_id}",
                                   code="credential_generation_unknown")
     return CredentialDispatchGateStore.lock_where(org_id, credential_generation_id=credential_generation_id)
+
+
+#: The cutover app's abort of an open first activation before an urgent revocation (seed 003 "Generation and
+#: replay"): ``abort(org_id=..., actor=...)``; raises PublicationBarrierHeld once activation won its decision.
+_URGENT_ABORT: Port[Callable[..., None]] = Port("urgent revocation abort", provider="cutover")
+
+
+def register_urgent_revocation_abort(abort: Callable[..., None]) -> None:
+    """The cutover app registers the abort :func:`credential_revoke_urgent` runs first (in ``ready()``)."""
+    _URGENT_ABORT.register(abort)
+
+
+def credential_revoke_urgent(*, org_id: str, credential_generation_id: int, actor: str, note: str = "") -> GateChange:
+    """Revoke now, aborting an activation attempt that holds the org's publication barriers while it may.
+
+    While a first activation's CutoverDecision is ``rollback_open`` the attempt is aborted: its barrier set is
+    taken over and released (``urgent_revocation``), the decision stays open (activate again later), and the
+    revocation applies. Once activation won (``activating_v2``) nothing is aborted: the revocation is refused
+    ``publication_barrier_held`` and applies after the activation's release (run it again). Never bypasses
+    the barrier's fence.
+
+    Raises:
+        PublicationBarrierHeld: activation already won, or another attempt acquired the barriers meanwhile.
+        CredentialGateError: see :func:`credential_revoke`.
+
+    Seed 003 "Generation and replay" (urgent credential revocation); proof S003-RP-47.
+    """
+    if not actor.strip():
+        raise CredentialGateError("revocation is an operator action: name the actor",
+                                  code="credential_revoke_unauthorized")
+    _URGENT_ABORT.get()(org_id=org_id, actor=actor.strip())
+    return credential_revoke(org_id=org_id, credential_generation_id=credential_generation_id, actor=actor, note=note)
 
 
 @retry_deadlock_victim

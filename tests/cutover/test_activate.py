@@ -45,7 +45,7 @@ from connectors.serving.publication import (
 )
 from cutover import activate as activation
 from cutover.activate import BOUNDARIES, cutover_activate
-from cutover.decision import DecisionLost, begin_restore, decision_of
+from cutover.decision import DecisionLost, begin_activation, begin_restore, decision_of
 from cutover.models import CutoverEvidence, OrderingBaseline
 from cutover.restore_point import restore_point_capture, restore_point_record
 from cutover.services import CutoverRefused
@@ -147,7 +147,7 @@ def _assert_all_or_nothing() -> str:
 def _assert_activated() -> None:
     assert _assert_all_or_nothing() == "serving"
     assert decision_of(ORG, ATTEMPT).state == "v2_committed"
-    [barrier] = ServingPublicationBarrierSet.objects.filter(org_id=ORG)
+    barrier = ServingPublicationBarrierSet.objects.filter(org_id=ORG).order_by("-id").first()  # the last try's
     assert barrier.state == "released" and barrier.open_key is None and barrier.release_reason == "activation_readback"
     assert barrier.receipts["epoch"] == {"id": int(_candidate().pk), "digest": _candidate().digest}
 
@@ -249,6 +249,45 @@ def test_publication_is_refused_while_the_barriers_are_held_and_admitted_after_r
     cutover_activate(org=validated, attempt_key=ATTEMPT)  # the takeover activates under the same set
     _assert_activated()
     assert credential_revoke(org_id=ORG, credential_generation_id=credential.pk, actor="ops").changed
+
+
+def test_an_urgent_revocation_aborts_an_open_activation_and_the_aborted_coordinator_wins_nothing(validated):
+    """S003-RP-47: while the decision is rollback_open an urgent revocation takes the barrier set over, releases
+    it and revokes; the coordinator it aborted can no longer win the decision; activation runs again later."""
+    epoch = _candidate()
+    holding = barrier_acquire(org=validated, attempt_key=ATTEMPT, epoch=epoch)
+    barrier_hold(org=validated, holding=holding, receipts=owner_receipts(org=validated, epoch=epoch))
+    credential = CredentialGeneration.objects.filter(org_id=ORG).first()
+    urgent = run_manage(["connector_credential_revoke", "--org", ORG, "--generation", str(credential.pk),
+                         "--actor", "security", "--urgent"], subprocess_env())
+    assert urgent.returncode == 0, urgent.stderr
+    gate = CredentialGenerationDispatchGate.objects.get(credential_generation_id=credential.pk)
+    [aborted] = ServingPublicationBarrierSet.objects.filter(org_id=ORG)
+    assert gate.state == "revoked" and (aborted.state, aborted.release_reason) == ("released", "urgent_revocation")
+    with pytest.raises(activation.ActivationAborted):
+        begin_activation(ORG, ATTEMPT, guard=lambda: activation._still_held(validated, ATTEMPT, holding))
+    assert decision_of(ORG, ATTEMPT).state == "rollback_open" and _assert_all_or_nothing() == "offline"
+    cutover_activate(org=validated, attempt_key=ATTEMPT)  # a new set, the revocation already in its receipts
+    _assert_activated()
+
+
+def test_an_urgent_revocation_waits_once_activation_won_the_decision(validated):
+    """S003-RP-47: after activating_v2 won, the urgent revocation aborts nothing and is refused until release."""
+    epoch = _candidate()
+    holding = barrier_acquire(org=validated, attempt_key=ATTEMPT, epoch=epoch)
+    barrier_hold(org=validated, holding=holding, receipts=owner_receipts(org=validated, epoch=epoch))
+    begin_activation(ORG, ATTEMPT, guard=lambda: activation._still_held(validated, ATTEMPT, holding))
+    credential = CredentialGeneration.objects.filter(org_id=ORG).first()
+    refused = run_manage(["connector_credential_revoke", "--org", ORG, "--generation", str(credential.pk),
+                          "--actor", "security", "--urgent"], subprocess_env())
+    assert refused.returncode == 1 and "publication_barrier_held" in refused.stderr
+    assert CredentialGenerationDispatchGate.objects.get(credential_generation_id=credential.pk).state == "enabled"
+    assert ServingPublicationBarrierSet.objects.get(org_id=ORG).state == "held"
+    cutover_activate(org=validated, attempt_key=ATTEMPT)  # activation finishes, then the revocation applies
+    _assert_activated()
+    again = run_manage(["connector_credential_revoke", "--org", ORG, "--generation", str(credential.pk),
+                        "--actor", "security", "--urgent"], subprocess_env())
+    assert again.returncode == 0, again.stderr
 
 
 class ConfigurationCount:
