@@ -110,6 +110,8 @@ class FlowCheckpointAdmin(ReadOnlyAdmin):
 class FlowDependencyAdmin(ReadOnlyAdmin):
     list_display = ("id", "org_id", "run", "step", "producer_kind", "dependency_key", "state", "reason_code",
                     "reason_class", "deadline", "expiry_policy", "resolved_at")
+    list_filter = ("state", "reason_code", ReasonClassFilter, "producer_kind")
+    search_fields = ("dependency_key",)
     exclude = ("condition", "resolution")
 
     def get_readonly_fields(self, request, obj=None):
@@ -132,8 +134,6 @@ def _projected(value) -> str:
     from .redaction import support_projection
 
     return json.dumps(support_projection(value), indent=2, sort_keys=True, ensure_ascii=False)
-    list_filter = ("state", "reason_code", ReasonClassFilter, "producer_kind")
-    search_fields = ("dependency_key",)
 
 
 @admin.register(FlowWakeSignal)

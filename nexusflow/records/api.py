@@ -29,6 +29,7 @@ from nexusflow.kernel.permissions import IsOperator
 
 from .access import AccessDenied
 from .edit_api import RECORD_PATH, RecordUpdateApi, caller_principal
+from .edits import require_record_access
 from .owner import OwnerContended, OwnerWorkPending
 from .selectors import operator_org_for_record
 from .services import RecordNotFound, record_delete_by_key
@@ -49,8 +50,10 @@ class RecordDeleteApi(APIView):
     )
     def delete(self, request, object_name: str, record_key: str):
         org = operator_org_for_record(request.user, object_name, record_key)
+        principal = caller_principal(request, org)
         record_delete_by_key(org=org, object_name=object_name, record_key=record_key,
-                             principal=caller_principal(request, org))
+                             authorize=None if principal is None
+                             else (lambda record: require_record_access(principal, record, "delete")))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

@@ -303,7 +303,7 @@ def record_delete(*, org: OrgScope, record: Record) -> Record:
     return deleted
 
 
-def record_delete_by_key(*, org: OrgScope, object_name: str, record_key: str, principal=None) -> Record:
+def record_delete_by_key(*, org: OrgScope, object_name: str, record_key: str, authorize=None) -> Record:
     """Delete one live record in its own transaction: lock, before-delete hooks, soft delete.
 
     The operations entry point (REST ``DELETE /api/v2/records/<object>/<key>/``
@@ -313,9 +313,8 @@ def record_delete_by_key(*, org: OrgScope, object_name: str, record_key: str, pr
     Args:
         org: the trusted org (from authentication, never from a payload).
         object_name / record_key: the record's canonical identity (byte-exact).
-        principal: the calling user's access-policy principal (``None``: an org without a policy); decided
-            under the record lock: the object's ``delete`` and record access ``delete``
-            (:class:`nexusflow.records.access.AccessDenied`, 403 ``access_denied``).
+        authorize: called with the locked record before anything is written; raises to refuse (the REST
+            endpoint's access decision, :class:`nexusflow.records.access.AccessDenied`, 403 ``access_denied``).
 
     Returns:
         The deleted record (``is_deleted`` true).
@@ -333,10 +332,8 @@ def record_delete_by_key(*, org: OrgScope, object_name: str, record_key: str, pr
             record = record_lock(org=org, object_name=object_name, record_key=record_key)
         except Record.DoesNotExist:
             raise RecordNotFound(f"no live {object_name} record {record_key!r}") from None
-        if principal is not None:
-            from .edits import require_record_access
-
-            require_record_access(principal, record, "delete")
+        if authorize is not None:
+            authorize(record)
         deleted = record_delete(org=org, record=record)
         failpoints.hit(FP_DELETE_BEFORE_COMMIT)
         return deleted

@@ -6,22 +6,12 @@ Each runs through the command itself: its own databases, the billing sandbox pro
 ``packs/demo/cutover_journeys.py``); the tests read the JSON report: every check, the demo's summary fields
 and the seconds of each phase.
 """
-import json
-
 import pytest
 
-from tests.conftest import ROOT, run_manage, subprocess_env
+from tests.conftest import ROOT
+from tests.e2e.cutover_journey_support import run_cutover_journey
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
-
-
-def _run(name: str, *extra: str) -> dict:
-    result = run_manage(["journeys", "run", name, "--json", *extra], subprocess_env(), timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report["journey"] == name and report["ok"] is True
-    assert report["checks"] and all(check["ok"] for check in report["checks"]), report["checks"]
-    return report
 
 
 def test_cutover_v1_to_v2_keeps_source_order_answers_retryably_and_creates_one_remote_record_per_contact(tmp_path):
@@ -29,7 +19,7 @@ def test_cutover_v1_to_v2_keeps_source_order_answers_retryably_and_creates_one_r
     lines = (ROOT / "packs" / "hubspot" / "fixtures" / "demo_webhooks.jsonl").read_text().splitlines()
     events = tmp_path / "deliveries.jsonl"
     events.write_text("\n".join(lines[:45]) + "\n")
-    report = _run("cutover-v1-to-v2", "--events", str(events))
+    report = run_cutover_journey("cutover-v1-to-v2", "--events", str(events))
     summary, phases = report["provider"]["summary"], report["provider"]["phase_seconds"]
     assert summary["deliveries"] > 0 and summary["duplicate_remote_creates"] == 0 and summary["nonterminal"] == 0
     assert summary["answered_retryably"] > 0 and summary["tombstone_answers"] > 0
@@ -40,19 +30,3 @@ def test_cutover_v1_to_v2_keeps_source_order_answers_retryably_and_creates_one_r
             "redeliveries of V1-accepted batches are answered from their tombstones",
             "the V1 push link was adopted at certify (V2 PATCHes the same customer)",
             "at most one remote customer per contact"} <= checks
-
-
-def test_cutover_restore_brings_the_v1_point_back_and_v1_serves_again():
-    report = _run("cutover-restore")
-    assert "full_restore" in report["provider"]["phase_seconds"]
-    checks = {check["check"] for check in report["checks"]}
-    assert {"the candidate's table is gone", "V1 events, cursors and transport keys are the point's",
-            "a V1-accepted batch is answered from V1 idempotency ('redelivered')",
-            "new deliveries are accepted by the new V1 generation"} <= checks
-
-
-def test_cutover_abort_a_budget_breach_at_remeasure_returns_to_v1_serving():
-    report = _run("cutover-abort")
-    checks = {check["check"] for check in report["checks"]}
-    assert {"halt-v1 reports the budget breach", "every gate is back in v1_serving",
-            "every gate has a new fence"} <= checks
