@@ -147,10 +147,13 @@ def _stop_v1_worker(h: Harness) -> None:
                      if not (name.startswith("worker-v1-") and proc.poll() is not None)]
 
 
-def _v1_serves(h: Harness) -> None:
-    """V1 as far as the shutdown certificate: halt, drain (V1 finishes its accepted work), stop, certify."""
+def _to_v2_validating(h: Harness, *, while_halted=None) -> None:
+    """The procedure from ``halt-v1`` to ``validate``: halt (then ``while_halted()``, e.g. deliveries that keep
+    arriving), drain (V1 finishes its accepted work), stop, certify, restore-point, validate."""
     with phase(h, "halt_v1"):
         cutover(h, "halt-v1")
+    if while_halted is not None:
+        while_halted()
     with phase(h, "drain"):
         cutover(h, "drain", retry_on=3)
     with phase(h, "stop"):
@@ -214,26 +217,18 @@ def story_v1_to_v2(h: Harness) -> None:
         seeded = (contact.record_key, _seed_v1_link(h, contact.record_key, "legacy@example.test"))
     with phase(h, "preflight"):
         cutover(h, "preflight", "--plan", str(h.write_file("cutover_plan.json", plan_document())))
-    with phase(h, "halt_v1"):
-        cutover(h, "halt-v1")
-    during = _send(h, middle, v1_url, retry=False)  # deliveries keep arriving while the cutover runs
-    # Bad input stays a definite 4xx (a bad signature, a malformed body) and a batch V1 accepted before is
-    # answered 200 'redelivered'; everything else is refused retryably: nothing new is accepted while V1 halts.
-    fresh = [r for r in during if r.status != 200 and not 400 <= r.status < 500]
-    h.check("deliveries during the cutover are answered 503 with Retry-After (retryable, nothing accepted)",
-            bool(fresh) and all(r.status == 503 and r.retry_after for r in fresh)
-            and not any(r.status == 202 for r in during), f"statuses {sorted({r.status for r in during})}")
-    with phase(h, "drain"):
-        cutover(h, "drain", retry_on=3)
-    with phase(h, "stop"):
-        cutover(h, "stop", "--wait-seconds", "30")
-        _stop_v1_worker(h)
-    with phase(h, "certify"):
-        cutover(h, "certify")
-    with phase(h, "restore_point"):
-        cutover(h, "restore-point", "--backup-dir", str(h.run_dir / "restore_points"))
-    with phase(h, "validate"):
-        cutover(h, "validate")
+    during: list = []
+
+    def arriving() -> None:  # deliveries keep arriving while the cutover runs
+        during.extend(_send(h, middle, v1_url, retry=False))
+        # Bad input stays a definite 4xx (a bad signature, a malformed body) and a batch V1 accepted before is
+        # answered 200 'redelivered'; everything else is refused retryably: nothing new is accepted while halted.
+        fresh = [r for r in during if r.status != 200 and not 400 <= r.status < 500]
+        h.check("deliveries during the cutover are answered 503 with Retry-After (retryable, nothing accepted)",
+                bool(fresh) and all(r.status == 503 and r.retry_after for r in fresh)
+                and not any(r.status == 202 for r in during), f"statuses {sorted({r.status for r in during})}")
+
+    _to_v2_validating(h, while_halted=arriving)
     with phase(h, "activate"):
         cutover(h, "activate")
     h.manage("flow_deploy", "--org", org, *[str(ROOT / f) for f in service["flows"]])
@@ -338,7 +333,7 @@ def story_restore(h: Harness) -> None:
         h.wait_until("V1 applied every accepted event", _v1_idle, timeout=120)
     with phase(h, "preflight"):
         cutover(h, "preflight", "--plan", str(h.write_file("cutover_plan.json", plan_document())))
-    _v1_serves(h)
+    _to_v2_validating(h)
 
     def facts() -> dict:
         return {model.__name__: sorted(model.objects.filter(org_id=org).values_list("pk", flat=True))

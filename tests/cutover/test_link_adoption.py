@@ -113,6 +113,16 @@ def legacy(certified, client, billing_sandbox):  # noqa: F811
     return out
 
 
+def _activate(tmp_path) -> None:
+    """The rest of the cutover: certify (the adoption), restore point, validate, activate."""
+    org = OrgScope(ORG)
+    cutover_certify(org=org, attempt_key=ATTEMPT)
+    capture = restore_point_capture(org=org, attempt_key=ATTEMPT, backup_dir=tmp_path)
+    restore_point_record(org=org, capture=capture, rehearsal={"proven_by": "tests/cutover/test_restore_point.py"})
+    cutover_validate(org=org, attempt_key=ATTEMPT)
+    cutover_activate(org=org, attempt_key=ATTEMPT)
+
+
 def test_certify_adopts_only_the_provable_v1_link_and_lists_every_refusal_with_its_reason(legacy):
     report = cutover_certify(org=OrgScope(ORG), attempt_key=ATTEMPT)
     [link] = RemoteLink.objects.filter(org_id=ORG, action_type="PushToConnector")
@@ -134,12 +144,7 @@ def test_certify_adopts_only_the_provable_v1_link_and_lists_every_refusal_with_i
 def test_after_activation_the_adopted_link_patches_and_no_ambiguous_record_is_created(legacy, tmp_path,
                                                                                        billing_sandbox):
     """The evidence of item 5: each ambiguous record gets no link and no create; the adopted one PATCHes."""
-    org = OrgScope(ORG)
-    cutover_certify(org=org, attempt_key=ATTEMPT)
-    capture = restore_point_capture(org=org, attempt_key=ATTEMPT, backup_dir=tmp_path)
-    restore_point_record(org=org, capture=capture, rehearsal={"proven_by": "tests/cutover/test_restore_point.py"})
-    cutover_validate(org=org, attempt_key=ATTEMPT)
-    cutover_activate(org=org, attempt_key=ATTEMPT)
+    _activate(tmp_path)
     before = {c["id"]: c for c in billing_sandbox.state()["customers"]}
     for case, (key, _remote) in legacy.items():
         author(key, f"push-{case}", lastname="After")
@@ -164,12 +169,7 @@ def test_after_activation_the_adopted_link_patches_and_no_ambiguous_record_is_cr
 
 def test_an_operator_adopts_a_refused_record_and_its_next_save_patches_the_proven_remote(legacy, tmp_path,
                                                                                         billing_sandbox):
-    org = OrgScope(ORG)
-    cutover_certify(org=org, attempt_key=ATTEMPT)
-    capture = restore_point_capture(org=org, attempt_key=ATTEMPT, backup_dir=tmp_path)
-    restore_point_record(org=org, capture=capture, rehearsal={"proven_by": "tests/cutover/test_restore_point.py"})
-    cutover_validate(org=org, attempt_key=ATTEMPT)
-    cutover_activate(org=org, attempt_key=ATTEMPT)
+    _activate(tmp_path)
     key, remote = legacy["provenance_missing"]
     bad = run_manage(["push_links", "adopt", "--org", ORG, "--contract", CONTRACT, "--record", key,
                       "--remote-id", remote, "--actor", "ops", "--reason", ""], subprocess_env())

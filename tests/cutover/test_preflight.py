@@ -38,22 +38,10 @@ ROUTE = "crm-webhooks/contacts.webhook"
 
 
 def full_plan() -> dict:
-    """A complete L2 plan for the test configuration (one pushed, order-dependent route)."""
-    return {
-        "plan_version": 1,
-        "budgets_seconds": {phase: 3600 for phase in PHASES},
-        "throughput": {"barrier_close_seconds_per_barrier": 2, "drain_events_per_second": 1,
-                       "provider_calls_per_second": 1, "baseline_partitions_per_second": 100,
-                       "backup_bytes_per_second": 64 * 1024 * 1024, "restore_bytes_per_second": 32 * 1024 * 1024,
-                       "validation_seconds_per_account": 30, "readback_seconds_per_gate": 1},
-        "safety_percent": 200,
-        "routes": {ROUTE: {"disposition": "v1_high_water"}},
-        "halt_contracts": {"ingress": {ROUTE: "unacknowledged_retry"},
-                           "root_outbound": {"owner": "crm-app-owners", "contract": "retryable_reject"},
-                           "configuration": {"owner": "integration-admins", "contract": "frozen_generation"}},
-        "alert_owners": {code: {"alert_owner": "integrations-oncall", "remediation_owner": "integrations-team"}
-                         for code in cutover_reason_codes()},
-    }
+    """A complete L2 plan for the test configuration (one pushed, order-dependent route): the demo service's."""
+    from packs.demo.cutover_journeys import plan_document
+
+    return plan_document()
 
 
 @pytest.fixture

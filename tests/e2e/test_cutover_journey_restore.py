@@ -1,11 +1,5 @@
-"""The V1 -> V2 cutover journeys end to end (issue 21 item 7): ``manage.py journeys run cutover-...``.
-
-Each runs through the command itself: its own databases, the billing sandbox process, gunicorn, the V2
-``run_workers`` processes and a V1 worker (``run_workers --role v1``), signed webhooks over HTTP and the real
-``manage.py cutover`` phases. The journeys' checks read the databases and the provider (see
-``packs/demo/cutover_journeys.py``); the tests read the JSON report: every check, the demo's summary fields
-and the seconds of each phase.
-"""
+"""The cutover-restore journey (issue 21 item 7): a failed candidate, cutover restore, V1 serves again
+(packs/demo/cutover_journeys.py); the test reads the journey's JSON report."""
 import pytest
 
 from tests.e2e.cutover_journey_support import run_cutover_journey
