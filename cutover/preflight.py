@@ -531,12 +531,34 @@ def certificate_digest(document_bytes: bytes) -> str:
     return digest_v2("cutover.readiness-certificate", [("document", document_bytes)]).hexdigest
 
 
-def cutover_preflight(*, org: OrgScope, attempt_key: str, plan: Any) -> PreflightReport:
+def _rehearsal_blockers(org: OrgScope, attempt_key: str, digest: str, projections: dict) -> list[dict]:
+    from .restore_point import representative_rehearsal
+
+    result = representative_rehearsal()
+    _evidence(org, attempt_key, "preflight_rehearsal", digest, {"attempt_key": attempt_key, **result})
+    if not result["ok"]:
+        return [{"reason_code": reasons.RESTORE_POINT_REHEARSAL_FAILED, "subject": "restore_rehearsal",
+                 "detail": f"the representative restore rehearsal failed: {result['detail']}"}]
+    budget = projections["restore_rehearsal"]["budget_seconds"]
+    if result["seconds"]["total"] > budget:
+        return [{"reason_code": reasons.CUTOVER_BUDGET_EXCEEDED, "subject": "restore_rehearsal",
+                 "detail": f"the representative restore rehearsal took {result['seconds']['total']}s, over the "
+                           f"plan's {budget}s"}]
+    return []
+
+
+def cutover_preflight(*, org: OrgScope, attempt_key: str, plan: Any, rehearse: bool = False) -> PreflightReport:
     """Measure, project and certify one cutover attempt of ``org`` before maintenance.
 
     Args:
         attempt_key: the service cutover attempt (canonical key, at most 80 characters).
         plan: the parsed L2 plan (:func:`validate_plan` gives its shape).
+        rehearse: also run a representative restore rehearsal of the live main database
+            (:func:`cutover.restore_point.representative_rehearsal`) before a new certificate is written; a
+            failed rehearsal (``restore_point_rehearsal_failed``) or one slower than the plan's
+            ``restore_rehearsal`` budget (``cutover_budget_exceeded``) refuses it. The measurement is one
+            ``preflight_rehearsal`` evidence row (not in the certificate, whose bytes stay a function of the
+            inputs).
 
     Returns:
         :class:`PreflightReport` of the certificate; ``created`` is False when the same
@@ -561,11 +583,13 @@ def cutover_preflight(*, org: OrgScope, attempt_key: str, plan: Any) -> Prefligh
     document, blockers, projections = _certificate_document(org=org, attempt_key=attempt_key, plan=plan)
     data = canonical_json.dumps(document)
     digest = certificate_digest(data)
+    existing = CutoverReadinessCertificate.objects.filter(org_id=org.org_id, attempt_key=attempt_key).first()
+    if rehearse and not blockers and existing is None:
+        blockers = _rehearsal_blockers(org, attempt_key, digest, projections)
     if blockers:
         _evidence(org, attempt_key, "preflight_refusal", digest,
                   {"attempt_key": attempt_key, "input_digest": digest, "blockers": blockers})
         raise ReadinessRefused(blockers)
-    existing = CutoverReadinessCertificate.objects.filter(org_id=org.org_id, attempt_key=attempt_key).first()
     created = False
     if existing is None:
         try:

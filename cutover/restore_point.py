@@ -605,3 +605,43 @@ def cutover_restore_point(*, org: OrgScope, attempt_key: str, backup_dir: str | 
     rehearsal = restore_point_rehearse(org=org, capture=capture)
     point = restore_point_record(org=org, capture=capture, rehearsal=rehearsal)
     return _report(point, already=False)
+
+
+def representative_rehearsal() -> dict:
+    """A restore rehearsal of the live main database as it is now (``cutover preflight --rehearse``).
+
+    Dumps the main database (``mariadb-dump --single-transaction``, a consistent snapshot while V1 serves),
+    restores it into a separate ``mariadbd`` on its own data directory and port, recomputes every table's
+    rows and digest from the restored copy and removes the server: the measured figure the plan's
+    ``restore_rehearsal`` budget is checked against before maintenance (the certified restore point of
+    ``cutover restore-point`` is rehearsed again on its own).
+
+    Returns:
+        ``{"ok": bool, "detail": str, "seconds": {"dump", "install", "start", "restore", "verify", "total"},
+        "bytes": int, "tables": int, "server_version": str}``.
+    """
+    main = next(db for db in _databases() if db["alias"] == "default")
+    began = time.monotonic()
+    workdir = Path(tempfile.mkdtemp(prefix="nexusflow-preflight-rehearsal-"))
+    out: dict = {"ok": False, "detail": "", "seconds": {}, "bytes": 0, "tables": 0, "server_version": ""}
+    try:
+        target = workdir / "default.sql"
+        _dump(main, target)
+        out["bytes"] = target.stat().st_size
+        dumped = time.monotonic()
+        with rehearsal_server() as server:
+            t0 = time.monotonic()
+            _restore(server, {"name": main["name"], "file": target.name}, target)
+            t1 = time.monotonic()
+            restored = _facts(server, schema=main["name"], org_id=None)
+            out.update(tables=len(restored["tables"]), server_version=server["version"])
+            out["seconds"] = {"dump": round(dumped - began, 3), **server["seconds"], "restore": round(t1 - t0, 3),
+                              "verify": round(time.monotonic() - t1, 3)}
+        out["ok"] = out["tables"] > 0
+        out["detail"] = "" if out["ok"] else "the restored copy holds no table"
+    except (OSError, subprocess.SubprocessError, MySQLdb.Error) as exc:
+        out["detail"] = str(exc)[:500]
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    out["seconds"]["total"] = round(time.monotonic() - began, 3)
+    return out

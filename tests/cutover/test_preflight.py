@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import sys
 
 import pytest
 
@@ -259,3 +261,28 @@ def test_cutover_preflight_and_status_commands_as_a_new_operator_would(v1_org, t
     assert report["phase"] == "v1_serving" and report["certificate"]["attempt_key"] == "a2"
     assert CutoverEvidence.objects.filter(kind="preflight_refusal").count() == 1
     assert epoch_prepare(org=v1_org).state == "verified"
+
+
+# --- the representative restore rehearsal (issue 21 item 2) ------------------------------------------------------
+def test_preflight_rehearse_restores_the_live_database_on_its_own_server_and_records_the_measurement(v1_org,
+                                                                                                   tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(full_plan()))
+    done = run_manage(["cutover", "preflight", "--org", ORG, "--attempt", "rehearsed", "--plan", str(plan),
+                       "--rehearse"], subprocess_env(), timeout=300)
+    assert done.returncode == 0, done.stderr
+    [measured] = CutoverEvidence.objects.filter(org_id=ORG, attempt_key="rehearsed", kind="preflight_rehearsal")
+    assert measured.payload["ok"] is True and measured.payload["tables"] > 10 and measured.payload["bytes"] > 0
+    assert {"dump", "install", "start", "restore", "verify", "total"} <= set(measured.payload["seconds"])
+    assert CutoverReadinessCertificate.objects.filter(org_id=ORG, attempt_key="rehearsed").exists()
+
+
+def test_preflight_rehearse_refuses_when_the_rehearsal_cannot_run_and_certifies_nothing(v1_org, tmp_path):
+    """A real failure: the MariaDB client tools are not on the PATH of the process, so the dump fails."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(full_plan()))
+    env = subprocess_env(PATH=os.path.dirname(sys.executable))  # the virtualenv's python, no MariaDB tools
+    done = run_manage(["cutover", "preflight", "--org", ORG, "--attempt", "unrehearsable", "--plan", str(plan),
+                       "--rehearse"], env, timeout=300)
+    assert done.returncode == 3 and "restore_point_rehearsal_failed" in done.stderr, done.stderr
+    assert not CutoverReadinessCertificate.objects.filter(org_id=ORG, attempt_key="unrehearsable").exists()

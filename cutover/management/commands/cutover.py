@@ -2,8 +2,9 @@
 
 - ``greenfield``: a fresh install with no V1 activates its first ServingEpoch;
 - ``v1-install``: a fresh V1 install (every gate ``v1_serving``, served by ``run_workers --role v1``);
-- ``preflight --attempt KEY --plan FILE``: certify a V1 -> V2 attempt before maintenance
-  (one immutable CutoverReadinessCertificate), or refuse it with reason-coded blockers;
+- ``preflight --attempt KEY --plan FILE [--rehearse]``: certify a V1 -> V2 attempt before maintenance
+  (one immutable CutoverReadinessCertificate), or refuse it with reason-coded blockers; ``--rehearse`` also
+  runs a representative restore rehearsal of the live main database on a separate ``mariadbd``;
 - ``halt-v1 --attempt KEY``: close the V1 maintenance barriers, move every gate to ``halting_v1``
   under the attempt's certificate and remeasure; a breach reopens the barriers and aborts to
   ``v1_serving`` (exit 3);
@@ -89,6 +90,10 @@ class Command(BaseCommand):
                             help="status, drain, stop, reconcile, certify, restore-point, validate, activate, restore, "
                                  "cold-abort: print "
                                  "the report as JSON.")
+        parser.add_argument("--rehearse", action="store_true",
+                            help="preflight: also run a representative restore rehearsal of the live main database "
+                                 "on a separate mariadbd (its time is checked against the plan's restore_rehearsal "
+                                 "budget).")
         parser.add_argument("--backup-dir", help="restore-point: where the dump files and manifest go "
                                                  "(default settings.NEXUS_BACKUP_DIR, var/restore_points/).")
         parser.add_argument("--wait-seconds", type=float, default=DEFAULT_WAIT_SECONDS,
@@ -114,7 +119,7 @@ class Command(BaseCommand):
                                   f"stream cursors: {', '.join(report.cursors) or 'none'}; new rows: {report.created}")
                 return
             if procedure == "preflight":
-                self._preflight(scope, attempt, plan)
+                self._preflight(scope, attempt, plan, options.get("rehearse", False))
                 return
             if procedure == "halt-v1":
                 self._halt(scope, attempt)
@@ -157,7 +162,7 @@ class Command(BaseCommand):
         self.stdout.write(f"epoch {report.epoch_id} {state} ({report.epoch_digest[:16]}); "
                           f"accounts: {', '.join(report.accounts)}; decision: {report.decision}")
 
-    def _preflight(self, org: OrgScope, attempt: str | None, plan_path: str | None) -> None:
+    def _preflight(self, org: OrgScope, attempt: str | None, plan_path: str | None, rehearse: bool = False) -> None:
         if not attempt or not plan_path:
             raise CommandError("missing_argument: preflight needs --attempt KEY and --plan FILE",
                                returncode=EXIT_BAD_INPUT)
@@ -168,7 +173,7 @@ class Command(BaseCommand):
         except ValueError as exc:
             raise CommandError(f"cutover_plan_invalid: {plan_path} is not JSON: {exc}",
                                returncode=EXIT_BAD_INPUT) from exc
-        report = cutover_preflight(org=org, attempt_key=attempt, plan=plan)
+        report = cutover_preflight(org=org, attempt_key=attempt, plan=plan, rehearse=rehearse)
         verb = "certified" if report.created else "already certified (identical inputs)"
         self.stdout.write(f"attempt {report.attempt_key} {verb}: certificate {report.certificate_id} "
                           f"digest {report.digest}; epoch {report.epoch_id}")
