@@ -215,8 +215,8 @@ def story_v1_to_v2(h: Harness) -> None:
     contact = Record.objects.filter(org_id=org, object_name="Contact", is_deleted=False).order_by("record_key").first()
     if contact is not None:
         seeded = (contact.record_key, _seed_v1_link(h, contact.record_key, "legacy@example.test"))
-    with phase(h, "preflight"):
-        cutover(h, "preflight", "--plan", str(h.write_file("cutover_plan.json", plan_document())))
+    with phase(h, "preflight"):  # with a representative restore rehearsal of the live database
+        cutover(h, "preflight", "--plan", str(h.write_file("cutover_plan.json", plan_document())), "--rehearse")
     during: list = []
 
     def arriving() -> None:  # deliveries keep arriving while the cutover runs
