@@ -74,8 +74,22 @@ def _next_command(org_id: str, phase: str, certificate, refusal, open_v1: dict) 
         if decision is not None and (decision.state != "v2_committed" or open_barrier_set(org_id=org_id)):
             return (f"manage.py cutover activate --org {org_id} --attempt {attempt} (activation committed locally: "
                     "finish the readback, v2_committed and the barrier release)")
-        return "none: V2 serves every account"
+        live = live_v2_workers()
+        if not live:
+            return ("manage.py run_workers --role all (start V2: the gates serve V2, but no live V2 worker process "
+                    "is registered)")
+        return f"none: V2 serves every account ({len(live)} live V2 worker process(es))"
     return f"manage.py cutover greenfield --org {org_id} (resumes a greenfield walk)"
+
+
+def live_v2_workers() -> list[str]:
+    """``worker_id`` of every registered V2 worker process not proven gone (a V1 generation is not one)."""
+    from connectors.models import WorkerProcess
+    from connectors.workers import holder_termination_proof
+
+    rows = (WorkerProcess.objects.filter(terminated_at__isnull=True).exclude(role__startswith="v1")
+            .exclude(role__contains="+v1").order_by("id").values_list("worker_id", flat=True))
+    return [worker_id for worker_id in rows if holder_termination_proof(worker_id) is None]
 
 
 def cutover_status(*, org: OrgScope) -> dict:

@@ -160,7 +160,12 @@ def test_activate_commits_every_gate_and_the_epoch_at_once_then_releases_the_bar
     assert cutover_activate(org=validated, attempt_key=ATTEMPT).already
     assert ServingPublicationBarrierSet.objects.filter(org_id=ORG).count() == 1
     status = cutover_status(org=validated)
-    assert status["phase"] == "v2_serving" and status["next_command"].startswith("none")
+    assert status["phase"] == "v2_serving"  # the gates serve V2; starting V2 is running its worker processes
+    assert status["next_command"].startswith("manage.py run_workers --role all (start V2")
+    from nexusflow.kernel.workers import worker_process_register
+
+    worker_process_register("connector")  # this process, alive, as a V2 worker
+    assert cutover_status(org=validated)["next_command"].startswith("none: V2 serves every account (1 live")
     assert post_signed(client, [hubspot_event(20, 888, 6000)]).status_code == 202  # V2 admits now
 
 

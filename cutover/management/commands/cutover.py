@@ -219,7 +219,8 @@ class Command(BaseCommand):
             report = cutover_activate(org=org, attempt_key=attempt)
             text = (f"attempt {attempt} {'already ' if report.already else ''}activated: epoch {report.epoch_id} "
                     f"{report.epoch_digest[:16]} active; gates v2_serving: {', '.join(report.gates)}; decision "
-                    f"{report.decision}; publication barriers released")
+                    f"{report.decision}; publication barriers released; V2 serves through the running V2 workers "
+                    "(start them with run_workers --role all if none runs; cutover status says)")
         elif procedure == "cold-abort":
             report = cutover_cold_abort(org=org, attempt_key=attempt)
             text = (f"attempt {attempt} {'already ' if report.already else ''}cold-aborted: gates v1_serving: "
