@@ -16,8 +16,8 @@ Never a session cookie, token or password.
 (``flow_system_identity_undeclared``) unless the policy declares the system identity as an active user: a
 system-mode step never runs as an identity nobody declared.
 
-**Reauthorization** (proofs S004-22.6-07, S004-22.6-08): every step that writes records decides its writes
-again, under the access policy in force when the step runs (not the one the run was admitted under), as the
+**Reauthorization** (proofs S004-22.6-07, S004-22.6-08): every step that reads or writes records decides its
+reads (the object's ``read`` for each object a Get Records or relationship path read) and writes again, under the access policy in force when the step runs (not the one the run was admitted under), as the
 run's execution principal: object permission (create / edit / delete), field-level security (edit on every
 field written) and record access (edit / delete of each locked record: ownership, shares, the org-wide
 default, or ``modify_all``). A principal the policy no longer declares or marks inactive fails the step
@@ -70,12 +70,15 @@ def system_identity_refusal(*, org_id: str) -> str | None:
             "it as an active user with the permission sets its Flows need")
 
 
-def reauthorize_writes(*, org_id: str, principal_id: str, writes: list, locked: dict[tuple[str, str], Any]) -> str:
-    """Decide a step's record ``writes`` again as ``principal_id`` under the policy in force now.
+def reauthorize_step(*, org_id: str, principal_id: str, writes: list, locked: dict[tuple[str, str], Any],
+                     objects_read: set[str] = frozenset()) -> str:
+    """Decide a step's record reads and ``writes`` again as ``principal_id`` under the policy in force now.
 
     Args:
         writes: the step outcome's writes (``op``, ``object_name``, ``record_key``, ``values``).
         locked: the step's locked business records by ``(object, record key)``.
+        objects_read: the objects the step read records of (Get Records, relationship paths): each needs the
+            object's ``read``.
 
     Returns:
         The authorization-context digest the decision was made under (``""`` unrestricted).
@@ -83,7 +86,7 @@ def reauthorize_writes(*, org_id: str, principal_id: str, writes: list, locked: 
     Raises:
         FlowAccessDenied: ``flow_principal_disabled`` or ``flow_access_denied`` (see the module docstring).
     """
-    from nexusflow.records.access import CREATE, DELETE, EDIT, field_access, object_access, record_access
+    from nexusflow.records.access import CREATE, DELETE, EDIT, READ, field_access, object_access, record_access
     from nexusflow.records.selectors import access_principal, record_share_in_force
 
     principal = access_principal(org_id=org_id, user_id=principal_id)
@@ -92,6 +95,10 @@ def reauthorize_writes(*, org_id: str, principal_id: str, writes: list, locked: 
     if not (principal.known and principal.active):
         raise FlowAccessDenied(f"the run's principal {principal_id!r} is no longer an active user of the access "
                                "policy in force", code="flow_principal_disabled")
+    for object_name in sorted(objects_read):
+        decision = object_access(principal, object_name, READ)
+        if not decision.allowed:
+            raise FlowAccessDenied(f"{principal_id} may not read {object_name} records ({decision.basis})")
     for write in writes:
         op = {"update": EDIT, "delete": DELETE, "create": CREATE}[write.op]
         decision = object_access(principal, write.object_name, op)

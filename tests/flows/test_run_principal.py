@@ -154,3 +154,25 @@ def test_a_share_granting_record_access_lets_the_next_step_write(org, waiting, d
                      access="edit", authored_by="ops", reason="the flow maintains it")
     _resume(db_clock_advance)
     assert _run_of(org, waiting).state == t.RUN_SUCCEEDED and _lastname(waiting) == "marked"
+
+
+def test_a_step_that_reads_an_object_the_principal_may_not_read_is_refused(org):
+    """S004-22.6-08, reads: a step's Get Records is reauthorized too (the object's read), not only its writes."""
+    document = _policy()
+    document["permission_sets"]["flows"]["objects"]["Account"] = []  # no permission on Account at all
+    _publish(org, document, "accounts are off limits")
+    source = fx.flow(fx.lookup("Find_Accounts", "Mark", obj="Account"),
+                     ef._update_record("Mark", None, "lastname", "<stringValue>marked</stringValue>"),
+                     start=fx.start("Find_Accounts", trigger="RecordAfterSave", filters=ef.STAGE_FILTER),
+                     profile="DurableOrchestration")
+    flow_deploy(org=org, source=source, flow_api_name="Read_Accounts")
+    record = save_record(org, {"lifecyclestage": "customer", "email": "r@example.com", "lastname": "Before"})
+    run_until_idle()
+    run = _run_of(org, record)
+    assert (run.state, run.reason_code) == (t.RUN_TERMINAL_FAILED, "flow_access_denied")
+    assert _lastname(record) == "Before"
+    document["permission_sets"]["flows"]["objects"]["Account"] = ["read"]
+    _publish(org, document, "accounts readable")
+    other = save_record(org, {"lifecyclestage": "customer", "email": "s@example.com", "lastname": "Before"})
+    run_until_idle()
+    assert _run_of(org, other).state == t.RUN_SUCCEEDED and _lastname(other) == "marked"

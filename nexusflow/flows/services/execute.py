@@ -29,7 +29,7 @@ from runtime_outbox.policy import runtime_policy
 from nexusflow.kernel.scope import OrgScope
 
 from .. import policy, reasons
-from ..authorization import FlowAccessDenied, reauthorize_writes, system_identity
+from ..authorization import FlowAccessDenied, reauthorize_step, system_identity
 from .. import transitions as t
 from ..compiler import (
     ATOMIC_MAX_WRITES,
@@ -135,6 +135,8 @@ class _CurrentReader:
 
     def __init__(self, org_id: str):
         self.org_id = org_id
+        #: The objects this step read records of (reauthorized before the step commits, seed 004 section 17.2).
+        self.objects_read: set[str] = set()
 
     def related(self, object_name: str, relationship: str, record: dict[str, Any]) -> dict[str, Any] | None:
         """The live record ``record``'s lookup behind ``relationship`` names (``None``: empty or gone).
@@ -146,6 +148,7 @@ class _CurrentReader:
         from nexusflow.records.models import Record
 
         field, target = relationship_field(current_view(), object_name, relationship)
+        self.objects_read.add(target)
         key = record.get(field)
         if not key:
             return None
@@ -166,6 +169,7 @@ class _CurrentReader:
         from nexusflow.records.models import Record
 
         out: list[dict[str, Any]] = []
+        self.objects_read.add(object_name)
         rows = Record.objects.filter(org_id=self.org_id, object_name=object_name, is_deleted=False)
         after = None
         while True:
@@ -327,9 +331,9 @@ def _exec_graph(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, A
                                         resource=[write.object_name, write.record_key])
             if write.op == "update" and locked[(write.object_name, write.record_key)] is None:
                 raise FlowExecutionError("the record to update no longer exists", code="flow_record_missing")
-        if outcome.writes:  # seed 004 section 17.2: every durable step reauthorizes under the policy in force
-            reauthorize_writes(org_id=claim.org_id, principal_id=_execution_principal(claim), writes=outcome.writes,
-                               locked=locked)
+        if outcome.writes or reader.objects_read:  # seed 004 section 17.2: reauthorized under the policy in force
+            reauthorize_step(org_id=claim.org_id, principal_id=_execution_principal(claim), writes=outcome.writes,
+                             locked=locked, objects_read=reader.objects_read)
         _reserve_history(claim, outcome, locked)
         before_lifecycle_locks(claim)
         run, _step, attempt = _lock_fenced(claim)
