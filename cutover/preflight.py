@@ -531,10 +531,7 @@ def certificate_digest(document_bytes: bytes) -> str:
     return digest_v2("cutover.readiness-certificate", [("document", document_bytes)]).hexdigest
 
 
-def _rehearsal_blockers(org: OrgScope, attempt_key: str, digest: str, projections: dict) -> list[dict]:
-    from .restore_point import representative_rehearsal
-
-    result = representative_rehearsal()
+def _rehearsal_blockers(org: OrgScope, attempt_key: str, digest: str, projections: dict, result: dict) -> list[dict]:
     _evidence(org, attempt_key, "preflight_rehearsal", digest, {"attempt_key": attempt_key, **result})
     if not result["ok"]:
         return [{"reason_code": reasons.RESTORE_POINT_REHEARSAL_FAILED, "subject": "restore_rehearsal",
@@ -547,14 +544,15 @@ def _rehearsal_blockers(org: OrgScope, attempt_key: str, digest: str, projection
     return []
 
 
-def cutover_preflight(*, org: OrgScope, attempt_key: str, plan: Any, rehearse: bool = False) -> PreflightReport:
+def cutover_preflight(*, org: OrgScope, attempt_key: str, plan: Any, rehearse=None) -> PreflightReport:
     """Measure, project and certify one cutover attempt of ``org`` before maintenance.
 
     Args:
         attempt_key: the service cutover attempt (canonical key, at most 80 characters).
         plan: the parsed L2 plan (:func:`validate_plan` gives its shape).
-        rehearse: also run a representative restore rehearsal of the live main database
-            (:func:`cutover.restore_point.representative_rehearsal`) before a new certificate is written; a
+        rehearse: ``None``, or the representative restore rehearsal to run before a new certificate is written
+            (``cutover preflight --rehearse`` passes :func:`cutover.restore_point.representative_rehearsal`,
+            a restore of the live main database on its own server, returning its result dict); a
             failed rehearsal (``restore_point_rehearsal_failed``) or one slower than the plan's
             ``restore_rehearsal`` budget (``cutover_budget_exceeded``) refuses it. The measurement is one
             ``preflight_rehearsal`` evidence row (not in the certificate, whose bytes stay a function of the
@@ -584,8 +582,8 @@ def cutover_preflight(*, org: OrgScope, attempt_key: str, plan: Any, rehearse: b
     data = canonical_json.dumps(document)
     digest = certificate_digest(data)
     existing = CutoverReadinessCertificate.objects.filter(org_id=org.org_id, attempt_key=attempt_key).first()
-    if rehearse and not blockers and existing is None:
-        blockers = _rehearsal_blockers(org, attempt_key, digest, projections)
+    if rehearse is not None and not blockers and existing is None:
+        blockers = _rehearsal_blockers(org, attempt_key, digest, projections, rehearse())
     if blockers:
         _evidence(org, attempt_key, "preflight_refusal", digest,
                   {"attempt_key": attempt_key, "input_digest": digest, "blockers": blockers})

@@ -51,7 +51,7 @@ from cutover.halt import HaltAborted, cutover_halt_abort, cutover_halt_v1
 from cutover.preflight import CutoverPlanInvalid, ReadinessRefused, cutover_preflight
 from cutover.reconcile import ReconciliationInvalid, cutover_reconcile
 from cutover.restore import cutover_cold_abort, cutover_restore
-from cutover.restore_point import cutover_restore_point
+from cutover.restore_point import cutover_restore_point, representative_rehearsal
 from cutover.services import cutover_greenfield
 from cutover.status import cutover_status
 from cutover.stop import DEFAULT_WAIT_SECONDS, cutover_stop
@@ -173,7 +173,8 @@ class Command(BaseCommand):
         except ValueError as exc:
             raise CommandError(f"cutover_plan_invalid: {plan_path} is not JSON: {exc}",
                                returncode=EXIT_BAD_INPUT) from exc
-        report = cutover_preflight(org=org, attempt_key=attempt, plan=plan, rehearse=rehearse)
+        report = cutover_preflight(org=org, attempt_key=attempt, plan=plan,
+                                   rehearse=representative_rehearsal if rehearse else None)
         verb = "certified" if report.created else "already certified (identical inputs)"
         self.stdout.write(f"attempt {report.attempt_key} {verb}: certificate {report.certificate_id} "
                           f"digest {report.digest}; epoch {report.epoch_id}")
