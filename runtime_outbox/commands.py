@@ -12,7 +12,7 @@ from typing import Callable
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.metadata import InvalidFieldValue, UnknownField, UnknownObject
-from nexusflow.records.access import AccessDenied
+from nexusflow.records.access import AccessDenied, acting_as
 from nexusflow.records.edits import require_create, require_record_access, require_update
 from nexusflow.records.selectors import access_integration_user
 from nexusflow.records.services import record_create, record_delete, record_lock_owner, record_update
@@ -75,9 +75,10 @@ def record_upsert_via_link(org: OrgScope, command: dict) -> tuple[str, dict]:
             # Inbound application runs as the account's declared integration user: it owns what it creates.
             if principal is not None:
                 require_create(principal, object_name, changes)
-            record = record_create(org=org, object_name=object_name, values=changes,
-                                   owner_id=access_integration_user(org_id=org.org_id,
-                                                                    account_key=command["account_key"]))
+            with acting_as(principal.user_id if principal is not None else None):
+                record = record_create(org=org, object_name=object_name, values=changes,
+                                       owner_id=access_integration_user(org_id=org.org_id,
+                                                                        account_key=command["account_key"]))
             inbound_link_create(org_id=org.org_id, owner_key=command["owner_key"], route_key=command["route_key"],
                                 destination_slot_id=app["destination_slot_id"], source_object=object_name,
                                 source_record_key=record.record_key, remote_scope=command.get("remote_scope") or command["account_key"],
@@ -90,7 +91,8 @@ def record_upsert_via_link(org: OrgScope, command: dict) -> tuple[str, dict]:
             return "noop", {"record_key": record.record_key, "reason": "record_deleted"}
         if principal is not None:
             require_update(principal, record, changes)
-        change = record_update(org=org, record=record, changes=changes)
+        with acting_as(principal.user_id if principal is not None else None):
+            change = record_update(org=org, record=record, changes=changes)
     except (UnknownObject, UnknownField, InvalidFieldValue, AccessDenied) as exc:
         return "rejected", {"reason": exc.code, "detail": str(exc)}
     if not change.changed_fields:

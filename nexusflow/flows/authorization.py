@@ -5,8 +5,9 @@ A run stores, at admission (:func:`run_identity`):
 - ``principal_mode``: ``system`` (record-triggered and scheduled Flows run in system context);
 - ``execution_principal``: the declared system identity the run acts as (the access policy's user
   ``automated_process``; :data:`nexusflow.records.authority.AUTOMATED_PROCESS_USER`);
-- ``initiating_principal``: who caused the run, when known (the run whose own save admitted it passes its
-  initiator on; an outside save: empty);
+- ``initiating_principal``: who caused the run, when known: the policy user a save was made for
+  (:data:`nexusflow.records.access.ACTING_PRINCIPAL`: an operator over REST, an account's integration user);
+  the run whose own save admitted it passes its initiator on; otherwise empty;
 - ``authorization_digest``: the digest of the access-policy generation in force at admission (``""``: the org
   has no access policy and is unrestricted).
 

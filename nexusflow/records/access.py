@@ -36,6 +36,9 @@ which a Flow run can pin (seed 004 section 17.1).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 from dataclasses import dataclass, field as dataclass_field
 from typing import Any, Iterable, Mapping
 
@@ -69,6 +72,23 @@ class AccessPolicyInvalid(NexusError):
     code = "access_policy_invalid"
     http_status = 400
     definite = True
+
+
+#: The policy user a save is made for while it runs (an operator over REST, an account's integration user):
+#: the runs it admits record it as their initiating principal (seed 004 section 17.1). ``None``: unknown.
+ACTING_PRINCIPAL: contextvars.ContextVar[str | None] = contextvars.ContextVar("records_acting_principal",
+                                                                             default=None)
+
+
+@contextlib.contextmanager
+def acting_as(user_id: str | None):
+    """Record ``user_id`` as who the saves inside the block are made for (nothing when ``None``)."""
+    token = ACTING_PRINCIPAL.set(user_id) if user_id else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            ACTING_PRINCIPAL.reset(token)
 
 
 class AccessDenied(NexusError):

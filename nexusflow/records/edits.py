@@ -24,7 +24,7 @@ from nexusflow.kernel.scope import OrgScope
 from .metadata import InvalidFieldValue, current_view
 from .models import Record
 from .owner import OwnerContended
-from .access import CREATE, EDIT, AccessDenied, field_access, object_access, record_access
+from .access import CREATE, EDIT, AccessDenied, acting_as, field_access, object_access, record_access
 from .selectors import record_share_in_force
 from .services import RecordNotFound, record_create, record_lock, record_update
 
@@ -136,7 +136,7 @@ def record_edit_create(*, org: OrgScope, object_name: str, fields: dict[str, str
         require_create(principal, object_name, fields)
         owner_id = principal.user_id
     try:
-        with transaction.atomic(durable=True):
+        with transaction.atomic(durable=True), acting_as(principal.user_id if principal is not None else None):
             record = record_create(org=org, object_name=object_name, values=fields, owner_id=owner_id)
     except OperationalError as exc:
         raise _contended(exc, f"a new {object_name}") or exc
@@ -179,7 +179,8 @@ def record_edit_update(*, org: OrgScope, object_name: str, record_key: str,
                 raise RecordNotFound(f"no live record {object_name}/{record_key}") from None
             if principal is not None:
                 require_update(principal, record, fields)
-            change = record_update(org=org, record=record, changes=fields)
+            with acting_as(principal.user_id if principal is not None else None):
+                change = record_update(org=org, record=record, changes=fields)
     except OperationalError as exc:
         raise _contended(exc, f"{object_name}/{record_key}") or exc
     return EditResult(object_name, record.record_key, record.version, dict(record.fields),

@@ -176,3 +176,25 @@ def test_a_step_that_reads_an_object_the_principal_may_not_read_is_refused(org):
     other = save_record(org, {"lifecyclestage": "customer", "email": "s@example.com", "lastname": "Before"})
     run_until_idle()
     assert _run_of(org, other).state == t.RUN_SUCCEEDED and _lastname(other) == "marked"
+
+
+def test_a_run_records_who_caused_it_an_operator_s_policy_user_and_a_flow_s_own_write_passes_it_on(org):
+    """S004-22.6-09 (17.1): the run stores its initiating principal: the policy user an operator's REST edit was
+    made for; a run admitted by another run's own write inherits it."""
+    from nexusflow.records.edits import record_edit_create
+    from nexusflow.records.selectors import access_principal
+
+    document = _policy()
+    document["users"][1]["permission_sets"] = ["flows"]  # u-ops may edit Contacts too
+    _publish(org, document, "ops edits contacts")
+    flow_deploy(org=org, source=ef.atomic_set_firstname(), flow_api_name="Atomic_Set_Name")
+    created = record_edit_create(org=org, object_name=OBJECT, fields={"lifecyclestage": "customer",
+                                                                      "email": "o@example.com"},
+                                 principal=access_principal(org_id=org.org_id, user_id="u-ops"))
+    run_until_idle()
+    runs = list(FlowRun.objects.filter(org_id=org.org_id, record_key=created.record_key).order_by("id"))
+    assert runs and {r.initiating_principal for r in runs} == {"u-ops"}  # the re-save's run inherits it
+    assert {r.execution_principal for r in runs} == {SYSTEM}
+    plain = save_record(org, {"lifecyclestage": "customer", "email": "p@example.com"})  # no known initiator
+    run_until_idle()
+    assert _run_of(org, plain).initiating_principal == ""

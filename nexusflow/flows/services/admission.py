@@ -177,9 +177,12 @@ def _admit_first_step(*, org: OrgScope, run: FlowRun, entry: dict[str, Any], sna
 
 
 def _initiator_of(org: OrgScope, origin: _SaveOrigin | None) -> str:
-    """Who caused a run a save admits: the causing run's initiator when a Flow's own write saved (else unknown)."""
+    """Who caused a run a save admits: the causing run's initiator when a Flow's own write saved, else the user
+    the save is made for (an operator over REST, an account's integration user), else unknown (``""``)."""
     if origin is None:
-        return ""
+        from nexusflow.records.access import ACTING_PRINCIPAL
+
+        return ACTING_PRINCIPAL.get() or ""
     return (FlowRun.objects.filter(org_id=org.org_id, pk=origin.run_id).values_list("initiating_principal", flat=True)
             .first() or "")
 
