@@ -109,6 +109,32 @@ class ExecutionStore(CasStore):
     lock_class = LockClass.CONNECTOR_WORK
     lock_rank, lock_label = RANK_EXECUTION, "execution"
 
+    @classmethod
+    def lock_lane_members(cls, org_id: str, lane_id: int, states: tuple[str, ...]) -> list[models.Execution]:
+        """Lock and return the Executions of one lane in ``states``, in ascending id order.
+
+        The read goes through ``execution_state_lane_idx`` only (``FORCE INDEX``, which TiDB also
+        accepts), so it locks the lane's own rows and nothing else. Left to the optimizer, the same
+        filter may be answered through a rowid filter built from ``execution_org_state_idx`` (the
+        whole org's ``ready`` rows): the claim then waits on, or deadlocks with, the completion of an
+        Execution of another lane (the ``events_applied`` stall, docs/performance.md).
+
+        Raises:
+            LockOrderViolation: taken after a higher position (mode ``raise``).
+        """
+        if not states:
+            return []
+        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label)
+        table = cls.model._meta.db_table
+        rows = list(cls.model.objects.raw(
+            f"SELECT * FROM {table} FORCE INDEX (execution_state_lane_idx) WHERE state IN "
+            f"({', '.join(['%s'] * len(states))}) AND lane_id = %s AND org_id = %s ORDER BY id FOR UPDATE",
+            [*states, int(lane_id), org_id]))
+        for row in rows[:1] + rows[-1:]:  # the lowest key against what is held, then the highest is held
+            locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label,
+                       key=(org_id, int(row.pk)))
+        return rows
+
 
 class ExecutionAttemptStore(CasStore):
     model = models.ExecutionAttempt

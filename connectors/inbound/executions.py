@@ -22,7 +22,7 @@ import os
 import secrets
 from dataclasses import dataclass
 
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, transaction
 
 from nexusflow.kernel import failpoints, locks
 from nexusflow.kernel.clock import db_now
@@ -31,6 +31,7 @@ from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.logs import log_context
 from nexusflow.kernel.models import insert
 from nexusflow.kernel.pressure import mutation_admission
+from nexusflow.kernel.retry import retry_deadlock_victim
 from runtime_outbox.policy import runtime_policy
 
 from connectors import reasons
@@ -170,7 +171,7 @@ def _claim_in_lane(org_id: str, account_key: str, lane_id: int, worker_id: str) 
             lane.active_execution_id = None
         if ordering["contract"] == "strict_source_sequence":
             return _claim_strict(ctx, lane, ordering, worker_id, now)
-        ready = ExecutionStore.lock_all(org_id, lane_id=lane.pk, state="ready")
+        ready = ExecutionStore.lock_lane_members(org_id, lane.pk, ("ready",))
         if not ready:
             return None
         settle = ordering.get("settle_seconds", 0)
@@ -200,7 +201,7 @@ def _claim_strict(ctx, lane: OrderingLane, ordering: dict, worker_id: str, now: 
     lock, so it and its deadline expiry have one result.
     """
     org_id = lane.org_id
-    rows = ExecutionStore.lock_all(org_id, lane_id=lane.pk, state__in=("ready", "waiting_dependency"))
+    rows = ExecutionStore.lock_lane_members(org_id, lane.pk, ("ready", "waiting_dependency"))
     if not rows:
         return None
     deps = {d.execution_id: d for d in ExecutionDependencyStore.lock_all(
@@ -378,8 +379,12 @@ def _execution_run(claim: Claim) -> bool:
     return True
 
 
+@retry_deadlock_victim
 def execution_complete(claim: Claim, *, result_id: int) -> None:
     """Mark the Execution ``completed`` from the Runtime receipt and advance the lane.
+
+    A completion the server rolled back whole (deadlock victim, lock wait timeout) runs again with the
+    same claim: every fence is checked again, and the Runtime result is already committed.
 
     Args:
         result_id: the Runtime ``ApplicationResult`` id (or a plain positive int).
@@ -437,7 +442,46 @@ def execution_try_run_one(*, worker_id: str) -> bool:
     claim = execution_try_claim_one(worker_id=worker_id)
     if claim is None:
         return False
-    execution_run(claim)
+    try:
+        execution_run(claim)
+    except (OperationalError, InterfaceError):
+        # A database failure another worker can be expected to get past (a connection lost, a deadlock
+        # retried out): hand the claim back at once. Any other error keeps the lease, which then paces the
+        # retries of a command that keeps failing.
+        claim_hand_back(claim)
+        raise
+    return True
+
+
+def claim_hand_back(claim: Claim) -> bool:
+    """End ``claim``'s lease now (the database clock), so the next claim round takes the Execution over.
+
+    Called by the claim's own holder when its unit failed after the claim with a database error: the attempt stays ``started`` with ``lease_expires_at`` set to now, exactly what an expired
+    lease looks like, and the takeover path (:func:`_claim_in_lane`, :func:`_lease_expired`) expires it
+    and starts a new attempt under the same lane lock; the Runtime result, if one committed, is returned
+    again by command id. Without this the lane waited out the whole lease (30 s) while its live holder
+    went on with other work. Best effort: when the hand-back itself fails the lease still expires.
+
+    Returns:
+        ``True`` when the lease was shortened; ``False`` when the attempt is no longer this live claim or
+        the hand-back could not run.
+
+    Seed 003 "Durable source ordering" (ExecutionAttempt lease).
+    """
+    try:
+        with transaction.atomic(durable=True):
+            attempt, now = ExecutionAttemptStore.lock_at_clock(claim.org_id, claim.attempt_id)
+            if attempt.state != "started" or attempt.lease_token != claim.lease_token:
+                return False
+            ExecutionAttemptStore.touch(org_id=claim.org_id, pk=attempt.pk, state="started", version=attempt.version,
+                                        fences={"lease_token": claim.lease_token},
+                                        set_fields={"lease_expires_at": min(now, attempt.lease_expires_at)})
+    except Exception as exc:  # noqa: BLE001 - the unit's own error is what the caller re-raises
+        log.warning("claim hand-back failed for execution %s: %s", claim.execution_id, type(exc).__name__,
+                    extra={"org_id": claim.org_id, "execution_id": int(claim.execution_id)})
+        return False
+    log.info("claim handed back for execution %s", claim.execution_id,
+             extra={"org_id": claim.org_id, "execution_id": int(claim.execution_id)})
     return True
 
 
