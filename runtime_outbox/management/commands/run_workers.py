@@ -55,6 +55,33 @@ def _keep_connections() -> None:
         connections[alias].close()  # reopened with the new settings at first use
 
 
+class UnitStatements:
+    """Statements each unit issued, split by whether the unit found work: ``{unit: [worked, idle, units]}``.
+
+    A ``connection.execute_wrapper`` on the default connection adds one per statement; the
+    ``worker.stop`` line reports the totals, so a role's idle polling and the statements of one unit of
+    work are read off a real run, not guessed (docs/performance.md).
+    """
+
+    def __init__(self) -> None:
+        self.current = 0
+        self.by_unit: dict[str, list[int]] = {}
+
+    def __call__(self, execute, sql, params, many, context):
+        self.current += 1
+        return execute(sql, params, many, context)
+
+    def record(self, name: str, worked: bool) -> None:
+        row = self.by_unit.setdefault(name, [0, 0, 0])
+        row[0 if worked else 1] += self.current
+        row[2] += 1 if worked else 0
+        self.current = 0
+
+    def summary(self) -> dict[str, dict[str, int]]:
+        return {name: {"worked_statements": w, "idle_statements": i, "units": n}
+                for name, (w, i, n) in sorted(self.by_unit.items())}
+
+
 class Command(BaseCommand):
     help = "Run NexusFlow workers of one or more roles."
 
@@ -91,21 +118,25 @@ class Command(BaseCommand):
         profiler = cProfile.Profile() if profile_dir else None
         if profiler is not None:
             profiler.enable()
+        counter = UnitStatements()
         try:
-            done = self._loop(units, stopping, until_idle=until_idle, idle_rounds=idle_rounds, once=once,
-                              idle_sleep=idle_sleep)
+            with connections["default"].execute_wrapper(counter):
+                done = self._loop(units, stopping, until_idle=until_idle, idle_rounds=idle_rounds, once=once,
+                                  idle_sleep=idle_sleep, counter=counter)
         finally:
             if profiler is not None:
                 profiler.disable()
                 path = Path(profile_dir) / f"{'+'.join(roles)}-{os.getpid()}.prof"
                 path.parent.mkdir(parents=True, exist_ok=True)
                 profiler.dump_stats(path)
-        self.stderr.write(json.dumps({"event": "worker.stop", "worker_id": worker_id, "units_done": done}))
+        self.stderr.write(json.dumps({"event": "worker.stop", "worker_id": worker_id, "units_done": done,
+                                      "statements": counter.summary()}))
         sys.stderr.flush()
         if not units:
             raise CommandError("no work units for the selected roles")
 
-    def _loop(self, units, stopping, *, until_idle: bool, idle_rounds: int, once: bool, idle_sleep: float) -> int:
+    def _loop(self, units, stopping, *, until_idle: bool, idle_rounds: int, once: bool, idle_sleep: float,
+              counter: UnitStatements) -> int:
         """Run the units round after round until stopped (or idle / once); return the units that worked."""
         empty_rounds = 0
         done = 0
@@ -134,6 +165,7 @@ class Command(BaseCommand):
                 except Exception:  # a bug in one unit must not stop the others; it is logged loudly
                     log.exception(json.dumps({"event": "worker.unit_crash", "unit": name}), extra={"unit": name})
                     worked = False
+                counter.record(name, bool(worked))
                 if worked:
                     did_work = True
                     done += 1
