@@ -55,14 +55,23 @@ CHAOS_SEED ?= 7
 chaos-demo: venv db static
 	$(PY) manage.py demo --chaos $(CHAOS_SEED) $(DEMO_ARGS)
 
-# NexusFlow beside the database floor and django-q2 (var/bench/report.json), then the capacity checks.
+# NexusFlow beside the database floor, django-q2 and DBOS Transact (var/bench/report.json), then the capacity checks.
 # BENCH_ARGS=--profile adds per-role worker profiles to the report (a profiled run is slower).
 BENCH_SCALE ?= 1
 BENCH_STAMP := $(VENV)/.requirements-bench.stamp
 $(BENCH_STAMP): requirements-bench.txt $(STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-bench.txt
 	@touch $(BENCH_STAMP)
-bench: venv db static $(BENCH_STAMP)
+# The DBOS Transact peer in a virtualenv of its own (its dependencies stay out of .venv); it runs against the
+# local PostgreSQL at 127.0.0.1:5432 and the report says so when that is not reachable.
+DBOS_VENV := var/bench/dbos-venv
+DBOS_STAMP := $(DBOS_VENV)/.requirements.stamp
+$(DBOS_STAMP): requirements-bench-dbos.txt
+	@command -v $(PYTHON) >/dev/null || { echo "make: $(PYTHON) not found"; exit 1; }
+	@test -x $(DBOS_VENV)/bin/python || $(PYTHON) -m venv $(DBOS_VENV)
+	$(DBOS_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-bench-dbos.txt
+	@touch $(DBOS_STAMP)
+bench: venv db static $(BENCH_STAMP) $(DBOS_STAMP)
 	$(PY) manage.py bench --scale $(BENCH_SCALE) $(BENCH_ARGS)
 	$(PY) -m pytest -p no:cacheprovider -m bench --run-bench $(PYTEST_ARGS)
 

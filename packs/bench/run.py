@@ -1,8 +1,10 @@
-"""``make bench``: NexusFlow beside the database floor and django-q2, in one run on one MariaDB.
+"""``make bench``: NexusFlow beside the database floor, django-q2 and DBOS Transact, in one run.
 
 One command (``manage.py bench [--scale S] [--json]``) runs, in its own
-databases (``<main>_bench``, ``<main>_bench_control`` and, for the peer,
-``<main>_bench_q2``), each series with 1, 2 and 4 worker processes:
+databases (``<main>_bench``, ``<main>_bench_control`` and, for the peers,
+``<main>_bench_q2`` on the same MariaDB and ``<main>_bench_dbos`` with its
+system database on the local PostgreSQL), each series with 1, 2 and 4
+worker processes:
 
 - **floor**: the database alone: per transaction one locking read
   (``SELECT ... FOR UPDATE``) and one compare-and-set update, then COMMIT,
@@ -23,16 +25,22 @@ databases (``<main>_bench``, ``<main>_bench_control`` and, for the peer,
   measured two-worker throughput;
 - **history**: the Flow step claim and the webhook admission p99 with the
   terminal history the run left (1x) and with it copied to 10x
-  (:mod:`packs.bench.history`).
+  (:mod:`packs.bench.history`);
+- **dbos_noop** and **dbos_push**: DBOS Transact 3.4.0 (its own virtualenv,
+  PostgreSQL) draining one-step no-op workflows and pushing contacts to the
+  same billing sandbox as ``effects_confirmed`` (:mod:`packs.bench.dbos_peer`);
+  without PostgreSQL the report says why and the ratios that need them are
+  ``None`` with a reason (``"ratios_not_computed"``).
 
 A series' rate is its units over the span from the first unit started to
 the last one finished, read from the rows themselves (django-q2's task
 ``started``/``stopped``, a FlowRun's ``started_at``/``completed_at``, an
 ExecutionAttempt's start to an Execution's completion or a RemoteEffect's
-finalization), so process start-up is not counted for either side.
+finalization, a DBOS workflow's ``started_at_epoch_ms``/``completed_at``),
+so process start-up is not counted for any side.
 Transactions and statements per unit are the server's ``Com_commit`` and
 ``Questions`` deltas over the worker phase (nothing else of the run works
-then), not estimates.
+then; for DBOS, PostgreSQL's ``xact_commit``), not estimates.
 
 The report (``var/bench/report.json``, plotted in
 ``var/bench/throughput.png``) holds every figure, the ratios of
@@ -59,6 +67,13 @@ from typing import Any
 import MySQLdb
 from django.conf import settings
 
+from packs.bench.dbos_peer import (
+    DbosPeer,
+    billing_sandbox_url,
+    dbos_noop_series,
+    dbos_push_series,
+    dbos_start,
+)
 from packs.bench.flow_runs import (
     FLOW_FILE,
     FLOW_RUNS,
@@ -101,7 +116,7 @@ from packs.demo.run import (
 
 #: Units per series point at scale 1 (and the floor's seconds per point).
 Q2_TASKS, FLOOR_SECONDS, FLOOR_ROWS = 600, 3.0, 1000
-__all__ = ["TARGETS", "percentiles", "ratios", "run_bench", "target_verdicts"]
+__all__ = ["SCALED_SERIES", "TARGETS", "percentiles", "ratio_reasons", "ratios", "run_bench", "target_verdicts"]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -234,58 +249,151 @@ def _ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator else math.inf
 
 
-def ratios(report: dict[str, Any]) -> dict[str, float]:
-    """The report's ratios, each computed from this run's figures (2 workers per role unless named).
+#: Series whose four-worker rate is held against its two-worker rate (``scaling_4v2_<series>``).
+SCALED_SERIES = ("floor", "q2", "flow_runs", "events_applied", "effects_confirmed", "dbos_noop", "dbos_push")
+#: Latency measurements whose p99 (ms) is a figure of its own (``<name>_p99_ms``).
+P99_LATENCIES = ("flow_start_to_succeeded", "event_to_applied", "admission_to_confirmed_effect")
 
-    ``report`` needs ``series`` with ``floor``, ``q2``, ``flow_runs``,
-    ``events_applied`` and ``effects_confirmed`` (points with ``workers`` and
-    ``per_second``) and ``history`` with ``1x``/``10x`` ``claim`` and
-    ``admission`` ``p99_ms``. A zero denominator gives ``inf``.
-    """
-    series, history = report["series"], report["history"]
-    flows, q2, floor = series["flow_runs"], series["q2"], series["floor"]
-    applied, effects = series["events_applied"], series["effects_confirmed"]
-    return {
-        "flow_runs_vs_q2": _ratio(_at(flows, 2), _at(q2, 2)),
-        "events_applied_vs_q2": _ratio(_at(applied, 2), _at(q2, 2)),
-        "effects_confirmed_vs_q2": _ratio(_at(effects, 2), _at(q2, 2)),
-        "scaling_2v1_flow_runs": _ratio(_at(flows, 2), _at(flows, 1)),
-        "scaling_2v1_events_applied": _ratio(_at(applied, 2), _at(applied, 1)),
-        "scaling_2v1_effects_confirmed": _ratio(_at(effects, 2), _at(effects, 1)),
-        "scaling_2v1_q2": _ratio(_at(q2, 2), _at(q2, 1)),
-        "flow_runs_vs_floor": _ratio(_at(flows, 2), _at(floor, 2)),
-        "claim_p99_10x_vs_1x": _ratio(history["10x"]["claim"]["p99_ms"], history["1x"]["claim"]["p99_ms"]),
-        "admission_p99_10x_vs_1x": _ratio(history["10x"]["admission"]["p99_ms"],
-                                          history["1x"]["admission"]["p99_ms"]),
+
+class _NotMeasured(Exception):
+    """A figure a ratio needs is not in the report; the message says why."""
+
+
+def _series_missing(report: dict[str, Any], name: str) -> str:
+    if name.startswith("dbos_"):
+        peer = (report.get("peers") or {}).get("dbos") or {}
+        if not peer:
+            return "the DBOS peer did not run"
+        if not peer.get("available"):
+            return f"the DBOS peer did not run: {peer.get('reason', 'no reason recorded')}"
+        if name in (peer.get("failed") or {}):
+            return f"{name} failed: {peer['failed'][name]}"
+    return f"series {name} is not in the report"
+
+
+def _figures(report: dict[str, Any]):
+    """Readers of the report's figures that raise :class:`_NotMeasured` (with the reason) for a missing one."""
+
+    def point(series: str, workers: int) -> dict[str, Any]:
+        points = (report.get("series") or {}).get(series)
+        if not points:
+            raise _NotMeasured(_series_missing(report, series))
+        found = next((p for p in points if p["workers"] == workers), None)
+        if found is None:
+            raise _NotMeasured(f"series {series} has no point with {workers} workers")
+        return found
+
+    def rate(series: str, workers: int = 2) -> float:
+        return point(series, workers)["per_second"]
+
+    def per_unit(series: str, key: str) -> float:
+        found = point(series, 2)
+        if key not in found:
+            raise _NotMeasured(f"series {series} does not count {key.split('_per_')[0]}")
+        return found[key]
+
+    def p99(name: str) -> float:
+        figures = (report.get("latency") or {}).get(name)
+        if not figures or figures.get("p99_ms") is None:
+            raise _NotMeasured(f"latency {name} was not measured in this run")
+        return figures["p99_ms"]
+
+    def history(size: str, what: str) -> float:
+        try:
+            return report["history"][size][what]["p99_ms"]
+        except (KeyError, TypeError):
+            raise _NotMeasured(f"history {size} {what} p99 was not measured in this run") from None
+
+    return rate, per_unit, p99, history
+
+
+def _ratio_table(report: dict[str, Any]) -> dict[str, tuple[float | None, str | None]]:
+    rate, per_unit, p99, history = _figures(report)
+    wanted = {
+        "flow_runs_vs_q2": lambda: _ratio(rate("flow_runs"), rate("q2")),
+        "events_applied_vs_q2": lambda: _ratio(rate("events_applied"), rate("q2")),
+        "effects_confirmed_vs_q2": lambda: _ratio(rate("effects_confirmed"), rate("q2")),
+        "effects_confirmed_vs_dbos_push": lambda: _ratio(rate("effects_confirmed"), rate("dbos_push")),
+        "flow_runs_vs_dbos_noop": lambda: _ratio(rate("flow_runs"), rate("dbos_noop")),
+        "flow_runs_vs_floor": lambda: _ratio(rate("flow_runs"), rate("floor")),
+        **{f"scaling_2v1_{s}": (lambda s=s: _ratio(rate(s, 2), rate(s, 1)))
+           for s in ("flow_runs", "events_applied", "effects_confirmed", "q2", "dbos_noop", "dbos_push")},
+        **{f"scaling_4v2_{s}": (lambda s=s: _ratio(rate(s, 4), rate(s, 2))) for s in SCALED_SERIES},
+        "effects_confirmed_commits_per_unit": lambda: per_unit("effects_confirmed", "commits_per_unit"),
+        "effects_confirmed_statements_per_unit": lambda: per_unit("effects_confirmed", "statements_per_unit"),
+        "dbos_push_commits_per_unit": lambda: per_unit("dbos_push", "commits_per_unit"),
+        **{f"{name}_p99_ms": (lambda name=name: p99(name)) for name in P99_LATENCIES},
+        "claim_p99_10x_vs_1x": lambda: _ratio(history(f"{FACTOR}x", "claim"), history("1x", "claim")),
+        "admission_p99_10x_vs_1x": lambda: _ratio(history(f"{FACTOR}x", "admission"), history("1x", "admission")),
     }
+    table: dict[str, tuple[float | None, str | None]] = {}
+    for name, compute in wanted.items():
+        try:
+            table[name] = (compute(), None)
+        except _NotMeasured as missing:
+            table[name] = (None, str(missing))
+    return table
 
 
-#: The issue's targets: ratio -> ``(">=", least value)`` or ``("<=", greatest value)`` that meets it.
+def ratios(report: dict[str, Any]) -> dict[str, float | None]:
+    """The report's ratios and per-unit and p99 figures, from this run's figures (2 workers per role unless named).
+
+    ``report`` has ``series`` (name -> points with ``workers``, ``per_second`` and, for the per-unit
+    figures, ``commits_per_unit``/``statements_per_unit``): ``floor``, ``q2``, ``flow_runs``,
+    ``events_applied``, ``effects_confirmed`` and the DBOS peer's ``dbos_noop``/``dbos_push``;
+    ``latency`` (name -> ``p99_ms``) and ``history`` (``1x``/``10x`` ``claim`` and ``admission`` ``p99_ms``).
+    ``scaling_2v1_<s>`` is the 2-worker over the 1-worker rate, ``scaling_4v2_<s>`` the 4-worker over the
+    2-worker rate; ``*_p99_ms`` are milliseconds. A figure missing from the report (a peer that did not
+    run, a latency not measured) gives ``None``, :func:`ratio_reasons` says why; a zero denominator gives
+    ``inf``. Raises nothing for a missing figure.
+    """
+    return {name: value for name, (value, _reason) in _ratio_table(report).items()}
+
+
+def ratio_reasons(report: dict[str, Any]) -> dict[str, str]:
+    """Why each ratio of :func:`ratios` that is ``None`` could not be computed: ratio name -> reason."""
+    return {name: reason for name, (_value, reason) in _ratio_table(report).items() if reason is not None}
+
+
+#: The issue's targets: figure of :func:`ratios` -> ``(">=", least value)`` or ``("<=", greatest value)``.
 TARGETS: dict[str, tuple[str, float]] = {
-    "flow_runs_vs_q2": (">=", 2.0),
-    "effects_confirmed_vs_q2": (">=", 1.0),
+    "effects_confirmed_vs_dbos_push": (">=", 1.0),
+    "flow_runs_vs_dbos_noop": (">=", 1.5),
+    "events_applied_vs_q2": (">=", 1.5),
+    **{f"scaling_4v2_{s}": (">=", 0.9) for s in SCALED_SERIES},
     "scaling_2v1_flow_runs": (">=", 1.6),
     "scaling_2v1_events_applied": (">=", 1.6),
-    "claim_p99_10x_vs_1x": ("<=", 1.15),
+    "scaling_2v1_effects_confirmed": (">=", 1.6),
+    "effects_confirmed_commits_per_unit": ("<=", 6.0),
+    "effects_confirmed_statements_per_unit": ("<=", 60.0),
+    "flow_start_to_succeeded_p99_ms": ("<=", 250.0),
+    "event_to_applied_p99_ms": ("<=", 500.0),
+    "admission_to_confirmed_effect_p99_ms": ("<=", 1000.0),
 }
 
 
-def target_verdicts(values: dict[str, float]) -> dict[str, dict[str, Any]]:
-    """Judge ``values`` (ratio -> number) against :data:`TARGETS`.
+def target_verdicts(values: dict[str, float | None], reasons: dict[str, str] | None = None
+                    ) -> dict[str, dict[str, Any]]:
+    """Judge ``values`` (figure -> number, or ``None`` when not measured) against :data:`TARGETS`.
 
-    Returns, per target, ``{"at_least": bound}`` or ``{"at_most": bound}``
-    with ``"met"`` (bool) and ``"gap"`` (how far the value is on the wrong
-    side of the bound; 0.0 when met).
-
-    Raises:
-        KeyError: ``values`` lacks a ratio that has a target.
+    Returns, per target, ``{"at_least": bound}`` or ``{"at_most": bound}`` with ``"verdict"``
+    (``"met"``, ``"missed"`` or ``"not measured"``), ``"met"`` (bool; ``None`` when not measured) and
+    ``"gap"`` (how far the value is on the wrong side of the bound; 0.0 when met, ``None`` when not
+    measured). A figure that is ``None`` or absent from ``values`` is ``"not measured"``, with its
+    ``"reason"`` from ``reasons`` (see :func:`ratio_reasons`). A NaN value misses. Raises nothing.
     """
+    reasons = reasons or {}
     out = {}
     for name, (op, bound) in TARGETS.items():
-        value = values[name]
+        side = {"at_least" if op == ">=" else "at_most": bound}
+        value = values.get(name)
+        if value is None:
+            out[name] = {**side, "verdict": "not measured", "met": None, "gap": None,
+                         "reason": reasons.get(name, f"{name} is not among this run's figures")}
+            continue
         gap = max(0.0, bound - value) if op == ">=" else max(0.0, value - bound)
-        out[name] = {"at_least" if op == ">=" else "at_most": bound, "met": gap == 0.0 and not math.isnan(value),
-                     "gap": gap}
+        met = gap == 0.0 and not math.isnan(value)
+        out[name] = {**side, "verdict": "met" if met else "missed", "met": met, "gap": gap}
     return out
 
 
@@ -294,7 +402,9 @@ def _verdict(name: str, report: dict[str, Any]) -> str:
         return ""
     op, bound = TARGETS[name]
     judged = report["targets"][name]
-    return f"{op} {bound} met" if judged["met"] else f"{op} {bound} missed by {judged['gap']:.2f}"
+    if judged["verdict"] == "not measured":
+        return f"{op} {bound:g} not measured"
+    return f"{op} {bound:g} met" if judged["met"] else f"{op} {bound:g} missed by {judged['gap']:.2f}"
 
 
 def _print_table(report: dict[str, Any]) -> None:
@@ -309,17 +419,29 @@ def _print_table(report: dict[str, Any]) -> None:
     table.add_column("statements/unit (2)", justify="right")
     for name, points in report["series"].items():
         two = next(p for p in points if p["workers"] == 2)
+        statements = two.get("statements_per_unit")
         table.add_row(name, *[f"{_at(points, n):.0f}" for n in WORKER_COUNTS],
-                      f"{two.get('commits_per_unit', 1.0):.1f}", f"{two.get('statements_per_unit', 0):.1f}")
+                      f"{two.get('commits_per_unit', 1.0):.1f}", "-" if statements is None else f"{statements:.1f}")
     console = Console(file=sys.stderr, width=120)
     console.print(table)
+    dbos = (report.get("peers") or {}).get("dbos")
+    if dbos and dbos.get("available"):
+        console.print(f"dbos_*: DBOS Transact {dbos['dbos_version']}, PostgreSQL {dbos['postgresql'].split()[0]}, "
+                      f"worker_concurrency {dbos['worker_concurrency']}, polling {dbos['polling_seconds']} s; "
+                      "commits/unit: xact_commit"
+                      + "".join(f"; {name} failed: {why}" for name, why in (dbos.get("failed") or {}).items()))
+    elif dbos:
+        console.print(f"DBOS peer not run: {dbos['reason']}")
     table = Table(title="ratios")
     table.add_column("ratio")
     table.add_column("value", justify="right")
     table.add_column("target", justify="right")
+    reasons = report.get("ratios_not_computed") or {}
     for name, value in report["ratios"].items():
-        table.add_row(name, f"{value:.2f}", _verdict(name, report))
+        table.add_row(name, "-" if value is None else f"{value:.2f}", _verdict(name, report))
     console.print(table)
+    for reason in dict.fromkeys(reasons.values()):
+        console.print(f"not computed ({reason}): {', '.join(n for n, why in reasons.items() if why == reason)}")
     for name, figures in (report.get("latency") or {}).items():
         console.print(f"latency {name} at {figures['arrival_per_second']:.0f}/s arrival, {figures['workers']} workers: "
                       f"p50 {figures['p50_ms']:.0f} ms, p95 {figures['p95_ms']:.0f} ms, p99 {figures['p99_ms']:.0f} ms")
@@ -347,7 +469,9 @@ def _plot(report: dict[str, Any], path: Path) -> bool:
         return False
     fig, ax = plt.subplots(figsize=(8.5, 4.5))
     for name, points in report["series"].items():
-        ax.plot([p["workers"] for p in points], [p["per_second"] for p in points], marker="o", label=name)
+        peer = name == "q2" or name.startswith("dbos_")  # the peers dashed, NexusFlow and the floor solid
+        ax.plot([p["workers"] for p in points], [p["per_second"] for p in points], marker="o", label=name,
+                linestyle="--" if peer else "-")
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(WORKER_COUNTS), [str(n) for n in WORKER_COUNTS])
     ax.set_yscale("log")
@@ -380,13 +504,33 @@ def _count(base: int, scale: float, least: int = 25) -> int:
     return max(least, int(base * scale))
 
 
+def _dbos_series(report: dict[str, Any], peer: DbosPeer | None, name: str, run, say) -> None:
+    """Run a DBOS series into ``report["series"][name]`` when the peer is up; a failure is recorded, not raised.
+
+    ``run`` is ``() -> points``. A :class:`BenchError` (a DBOS process failed, a point did not finish)
+    goes to ``report["peers"]["dbos"]["failed"][name]``; the series is then absent and the bench goes on.
+    """
+    status = report["peers"]["dbos"]
+    if peer is None or not status.get("available"):
+        return
+    try:
+        report["series"][name] = run()
+    except BenchError as exc:
+        status.setdefault("failed", {})[name] = str(exc)
+        say(f"bench: {name} not measured: {exc}")
+
+
 def _series(report: dict[str, Any], cfg: dict, env: dict, q2_env: dict, scale: float, databases: tuple[str, str],
             say) -> None:
-    """Run every series into ``report`` (``series``, ``latency``, ``history``), in the bench's databases."""
+    """Run every series into ``report`` (``series``, ``peers``, ``latency``, ``history``), in the bench's databases."""
     main, control = databases
     say(f"bench: database floor, {FLOOR_SECONDS * scale:.1f} s per point")
     report["series"]["floor"] = floor_series(cfg, main, FLOOR_SECONDS * scale)
     report["series"]["q2"] = q2_series(cfg, q2_env, _count(Q2_TASKS, scale, 50), say)
+    dbos, report["peers"]["dbos"] = dbos_start(f"{cfg['NAME']}_bench_dbos", say)
+    if dbos is None:
+        say(f"bench: the DBOS peer does not run: {report['peers']['dbos']['reason']}")
+    _dbos_series(report, dbos, "dbos_noop", lambda: dbos_noop_series(dbos, _count(FLOW_RUNS, scale, 50), say), say)
     _use_database(main, control)
     report["series"]["flow_runs"] = flow_runs_series(cfg, env, _count(FLOW_RUNS, scale, 50), say)
     # Half the measured two-worker throughput: the latency of a system that keeps up, not of a backlog.
@@ -402,6 +546,9 @@ def _series(report: dict[str, Any], cfg: dict, env: dict, q2_env: dict, scale: f
         effect_contacts = _count(EFFECT_CONTACTS, scale)
         series["effects_confirmed"] = effects_confirmed_series(
             cfg, env, inbound, {n: made[:effect_contacts] for n, made in contacts.items()}, say)
+        # While the billing sandbox effects_confirmed pushed to still runs: DBOS pushes to the same one.
+        _dbos_series(report, dbos, "dbos_push",
+                     lambda: dbos_push_series(dbos, effect_contacts, billing_sandbox_url(RUN_DIR), env, say), say)
         report["latency"].update(inbound_latency(
             inbound, env, rate=max(1.0, _at(series["events_applied"], 2) / 2), events=_count(LATENCY_EVENTS, scale),
             say=say))
@@ -441,7 +588,7 @@ def run_bench(*, scale: float = 1.0, as_json: bool = False, profile: bool = Fals
         print(f"[{time.monotonic() - started:5.0f} s] {message}", file=sys.stderr)
 
     report: dict[str, Any] = {"scale": scale, "machine": {"cpus": os.cpu_count()}, "profiled": profile,
-                              "series": {}}
+                              "series": {}, "peers": {}}
     try:
         say(f"bench: recreating databases {main}, {control}, {q2}")
         _recreate_databases(cfg, [main, control, q2])
@@ -453,7 +600,11 @@ def run_bench(*, scale: float = 1.0, as_json: bool = False, profile: bool = Fals
         print(f"bench: {exc}", file=sys.stderr)
         return 2
     report["ratios"] = ratios(report)
-    report["targets"] = target_verdicts(report["ratios"])
+    report["ratios_not_computed"] = ratio_reasons(report)
+    report["targets"] = target_verdicts(report["ratios"], report["ratios_not_computed"])
+    dbos = report["peers"].get("dbos")
+    if dbos is not None:
+        dbos["ratios_not_computed"] = [name for name in report["ratios_not_computed"] if "dbos" in name]
     if profile:
         report["profiles"] = summarise(profile_dir)
     report["wall_seconds"] = time.monotonic() - started
