@@ -22,7 +22,7 @@ from typing import Any
 from packs.bench.measure import POINT_TIMEOUT_SECONDS, ROOT, RUN_DIR, WORKER_COUNTS, BenchError
 
 DBOS_VERSION = "3.4.0"
-DBOS_VENV = RUN_DIR / "dbos-venv"
+DBOS_VENV = ROOT / "var" / "bench" / "dbos-venv"  # make bench installs it here, whatever the run dir
 DBOS_APP = ROOT / "packs" / "bench" / "dbos_app.py"
 #: The PostgreSQL server (no database): ``NEXUS_BENCH_PG_URL``, by default the local server's ``postgres``
 #: user over TCP (trust authentication).

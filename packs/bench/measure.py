@@ -8,6 +8,7 @@ every series.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -20,7 +21,9 @@ from django.conf import settings
 from packs.demo.run import Processes
 
 ROOT = Path(settings.BASE_DIR)
-RUN_DIR = ROOT / "var" / "bench"
+#: Where a run writes its logs, port files and report: ``var/bench``, or ``NEXUS_BENCH_DIR`` (two runs side by
+#: side, each with its own ``NEXUS_DB_URL`` database name, then do not share files).
+RUN_DIR = Path(os.environ.get("NEXUS_BENCH_DIR") or ROOT / "var" / "bench").resolve()
 WORKER_COUNTS = (1, 2, 4)
 #: No series point may take longer than this (seconds); it then fails the run instead of hanging.
 POINT_TIMEOUT_SECONDS = 240.0
