@@ -25,7 +25,9 @@ signed as the provider signs.
 - **latency**: admission (the signed POST's time at the client) and event ->
   applied (an Event's ``created_at`` to its ApplicationResult's
   ``created_at``) while single-event deliveries arrive on a fixed schedule and
-  two workers per role of ``events_applied`` run.
+  two workers per role of ``events_applied`` run; admission -> confirmed
+  effect (:func:`effect_latency`) the same way with two workers per role of
+  ``effects_confirmed``.
 
 A point's span runs from its first ExecutionAttempt (the first unit started)
 to its last completed Execution (``events_applied``) or finalized
@@ -76,6 +78,8 @@ CONTACTS, EFFECT_CONTACTS = 100, 60
 BATCH = 20
 #: Single-event deliveries of the latency measurement at scale 1.
 LATENCY_EVENTS = 150
+#: Customer events (one per new contact, one per delivery) of the admission -> confirmed effect latency at scale 1.
+LATENCY_EFFECTS = 100
 #: An ``effects_confirmed`` point stops waiting when no effect was confirmed for this long (seconds).
 STALL_SECONDS = 15.0
 APPLY_ROLES = ("connector", "runtime")
@@ -356,3 +360,122 @@ def inbound_latency(inbound: Inbound, env: dict, *, rate: float, events: int, sa
     return {"admission": {**common, "units": len(admission), **latency_ms([s * 1000 for s in admission])},
             "event_to_applied": {**common, "units": len(applied), **latency_ms(applied)}}
 
+
+# --------------------------------------------------------------------------------------------------------------
+# Admission -> confirmed effect
+# --------------------------------------------------------------------------------------------------------------
+
+def confirmed_effect_latencies(*, org_id: str, execution_id: int, object_name: str) -> dict[int, float | None]:
+    """Admission -> confirmed effect (ms) of the Event of each Execution after ``execution_id``: Event id -> ms.
+
+    The chain is read by ids and keys from the rows, never by a time window:
+    the Execution's Projection's Event; the Execution's ApplicationResult
+    (``applied``) and its ``result["record_key"]``; that record's first Flow
+    run (``trigger_object_name`` ``object_name``, lowest ``record_version``:
+    the save that admitted it); the OutboundCommands the run authored
+    (``origin_flow_run_id``) and their RemoteEffects. The latency is the
+    first ``finalized`` effect's ``updated_at`` (the finalization
+    transaction) minus the Event's ``created_at`` (the admission
+    transaction), in milliseconds; ``None`` when the chain has no finalized
+    effect (not applied, no run, no effect, or not finalized). Meant for
+    events of records never pushed before, so that the record's first run
+    is the event's. Raises nothing.
+    """
+    from connectors.models import Execution, RemoteEffect
+    from nexusflow.flows.models import FlowRun
+    from runtime_outbox.models import ApplicationResult, OutboundCommand
+
+    units = list(Execution.objects.filter(org_id=org_id, pk__gt=execution_id).order_by("id")
+                 .values_list("projection__event_id", "projection__event__created_at", "runtime_receipt_id"))
+    record_of = {result_id: result.get("record_key") for result_id, result in ApplicationResult.objects.filter(
+        org_id=org_id, pk__in=[r for _, _, r in units if r is not None], outcome="applied").values_list("id", "result")}
+    first_run: dict[str, int] = {}
+    for run_id, record_key in (FlowRun.objects.filter(org_id=org_id, trigger_object_name=object_name,
+                                                      record_key__in=set(record_of.values()))
+                               .order_by("record_version", "id").values_list("id", "record_key")):
+        first_run.setdefault(record_key, run_id)
+    run_of_command = dict(OutboundCommand.objects.filter(org_id=org_id, origin_flow_run_id__in=list(first_run.values()))
+                          .values_list("id", "origin_flow_run_id"))
+    confirmed_at: dict[int, Any] = {}
+    for command_id, finalized_at in (RemoteEffect.objects.filter(org_id=org_id, command_id__in=list(run_of_command),
+                                                                 state="finalized")
+                                     .order_by("updated_at").values_list("command_id", "updated_at")):
+        confirmed_at.setdefault(run_of_command[command_id], finalized_at)
+    latencies: dict[int, float | None] = {}
+    for event_id, admitted_at, result_id in units:
+        finalized_at = confirmed_at.get(first_run.get(record_of.get(result_id)))
+        latencies[event_id] = None if finalized_at is None else (finalized_at - admitted_at).total_seconds() * 1000
+    return latencies
+
+
+def effect_latency_figures(latencies: dict[int, float | None], *, rate: float, workers: int) -> dict[str, Any]:
+    """The report entry of :func:`confirmed_effect_latencies` (Event id -> ms or ``None``).
+
+    Returns ``{"arrival_per_second", "workers", "units", "unconfirmed", "p50_ms", "p95_ms", "p99_ms"}``:
+    ``units`` counts the events with a confirmed effect, ``unconfirmed`` the others; the percentiles
+    (:func:`packs.bench.measure.latency_ms`, nearest rank, ms) are of the confirmed ones (zeros when none).
+    """
+    confirmed = [ms for ms in latencies.values() if ms is not None]
+    return {"arrival_per_second": rate, "workers": workers, "units": len(confirmed),
+            "unconfirmed": len(latencies) - len(confirmed), **latency_ms(confirmed)}
+
+
+def _registered(procs: Processes) -> bool:
+    """Every process of ``procs`` registered itself as a worker (past its start-up)."""
+    from connectors.models import WorkerProcess
+
+    pids = {proc.pid for _name, proc in procs.procs}
+    found = WorkerProcess.objects.filter(pid__in=pids, terminated_at__isnull=True).values_list("pid", flat=True)
+    return set(found) >= pids
+
+
+def effect_latency(inbound: Inbound, env: dict, *, rate: float, events: int, say) -> dict[str, dict[str, Any]]:
+    """Admission -> confirmed effect latency (ms) under an open-loop arrival of ``rate`` customer events/s.
+
+    Two workers of each role of :data:`EFFECT_ROLES` run throughout. First
+    ``events`` new contacts are made (an ``email`` and a ``firstname`` event
+    each, admitted in deliveries of :data:`BATCH`) and applied, and every
+    worker has registered; then one ``lifecyclestage = customer`` event per
+    contact, one per delivery, is posted on a fixed schedule, and the chain
+    runs on as in :func:`effects_confirmed_series` (every effect finalized
+    and every Flow run ended, no work left, or nothing confirmed for
+    :data:`STALL_SECONDS`). Each event's latency is
+    :func:`confirmed_effect_latencies`'. Returns
+    ``{"admission_to_confirmed_effect": {**effect_latency_figures(...), "stalled": bool}}``,
+    or ``{}`` (the figure not measured; ``say`` tells why) when no event got a confirmed effect.
+
+    Raises:
+        BenchError: a delivery was refused, a worker died, or the contacts or the chain did not settle in time.
+        DemoError: a request failed below HTTP.
+    """
+    from connectors.models import Execution, RemoteEffect
+    from nexusflow.flows.models import FlowRun
+
+    say(f"bench: admission -> confirmed effect latency, {events} customer events at {rate:.1f}/s, 2 workers per "
+        f"role {'/'.join(EFFECT_ROLES)}")
+    objects = inbound.new_contacts(events)
+    contacts = ([inbound.event(o, "email", f"effect{o}@example.com") for o in objects]
+                + [inbound.event(o, "firstname", f"Effect{o}") for o in objects])
+    with workers(EFFECT_ROLES, 2, "effect-latency", env) as procs:
+        last = _max_id(Execution)
+        inbound.admit(contacts)
+        wait_for(f"{len(contacts)} contact events applied and {len(procs.procs)} workers registered",
+                 lambda: _settled(inbound.org_id, last) and _registered(procs), procs)
+        last_execution, last_effect, last_run = _max_id(Execution), _max_id(RemoteEffect), _max_id(FlowRun)
+        with TimedPoster(url=inbound.url, secret=inbound.secret) as poster:
+            open_loop(events, rate, lambda i: inbound.post(
+                poster, [inbound.event(objects[i], "lifecyclestage", "customer")]))
+        finalized = _effects(inbound.org_id, last_effect).filter(state="finalized")
+        settled = wait_for(f"{events} confirmed effects",
+                           lambda: _chain_done(inbound.org_id, last_effect, last_run, events), procs,
+                           progress=finalized.count, stall_seconds=STALL_SECONDS)
+    latencies = confirmed_effect_latencies(org_id=inbound.org_id, execution_id=last_execution,
+                                           object_name=inbound.service["push"]["object"])
+    figures = effect_latency_figures(latencies, rate=rate, workers=2)
+    if figures["unconfirmed"]:
+        say(f"bench: {figures['unconfirmed']} of {len(latencies)} customer events ended without a confirmed effect"
+            + ("" if settled else f" (no effect confirmed for {STALL_SECONDS:.0f} s: stopped waiting)"))
+    if not figures["units"]:
+        say("bench: admission -> confirmed effect not measured: no event got a confirmed effect")
+        return {}
+    return {"admission_to_confirmed_effect": {**figures, "stalled": not settled}}

@@ -86,7 +86,9 @@ from packs.bench.history import FACTOR, HISTORY_SAMPLES, history_p99
 from packs.bench.inbound import (
     CONTACTS,
     EFFECT_CONTACTS,
+    LATENCY_EFFECTS,
     LATENCY_EVENTS,
+    effect_latency,
     effects_confirmed_series,
     events_applied_series,
     inbound_latency,
@@ -552,6 +554,9 @@ def _series(report: dict[str, Any], cfg: dict, env: dict, q2_env: dict, scale: f
         report["latency"].update(inbound_latency(
             inbound, env, rate=max(1.0, _at(series["events_applied"], 2) / 2), events=_count(LATENCY_EVENTS, scale),
             say=say))
+        report["latency"].update(effect_latency(
+            inbound, env, rate=max(1.0, _at(series["effects_confirmed"], 2) / 2),
+            events=_count(LATENCY_EFFECTS, scale), say=say))
         report["history"] = history_p99(cfg, main, inbound, samples=_count(HISTORY_SAMPLES, scale, 50), say=say)
     finally:
         inbound.procs.stop_all()
