@@ -73,6 +73,7 @@ $(DBOS_STAMP): requirements-bench-dbos.txt
 	@touch $(DBOS_STAMP)
 bench: venv db static $(BENCH_STAMP) $(DBOS_STAMP)
 	$(PY) manage.py bench --scale $(BENCH_SCALE) $(BENCH_ARGS)
+	$(PY) manage.py capacity_plan --plan packs/bench/plans/hot_account.json
 	$(PY) -m pytest -p no:cacheprovider -m bench --run-bench $(PYTEST_ARGS)
 
 clean:
