@@ -432,19 +432,25 @@ def marks() -> dict[str, int]:
 _US = "TIMESTAMPDIFF(MICROSECOND, {0}, {1}) / 1000.0"
 
 #: Per derived class: SQL giving one row per unit, ``(offered_at, served_at or NULL, wait_ms or NULL,
-#: age_ms of a unit still pending)``, over the window's rows (``%s``: the org and the class's id mark).
+#: age_ms of a unit still pending)``, over the window's rows, and the id marks it reads (each ``%s`` pair:
+#: the org, then the next mark). A Receipt whose last component is missing (its materialization did not
+#: finish) is a pending ``materialization`` unit.
 CLASS_SQL = {
     "materialization": (
         "SELECT r.received_at, e.created_at, " + _US.format("r.received_at", "e.created_at") + ", NULL "
         "FROM connectors_event e JOIN connectors_receipt r ON r.id = e.receipt_id "
-        "WHERE e.org_id = %s AND e.id > %s", "event"),
+        "WHERE e.org_id = %s AND e.id > %s "
+        "UNION ALL SELECT r.received_at, NULL, NULL, " + _US.format("r.received_at", "UTC_TIMESTAMP(6)") + " "
+        "FROM connectors_receipt r WHERE r.org_id = %s AND r.id > %s AND r.kind <> 'replay' "
+        "AND r.component_count > 0 AND NOT EXISTS (SELECT 1 FROM connectors_receiptcomponent c "
+        "WHERE c.receipt_id = r.id AND c.ordinal = r.component_count - 1)", ("event", "receipt")),
     "execution_claim": (
         "SELECT ev.created_at, a.first_at, " + _US.format("ev.created_at", "a.first_at") + ", "
         "CASE WHEN a.first_at IS NULL THEN " + _US.format("ev.created_at", "UTC_TIMESTAMP(6)") + " END "
         "FROM connectors_execution x JOIN connectors_projection p ON p.id = x.projection_id "
         "JOIN connectors_event ev ON ev.id = p.event_id "
         "LEFT JOIN (SELECT execution_id, MIN(created_at) AS first_at FROM connectors_executionattempt "
-        "GROUP BY execution_id) a ON a.execution_id = x.id WHERE x.org_id = %s AND x.id > %s", "execution"),
+        "GROUP BY execution_id) a ON a.execution_id = x.id WHERE x.org_id = %s AND x.id > %s", ("execution",)),
     "flow_step_claim": (
         "SELECT GREATEST(s.created_at, COALESCE(s.run_after, s.created_at)), a.first_at, "
         + _US.format("GREATEST(s.created_at, COALESCE(s.run_after, s.created_at))", "a.first_at") + ", "
@@ -453,20 +459,20 @@ CLASS_SQL = {
         "FROM flows_flowstepexecution s LEFT JOIN (SELECT step_id, MIN(started_at) AS first_at "
         "FROM flows_flowstepattempt GROUP BY step_id) a ON a.step_id = s.id "
         "WHERE s.org_id = %s AND s.id > %s AND (a.first_at IS NOT NULL OR s.state IN ('Pending', 'RetryScheduled'))",
-        "step"),
+        ("step",)),
     "outbound_authoring": (
         "SELECT r.created_at, c.created_at, " + _US.format("r.created_at", "c.created_at") + ", "
         "CASE WHEN c.id IS NULL AND r.state NOT IN ('Succeeded', 'TerminalFailed', 'Quarantined', 'Cancelled') "
         "THEN " + _US.format("r.created_at", "UTC_TIMESTAMP(6)") + " END "
         "FROM flows_flowrun r LEFT JOIN runtime_outbox_outboundcommand c ON c.origin_flow_run_id = r.id "
-        "WHERE r.org_id = %s AND r.id > %s AND r.trigger_object_name <> ''", "run"),
+        "WHERE r.org_id = %s AND r.id > %s AND r.trigger_object_name <> ''", ("run",)),
     "permit_acquisition": (
         "SELECT f.created_at, p.first_at, " + _US.format("f.created_at", "p.first_at") + ", "
         "CASE WHEN p.first_at IS NULL AND f.state NOT IN ('finalized', 'no_effect', 'quarantined') THEN "
         + _US.format("f.created_at", "UTC_TIMESTAMP(6)") + " END "
         "FROM connectors_remoteeffect f LEFT JOIN (SELECT t.effect_id, MIN(d.created_at) AS first_at "
         "FROM connectors_remoteeffectattempt t JOIN connectors_dispatchpermit d ON d.attempt_id = t.id "
-        "GROUP BY t.effect_id) p ON p.effect_id = f.id WHERE f.org_id = %s AND f.id > %s", "effect"),
+        "GROUP BY t.effect_id) p ON p.effect_id = f.id WHERE f.org_id = %s AND f.id > %s", ("effect",)),
     "settlement": (
         "SELECT p.sent_at, CASE WHEN f.state = 'finalized' THEN f.updated_at END, "
         "CASE WHEN f.state = 'finalized' THEN " + _US.format("p.sent_at", "f.updated_at") + " END, "
@@ -475,7 +481,7 @@ CLASS_SQL = {
         "FROM connectors_remoteeffect f JOIN (SELECT t.effect_id, MAX(d.io_may_have_started_at) AS sent_at "
         "FROM connectors_remoteeffectattempt t JOIN connectors_dispatchpermit d ON d.attempt_id = t.id "
         "WHERE d.io_may_have_started_at IS NOT NULL GROUP BY t.effect_id) p ON p.effect_id = f.id "
-        "WHERE f.org_id = %s AND f.id > %s", "effect"),
+        "WHERE f.org_id = %s AND f.id > %s", ("effect",)),
 }
 
 
@@ -527,8 +533,9 @@ def measure_classes(plan: dict[str, Any], offered: Offered, org_id: str, before:
     out: dict[str, dict[str, Any]] = {}
     for name in OPERATION_CLASSES:
         if name in CLASS_SQL:
-            sql, mark = CLASS_SQL[name]
-            figures = class_figures(_rows(sql, [org_id, before[mark]]), offered=offered_units(plan, name),
+            sql, ids = CLASS_SQL[name]
+            params = [value for mark in ids for value in (org_id, before[mark])]
+            figures = class_figures(_rows(sql, params), offered=offered_units(plan, name),
                                     offered_per_second=offered_per_second(plan, name))
             if name == "outbound_authoring":
                 figures["delivery"] = _driven_figures(plan, offered, name)

@@ -46,7 +46,9 @@ def test_a_tiny_plan_runs_every_class_on_real_workers_and_judges_every_budget(tm
     report = json.loads((tmp_path / "capacity_report.json").read_text(encoding="utf-8"))
     assert json.loads(result.stdout.strip().splitlines()[-1])["budgets"] == report["budgets"]
     classes = report["classes"]
-    assert classes["admission"]["outcomes"] == {"admitted": 8}
+    # A delivery answered 503 after its receipt committed is admitted by the provider's resend (200).
+    assert set(classes["admission"]["outcomes"]) <= {"admitted", "admitted_on_retry"}
+    assert classes["admission"]["completed"] == 8
     assert classes["replay_admission"]["outcomes"] == {"redelivered": 2}
     # Every customer event authored one command, got a Permit and was settled at the billing sandbox.
     for name in ("outbound_authoring", "permit_acquisition", "settlement"):
