@@ -22,6 +22,8 @@ from nexusflow.kernel.tuning import setting_number
 
 RETRY_CAP_SECONDS = 300.0
 CLAIM_BATCH = 10
+#: Steps a ``flow.step`` round claims by default (:func:`claim_batch`).
+CLAIM_BATCH_DEFAULT = 8
 JITTER_FRACTION = 0.1
 
 
@@ -35,8 +37,8 @@ def schedule_batch() -> int:
 
 def claim_batch() -> int:
     """Steps one ``flow.step`` round claims in one transaction and then runs (``NEXUS_FLOW_CLAIM_BATCH``, 1 to
-    :data:`CLAIM_BATCH`, default 4)."""
-    return max(1, min(CLAIM_BATCH, int(setting_number("NEXUS_FLOW_CLAIM_BATCH", 4))))
+    :data:`CLAIM_BATCH`, default :data:`CLAIM_BATCH_DEFAULT`)."""
+    return max(1, min(CLAIM_BATCH, int(setting_number("NEXUS_FLOW_CLAIM_BATCH", CLAIM_BATCH_DEFAULT))))
 
 
 def lease_seconds() -> float:
@@ -99,13 +101,15 @@ def retry_policy_digest(org_id: str | None = None, plan_id: int | None = None) -
     ]).hexdigest
 
 
-def recovery_backoff_floor_ms(*, step_id: int, attempt_number: int, org_id: str | None = None) -> int:
+def recovery_backoff_floor_ms(*, step_id: int, attempt_number: int, org_id: str | None = None,
+                              base_seconds: float | None = None) -> int:
     """Deterministic jittered backoff floor for one attempt (seed 004 section 12.1 step 5).
 
     ``base * 2**(n-1)``, capped, plus up to 10 % jitter derived from the step
-    id and attempt number, never below the ordinary retry floor.
+    id and attempt number, never below the ordinary retry floor. ``base_seconds`` is
+    :func:`retry_base_seconds` of ``org_id`` when the caller read it already.
     """
-    base = retry_base_seconds(org_id) * 1000.0
+    base = (retry_base_seconds(org_id) if base_seconds is None else base_seconds) * 1000.0
     floor = min(base * (2 ** max(attempt_number - 1, 0)), RETRY_CAP_SECONDS * 1000.0)
     seed = hashlib.sha256(f"{step_id}:{attempt_number}".encode()).digest()
     jitter = int.from_bytes(seed[:4], "big") / 0xFFFFFFFF * JITTER_FRACTION

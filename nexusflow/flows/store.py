@@ -9,12 +9,17 @@ links); taking a lower-ranked lifecycle row after a higher one raises
 """
 from __future__ import annotations
 
+import datetime as dt
+
 from nexusflow.kernel import canonical_json, locks
+from nexusflow.kernel.clock import db_now_sql
 from nexusflow.kernel.errors import FenceRejected, IllegalTransition
+from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.models import insert
 from nexusflow.kernel.store import CasStore
 
 from . import transitions as t
+from . import wakeups
 from .compiler.constants import KIND_EFFECT_COMPLETION, KIND_TERMINAL
 from .errors import CheckpointRejected
 from .models import (
@@ -49,7 +54,82 @@ def note_lifecycle_rank(rank: int, label: str, using: str = "default") -> None:
 
 
 class _FlowCasStore(CasStore):
+    """A Flow lifecycle store. Its locking reads are :class:`CasStore`'s (same lock-order notes, same rows,
+    same errors) sent as one precompiled ``SELECT <every column> ... FOR UPDATE`` per row shape instead of a
+    queryset compiled for each call: they are on every claim, start and step transaction (docs/performance.md
+    "Flow runs: wake hints and fewer round trips")."""
+
     lock_class = locks.LockClass.FLOW_LIFECYCLE
+
+    @classmethod
+    def _select_sql(cls) -> str:
+        cached = cls.__dict__.get("_select_sql_cache")
+        if cached is None:
+            columns = ", ".join(f"`{f.column}`" for f in cls.model._meta.concrete_fields)
+            cached = f"SELECT {columns}{{extra}} FROM `{cls.model._meta.db_table}` WHERE {{where}} FOR UPDATE"
+            cls._select_sql_cache = cached
+        return cached
+
+    @classmethod
+    def _locked_rows(cls, where: str, params: list, *, extra: str = "", extra_params=(), mode: str = "") -> list:
+        sql = cls._select_sql().format(extra=extra, where=where) + mode
+        return list(cls.model.objects.db_manager(cls.db()).raw(sql, [*extra_params, *params]))
+
+    @classmethod
+    def lock(cls, org_id: str, pk: int, *, nowait: bool = False):
+        """Lock and return one row by ``(org_id, id)`` (see :meth:`CasStore.lock`).
+
+        Raises:
+            InvalidIdentity: ``pk`` is an id of another model, a bool or not a positive int (before SQL).
+            Model.DoesNotExist: no such row in that org.
+            django.db.OperationalError: ``nowait`` and the row is locked.
+        """
+        pk = require_id(pk, cls.model, field=f"{cls.model.__name__} pk")
+        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label, key=(org_id, int(pk)),
+                   nowait=nowait)
+        rows = cls._locked_rows("`id` = %s AND `org_id` = %s", [int(pk), org_id], mode=" NOWAIT" if nowait else "")
+        if not rows:
+            raise cls.model.DoesNotExist(f"{cls.model.__name__} {int(pk)} does not exist in that org")
+        return rows[0]
+
+    @classmethod
+    def lock_at_clock(cls, org_id: str, pk: int):
+        """Lock one row like :meth:`lock` and read the database clock in the same statement
+        (see :meth:`CasStore.lock_at_clock`).
+
+        Returns:
+            ``(row, now)``: ``now`` is the clock of :func:`nexusflow.kernel.clock.db_now_sql` (aware UTC).
+
+        Raises:
+            as :meth:`lock`.
+        """
+        pk = require_id(pk, cls.model, field=f"{cls.model.__name__} pk")
+        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label, key=(org_id, int(pk)))
+        clock = db_now_sql()
+        rows = cls._locked_rows("`id` = %s AND `org_id` = %s", [int(pk), org_id],
+                                extra=f", ({clock.sql}) AS `db_clock_at_lock`", extra_params=clock.params)
+        if not rows:
+            raise cls.model.DoesNotExist(f"{cls.model.__name__} {int(pk)} does not exist in that org")
+        now = rows[0].db_clock_at_lock
+        return rows[0], now if now.tzinfo is not None else now.replace(tzinfo=dt.timezone.utc)
+
+    @classmethod
+    def lock_many(cls, org_id: str, pks, *, skip_locked: bool = False) -> list:
+        """Lock the rows ``pks`` of ``org_id`` in one statement, in ascending id order (see
+        :meth:`CasStore.lock_many`).
+
+        Raises:
+            InvalidIdentity: an id of another model or not a positive int (before SQL).
+            LockOrderViolation: taken after a higher position (mode ``raise``).
+        """
+        ids = sorted({int(require_id(pk, cls.model, field=f"{cls.model.__name__} pk")) for pk in pks})
+        if not ids:
+            return []
+        for pk in (ids[:1] + ids[-1:]):  # the lowest key against what is held, then the highest is held
+            locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label, key=(org_id, pk))
+        marks = ", ".join(["%s"] * len(ids))
+        return cls._locked_rows(f"`org_id` = %s AND `id` IN ({marks}) ORDER BY `id`", [org_id, *ids],
+                                mode=" SKIP LOCKED" if skip_locked else "")
 
 
 class FlowScheduleOccurrenceStore(_FlowCasStore):
@@ -74,8 +154,12 @@ class FlowActivationStore(_FlowCasStore):
 
 
 #: Called inside the transaction that moves a run into a terminal state, after the CAS:
-#: ``hook(org_id=..., run_id=..., state=...)`` (registered by the app, :func:`register_run_ended`).
+#: ``hook(org_id=..., run_id=..., state=..., parent_run_id=...)`` (registered by the app,
+#: :func:`register_run_ended`); ``parent_run_id`` is :data:`PARENT_UNREAD` when the caller did not hand over
+#: the locked root.
 _RUN_ENDED_HOOKS: list = []
+#: ``parent_run_id`` of a run-ended hook call whose caller did not hand over the root row: the hook reads it.
+PARENT_UNREAD = object()
 
 
 def register_run_ended(hook) -> None:
@@ -113,8 +197,15 @@ class FlowRunStore(_FlowCasStore):
         return super().create(**values)
 
     @classmethod
-    def transition(cls, *, set_fields=None, **kwargs) -> int:
+    def transition(cls, *, set_fields=None, locked: FlowRun | None = None, **kwargs) -> int:
         """Move the root and its legacy projection together (see :meth:`CasStore.transition`).
+
+        A move to ``Runnable`` hints the idle ``flow`` workers once the transaction commits
+        (:func:`.wakeups.hint_after_commit`); a move to a terminal state calls the run-ended hooks.
+
+        Args:
+            locked: the root row as the caller locked it in this transaction: its ``parent_run_id`` (fixed
+                at insert) goes to the run-ended hooks, which then need not read it.
 
         Raises:
             ValueError: ``set_fields`` names ``legacy_status`` (before SQL).
@@ -124,9 +215,12 @@ class FlowRunStore(_FlowCasStore):
         cls.machine.assert_transition(kwargs["src"], kwargs["dst"])  # unlisted pairs fail before anything else
         set_fields = {**(set_fields or {}), "legacy_status": t.legacy_status_of(kwargs["dst"])}
         version = super().transition(set_fields=set_fields, **kwargs)
+        if kwargs["dst"] == t.RUN_RUNNABLE:  # an idle worker may claim it as soon as this commits
+            wakeups.hint_after_commit(wakeups.RUNNABLE, cls.db())
         if kwargs["dst"] in cls.machine.terminal:
+            parent = PARENT_UNREAD if locked is None or int(locked.pk) != int(kwargs["pk"]) else locked.parent_run_id
             for hook in _RUN_ENDED_HOOKS:
-                hook(org_id=kwargs["org_id"], run_id=kwargs["pk"], state=kwargs["dst"])
+                hook(org_id=kwargs["org_id"], run_id=kwargs["pk"], state=kwargs["dst"], parent_run_id=parent)
         return version
 
     @classmethod
@@ -273,4 +367,6 @@ def wake_signal_insert(**values) -> FlowWakeSignal:
     """Insert an accepted wake signal (no lock on any existing Flow row)."""
     t.FLOW_WAKE_SIGNAL.assert_initial(values["state"])
     values.setdefault("version", 1)
-    return insert(FlowWakeSignal, **values)
+    signal = insert(FlowWakeSignal, **values)
+    wakeups.hint_after_commit(wakeups.SIGNAL)
+    return signal

@@ -39,6 +39,33 @@ def wait_succeeded(ids: list[int], procs: Processes) -> None:
         org_id=ORG, pk__in=ids, state="Succeeded").count() == len(ids), procs)
 
 
+#: Runs started and awaited (not measured) once every latency worker is up: their first claims load what a
+#: worker reads once per process (plan, policy, connections).
+WARM_UP_RUNS = 4
+
+
+def workers_ready(procs: Processes, warm_up: list[int]) -> None:
+    """Wait until every process of ``procs`` logged its ``worker.start`` line and the runs ``warm_up`` succeeded.
+
+    The latency is that of running workers: without this wait the first runs of the open loop would also
+    wait for the worker processes to start (about a second on this machine) and be charged for it.
+
+    Raises:
+        BenchError: as :func:`packs.bench.measure.wait_for`.
+    """
+    from packs.bench.measure import RUN_DIR
+
+    def started() -> bool:
+        for name, _proc in procs.procs:
+            log = RUN_DIR / f"{name}.log"
+            if not log.exists() or b'"worker.start"' not in log.read_bytes():
+                return False
+        return True
+
+    wait_for("the flow workers' start", started, procs)
+    wait_succeeded(warm_up, procs)
+
+
 def flow_runs_series(cfg: dict, env: dict, runs: int, say) -> list[dict[str, Any]]:
     """Durable one-step Flow runs per second with 1, 2 and 4 ``run_workers --role flow`` processes.
 
@@ -68,8 +95,9 @@ def flow_runs_series(cfg: dict, env: dict, runs: int, say) -> list[dict[str, Any
 def flow_latency(env: dict, *, rate: float, runs: int, say) -> dict[str, Any]:
     """Flow start -> Succeeded latency (ms) under an open-loop arrival of ``rate`` starts/s, two flow workers.
 
-    Runs are started on a fixed schedule while the workers run (a start that falls behind it is not
-    skipped); each run's latency is its ``completed_at`` minus its ``created_at`` (both the database clock).
+    Runs are started on a fixed schedule once the workers run (:func:`workers_ready`; a start that falls
+    behind the schedule is not skipped); each run's latency is its ``completed_at`` minus its ``created_at``
+    (both the database clock).
     Returns ``{"arrival_per_second", "units", "workers", "p50_ms", "p95_ms", "p99_ms"}``.
     """
     from nexusflow.flows.models import FlowRun
@@ -77,6 +105,7 @@ def flow_latency(env: dict, *, rate: float, runs: int, say) -> dict[str, Any]:
     say(f"bench: Flow start -> Succeeded latency, {runs} runs at {rate:.0f}/s, 2 flow workers")
     ids: list[int] = []
     with workers(("flow",), 2, "flow-latency", env) as procs:
+        workers_ready(procs, [start_run(f"latency-warm-{i}", i) for i in range(WARM_UP_RUNS)])
         open_loop(runs, rate, lambda i: ids.append(start_run(f"latency-{i}", i)))
         wait_succeeded(ids, procs)
     latencies = [(r.completed_at - r.created_at).total_seconds() * 1000

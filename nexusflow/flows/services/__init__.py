@@ -61,7 +61,7 @@ from .deploy import (
 from .effects import effect_root_id_for
 from .expiry import flow_try_expire_one, flow_try_repair_one
 from .handoff import effect_handoff_finalize
-from .execute import flow_run_drive, flow_step_execute, flow_try_run_step_one
+from .execute import flow_run_drive, flow_step_execute, flow_try_run_step_one, flow_try_run_step_or_wait_one
 from .lifecycle import CancelResult, flow_run_delete, flow_step_heartbeat, flow_try_cancel_cleanup_one
 from .recovery import flow_try_recover_expired_one
 from .schedules import flow_schedules_list, flow_try_schedule_one
@@ -77,6 +77,6 @@ __all__ = [
     "flow_step_claim_one",
     "flow_step_execute", "flow_step_heartbeat", "flow_trigger_on_record_saved", "flow_try_cancel_cleanup_one",
     "flow_try_expire_one", "flow_try_recover_expired_one", "flow_try_repair_one", "flow_try_resume_due_one",
-    "flow_try_run_step_one", "flow_try_schedule_one", "flow_try_wake_one", "flow_wait_signal", "flow_waits_list", "flow_wake_signal_accept",
+    "flow_try_run_step_one", "flow_try_run_step_or_wait_one", "flow_try_schedule_one", "flow_try_wake_one", "flow_wait_signal", "flow_waits_list", "flow_wake_signal_accept",
     "metadata_view_seal", "plan_inputs",
 ]

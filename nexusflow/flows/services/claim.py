@@ -71,6 +71,17 @@ class StepClaim:
     interview_start: dt.datetime | None = None
     #: The run's trace id (``FlowRun.trace_id``; ``""``: none).
     trace_id: str = ""
+    #: The run's ``(trigger_object_name, record_key)`` (fixed at insert), read with the root at the claim;
+    #: ``None``: not read.
+    trigger: tuple[str, str] | None = None
+    #: ``(trigger snapshot, input context)`` read once after the claim (:func:`.step_txn.claims_with_inputs`;
+    #: immutable checkpoints); ``None``: the step reads them.
+    inputs: tuple[dict, dict] | None = None
+    #: The run's highest checkpoint sequence, read with :attr:`inputs` after the claim committed. Only the
+    #: fenced commit of this claim inserts the run's next checkpoint while the fence holds, so it stays the
+    #: highest until then (the unique ``(org, run, sequence)`` key refuses a stale one); ``None``: the step
+    #: reads it.
+    checkpoint_sequence: int | None = None
 
 
 def _lease_digest(token: str) -> str:
@@ -170,14 +181,18 @@ def _claim_from(worker_id: str, org_id: str, plans: list[int], now, limit: int,
     plan_id = _next_plan(worker_id, org_id, plans)
     if headroom is not None:
         limit = min(limit, headroom[plan_id])
-    ours = flow_due_run_candidates(org_id=org_id, now=now, limit=max(policy.CLAIM_BATCH, limit), plan_id=plan_id,
-                                   retries=retries_left is None or retries_left > 0)
+    ours = flow_due_run_candidates(org_id=org_id, now=now, limit=max(policy.CLAIM_BATCH, DISCOVERY_CHUNKS * limit),
+                                   plan_id=plan_id, retries=retries_left is None or retries_left > 0)
     for first in range(0, len(ours), limit):
         claims = _claim_chunk(org_id, ours[first:first + limit], worker_id, retries_left)
         if claims:
             return claims
     return []
 
+
+#: Claim chunks one discovery reads candidates for: when other workers claim the first chunk's runs at the
+#: same moment, the next chunk is tried in the same round instead of the worker going idle.
+DISCOVERY_CHUNKS = 3
 
 #: The window of the retry budget (runtime policy ``retries.max_per_minute``), seconds of the database clock.
 RETRY_WINDOW_SECONDS = 60
@@ -273,12 +288,13 @@ def _claim_chunk(org_id: str, chunk: list[tuple[int, int]], worker_id: str,
         steps = {int(step.pk): step for step in FlowStepStore.lock_many(
             org_id, [run.current_step_id for run in runs])}
         claims = {}
+        memo: dict = {}
         for run in runs:
             step = steps.get(int(run.current_step_id))
             retry = step is not None and step.state == t.STEP_RETRY_SCHEDULED
             if retry and retries_left is not None and retries_left <= 0:
                 continue  # the org's retry budget is spent: first attempts only
-            claim = _claim_locked(run, step, now, worker_id)
+            claim = _claim_locked(run, step, now, worker_id, memo)
             if claim is not None:
                 claims[int(run.pk)] = claim
                 retries_left = retries_left - 1 if retry and retries_left is not None else retries_left
@@ -300,9 +316,10 @@ def _claim(*, org_id: str, run_id: int, step_id: int, worker_id: str) -> StepCla
 
 
 def _claim_locked(run: FlowRun, step: FlowStepExecution | None, now: dt.datetime,
-                  worker_id: str) -> StepClaim | None:
+                  worker_id: str, memo: dict | None = None) -> StepClaim | None:
     """Verify a locked claimable root and its locked current step, then write the claim (seed 004 section 12.1
-    steps 3-5); ``None`` when the step is not due or the run's plan binding does not hold."""
+    steps 3-5); ``None`` when the step is not due or the run's plan binding does not hold. ``memo`` keeps the
+    policy numbers read for a plan across the claims of one transaction."""
     org_id = run.org_id
     if (step is None or step.run_id != run.pk or step.state not in (t.STEP_PENDING, t.STEP_RETRY_SCHEDULED)
             or (step.run_after is not None and step.run_after > now)):
@@ -316,7 +333,12 @@ def _claim_locked(run: FlowRun, step: FlowStepExecution | None, now: dt.datetime
         return None
     token = secrets.token_urlsafe(32)
     token_digest = _lease_digest(token)
-    expires = now + dt.timedelta(seconds=policy.lease_seconds())
+    memo = {} if memo is None else memo
+    if (org_id, run.plan_id) not in memo:  # the policy numbers of one claim transaction, read once per plan
+        memo[(org_id, run.plan_id)] = (policy.lease_seconds(), policy.retry_policy_digest(org_id, run.plan_id),
+                                       policy.retry_base_seconds(org_id))
+    lease, retry_digest, retry_base = memo[(org_id, run.plan_id)]
+    expires = now + dt.timedelta(seconds=lease)
     attempt_number = step.attempt_count + 1
     lock_plan = _lock_plan_for(run, step)
     step_version = FlowStepStore.transition(
@@ -333,9 +355,9 @@ def _claim_locked(run: FlowRun, step: FlowStepExecution | None, now: dt.datetime
     attempt = FlowAttemptStore.create(
         org_id=org_id, step=step, attempt_number=attempt_number, state=t.ATTEMPT_STARTED,
         lease_owner=worker_id, lease_token_digest=token_digest, ownership_epoch=step.ownership_epoch,
-        root_state_version_at_claim=root_version, retry_policy_digest=policy.retry_policy_digest(org_id, run.plan_id),
+        root_state_version_at_claim=root_version, retry_policy_digest=retry_digest,
         recovery_backoff_floor_ms=policy.recovery_backoff_floor_ms(step_id=step.pk, attempt_number=attempt_number,
-                                                            org_id=org_id),
+                                                                   org_id=org_id, base_seconds=retry_base),
         plan_digest=run.plan_digest, started_at=now, lock_plan=[list(r) for r in lock_plan],
         lock_plan_digest=_lock_plan_digest(lock_plan),
     )
@@ -345,7 +367,7 @@ def _claim_locked(run: FlowRun, step: FlowStepExecution | None, now: dt.datetime
         lease_token_digest=token_digest, ownership_epoch=step.ownership_epoch, root_version=root_version,
         step_version=step_version, attempt_version=attempt.version, lease_expires_at=expires, lock_plan=lock_plan,
         plan_id=int(run.plan_id), plan_digest=run.plan_digest, input_checkpoint_id=step.input_checkpoint_id,
-        interview_start=started_at, trace_id=run.trace_id,
+        interview_start=started_at, trace_id=run.trace_id, trigger=(run.trigger_object_name, run.record_key),
     )
 
 

@@ -26,7 +26,7 @@ from .. import reasons
 from .. import transitions as t
 from ..binding import scope_of
 from ..handlers import binary_supports
-from ..models import FlowDependency, FlowEffectLink, FlowExecutionPlan, FlowRun, FlowWakeSignal
+from ..models import FlowEffectLink, FlowExecutionPlan, FlowRun, FlowWakeSignal
 from ..store import FlowDependencyStore, FlowWakeSignalStore, effect_link_insert
 from .claim import StepClaim
 from .deploy import _persisted_snapshot
@@ -85,8 +85,12 @@ def _exec_effect_submit(claim: StepClaim, plan: FlowExecutionPlan, step_def: dic
         return "quarantined"
     if step_def.get("effect_owner") == DELIVERY_EFFECT_OWNER:
         return _exec_delivery_submit(claim, plan, step_def)
-    identity = FlowRun.objects.only("org_id", "trigger_object_name", "record_key").get(
-        org_id=claim.org_id, pk=claim.run_id)
+    if claim.trigger is not None:  # read with the root at the claim (fixed at insert)
+        trigger_object_name, record_key = claim.trigger
+    else:
+        identity = FlowRun.objects.only("org_id", "trigger_object_name", "record_key").get(
+            org_id=claim.org_id, pk=claim.run_id)
+        trigger_object_name, record_key = identity.trigger_object_name, identity.record_key
     context = _input_state(claim)  # the variables the steps after the effect read
     effect_root_id = effect_root_id_for(org_id=claim.org_id, plan_id=plan.plan_id, run_id=claim.run_id)
     with _step_txn():
@@ -94,8 +98,8 @@ def _exec_effect_submit(claim: StepClaim, plan: FlowExecutionPlan, step_def: dic
         try:
             # Business lock first (section 13.1), before the Flow root: the record owner fence (seed 000),
             # taken on the row live or deleted so that a committed deletion is seen, not a missing row.
-            record = record_lock_owner(org=OrgScope(claim.org_id), object_name=identity.trigger_object_name,
-                                       record_key=identity.record_key)
+            record = record_lock_owner(org=OrgScope(claim.org_id), object_name=trigger_object_name,
+                                       record_key=record_key)
         except Record.DoesNotExist:
             record = None
         run, _step, attempt = _lock_fenced(claim)
@@ -225,9 +229,9 @@ def _complete_or_wait(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[
         scope = scope_of(run)
         scope_filter = dict(org_id=scope.org_id, app_installation_id=scope.app_installation_id,
                             runtime_capability_id=scope.runtime_capability_id, binding_digest=scope.binding_digest)
-        dependency = FlowDependency.objects.filter(step_id=claim.step_id, **scope_filter).first()
-        if dependency is not None:
-            dependency = FlowDependencyStore.lock(claim.org_id, dependency.pk)
+        # The step's one dependency (unique per work scope and step), locked by that key in one read.
+        dependency = next(iter(FlowDependencyStore.lock_all(
+            claim.org_id, step_id=claim.step_id, **{k: v for k, v in scope_filter.items() if k != "org_id"})), None)
         receipt_id = dependency.resolution_receipt_id if (
             dependency is not None and dependency.state == t.DEP_SATISFIED) else None
         if receipt_id is None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import time
 from typing import Any, Callable
 
 from django.db import connection, transaction
@@ -28,7 +29,7 @@ from nexusflow.kernel.pressure import mutation_admission
 from runtime_outbox.policy import runtime_policy
 from nexusflow.kernel.scope import OrgScope
 
-from .. import policy, reasons
+from .. import policy, reasons, wakeups
 from ..authorization import FlowAccessDenied, reauthorize_step, system_identity
 from .. import transitions as t
 from ..compiler import (
@@ -50,6 +51,7 @@ from .admission import _SAVE_ORIGIN, _SaveOrigin, _step_def
 from .claim import StepClaim, _claim, flow_lease_admission, flow_step_claim_batch
 from .effects import _exec_effect_completion, _exec_effect_submit
 from .time_waits import _exec_dependency_wait
+from .waits import flow_try_wake_one
 from .step_txn import (
     FP_BEFORE_COMMIT,
     _attempt_fences,
@@ -62,6 +64,7 @@ from .step_txn import (
     _step_inputs,
     _step_txn,
     _verify_root,
+    claims_with_inputs,
 )
 
 log = logging.getLogger("nexusflow.flows")
@@ -430,6 +433,8 @@ def flow_step_execute(*, claim: StepClaim, started: StepClaim | None = None) -> 
 def _step_execute(claim: StepClaim, started: StepClaim | None) -> str:
     failpoints.hit(FP_AFTER_CLAIM)
     claim = _start(claim) if started is None else started
+    if claim.inputs is None:
+        claim = claims_with_inputs([claim])[0]
     plan = flow_plan_of(org_id=claim.org_id, plan_id=claim.plan_id, plan_digest=claim.plan_digest)
     step_def = _step_def(plan, claim.step_key)
     executor = (_exec_recursion_limited if claim.save_depth > policy.RECURSIVE_SAVE_LIMIT
@@ -623,7 +628,7 @@ def flow_try_run_step_one(*, worker_id: str) -> bool:
     bounds = runtime_policy().pressure
     if mutation_admission(bounds) or flow_lease_admission(bounds):
         return False
-    claims = flow_step_claim_batch(worker_id=worker_id)
+    claims = claims_with_inputs(flow_step_claim_batch(worker_id=worker_id))
     starts = _start_batch(claims) if len(claims) > 1 else {}
     for claim in claims:
         try:
@@ -634,6 +639,66 @@ def flow_try_run_step_one(*, worker_id: str) -> bool:
         except StaleVersion as exc:
             log.warning("flow step fenced: %s", exc, extra={"org_id": claim.org_id, "run_id": claim.run_id})
     return bool(claims)
+
+
+#: Seconds an idle ``flow.step`` unit listens for a wake hint before it reports no work
+#: (``NEXUS_FLOW_WAKE_WAIT_SECONDS``, 0 to 1, default 0.25).
+WAKE_WAIT_SECONDS = 0.25
+
+
+def wake_wait_seconds() -> float:
+    """How long an idle ``flow.step`` unit listens for a wake hint (``NEXUS_FLOW_WAKE_WAIT_SECONDS``, 0 to 1)."""
+    from nexusflow.kernel.tuning import setting_number
+
+    return max(0.0, min(1.0, float(setting_number("NEXUS_FLOW_WAKE_WAIT_SECONDS", WAKE_WAIT_SECONDS))))
+
+
+def flow_try_run_step_or_wait_one(*, worker_id: str, seconds: float | None = None) -> bool:
+    """Run a batch of due steps (:func:`flow_try_run_step_one`); with none due, listen for a wake hint.
+
+    The ``flow.step`` unit of ``run_workers --role flow``. When nothing is due it waits up to ``seconds``
+    (default :func:`wake_wait_seconds`) on this process's wake hint socket (:mod:`..wakeups`): a committed
+    start, resumed wait or accepted wake signal is then claimed at once instead of at the worker's next
+    poll after its idle sleep. A hint is only a reason to look again: the work is discovered and claimed
+    through the rows, under their fences (seed 004 sections 12.1 and 14.2); a ``SIGNAL`` hint first runs
+    :func:`.waits.flow_try_wake_one`.
+
+    Returns:
+        True when a step was claimed or a wake resolved; False when nothing came within ``seconds``.
+
+    Raises:
+        InvalidIdentity: a bad ``worker_id`` (before SQL).
+    """
+    seconds = wake_wait_seconds() if seconds is None else seconds
+    hints = wakeups.listener() if seconds > 0 else None
+    # Hints that came while this worker was busy: a wake signal is resolved now, not when flow.wake's turn
+    # comes round again.
+    woke = hints is not None and _wake_on(hints.drain())
+    if flow_try_run_step_one(worker_id=worker_id) or woke:
+        return True
+    if hints is None:
+        return False
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        kinds = hints.wait(left)
+        if not kinds:
+            return False
+        woke = _wake_on(kinds)
+        if flow_try_run_step_one(worker_id=worker_id) or woke:
+            return True
+    return False
+
+
+def _wake_on(kinds: frozenset[bytes]) -> bool:
+    """Resolve accepted wake signals (up to :data:`policy.CLAIM_BATCH`) when ``kinds`` holds a signal hint."""
+    if wakeups.SIGNAL not in kinds:
+        return False
+    woke = False
+    for _ in range(policy.CLAIM_BATCH):
+        if not flow_try_wake_one():
+            break
+        woke = True
+    return woke
 
 
 def flow_run_drive(*, org: OrgScope, run_id: FlowRun.Id | int, worker_id: str, max_steps: int = 100) -> str:

@@ -45,7 +45,7 @@ from ..errors import FlowExecutionError, PlanMismatch
 from ..step_values import subflow_call_inputs, subflow_call_outputs
 from ..models import FlowCheckpoint, FlowExecutionPlan, FlowRun
 from ..producers import PRODUCER_SUBFLOW
-from ..store import FlowRunStore, wake_signal_insert
+from ..store import PARENT_UNREAD, FlowRunStore, wake_signal_insert
 from .admission import EXECUTION_OWNER, START_OBJECT, START_RECORD_VERSION, _admit_first_step, _step_def
 from .claim import StepClaim
 from .expiry import EXPIRY_TERMINAL
@@ -163,10 +163,14 @@ def _exec_subflow(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str,
         return "succeeded"
 
 
-def subflow_run_ended(*, org_id: str, run_id: int, state: str) -> None:
+def subflow_run_ended(*, org_id: str, run_id: int, state: str, parent_run_id=PARENT_UNREAD) -> None:
     """:class:`..store.FlowRunStore` hook, in the transaction that ends run ``run_id``: when it is a subflow's
-    child, accept the parent's wake (producer ``subflow``; no parent row is locked) and match it after commit."""
-    parent_id = FlowRun.objects.filter(org_id=org_id, pk=run_id).values_list("parent_run_id", flat=True).first()
+    child, accept the parent's wake (producer ``subflow``; no parent row is locked) and match it after commit.
+
+    ``parent_run_id`` is the ending run's parent as the caller's locked root holds it (``None``: none), or
+    :data:`..store.PARENT_UNREAD`: read it here."""
+    parent_id = parent_run_id if parent_run_id is not PARENT_UNREAD else (
+        FlowRun.objects.filter(org_id=org_id, pk=run_id).values_list("parent_run_id", flat=True).first())
     if parent_id is None:
         return
     scope = FlowRun.objects.values("app_installation_id", "runtime_capability_id", "binding_digest").get(

@@ -210,18 +210,22 @@ def flow_try_wake_one() -> bool:
     )
     candidates = list(
         FlowWakeSignal.objects.filter(state=t.SIGNAL_UNMATCHED).filter(Exists(waiting))
-        .order_by("id").values_list("id", "org_id", "flow_run_id")[: policy.CLAIM_BATCH]
+        .order_by("id").values_list("id", "org_id", "flow_run_id", "dependency_key")[: policy.CLAIM_BATCH]
     )
-    for signal_id, org_id, run_id in candidates:
-        if _wake(org_id=org_id, run_id=run_id, signal_id=signal_id):
+    for signal_id, org_id, run_id, dependency_key in candidates:
+        if _wake(org_id=org_id, run_id=run_id, signal_id=signal_id, dependency_key=dependency_key):
             return True
     return False
 
 
-def _wake(*, org_id: str, run_id: int, signal_id: int) -> bool:
+def _wake(*, org_id: str, run_id: int, signal_id: int, dependency_key: str | None = None) -> bool:
+    """Resolve the waiting dependency of run ``run_id`` that signal ``signal_id`` names; True when it did.
+
+    ``dependency_key`` is the signal's (an immutable column) as its discovery read it; ``None``: read it
+    here. Either way the locked signal is verified against the run, its complete work scope and that key.
+    """
     with transaction.atomic(durable=True):
-        now = db_now()
-        run = FlowRunStore.lock(org_id, run_id)
+        run, now = FlowRunStore.lock_at_clock(org_id, run_id)
         if run.current_step_id is None or not root_waits_on(run, run.current_step_id):
             return False
         step = FlowStepStore.lock(org_id, run.current_step_id)
@@ -230,15 +234,21 @@ def _wake(*, org_id: str, run_id: int, signal_id: int) -> bool:
         scope = scope_of(run)
         scope_filter = dict(org_id=scope.org_id, app_installation_id=scope.app_installation_id,
                             runtime_capability_id=scope.runtime_capability_id, binding_digest=scope.binding_digest)
-        seen = FlowWakeSignal.objects.filter(pk=signal_id, flow_run_id=run.pk, **scope_filter).first()
-        if seen is None:
+        if dependency_key is None:
+            dependency_key = (FlowWakeSignal.objects.filter(pk=signal_id, flow_run_id=run.pk, **scope_filter)
+                              .values_list("dependency_key", flat=True).first())
+            if dependency_key is None:
+                return False
+        dependencies = FlowDependencyStore.lock_all(org_id, step_id=step.pk, run_id=run.pk,
+                                                    dependency_key=dependency_key,
+                                                    **{k: v for k, v in scope_filter.items() if k != "org_id"})
+        if not dependencies:
             return False
-        dependency = FlowDependency.objects.filter(step_id=step.pk, run_id=run.pk,
-                                                   dependency_key=seen.dependency_key, **scope_filter).first()
-        if dependency is None:
-            return False
-        dependency = FlowDependencyStore.lock(org_id, dependency.pk)
+        dependency = dependencies[0]
         signal = FlowWakeSignalStore.lock(org_id, signal_id)
+        if (int(signal.flow_run_id) != int(run.pk) or signal.dependency_key != dependency_key
+                or any(getattr(signal, k) != v for k, v in scope_filter.items())):
+            return False
         if (dependency.state != t.DEP_WAITING or signal.state != t.SIGNAL_UNMATCHED
                 or signal.producer_kind != dependency.producer_kind):
             return False
