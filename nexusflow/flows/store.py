@@ -131,6 +131,32 @@ class _FlowCasStore(CasStore):
         return cls._locked_rows(f"`org_id` = %s AND `id` IN ({marks}) ORDER BY `id`", [org_id, *ids],
                                 mode=" SKIP LOCKED" if skip_locked else "")
 
+    @classmethod
+    def lock_many_at_clock(cls, org_id: str, pks, *, skip_locked: bool = False):
+        """Lock the rows ``pks`` like :meth:`lock_many` and read the database clock in the same statement.
+
+        Returns:
+            ``(rows, now)``: ``now`` is the clock of :func:`nexusflow.kernel.clock.db_now_sql` (aware UTC),
+            ``None`` when no row was locked (nothing to stamp).
+
+        Raises:
+            as :meth:`lock_many`.
+        """
+        ids = sorted({int(require_id(pk, cls.model, field=f"{cls.model.__name__} pk")) for pk in pks})
+        if not ids:
+            return [], None
+        for pk in (ids[:1] + ids[-1:]):
+            locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label, key=(org_id, pk))
+        marks = ", ".join(["%s"] * len(ids))
+        clock = db_now_sql()
+        rows = cls._locked_rows(f"`org_id` = %s AND `id` IN ({marks}) ORDER BY `id`", [org_id, *ids],
+                                extra=f", ({clock.sql}) AS `db_clock_at_lock`", extra_params=clock.params,
+                                mode=" SKIP LOCKED" if skip_locked else "")
+        if not rows:
+            return rows, None
+        now = rows[0].db_clock_at_lock
+        return rows, now if now.tzinfo is not None else now.replace(tzinfo=dt.timezone.utc)
+
 
 class FlowScheduleOccurrenceStore(_FlowCasStore):
     """The only writer of FlowScheduleOccurrence rows; locked alone, before any run it admits is inserted."""

@@ -1,14 +1,14 @@
 """Wake hints: committed Flow work wakes an idle ``flow`` worker on this host instead of its next poll.
 
-A hint is a one-byte datagram to the Unix socket of each listening worker process, in a directory named for
-the database (host, port, name). It carries no work and no authority: a woken worker still discovers and
-claims through the durable rows under their fences (seed 004 section 12.1), and a lost hint (a worker on
-another host, a full socket buffer, a crash between commit and hint) only leaves the work to the next poll
-(ARCHITECTURE.md section 8: roles may wake each other when work is committed). docs/performance.md
-"Flow runs: wake hints and fewer round trips".
+A hint is a one-byte datagram to the Unix socket of one listening worker process (each sender takes them in
+turn), in a directory named for the database (host, port, name). It carries no work and no authority: a
+woken worker still discovers and claims through the durable rows under their fences (seed 004 section
+12.1), and a lost hint (a worker on another host, a full socket buffer, a crash between commit and hint)
+only leaves the work to the next poll (ARCHITECTURE.md section 8: roles may wake each other when work is
+committed). docs/performance.md "Flow runs: wake hints and fewer round trips".
 
-- :func:`hint_after_commit`: once the current transaction commits, hint every listening worker (once per
-  transaction and kind).
+- :func:`hint_after_commit`: once the current transaction commits, hint one listening worker, the next in
+  turn (once per transaction and kind).
 - :func:`listener`: this process's listener, bound at first use; :meth:`Listener.wait`.
 """
 from __future__ import annotations
@@ -43,30 +43,39 @@ def directory(using: str = "default") -> str:
 
 
 _sender: socket.socket | None = None
+#: Hints this process sent: the next one goes to the next listener in turn.
+_turn = 0
 
 
-def _send(kind: bytes) -> int:
-    """Hint every listener but this process's own; return how many took the datagram (errors are dropped)."""
-    global _sender
+def _send(kind: bytes) -> bool:
+    """Hint one listening worker other than this process, the next in turn; ``True`` when one took it.
+
+    One worker per commit: waking every idle worker for one run would have all but one discover and claim
+    nothing. A worker that is busy finds the work in its next round anyway; a listener whose process ended
+    without removing its socket is removed and the next one is tried. Errors are dropped (a hint is only
+    an optimization).
+    """
+    global _sender, _turn
     folder = directory()
     try:
-        names = os.listdir(folder)
+        names = sorted(name for name in os.listdir(folder) if name.endswith(".sock"))
     except OSError:
-        return 0
+        return False
+    own = os.path.basename(_listener.path) if _listener is not None else None
+    names = [name for name in names if name != own]
+    if not names:
+        return False
     if _sender is None:
         _sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         _sender.setblocking(False)
-    own = _listener.path if _listener is not None else None
-    sent = 0
-    for name in names:
-        path = os.path.join(folder, name)
-        if not name.endswith(".sock") or path == own:
-            continue
+    _turn += 1
+    for offset in range(len(names)):
+        path = os.path.join(folder, names[(_turn + offset) % len(names)])
         try:
             _sender.sendto(kind, path)
-            sent += 1
+            return True
         except (BlockingIOError, InterruptedError):
-            pass  # its buffer is full: it has hints to read already
+            return True  # its buffer is full: it has hints to read already
         except (ConnectionRefusedError, FileNotFoundError):
             try:
                 os.unlink(path)  # nobody is bound to it: its process ended without removing it
@@ -74,11 +83,11 @@ def _send(kind: bytes) -> int:
                 pass
         except OSError:
             pass
-    return sent
+    return False
 
 
 def hint_after_commit(kind: bytes = RUNNABLE, using: str = "default") -> None:
-    """Hint every listening ``flow`` worker once the current transaction commits (now, outside one).
+    """Hint one listening ``flow`` worker once the current transaction commits (now, outside one).
 
     Registered once per transaction and kind; a rolled-back transaction hints nothing.
 

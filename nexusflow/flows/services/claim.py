@@ -282,9 +282,8 @@ def _claim_chunk(org_id: str, chunk: list[tuple[int, int]], worker_id: str,
         return [] if claim is None else [claim]
     steps_of = dict(chunk)
     with transaction.atomic(durable=True):
-        now = db_now()
-        runs = [run for run in FlowRunStore.lock_many(org_id, list(steps_of), skip_locked=True)
-                if _claimable_root(run, steps_of[int(run.pk)])]
+        locked, now = FlowRunStore.lock_many_at_clock(org_id, list(steps_of), skip_locked=True)
+        runs = [run for run in locked if _claimable_root(run, steps_of[int(run.pk)])]
         steps = {int(step.pk): step for step in FlowStepStore.lock_many(
             org_id, [run.current_step_id for run in runs])}
         claims = {}

@@ -26,6 +26,7 @@ from .. import reasons
 from .. import transitions as t
 from ..binding import scope_of
 from ..handlers import binary_supports
+from ..producers import PRODUCER_RUNTIME_INTENT
 from ..models import FlowEffectLink, FlowExecutionPlan, FlowRun, FlowWakeSignal
 from ..store import FlowDependencyStore, FlowWakeSignalStore, effect_link_insert
 from .claim import StepClaim
@@ -76,8 +77,7 @@ def _exec_effect_submit(claim: StepClaim, plan: FlowExecutionPlan, step_def: dic
     if not _handler_binding_matches(plan, step_def):
         # Fail closed before any business lock or mutation; never dispatch through another handler.
         with _step_txn():
-            now = db_now()
-            run, _step, attempt = _lock_fenced(claim)
+            run, _step, attempt, now = _lock_fenced(claim, with_clock=True)
             _commit_step(claim, plan, run, attempt, now, output={"failure": reasons.HANDLER_BINDING_MISMATCH},
                          step_dst=t.STEP_QUARANTINED, root_dst=t.RUN_QUARANTINED, next_key=None,
                          cause=reasons.HANDLER_BINDING_MISMATCH)
@@ -220,12 +220,8 @@ def _exec_effect_completion(claim: StepClaim, plan: FlowExecutionPlan, step_def:
 def _complete_or_wait(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any]) -> str:
     from runtime_outbox.selectors import intent_result_receipt_for
 
-    link = FlowEffectLink.objects.get(org_id=claim.org_id, run_id=claim.run_id,
-                                      step__plan_step_key=step_def["submit_step"])
-    dependency_key = str(link.outbound_command_id)
     with _step_txn():
-        now = db_now()
-        run, step, attempt = _lock_fenced(claim)
+        run, step, attempt, now = _lock_fenced(claim, with_clock=True)
         scope = scope_of(run)
         scope_filter = dict(org_id=scope.org_id, app_installation_id=scope.app_installation_id,
                             runtime_capability_id=scope.runtime_capability_id, binding_digest=scope.binding_digest)
@@ -234,6 +230,15 @@ def _complete_or_wait(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[
             claim.org_id, step_id=claim.step_id, **{k: v for k, v in scope_filter.items() if k != "org_id"})), None)
         receipt_id = dependency.resolution_receipt_id if (
             dependency is not None and dependency.state == t.DEP_SATISFIED) else None
+        if (receipt_id is not None and dependency.producer_kind == PRODUCER_RUNTIME_INTENT
+                and dependency.dependency_key.isdigit()):
+            # The submit keyed the dependency by its intent (``str(command.pk)``, section 15.1); the receipt
+            # read below must be the one that resolved it, or the step quarantines.
+            command_id = int(dependency.dependency_key)
+        else:  # the submit's immutable effect link names the intent
+            command_id = FlowEffectLink.objects.values_list("outbound_command_id", flat=True).get(
+                org_id=claim.org_id, run_id=claim.run_id, step__plan_step_key=step_def["submit_step"])
+        dependency_key = str(command_id)
         if receipt_id is None:
             # Checked while holding the root: a wake arriving later finds the dependency.
             signal = FlowWakeSignal.objects.filter(flow_run_id=run.pk, dependency_key=dependency_key,
@@ -257,8 +262,8 @@ def _complete_or_wait(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[
             _wait(claim, run, step, now, dependency, dependency_key, scope)
             failpoints.hit(FP_BEFORE_COMMIT)
             return "waiting"
-        receipt = intent_result_receipt_for(org_id=claim.org_id, command_id=link.outbound_command_id)
-        evidence = {"outbound_command_id": link.outbound_command_id, "receipt_id": receipt_id}
+        receipt = intent_result_receipt_for(org_id=claim.org_id, command_id=command_id)
+        evidence = {"outbound_command_id": command_id, "receipt_id": receipt_id}
         if receipt is None or receipt.pk != receipt_id:
             _commit_step(claim, plan, run, attempt, now, output={**evidence, "outcome": None},
                          step_dst=t.STEP_QUARANTINED, root_dst=t.RUN_QUARANTINED, next_key=None,

@@ -100,8 +100,8 @@ def _start_batch(claims: list[StepClaim]) -> dict[int, StepClaim | FenceRejected
     org_id = claims[0].org_id
     out: dict[int, StepClaim | FenceRejected] = {}
     with transaction.atomic(durable=True):
-        now = db_now()
-        runs = {int(run.pk): run for run in FlowRunStore.lock_many(org_id, [c.run_id for c in claims])}
+        locked, now = FlowRunStore.lock_many_at_clock(org_id, [c.run_id for c in claims])
+        runs = {int(run.pk): run for run in locked}
         live = []
         for claim in claims:
             run = runs.get(int(claim.run_id))
@@ -366,8 +366,7 @@ def _exec_recursion_limited(claim: StepClaim, plan: FlowExecutionPlan, step_def:
     support read, ``reason_codes`` and the admin).
     """
     with _step_txn():
-        now = db_now()
-        run, _step, attempt = _lock_fenced(claim)
+        run, _step, attempt, now = _lock_fenced(claim, with_clock=True)
         _commit_step(claim, plan, run, attempt, now,
                      output={"failure": reasons.RECURSION_LIMIT, "save_depth": run.save_depth,
                              "limit": policy.RECURSIVE_SAVE_LIMIT,
@@ -380,8 +379,7 @@ def _exec_recursion_limited(claim: StepClaim, plan: FlowExecutionPlan, step_def:
 
 def _exec_terminal(claim: StepClaim, plan: FlowExecutionPlan, step_def: dict[str, Any]) -> str:
     with _step_txn():
-        now = db_now()
-        run, _step, attempt = _lock_fenced(claim)
+        run, _step, attempt, now = _lock_fenced(claim, with_clock=True)
         _commit_step(claim, plan, run, attempt, now, output={"terminal": True}, step_dst=t.STEP_SUCCEEDED,
                      root_dst=t.RUN_SUCCEEDED, next_key=None)
         failpoints.hit(FP_BEFORE_COMMIT)

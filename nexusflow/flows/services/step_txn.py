@@ -55,14 +55,22 @@ def _lock_live_step(claim: StepClaim, expired: str) -> tuple[FlowRun, FlowStepEx
     return run, step, now
 
 
-def _lock_fenced(claim: StepClaim) -> tuple[FlowRun, FlowStepExecution, FlowStepAttempt]:
+def _lock_fenced(claim: StepClaim, *, with_clock: bool = False):
     """Lock root -> step -> attempt and verify the complete claim fence.
+
+    Returns:
+        ``(run, step, attempt)``; with ``with_clock`` (a transaction whose first lock is the root),
+        ``(run, step, attempt, now)``: ``now`` is the database clock the root's locking read read
+        (:meth:`CasStore.lock_at_clock`), one round trip fewer than a ``db_now()`` before it.
 
     Raises:
         FenceRejected: any of root version/pointer, step lease/version or
             attempt fence is no longer the claim's.
     """
-    run = FlowRunStore.lock(claim.org_id, claim.run_id)
+    if with_clock:
+        run, now = FlowRunStore.lock_at_clock(claim.org_id, claim.run_id)
+    else:
+        run, now = FlowRunStore.lock(claim.org_id, claim.run_id), None
     _verify_root(run, claim)
     step = FlowStepStore.lock(claim.org_id, claim.step_id)
     if (step.state != t.STEP_RUNNING or step.version != claim.step_version
@@ -73,7 +81,7 @@ def _lock_fenced(claim: StepClaim) -> tuple[FlowRun, FlowStepExecution, FlowStep
             or attempt.lease_token_digest != claim.lease_token_digest
             or attempt.root_state_version_at_claim != claim.root_version):
         raise FenceRejected(f"attempt {claim.attempt_id}: no longer the live attempt")
-    return run, step, attempt
+    return (run, step, attempt, now) if with_clock else (run, step, attempt)
 
 
 def _input_state(claim: StepClaim) -> dict[str, Any]:
