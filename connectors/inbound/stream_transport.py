@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from nexusflow.kernel.tls import tls_context
 from nexusflow.kernel.errors import NexusError
 
 from connectors.inbound.admission import MalformedBody, parse_body
@@ -58,7 +59,7 @@ def fetch_batch(*, base_url: str, route: dict, token: bytes, cursor: str | None,
     headers = {auth["header"]: (f"{scheme} " if scheme else "") + token.decode("utf-8")}
     url = base_url.rstrip("/") + stream["path"]
     owned = client is None
-    client = client or httpx.Client(timeout=float(stream.get("timeout_seconds", 10)))
+    client = client or httpx.Client(timeout=float(stream.get("timeout_seconds", 10)), verify=tls_context())
     try:
         response = client.request(stream.get("method", "GET"), url, params=params, headers=headers)
     except httpx.HTTPError as exc:

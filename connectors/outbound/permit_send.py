@@ -10,6 +10,7 @@ import httpx
 from django.db import OperationalError, transaction
 
 from nexusflow.kernel import failpoints, locks
+from nexusflow.kernel.tls import tls_context
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.logs import traceparent_for
@@ -67,7 +68,7 @@ def permit_send(grant: Grant, *, client: httpx.Client | None = None) -> Response
             headers[header] = attempt.idempotency_key
         url = binding["base_url"].rstrip("/") + attempt.path
         if owned:
-            client = httpx.Client(timeout=outcomes.timeout_seconds(profile))
+            client = httpx.Client(timeout=outcomes.timeout_seconds(profile), verify=tls_context())
         request = client.build_request(attempt.method, url, content=bytes(attempt.request_body), headers=headers)
     except (CredentialUnavailable, ValueError, TypeError, httpx.HTTPError, httpx.InvalidURL) as exc:
         if owned and client is not None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import httpx
 from django.db import transaction
 
+from nexusflow.kernel.tls import tls_context
 from nexusflow.kernel import locks
 from nexusflow.kernel.clock import db_now
 
@@ -192,7 +193,7 @@ def _verify_read(effect: RemoteEffect, binding: dict, contract: dict, profile: d
     url = binding["base_url"].rstrip("/") + conflict_recovery.verify_path(contract, remote_id)
     owned = client is None
     if owned:
-        client = httpx.Client(timeout=outcomes.timeout_seconds(profile))
+        client = httpx.Client(timeout=outcomes.timeout_seconds(profile), verify=tls_context())
     try:
         reply = client.request("GET", url, headers=headers)
         return VerifyRead(reply.status_code, reply.content, "",

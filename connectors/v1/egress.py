@@ -27,6 +27,7 @@ import httpx
 from django.db import transaction
 
 from nexusflow.kernel import failpoints
+from nexusflow.kernel.tls import tls_context
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.errors import NexusError
@@ -175,7 +176,7 @@ def v1_call_send(call: V1ProviderCall, *, headers: dict[str, str], profile: dict
     version = _mark_sending(call)
     failpoints.hit(FP_AFTER_SENDING)
     owned = client is None
-    client = client or httpx.Client(timeout=outcomes.timeout_seconds(profile))
+    client = client or httpx.Client(timeout=outcomes.timeout_seconds(profile), verify=tls_context())
     status, body, error, connect_failed = None, b"", "", False
     try:
         reply = client.request(call.method, call.url, content=bytes(call.request_body) or None, headers=headers)

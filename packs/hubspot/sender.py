@@ -34,6 +34,8 @@ from typing import Any, Callable, Sequence
 
 import httpx
 
+from nexusflow.kernel.tls import tls_context
+
 from connectors.contracts.signatures import header_timestamp, sign_request
 from packs.hubspot import webhook_route
 
@@ -138,7 +140,7 @@ def deliver_all(
         raise ValueError("secret must be non-empty bytes")
     auth = webhook_route()["auth"]
     own_client = client is None
-    http = client if client is not None else httpx.Client(timeout=REQUEST_TIMEOUT_SECONDS)
+    http = client if client is not None else httpx.Client(timeout=REQUEST_TIMEOUT_SECONDS, verify=tls_context())
     try:
         return [
             _deliver_one(index, delivery, http=http, url=url, auth=auth, secret=secret, now=now, sleep=sleep)
