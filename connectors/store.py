@@ -40,6 +40,12 @@ class AccountServingGateStore(CasStore):
     def lock_by_account(cls, org_id: str, account_key: str) -> models.AccountServingGate:
         return cls.lock_where(org_id, account_key=account_key)
 
+    @classmethod
+    def share_lock_by_account(cls, org_id: str, account_key: str) -> models.AccountServingGate:
+        """The account's gate, share-locked (:meth:`~nexusflow.kernel.store.CasStore.lock_shared`): the V2 writes'
+        side of the gate fence; every gate transition locks it ``FOR UPDATE`` and so waits for them."""
+        return cls.lock_where_shared(org_id, account_key=account_key)
+
 
     @classmethod
     def share_lock_org(cls, org_id: str) -> int:

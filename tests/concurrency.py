@@ -13,24 +13,31 @@ def connection_id() -> int:
         return int(cursor.fetchone()[0])
 
 
+#: What marks a locking read: exclusive (``FOR UPDATE``) or shared (``LOCK IN SHARE MODE``, the V2 writes' side
+#: of the account and credential gate fences, docs/performance.md "The account gate").
+LOCKING_READS = ("FOR UPDATE", "LOCK IN SHARE MODE")
+
+
 def wait_until_blocked_on(thread_connection_id: int, table: str, timeout: float = 60,
-                          statement: str = "FOR UPDATE") -> None:
+                          statement: str | None = None) -> None:
     """Block until the connection ``thread_connection_id`` runs a locking read of ``table``.
 
     The caller holds that row's lock in another transaction, so a connection
     seen inside the statement is waiting for it (a connection sees its own
     user's threads in PROCESSLIST without extra privileges). ``statement``
-    is the text that marks the waiting statement: ``"INSERT INTO"`` for an
-    insert queued behind another transaction's uncommitted row of the same
-    unique key. Fails after ``timeout``.
+    is the text that marks the waiting statement: by default either locking
+    read of :data:`LOCKING_READS`; ``"INSERT INTO"`` for an insert queued
+    behind another transaction's uncommitted row of the same unique key.
+    Fails after ``timeout``.
     """
+    marks = LOCKING_READS if statement is None else (statement,)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with connection.cursor() as cursor:
             cursor.execute("SELECT INFO FROM information_schema.PROCESSLIST WHERE ID = %s", [thread_connection_id])
             row = cursor.fetchone()
         info = (row[0] or "") if row else ""
-        if table in info and statement in info:
+        if table in info and any(mark in info for mark in marks):
             return
         time.sleep(0.02)
     raise AssertionError(f"connection {thread_connection_id} never waited on a lock of {table}")
@@ -92,7 +99,7 @@ class Worker(threading.Thread):
 
 def race_behind_hold(holds, failpoint: str, held_fn, queued_fn, table: str,
                      names: tuple[str, str] = ("held", "queued"),
-                     statement: str = "FOR UPDATE") -> tuple[Worker, Worker]:
+                     statement: str | None = None) -> tuple[Worker, Worker]:
     """Run ``held_fn`` until its transaction is held at ``failpoint``, queue ``queued_fn`` behind it, release.
 
     ``holds`` is the ``holds`` fixture (tests/conftest.py). The second worker

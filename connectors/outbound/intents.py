@@ -155,7 +155,7 @@ def freeze_push_binding(*, org_id: str, contract_key: str, record, intent_key: s
     from connectors.links.push_rules import action_config_snapshot
 
     account_key = _serving_account_for_contract(org_id, contract_key)
-    ctx = serving_lock(org_id=org_id, account_key=account_key)
+    ctx = serving_lock(org_id=org_id, account_key=account_key, shared=True)
     account = ctx.account
     if contract_key not in account["push_contracts"]:
         raise NotServing(f"account {account_key} no longer offers {contract_key}")

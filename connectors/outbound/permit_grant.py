@@ -112,12 +112,13 @@ def _require_material(effect: RemoteEffect) -> None:
 def _grant(effect: RemoteEffect, worker_id: str) -> Grant | None:
     binding, contract, _profile = frozen_contract(effect)
     with transaction.atomic(durable=True):
-        ctx = serving_lock(org_id=effect.org_id, account_key=effect.account_key)
+        ctx = serving_lock(org_id=effect.org_id, account_key=effect.account_key, shared=True)
         if binding["epoch"]["id"] != ctx.epoch.pk or binding["epoch"]["digest"] != ctx.epoch.digest:
             raise NotServing(f"effect {effect.pk} is bound to epoch {binding['epoch']['id']}, not the active one")
         credential_gate = None
         if binding.get("credential_generation"):
-            credential_gate = CredentialDispatchGateStore.lock_where(
+            # Shared, as the account gate: a revocation locks it FOR UPDATE and waits for the grants in flight.
+            credential_gate = CredentialDispatchGateStore.lock_where_shared(
                 effect.org_id, credential_generation_id=binding["credential_generation"]["id"])
             if credential_gate.state != "enabled":
                 return None

@@ -80,7 +80,7 @@ def permit_send(grant: Grant, *, client: httpx.Client | None = None) -> Response
         try:
             with transaction.atomic(durable=True):
                 permit = DispatchPermit.objects.get(pk=grant.permit_id, org_id=grant.org_id)
-                credential_gate = CredentialDispatchGateStore.lock(grant.org_id, permit.credential_gate_id)
+                credential_gate = CredentialDispatchGateStore.lock_shared(grant.org_id, permit.credential_gate_id)
                 if credential_gate.state != "enabled" or credential_gate.fence_token != permit.credential_fence_token:
                     return None
                 permit = DispatchPermitStore.lock(grant.org_id, grant.permit_id)

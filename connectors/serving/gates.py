@@ -7,7 +7,7 @@
   and externally verify a ServingEpoch candidate in the V2 preimage order;
 - :func:`resolve_secret` reads the exact secret version of a credential generation;
 - :func:`gate_transition` moves one AccountServingGate with evidence;
-- :func:`serving_lock` is the lock every production V2 write takes first.
+- :func:`serving_lock` is the lock every production V2 write takes first (shared for outbound writes).
 """
 from __future__ import annotations
 
@@ -115,23 +115,38 @@ class ServingContext:
         raise NotServing(f"account {self.gate.account_key} is not in epoch {self.epoch.pk}")
 
 
-def serving_lock(*, org_id: str, account_key: str) -> ServingContext:
+def serving_lock(*, org_id: str, account_key: str, shared: bool = False) -> ServingContext:
     """Lock AccountServingGate then its exact ServingEpoch and require V2 serving.
 
     Seed 003 "State machines": every production V2 admission, claim, outbound
-    authoring and Permit acquisition requires ``v2_serving``, an exact
-    gate-to-epoch id and digest match and epoch state ``active``.
+    authoring and Permit acquisition locks the gate and its exact epoch and
+    requires ``v2_serving``, an exact gate-to-epoch id and digest match and
+    epoch state ``active``.
+
+    The gate is a readers-writer fence (docs/performance.md "The account
+    gate"). With ``shared`` the two rows are read ``LOCK IN SHARE MODE``:
+    callers that only need the gate to stay as they saw it until they commit
+    (outbound authoring and Permit acquisition, whose mutual order is decided
+    by the rows they write) run side by side instead of one after the other.
+    Without it they are locked ``FOR UPDATE``, as every gate or epoch
+    transition, every operator decision that changes what those callers decide
+    on (a link rebind or adoption) and every inbound write (whose races are
+    still ordered by the gate) does; so a transition waits until each shared
+    holder committed or rolled back, and no shared holder passes while a
+    transition waits or runs. A shared holder never locks the gate or epoch
+    ``FOR UPDATE`` later in the same transaction.
 
     Raises:
         NotServing: unknown account, wrong gate mode, or epoch mismatch.
     """
     try:
-        gate = AccountServingGateStore.lock_by_account(org_id, account_key)
+        gate = (AccountServingGateStore.share_lock_by_account(org_id, account_key) if shared
+                else AccountServingGateStore.lock_by_account(org_id, account_key))
     except AccountServingGate.DoesNotExist:
         raise NotServing(f"unknown account {account_key!r}") from None
     if gate.state != "v2_serving" or gate.epoch_id is None:
         raise NotServing(f"account {account_key} gate is {gate.state}")
-    epoch = ServingEpochStore.lock(org_id, gate.epoch_id)
+    epoch = ServingEpochStore.lock_shared(org_id, gate.epoch_id) if shared else ServingEpochStore.lock(org_id, gate.epoch_id)
     if epoch.state != "active" or epoch.digest != gate.epoch_digest:
         raise NotServing(f"account {account_key} epoch {epoch.pk} is {epoch.state}")
     return ServingContext(gate, epoch)

@@ -71,6 +71,48 @@ class CasStore:
         return qs.get(org_id=org_id, pk=pk)
 
     @classmethod
+    def lock_shared(cls, org_id: str, pk: int):
+        """Share-lock and return one row by ``(org_id, id)`` (``LOCK IN SHARE MODE``) until the transaction ends.
+
+        The reader's half of a readers-writer fence: share-lockers of one row run side by side, a writer's
+        :meth:`lock` (``FOR UPDATE``) waits for every share-locker already past this read, and a share-lock
+        asked for while a writer waits queues behind it (InnoDB grants in order), so a writer is not starved.
+        A transaction that share-locked a row must not lock it ``FOR UPDATE`` later (two such readers would
+        deadlock on the upgrade). Position in the lock order: as :meth:`lock`.
+
+        Raises:
+            InvalidIdentity: as :meth:`lock` (before SQL).
+            Model.DoesNotExist: no such row in that org.
+        """
+        pk = require_id(pk, cls.model, field=f"{cls.model.__name__} pk")
+        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label, key=(org_id, int(pk)))
+        return cls._share_locked_one(org_id=org_id, pk=pk)
+
+    @classmethod
+    def lock_where_shared(cls, org_id: str, **filters):
+        """Share-lock and return the one row of ``org_id`` matching ``filters`` (a unique key); see :meth:`lock_shared`.
+
+        Raises:
+            Model.DoesNotExist / MultipleObjectsReturned: as ``QuerySet.get``.
+            LockOrderViolation: taken after a higher position (mode ``raise``).
+        """
+        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label)
+        row = cls._share_locked_one(org_id=org_id, **filters)
+        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label, key=(org_id, int(row.pk)))
+        return row
+
+    @classmethod
+    def _share_locked_one(cls, **filters):
+        """The one row matching ``filters``, read ``LOCK IN SHARE MODE`` (Django has no share-mode queryset)."""
+        sql, params = cls.model.objects.using(cls.db()).filter(**filters)[:2].query.sql_with_params()
+        rows = list(cls.model.objects.db_manager(cls.db()).raw(f"{sql} LOCK IN SHARE MODE", params))
+        if not rows:
+            raise cls.model.DoesNotExist(f"{cls.model.__name__} matching {sorted(filters)} does not exist")
+        if len(rows) > 1:
+            raise cls.model.MultipleObjectsReturned(f"more than one {cls.model.__name__} matches {sorted(filters)}")
+        return rows[0]
+
+    @classmethod
     def lock_at_clock(cls, org_id: str, pk: int) -> tuple[Any, dt.datetime]:
         """Lock one row like :meth:`lock` and read the database clock in the same statement.
 

@@ -36,7 +36,7 @@ from connectors.links.mapping_revalidation import Applied, revalidation_apply, r
 from nexusflow.kernel.scope import OrgScope
 from runtime_outbox.models import OutboundCommand
 from runtime_outbox.services import outbox_try_deliver_one
-from tests.concurrency import Worker, wait_until_blocked_on
+from tests.concurrency import LOCKING_READS, Worker, wait_until_blocked_on
 from tests.conftest import ORG, ROOT, drain, make_serving_org, subprocess_env
 from tests.connectors import push_helpers
 from tests.connectors.push_helpers import BILLING, BILLING_ACCOUNT, contract_of
@@ -112,7 +112,7 @@ def _done_or_lock_waiting(worker: Worker, timeout: float = 60) -> str:
         with connection.cursor() as cursor:
             cursor.execute("SELECT INFO FROM information_schema.PROCESSLIST WHERE ID = %s", [worker.connection_id])
             row = cursor.fetchone()
-        seen = seen + 1 if row and row[0] and "FOR UPDATE" in row[0] else 0
+        seen = seen + 1 if row and row[0] and any(mark in row[0] for mark in LOCKING_READS) else 0
         if seen >= 3:
             return "waiting"
         assert time.monotonic() < deadline, f"{worker.name} neither finished nor waited for a lock"

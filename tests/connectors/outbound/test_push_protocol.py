@@ -63,7 +63,6 @@ from tests.kernel import rows
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 
 EFFECT_TABLE = "connectors_remoteeffect"
-GATE_TABLE = "connectors_accountservinggate"
 
 
 @pytest.fixture
@@ -318,11 +317,13 @@ def _two_saves(env):
 
 def test_two_workers_granting_one_link_key_make_exactly_one_create_permit(env, holds):
     first, second = _two_saves(env)
+    # The account gate is share-locked by both grants (it does not order them); b queues on the head
+    # effect's row, which a holds until it commits the create.
     a, b = race_behind_hold(
         holds, "permit.grant_before_commit",
         lambda: egress.permit_try_grant_one(worker_id="wa"),
         lambda: egress.permit_try_grant_one(worker_id="wb"),
-        GATE_TABLE, names=("a", "b"))
+        EFFECT_TABLE, names=("a", "b"))
 
     assert a.error is None and b.error is None and b.result is None
     [permit] = DispatchPermit.objects.filter(org_id=ORG)
@@ -343,11 +344,12 @@ def test_the_create_slot_index_decides_when_head_of_lane_is_bypassed(env, holds,
     monkeypatch.setattr(permit_grant, "_is_head", lambda effect: True)
     monkeypatch.setattr(permit_grant, "head_of_lane_prepared", lambda now, nonterminal, lanes: [
         (ORG, targets[threading.current_thread().name].pk)])
+    # b holds its own effect's row and queues on the create slot's unique index entry a wrote.
     a, b = race_behind_hold(
         holds, "permit.grant_before_commit",
         lambda: egress.permit_try_grant_one(worker_id="wa"),
         lambda: egress.permit_try_grant_one(worker_id="wb"),
-        GATE_TABLE, names=("a", "b"))
+        EFFECT_TABLE, names=("a", "b"), statement="UPDATE")
 
     assert a.error is None and b.error is None and (a.result.effect_id, b.result) == (first.pk, None)
     [permit] = DispatchPermit.objects.filter(org_id=ORG)
