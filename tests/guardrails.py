@@ -50,10 +50,12 @@ def l0_files(suffixes: Iterable[str] = (".py",)) -> Iterator[Path]:
 
 
 def project_python_files() -> Iterator[Path]:
-    """Yield every project ``*.py`` file, sorted, outside virtualenvs and caches."""
+    """Yield every project ``*.py`` file, sorted, outside virtualenvs, caches and ``var/`` (what runs leave:
+    ``make bench`` keeps the DBOS peer's virtualenv in ``var/bench/dbos-venv``)."""
     skip = {".venv", "venv", "__pycache__", ".git", "node_modules"}
     for path in sorted(ROOT.rglob("*.py")):
-        if not skip.intersection(path.relative_to(ROOT).parts):
+        parts = path.relative_to(ROOT).parts
+        if not skip.intersection(parts) and parts[0] != "var":
             yield path
 
 

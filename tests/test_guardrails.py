@@ -52,6 +52,7 @@ HTTP_CLIENT_ALLOWED = {
     "packs/hubspot/journeys.py": "L1 journeys: seed and read the provider sandbox through its own API",
     "packs/hubspot/conversion_journeys.py": "L1 journeys: act as an operator against the running web process",
     "packs/demo/cutover_journeys.py": "L1 journeys: seed and read the billing sandbox through its own API",
+    "packs/bench/dbos_app.py": "make bench's DBOS peer (its own virtualenv): POSTs contacts to the billing sandbox",
 }
 
 

@@ -136,8 +136,11 @@ class Command(BaseCommand):
             raise CommandError("no work units for the selected roles")
 
     def _loop(self, units, stopping, *, until_idle: bool, idle_rounds: int, once: bool, idle_sleep: float,
-              counter: UnitStatements) -> int:
-        """Run the units round after round until stopped (or idle / once); return the units that worked."""
+              counter: UnitStatements | None = None) -> int:
+        """Run the units round after round until stopped (or idle / once); return the units that worked.
+
+        ``counter`` (default: one of its own, not reported) counts each unit's statements."""
+        counter = counter if counter is not None else UnitStatements()
         empty_rounds = 0
         done = 0
         # While the worker is busy, a unit that just found nothing sits out the next IDLE_UNIT_BACKOFF busy rounds
