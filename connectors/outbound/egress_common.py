@@ -106,15 +106,42 @@ def retry_after(value: str | None) -> dt.timedelta | None:
     return min(dt.timedelta(seconds=int(value.strip())), MAX_RETRY_AFTER)
 
 
+#: ``(pack generation id, its frozen digest, contract key, frozen policy digest)`` -> ``(contract, profile)``
+#: already checked against the row in this process (see :func:`frozen_contract`); at most
+#: :data:`FROZEN_CONTRACTS_KEPT` entries.
+_FROZEN_CONTRACTS: dict[tuple, tuple[dict, dict]] = {}
+FROZEN_CONTRACTS_KEPT = 256
+
+
 def frozen_contract(effect: RemoteEffect) -> tuple[dict, dict, dict]:
+    """The effect's frozen binding and the push contract and callout profile it froze: ``(binding, contract,
+    profile)`` (dicts; callers do not change them).
+
+    The contract and profile come from the exact PackGeneration the command froze, checked against the
+    frozen digests. Pack generations are immutable once published, so a generation whose row matched once
+    is kept in this process by ``(id, digest)`` and not read again for every step of every effect (a
+    dispatch and its finalization used to read it about nine times); the binding itself is the effect's
+    command's, read with the effect.
+
+    Raises:
+        EgressRefused: the generation's digest or the profile's policy digest differs from the frozen one.
+    """
     binding = effect.command.frozen_binding
-    pack = PackGeneration.objects.get(pk=binding["pack_generation"]["id"])
-    if pack.digest != binding["pack_generation"]["digest"]:
+    frozen_pack = binding["pack_generation"]
+    key = (int(frozen_pack["id"]), frozen_pack["digest"], binding["contract_key"], binding.get("policy_digest"))
+    known = _FROZEN_CONTRACTS.get(key)
+    if known is not None:
+        return binding, known[0], known[1]
+    pack = PackGeneration.objects.get(pk=frozen_pack["id"])
+    if pack.digest != frozen_pack["digest"]:
         raise EgressRefused("frozen pack generation digest mismatch")
     contract = next(c for c in pack.document["push_contracts"] if c["contract_key"] == binding["contract_key"])
     profile = next(p for p in pack.document["callout_profiles"] if p["profile_key"] == contract["callout_profile"])
     if "policy_digest" in binding and policy_digest(profile) != binding["policy_digest"]:
         raise EgressRefused("frozen callout policy digest mismatch")
+    if len(_FROZEN_CONTRACTS) >= FROZEN_CONTRACTS_KEPT:
+        _FROZEN_CONTRACTS.clear()
+    _FROZEN_CONTRACTS[key] = (contract, profile)
     return binding, contract, profile
 
 
