@@ -35,7 +35,8 @@
   (the operator's ``flows waits``).
 
 Workers, one unit per call, each returning True when it did work:
-:func:`flow_try_run_step_one`, :func:`flow_try_wake_one`, :func:`flow_try_resume_due_one`,
+:func:`flow_try_run_step_one` (the ``flow.step`` unit is :func:`flow_try_run_step_or_wait_one`, which
+listens for a wake hint when nothing is due, :mod:`..wakeups`), :func:`flow_try_wake_one`, :func:`flow_try_resume_due_one`,
 :func:`flow_try_recover_expired_one`, :func:`flow_try_cancel_cleanup_one`, :func:`flow_try_schedule_one`.
 
 Transactions are short and never span I/O: a claim transaction, a

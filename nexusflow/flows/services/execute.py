@@ -28,6 +28,7 @@ from nexusflow.kernel.logs import log_context
 from nexusflow.kernel.pressure import mutation_admission
 from runtime_outbox.policy import runtime_policy
 from nexusflow.kernel.scope import OrgScope
+from nexusflow.kernel.tuning import setting_number
 
 from .. import policy, reasons, wakeups
 from ..authorization import FlowAccessDenied, reauthorize_step, system_identity
@@ -646,8 +647,6 @@ WAKE_WAIT_SECONDS = 0.25
 
 def wake_wait_seconds() -> float:
     """How long an idle ``flow.step`` unit listens for a wake hint (``NEXUS_FLOW_WAKE_WAIT_SECONDS``, 0 to 1)."""
-    from nexusflow.kernel.tuning import setting_number
-
     return max(0.0, min(1.0, float(setting_number("NEXUS_FLOW_WAKE_WAIT_SECONDS", WAKE_WAIT_SECONDS))))
 
 
