@@ -43,6 +43,9 @@ DEFAULT_DB_URL = "mysql://nexus:nexus@127.0.0.1:3306/nexusflow"
 
 def _database(url: str, *, test_name: str | None = None) -> dict:
     config = dj_database_url.parse(url, conn_max_age=0)
+    if config["ENGINE"] == "django.db.backends.mysql":
+        # Django's backend with transactions opened by START TRANSACTION (nexusflow/kernel/mysql/base.py).
+        config["ENGINE"] = "nexusflow.kernel.mysql"
     config["OPTIONS"] = {
         "charset": "utf8mb4",
         "isolation_level": "read committed",

@@ -13,6 +13,7 @@ from tests.conftest import run_manage, subprocess_env
 @pytest.mark.django_db(transaction=True)
 def test_each_statement_goes_to_the_unit_that_issued_it_and_to_work_or_idle():
     counter = UnitStatements()
+    connection.ensure_connection()  # a connection opened inside the wrapper would count its session set-up too
     with connection.execute_wrapper(counter), connection.cursor() as cursor:
         cursor.execute("SELECT 1")
         cursor.execute("SELECT 2")

@@ -1,0 +1,2 @@
+"""NexusFlow's MariaDB/MySQL database backend (Django's, with one statement fewer per transaction); see
+:mod:`nexusflow.kernel.mysql.base`."""
