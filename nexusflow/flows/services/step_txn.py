@@ -114,9 +114,14 @@ def claims_with_inputs(claims: list[StepClaim]) -> list[StepClaim]:
         own = sorted({int(out[i].input_checkpoint_id) for i in indexes if out[i].input_checkpoint_id is not None})
         top = (FlowCheckpoint.objects.filter(org_id=org_id, run_id=OuterRef("run_id")).order_by("-sequence")
                .values("sequence")[:1])
-        rows = (FlowCheckpoint.objects.filter(Q(pk__in=own) | Q(sequence=TRIGGER_CHECKPOINT_SEQUENCE),
-                                              org_id=org_id, run_id__in=runs)
-                .annotate(top=Subquery(top)).values_list("run_id", "pk", "sequence", "context_payload", "top"))
+        # Two reads per batch, each through its own key whatever the runs' lengths: the trigger snapshots by
+        # (org, run, sequence), the input checkpoints by id (one statement with an OR of the two let the
+        # optimizer pick an index merge for some batches and not for others).
+        fields = ("run_id", "pk", "sequence", "context_payload", "top")
+        scope = FlowCheckpoint.objects.filter(org_id=org_id, run_id__in=runs).annotate(top=Subquery(top))
+        rows = list(scope.filter(sequence=TRIGGER_CHECKPOINT_SEQUENCE).values_list(*fields))
+        if own:
+            rows += list(scope.filter(pk__in=own).values_list(*fields))
         triggers, payloads, tops = {}, {}, {}
         for run_id, pk, sequence, payload, highest in rows:
             payloads[int(pk)] = (int(run_id), payload)
