@@ -325,12 +325,26 @@ def effects_confirmed_series(cfg: dict, env: dict, inbound: Inbound, contacts: d
     return points
 
 
+#: Events applied (not measured) once the latency point's workers run, before its open loop starts.
+LATENCY_WARM_UP_EVENTS = 4
+
+
+def _workers_started(procs) -> bool:
+    """Every process of ``procs`` logged its ``worker.start`` line (``RUN_DIR/<name>.log``)."""
+    for name, _proc in procs.procs:
+        log = RUN_DIR / f"{name}.log"
+        if not log.exists() or b'"worker.start"' not in log.read_bytes():
+            return False
+    return True
+
+
 def inbound_latency(inbound: Inbound, env: dict, *, rate: float, events: int, say) -> dict[str, dict[str, Any]]:
     """Admission and event -> applied latency (ms) under an open-loop arrival of ``rate`` events/s.
 
     Each event (an ``email`` change of a new contact, one per delivery) is
     posted on a fixed schedule while two workers per role of
-    :data:`APPLY_ROLES` run. Admission is the POST's time at the client;
+    :data:`APPLY_ROLES` run, from when they all started and applied
+    :data:`LATENCY_WARM_UP_EVENTS` unmeasured events. Admission is the POST's time at the client;
     event -> applied is the Event's ``created_at`` (admission) to its
     ApplicationResult's ``created_at`` (the Runtime transaction that changed
     the record). Returns ``{"admission": {...}, "event_to_applied": {...}}``,
@@ -344,10 +358,18 @@ def inbound_latency(inbound: Inbound, env: dict, *, rate: float, events: int, sa
 
     say(f"bench: admission and event -> applied latency, {events} events at {rate:.0f}/s, 2 workers per role")
     objects = inbound.new_contacts(events)
-    last = _max_id(Execution)
     admission: list[float] = []
     with workers(APPLY_ROLES, 2, "apply-latency", env) as procs, \
             TimedPoster(url=inbound.url, secret=inbound.secret) as poster:
+        # The latency of running workers: the open loop starts once every worker logged its start and a few
+        # warm-up events were applied (not measured), as the Flow latency point does; before, the first
+        # events also waited for the worker processes to start.
+        warm = _max_id(Execution)
+        for o in inbound.new_contacts(LATENCY_WARM_UP_EVENTS):
+            inbound.post(poster, [inbound.event(o, "email", f"warm{o}@example.com")])
+        wait_for("the apply workers' start and the warm-up events", lambda: _workers_started(procs)
+                 and _settled(inbound.org_id, warm), procs)
+        last = _max_id(Execution)
         open_loop(events, rate, lambda i: admission.append(
             inbound.post(poster, [inbound.event(objects[i], "email", f"late{objects[i]}@example.com")])))
         wait_for(f"{events} events applied", lambda: _settled(inbound.org_id, last), procs)
