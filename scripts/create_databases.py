@@ -18,7 +18,8 @@ Usage (``make db`` runs the first three from ``scripts/ensure_mariadb.sh``):
 ``create_databases.py --check-names``
     exit 0 when the configured names work, else 2 with a message saying which names work.
 ``create_databases.py --check-access``
-    exit 0 when the configured user may create every database named above, else 1 (one line per refusal).
+    exit 0 when the configured user may create every database named above and read InnoDB's lock waits,
+    else 1 (one line per refusal).
 ``create_databases.py --grant-sql``
     print the ``GRANT`` statements that give the ``nexus`` user exactly those names
     (``<name>``, ``<name>_%``, ``test_<name>``, ``test_<name>_%`` for the main and the control name);
@@ -103,11 +104,17 @@ def grant_patterns(main: str, control: str) -> list[str]:
 
 
 def grant_sql(main: str, control: str) -> str:
-    """The GRANT statements for :data:`MANAGED_USER` at ``127.0.0.1`` and ``localhost``."""
+    """The GRANT statements for :data:`MANAGED_USER` at ``127.0.0.1`` and ``localhost``.
+
+    Besides its databases, the user may read InnoDB's lock waits (``PROCESS``: ``information_schema``'s
+    ``INNODB_LOCK_WAITS`` and ``INNODB_LOCKS``), which the hot-account capacity test of ``make bench``
+    samples for the gate-lock wait (docs/scaling.md).
+    """
     lines = []
     for host in ("127.0.0.1", "localhost"):
         for pattern in grant_patterns(main, control):  # a backticked name keeps its backslashes as written
             lines.append(f"GRANT ALL PRIVILEGES ON `{pattern}`.* TO '{MANAGED_USER}'@'{host}';")
+        lines.append(f"GRANT PROCESS ON *.* TO '{MANAGED_USER}'@'{host}';")
     return "\n".join(lines)
 
 
@@ -131,6 +138,10 @@ def access_refusals(main: str, control: str) -> list[str]:
             except MySQLdb.OperationalError as exc:
                 if exc.args[0] != ER_BAD_DB:
                     refusals.append(f"{name}: {exc.args[1] if len(exc.args) > 1 else exc}")
+        try:  # the hot-account capacity test samples lock waits (see grant_sql)
+            cursor.execute("SELECT COUNT(*) FROM information_schema.INNODB_LOCK_WAITS")
+        except MySQLdb.OperationalError as exc:
+            refusals.append(f"InnoDB lock waits: {exc.args[1] if len(exc.args) > 1 else exc}")
     finally:
         conn.close()
     return refusals
