@@ -42,8 +42,9 @@ class AccountServingGateStore(CasStore):
 
     @classmethod
     def share_lock_by_account(cls, org_id: str, account_key: str) -> models.AccountServingGate:
-        """The account's gate, share-locked (:meth:`~nexusflow.kernel.store.CasStore.lock_shared`): the V2 writes'
-        side of the gate fence; every gate transition locks it ``FOR UPDATE`` and so waits for them."""
+        """The account's gate, share-locked (:meth:`~nexusflow.kernel.store.CasStore.lock_shared`): the outbound
+        writes' side of the gate fence (``serving_lock(..., shared=True)``); every gate transition locks it
+        ``FOR UPDATE`` and so waits for them."""
         return cls.lock_where_shared(org_id, account_key=account_key)
 
 
@@ -130,15 +131,14 @@ class ExecutionStore(CasStore):
         """
         if not states:
             return []
-        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label)
+        cls._note()
         table = cls.model._meta.db_table
         rows = list(cls.model.objects.raw(
             f"SELECT * FROM {table} FORCE INDEX (execution_state_lane_idx) WHERE state IN "
             f"({', '.join(['%s'] * len(states))}) AND lane_id = %s AND org_id = %s ORDER BY id FOR UPDATE",
             [*states, int(lane_id), org_id]))
         for row in rows[:1] + rows[-1:]:  # the lowest key against what is held, then the highest is held
-            locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label,
-                       key=(org_id, int(row.pk)))
+            cls._note(org_id, row.pk)
         return rows
 
 

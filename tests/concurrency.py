@@ -13,8 +13,8 @@ def connection_id() -> int:
         return int(cursor.fetchone()[0])
 
 
-#: What marks a locking read: exclusive (``FOR UPDATE``) or shared (``LOCK IN SHARE MODE``, the V2 writes' side
-#: of the account and credential gate fences, docs/performance.md "The account gate").
+#: What marks a locking read: exclusive (``FOR UPDATE``) or shared (``LOCK IN SHARE MODE``, the outbound
+#: writes' side of the account and credential gate fences, docs/performance.md).
 LOCKING_READS = ("FOR UPDATE", "LOCK IN SHARE MODE")
 
 

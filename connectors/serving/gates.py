@@ -123,8 +123,8 @@ def serving_lock(*, org_id: str, account_key: str, shared: bool = False) -> Serv
     requires ``v2_serving``, an exact gate-to-epoch id and digest match and
     epoch state ``active``.
 
-    The gate is a readers-writer fence (docs/performance.md "The account
-    gate"). With ``shared`` the two rows are read ``LOCK IN SHARE MODE``:
+    The gate is a readers-writer fence (docs/performance.md, "The account
+    gate as a readers-writer fence"). With ``shared`` the two rows are read ``LOCK IN SHARE MODE``:
     callers that only need the gate to stay as they saw it until they commit
     (outbound authoring and Permit acquisition, whose mutual order is decided
     by the rows they write) run side by side instead of one after the other.
@@ -146,7 +146,7 @@ def serving_lock(*, org_id: str, account_key: str, shared: bool = False) -> Serv
         raise NotServing(f"unknown account {account_key!r}") from None
     if gate.state != "v2_serving" or gate.epoch_id is None:
         raise NotServing(f"account {account_key} gate is {gate.state}")
-    epoch = ServingEpochStore.lock_shared(org_id, gate.epoch_id) if shared else ServingEpochStore.lock(org_id, gate.epoch_id)
+    epoch = (ServingEpochStore.lock_shared if shared else ServingEpochStore.lock)(org_id, gate.epoch_id)
     if epoch.state != "active" or epoch.digest != gate.epoch_digest:
         raise NotServing(f"account {account_key} epoch {epoch.pk} is {epoch.state}")
     return ServingContext(gate, epoch)

@@ -14,7 +14,6 @@ import datetime as dt
 from nexusflow.kernel import canonical_json, locks
 from nexusflow.kernel.clock import db_now_sql
 from nexusflow.kernel.errors import FenceRejected, IllegalTransition
-from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.models import insert
 from nexusflow.kernel.store import CasStore
 
@@ -84,9 +83,7 @@ class _FlowCasStore(CasStore):
             Model.DoesNotExist: no such row in that org.
             django.db.OperationalError: ``nowait`` and the row is locked.
         """
-        pk = require_id(pk, cls.model, field=f"{cls.model.__name__} pk")
-        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label, key=(org_id, int(pk)),
-                   nowait=nowait)
+        pk = cls._noted_id(org_id, pk, nowait=nowait)
         rows = cls._locked_rows("`id` = %s AND `org_id` = %s", [int(pk), org_id], mode=" NOWAIT" if nowait else "")
         if not rows:
             raise cls.model.DoesNotExist(f"{cls.model.__name__} {int(pk)} does not exist in that org")
@@ -103,8 +100,7 @@ class _FlowCasStore(CasStore):
         Raises:
             as :meth:`lock`.
         """
-        pk = require_id(pk, cls.model, field=f"{cls.model.__name__} pk")
-        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label, key=(org_id, int(pk)))
+        pk = cls._noted_id(org_id, pk)
         clock = db_now_sql()
         rows = cls._locked_rows("`id` = %s AND `org_id` = %s", [int(pk), org_id],
                                 extra=f", ({clock.sql}) AS `db_clock_at_lock`", extra_params=clock.params)
@@ -122,11 +118,9 @@ class _FlowCasStore(CasStore):
             InvalidIdentity: an id of another model or not a positive int (before SQL).
             LockOrderViolation: taken after a higher position (mode ``raise``).
         """
-        ids = sorted({int(require_id(pk, cls.model, field=f"{cls.model.__name__} pk")) for pk in pks})
+        ids = cls._noted_ids(org_id, pks)
         if not ids:
             return []
-        for pk in (ids[:1] + ids[-1:]):  # the lowest key against what is held, then the highest is held
-            locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label, key=(org_id, pk))
         marks = ", ".join(["%s"] * len(ids))
         return cls._locked_rows(f"`org_id` = %s AND `id` IN ({marks}) ORDER BY `id`", [org_id, *ids],
                                 mode=" SKIP LOCKED" if skip_locked else "")
@@ -142,11 +136,9 @@ class _FlowCasStore(CasStore):
         Raises:
             as :meth:`lock_many`.
         """
-        ids = sorted({int(require_id(pk, cls.model, field=f"{cls.model.__name__} pk")) for pk in pks})
+        ids = cls._noted_ids(org_id, pks)
         if not ids:
             return [], None
-        for pk in (ids[:1] + ids[-1:]):
-            locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label, key=(org_id, pk))
         marks = ", ".join(["%s"] * len(ids))
         clock = db_now_sql()
         rows = cls._locked_rows(f"`org_id` = %s AND `id` IN ({marks}) ORDER BY `id`", [org_id, *ids],

@@ -52,6 +52,28 @@ class CasStore:
 
     # --- reads that lock -------------------------------------------------
     @classmethod
+    def _note(cls, org_id: str | None = None, pk: int | None = None, *, nowait: bool = False) -> None:
+        """Record this store's lock position (and the row's key when one row is locked): :func:`locks.note`."""
+        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label,
+                   key=None if pk is None else (org_id, int(pk)), nowait=nowait)
+
+    @classmethod
+    def _noted_id(cls, org_id: str, pk: int, *, nowait: bool = False) -> int:
+        """``pk`` checked as this model's id (:class:`InvalidIdentity` before SQL), its lock noted; the int."""
+        pk = int(require_id(pk, cls.model, field=f"{cls.model.__name__} pk"))
+        cls._note(org_id, pk, nowait=nowait)
+        return pk
+
+    @classmethod
+    def _noted_ids(cls, org_id: str, pks) -> list[int]:
+        """``pks`` checked as this model's ids, sorted ascending (the key order inside one lock position), the
+        lowest noted against what is held and then the highest as held; ``[]`` notes nothing."""
+        ids = sorted({int(require_id(pk, cls.model, field=f"{cls.model.__name__} pk")) for pk in pks})
+        for pk in (ids[:1] + ids[-1:]):
+            cls._note(org_id, pk)
+        return ids
+
+    @classmethod
     def lock(cls, org_id: str, pk: int, *, nowait: bool = False):
         """Lock and return one row by ``(org_id, id)``.
 
@@ -64,9 +86,7 @@ class CasStore:
             Model.DoesNotExist: no such row in that org.
             django.db.OperationalError: ``nowait`` and the row is locked.
         """
-        pk = require_id(pk, cls.model, field=f"{cls.model.__name__} pk")
-        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label, key=(org_id, int(pk)),
-                   nowait=nowait)
+        pk = cls._noted_id(org_id, pk, nowait=nowait)
         qs = cls.model.objects.select_for_update(nowait=nowait)
         return qs.get(org_id=org_id, pk=pk)
 
@@ -84,8 +104,7 @@ class CasStore:
             InvalidIdentity: as :meth:`lock` (before SQL).
             Model.DoesNotExist: no such row in that org.
         """
-        pk = require_id(pk, cls.model, field=f"{cls.model.__name__} pk")
-        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label, key=(org_id, int(pk)))
+        pk = cls._noted_id(org_id, pk)
         return cls._share_locked_one(org_id=org_id, pk=pk)
 
     @classmethod
@@ -96,9 +115,9 @@ class CasStore:
             Model.DoesNotExist / MultipleObjectsReturned: as ``QuerySet.get``.
             LockOrderViolation: taken after a higher position (mode ``raise``).
         """
-        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label)
+        cls._note()
         row = cls._share_locked_one(org_id=org_id, **filters)
-        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label, key=(org_id, int(row.pk)))
+        cls._note(org_id, row.pk)
         return row
 
     @classmethod
@@ -123,8 +142,7 @@ class CasStore:
         Raises:
             as :meth:`lock`.
         """
-        pk = require_id(pk, cls.model, field=f"{cls.model.__name__} pk")
-        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label, key=(org_id, int(pk)))
+        pk = cls._noted_id(org_id, pk)
         row = (cls.model.objects.select_for_update()
                .annotate(db_clock_at_lock=db_now_sql())
                .get(org_id=org_id, pk=pk))
@@ -142,11 +160,9 @@ class CasStore:
             InvalidIdentity: an id of another model or not a positive int (before SQL).
             LockOrderViolation: taken after a higher position (mode ``raise``).
         """
-        ids = sorted({int(require_id(pk, cls.model, field=f"{cls.model.__name__} pk")) for pk in pks})
+        ids = cls._noted_ids(org_id, pks)
         if not ids:
             return []
-        for pk in (ids[:1] + ids[-1:]):  # the lowest key against what is held, then the highest is held
-            locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label, key=(org_id, pk))
         return list(cls.model.objects.select_for_update(skip_locked=skip_locked)
                     .filter(org_id=org_id, pk__in=ids).order_by("id"))
 
@@ -159,10 +175,10 @@ class CasStore:
             django.db.OperationalError: ``nowait`` and the row is locked.
             LockOrderViolation: taken after a higher position (mode ``raise``).
         """
-        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label)
+        cls._note()
         row = cls.model.objects.select_for_update(nowait=nowait).get(org_id=org_id, **filters)
         # The key is known only now: check it against rows of this kind already held.
-        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label, key=(org_id, int(row.pk)))
+        cls._note(org_id, row.pk)
         return row
 
     @classmethod
@@ -176,11 +192,10 @@ class CasStore:
         Raises:
             LockOrderViolation: taken after a higher position (mode ``raise``).
         """
-        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label)
+        cls._note()
         rows = list(cls.model.objects.select_for_update().filter(org_id=org_id, **filters).order_by("id"))
         for row in rows[:1] + rows[-1:]:  # the lowest key against what is held, then the highest is held
-            locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label,
-                       key=(org_id, int(row.pk)))
+            cls._note(org_id, row.pk)
         return rows
 
     @classmethod

@@ -75,7 +75,7 @@ def test_permit_acquisition_is_refused(billing_sandbox, kind):
     assert billing_sandbox.state()["requests"] == 0
 
 
-# --- The gate as a readers-writer fence (docs/performance.md "The account gate") ------------------------------
+# --- The gate as a readers-writer fence (docs/performance.md, design item 3) ------------------------------
 def test_outbound_writers_share_the_gate_and_a_gate_transition_waits_for_them(billing_sandbox):
     """Two shared holders of one account's gate run side by side; a writer (FOR UPDATE) queues behind them,
     and once it holds the gate no shared holder passes until it commits (then they see its fence)."""
