@@ -40,11 +40,11 @@ from django.conf import settings
 from packs.demo.run import (
     DemoError,
     Processes,
-    _db_url,
+    db_url,
     _free_port,
     _progress_marker,
-    _recreate_databases,
-    _use_database,
+    recreate_databases,
+    use_database,
     _wait_http,
     web_server_argv,
 )
@@ -199,7 +199,7 @@ class Harness:
             _wait_http(self.web_base + "/api/v2/health/")
         except DemoError as exc:
             raise JourneyError(str(exc)) from None
-        _use_database(*self.databases)
+        use_database(*self.databases)
 
     def restart_worker(self, role: str, *, during: str = "") -> None:
         """Kill the running ``run_workers --role ROLE`` process (SIGKILL, its whole group) and start a new one.
@@ -441,8 +441,8 @@ def run_journey(name: str, *, as_json: bool = False, report_out: dict | None = N
     run_dir = ROOT / "var" / "journeys" / name
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    env = {**os.environ, "NEXUS_DB_URL": _db_url(cfg, databases[0]),
-           "NEXUS_CONTROL_DB_URL": _db_url(cfg, databases[1]), "NEXUS_SECRETS_DIR": str(run_dir / "secrets"),
+    env = {**os.environ, "NEXUS_DB_URL": db_url(cfg, databases[0]),
+           "NEXUS_CONTROL_DB_URL": db_url(cfg, databases[1]), "NEXUS_SECRETS_DIR": str(run_dir / "secrets"),
            "PYTHONUNBUFFERED": "1"}
     env.pop("NEXUS_FAILPOINTS", None)
     harness = Harness(name=name, run_dir=run_dir, env=env, databases=databases, say=say)
@@ -458,7 +458,7 @@ def run_journey(name: str, *, as_json: bool = False, report_out: dict | None = N
     try:
         started = time.monotonic()
         say(f"journey {name}: recreating databases {', '.join(databases)}")
-        _recreate_databases(cfg, list(databases))
+        recreate_databases(cfg, list(databases))
         harness.manage_all(["migrate", "--noinput", "-v0"], ["migrate", "--noinput", "-v0", "--database", "control"],
                            ["collectstatic", "--noinput", "-v0"])
         say(f"journey {name}: migrated in {time.monotonic() - started:.1f} s")
@@ -475,7 +475,7 @@ def run_journey(name: str, *, as_json: bool = False, report_out: dict | None = N
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
         harness.procs.stop_all()
-        _use_database(original["default"]["NAME"], original["control"]["NAME"])
+        use_database(original["default"]["NAME"], original["control"]["NAME"])
     if report_out is not None:
         report_out.update(report)
     if as_json:

@@ -3,7 +3,7 @@
 Runs ``make db``'s own steps (``scripts/ensure_mariadb.sh``, then
 ``scripts/create_databases.py``) for a fresh name ``nfnew<hex>``, then, as the
 ``nexus`` user, recreates every database the project derives from it the way
-the demo and the journeys do (``packs.demo.run._recreate_databases``), pytest's
+the demo and the journeys do (``packs.demo.run.recreate_databases``), pytest's
 ``test_`` copies included. Granting needs the MariaDB root user, as ``make db``
 does; the name's databases and grants are removed at the end.
 """
@@ -19,7 +19,7 @@ import MySQLdb
 import pytest
 from django.conf import settings
 
-from packs.demo.run import _recreate_databases, demo_database_names
+from packs.demo.run import demo_database_names, recreate_databases
 from packs.journeys import journey_database_names
 from tests.conftest import ROOT
 
@@ -95,7 +95,7 @@ def test_make_db_prepares_a_custom_name_and_every_database_derived_from_it(custo
         cursor = conn.cursor()
         cursor.execute("SHOW DATABASES")
         assert {main, control} <= {row[0] for row in cursor.fetchall()}
-        _recreate_databases(cfg, derived + tests)  # raises "Access denied" for a name the grants miss
+        recreate_databases(cfg, derived + tests)  # raises "Access denied" for a name the grants miss
         cursor.execute("SHOW DATABASES")
         assert set(derived + tests) <= {row[0] for row in cursor.fetchall()}
         for name in derived + tests:

@@ -53,16 +53,9 @@ def workers_ready(procs: Processes, warm_up: list[int]) -> None:
     Raises:
         BenchError: as :func:`packs.bench.measure.wait_for`.
     """
-    from packs.bench.measure import RUN_DIR
+    from packs.bench.measure import workers_started
 
-    def started() -> bool:
-        for name, _proc in procs.procs:
-            log = RUN_DIR / f"{name}.log"
-            if not log.exists() or b'"worker.start"' not in log.read_bytes():
-                return False
-        return True
-
-    wait_for("the flow workers' start", started, procs)
+    wait_for("the flow workers' start", lambda: workers_started(procs), procs)
     wait_succeeded(warm_up, procs)
 
 

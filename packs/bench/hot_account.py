@@ -49,7 +49,7 @@ from packs.bench.plan import (
     window_units,
 )
 from packs.demo.common import DemoError
-from packs.demo.run import ROOT, TimedPoster, _db_url, _recreate_databases, _use_database, service_secrets_env
+from packs.demo.run import ROOT, TimedPoster, db_url, recreate_databases, service_secrets_env, use_database
 
 #: The worker roles the whole chain needs (inbound apply, Runtime, Flow, egress).
 ROLES = ("connector", "runtime", "flow", "egress")
@@ -714,7 +714,7 @@ def run_capacity_plan(plan_path: str | Path, *, as_json: bool = False) -> int:
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     for old in RUN_DIR.glob(f"{LOG_PREFIX}-*.log"):
         old.unlink()
-    env = {**os.environ, "NEXUS_DB_URL": _db_url(cfg, main), "NEXUS_CONTROL_DB_URL": _db_url(cfg, control),
+    env = {**os.environ, "NEXUS_DB_URL": db_url(cfg, main), "NEXUS_CONTROL_DB_URL": db_url(cfg, control),
            **service_secrets_env(RUN_DIR), "PYTHONUNBUFFERED": "1", "NEXUS_LOCK_ORDER": "log",
            "NEXUS_LOG_LEVEL": "INFO"}
     for name in ("NEXUS_FAILPOINTS", "NEXUS_WORKER_PROFILE_DIR"):
@@ -731,9 +731,9 @@ def run_capacity_plan(plan_path: str | Path, *, as_json: bool = False) -> int:
         "machine": {"cpus": os.cpu_count()}, "databases": [main, control]}
     try:
         say(f"capacity: recreating databases {main}, {control}")
-        _recreate_databases(cfg, [main, control])
+        recreate_databases(cfg, [main, control])
         _migrate_both(env)
-        _use_database(main, control)
+        use_database(main, control)
         say("capacity: the demo webhook service (billing sandbox, packs, credentials, configuration, "
             "greenfield cutover, flows, web server)")
         inbound = inbound_start(env, say)

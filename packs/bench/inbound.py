@@ -50,6 +50,7 @@ from packs.bench.measure import (
     server_counters,
     wait_for,
     workers,
+    workers_started,
 )
 from packs.demo.common import web_server_argv
 from packs.demo.run import (
@@ -329,15 +330,6 @@ def effects_confirmed_series(cfg: dict, env: dict, inbound: Inbound, contacts: d
 LATENCY_WARM_UP_EVENTS = 4
 
 
-def _workers_started(procs) -> bool:
-    """Every process of ``procs`` logged its ``worker.start`` line (``RUN_DIR/<name>.log``)."""
-    for name, _proc in procs.procs:
-        log = RUN_DIR / f"{name}.log"
-        if not log.exists() or b'"worker.start"' not in log.read_bytes():
-            return False
-    return True
-
-
 def inbound_latency(inbound: Inbound, env: dict, *, rate: float, events: int, say) -> dict[str, dict[str, Any]]:
     """Admission and event -> applied latency (ms) under an open-loop arrival of ``rate`` events/s.
 
@@ -367,7 +359,7 @@ def inbound_latency(inbound: Inbound, env: dict, *, rate: float, events: int, sa
         warm = _max_id(Execution)
         for o in inbound.new_contacts(LATENCY_WARM_UP_EVENTS):
             inbound.post(poster, [inbound.event(o, "email", f"warm{o}@example.com")])
-        wait_for("the apply workers' start and the warm-up events", lambda: _workers_started(procs)
+        wait_for("the apply workers' start and the warm-up events", lambda: workers_started(procs)
                  and _settled(inbound.org_id, warm), procs)
         last = _max_id(Execution)
         open_loop(events, rate, lambda i: admission.append(
@@ -442,22 +434,13 @@ def effect_latency_figures(latencies: dict[int, float | None], *, rate: float, w
             "unconfirmed": len(latencies) - len(confirmed), **latency_ms(confirmed)}
 
 
-def _registered(procs: Processes) -> bool:
-    """Every process of ``procs`` registered itself as a worker (past its start-up)."""
-    from connectors.models import WorkerProcess
-
-    pids = {proc.pid for _name, proc in procs.procs}
-    found = WorkerProcess.objects.filter(pid__in=pids, terminated_at__isnull=True).values_list("pid", flat=True)
-    return set(found) >= pids
-
-
 def effect_latency(inbound: Inbound, env: dict, *, rate: float, events: int, say) -> dict[str, dict[str, Any]]:
     """Admission -> confirmed effect latency (ms) under an open-loop arrival of ``rate`` customer events/s.
 
     Two workers of each role of :data:`EFFECT_ROLES` run throughout. First
     ``events`` new contacts are made (an ``email`` and a ``firstname`` event
     each, admitted in deliveries of :data:`BATCH`) and applied, and every
-    worker has registered; then one ``lifecyclestage = customer`` event per
+    worker has started; then one ``lifecyclestage = customer`` event per
     contact, one per delivery, is posted on a fixed schedule, and the chain
     runs on as in :func:`effects_confirmed_series` (every effect finalized
     and every Flow run ended, no work left, or nothing confirmed for
@@ -481,8 +464,8 @@ def effect_latency(inbound: Inbound, env: dict, *, rate: float, events: int, say
     with workers(EFFECT_ROLES, 2, "effect-latency", env) as procs:
         last = _max_id(Execution)
         inbound.admit(contacts)
-        wait_for(f"{len(contacts)} contact events applied and {len(procs.procs)} workers registered",
-                 lambda: _settled(inbound.org_id, last) and _registered(procs), procs)
+        wait_for(f"{len(contacts)} contact events applied and {len(procs.procs)} workers started",
+                 lambda: _settled(inbound.org_id, last) and workers_started(procs), procs)
         last_execution, last_effect, last_run = _max_id(Execution), _max_id(RemoteEffect), _max_id(FlowRun)
         with TimedPoster(url=inbound.url, secret=inbound.secret) as poster:
             open_loop(events, rate, lambda i: inbound.post(

@@ -138,3 +138,13 @@ def workers(roles: Sequence[str], n: int, label: str, env: dict) -> Iterator[Pro
         yield procs
     finally:
         procs.stop_all()
+
+
+def workers_started(procs: Processes) -> bool:
+    """Every process of ``procs`` (started by :func:`workers`) logged its ``worker.start`` line in
+    ``RUN_DIR/<name>.log``: past its start-up, claiming. A latency point starts its clock only then."""
+    for name, _proc in procs.procs:
+        log = RUN_DIR / f"{name}.log"
+        if not log.exists() or b'"worker.start"' not in log.read_bytes():
+            return False
+    return True

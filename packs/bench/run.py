@@ -109,11 +109,11 @@ from packs.bench.profiles import summarise
 from packs.demo.run import (
     DemoError,
     Processes,
-    _db_url,
     _manage,
-    _recreate_databases,
-    _use_database,
+    db_url,
+    recreate_databases,
     service_secrets_env,
+    use_database,
 )
 
 #: Units per series point at scale 1 (and the floor's seconds per point).
@@ -533,7 +533,7 @@ def _series(report: dict[str, Any], cfg: dict, env: dict, q2_env: dict, scale: f
     if dbos is None:
         say(f"bench: the DBOS peer does not run: {report['peers']['dbos']['reason']}")
     _dbos_series(report, dbos, "dbos_noop", lambda: dbos_noop_series(dbos, _count(FLOW_RUNS, scale, 50), say), say)
-    _use_database(main, control)
+    use_database(main, control)
     report["series"]["flow_runs"] = flow_runs_series(cfg, env, _count(FLOW_RUNS, scale, 50), say)
     # Half the measured two-worker throughput: the latency of a system that keeps up, not of a backlog.
     report["latency"] = {"flow_start_to_succeeded": flow_latency(
@@ -578,11 +578,11 @@ def run_bench(*, scale: float = 1.0, as_json: bool = False, profile: bool = Fals
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     for old in RUN_DIR.glob("*.log"):
         old.unlink()
-    env = {**os.environ, "NEXUS_DB_URL": _db_url(cfg, main), "NEXUS_CONTROL_DB_URL": _db_url(cfg, control),
+    env = {**os.environ, "NEXUS_DB_URL": db_url(cfg, main), "NEXUS_CONTROL_DB_URL": db_url(cfg, control),
            **service_secrets_env(RUN_DIR), "PYTHONUNBUFFERED": "1", "NEXUS_LOCK_ORDER": "log"}
     env.pop("NEXUS_FAILPOINTS", None)
     env.pop("NEXUS_WORKER_PROFILE_DIR", None)
-    q2_env = {**env, "NEXUS_DB_URL": _db_url(cfg, q2), "NEXUS_Q_SAVE_LIMIT": "0"}
+    q2_env = {**env, "NEXUS_DB_URL": db_url(cfg, q2), "NEXUS_Q_SAVE_LIMIT": "0"}
     profile_dir = RUN_DIR / "profiles"
     shutil.rmtree(profile_dir, ignore_errors=True)
     if profile:
@@ -596,7 +596,7 @@ def run_bench(*, scale: float = 1.0, as_json: bool = False, profile: bool = Fals
                               "series": {}, "peers": {}}
     try:
         say(f"bench: recreating databases {main}, {control}, {q2}")
-        _recreate_databases(cfg, [main, control, q2])
+        recreate_databases(cfg, [main, control, q2])
         _manage_side_by_side([(["migrate", "--noinput", "-v0"], env), (["migrate", "--noinput", "-v0"], q2_env),
                               (["migrate", "--noinput", "-v0", "--database", "control"], env)])
         say("bench: " + _manage(["flow_deploy", "--org", ORG, str(FLOW_FILE)], env))

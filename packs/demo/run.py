@@ -86,11 +86,17 @@ def demo_database_names(main: str) -> tuple[str, str]:
     return f"{main}_demo", f"{main}_demo_control"
 
 
-def _db_url(cfg: dict, name: str) -> str:
+def db_url(cfg: dict, name: str) -> str:
+    """``mysql://user:password@host:port/name`` for database ``name`` on the server of settings ``cfg``."""
     return f"mysql://{cfg['USER']}:{cfg['PASSWORD']}@{cfg['HOST'] or '127.0.0.1'}:{cfg['PORT'] or 3306}/{name}"
 
 
-def _recreate_databases(cfg: dict, names: list[str]) -> None:
+def recreate_databases(cfg: dict, names: list[str]) -> None:
+    """Drop and create each database of ``names`` (utf8mb4) on the server of ``cfg``, as ``cfg``'s user.
+
+    Raises:
+        MySQLdb.Error: the server refused (for example, the user may not create that name).
+    """
     conn = MySQLdb.connect(host=cfg["HOST"] or "127.0.0.1", port=int(cfg["PORT"] or 3306), user=cfg["USER"],
                            password=cfg["PASSWORD"])
     try:
@@ -197,7 +203,8 @@ def ingress_url(service: dict, base: str) -> str:
     return f"{base}/api/v2/ingress/{ingress['account_key']}/{ingress['channel']}/"
 
 
-def _use_database(main: str, control: str) -> None:
+def use_database(main: str, control: str) -> None:
+    """Point this process's ``default`` and ``control`` connections at databases ``main`` and ``control``."""
     for alias, name in (("default", main), ("control", control)):
         conn = connections[alias]
         conn.close()
@@ -398,7 +405,7 @@ def _run_chaos(seed: int, *, procs: Processes, env: dict, run_dir: Path, web_por
         + ", ".join(f"{a.slot}@{a.failpoint}" for a in supervisor.schedule))
     supervisor.start()
     _wait_http(url.split("/api/")[0] + "/api/v2/health/", timeout=60)
-    _use_database(*databases)
+    use_database(*databases)
     say(f"demo: posting {len(deliveries)} deliveries to {url} (failed requests are resent)")
     poster = ResendingPoster(deliveries, url=url, secret=secret)
     poster.start()
@@ -617,7 +624,7 @@ def run_demo(*, events: str | None, as_json: bool, dump_path: str | None, keep_l
     run_dir.mkdir(parents=True, exist_ok=True)
     for old in run_dir.glob("*.log"):
         old.unlink()
-    env = {**os.environ, "NEXUS_DB_URL": _db_url(cfg, main_db), "NEXUS_CONTROL_DB_URL": _db_url(cfg, control_db),
+    env = {**os.environ, "NEXUS_DB_URL": db_url(cfg, main_db), "NEXUS_CONTROL_DB_URL": db_url(cfg, control_db),
            **service_secrets_env(run_dir), "PYTHONUNBUFFERED": "1"}
     webhook_secret = env["NEXUS_DEMO_WEBHOOK_SECRET"]
     env.pop("NEXUS_FAILPOINTS", None)
@@ -631,7 +638,7 @@ def run_demo(*, events: str | None, as_json: bool, dump_path: str | None, keep_l
     previous_sigterm = signal.signal(signal.SIGTERM, _terminated) if main_thread else None  # children stop too
     try:
         say(f"demo: recreating databases {main_db}, {control_db}")
-        _recreate_databases(cfg, [main_db, control_db])
+        recreate_databases(cfg, [main_db, control_db])
         _manage(["migrate", "--noinput", "-v0"], env)
         _manage(["migrate", "--noinput", "-v0", "--database", "control"], env)
         _manage(["collectstatic", "--noinput", "-v0"], env)  # the web process serves the admin's assets (WhiteNoise)
@@ -649,7 +656,7 @@ def run_demo(*, events: str | None, as_json: bool, dump_path: str | None, keep_l
             say(f"demo: posting {len(deliveries)} deliveries to {url}")
             results = deliver_all(deliveries, url=url, secret=webhook_secret.encode())
             say("demo: waiting until no work is left")
-            _use_database(main_db, control_db)
+            use_database(main_db, control_db)
             counts = _wait_idle(procs)
         else:
             supervisor, results, counts = _run_chaos(chaos, procs=procs, env=env, run_dir=run_dir, web_port=web_port,
