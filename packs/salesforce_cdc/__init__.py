@@ -3,8 +3,7 @@
 The L0 runtime reads ``pack.json`` itself (the route's ``stream``,
 ``envelope`` and ``ordering`` blocks) and never imports this package. The
 helpers here build provider-shaped change envelopes for the sandbox and the
-tests (``/work/shared/corpus/providers/FACTS.md``, "Salesforce-style Change
-Data Capture"):
+tests (``FACTS.md``, "Salesforce-style Change Data Capture"):
 
     {"data": {"schema": "<schema id>",
               "payload": {"ChangeEventHeader": {"entityName", "recordIds", "changeType",
@@ -18,8 +17,9 @@ Data Capture"):
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 PACK_PATH: Path = Path(__file__).resolve().parent / "pack.json"
 ROUTE_KEY = "contacts.changes"

@@ -16,8 +16,8 @@ from .rows import Rows
 
 ROOT = Path(settings.BASE_DIR)
 DEMO_FLOW = ROOT / "metadata" / "flows" / "Contact_Push_Customer_To_Billing.flow-meta.xml"
-#: The shared Flow corpus beside the repository (``../shared/corpus/flows``).
-CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpus" / "flows"
+#: The real Flow corpus (``tests/corpus/flows``; origins and licences in ``tests/corpus/SOURCES.tsv``).
+CORPUS = ROOT / "tests" / "corpus" / "flows"
 FLOW_ORG = "flows-test-org"
 OBJECT = "Contact"  # the demo metadata object (tests may name it; L0 code may not)
 
@@ -152,10 +152,11 @@ def serve_message_relay(org: OrgScope, base_url: str) -> None:
     """Serve ``org`` by one message relay account at ``base_url`` (its contracts deliver emailSimple's ``email``
     and customNotificationAction's ``notification`` families) and cut it over greenfield, as an operator configures it. The relay's key is the test billing
     key (``NEXUS_TEST_BILLING_KEY``)."""
+    from django.conf import settings
+
     from connectors.serving.gates import service_configuration_apply
     from connectors.serving.generations import credential_publish, pack_publish_file
     from cutover.services import cutover_greenfield
-    from django.conf import settings
     from tests.conftest import SECRET_VERSION
 
     pack_publish_file(Path(settings.NEXUS_PACKS_DIR) / "message_relay" / "pack.json")

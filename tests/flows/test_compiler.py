@@ -65,10 +65,9 @@ def test_plan_digest_is_stable_and_tracks_semantic_changes(demo_source):
     assert _compile(demo_source, org="another-org").plan_digest != first.plan_digest
 
 
-CORPUS_FILES = sorted(CORPUS.glob("*.flow-meta.xml")) if CORPUS.is_dir() else []
+CORPUS_FILES = sorted(CORPUS.glob("*.flow-meta.xml"))
 
 
-@pytest.mark.skipif(not CORPUS_FILES, reason="shared Flow corpus not present")
 @pytest.mark.parametrize("path", CORPUS_FILES, ids=[p.name.split("__")[-1][:60] for p in CORPUS_FILES])
 def test_corpus_compiles_or_fails_with_stable_codes(path):
     source = path.read_bytes()
@@ -88,7 +87,6 @@ def test_corpus_compiles_or_fails_with_stable_codes(path):
         assert plan.steps[-1]["kind"] == KIND_TERMINAL
 
 
-@pytest.mark.skipif(not CORPUS_FILES, reason="shared Flow corpus not present")
 def test_corpus_diagnostics_name_the_real_blockers():
     by_name = {}
     for path in CORPUS_FILES:

@@ -33,7 +33,6 @@ def test_normalized_form_is_versioned_and_free_of_layout():
     assert exc.value.code == "not_a_flow"
 
 
-@pytest.mark.skipif(not CORPUS.is_dir(), reason="shared Flow corpus not present")
 def test_every_corpus_file_parses_to_the_same_form_after_reformatting():
     for path in sorted(CORPUS.glob("*.flow-meta.xml")):
         source = path.read_bytes()

@@ -16,7 +16,6 @@ from .conftest import CORPUS, DEMO_FLOW
 FIXTURE = Path(__file__).with_name("fixtures") / "corpus_inventory.json"
 KEYS = ["file", "flow", "profile", "rejected", "reasons", "unknown_capabilities", "steps", "cohort", "runs",
         "blockers", "refused_for"]
-pytestmark = pytest.mark.skipif(not CORPUS.is_dir(), reason="shared Flow corpus not present")
 
 
 def _inventory(*args: str) -> str:
