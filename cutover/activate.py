@@ -48,8 +48,8 @@ from nexusflow.kernel.scope import OrgScope
 
 from . import decision as decisions
 from .models import CutoverDecision, CutoverReadinessCertificate, V1RestorePoint, V1ShutdownCertificate
-from .store import CutoverDecisionStore
 from .services import CutoverRefused, activate_locked
+from .store import CutoverDecisionStore
 from .v1_shutdown import attempt_certificate
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,10 @@ FP_AFTER_DECISION = failpoints.declare("cutover.activate.after_decision")
 FP_BEFORE_COMMIT = failpoints.declare("cutover.activate.before_commit")
 FP_AFTER_COMMIT = failpoints.declare("cutover.activate.after_commit")
 FP_AFTER_V2_COMMITTED = failpoints.declare("cutover.activate.after_v2_committed")
+#: Inside the activation's decision transaction: the row locked, the barriers proven still held, before the CAS.
+FP_DECISION_GUARDED = failpoints.declare("cutover.activate.decision_guarded")
+#: Inside the urgent abort's decision transaction: the row locked and ``rollback_open``, before the release.
+FP_ABORT_BEFORE_RELEASE = failpoints.declare("cutover.activate.abort_before_release")
 #: Every first-activation boundary, in order (tests crash a real process at each).
 BOUNDARIES = ("publication_barrier.after_acquiring", "publication_barrier.after_held", FP_AFTER_HELD,
               FP_BEFORE_DECISION, FP_AFTER_DECISION, FP_BEFORE_COMMIT, FP_AFTER_COMMIT, FP_AFTER_V2_COMMITTED)
@@ -176,6 +180,7 @@ def urgent_revocation_abort(*, org_id: str, actor: str) -> None:
         if decision.state != "rollback_open":
             raise PublicationBarrierHeld(f"attempt {current.attempt_key} won activation ({decision.state}); the "
                                          "revocation applies after its release: run it again then")
+        failpoints.hit(FP_ABORT_BEFORE_RELEASE)
         holding = barrier_acquire(org=org, attempt_key=current.attempt_key, epoch=current.epoch)
         barrier_release(org=org, holding=holding, reason="urgent_revocation")
     log.warning("urgent revocation by %s aborted activation attempt %s", actor, current.attempt_key,
@@ -194,6 +199,7 @@ def _still_held(org: OrgScope, attempt_key: str, holding) -> None:
         raise ActivationAborted(f"attempt {attempt_key}: the publication barriers are {current.state} "
                                 f"({current.release_reason or 'taken over'}); nothing activated, run cutover "
                                 "activate again")
+    failpoints.hit(FP_DECISION_GUARDED)
 
 
 def activation_release_after_restore(*, org: OrgScope, attempt_key: str, holding: Holding | None = None) -> bool:
