@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.requirements.stamp
 
-.PHONY: venv db static test demo chaos bench clean
+.PHONY: venv db static lint test demo chaos bench clean
 
 venv: $(STAMP)
 
@@ -28,10 +28,15 @@ db: venv
 static: venv
 	$(PY) manage.py collectstatic --noinput --verbosity 0
 
+# ruff (pinned in requirements.txt, rules in ruff.toml): pyflakes, import order, bugbear, pyupgrade and unused
+# noqa directives. `make test` runs it first and fails on what it finds.
+lint: venv
+	$(PY) -m ruff check --no-cache .
+
 # The suite waits on real processes and the database far more than it computes: TEST_WORKERS pytest-xdist
 # workers (each with its own test databases) run whole files side by side. TEST_WORKERS=0 runs serially.
 TEST_WORKERS ?= 3
-test: venv db static promtool
+test: lint db static promtool
 	@$(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 

@@ -1,9 +1,8 @@
 """Read-only support views for every Connector fact."""
 from django.contrib import admin
 
-from nexusflow.kernel.admin import ReadOnlyAdmin, ReasonClassFilter
-
 from connectors import models
+from nexusflow.kernel.admin import ReadOnlyAdmin, ReasonClassFilter
 
 
 @admin.register(models.AccountServingGate)
@@ -158,7 +157,7 @@ class PushLinkRevalidationReceiptAdmin(ReadOnlyAdmin):
 
 
 # The V1 runtime being retired: its support views (connectors/v1/admin.py).
-from connectors.v1 import admin as _v1_admin  # noqa: E402,F401
+from connectors.v1 import admin as _v1_admin  # noqa: F401 - importing registers the admin views
 
 
 @admin.register(models.ServingPublicationBarrierSet)

@@ -6,6 +6,20 @@ class ConnectorsConfig(AppConfig):
     verbose_name = "Connector V2"
 
     def ready(self) -> None:
+        from connectors import reasons, selectors, worker_roles, workers
+        from connectors.links import identity_transfer as link_transfer
+        from connectors.links.link_keys import inbound_link_create, inbound_link_find, record_links_describe
+        from connectors.links.source_deletion import links_before_source_delete
+        from connectors.metrics import connector_families
+        from connectors.outbound.inbox import outbound_message_accept
+        from connectors.runtime_answers import (
+            delivery_contract_for,
+            freeze_push_binding,
+            no_effect_unsettled_attempt,
+            predecessor_effect_read,
+        )
+        from connectors.v1 import selectors as v1_selectors
+        from connectors.v1 import worker_roles as v1_worker_roles
         from nexusflow.kernel.metrics import register_families
         from nexusflow.kernel.pressure import register_queue_age
         from nexusflow.kernel.workers import (
@@ -19,21 +33,6 @@ class ConnectorsConfig(AppConfig):
         from runtime_outbox import ports as runtime_ports
         from runtime_outbox.messages import FLOW_EFFECT_SUBMIT, OUTBOUND_COMMAND, register_consumer
         from runtime_outbox.services import no_effect_reasons_declare
-
-        from connectors import reasons, selectors, worker_roles, workers
-        from connectors.metrics import connector_families
-        from connectors.v1 import selectors as v1_selectors
-        from connectors.v1 import worker_roles as v1_worker_roles
-        from connectors.links import identity_transfer as link_transfer
-        from connectors.outbound.inbox import outbound_message_accept
-        from connectors.links.link_keys import inbound_link_create, inbound_link_find, record_links_describe
-        from connectors.runtime_answers import (
-            delivery_contract_for,
-            freeze_push_binding,
-            no_effect_unsettled_attempt,
-            predecessor_effect_read,
-        )
-        from connectors.links.source_deletion import links_before_source_delete
 
         register_queue_age("connectors", selectors.execution_oldest_ready)
         # Seed 000: after Runtime's owner work check, a deleted source's push links stop being PATCH authority.

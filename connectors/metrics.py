@@ -12,9 +12,8 @@ from collections.abc import Iterable
 
 from prometheus_client.core import Metric
 
-from nexusflow.kernel.metrics import age_seconds, counter, gauge, summary
-
 from connectors import reasons, selectors
+from nexusflow.kernel.metrics import age_seconds, counter, gauge, summary
 
 #: The reason code that means an effect's retry budget is spent.
 RETRY_BUDGET_CODES = (reasons.RETRY_EXHAUSTED,)

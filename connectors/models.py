@@ -5,11 +5,15 @@ only by compare-and-swap. Identity columns use binary collation.
 """
 from django.db import models
 
-from nexusflow.kernel.identity import IdentityField
-from nexusflow.kernel.models import (GuardedModel, TypedIdReference, reason_code_constraint, reason_code_field,
-                                     trace_id_field)
-
 from connectors import transitions
+from nexusflow.kernel.identity import IdentityField
+from nexusflow.kernel.models import (
+    GuardedModel,
+    TypedIdReference,
+    reason_code_constraint,
+    reason_code_field,
+    trace_id_field,
+)
 
 DIGEST = {"max_length": 64}
 PROFILE = {"max_length": 64}
@@ -789,7 +793,7 @@ class WorkerProcess(GuardedModel):
 
 
 # --- The V1 runtime being retired (connectors/v1/models.py; same app label) ---------
-from connectors.v1.models import (  # noqa: E402,F401
+from connectors.v1.models import (  # noqa: F401 - the models join this app
     V1Account,
     V1EgressDenial,
     V1Event,

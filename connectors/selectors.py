@@ -19,16 +19,16 @@ from django.db.models import Exists, OuterRef, QuerySet
 from connectors import reasons, transitions
 from connectors.models import (
     AccountServingGate,
-    PackGeneration,
     CredentialGenerationDispatchGate,
     DispatchPermit,
     Execution,
     ExecutionAttempt,
     ExecutionDependency,
-    ProjectionWindow,
-    Receipt,
     OrderingDecision,
     OrderingLane,
+    PackGeneration,
+    ProjectionWindow,
+    Receipt,
     ReceiptComponent,
     RemoteEffect,
     RemoteEffectAttempt,
@@ -202,7 +202,7 @@ def remote_effects_blocking_lane(*, org_id: str, reason_code: str | None = None)
             .exclude(pk__in=held.values("pk")).order_by("link_key", "lane_sequence", "id"))
 
 
-def candidate_lanes(now: dt.datetime, limit: int = 20) -> list[tuple[str, "OrderingLane.Id"]]:
+def candidate_lanes(now: dt.datetime, limit: int = 20) -> list[tuple[str, OrderingLane.Id]]:
     """Lanes with ready work that no live lease holds, oldest work first (non-locking).
 
     Ready work includes a waiting Execution whose dependency the lane's
@@ -238,7 +238,7 @@ def candidate_lanes(now: dt.datetime, limit: int = 20) -> list[tuple[str, "Order
 
 
 def head_of_lane_prepared(now: dt.datetime, nonterminal: tuple[str, ...], lanes: tuple[str, ...],
-                          limit: int = 10) -> list[tuple[str, "RemoteEffect.Id"]]:
+                          limit: int = 10) -> list[tuple[str, RemoteEffect.Id]]:
     """Prepared RemoteEffects of the claimable ``lanes`` that are due and first for their link_key (non-locking).
 
     An effect of the link_key already past ``prepared`` occupies the slot whatever its
@@ -283,7 +283,7 @@ def database_answers(using: str = "default") -> None:
         cursor.execute("SELECT 1")
 
 
-def receipts_missing_children(limit: int = 20) -> list[tuple[str, "Receipt.Id"]]:
+def receipts_missing_children(limit: int = 20) -> list[tuple[str, Receipt.Id]]:
     """Transport Receipts with fewer Components than items whose gate serves their epoch (non-locking).
 
     A crash fell between Receipt and children. Children commit in ascending
@@ -317,7 +317,7 @@ def partial_receipts_count(*, org_id: str, account_key: str, epoch_id) -> int:
         return int(cursor.fetchone()[0])
 
 
-def windows_due(now: dt.datetime, limit: int = 20) -> list[tuple[str, "ProjectionWindow.Id"]]:
+def windows_due(now: dt.datetime, limit: int = 20) -> list[tuple[str, ProjectionWindow.Id]]:
     """Open ProjectionWindows whose ``close_at`` is not after ``now`` (the DB clock), oldest first.
 
     Only windows whose account gate serves the window's epoch are listed (only those can seal).
@@ -328,7 +328,7 @@ def windows_due(now: dt.datetime, limit: int = 20) -> list[tuple[str, "Projectio
     return [(org_id, ProjectionWindow.Id(pk)) for org_id, pk in rows]
 
 
-def dependencies_due(now: dt.datetime, limit: int = 20) -> list[tuple[str, "ExecutionDependency.Id"]]:
+def dependencies_due(now: dt.datetime, limit: int = 20) -> list[tuple[str, ExecutionDependency.Id]]:
     """Waiting ExecutionDependencies whose immutable deadline passed (non-locking), oldest first.
 
     Only dependencies whose lane's account gate serves the lane's epoch are listed.
@@ -339,7 +339,7 @@ def dependencies_due(now: dt.datetime, limit: int = 20) -> list[tuple[str, "Exec
     return [(org_id, ExecutionDependency.Id(pk)) for org_id, pk in rows]
 
 
-def unlaned_executions_ready(now: dt.datetime, limit: int = 20) -> list[tuple[str, "Execution.Id"]]:
+def unlaned_executions_ready(now: dt.datetime, limit: int = 20) -> list[tuple[str, Execution.Id]]:
     """Ready ``order_independent`` Executions (no lane) that no live lease holds, oldest first.
 
     Only Executions whose Event's account gate serves the Event's epoch are listed.
@@ -409,7 +409,7 @@ def effects_create_conflict_count() -> int:
 
 
 # The V1 runtime's evidence selectors (connectors/v1/selectors.py), named by connectors/reasons.py.
-from connectors.v1.selectors import v1_events_with_reason, v1_provider_calls_with_reason  # noqa: E402,F401
+from connectors.v1.selectors import v1_events_with_reason, v1_provider_calls_with_reason  # noqa: F401 - re-exported for connectors/reasons.py
 
 
 # --- metrics (connectors/metrics.py; seed 004 section 19) -------------------------------------------------------

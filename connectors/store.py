@@ -24,9 +24,8 @@ RANK_EFFECT, RANK_PERMIT, RANK_EFFECT_ATTEMPT, RANK_LINK = 4, 5, 6, 7
 RANK_HANDOFF = 8
 # The ServingPublicationBarrierSet is locked after the gates it freezes and before their epoch.
 RANK_PUBLICATION_BARRIER = 0.5
-from nexusflow.kernel.store import CasStore
-
 from connectors import models, transitions
+from nexusflow.kernel.store import CasStore
 
 
 class AccountServingGateStore(CasStore):
@@ -247,4 +246,4 @@ class WorkerProcessStore:
 
 
 # The V1 runtime's stores (connectors/v1/store.py) register with the connector app's.
-from connectors.v1 import store as _v1_store  # noqa: E402,F401
+from connectors.v1 import store as _v1_store  # noqa: F401 - importing registers the stores

@@ -252,4 +252,4 @@ REALIZED_ELSEWHERE = {
 }
 
 # The V1 runtime's machines (connectors/v1/transitions.py) register with the connector app's.
-from connectors.v1 import transitions as _v1_transitions  # noqa: E402,F401
+from connectors.v1 import transitions as _v1_transitions  # noqa: F401 - importing registers the machines

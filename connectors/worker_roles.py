@@ -13,8 +13,12 @@ from nexusflow.kernel.workers import Unit
 
 def connector_units(worker_id: str) -> list[tuple[str, Unit]]:
     """The ``connector`` role: inbound receipts, windows, dependencies and executions."""
-    from connectors.inbound.executions import dependency_try_expire_one, execution_try_recover_one, execution_try_run_one
     from connectors.inbound.admission import receipt_try_reconcile_one
+    from connectors.inbound.executions import (
+        dependency_try_expire_one,
+        execution_try_recover_one,
+        execution_try_run_one,
+    )
     from connectors.inbound.windows import window_try_close_one
 
     return [("receipt.reconcile", receipt_try_reconcile_one),

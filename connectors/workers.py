@@ -17,10 +17,9 @@ import uuid
 
 from django.db import transaction
 
+from connectors.models import WorkerProcess
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.models import insert
-
-from connectors.models import WorkerProcess
 
 
 def _stat_fields(pid: int) -> list[bytes] | None:

@@ -205,7 +205,7 @@ def _baselines(org: OrgScope, document: dict) -> tuple[list[dict], list[dict]]:
             if missing:
                 out.append(blocker(reasons.V1_BASELINE_MISSING, name,
                                    f"{missing} V1 event(s) carry no typed position: no high-water baseline"))
-            for key, (partition, position) in sorted(highs.items()):
+            for _key, (partition, position) in sorted(highs.items()):
                 rows.append({**base, "partition_key": _digest("cutover.ordering-partition", partition),
                              "partition": partition, "origin": "v1_high_water",
                              "position": canonical_json.dumps(position)})

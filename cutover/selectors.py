@@ -328,8 +328,15 @@ def v2_mutations_since(*, org_id: str, since: dt.datetime) -> dict[str, int]:
     """
     from django.db.models import Q
 
-    from connectors.models import (AccountServingGate, Event, Execution, Receipt, ReceiptAdmissionKey, RemoteEffect,
-                                   ServingEpoch)
+    from connectors.models import (
+        AccountServingGate,
+        Event,
+        Execution,
+        Receipt,
+        ReceiptAdmissionKey,
+        RemoteEffect,
+        ServingEpoch,
+    )
 
     found = {
         "serving_epochs_activated": ServingEpoch.objects.filter(org_id=org_id).filter(

@@ -30,9 +30,10 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 from django.conf import settings
@@ -40,12 +41,12 @@ from django.conf import settings
 from packs.demo.run import (
     DemoError,
     Processes,
-    db_url,
     _free_port,
     _progress_marker,
+    _wait_http,
+    db_url,
     recreate_databases,
     use_database,
-    _wait_http,
     web_server_argv,
 )
 
@@ -76,9 +77,9 @@ class Journey:
 
     name: str
     summary: str
-    stage: Callable[["Harness"], None]
-    story: Callable[["Harness"], None]
-    provider_report: Callable[["Harness"], dict]
+    stage: Callable[[Harness], None]
+    story: Callable[[Harness], None]
+    provider_report: Callable[[Harness], dict]
 
 
 _REGISTRY: dict[str, Journey] = {}

@@ -30,11 +30,12 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Sequence, Union
+from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
 HOST = "127.0.0.1"
@@ -138,7 +139,7 @@ class Seconds:
         return value
 
 
-Fault = Union[Count, StatusCount, Seconds]
+Fault = Count | StatusCount | Seconds
 
 
 class FaultScript:
@@ -333,22 +334,22 @@ class SandboxHandler(BaseHTTPRequestHandler):
     #: Serve ``GET /_sandbox/requests`` -> ``{"requests": [<request log entry>, ...]}``.
     request_log_control = False
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+    def do_GET(self) -> None:  # http.server naming
         self._dispatch("GET")
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self._dispatch("POST")
 
-    def do_PUT(self) -> None:  # noqa: N802
+    def do_PUT(self) -> None:
         self._dispatch("PUT")
 
-    def do_PATCH(self) -> None:  # noqa: N802
+    def do_PATCH(self) -> None:
         self._dispatch("PATCH")
 
-    def do_DELETE(self) -> None:  # noqa: N802
+    def do_DELETE(self) -> None:
         self._dispatch("DELETE")
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
+    def log_message(self, format: str, *args: Any) -> None:  # stdlib signature
         self._logger().debug("%s %s", self.address_string(), format % args)
 
     # -- what a sandbox provides ----------------------------------------------------------------------------

@@ -14,8 +14,8 @@ class RuntimeOutboxConfig(AppConfig):
         from nexusflow.records.services import DELETE_STAGE_OWNER_WORK, register_after_save, register_before_delete
 
         from .command_inbox import command_handoff_accept
-        from .metrics import admission_families, outbox_families
         from .messages import RUNTIME_COMMAND_HANDOFF, check_every_family_consumed, register_consumer
+        from .metrics import admission_families, outbox_families
         from .owner import owner_before_delete, owner_intents_read, owner_work_check
         from .replay_guard import record_replay_write
         from .selectors import outbox_pending_count

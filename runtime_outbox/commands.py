@@ -7,13 +7,13 @@ names the handler and parametrizes it.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.scope import OrgScope
-from nexusflow.records.metadata import InvalidFieldValue, UnknownField, UnknownObject
 from nexusflow.records.access import AccessDenied, acting_as
 from nexusflow.records.edits import require_create, require_record_access, require_update
+from nexusflow.records.metadata import InvalidFieldValue, UnknownField, UnknownObject
 from nexusflow.records.selectors import access_integration_user
 from nexusflow.records.services import record_create, record_delete, record_lock_owner, record_update
 

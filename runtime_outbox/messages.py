@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from django.db import IntegrityError, OperationalError, transaction
 
@@ -434,7 +435,7 @@ def deliver_in_transaction(message: OutboxMessage) -> bool:
                                           version=message.version, set_fields={"delivered_at": db_now()})
     except OperationalError:
         raise
-    except Exception as exc:  # noqa: BLE001  a consumer failure must not fail the producer
+    except Exception as exc:  # a consumer failure must not fail the producer
         log.warning("local delivery of %s message %s failed, left to the relay: %s", message.family, message.pk,
                     exc, extra={"org_id": message.org_id, "code": getattr(exc, "code", type(exc).__name__)})
         return False

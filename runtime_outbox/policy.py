@@ -57,8 +57,9 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 from django.db import IntegrityError, transaction
 
@@ -66,8 +67,8 @@ from nexusflow.kernel import canonical_json
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.errors import NexusError
-from nexusflow.kernel.pressure import PressureBounds, pressure_bounds
 from nexusflow.kernel.models import insert
+from nexusflow.kernel.pressure import PressureBounds, pressure_bounds
 from nexusflow.kernel.tuning import setting_number
 
 from .models import RuntimePolicyGeneration

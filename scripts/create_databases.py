@@ -39,14 +39,14 @@ import MySQLdb
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "nexusflow.settings")
 
-import django  # noqa: E402
+import django
 
 django.setup()
 
-from django.conf import settings  # noqa: E402
+from django.conf import settings
 
-from packs.demo.run import demo_database_names  # noqa: E402
-from packs.journeys import journey_database_names  # noqa: E402
+from packs.demo.run import demo_database_names
+from packs.journeys import journey_database_names
 
 #: The one user ``ensure_mariadb.sh`` creates and grants.
 MANAGED_USER = "nexus"

@@ -48,7 +48,7 @@ def _valid_request_codes(case, status: int) -> frozenset[str]:
 def _error_code(response) -> str | None:
     try:
         body = response.json()
-    except Exception:  # noqa: BLE001 - a body that is no JSON has no code
+    except Exception:  # a body that is no JSON has no code
         return None
     return body.get("error") if isinstance(body, dict) else None
 

@@ -62,7 +62,7 @@ def run_at_once(*targets, timeout: float = 90) -> tuple[list, list[BaseException
         try:
             barrier.wait()
             results[i] = targets[i]()
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
+        except BaseException as exc:  # reported to the test
             errors.append(exc)
         finally:
             connections.close_all()
@@ -90,7 +90,7 @@ class Worker(threading.Thread):
             self.connection_id = connection_id()
             self.ready.set()
             self.result = self.fn()
-        except Exception as exc:  # noqa: BLE001 - the test inspects it
+        except Exception as exc:  # the test inspects it
             self.error = exc
         finally:
             self.ready.set()

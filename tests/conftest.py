@@ -28,6 +28,9 @@ HUBSPOT_ACCOUNT = "hubspot-crm"
 ORG = "test-org"
 DEMO_FLOW = ROOT / "metadata" / "flows" / "Contact_Push_Customer_To_Billing.flow-meta.xml"
 
+#: Modules of shared fixtures every test module may ask for by name.
+pytest_plugins = ["tests.stream_support"]
+
 
 def pytest_configure(config):
     # A lock-order reversal is a programming error: tests raise it (production logs it).
@@ -238,15 +241,15 @@ def post_signed(client, events_or_body, *, sign: str = "valid", account="crm-web
 
 def drain(*, worker_id: str = "test-worker", max_rounds: int = 2000, client=None) -> int:
     """Run every worker unit in-process until none has work; return units done."""
+    from connectors.inbound.admission import receipt_try_reconcile_one
+    from connectors.inbound.executions import dependency_try_expire_one, execution_try_run_one
+    from connectors.inbound.windows import window_try_close_one
     from connectors.outbound.egress import (
         effect_try_dispatch_one,
         effect_try_finalize_one,
         effect_try_reconcile_one,
         permit_try_abandon_one,
     )
-    from connectors.inbound.executions import dependency_try_expire_one, execution_try_run_one
-    from connectors.inbound.admission import receipt_try_reconcile_one
-    from connectors.inbound.windows import window_try_close_one
     from nexusflow.flows.services import flow_try_run_step_one, flow_try_wake_one
     from runtime_outbox.services import outbox_try_deliver_one
 

@@ -11,7 +11,7 @@ module, :data:`SETTINGS_MODULE`, installs the same offset at start-up).
 from __future__ import annotations
 
 import datetime as dt
-from typing import Callable
+from collections.abc import Callable
 
 from nexusflow.kernel import clock
 

@@ -4,7 +4,7 @@ The project settings, plus the test's clock offset (``NEXUS_TEST_DB_CLOCK_OFFSET
 """
 import os
 
-from nexusflow.settings import *  # noqa: F401,F403
+from nexusflow.settings import *  # noqa: F403 - these settings are the project's, plus the clock below
 from tests.db_clock import OFFSET_ENV, install
 
 install(float(os.environ[OFFSET_ENV]))

@@ -37,7 +37,7 @@ def blocked_statements(row_pk: int, count: int):
                 FlowExecutionPlan.objects.select_for_update().get(pk=row_pk)
                 held.set()
                 release.wait(STATE_DEADLINE_SECONDS * 2)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
+        except BaseException as exc:  # reported by the test thread
             errors.append(exc)
         finally:
             connection.close()
@@ -46,7 +46,7 @@ def blocked_statements(row_pk: int, count: int):
         try:
             with transaction.atomic():
                 FlowExecutionPlan.objects.select_for_update().get(pk=row_pk)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             errors.append(exc)
         finally:
             connection.close()

@@ -1,6 +1,7 @@
 """Fixtures for pulled-route tests: a loopback stream sandbox and an org serving both pack kinds.
 
-Import the fixtures into a test module (``from tests.stream_support import cdc_sandbox, stream_org``).
+``tests/conftest.py`` registers this module as a plugin (``pytest_plugins``): every test module may ask for
+its fixtures by name.
 The org is configured exactly as an operator would: ``connector_pack_publish``
 for the three packs, ``connector_credential_publish`` for their secret
 versions, ``connector_config_apply`` with a JSON file naming the webhook

@@ -17,7 +17,7 @@ CHILD_READS_THE_CLOCK = "from nexusflow.kernel.clock import db_now; print(db_now
 def _unmoved() -> dt.datetime:
     with connection.cursor() as cursor:
         cursor.execute("SELECT UTC_TIMESTAMP(6)")
-        return cursor.fetchone()[0].replace(tzinfo=dt.timezone.utc)
+        return cursor.fetchone()[0].replace(tzinfo=dt.UTC)
 
 
 def _child_now(env: dict) -> dt.datetime:

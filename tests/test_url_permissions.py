@@ -26,11 +26,11 @@ import types
 from dataclasses import dataclass
 
 import pytest
+from django.contrib.admin import AdminSite
 from django.contrib.auth.models import User
 from django.test import override_settings
 from django.urls import URLPattern, URLResolver, get_resolver, path, resolve, reverse
 from django.urls.resolvers import RegexPattern
-from django.contrib.admin import AdminSite
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.settings import api_settings

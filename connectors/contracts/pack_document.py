@@ -13,17 +13,16 @@ from pathlib import Path
 
 from django.conf import settings
 
-from nexusflow.kernel import canonical_json
-from nexusflow.kernel.digests import digest_v2
-from nexusflow.kernel.errors import InvalidIdentity, NexusError
-from nexusflow.kernel.identity import validate_key
-
 from connectors.contracts.create_conflict_recovery import validate as validate_conflict_recovery
 from connectors.contracts.ordering import validate_contract
 from connectors.contracts.outcomes import validate_profile as validate_outcome_profile
 from connectors.contracts.signatures import validate_config as validate_auth_config
 from connectors.contracts.stream_routes import validate_pull_route
 from connectors.contracts.windows import validate_window, validate_window_ordering
+from nexusflow.kernel import canonical_json
+from nexusflow.kernel.digests import digest_v2
+from nexusflow.kernel.errors import InvalidIdentity, NexusError
+from nexusflow.kernel.identity import validate_key
 
 
 class PackError(NexusError):

@@ -40,7 +40,8 @@ import hashlib
 import hmac
 import math
 import re
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from nexusflow.kernel.errors import NexusError
 

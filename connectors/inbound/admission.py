@@ -9,21 +9,17 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from django.conf import settings
 from django.db import DataError, IntegrityError, transaction
 
-from nexusflow.kernel import canonical_json, failpoints
-from nexusflow.kernel.digests import PROFILE_V2, digest_v2
-from nexusflow.kernel.errors import InvalidIdentity, NexusError
-from nexusflow.kernel.identity import canonical_locator
-from nexusflow.kernel.ids import require_id
-from nexusflow.kernel.models import insert
-
 from connectors import reasons
 from connectors.contracts.ordering import encode_position
+from connectors.contracts.signatures import verify_request
+from connectors.inbound.windows import grouping_of, lock_open_windows, window_add_member, window_for_member
 from connectors.models import (
     AccountServingGate,
     Event,
@@ -42,9 +38,13 @@ from connectors.serving.gates import (
     resolve_frozen_secret,
     serving_lock,
 )
-from connectors.contracts.signatures import verify_request
 from connectors.store import ExecutionStore, OrderingLaneStore
-from connectors.inbound.windows import grouping_of, lock_open_windows, window_add_member, window_for_member
+from nexusflow.kernel import canonical_json, failpoints
+from nexusflow.kernel.digests import PROFILE_V2, digest_v2
+from nexusflow.kernel.errors import InvalidIdentity, NexusError
+from nexusflow.kernel.identity import canonical_locator
+from nexusflow.kernel.ids import require_id
+from nexusflow.kernel.models import insert
 
 log = logging.getLogger(__name__)
 

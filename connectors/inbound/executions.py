@@ -24,6 +24,16 @@ from dataclasses import dataclass
 
 from django.db import InterfaceError, OperationalError, transaction
 
+from connectors import reasons
+from connectors.contracts.ordering import expected_successor, sequence_floor, sequence_of
+from connectors.inbound.admission import frozen_route
+from connectors.inbound.replay import replay_command_facts
+from connectors.inbound.windows import window_members
+from connectors.models import Event, Execution, ExecutionAttempt, ExecutionDependency, OrderingDecision, OrderingLane
+from connectors.selectors import candidate_lanes, dependencies_due, unlaned_executions_ready
+from connectors.serving.gates import NotServing, serving_lock
+from connectors.store import ExecutionAttemptStore, ExecutionDependencyStore, ExecutionStore, OrderingLaneStore
+from connectors.workers import holder_termination_proof
 from nexusflow.kernel import failpoints, locks
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.errors import FenceRejected, StaleVersion
@@ -33,17 +43,6 @@ from nexusflow.kernel.models import insert
 from nexusflow.kernel.pressure import mutation_admission
 from nexusflow.kernel.retry import retry_deadlock_victim
 from runtime_outbox.policy import runtime_policy
-
-from connectors import reasons
-from connectors.models import Event, Execution, ExecutionAttempt, ExecutionDependency, OrderingDecision, OrderingLane
-from connectors.inbound.admission import frozen_route
-from connectors.contracts.ordering import expected_successor, sequence_floor, sequence_of
-from connectors.inbound.replay import replay_command_facts
-from connectors.selectors import candidate_lanes, dependencies_due, unlaned_executions_ready
-from connectors.serving.gates import NotServing, serving_lock
-from connectors.inbound.windows import window_members
-from connectors.store import ExecutionAttemptStore, ExecutionDependencyStore, ExecutionStore, OrderingLaneStore
-from connectors.workers import holder_termination_proof
 
 log = logging.getLogger(__name__)
 
@@ -476,7 +475,7 @@ def claim_hand_back(claim: Claim) -> bool:
             ExecutionAttemptStore.touch(org_id=claim.org_id, pk=attempt.pk, state="started", version=attempt.version,
                                         fences={"lease_token": claim.lease_token},
                                         set_fields={"lease_expires_at": min(now, attempt.lease_expires_at)})
-    except Exception as exc:  # noqa: BLE001 - the unit's own error is what the caller re-raises
+    except Exception as exc:  # the unit's own error is what the caller re-raises
         log.warning("claim hand-back failed for execution %s: %s", claim.execution_id, type(exc).__name__,
                     extra={"org_id": claim.org_id, "execution_id": int(claim.execution_id)})
         return False

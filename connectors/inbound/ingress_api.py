@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 
-from django.db import DataError, DatabaseError
+from django.db import DatabaseError, DataError
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.parsers import BaseParser
@@ -30,18 +30,17 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from connectors.contracts.signatures import SignatureInvalid, SignatureMissing, SignatureStale
+from connectors.inbound.admission import AdmissionConflict, MalformedBody, UnknownIngress, admit
+from connectors.models import AccountServingGate, ReceiptAdmissionKey
+from connectors.selectors import database_answers
+from connectors.serving.gates import CredentialUnavailable, NotServing, find_account_org
 from nexusflow.api_errors import TEMPORARILY_UNAVAILABLE, error_response
 from nexusflow.api_schema import error_responses, key_path
 from nexusflow.kernel.errors import InvalidIdentity, NexusError
 from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.pressure import ingress_admission, ingress_queue_admission
 from runtime_outbox.policy import runtime_policy
-
-from connectors.contracts.signatures import SignatureInvalid, SignatureMissing, SignatureStale
-from connectors.models import AccountServingGate, ReceiptAdmissionKey
-from connectors.inbound.admission import AdmissionConflict, MalformedBody, UnknownIngress, admit
-from connectors.selectors import database_answers
-from connectors.serving.gates import CredentialUnavailable, NotServing, find_account_org
 
 #: The code of a health probe whose database does not answer.
 DATABASE_UNAVAILABLE = "database_unavailable"

@@ -31,15 +31,6 @@ from dataclasses import dataclass, field
 
 from django.db import IntegrityError, transaction
 
-from nexusflow.kernel import canonical_json, failpoints
-from nexusflow.kernel.digests import PROFILE_V2, digest_v2
-from nexusflow.kernel.errors import NexusError
-from nexusflow.kernel.identity import validate_key
-from nexusflow.kernel.ids import require_id
-from nexusflow.kernel.models import insert
-from nexusflow.kernel.scope import OrgScope
-from runtime_outbox.replay_guard import SUPPRESS_EXTERNAL_EFFECTS, ReplayModeUnsupported, require_replay_mode
-
 from connectors.models import (
     AccountServingGate,
     Event,
@@ -53,6 +44,14 @@ from connectors.models import (
 )
 from connectors.serving.gates import NotServing, ServingContext, serving_lock
 from connectors.store import ExecutionStore, OrderingLaneStore
+from nexusflow.kernel import canonical_json, failpoints
+from nexusflow.kernel.digests import PROFILE_V2, digest_v2
+from nexusflow.kernel.errors import NexusError
+from nexusflow.kernel.identity import validate_key
+from nexusflow.kernel.ids import require_id
+from nexusflow.kernel.models import insert
+from nexusflow.kernel.scope import OrgScope
+from runtime_outbox.replay_guard import SUPPRESS_EXTERNAL_EFFECTS, ReplayModeUnsupported, require_replay_mode
 
 FP_AFTER_ADMISSION = failpoints.declare("replay.after_admission_commit")
 

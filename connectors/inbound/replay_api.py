@@ -29,6 +29,24 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from connectors.inbound.replay import (
+    LIVE_GENERATION,
+    MAX_REASON_LENGTH,
+    PREDECESSOR_PROTOCOL,
+    ReplayInvalid,
+    ReplayMismatch,
+    ReplayNotFound,
+    ReplayPredecessorNotTerminal,
+    ReplayRouteNotServed,
+    ReplayTargetNotServing,
+    ReplayUnknownAccount,
+    ReplayUnknownPredecessor,
+    replay_lookup,
+    replay_submit,
+)
+from connectors.models import AccountServingGate, ReplayRequest
+from connectors.serving.gates import NotServing
+from connectors.transitions import EXECUTION
 from nexusflow.api_errors import INVALID_REQUEST, error_response
 from nexusflow.api_schema import (
     AUTH_ERRORS,
@@ -44,25 +62,6 @@ from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.permissions import IsOperator, operator_org_ids
 from nexusflow.kernel.scope import OrgScope
 from runtime_outbox.replay_guard import REPLAY_MODES, ReplayModeUnsupported, require_replay_mode
-
-from connectors.models import AccountServingGate, ReplayRequest
-from connectors.transitions import EXECUTION
-from connectors.serving.gates import NotServing
-from connectors.inbound.replay import (
-    LIVE_GENERATION,
-    PREDECESSOR_PROTOCOL,
-    MAX_REASON_LENGTH,
-    ReplayInvalid,
-    ReplayMismatch,
-    ReplayNotFound,
-    ReplayPredecessorNotTerminal,
-    ReplayRouteNotServed,
-    ReplayTargetNotServing,
-    ReplayUnknownAccount,
-    ReplayUnknownPredecessor,
-    replay_lookup,
-    replay_submit,
-)
 
 #: The length of an account key and of a ReplayRequest ID (their columns).
 ACCOUNT_KEY_MAX_LENGTH = ReplayRequest._meta.get_field("account_key").max_length

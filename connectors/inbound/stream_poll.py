@@ -25,15 +25,14 @@ from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
 
-from nexusflow.kernel import canonical_json, failpoints
-from nexusflow.kernel.errors import NexusError
-
+from connectors.contracts.stream_routes import encode_cursor, envelope_transport_key, expand_envelope, render_cursor
 from connectors.inbound.admission import AdmissionError, admit_items
+from connectors.inbound.stream_transport import StreamFetchFailed, fetch_batch
 from connectors.models import AccountServingGate, CredentialGeneration, PackGeneration, StreamCursor
 from connectors.serving.gates import CredentialUnavailable, NotServing, find_account_org, resolve_secret
 from connectors.store import StreamCursorStore
-from connectors.contracts.stream_routes import encode_cursor, envelope_transport_key, expand_envelope, render_cursor
-from connectors.inbound.stream_transport import StreamFetchFailed, fetch_batch
+from nexusflow.kernel import canonical_json, failpoints
+from nexusflow.kernel.errors import NexusError
 
 log = logging.getLogger(__name__)
 

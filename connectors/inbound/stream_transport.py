@@ -12,10 +12,9 @@ from typing import Any
 
 import httpx
 
-from nexusflow.kernel.tls import tls_context
-from nexusflow.kernel.errors import NexusError
-
 from connectors.inbound.admission import MalformedBody, parse_body
+from nexusflow.kernel.errors import NexusError
+from nexusflow.kernel.tls import tls_context
 
 
 class StreamFetchFailed(NexusError):

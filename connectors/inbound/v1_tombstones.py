@@ -25,13 +25,6 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
-from nexusflow.kernel import canonical_json
-from nexusflow.kernel.digests import PROFILE_V2
-from nexusflow.kernel.errors import NexusError
-from nexusflow.kernel.identity import validate_key
-from nexusflow.kernel.models import insert
-from nexusflow.kernel.scope import OrgScope
-
 from connectors.inbound.admission import (
     MalformedBody,
     classify_items,
@@ -46,6 +39,12 @@ from connectors.models import (
     ReceiptAdmissionKey,
 )
 from connectors.store import AccountServingGateStore
+from nexusflow.kernel import canonical_json
+from nexusflow.kernel.digests import PROFILE_V2
+from nexusflow.kernel.errors import NexusError
+from nexusflow.kernel.identity import validate_key
+from nexusflow.kernel.models import insert
+from nexusflow.kernel.scope import OrgScope
 
 #: Gate states in which V1 has drained and V2 does not admit yet.
 IMPORTABLE_STATES = ("v1_drained", "v2_validating")

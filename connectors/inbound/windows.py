@@ -25,15 +25,14 @@ import logging
 
 from django.db import transaction
 
-from nexusflow.kernel import canonical_json, failpoints
-from nexusflow.kernel.clock import db_now
-from nexusflow.kernel.digests import digest_v2
-from nexusflow.kernel.errors import StaleVersion
-
 from connectors.models import Event, Execution, OrderingLane, Projection, ProjectionWindow
 from connectors.selectors import windows_due
 from connectors.serving.gates import NotServing, serving_lock
 from connectors.store import ExecutionStore, OrderingLaneStore, ProjectionWindowStore
+from nexusflow.kernel import canonical_json, failpoints
+from nexusflow.kernel.clock import db_now
+from nexusflow.kernel.digests import digest_v2
+from nexusflow.kernel.errors import StaleVersion
 
 log = logging.getLogger(__name__)
 

@@ -24,11 +24,20 @@ same remote id (its exact V1/V2 links) coexist too.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from django.db.models import Q
 
+from connectors.links.link_keys import PUSH_ACTION_TYPE, link_key_for
+from connectors.links.push_rules import (
+    action_config_snapshot,
+    append_link_evidence,
+    body_fingerprint,
+    mapping_fingerprint,
+)
+from connectors.models import PackGeneration, RemoteLink
+from connectors.store import RemoteLinkStore
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.metadata import ObjectDefinition, current_view
 from nexusflow.records.models import IdentityTransfer, Record
@@ -38,16 +47,6 @@ from nexusflow.records.transfer import (
     TransferMirrorMismatch,
     TransferTargetSlotMissing,
 )
-
-from connectors.links.link_keys import PUSH_ACTION_TYPE, link_key_for
-from connectors.models import PackGeneration, RemoteLink
-from connectors.links.push_rules import (
-    action_config_snapshot,
-    append_link_evidence,
-    body_fingerprint,
-    mapping_fingerprint,
-)
-from connectors.store import RemoteLinkStore
 
 #: Evidence kind of a link retired or created by a transfer.
 EVIDENCE_KIND = "transferred"

@@ -24,20 +24,19 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
-from nexusflow.kernel import failpoints
-from nexusflow.kernel.errors import InvalidIdentity, NexusError
-from nexusflow.kernel.identity import validate_key
-
 from connectors.links.link_keys import PUSH_ACTION_TYPE, link_key_for, serving_remote_scope
-from connectors.models import AccountServingGate, PackGeneration, RemoteEffect, RemoteLink, RemoteLinkEvidence
 from connectors.links.push_rules import (
     action_config_snapshot,
     append_link_evidence,
     body_fingerprint,
     mapping_fingerprint,
 )
+from connectors.models import AccountServingGate, PackGeneration, RemoteEffect, RemoteLink, RemoteLinkEvidence
 from connectors.serving.gates import NotServing, serving_lock
 from connectors.store import RemoteEffectStore, RemoteLinkStore
+from nexusflow.kernel import failpoints
+from nexusflow.kernel.errors import InvalidIdentity, NexusError
+from nexusflow.kernel.identity import validate_key
 
 #: Effect states that occupy a link key's slot: a rebind onto it is refused while one exists.
 _OCCUPYING = ("dispatching", "uncertain", "remote_confirmed")

@@ -6,10 +6,9 @@ mirror field.
 """
 from __future__ import annotations
 
-from nexusflow.kernel.digests import digest_v2
-
 from connectors.models import RemoteLink
 from connectors.store import RemoteLinkStore
+from nexusflow.kernel.digests import digest_v2
 
 INBOUND_ACTION_TYPE = "InboundUpsert"
 PUSH_ACTION_TYPE = "PushToConnector"

@@ -63,20 +63,14 @@ from __future__ import annotations
 import copy
 import re
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from django.db import OperationalError, transaction
 from django.db.models import Q
 
-from nexusflow.kernel import canonical_json, failpoints
-from nexusflow.kernel.digests import digest_v2
-from nexusflow.kernel.errors import InvalidIdentity, NexusError, StaleVersion
-from nexusflow.kernel.identity import validate_key
-from nexusflow.kernel.models import insert
-from nexusflow.kernel.scope import OrgScope
-
 from connectors.links.link_keys import PUSH_ACTION_TYPE
+from connectors.links.push_rules import FINGERPRINT_ALGORITHM, body_fingerprint, link_row_digest, mapping_fingerprint
 from connectors.models import (
     AccountServingGate,
     PackGeneration,
@@ -84,8 +78,13 @@ from connectors.models import (
     RemoteEffect,
     RemoteLink,
 )
-from connectors.links.push_rules import FINGERPRINT_ALGORITHM, body_fingerprint, link_row_digest, mapping_fingerprint
 from connectors.store import RemoteLinkStore
+from nexusflow.kernel import canonical_json, failpoints
+from nexusflow.kernel.digests import digest_v2
+from nexusflow.kernel.errors import InvalidIdentity, NexusError, StaleVersion
+from nexusflow.kernel.identity import validate_key
+from nexusflow.kernel.models import insert
+from nexusflow.kernel.scope import OrgScope
 
 FP_APPLY_BEFORE_COMMIT = failpoints.declare("revalidation.apply_before_commit")
 
@@ -635,7 +634,7 @@ def _run(org: OrgScope, document: object, *, write: bool) -> Revalidation:
                 transaction.set_rollback(True)
                 return Projected(manifest.operation_id, manifest.manifest_digest, tuple(projected))
             written = tuple(_write(org.org_id, manifest, member, links[member.link_key], projection)
-                            for member, projection in zip(manifest.members, projected))
+                            for member, projection in zip(manifest.members, projected, strict=True))
             failpoints.hit(FP_APPLY_BEFORE_COMMIT)
             return Applied(manifest.operation_id, manifest.manifest_digest, written)
     except OperationalError as exc:

@@ -22,9 +22,6 @@ from __future__ import annotations
 import urllib.parse
 from dataclasses import dataclass
 
-from nexusflow.kernel import canonical_json
-from nexusflow.kernel.digests import digest_v2
-
 from connectors.links.link_keys import PUSH_ACTION_TYPE
 from connectors.models import (
     PackGeneration,
@@ -33,6 +30,8 @@ from connectors.models import (
     RemoteLink,
     RemoteLinkEvidence,
 )
+from nexusflow.kernel import canonical_json
+from nexusflow.kernel.digests import digest_v2
 
 #: Version of the mapping/body fingerprint algorithm (recorded on revalidation receipts).
 FINGERPRINT_ALGORITHM = "push-fingerprint.v1"

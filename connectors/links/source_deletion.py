@@ -22,12 +22,11 @@ from __future__ import annotations
 
 from django.db import OperationalError
 
-from nexusflow.kernel.scope import OrgScope
-
 from connectors import reasons
 from connectors.links.link_keys import PUSH_ACTION_TYPE
 from connectors.models import RemoteLink
 from connectors.store import RemoteLinkStore
+from nexusflow.kernel.scope import OrgScope
 
 
 def links_before_source_delete(*, org: OrgScope, record) -> list[int]:
@@ -40,9 +39,8 @@ def links_before_source_delete(*, org: OrgScope, record) -> list[int]:
     Raises:
         OwnerContended: a link row is locked by another transaction (retryable).
     """
-    from runtime_outbox.owner import NOWAIT_LOCK_ERRORS, OwnerContended
-
     from connectors.links.push_rules import append_link_evidence
+    from runtime_outbox.owner import NOWAIT_LOCK_ERRORS, OwnerContended
 
     ids = list(RemoteLink.objects.filter(org_id=org.org_id, source_object=record.object_name,
                                          source_record_key=record.record_key, action_type=PUSH_ACTION_TYPE,

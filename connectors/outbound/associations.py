@@ -29,11 +29,10 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from nexusflow.kernel.errors import InvalidIdentity
-from nexusflow.kernel.identity import validate_key
-
 from connectors.links.link_keys import PUSH_ACTION_TYPE, effect_remote_scope, link_key_for
 from connectors.models import RemoteEffect, RemoteLink
+from nexusflow.kernel.errors import InvalidIdentity
+from nexusflow.kernel.identity import validate_key
 
 #: The lane of every push except a create waiting for a ``create_inline`` target (seed 002, schema default).
 CONFIGURED = "configured"
@@ -204,7 +203,7 @@ def association_resolve(*, effect, binding: dict, pack_document: dict, contract:
         vector, live = _live_vector(effect, entries), True
     owner_key = binding["pack_generation"]["owner_key"]
     rendered = []
-    for position, (entry, source_id) in enumerate(zip(entries, vector)):
+    for position, (entry, source_id) in enumerate(zip(entries, vector, strict=True)):
         if not source_id:
             continue
         verdict, found = _target(effect, pack_document, owner_key, entry["target_contract"], source_id)

@@ -27,12 +27,11 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
-from nexusflow.kernel.errors import NexusError
-
 from connectors import reasons
 from connectors.contracts import outcomes
 from connectors.models import RemoteEffect, RemoteLink
 from connectors.store import RemoteEffectStore, RemoteLinkStore
+from nexusflow.kernel.errors import NexusError
 
 
 class EffectOperationRefused(NexusError):
@@ -76,10 +75,9 @@ def effect_reconcile(*, org_id: str, effect_id: int, outcome: str, actor: str, n
             (``remote_id_conflict``), or retry attempts exhausted
             (``retry_not_permitted``).
     """
-    from runtime_outbox.services import intent_result_record
-
     from connectors.outbound.egress_common import EgressRefused, append_evidence, frozen_contract
     from connectors.outbound.permit_settle import link_create
+    from runtime_outbox.services import intent_result_record
 
     if outcome not in ("confirmed", "no_effect"):
         raise EffectOperationRefused(f"outcome must be confirmed or no_effect, not {outcome!r}",
@@ -151,9 +149,8 @@ def effect_quarantine(*, org_id: str, effect_id: int, actor: str, note: str) -> 
             other than ``prepared``/``uncertain`` (``effect_not_quarantinable``;
             a ``dispatching`` effect has an open Permit).
     """
-    from runtime_outbox.services import intent_result_record
-
     from connectors.outbound.egress_common import append_evidence
+    from runtime_outbox.services import intent_result_record
 
     if not actor.strip() or not note.strip():
         raise EffectOperationRefused("quarantine needs --actor and --note", code="reconcile_evidence_missing")

@@ -7,17 +7,10 @@ import logging
 
 from django.db import transaction
 
-from nexusflow.kernel import failpoints, locks
-from nexusflow.kernel.scope import OrgScope
-
 from connectors import reasons
 from connectors.models import (
     RemoteEffect,
     RemoteLink,
-)
-from connectors.store import (
-    RemoteEffectStore,
-    RemoteLinkStore,
 )
 from connectors.outbound.egress_common import (
     FP_AFTER_FINALIZE,
@@ -26,6 +19,12 @@ from connectors.outbound.egress_common import (
     append_evidence,
     frozen_contract,
 )
+from connectors.store import (
+    RemoteEffectStore,
+    RemoteLinkStore,
+)
+from nexusflow.kernel import failpoints, locks
+from nexusflow.kernel.scope import OrgScope
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +45,13 @@ def effect_try_finalize_one(*, lanes: tuple[str, ...] = KNOWN_LANES) -> bool:
     OutboundCommand intent first (``locks.result_commit``), then the source
     record, then the effect, its link and the Runtime receipt.
     """
+    from connectors.links.push_rules import append_link_evidence
     from nexusflow.records.metadata import InvalidFieldValue, UnknownField
     from nexusflow.records.models import Record
     from nexusflow.records.services import record_lock, record_write_mirror
     from runtime_outbox.models import IntentResultReceipt
     from runtime_outbox.services import intent_result_record
     from runtime_outbox.store import OutboundCommandStore
-
-    from connectors.links.push_rules import append_link_evidence
 
     lanes = tuple(lane for lane in lanes if lane in KNOWN_LANES)
     effect = (RemoteEffect.objects.filter(state="remote_confirmed", dispatch_lane__in=lanes)

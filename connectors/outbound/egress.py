@@ -25,11 +25,6 @@ import logging
 
 import httpx
 
-from nexusflow.kernel import failpoints
-from nexusflow.kernel.errors import StaleVersion
-from nexusflow.kernel.logs import log_context
-from nexusflow.kernel.retry import retry_deadlock_victim
-
 from connectors.outbound.effect_finalize import effect_try_finalize_one
 from connectors.outbound.egress_common import (
     FP_AFTER_FINALIZE,
@@ -55,6 +50,10 @@ from connectors.outbound.recovery import (
     effect_verify_create_conflict,
     permit_try_abandon_one,
 )
+from nexusflow.kernel import failpoints
+from nexusflow.kernel.errors import StaleVersion
+from nexusflow.kernel.logs import log_context
+from nexusflow.kernel.retry import retry_deadlock_victim
 
 __all__ = [
     "EgressRefused", "FP_AFTER_FINALIZE", "FP_AFTER_GRANT", "FP_AFTER_RESPONSE", "FP_AFTER_SENDING", "FP_AFTER_SETTLE",

@@ -13,11 +13,6 @@ import logging
 import urllib.parse
 from dataclasses import dataclass
 
-
-from nexusflow.kernel import canonical_json, failpoints
-from nexusflow.kernel.digests import digest_v2
-from nexusflow.kernel.errors import NexusError
-
 from connectors.models import (
     DispatchPermit,
     PackGeneration,
@@ -31,6 +26,9 @@ from connectors.store import (
     RemoteEffectStore,
     RemoteLinkStore,
 )
+from nexusflow.kernel import canonical_json, failpoints
+from nexusflow.kernel.digests import digest_v2
+from nexusflow.kernel.errors import NexusError
 
 log = logging.getLogger(__name__)
 

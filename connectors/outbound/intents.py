@@ -14,15 +14,14 @@ from __future__ import annotations
 
 from django.db import IntegrityError, transaction
 
-from nexusflow.kernel import canonical_json
-from nexusflow.kernel.digests import PROFILE_V2, digest_v2
-from nexusflow.kernel.errors import NexusError
-
 from connectors.contracts import outcomes
 from connectors.links.link_keys import PUSH_ACTION_TYPE, link_key_for
 from connectors.models import AccountServingGate, PackGeneration, RemoteEffect
 from connectors.serving.gates import NotServing, serving_lock
 from connectors.store import RemoteEffectStore
+from nexusflow.kernel import canonical_json
+from nexusflow.kernel.digests import PROFILE_V2, digest_v2
+from nexusflow.kernel.errors import NexusError
 
 
 class PushContractError(NexusError):
@@ -62,9 +61,8 @@ def delivery_contract_for(*, org_id: str, family: str):
         NotServing: no serving account delivers ``family``.
         PushContractError: several serving contracts deliver it (``delivery_ambiguous``).
     """
-    from runtime_outbox.ports import DeliveryContract
-
     from connectors.selectors import served_push_contracts
+    from runtime_outbox.ports import DeliveryContract
 
     matches = [DeliveryContract(contract["contract_key"], contract["source_object"],
                                 dict(contract["delivers"].get("fields") or {}))
@@ -148,11 +146,10 @@ def freeze_push_binding(*, org_id: str, contract_key: str, record, intent_key: s
             ``association_target_unserved``, ``association_target_missing``,
             ``association_target_not_linked``).
     """
+    from connectors.links.push_rules import action_config_snapshot
+    from connectors.outbound.associations import association_freeze, association_source_fields
     from nexusflow.kernel.clock import db_now
     from nexusflow.records.authority import AUTOMATED_PROCESS_USER, AuthorityDenied, require_read_authority
-
-    from connectors.outbound.associations import association_freeze, association_source_fields
-    from connectors.links.push_rules import action_config_snapshot
 
     account_key = _serving_account_for_contract(org_id, contract_key)
     ctx = serving_lock(org_id=org_id, account_key=account_key, shared=True)

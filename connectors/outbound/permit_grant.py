@@ -12,21 +12,30 @@ import urllib.parse
 
 from django.db import IntegrityError, transaction
 
-from nexusflow.kernel import failpoints
-from nexusflow.kernel.clock import db_now
-from nexusflow.kernel.digests import digest_v2
-from nexusflow.kernel.errors import InvalidIdentity, StaleVersion
-from nexusflow.kernel.identity import canonical_locator
-
 from connectors import reasons
+from connectors.contracts.pack_document import REMOTE_ID_PLACEHOLDER
 from connectors.links.link_keys import effect_remote_scope
 from connectors.models import (
     PackGeneration,
     RemoteEffect,
     RemoteLink,
 )
+from connectors.outbound.egress_common import (
+    FP_AFTER_GRANT,
+    FP_GRANT_BEFORE_COMMIT,
+    KNOWN_LANES,
+    NONTERMINAL,
+    EgressRefused,
+    Grant,
+    append_evidence,
+    bearer,
+    current_action_config,
+    encode_body,
+    frozen_contract,
+    quarantine,
+    suspend_links,
+)
 from connectors.outbound.intents import mapping_source_fields
-from connectors.contracts.pack_document import REMOTE_ID_PLACEHOLDER
 from connectors.selectors import head_of_lane_prepared
 from connectors.serving.gates import CredentialUnavailable, NotServing, resolve_frozen_secret, serving_lock
 from connectors.store import (
@@ -36,21 +45,11 @@ from connectors.store import (
     RemoteEffectStore,
     RemoteLinkStore,
 )
-from connectors.outbound.egress_common import (
-    EgressRefused,
-    FP_AFTER_GRANT,
-    FP_GRANT_BEFORE_COMMIT,
-    Grant,
-    KNOWN_LANES,
-    NONTERMINAL,
-    append_evidence,
-    bearer,
-    current_action_config,
-    encode_body,
-    frozen_contract,
-    quarantine,
-    suspend_links,
-)
+from nexusflow.kernel import failpoints
+from nexusflow.kernel.clock import db_now
+from nexusflow.kernel.digests import digest_v2
+from nexusflow.kernel.errors import InvalidIdentity, StaleVersion
+from nexusflow.kernel.identity import canonical_locator
 
 log = logging.getLogger(__name__)
 
@@ -330,10 +329,9 @@ def _refuse_create(effect: RemoteEffect, reason: str, detail: dict) -> None:
 
 def _plan_update(effect: RemoteEffect, binding: dict, contract: dict, link: RemoteLink) -> str | None:
     """Seed 002 "Before PATCH": the link is the only PATCH authority; returns the rendered path or ``None``."""
+    from connectors.links.push_rules import Drift, append_link_evidence, patch_drift
     from nexusflow.records.authority import AUTOMATED_PROCESS_USER, field_read_authority
     from runtime_outbox.services import intent_result_record
-
-    from connectors.links.push_rules import Drift, append_link_evidence, patch_drift
 
     if link.last_pushed_version and effect.lane_sequence <= link.last_pushed_version:
         # This record version, or a newer one, already reached the remote: it is never sent (again).

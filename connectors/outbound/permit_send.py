@@ -9,17 +9,21 @@ import logging
 import httpx
 from django.db import OperationalError, transaction
 
-from nexusflow.kernel import failpoints, locks
-from nexusflow.kernel.tls import tls_context
-from nexusflow.kernel.clock import db_now
-from nexusflow.kernel.errors import NexusError
-from nexusflow.kernel.logs import traceparent_for
-
 from connectors.contracts import outcomes
 from connectors.models import (
     DispatchPermit,
     RemoteEffect,
     RemoteEffectAttempt,
+)
+from connectors.outbound.egress_common import (
+    FP_AFTER_SENDING,
+    FP_SENDING_BEFORE_COMMIT,
+    RETRY_AFTER_STATUSES,
+    Grant,
+    Response,
+    bearer,
+    content_type,
+    frozen_contract,
 )
 from connectors.serving.gates import CredentialUnavailable, resolve_frozen_secret
 from connectors.store import (
@@ -28,16 +32,11 @@ from connectors.store import (
     RemoteEffectAttemptStore,
     RemoteEffectStore,
 )
-from connectors.outbound.egress_common import (
-    FP_AFTER_SENDING,
-    FP_SENDING_BEFORE_COMMIT,
-    Grant,
-    RETRY_AFTER_STATUSES,
-    Response,
-    bearer,
-    content_type,
-    frozen_contract,
-)
+from nexusflow.kernel import failpoints, locks
+from nexusflow.kernel.clock import db_now
+from nexusflow.kernel.errors import NexusError
+from nexusflow.kernel.logs import traceparent_for
+from nexusflow.kernel.tls import tls_context
 
 log = logging.getLogger(__name__)
 

@@ -10,12 +10,6 @@ import logging
 
 from django.db import IntegrityError, transaction
 
-from nexusflow.kernel import failpoints, locks
-from nexusflow.kernel.clock import db_now
-from nexusflow.kernel.digests import digest_v2
-from nexusflow.kernel.errors import InvalidIdentity, StaleVersion
-from nexusflow.kernel.identity import canonical_locator
-
 from connectors import reasons
 from connectors.contracts import create_conflict_recovery as conflict_recovery
 from connectors.contracts import outcomes
@@ -25,17 +19,10 @@ from connectors.models import (
     RemoteEffect,
     RemoteLink,
 )
-from connectors.store import (
-    CredentialDispatchGateStore,
-    DispatchPermitStore,
-    RemoteEffectAttemptStore,
-    RemoteEffectStore,
-    RemoteLinkStore,
-)
 from connectors.outbound.egress_common import (
-    EgressRefused,
     FP_AFTER_SETTLE,
     FP_LANE_PAUSE_BEFORE_COMMIT,
+    EgressRefused,
     Grant,
     Response,
     append_evidence,
@@ -45,6 +32,18 @@ from connectors.outbound.egress_common import (
     retry_after,
     suspend_links,
 )
+from connectors.store import (
+    CredentialDispatchGateStore,
+    DispatchPermitStore,
+    RemoteEffectAttemptStore,
+    RemoteEffectStore,
+    RemoteLinkStore,
+)
+from nexusflow.kernel import failpoints, locks
+from nexusflow.kernel.clock import db_now
+from nexusflow.kernel.digests import digest_v2
+from nexusflow.kernel.errors import InvalidIdentity, StaleVersion
+from nexusflow.kernel.identity import canonical_locator
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +194,7 @@ PAUSE_RATE_LIMITED, PAUSE_DAILY_LIMIT = "rate_limited", "daily_limit"
 
 def daily_reset(now: dt.datetime, reset_hour_utc: int) -> dt.datetime:
     """The next ``reset_hour_utc`` o'clock (UTC) strictly after ``now`` (the database clock)."""
-    reset = now.astimezone(dt.timezone.utc).replace(hour=reset_hour_utc, minute=0, second=0, microsecond=0)
+    reset = now.astimezone(dt.UTC).replace(hour=reset_hour_utc, minute=0, second=0, microsecond=0)
     return reset if reset > now else reset + dt.timedelta(days=1)
 
 

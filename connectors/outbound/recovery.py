@@ -12,10 +12,6 @@ from dataclasses import dataclass
 import httpx
 from django.db import transaction
 
-from nexusflow.kernel.tls import tls_context
-from nexusflow.kernel import locks
-from nexusflow.kernel.clock import db_now
-
 from connectors import reasons
 from connectors.contracts import create_conflict_recovery as conflict_recovery
 from connectors.contracts import outcomes
@@ -27,17 +23,10 @@ from connectors.models import (
     RemoteEffectEvidence,
     RemoteLink,
 )
-from connectors.serving.gates import CredentialUnavailable, resolve_frozen_secret
-from connectors.store import (
-    DispatchPermitStore,
-    RemoteEffectAttemptStore,
-    RemoteEffectStore,
-)
-from connectors.workers import holder_termination_proof, record_holder_termination
 from connectors.outbound.egress_common import (
-    EgressRefused,
     KNOWN_LANES,
     RETRY_AFTER_STATUSES,
+    EgressRefused,
     append_evidence,
     backoff,
     bearer,
@@ -46,6 +35,16 @@ from connectors.outbound.egress_common import (
     retry_after,
 )
 from connectors.outbound.permit_settle import link_create
+from connectors.serving.gates import CredentialUnavailable, resolve_frozen_secret
+from connectors.store import (
+    DispatchPermitStore,
+    RemoteEffectAttemptStore,
+    RemoteEffectStore,
+)
+from connectors.workers import holder_termination_proof, record_holder_termination
+from nexusflow.kernel import locks
+from nexusflow.kernel.clock import db_now
+from nexusflow.kernel.tls import tls_context
 
 log = logging.getLogger(__name__)
 

@@ -19,31 +19,29 @@ ever send. Dispatch never falls forward to another generation.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from django.db import transaction
 
-from nexusflow.kernel import failpoints, locks
-from nexusflow.kernel.errors import NexusError
-from nexusflow.kernel.ports import Port
-from nexusflow.kernel.retry import retry_deadlock_victim
-
 from connectors import reasons
-from connectors.serving.publication import publication_barrier_admit
 from connectors.models import (
     CredentialGeneration,
     CredentialGenerationDispatchGate,
     DispatchPermit,
     RemoteEffectAttempt,
 )
+from connectors.serving.publication import publication_barrier_admit
 from connectors.store import (
     CredentialDispatchGateStore,
     DispatchPermitStore,
     RemoteEffectAttemptStore,
     RemoteEffectStore,
 )
-
+from nexusflow.kernel import failpoints, locks
+from nexusflow.kernel.errors import NexusError
+from nexusflow.kernel.ports import Port
+from nexusflow.kernel.retry import retry_deadlock_victim
 
 FP_REVOKE_BEFORE_COMMIT = failpoints.declare("credential.revoke_before_commit")
 

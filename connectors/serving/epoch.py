@@ -43,15 +43,12 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from itertools import pairwise
 
 from django.db import IntegrityError, OperationalError, transaction
 
-from nexusflow.kernel import canonical_json
-from nexusflow.kernel.digests import PROFILE_V2, FieldValue, OwnerReceipt, digest_v2, encode_v2
-from nexusflow.kernel.errors import DigestProfileError, NexusError
-from nexusflow.kernel.scope import OrgScope
-
 from connectors import reasons
+from connectors.models import ConnectorServiceConfigurationGeneration, ServingEpoch
 from connectors.serving.generations import (
     CONFIG_GENERATION_PROTOCOL,
     CONFIG_RECEIPT_PROTOCOL,
@@ -63,8 +60,11 @@ from connectors.serving.generations import (
     ServiceConfigurationRead,
     service_configuration_read,
 )
-from connectors.models import ConnectorServiceConfigurationGeneration, ServingEpoch
 from connectors.store import ServingEpochStore
+from nexusflow.kernel import canonical_json
+from nexusflow.kernel.digests import PROFILE_V2, FieldValue, OwnerReceipt, digest_v2, encode_v2
+from nexusflow.kernel.errors import DigestProfileError, NexusError
+from nexusflow.kernel.scope import OrgScope
 
 EPOCH_DOMAIN = "connectors.serving-epoch"
 CATALOG_RECEIPT_PROTOCOL = "nexusflow.catalog-view-receipt.v1"
@@ -171,7 +171,7 @@ def preimage_fields(candidate: EpochCandidate) -> list[tuple[str, FieldValue]]:
     if len(set(row_ids)) != len(row_ids):
         raise EpochCandidateInvalid("a Catalog binding appears twice")
     ids = [p.generation_id.encode("utf-8") for p in c.credentials]
-    if any(a >= b for a, b in zip(ids, ids[1:])):
+    if any(a >= b for a, b in pairwise(ids)):
         raise EpochCandidateInvalid("credential generations are not unique in ascending byte order")
     for n, proof in enumerate(c.credentials):
         if proof.ordinal != n:

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nexusflow.kernel.errors import NexusError
-from nexusflow.kernel.models import insert
-
 from connectors.models import AccountServingGate, CredentialGeneration, GateTransitionEvidence, ServingEpoch
 from connectors.serving import secret_store
 from connectors.serving.epoch import EpochVerificationDeferred, EpochVerificationFailed, epoch_prepare, epoch_verify
 from connectors.serving.generations import ConfigurationError, service_configuration_apply
 from connectors.store import AccountServingGateStore, ServingEpochStore
+from nexusflow.kernel.errors import NexusError
+from nexusflow.kernel.models import insert
 
 #: Seconds a caller waits before retrying work the account does not admit now (HTTP ``Retry-After``).
 RETRY_AFTER_SECONDS = 5

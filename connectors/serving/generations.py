@@ -34,16 +34,7 @@ from pathlib import Path
 
 from django.db import IntegrityError, transaction
 
-from nexusflow.kernel import canonical_json, failpoints
-from nexusflow.kernel.digests import PROFILE_V2, OwnerReceipt, digest_v2
-from nexusflow.kernel.errors import NexusError
-from nexusflow.kernel.identity import validate_key
-from nexusflow.kernel.models import insert
-from nexusflow.kernel.scope import OrgScope
-
-from connectors.serving import secret_store
-from connectors.v1.barriers import v1_barrier_admit
-from connectors.serving.publication import publication_barrier_admit
+from connectors.contracts.pack_document import PackError, validate_pack_document
 from connectors.models import (
     AccountServingGate,
     CatalogBinding,
@@ -51,8 +42,16 @@ from connectors.models import (
     CredentialGeneration,
     PackGeneration,
 )
-from connectors.contracts.pack_document import PackError, validate_pack_document
+from connectors.serving import secret_store
+from connectors.serving.publication import publication_barrier_admit
 from connectors.store import AccountServingGateStore, CredentialDispatchGateStore
+from connectors.v1.barriers import v1_barrier_admit
+from nexusflow.kernel import canonical_json, failpoints
+from nexusflow.kernel.digests import PROFILE_V2, OwnerReceipt, digest_v2
+from nexusflow.kernel.errors import NexusError
+from nexusflow.kernel.identity import validate_key
+from nexusflow.kernel.models import insert
+from nexusflow.kernel.scope import OrgScope
 
 BINDING_KINDS = ("inbound_route", "callout_profile", "field_mapping", "push_contract")
 #: Versions of the definition envelope and definition receipt of a binding owner.
@@ -298,7 +297,7 @@ def pack_generation_read(pack_generation_id: int) -> PackRead:
     if len(rows) != len(expected):
         raise OwnerMismatch(f"{label}: {len(rows)} Catalog bindings stored, {len(expected)} defined")
     bindings = []
-    for row, want in zip(rows, expected):
+    for row, want in zip(rows, expected, strict=True):
         for name, value in want.items():
             stored = getattr(row, name)
             if isinstance(value, bytes):

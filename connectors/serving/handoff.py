@@ -39,13 +39,6 @@ from dataclasses import dataclass, field
 from django.apps import apps
 from django.db import transaction
 
-from nexusflow.kernel import canonical_json, failpoints, locks
-from nexusflow.kernel.clock import db_now
-from nexusflow.kernel.digests import PROFILE_V2, digest_v2
-from nexusflow.kernel.errors import NexusError
-from nexusflow.kernel.ids import require_id
-from nexusflow.kernel.scope import OrgScope
-
 from connectors import reasons
 from connectors.models import (
     AccountServingGate,
@@ -59,6 +52,12 @@ from connectors.models import (
 )
 from connectors.serving.gates import gate_transition
 from connectors.store import AccountServingGateStore, OrderingHandoffStore, OrderingLaneStore, ServingEpochStore
+from nexusflow.kernel import canonical_json, failpoints, locks
+from nexusflow.kernel.clock import db_now
+from nexusflow.kernel.digests import PROFILE_V2, digest_v2
+from nexusflow.kernel.errors import NexusError
+from nexusflow.kernel.ids import require_id
+from nexusflow.kernel.scope import OrgScope
 
 SEED = 'Seed 003, "Generation and replay" and "Durable source ordering"'
 
@@ -207,10 +206,9 @@ def predecessor_inventory(gate: AccountServingGate) -> PredecessorInventory:
     outbound authoring and Permit acquisition of the account lock the same
     gate, so none of them can add work while the count is taken.
     """
+    from connectors.selectors import partial_receipts_count
     from runtime_outbox.messages import COMMAND_FAMILIES
     from runtime_outbox.models import OutboxMessage
-
-    from connectors.selectors import partial_receipts_count
 
     org_id, account_key = gate.org_id, gate.account_key
     effects = RemoteEffect.objects.filter(org_id=org_id, account_key=account_key)

@@ -1,9 +1,8 @@
 """Read-only support views for every V1 runtime fact (imported by ``connectors/admin.py``)."""
 from django.contrib import admin
 
-from nexusflow.kernel.admin import ReadOnlyAdmin, ReasonClassFilter
-
 from connectors.v1 import models
+from nexusflow.kernel.admin import ReadOnlyAdmin, ReasonClassFilter
 
 
 @admin.register(models.V1Account)

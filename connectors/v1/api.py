@@ -21,9 +21,6 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from nexusflow.api_schema import error_responses
-from nexusflow.kernel.errors import InvalidIdentity
-
 from connectors.inbound.admission import MalformedBody
 from connectors.inbound.ingress_api import (
     INGRESS_ERRORS,
@@ -35,6 +32,8 @@ from connectors.inbound.ingress_api import (
 )
 from connectors.v1.barriers import V1MaintenanceClosed
 from connectors.v1.ingress import v1_admit
+from nexusflow.api_schema import error_responses
+from nexusflow.kernel.errors import InvalidIdentity
 
 
 class V1IngressAdmitApi(APIView):

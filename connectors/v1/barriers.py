@@ -17,10 +17,9 @@ from __future__ import annotations
 
 from django.db import IntegrityError, transaction
 
-from nexusflow.kernel.errors import NexusError
-
 from connectors.v1.models import V1MaintenanceBarrier
 from connectors.v1.store import V1MaintenanceBarrierStore
+from nexusflow.kernel.errors import NexusError
 
 KINDS = ("configuration", "ingress", "root_outbound")
 RETRY_AFTER_SECONDS = 30

@@ -8,12 +8,11 @@ gate); ``tests/connectors/v1/test_no_v2_gate.py`` holds it to that.
 """
 from __future__ import annotations
 
-from nexusflow.kernel.errors import NexusError
-
 from connectors.inbound.admission import UnknownIngress
 from connectors.models import ConnectorServiceConfigurationGeneration, CredentialGeneration, PackGeneration
 from connectors.serving import secret_store
 from connectors.v1.models import V1Account
+from nexusflow.kernel.errors import NexusError
 
 #: Seconds a caller waits before retrying what V1 cannot serve now (HTTP ``Retry-After``).
 RETRY_AFTER_SECONDS = 5

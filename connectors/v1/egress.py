@@ -26,18 +26,16 @@ from dataclasses import dataclass
 import httpx
 from django.db import transaction
 
+from connectors.contracts import outcomes
+from connectors.reasons import DEFINITE_REFUSAL, RESPONSE_AMBIGUOUS, UNCLASSIFIED_RESPONSE, V1_NOT_PERFORMED
+from connectors.v1.generations import current_generation_id
+from connectors.v1.models import V1ProviderCall
+from connectors.v1.store import V1ProviderCallStore, v1_egress_denied
 from nexusflow.kernel import failpoints
-from nexusflow.kernel.tls import tls_context
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.errors import NexusError
-
-from connectors.contracts import outcomes
-from connectors.reasons import DEFINITE_REFUSAL, RESPONSE_AMBIGUOUS, UNCLASSIFIED_RESPONSE
-from connectors.v1.models import V1ProviderCall
-from connectors.reasons import V1_NOT_PERFORMED
-from connectors.v1.generations import current_generation_id
-from connectors.v1.store import V1ProviderCallStore, v1_egress_denied
+from nexusflow.kernel.tls import tls_context
 
 #: The V1 call crossed the pre-I/O marker (``sending`` committed) and is about to call the provider.
 FP_AFTER_SENDING = failpoints.declare("v1.call.after_sending")

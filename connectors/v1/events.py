@@ -19,6 +19,11 @@ from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
 
+from connectors.reasons import V1_HANDOFF_REJECTED, V1_RETRY_EXHAUSTED
+from connectors.v1.config import live_account, live_pack
+from connectors.v1.ingress import payload_digest
+from connectors.v1.models import V1Event, V1SchedulerLease
+from connectors.v1.store import V1EventStore, V1SchedulerLeaseStore
 from nexusflow.kernel import canonical_json, failpoints
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import digest_v2
@@ -28,12 +33,6 @@ from nexusflow.kernel.workers import holder_termination_proof
 from runtime_outbox import messages
 from runtime_outbox.selectors import inbox_acceptance_state
 from runtime_outbox.services import outbox_deliver_now
-
-from connectors.v1.config import live_account, live_pack
-from connectors.v1.ingress import payload_digest
-from connectors.v1.models import V1Event, V1SchedulerLease
-from connectors.reasons import V1_HANDOFF_REJECTED, V1_RETRY_EXHAUSTED
-from connectors.v1.store import V1EventStore, V1SchedulerLeaseStore
 
 log = logging.getLogger(__name__)
 

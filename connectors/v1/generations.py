@@ -21,14 +21,13 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
+from connectors.v1.models import V1ProcessGeneration
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.models import insert
 from nexusflow.kernel.ports import Port
-
-from connectors.v1.models import V1ProcessGeneration
 
 _V1_DIR = Path(__file__).resolve().parent
 #: The V1ProcessGeneration this process started (``None``: this process started none).

@@ -9,14 +9,10 @@ V1 identities become V2 ``ReceiptAdmissionKey`` tombstones byte for byte.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from django.db import IntegrityError, transaction
-
-from nexusflow.kernel import canonical_json, failpoints
-from nexusflow.kernel.digests import digest_v2
-from nexusflow.kernel.models import insert
 
 from connectors.contracts.signatures import verify_request
 from connectors.inbound.admission import (
@@ -30,6 +26,9 @@ from connectors.inbound.admission import (
 from connectors.v1.barriers import v1_barrier_admit
 from connectors.v1.config import live_route, live_secret, v1_account
 from connectors.v1.models import V1Event, V1TransportKey
+from nexusflow.kernel import canonical_json, failpoints
+from nexusflow.kernel.digests import digest_v2
+from nexusflow.kernel.models import insert
 
 #: Inside the admission transaction, past the ingress barrier and every insert, before the commit:
 #: a delivery held here crosses a barrier close (``cutover halt-v1`` waits for it).

@@ -7,10 +7,9 @@ compare-and-swap. These tables are the recoverable V1 authority until the first
 """
 from django.db import models
 
+from connectors.v1 import transitions
 from nexusflow.kernel.identity import IdentityField
 from nexusflow.kernel.models import GuardedModel, reason_code_constraint, reason_code_field
-
-from connectors.v1 import transitions
 
 DIGEST = {"max_length": 64}
 

@@ -15,10 +15,6 @@ import urllib.parse
 import httpx
 from django.db import transaction
 
-from nexusflow.kernel import canonical_json
-from nexusflow.kernel.clock import db_now
-from nexusflow.kernel.errors import NexusError
-
 from connectors.contracts.stream_routes import encode_cursor, envelope_transport_key, expand_envelope, render_cursor
 from connectors.inbound.admission import MalformedBody, parse_body
 from connectors.v1.barriers import v1_barrier_is_closed
@@ -28,6 +24,9 @@ from connectors.v1.events import scheduler_lease_hold
 from connectors.v1.ingress import v1_accept
 from connectors.v1.models import V1StreamCursor
 from connectors.v1.store import V1StreamCursorStore
+from nexusflow.kernel import canonical_json
+from nexusflow.kernel.clock import db_now
+from nexusflow.kernel.errors import NexusError
 
 POLL_SCHEDULER = "v1.poll"
 

@@ -16,20 +16,19 @@ from dataclasses import dataclass
 import httpx
 from django.db import transaction
 
+from connectors.contracts import outcomes
+from connectors.outbound.egress_common import bearer, content_type, encode_body
+from connectors.outbound.intents import render_request_fields
+from connectors.reasons import V1_NO_LINKED_REMOTE
+from connectors.v1.config import live_contract, live_pack_owner, live_secret
+from connectors.v1.egress import v1_call_prepare, v1_call_send
+from connectors.v1.models import V1ProviderCall
+from connectors.v1.provenance import provenance_marker
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.models import Record
 from nexusflow.records.selectors import record_get
 from nexusflow.records.services import record_lock, record_write_mirror
-
-from connectors.contracts import outcomes
-from connectors.outbound.egress_common import bearer, content_type, encode_body
-from connectors.outbound.intents import render_request_fields
-from connectors.v1.config import live_contract, live_pack_owner, live_secret
-from connectors.v1.egress import v1_call_prepare, v1_call_send
-from connectors.v1.models import V1ProviderCall
-from connectors.v1.provenance import provenance_marker
-from connectors.reasons import V1_NO_LINKED_REMOTE
 
 
 class V1PushRefused(NexusError):

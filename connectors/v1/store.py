@@ -11,12 +11,11 @@ import datetime as dt
 
 from django.db import connections
 
+from connectors.v1 import models, transitions
 from nexusflow.kernel import locks
 from nexusflow.kernel.errors import FenceRejected
 from nexusflow.kernel.locks import LockClass
 from nexusflow.kernel.store import CasStore
-
-from connectors.v1 import models, transitions
 
 RANK_V1_BARRIER, RANK_V1_SCHEDULER_LEASE, RANK_V1_STREAM_CURSOR = 9, 10, 11
 RANK_V1_EVENT, RANK_V1_PROVIDER_CALL = 20, 21

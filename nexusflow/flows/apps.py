@@ -16,8 +16,8 @@ class FlowsConfig(AppConfig):
             register_before_delete,
             register_before_save,
         )
-        from runtime_outbox.messages import INTENT_COMPLETED, register_consumer
         from runtime_outbox.handoff import register_handoff_finalizer
+        from runtime_outbox.messages import INTENT_COMPLETED, register_consumer
         from runtime_outbox.replay_guard import register_flow_trigger_lookup
 
         from . import reasons, transitions  # noqa: F401  register the reason codes and state machines
@@ -27,9 +27,9 @@ class FlowsConfig(AppConfig):
         from .services import effect_handoff_finalize, flow_before_save, flow_trigger_on_record_saved
         from .services.admission import flow_trigger_on_record_deleting
         from .services.subflows import subflow_run_ended
+        from .services.wait_resolution import scheduled_paths_before_delete
         from .services.waits import record_deleting_signal, record_saved_signal
         from .store import register_run_ended
-        from .services.wait_resolution import scheduled_paths_before_delete
         from .workers import flow_units
 
         register_queue_age("flows", flow_oldest_due)

@@ -8,8 +8,9 @@ evaluate them here, so neither imports the compiler for it.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from decimal import Decimal
-from typing import Any, Callable
+from typing import Any
 
 from . import formula as fx
 

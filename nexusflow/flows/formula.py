@@ -426,4 +426,4 @@ def __getattr__(name: str) -> Any:
 
 
 # The library registers itself into FUNCTIONS; it imports this module's value rules.
-from . import formula_functions  # noqa: E402
+from . import formula_functions

@@ -29,14 +29,15 @@ from __future__ import annotations
 import calendar
 import datetime as dt
 import re
+from collections.abc import Callable
 from decimal import ROUND_CEILING, ROUND_DOWN, ROUND_FLOOR, ROUND_HALF_UP, ROUND_UP, Decimal
 from types import EllipsisType
-from typing import Any, Callable
+from typing import Any
 
-from .formula_values import FUNCTIONS, Call, Function, FormulaRuntimeError, _blank, _bool, _equal, _num, _text
+from .formula_values import FUNCTIONS, Call, FormulaRuntimeError, Function, _blank, _bool, _equal, _num, _text
 
 _NUMBER_TEXT = re.compile(r"^\s*[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?\s*$")
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 #: An optional argument that was not given (``LPAD``'s pad).
 _ABSENT = object()
 
@@ -84,7 +85,7 @@ def _date(v: Any, fn: str) -> dt.date:
 
 def _datetime(v: Any, fn: str) -> dt.datetime:
     if isinstance(v, dt.datetime):
-        return v.replace(tzinfo=dt.timezone.utc) if v.tzinfo is None else v.astimezone(dt.timezone.utc)
+        return v.replace(tzinfo=dt.UTC) if v.tzinfo is None else v.astimezone(dt.UTC)
     if isinstance(v, str):
         try:
             parsed = dt.datetime.fromisoformat(v.strip())
@@ -481,7 +482,7 @@ def _datevalue(v: Any) -> dt.date:
 def _datetimevalue(v: Any) -> dt.datetime:
     """A date/time (UTC) from text ``2005-11-15 17:00:00`` or a date (its midnight UTC)."""
     if isinstance(v, dt.date) and not isinstance(v, dt.datetime):
-        return dt.datetime.combine(v, dt.time(), tzinfo=dt.timezone.utc)
+        return dt.datetime.combine(v, dt.time(), tzinfo=dt.UTC)
     return _datetime(v, "DATETIMEVALUE")
 
 
@@ -570,9 +571,9 @@ def _unixtimestamp(v: Any) -> Decimal:
     if isinstance(v, dt.time):
         return Decimal(v.hour * 3600 + v.minute * 60 + v.second)
     if isinstance(v, dt.date) and not isinstance(v, dt.datetime):
-        v = dt.datetime.combine(v, dt.time(), tzinfo=dt.timezone.utc)
+        v = dt.datetime.combine(v, dt.time(), tzinfo=dt.UTC)
     elif isinstance(v, str) and len(v.strip()) == 10:
-        v = dt.datetime.combine(_date(v, "UNIXTIMESTAMP"), dt.time(), tzinfo=dt.timezone.utc)
+        v = dt.datetime.combine(_date(v, "UNIXTIMESTAMP"), dt.time(), tzinfo=dt.UTC)
     delta = _datetime(v, "UNIXTIMESTAMP") - _EPOCH
     return Decimal(delta.days * 86400 + delta.seconds)
 

@@ -7,9 +7,10 @@ dates ``date``/``datetime``/``time``, null ``None``.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from typing import Any, Callable
+from typing import Any
 
 
 class FormulaRuntimeError(Exception):
@@ -71,7 +72,7 @@ def _text(v: Any) -> str:
     if isinstance(v, Decimal):
         return format(v.normalize(), "f") if v == v.to_integral_value() else str(v)
     if isinstance(v, dt.datetime):  # as TEXT() writes a date/time: UTC, "YYYY-MM-DD HH:MM:SSZ"
-        utc = v.astimezone(dt.timezone.utc) if v.tzinfo else v
+        utc = v.astimezone(dt.UTC) if v.tzinfo else v
         return utc.strftime("%Y-%m-%d %H:%M:%SZ")
     return str(v)
 

@@ -16,7 +16,8 @@ executor implements today may be activated: the interpreter's elements
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from .catalog import CatalogEntry, CatalogSnapshot, binding_fingerprint_of
 from .compiler import (
@@ -33,16 +34,16 @@ from .compiler import (
     PROFILE_EMBEDDED,
     Diagnostic,
 )
-from .step_values import ALARM_OFFSET_UNITS
 from .interpreter import (
-    is_relationship,
     FILTER_PROCESSOR,
     SORT_PROCESSOR,
     SUPPORTED_ASSIGNMENT_OPERATORS,
     SUPPORTED_ELEMENTS,
+    is_relationship,
 )
 from .producers import RECORD_ID_INPUT, TRIGGER_RECORD_ID, change_event_object
 from .schedule import SCHEDULED, ScheduleInvalid, schedule_start
+from .step_values import ALARM_OFFSET_UNITS
 
 #: handler_ref -> implementation version compiled into this binary.
 IN_BINARY_HANDLERS: dict[str, str] = {

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Mapping, Protocol
+from typing import Any, Protocol
 
 from . import formula as fx
 from .compiler.constants import TERMINAL_STEP_KEY
@@ -363,7 +364,7 @@ class _Run:
 
     def _el_decisions(self, node):
         fields = {k: v for k, v in self.record.items()}
-        for rule, edge in zip(node["rules"], [e for e in node["edges"] if e["kind"].startswith("rule:")]):
+        for rule, edge in zip(node["rules"], [e for e in node["edges"] if e["kind"].startswith("rule:")], strict=False):
             try:
                 holds = conditions_hold(rule["conditions"], rule["logic"], fields, self.resolve)
             except ValueError as exc:
@@ -403,7 +404,7 @@ class _Run:
         self.loops.pop(name, None)
         return self._edge(node, "loop_done")
 
-    def _el_collectionProcessors(self, node):  # noqa: N802
+    def _el_collectionProcessors(self, node):
         """Collection Filter (the items for which the conditions hold, each read as the current item) or
         Collection Sort (by each sort option in turn, then at most ``limit`` items); the result is the
         element's output collection. The input collection is never changed."""
@@ -459,7 +460,7 @@ class _Run:
             raise FlowExecutionError(f"{node['element']}: record reads are not allowed in this profile")
         return self.reader.query(node["object"], self._filters(node), limit=self.fan_out_limit + 1)
 
-    def _el_recordLookups(self, node):  # noqa: N802
+    def _el_recordLookups(self, node):
         found = self._query(node)
         if len(found) > self.fan_out_limit:
             raise FlowExecutionError(f"{node['element']}: more than {self.fan_out_limit} records",
@@ -482,7 +483,7 @@ class _Run:
         dirty = rec.setdefault("__dirty", [])
         dirty.extend(k for k in values if k not in dirty)
 
-    def _el_recordUpdates(self, node):  # noqa: N802
+    def _el_recordUpdates(self, node):
         ref = node.get("input_reference")
         if ref == "$Record":
             values = self._record_values(node)
@@ -520,7 +521,7 @@ class _Run:
                 return
         self.writes.append(Write("update", object_name, key, values))
 
-    def _el_recordDeletes(self, node):  # noqa: N802
+    def _el_recordDeletes(self, node):
         """Delete Records: the record(s) a reference holds (a record, a collection, or a lookup's result;
         null or empty deletes nothing), or every record of ``object`` its filters select."""
         ref = node.get("input_reference")
@@ -551,7 +552,7 @@ class _Run:
         if not any(w.op == "delete" and w.object_name == object_name and w.record_key == key for w in self.writes):
             self.writes.append(Write("delete", object_name, key, {}))
 
-    def _el_recordCreates(self, node):  # noqa: N802
+    def _el_recordCreates(self, node):
         ref = node.get("input_reference")
         if ref:
             source = self.resolve(ref)
@@ -566,7 +567,7 @@ class _Run:
             self.writes.append(Write("create", node["object"], None, values))
         return self._edge(node, "success")
 
-    def _el_subflows(self, node):  # noqa: N802
+    def _el_subflows(self, node):
         """Run the called flow's plan inline: inputs in, its graph over a scope of its own, writes and outputs
         back (the parent's transaction and lock plan; seed 004 section 9.2)."""
         payload = self.subflows.get(node.get("subflow_plan_digest"))
@@ -745,7 +746,7 @@ def _numeric(value: Any) -> bool:
     try:
         Decimal(str(value))
         return True
-    except Exception:  # noqa: BLE001 - any parse failure means "not a number"
+    except Exception:  # any parse failure means "not a number"
         return False
 
 

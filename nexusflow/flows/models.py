@@ -8,21 +8,26 @@ the ``TrustedRuntimeWorkScope``. Identity columns use binary collation.
 from django.db import models
 
 from nexusflow.kernel.identity import IdentityField
-from nexusflow.kernel.models import (GuardedModel, TypedIdReference, reason_code_constraint, reason_code_field,
-                                     trace_id_field)
+from nexusflow.kernel.models import (
+    GuardedModel,
+    TypedIdReference,
+    reason_code_constraint,
+    reason_code_field,
+    trace_id_field,
+)
 
 from . import transitions
 
 
-def OrgField():  # noqa: N802 - a column factory, read like a field class
+def OrgField():  # a column factory, read like a field class
     return IdentityField(max_length=64)
 
 
-def DigestField(**kwargs):  # noqa: N802
+def DigestField(**kwargs):
     return IdentityField(max_length=64, **kwargs)
 
 
-def ScopeField():  # noqa: N802
+def ScopeField():
     return IdentityField(max_length=128)
 
 

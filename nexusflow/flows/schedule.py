@@ -41,7 +41,7 @@ def schedule_start(schedule: dict[str, Any] | None) -> dt.datetime:
         clock = dt.time.fromisoformat(text)
     except ValueError as exc:
         raise ScheduleInvalid(f"start {schedule.get('startDate')!r} {schedule.get('startTime')!r}: {exc}") from None
-    return dt.datetime.combine(day, clock.replace(tzinfo=None), tzinfo=dt.timezone.utc)
+    return dt.datetime.combine(day, clock.replace(tzinfo=None), tzinfo=dt.UTC)
 
 
 def schedule_latest_due(schedule: dict[str, Any], *, now: dt.datetime, not_before: dt.datetime) -> dt.datetime | None:
@@ -76,4 +76,4 @@ def schedule_next(schedule: dict[str, Any], *, after: dt.datetime) -> dt.datetim
 
 def entry_path_of(occurrence_at: dt.datetime) -> str:
     """The ``FlowRun.entry_path`` of the runs an occurrence at ``occurrence_at`` admits."""
-    return ENTRY_PATH_PREFIX + occurrence_at.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return ENTRY_PATH_PREFIX + occurrence_at.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

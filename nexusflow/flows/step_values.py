@@ -13,8 +13,8 @@ from decimal import Decimal
 from typing import Any
 
 from .conditions import conditions_hold
-from .interpreter import DEFAULT_VISIT_BUDGET, _jsonable, _numeric, _Run, subflow_inputs
 from .errors import FlowExecutionError
+from .interpreter import DEFAULT_VISIT_BUDGET, _jsonable, _numeric, _Run, subflow_inputs
 from .producers import RECORD_ID_INPUT, change_event_object
 
 # --- time waits -------------------------------------------------------------------------------------------
@@ -43,9 +43,9 @@ def to_instant(value: Any, *, what: str) -> dt.datetime:
         FlowExecutionError: ``value`` is empty or not a date/time (definite).
     """
     if isinstance(value, dt.datetime):
-        return value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None else value.astimezone(dt.timezone.utc)
+        return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
     if isinstance(value, dt.date):
-        return dt.datetime(value.year, value.month, value.day, tzinfo=dt.timezone.utc)
+        return dt.datetime(value.year, value.month, value.day, tzinfo=dt.UTC)
     if isinstance(value, str) and value.strip() == value and value:
         text = value[:-1] + "+00:00" if value.endswith("Z") else value
         try:

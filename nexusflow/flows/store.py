@@ -23,8 +23,8 @@ from .compiler.constants import KIND_EFFECT_COMPLETION, KIND_TERMINAL
 from .errors import CheckpointRejected
 from .models import (
     FlowActionCatalogGeneration,
-    FlowAuditEvent,
     FlowActivation,
+    FlowAuditEvent,
     FlowCheckpoint,
     FlowDependency,
     FlowDeploymentSource,
@@ -107,7 +107,7 @@ class _FlowCasStore(CasStore):
         if not rows:
             raise cls.model.DoesNotExist(f"{cls.model.__name__} {int(pk)} does not exist in that org")
         now = rows[0].db_clock_at_lock
-        return rows[0], now if now.tzinfo is not None else now.replace(tzinfo=dt.timezone.utc)
+        return rows[0], now if now.tzinfo is not None else now.replace(tzinfo=dt.UTC)
 
     @classmethod
     def lock_many(cls, org_id: str, pks, *, skip_locked: bool = False) -> list:
@@ -147,7 +147,7 @@ class _FlowCasStore(CasStore):
         if not rows:
             return rows, None
         now = rows[0].db_clock_at_lock
-        return rows, now if now.tzinfo is not None else now.replace(tzinfo=dt.timezone.utc)
+        return rows, now if now.tzinfo is not None else now.replace(tzinfo=dt.UTC)
 
 
 class FlowScheduleOccurrenceStore(_FlowCasStore):

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from django.http import HttpResponse
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-
-from nexusflow.api_schema import AUTH_ERRORS, DATABASE_ERRORS, error_responses
 from prometheus_client import CONTENT_TYPE_LATEST
 from rest_framework.views import APIView
+
+from nexusflow.api_schema import AUTH_ERRORS, DATABASE_ERRORS, error_responses
 
 from .metrics import scrape
 from .permissions import IsOperator

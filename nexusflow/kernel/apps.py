@@ -16,4 +16,4 @@ class KernelConfig(AppConfig):
 
     def ready(self):
         # Registers the managed-substrate system check (kernel.E001).
-        from . import substrate  # noqa: F401
+        from . import substrate  # noqa: F401 - importing registers the check

@@ -12,7 +12,7 @@ from .selectors import database_utc_timestamp, database_utc_timestamp_sql
 
 def db_now(using: str = "default") -> dt.datetime:
     """Return the database's current UTC time (microsecond precision, aware)."""
-    return database_utc_timestamp(using).replace(tzinfo=dt.timezone.utc)
+    return database_utc_timestamp(using).replace(tzinfo=dt.UTC)
 
 
 def db_now_plus(seconds: float, using: str = "default") -> dt.datetime:

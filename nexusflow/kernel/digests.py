@@ -31,8 +31,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import struct
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 from .errors import DigestProfileError
 

@@ -30,8 +30,9 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from django.conf import settings
 from django.db import connections

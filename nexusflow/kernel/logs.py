@@ -38,8 +38,10 @@ import json
 import logging
 import re
 import secrets
+from collections.abc import Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
+from types import MappingProxyType
 
 #: The ``extra`` keys a line keeps: org, run, step, attempt, effect, execution, plan and trace identity, and the
 #: worker unit that logged it.
@@ -49,7 +51,7 @@ _SAFE_CODE = re.compile(r"^[a-z][a-z0-9_.]{1,63}$")
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
 
 
-_CONTEXT: ContextVar[dict] = ContextVar("nexusflow_log_context", default={})
+_CONTEXT: ContextVar[Mapping[str, str]] = ContextVar("nexusflow_log_context", default=MappingProxyType({}))
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
 
 
@@ -137,7 +139,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         out = {
-            "ts": dt.datetime.fromtimestamp(record.created, dt.timezone.utc).isoformat(timespec="milliseconds"),
+            "ts": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
             "event": record.msg if isinstance(record.msg, str) else type(record.msg).__name__,

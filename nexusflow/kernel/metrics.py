@@ -60,7 +60,7 @@ def age_seconds(now: dt.datetime, since: dt.datetime | None) -> float:
     if since is None:
         return 0.0
     if since.tzinfo is None and now.tzinfo is not None:
-        since = since.replace(tzinfo=dt.timezone.utc)
+        since = since.replace(tzinfo=dt.UTC)
     return max(0.0, (now - since).total_seconds())
 
 

@@ -183,7 +183,7 @@ def typed_id_fields(model_cls) -> list[tuple[models.Field, type[TypedId]]]:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _insert_checks(model_cls) -> tuple[tuple[models.Field, ...], tuple[tuple[models.Field, type[TypedId]], ...]]:
     """The columns :func:`insert` canonicalises (identity fields) and checks (typed ids) for one model, found once
     per process (a model's fields do not change while it runs)."""
@@ -265,7 +265,7 @@ def trace_id_field():
                          "inserted this row (correlation only; empty: none).")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _traced(model_cls) -> bool:
     return any(f.name == "trace_id" for f in model_cls._meta.concrete_fields)
 

@@ -17,7 +17,7 @@ service appends to them.
 """
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from django.core import checks
 

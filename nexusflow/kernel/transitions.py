@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from .errors import IllegalTransition
 
-REGISTRY: dict[str, "StateMachine"] = {}
+REGISTRY: dict[str, StateMachine] = {}
 
 
 @dataclass(frozen=True)

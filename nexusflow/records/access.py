@@ -38,9 +38,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-
-from dataclasses import dataclass, field as dataclass_field
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
+from typing import Any
 
 from nexusflow.kernel import canonical_json
 from nexusflow.kernel.digests import digest_v2
@@ -303,7 +304,7 @@ class Principal:
     generation: int = 0
 
     @classmethod
-    def unrestricted(cls, user_id: str) -> "Principal":
+    def unrestricted(cls, user_id: str) -> Principal:
         """A user of an org without an access policy: every decision allows."""
         return cls(user_id=user_id, restricted=False)
 

@@ -3,8 +3,14 @@ from django.contrib import admin
 from nexusflow.kernel.admin import ReadOnlyAdmin
 
 from . import models
-from .models import (AccessPolicyGeneration, IdentityTransfer, Record, RecordFieldHistory, RecordHistorySequence,
-                     RecordShare)
+from .models import (
+    AccessPolicyGeneration,
+    IdentityTransfer,
+    Record,
+    RecordFieldHistory,
+    RecordHistorySequence,
+    RecordShare,
+)
 
 
 @admin.register(Record)

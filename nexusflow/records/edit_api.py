@@ -34,11 +34,11 @@ from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.permissions import IsOperator, OrgNotAuthorized, operator_org_ids, require_operator_org
 from nexusflow.kernel.scope import OrgScope
 
+from .access import AccessDenied
 from .edits import record_edit_create, record_edit_update
 from .metadata import InvalidFieldValue, UnknownField, UnknownObject, current_view
 from .models import Record
 from .owner import OwnerContended, OwnerWorkPending
-from .access import AccessDenied
 from .selectors import operator_org_for_record, operator_principal
 from .services import RecordNotFound
 

@@ -21,10 +21,10 @@ from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.locks import NOWAIT_LOCK_ERRORS
 from nexusflow.kernel.scope import OrgScope
 
+from .access import CREATE, EDIT, AccessDenied, acting_as, field_access, object_access, record_access
 from .metadata import InvalidFieldValue, current_view
 from .models import Record
 from .owner import OwnerContended
-from .access import CREATE, EDIT, AccessDenied, acting_as, field_access, object_access, record_access
 from .selectors import record_share_in_force
 from .services import RecordNotFound, record_create, record_lock, record_update
 
@@ -139,7 +139,10 @@ def record_edit_create(*, org: OrgScope, object_name: str, fields: dict[str, str
         with transaction.atomic(durable=True), acting_as(principal.user_id if principal is not None else None):
             record = record_create(org=org, object_name=object_name, values=fields, owner_id=owner_id)
     except OperationalError as exc:
-        raise _contended(exc, f"a new {object_name}") or exc
+        contended = _contended(exc, f"a new {object_name}")
+        if contended is None:
+            raise
+        raise contended from exc
     return EditResult(object_name, record.record_key, record.version, dict(record.fields), tuple(sorted(record.fields)),
                       True)
 
@@ -182,6 +185,9 @@ def record_edit_update(*, org: OrgScope, object_name: str, record_key: str,
             with acting_as(principal.user_id if principal is not None else None):
                 change = record_update(org=org, record=record, changes=fields)
     except OperationalError as exc:
-        raise _contended(exc, f"{object_name}/{record_key}") or exc
+        contended = _contended(exc, f"{object_name}/{record_key}")
+        if contended is None:
+            raise
+        raise contended from exc
     return EditResult(object_name, record.record_key, record.version, dict(record.fields),
                       tuple(sorted(change.changed_fields)), False)

@@ -10,9 +10,10 @@ import datetime as dt
 import functools
 import json
 import re
-from dataclasses import dataclass, field as dataclass_field
+from collections.abc import Callable
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
-from typing import Callable
 
 from django.conf import settings
 

@@ -42,7 +42,7 @@ class OwnerWorkPending(OwnerConflict):
 
     code = "owner_outbound_pending"
 
-    def __init__(self, message: str = "", *, intents: tuple["OwnerIntent", ...] = (), code: str | None = None):
+    def __init__(self, message: str = "", *, intents: tuple[OwnerIntent, ...] = (), code: str | None = None):
         super().__init__(message, code=code)
         self.intents = intents
 

@@ -1,8 +1,8 @@
 """Record reads (no locks)."""
 from __future__ import annotations
 
-from nexusflow.kernel.permissions import operator_org_ids
 from nexusflow.kernel.identity import validate_key
+from nexusflow.kernel.permissions import operator_org_ids
 from nexusflow.kernel.scope import OrgScope
 
 from .models import Record

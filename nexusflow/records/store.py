@@ -9,7 +9,6 @@ from nexusflow.kernel.models import insert
 
 from .models import Record, RecordFieldHistory
 
-
 #: Namespace under which a transaction remembers the records it holds (the owner fence, seed 000).
 FENCE = "records.Record"
 

@@ -24,8 +24,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 #: The DBOS application's name and version: every process of a run registers the same, so workers
 #: dequeue what the enqueuer enqueued.

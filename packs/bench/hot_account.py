@@ -141,7 +141,7 @@ class GateLockSampler(threading.Thread):
                 self.samples += 1
                 if self._stop_event.wait(self.interval):
                     break
-        except Exception as exc:  # noqa: BLE001 - reported in the run's figures (sampler_error), never lost
+        except Exception as exc:  # reported in the run's figures (sampler_error), never lost
             self.error = f"{type(exc).__name__}: {exc}"
         finally:
             if conn is not None:

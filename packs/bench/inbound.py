@@ -250,7 +250,7 @@ def events_applied_series(cfg: dict, env: dict, inbound: Inbound, contacts: int,
         before = server_counters(cfg)
         try:
             with workers(APPLY_ROLES, n, f"apply-{n}", env) as procs:
-                wait_for(f"{len(events)} events applied", lambda: _settled(inbound.org_id, last), procs)
+                wait_for(f"{len(events)} events applied", lambda last=last: _settled(inbound.org_id, last), procs)
         finally:
             after = server_counters(cfg)
         applied, finished = _applied(inbound.org_id, last)
@@ -310,8 +310,10 @@ def effects_confirmed_series(cfg: dict, env: dict, inbound: Inbound, contacts: d
         before = server_counters(cfg)
         try:
             with workers(EFFECT_ROLES, n, f"effect-{n}", env) as procs:
-                settled = wait_for(f"{len(events)} confirmed effects",
-                                   lambda: _chain_done(inbound.org_id, last_effect, last_run, len(events)), procs,
+                expected = len(events)
+                settled = wait_for(f"{expected} confirmed effects",
+                                   lambda e=last_effect, r=last_run, n=expected: _chain_done(inbound.org_id, e, r, n),
+                                   procs,
                                    progress=finalized.count, stall_seconds=STALL_SECONDS)
         finally:
             after = server_counters(cfg)

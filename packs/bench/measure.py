@@ -11,9 +11,10 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import MySQLdb
 from django.conf import settings

@@ -51,9 +51,10 @@ import re
 import secrets
 import string
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
-from typing import Any, Sequence
+from typing import Any
 from urllib.parse import SplitResult, parse_qs
 
 from packs.sandbox_kit import LoopbackSandbox, Rejected, SandboxHandler, SandboxState, serve_process, write_faults

@@ -49,9 +49,10 @@ import subprocess
 import sys
 import time
 from collections import Counter, deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from packs.demo.common import DemoError, attention_flow_runs, web_server_argv
 

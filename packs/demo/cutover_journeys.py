@@ -358,7 +358,7 @@ def story_restore(h: Harness) -> None:
     again = _send(h, deliveries, v1_url)
     h.check("a V1-accepted batch is answered from V1 idempotency ('redelivered')",
             all(r.status == 200 and (r.response or {}).get("status") == "redelivered"
-                for r, first in zip(again, accepted) if first.status == 202))
+                for r, first in zip(again, accepted, strict=True) if first.status == 202))
     fresh = _send(h, later, v1_url)
     h.check("new deliveries are accepted by the new V1 generation", any(r.status == 202 for r in fresh),
             f"statuses {sorted({r.status for r in fresh})}")

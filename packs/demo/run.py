@@ -22,9 +22,10 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import httpx
 import MySQLdb
@@ -275,7 +276,7 @@ class TimedPoster:
         self.url, self.secret = url, secret
         self._http = httpx.Client(timeout=REQUEST_TIMEOUT_SECONDS)
 
-    def __enter__(self) -> "TimedPoster":
+    def __enter__(self) -> TimedPoster:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -564,7 +565,7 @@ def _summary(service: dict, results: list, remote: dict, expected: dict, counts:
         "remote": [{"id": c["id"], "email": c.get("email"), "name": c.get("name"),
                     "create_requests": c.get("create_requests", 0)} for c in customers],
     }
-    for oid, row in dump["local"].items():
+    for _oid, row in dump["local"].items():
         row["billing_id"] = row.pop(push["mirror_field"], None)
     return summary, failures, dump
 

@@ -7,8 +7,9 @@ the route's signature config and item schema without the runtime.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 PACK_PATH: Path = Path(__file__).resolve().parent / "pack.json"
 WEBHOOK_ROUTE_KEY = "contacts.webhook"

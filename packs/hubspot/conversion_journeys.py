@@ -280,9 +280,8 @@ def check_end(h: Harness, contact_key: str, remote_id: str) -> None:
     runs = sorted(FlowRun.objects.values_list("state", flat=True))
     h.check("every push Flow run succeeded", bool(runs) and set(runs) == {"Succeeded"}, f"{runs}")
     from connectors import reasons
-    from runtime_outbox.models import IntentResultReceipt
-
     from nexusflow.kernel.reasons import ATTENTION, codes_of_class
+    from runtime_outbox.models import IntentResultReceipt
 
     effects = RemoteEffect.objects.filter(state__in=("uncertain", "quarantined"))
     # An older version's PATCH found a newer version already at the remote: seed 002 "superseded", settled with

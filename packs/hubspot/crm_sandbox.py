@@ -85,9 +85,10 @@ import json
 import re
 import secrets
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
-from typing import Any, Sequence
+from typing import Any
 from urllib.parse import SplitResult, parse_qs
 
 from packs.sandbox_kit import LoopbackSandbox, Rejected, SandboxHandler, SandboxState, serve_process, write_faults
@@ -437,7 +438,7 @@ class _SandboxHandler(SandboxHandler):
 
 def _now() -> str:
     """The current UTC time as ``YYYY-MM-DDTHH:MM:SS.mmmZ``."""
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _render(contact: dict[str, Any]) -> dict[str, Any]:

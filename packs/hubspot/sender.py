@@ -28,15 +28,15 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import httpx
 
-from nexusflow.kernel.tls import tls_context
-
 from connectors.contracts.signatures import header_timestamp, sign_request
+from nexusflow.kernel.tls import tls_context
 from packs.hubspot import webhook_route
 
 SIGN_MODES: frozenset[str] = frozenset({"valid", "invalid", "stale", "missing"})

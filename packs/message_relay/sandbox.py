@@ -37,9 +37,10 @@ import datetime as dt
 import re
 import secrets
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
-from typing import Any, Sequence
+from typing import Any
 from urllib.parse import SplitResult
 
 from packs.sandbox_kit import LoopbackSandbox, Rejected, SandboxHandler, SandboxState, serve_process, write_faults
@@ -209,7 +210,7 @@ class _Handler(SandboxHandler):
             with state.lock:
                 message_id = str(uuid.uuid4())
                 state.messages[message_id] = {"object": KINDS[collection], "id": message_id, **message,
-                                              "created_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+                                              "created_at": dt.datetime.now(dt.UTC).isoformat(),
                                               "last_event": "delivered"}
                 state.sends[message_id] = 1
                 if key is not None and key in state.keys:

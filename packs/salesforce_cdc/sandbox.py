@@ -34,9 +34,10 @@ from __future__ import annotations
 import copy
 import json
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
-from typing import Any, Sequence
+from typing import Any
 from urllib.parse import SplitResult, parse_qs
 
 from packs.sandbox_kit import (

@@ -1,9 +1,9 @@
 # Outbox messages become Runtime message families (ARCHITECTURE.md section 2, "Runtime message families").
 
 import django.db.models.deletion
-import nexusflow.kernel.identity
 from django.db import migrations, models
 
+import nexusflow.kernel.identity
 
 #: The value existing rows hold between the column's creation and the backfill below, which replaces it on every
 #: row (each existing message has its command); the column keeps no default.

@@ -1,8 +1,9 @@
 # The Runtime transport authority's acceptance record (seed 004 section 10.7).
 
+from django.db import migrations, models
+
 import nexusflow.kernel.identity
 import nexusflow.kernel.models
-from django.db import migrations, models
 
 
 class Migration(migrations.Migration):

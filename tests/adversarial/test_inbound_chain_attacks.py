@@ -19,14 +19,6 @@ from django.db import transaction
 from django.test import Client
 
 from connectors import reasons
-from connectors.inbound.executions import (
-    _claim_in_lane,
-    _claim_unlaned,
-    dependency_try_expire_one,
-    execution_run,
-    execution_try_claim_one,
-    execution_try_run_one,
-)
 from connectors.inbound.admission import (
     _admit_locked,
     _route_and_secret,
@@ -35,6 +27,15 @@ from connectors.inbound.admission import (
     receipt_try_reconcile_one,
     transport_key_for,
 )
+from connectors.inbound.executions import (
+    _claim_in_lane,
+    _claim_unlaned,
+    dependency_try_expire_one,
+    execution_run,
+    execution_try_claim_one,
+    execution_try_run_one,
+)
+from connectors.inbound.windows import window_try_close_one
 from connectors.models import (
     AccountServingGate,
     Event,
@@ -52,7 +53,6 @@ from connectors.models import (
 )
 from connectors.serving.gates import gate_transition
 from connectors.store import AccountServingGateStore
-from connectors.inbound.windows import window_try_close_one
 from cutover.reasons import CUTOVER_IN_PROGRESS
 from nexusflow.kernel.scope import OrgScope
 from runtime_outbox.models import ApplicationResult
@@ -60,7 +60,7 @@ from runtime_outbox.replay_guard import SUPPRESS_EXTERNAL_EFFECTS
 from tests.concurrency import run_at_once
 from tests.conftest import ORG, drain, hubspot_event, make_serving_org, post_signed, run_manage, subprocess_env
 from tests.connectors import variant_pack
-from tests.stream_support import STREAM_ACCOUNT, cdc_sandbox, stream_org, stream_target  # noqa: F401
+from tests.stream_support import STREAM_ACCOUNT, stream_target
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 
@@ -193,8 +193,8 @@ def test_halt_does_not_complete_while_a_receipt_of_the_epoch_still_lacks_childre
 
 def test_non_serving_partial_receipts_do_not_starve_the_reconciler_of_serving_ones(org):
     """A page of partial Receipts on a halted account must not hide another org's serving Receipt."""
-    from connectors.serving.generations import credential_publish
     from connectors.serving.gates import service_configuration_apply
+    from connectors.serving.generations import credential_publish
     from cutover.services import cutover_greenfield
 
     other = OrgScope("test-org-2")
@@ -635,9 +635,9 @@ def test_concurrent_submissions_of_one_replay_id_converge_on_one_generation(clie
 
 
 def test_replay_racing_a_forced_halt_leaves_either_nothing_or_a_resumable_request(client, org):
-    from connectors.serving.handoff import halt_begin
     from connectors.inbound.replay import replay_lookup, replay_submit
     from connectors.serving.gates import NotServing
+    from connectors.serving.handoff import halt_begin
 
     event = _terminal_event(client)
 
@@ -801,7 +801,7 @@ def test_a_member_of_a_sealed_window_replays_only_once_its_window_execution_is_t
         ctx = serving_lock(org_id=ORG, account_key=ACCOUNT)
         window = ProjectionWindow.objects.select_for_update().get()
         seal(window, ctx.epoch, ctx.account)
-    submit = lambda rid: replay_submit(org=batch_window_org, account_key=ACCOUNT, replay_id=rid,  # noqa: E731
+    submit = lambda rid: replay_submit(org=batch_window_org, account_key=ACCOUNT, replay_id=rid,
                                        predecessor_event_id=first.pk, reason="r", principal="op",
                                        external_effects=SUPPRESS_EXTERNAL_EFFECTS)
     with pytest.raises(ReplayPredecessorNotTerminal):
@@ -818,8 +818,8 @@ ORG2, ACCOUNT2 = "test-org-2", "crm-webhooks-2"
 
 
 def _second_serving_org() -> OrgScope:
-    from connectors.serving.generations import credential_publish
     from connectors.serving.gates import service_configuration_apply
+    from connectors.serving.generations import credential_publish
     from cutover.services import cutover_greenfield
 
     other = OrgScope(ORG2)
@@ -994,9 +994,9 @@ def test_a_redelivery_of_a_predecessor_epoch_delivery_resolves_its_receipt_after
 
 def test_a_stream_batch_admitted_before_the_switch_does_not_block_the_cursor_after_it(stream_org, monkeypatch):
     """A poll that admitted its envelopes but did not advance its cursor refetches them under the successor."""
-    from connectors.serving.handoff import halt_begin, halt_try_complete, handoff_stage, successor_activate
-    from connectors.serving.gates import epoch_prepare, epoch_verify, service_configuration_apply
     from connectors.inbound.stream_poll import stream_poll_once
+    from connectors.serving.gates import epoch_prepare, epoch_verify, service_configuration_apply
+    from connectors.serving.handoff import halt_begin, halt_try_complete, handoff_stage, successor_activate
     from tests.stream_support import stream_service_document
 
     _publish(stream_org.stream, "S", 3)
@@ -1066,14 +1066,14 @@ def test_a_receipt_that_cannot_materialize_does_not_stop_the_reconciler_reaching
 
 # === 4b. a tombstone for a pulled route ================================================================
 def test_a_v1_tombstone_of_a_pulled_envelope_is_refused_or_matches_what_the_stream_serves(
-        billing_sandbox, cdc_sandbox, tmp_path):  # noqa: F811
+        billing_sandbox, cdc_sandbox, tmp_path):
     """A tombstone imported with another transport key than the stream derives would let V2 apply it again."""
+    import os
+
     from connectors.inbound.stream_poll import stream_poll_once
     from packs.salesforce_cdc import change_event
     from tests.conftest import CREDENTIAL_DOCUMENTS, ROOT, SECRET_VERSION
     from tests.stream_support import STREAM_TOKEN, stream_service_document
-
-    import os
 
     assert os.environ["NEXUS_TEST_STREAM_TOKEN"] == STREAM_TOKEN  # set by the cdc_sandbox fixture
     service = tmp_path / "service.json"

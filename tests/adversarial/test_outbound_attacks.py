@@ -23,10 +23,7 @@ from django.core.management.base import CommandError
 from django.db import OperationalError, connection, transaction
 
 from connectors import reasons
-from connectors.outbound import egress
-from connectors.serving.credential_gates import credential_reenable, credential_revoke
-from connectors.outbound.effect_decisions import EffectOperationRefused, effect_quarantine, effect_reconcile
-from connectors.serving.generations import pack_publish
+from connectors.contracts.pack_document import PackError
 from connectors.models import (
     CredentialGenerationDispatchGate,
     DispatchPermit,
@@ -35,7 +32,10 @@ from connectors.models import (
     RemoteEffectEvidence,
     RemoteLink,
 )
-from connectors.contracts.pack_document import PackError
+from connectors.outbound import egress
+from connectors.outbound.effect_decisions import EffectOperationRefused, effect_quarantine, effect_reconcile
+from connectors.serving.credential_gates import credential_reenable, credential_revoke
+from connectors.serving.generations import pack_publish
 from connectors.serving.secret_store import secret_path
 from connectors.store import RemoteEffectStore
 from nexusflow.kernel.errors import NexusError, StaleVersion
@@ -281,7 +281,7 @@ def _refused_predecessor(sandbox) -> OutboundCommand:
 
 def test_two_concurrent_successor_requests_mint_one_generation_and_report_it_once(org, billing_sandbox):
     predecessor = _refused_predecessor(billing_sandbox)
-    requests = [Worker(lambda: outbound_command_author_successor(org_id=ORG, predecessor_command_id=predecessor.pk,
+    requests = [Worker(lambda n=n: outbound_command_author_successor(org_id=ORG, predecessor_command_id=predecessor.pk,
                                                                  actor="ops", reason=f"retry {n}"), f"successor-{n}")
                 for n in range(2)]
     with transaction.atomic():
@@ -434,7 +434,7 @@ def test_credential_revoke_reenable_storm_never_lets_a_stale_fence_send(org, bil
                 except OperationalError as exc:
                     if exc.args[0] not in (1205, 1213):  # a deadlock victim retries; anything else is a bug
                         errors.append(exc)
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     errors.append(exc)
         return loop
 

@@ -20,8 +20,8 @@ import pytest
 from django.db import connection, transaction
 
 from connectors import reasons
-from connectors.outbound import egress
-from connectors.outbound.effect_decisions import effect_reconcile
+from connectors.links.link_decisions import link_rebind, link_retire
+from connectors.links.mapping_revalidation import Applied, revalidation_apply, revalidation_draft
 from connectors.models import (
     DispatchPermit,
     PackGeneration,
@@ -31,8 +31,8 @@ from connectors.models import (
     RemoteLinkEvidence,
     ServingEpoch,
 )
-from connectors.links.link_decisions import link_rebind, link_retire
-from connectors.links.mapping_revalidation import Applied, revalidation_apply, revalidation_draft
+from connectors.outbound import egress
+from connectors.outbound.effect_decisions import effect_reconcile
 from nexusflow.kernel.scope import OrgScope
 from runtime_outbox.models import OutboundCommand
 from runtime_outbox.services import outbox_try_deliver_one

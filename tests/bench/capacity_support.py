@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
@@ -105,7 +106,7 @@ def explain(sql: str, using: str = "default") -> list[dict[str, Any]]:
     with connections[using].cursor() as cursor:
         cursor.execute("EXPLAIN " + sql)
         names = [c[0] for c in cursor.description]
-        return [dict(zip(names, row)) for row in cursor.fetchall()]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
 def analyze(sql: str, using: str = "default") -> dict[str, Any]:

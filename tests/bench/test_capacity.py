@@ -221,7 +221,7 @@ def _innodb_view_readable() -> bool:
         with connection.cursor() as cursor:
             cursor.execute("SELECT COUNT(*) FROM information_schema.INNODB_TRX")
         return True
-    except Exception:  # noqa: BLE001 - 1227 access denied: the project's application account lacks PROCESS
+    except Exception:  # 1227 access denied: the project's application account lacks PROCESS
         return False
 
 
@@ -259,7 +259,7 @@ def test_a_bounded_atomic_step_holds_its_declared_rows_only_for_a_short_transact
                 _fill(org, population - filled, f"p{population}")
                 filled = population
                 # Timed pass: Bounded Atomic runs and lifecycle-only runs, one of each in every claim round.
-                monkeypatch.setattr(step_txn, "before_step_commit", lambda *a: log.mark_commit(population=population))
+                monkeypatch.setattr(step_txn, "before_step_commit", lambda *a, p=population: log.mark_commit(population=p))
                 log.closed.clear()
                 for i in range(ATOMIC_TIMED_RUNS):
                     save_record(org, {cf.STAGE: cf.CUSTOMER, "email": f"t{population}-{i}@example.com"})
@@ -269,7 +269,7 @@ def test_a_bounded_atomic_step_holds_its_declared_rows_only_for_a_short_transact
                 blocks += log.closed
                 # Footprint pass: InnoDB's counters (fresh: its lock view refreshes after 0.1 s), then the probe.
 
-                def probe(*_):
+                def probe(*_, population=population):
                     trx = None
                     if innodb_readable:
                         time.sleep(0.11)  # InnoDB refreshes its transaction view at most every 0.1 s
@@ -397,7 +397,7 @@ def test_checkpoints_grow_one_bounded_row_per_step_through_the_same_indexes():
     for steps in CHECKPOINT_CHAINS:
         runs = [flow_run_start(org=org, flow_api_name=f"Chain_{steps}", inputs={"counter": 0}).run
                 for _ in range(CHECKPOINT_RUNS)]
-        _, sent = cs.captured_statements(lambda: run_until_idle(max_rounds=4 * steps * CHECKPOINT_RUNS))
+        _, sent = cs.captured_statements(lambda s=steps: run_until_idle(max_rounds=4 * s * CHECKPOINT_RUNS))
         assert FlowRun.objects.filter(pk__in=[r.pk for r in runs], state=t.RUN_SUCCEEDED).count() == CHECKPOINT_RUNS
         with connection.cursor() as cursor:
             for run in runs:

@@ -12,15 +12,18 @@ import datetime as dt
 import logging
 import re
 import time
+from itertools import pairwise
 
 import pytest
 from django.db import connection, transaction
 
 from nexusflow.flows import policy
 from nexusflow.flows import transitions as t
+from nexusflow.flows.binding import scope_of
 from nexusflow.flows.compiler import KIND_PURE_COMPUTE
 from nexusflow.flows.models import FlowRun, FlowStepAttempt, FlowStepExecution
 from nexusflow.flows.reasons import STEP_RETRY_EXHAUSTED
+from nexusflow.flows.selectors import flow_due_run_candidates, flow_plans_with_due_runs
 from nexusflow.flows.services import (
     execute,
     flow_deploy,
@@ -31,8 +34,6 @@ from nexusflow.flows.services import (
     flow_try_wake_one,
     flow_wake_signal_accept,
 )
-from nexusflow.flows.binding import scope_of
-from nexusflow.flows.selectors import flow_due_run_candidates, flow_plans_with_due_runs
 from nexusflow.kernel.clock import db_now_sql
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.scope import OrgScope
@@ -334,7 +335,7 @@ def test_a_retry_storm_backs_off_stops_at_its_attempt_bound_and_never_delays_oth
         assert [a.attempt_number for a in attempts] == list(range(1, attempts_allowed + 1)), run_id
         assert {(a.state, a.safe_error_code) for a in attempts} == {(t.ATTEMPT_ROLLED_BACK, _StormFailure.code)}
         first_floors.append(attempts[0].recovery_backoff_floor_ms)
-        for earlier, later in zip(attempts, attempts[1:]):
+        for earlier, later in pairwise(attempts):
             nominal = min(base * 2 ** (earlier.attempt_number - 1), policy.RETRY_CAP_SECONDS) * 1000
             assert nominal <= earlier.recovery_backoff_floor_ms <= nominal * (1 + policy.JITTER_FRACTION)
             floor = dt.timedelta(milliseconds=earlier.recovery_backoff_floor_ms)

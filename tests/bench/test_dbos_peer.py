@@ -7,9 +7,9 @@ import subprocess
 
 import pytest
 
-from packs.billing.sandbox import BillingSandbox
 from packs.bench.dbos_peer import DBOS_VENV, PG_URL, dbos_noop_series, dbos_push_series, dbos_start
 from packs.bench.measure import WORKER_COUNTS
+from packs.billing.sandbox import BillingSandbox
 
 pytestmark = [pytest.mark.bench,
               pytest.mark.skipif(not (DBOS_VENV / "bin" / "python").exists(),

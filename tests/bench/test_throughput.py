@@ -19,9 +19,9 @@ PIPELINE_EVENTS_PER_SECOND = 15
 
 def _batches(n_batches: int, size: int):
     event_id = 0
-    for b in range(n_batches):
+    for _b in range(n_batches):
         batch = []
-        for i in range(size):
+        for _i in range(size):
             event_id += 1
             batch.append(hubspot_event(event_id, 10_000 + (event_id % 200), 1_000 + event_id, "email",
                                        f"user{event_id}@example.com"))

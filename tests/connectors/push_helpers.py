@@ -17,17 +17,26 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import pytest
 from django.conf import settings
 from django.db import transaction
 
 from connectors import reasons
+from connectors.models import (
+    AccountServingGate,
+    PackGeneration,
+    RemoteEffect,
+    RemoteLink,
+    RemoteLinkEvidence,
+    ServingEpoch,
+)
 from connectors.outbound.effect_decisions import effect_reconcile
 from connectors.outbound.egress import effect_try_dispatch_one, effect_try_finalize_one
+from connectors.serving.gates import epoch_prepare, epoch_verify, service_configuration_apply
 from connectors.serving.generations import credential_publish, pack_publish
 from connectors.serving.handoff import (
     HaltRefused,
@@ -37,15 +46,6 @@ from connectors.serving.handoff import (
     handoff_stage,
     successor_activate,
 )
-from connectors.models import (
-    AccountServingGate,
-    PackGeneration,
-    RemoteEffect,
-    RemoteLink,
-    RemoteLinkEvidence,
-    ServingEpoch,
-)
-from connectors.serving.gates import epoch_prepare, epoch_verify, service_configuration_apply
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.models import Record
 from nexusflow.records.services import record_lock, record_update

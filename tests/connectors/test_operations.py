@@ -3,8 +3,16 @@ import json
 
 import pytest
 
-from tests.conftest import (ORG, SECRET_VERSION, WEBHOOK_SECRET, hubspot_event, make_serving_org, post_signed,
-                            run_manage, subprocess_env)
+from tests.conftest import (
+    ORG,
+    SECRET_VERSION,
+    WEBHOOK_SECRET,
+    hubspot_event,
+    make_serving_org,
+    post_signed,
+    run_manage,
+    subprocess_env,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 

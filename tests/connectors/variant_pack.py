@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 STRICT = {"contract": "strict_source_sequence", "partition": ["objectId"], "position": ["eventId"],
           "tie_breaker": "eventId", "comparator_version": "1", "successor": {"first": 1, "step": 1},

@@ -35,7 +35,7 @@ from connectors.models import (
     V1ProviderCall,
 )
 from connectors.serving.credential_gates import credential_revoke
-from connectors.serving.gates import NotServing, serving_lock, service_configuration_apply
+from connectors.serving.gates import NotServing, service_configuration_apply, serving_lock
 from connectors.serving.publication import (
     PublicationBarrierHeld,
     barrier_acquire,
@@ -47,7 +47,6 @@ from cutover import activate as activation
 from cutover.activate import BOUNDARIES, cutover_activate
 from cutover.decision import DecisionLost, begin_activation, begin_restore, decision_of
 from cutover.models import CutoverEvidence, OrderingBaseline
-from cutover.restore_point import restore_point_capture, restore_point_record
 from cutover.services import CutoverRefused
 from cutover.status import cutover_status
 from cutover.validate import cutover_validate
@@ -56,27 +55,11 @@ from runtime_outbox.models import ApplicationResult, OutboundCommand, OutboxMess
 from tests.concurrency import race_behind_hold
 from tests.conftest import ORG, drain, hubspot_event, post_signed, run_manage, service_document, subprocess_env
 from tests.connectors.v1.support import post_v1
-from tests.cutover.test_halt_v1 import certified  # noqa: F401  (fixture)
-from tests.cutover.test_restore_point import drained  # noqa: F401  (fixture)
-from tests.cutover.test_v1_shutdown import ATTEMPT, halted, stopped  # noqa: F401  (fixtures)
+from tests.cutover.conftest import ATTEMPT
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 PRODUCTION = (Receipt, ReceiptAdmissionKey, Event, Execution, ExecutionAttempt, RemoteEffect, DispatchPermit,
               OutboundCommand, OutboxMessage, ApplicationResult, V1Event, V1ProviderCall)
-
-
-@pytest.fixture
-def restorable(drained, tmp_path):  # noqa: F811
-    """Every gate ``v1_drained`` and the attempt's V1RestorePoint recorded (control database)."""
-    capture = restore_point_capture(org=drained, attempt_key=ATTEMPT, backup_dir=tmp_path)
-    restore_point_record(org=drained, capture=capture, rehearsal={"proven_by": "tests/cutover/test_restore_point.py"})
-    return drained
-
-
-@pytest.fixture
-def validated(restorable):
-    cutover_validate(org=restorable, attempt_key=ATTEMPT)
-    return restorable
 
 
 def _gates() -> list[AccountServingGate]:
@@ -92,7 +75,7 @@ def _candidate() -> ServingEpoch:
 
 
 # --- validate: S003-RP-44 (the v2_validating half) ---------------------------------------------------------
-def test_validate_is_refused_before_the_restore_point_and_moves_nothing(drained):  # noqa: F811
+def test_validate_is_refused_before_the_restore_point_and_moves_nothing(drained):
     with pytest.raises(CutoverRefused, match="V1RestorePoint"):
         cutover_validate(org=drained, attempt_key=ATTEMPT)
     assert {g.state for g in _gates()} == {"v1_drained"}
@@ -338,7 +321,7 @@ class ControlWorker(threading.Thread):
                 self.control_id = int(cursor.fetchone()[0])
             self.ready.set()
             self.result = self.fn()
-        except Exception as exc:  # noqa: BLE001 - the test inspects it
+        except Exception as exc:  # the test inspects it
             self.error = exc
         finally:
             self.ready.set()

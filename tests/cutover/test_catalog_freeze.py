@@ -21,10 +21,8 @@ from connectors.serving.publication import PublicationBarrierHeld, barrier_acqui
 from cutover.activate import cutover_activate
 from cutover.decision import decision_of
 from tests.conftest import ORG, service_document
-from tests.cutover.test_activate import _assert_activated, restorable, validated  # noqa: F401  (fixtures)
-from tests.cutover.test_halt_v1 import certified  # noqa: F401  (fixture)
-from tests.cutover.test_restore_point import drained  # noqa: F401  (fixture)
-from tests.cutover.test_v1_shutdown import ATTEMPT, halted, stopped  # noqa: F401  (fixtures)
+from tests.cutover.conftest import ATTEMPT
+from tests.cutover.test_activate import _assert_activated
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 
@@ -37,7 +35,7 @@ def _billing_successor() -> dict:
 
 
 def test_a_pack_published_while_the_barriers_are_held_leaves_the_frozen_catalog_view_and_activation_commits_it(
-        validated, billing_sandbox):  # noqa: F811
+        validated, billing_sandbox):
     epoch = ServingEpoch.objects.get(pk=decision_of(ORG, ATTEMPT).epoch_id)
     holding = barrier_acquire(org=validated, attempt_key=ATTEMPT, epoch=epoch)
     frozen = owner_receipts(org=validated, epoch=epoch)

@@ -1,6 +1,7 @@
 """Greenfield activation (issue: walking slice item 5; seed 003 "State machines")."""
 import json
 import signal
+from itertools import pairwise
 
 import pytest
 
@@ -9,8 +10,8 @@ from connectors.serving.gates import EpochVerificationFailed, epoch_prepare
 from cutover.models import CutoverDecision, CutoverEvidence
 from cutover.services import CutoverRefused, cutover_greenfield
 from nexusflow.kernel.scope import OrgScope
-from tests.connectors.generation_helpers import tamper_row
 from tests.conftest import ORG, apply_service_configuration, run_manage, subprocess_env
+from tests.connectors.generation_helpers import tamper_row
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 
@@ -26,7 +27,7 @@ def test_greenfield_walks_every_gate_and_activates_atomically():
     for gate in AccountServingGate.objects.all():
         assert gate.state == "v2_serving" and gate.epoch_id == epoch.pk and gate.epoch_digest == epoch.digest
         walk = list(GateTransitionEvidence.objects.filter(gate=gate).order_by("id").values_list("from_state", "to_state"))
-        assert walk == list(zip(WALK, WALK[1:]))
+        assert walk == list(pairwise(WALK))
     assert CutoverDecision.objects.get().state == "v2_committed"
     assert CutoverEvidence.objects.filter(kind="v1_shutdown_certificate").count() == 2
     again = cutover_greenfield(org=org)

@@ -77,7 +77,7 @@ class _Side(threading.Thread):
             self.connection_id = connection_id()
             self.connected.set()
             self.result = self.fn()
-        except BaseException as exc:  # noqa: BLE001 - reported to the test thread
+        except BaseException as exc:  # reported to the test thread
             self.error = exc
         finally:
             self.connected.set()

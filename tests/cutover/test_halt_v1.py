@@ -11,8 +11,14 @@ import httpx
 import pytest
 from django.db import connection, transaction
 
-from connectors.models import AccountServingGate, GateTransitionEvidence, V1Event, V1MaintenanceBarrier, \
-    V1ProviderCall, V1TransportKey
+from connectors.models import (
+    AccountServingGate,
+    GateTransitionEvidence,
+    V1Event,
+    V1MaintenanceBarrier,
+    V1ProviderCall,
+    V1TransportKey,
+)
 from connectors.serving.gates import service_configuration_apply
 from connectors.v1.barriers import V1MaintenanceClosed, v1_barrier_admit
 from connectors.v1.events import v1_event_try_complete_one, v1_event_try_run_one
@@ -29,22 +35,10 @@ from nexusflow.records.models import Record
 from nexusflow.records.services import record_lock, record_write_mirror
 from tests.concurrency import wait_until_blocked_on
 from tests.conftest import BILLING_KEY, ORG, hubspot_event, run_manage, service_document, subprocess_env
-from tests.connectors.v1.support import install_v1, post_v1
+from tests.connectors.v1.support import post_v1
 from tests.cutover.test_preflight import full_plan
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
-
-
-@pytest.fixture
-def certified(client, billing_sandbox):
-    """A V1 install with two accepted events (one Contact) and a certificate for ``attempt-1``."""
-    org = install_v1(billing_sandbox.base_url)
-    assert post_v1(client, [hubspot_event(1, 501, 1000), hubspot_event(2, 501, 1001, "email", "a@example.test")]) \
-        .status_code == 202
-    plan = full_plan()
-    plan["budgets_seconds"]["drain"] = 4  # exactly the 2 open events at 1/s with the 200 % margin
-    cutover_preflight(org=org, attempt_key="attempt-1", plan=plan)
-    return org
 
 
 def _barriers() -> dict[str, tuple[str, int]]:
@@ -116,7 +110,7 @@ def test_a_transaction_crossing_the_barrier_close_commits_and_is_remeasured(cert
                        state="pending")
                 admitted.set()
                 assert release.wait(60)
-        except BaseException as exc:  # noqa: BLE001 - reported to the test thread
+        except BaseException as exc:  # reported to the test thread
             failures.append(exc)
             admitted.set()
         finally:
@@ -128,7 +122,7 @@ def test_a_transaction_crossing_the_barrier_close_commits_and_is_remeasured(cert
                 cursor.execute("SELECT CONNECTION_ID()")
                 halt_connection["id"] = cursor.fetchone()[0]
             outcome["result"] = cutover_halt_v1(org=OrgScope(ORG), attempt_key="attempt-1")
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             outcome["result"] = exc
         finally:
             connection.close()

@@ -16,8 +16,8 @@ import pytest
 from django.db import transaction
 
 from connectors.models import RemoteEffect, RemoteLink
-from connectors.v1.push import v1_push_record
 from connectors.v1.provenance import provenance_marker
+from connectors.v1.push import v1_push_record
 from cutover.activate import cutover_activate
 from cutover.certify import cutover_certify
 from cutover.drain import cutover_drain
@@ -31,7 +31,6 @@ from nexusflow.records.models import Record
 from nexusflow.records.services import record_lock, record_write_mirror
 from tests.conftest import BILLING_KEY, ORG, drain, hubspot_event, run_manage, subprocess_env
 from tests.connectors.v1.support import post_v1
-from tests.cutover.test_halt_v1 import certified  # noqa: F401  (fixture)
 from tests.cutover.test_v1_shutdown import ATTEMPT, _run_v1_worker
 from tests.kits.outbound import author
 
@@ -73,7 +72,7 @@ def _marker(billing_sandbox, remote_id: str, **contract_changes: str) -> str:
 
 
 @pytest.fixture
-def legacy(certified, client, billing_sandbox):  # noqa: F811
+def legacy(certified, client, billing_sandbox):
     """V1 Contacts, one per case, with the remote-id mirrors and markers the legacy data would hold; then the
     whole shutdown: halt, drain, stop, certify. Returns ``{case: (record key, remote id or None)}``."""
     events = []

@@ -29,6 +29,7 @@ from cutover.preflight import (
 from cutover.services import CutoverRefused, cutover_greenfield
 from cutover.status import cutover_status
 from nexusflow.kernel import canonical_json
+from nexusflow.kernel.errors import ImmutableRow
 from nexusflow.kernel.models import insert
 from nexusflow.kernel.scope import OrgScope
 from tests.conftest import ORG, hubspot_event, run_manage, subprocess_env
@@ -85,7 +86,7 @@ def test_preflight_certifies_measured_workload_in_one_immutable_byte_stable_cert
     assert bytes(CutoverReadinessCertificate.objects.get().document) == bytes(certificate.document)
     # It lives with the gates it freezes (the main database), not in the control journal.
     assert CutoverReadinessCertificate.objects.using("default").filter(pk=certificate.pk).exists()
-    with pytest.raises(Exception):
+    with pytest.raises(ImmutableRow):
         certificate.save()
 
 

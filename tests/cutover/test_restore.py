@@ -39,10 +39,7 @@ from cutover.services import CutoverRefused
 from cutover.status import cutover_status
 from tests.conftest import ORG, hubspot_event, run_manage, subprocess_env
 from tests.connectors.v1.support import post_v1
-from tests.cutover.test_activate import restorable, validated  # noqa: F401  (fixtures)
-from tests.cutover.test_halt_v1 import certified  # noqa: F401  (fixture)
-from tests.cutover.test_restore_point import drained  # noqa: F401  (fixture)
-from tests.cutover.test_v1_shutdown import ATTEMPT, halted, stopped  # noqa: F401  (fixtures)
+from tests.cutover.conftest import ATTEMPT
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 
@@ -292,7 +289,7 @@ def test_a_second_coordinator_is_refused_while_a_restore_runs_and_takes_over_aft
 
 
 # --- cold abort: after certify, before any V2 mutation -----------------------------------------------------
-def test_a_cold_abort_after_certify_serves_v1_again_with_a_new_exact_generation(drained, client):  # noqa: F811
+def test_a_cold_abort_after_certify_serves_v1_again_with_a_new_exact_generation(drained, client):
     """S003-RP-45: from v1_drained, before V2 mutated anything, the certified cold abort returns every gate to
     v1_serving (new fences, barriers open) and authorizes a new exact-V1 generation; the V1 facts are untouched."""
     facts = _v1_facts()

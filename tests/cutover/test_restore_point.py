@@ -17,11 +17,10 @@ from pathlib import Path
 import pytest
 from django.db import connections, transaction
 
-from connectors.models import AccountServingGate, ServingEpoch, V1StreamCursor
+from connectors.models import ServingEpoch, V1StreamCursor
 from connectors.store import ServingEpochStore
 from connectors.v1.store import V1StreamCursorStore
 from cutover import reasons
-from cutover.certify import cutover_certify
 from cutover.models import CutoverEvidence, V1RestorePoint, V1ShutdownCertificate
 from cutover.restore_point import (
     MANIFEST_NAME,
@@ -32,23 +31,10 @@ from cutover.restore_point import (
 )
 from cutover.status import cutover_status
 from nexusflow.kernel.clock import db_now
-from nexusflow.kernel.models import insert
 from tests.conftest import ORG, run_manage, subprocess_env
-from tests.cutover.test_halt_v1 import certified  # noqa: F401  (fixture)
-from tests.cutover.test_v1_shutdown import ATTEMPT, halted, stopped  # noqa: F401  (fixtures)
+from tests.cutover.conftest import ATTEMPT
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
-
-
-@pytest.fixture
-def drained(stopped):  # noqa: F811
-    """Every gate ``v1_drained`` under the attempt's V1ShutdownCertificate, with one frozen V1 stream cursor."""
-    gate = AccountServingGate.objects.filter(org_id=ORG).order_by("account_key").first()
-    insert(V1StreamCursor, org_id=ORG, account_key=gate.account_key, route_key="pulled-route", state="polling",
-           cursor=b'{"after":"frozen-at-stop"}')
-    cutover_certify(org=stopped, attempt_key=ATTEMPT)
-    assert set(AccountServingGate.objects.filter(org_id=ORG).values_list("state", flat=True)) == {"v1_drained"}
-    return stopped
 
 
 def _codes(exc: RestorePointRejected) -> set[str]:
@@ -80,7 +66,7 @@ def _assert_rejected(org, tmp_path, code: str) -> RestorePointRejected:
 
 
 # --- preconditions -------------------------------------------------------------------------------------------
-def test_a_restore_point_before_v1_drained_is_refused_and_nothing_is_captured(stopped, tmp_path):  # noqa: F811
+def test_a_restore_point_before_v1_drained_is_refused_and_nothing_is_captured(stopped, tmp_path):
     """S003-RP-43: a pre-drain snapshot is not a V1 restore point."""
     _assert_rejected(stopped, tmp_path, reasons.RESTORE_POINT_NOT_DRAINED)
     assert list(tmp_path.iterdir()) == []

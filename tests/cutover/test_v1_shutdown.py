@@ -44,25 +44,15 @@ from nexusflow.kernel.models import insert
 from nexusflow.kernel.scope import OrgScope
 from tests.concurrency import wait_until_blocked_on
 from tests.conftest import ORG, ROOT, hubspot_event, run_manage, subprocess_env
-from tests.cutover.test_halt_v1 import certified  # noqa: F401  (the fixture)
+from tests.cutover.conftest import ATTEMPT
+from tests.cutover.conftest import gate_states as _gate_states
+from tests.cutover.conftest import run_v1_worker as _run_v1_worker
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
-ATTEMPT = "attempt-1"
 PROFILE = {"outcomes": {}}
 
-
-def _run_v1_worker() -> None:
-    """One real V1 process generation that finishes the accepted work and exits."""
-    done = run_manage(["run_workers", "--role", "v1", "--until-idle", "--idle-sleep", "0"], subprocess_env())
-    assert done.returncode == 0, done.stderr
-
-
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 def _codes(exc: ShutdownBlocked) -> set[str]:
     return {b["reason_code"] for b in exc.blockers}
-
-
-def _gate_states() -> set[str]:
-    return set(AccountServingGate.objects.filter(org_id=ORG).values_list("state", flat=True))
 
 
 def _interrupted_call(*, sent: bool) -> V1ProviderCall:
@@ -72,22 +62,6 @@ def _interrupted_call(*, sent: bool) -> V1ProviderCall:
     if sent:
         egress._mark_sending(call)  # the marker committed; the process died before the answer
     return V1ProviderCall.objects.get(pk=call.pk)
-
-
-@pytest.fixture
-def halted(certified):  # noqa: F811
-    cutover_halt_v1(org=certified, attempt_key=ATTEMPT)
-    return certified
-
-
-@pytest.fixture
-def stopped(halted):
-    """Every gate ``v1_stopped``: the accepted work finished in one real V1 generation, which is proven gone."""
-    _run_v1_worker()
-    cutover_drain(org=halted, attempt_key=ATTEMPT)
-    cutover_stop(org=halted, attempt_key=ATTEMPT, wait_seconds=0)
-    assert _gate_states() == {"v1_stopped"}
-    return halted
 
 
 @pytest.fixture
@@ -369,12 +343,12 @@ def test_a_v1_call_interrupted_before_or_after_io_blocks_certification_until_exa
 
 def test_a_real_v1_push_killed_past_its_pre_io_marker_blocks_certification_until_reconciled(billing_sandbox, client):
     """S003-RP-41: a V1 process killed after committing ``sending``; the answer comes from the provider's records."""
+    from cutover.preflight import cutover_preflight
     from nexusflow.records.models import Record
     from nexusflow.records.services import record_lock, record_write_mirror
     from tests.conftest import BILLING_KEY, hubspot_event
     from tests.connectors.v1.support import install_v1, post_v1
     from tests.cutover.test_preflight import full_plan
-    from cutover.preflight import cutover_preflight
 
     org = install_v1(billing_sandbox.base_url)
     assert post_v1(client, [hubspot_event(1, 501, 1000, "email", "a@example.test")]).status_code == 202
@@ -443,7 +417,7 @@ def test_certification_waits_for_an_open_reconciliation_and_observes_its_termina
             if name == "certify":
                 outcome["certify_connection"] = _connection_id()
             outcome[name] = fn()
-        except BaseException as exc:  # noqa: BLE001 - reported to the test thread
+        except BaseException as exc:  # reported to the test thread
             outcome[name] = exc
             written.set()
         finally:
@@ -500,7 +474,7 @@ def test_no_reconciliation_write_commits_after_v1_drained(interrupted, monkeypat
             if name == "reconcile":
                 outcome["reconcile_connection"] = _connection_id()
             outcome[name] = fn()
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             outcome[name] = exc
             inventoried.set()
         finally:

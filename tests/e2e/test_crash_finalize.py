@@ -16,8 +16,8 @@ import pytest
 from django.core.management import call_command
 from django.db import transaction
 
-from connectors.outbound.egress import effect_try_dispatch_one, effect_try_finalize_one
 from connectors.models import RemoteEffect, RemoteEffectEvidence, RemoteLink
+from connectors.outbound.egress import effect_try_dispatch_one, effect_try_finalize_one
 from nexusflow.flows import transitions as t
 from nexusflow.flows.models import FlowRun, FlowWakeSignal
 from nexusflow.kernel.scope import OrgScope

@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-
 from contextlib import contextmanager
 
 import pytest
 from django.db import connections
-from connectors.models import AccountServingGate, CredentialGenerationDispatchGate, DispatchPermit, RemoteEffect
-from connectors.models import RemoteEffectAttempt
+
+from connectors.models import (
+    AccountServingGate,
+    CredentialGenerationDispatchGate,
+    DispatchPermit,
+    RemoteEffect,
+    RemoteEffectAttempt,
+)
 from nexusflow.flows.models import FlowCheckpoint, FlowRun, FlowStepAttempt, FlowWakeSignal
 from nexusflow.kernel.metrics import reason_machines
 from packs.demo.run import demo_database_names
@@ -58,7 +63,7 @@ def test_metrics_after_the_demo_match_the_database(tmp_path):
 def demo_databases():
     """Point this process's connections at the databases the demo ran in (``packs/demo/run.py``), then back."""
     names = {alias: connections[alias].settings_dict["NAME"] for alias in ("default", "control")}
-    demo = dict(zip(("default", "control"), demo_database_names(names["default"])))
+    demo = dict(zip(("default", "control"), demo_database_names(names["default"]), strict=True))
     for alias in names:
         connections[alias].close()
         connections[alias].settings_dict["NAME"] = demo[alias]

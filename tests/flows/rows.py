@@ -17,7 +17,6 @@ from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.models import insert
 from nexusflow.kernel.scope import OrgScope
 
-
 ROW_FACTORY = {
     "flows.FlowRun": "run",
     "flows.FlowStepExecution": "step",

@@ -20,8 +20,12 @@ from nexusflow.flows.compiler import KIND_PURE_COMPUTE
 from nexusflow.flows.models import FlowRun, FlowStepAttempt, FlowStepExecution
 from nexusflow.flows.services import claim as claim_module
 from nexusflow.flows.services import execute, flow_deploy, flow_run_start, flow_try_recover_expired_one
-from nexusflow.flows.services.claim import (PRESSURE_EXPIRED_LEASES, RETRY_WINDOW_SECONDS, flow_lease_admission,
-                                            flow_step_claim_batch)
+from nexusflow.flows.services.claim import (
+    PRESSURE_EXPIRED_LEASES,
+    RETRY_WINDOW_SECONDS,
+    flow_lease_admission,
+    flow_step_claim_batch,
+)
 from nexusflow.flows.services.execute import flow_step_execute
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.scope import OrgScope

@@ -102,7 +102,7 @@ def test_collection_sort_and_filter_elements_run_in_the_interpreter():
          "edges": []},
     ]
     run = _Run(plan_payload=payload, record={}, object_name="", prior=None, is_new=False,
-               now=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), reader=None, budget=50, fan_out_limit=50)
+               now=dt.datetime(2026, 1, 1, tzinfo=dt.UTC), reader=None, budget=50, fan_out_limit=50)
     run.vars["rows"] = [dict(r) for r in ROWS]
     run.run(graph, "Sort_Rows")
     assert [r["Name"] for r in run.elements["Sort_Rows"]] == ["b", "a", "d"]

@@ -1,6 +1,6 @@
 """The corpus flows that compile to a profile, deployed and run against generated records (issue #8 evidence).
 
-Each of the twelve files of ``/work/shared/corpus/flows`` that compiles (see
+Each of the twelve files of ``tests/corpus/flows`` that compiles (see
 ``fixtures/corpus_inventory.json``) is deployed for a test org against the
 metadata view in ``fixtures/corpus_metadata`` (the objects and fields the
 flows name), exactly as ``flow_deploy`` does in production:
@@ -29,21 +29,19 @@ import inspect
 import io
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import Callable
 
 import pytest
-
-from nexusflow.flows import transitions as t
-from nexusflow.flows.compiler import PROFILE_EMBEDDED
-from nexusflow.flows.conditions import condition_holds
-from nexusflow.flows.handlers import traverses_relationship
 from django.core.management import CommandError, call_command
 
-from nexusflow.flows.compiler import PROFILE_ATOMIC, PROFILE_DURABLE
+from nexusflow.flows import transitions as t
+from nexusflow.flows.compiler import PROFILE_ATOMIC, PROFILE_DURABLE, PROFILE_EMBEDDED
+from nexusflow.flows.conditions import condition_holds
 from nexusflow.flows.errors import ActivationRejected, FlowInputRejected, FlowNotStartable, FlowStartConflict
+from nexusflow.flows.handlers import traverses_relationship
 from nexusflow.flows.models import FlowActivation, FlowCheckpoint, FlowExecutionPlan, FlowRun
 from nexusflow.flows.services import flow_compile_check, flow_deploy, flow_run_start, plan_inputs
 from nexusflow.kernel.clock import db_now
@@ -322,7 +320,7 @@ def _tenant_contact_set_is_current() -> None:
     bystander = save_record(ORG, {"Name": "bystander", "Start_Date__c": "2020-01-01"},
                             object_name="TTS_Space_Tenant_Contact__c")
     taken = set()
-    for contact, given in zip(contacts, values):
+    for contact, given in zip(contacts, values, strict=True):
         _start_and_drive("TTS_Tenant_Contact_Set_IsCurrent_Field", {"Tenant_Contact_ID": contact.record_key},
                          request_id=f"tenant-{contact.record_key}")
         end, start = given.get("End_Date__c"), dt.date.fromisoformat(given["Start_Date__c"])
@@ -580,11 +578,11 @@ def _tenant_contact_scheduled_actions(db_clock_advance) -> None:
                           object_name="TTS_Space_Tenant_Contact__c")
     assert run_until_idle() == 0 and not FlowRun.objects.exists()  # today's 00:00 came before the activation
     now = db_now()
-    midnight = dt.datetime.combine(now.date() + dt.timedelta(days=1), dt.time(), tzinfo=dt.timezone.utc)
+    midnight = dt.datetime.combine(now.date() + dt.timedelta(days=1), dt.time(), tzinfo=dt.UTC)
     db_clock_advance((midnight - now).total_seconds() + 60)
     assert run_until_idle() > 0
     today = db_now().date()
-    for contact, given in zip(contacts, _tenant_contacts()):
+    for contact, given in zip(contacts, _tenant_contacts(), strict=True):
         end, start = given.get("End_Date__c"), dt.date.fromisoformat(given["Start_Date__c"])
         current = (end in (None, "") or dt.date.fromisoformat(end) >= today) and start <= today
         assert _stored(contact) == {"fields": {**given, "Is_Current_Contact__c": "true" if current else "false"},
@@ -633,7 +631,7 @@ def _adopter_match_clean_up_subflow(message_relay) -> None:
         "animalRecord": {"data_type": "SObject", "collection": False, "object": "Animal__c"}})
     profile, other = (save_record(ORG, {"Name": n}, object_name="Adopter_Profile__c") for n in ("Ann", "Bo"))
     fostered = save_record(ORG, {"Name": "Rex", "Animal_Status__c": "Fostered"}, object_name="Animal__c")
-    match = lambda profile_key, animal_key, ok: save_record(ORG, {  # noqa: E731
+    match = lambda profile_key, animal_key, ok: save_record(ORG, {
         "Name": f"m-{profile_key}-{ok}", "Adopter_Profile__c": profile_key, "Animal__c": animal_key,
         "Successful_Adoption__c": ok}, object_name="Adoption_Match__c")
     failed = [match(profile.record_key, "a0A-none", "false") for _ in range(2)]
@@ -748,7 +746,7 @@ def _assert_refused(name: str) -> None:
         assert [record.fields for record in saved] == creates
         for record in saved:
             update_record(ORG, record, changes)
-        for record, values in zip(saved, creates):
+        for record, values in zip(saved, creates, strict=True):
             assert _stored(record) == {"fields": {**values, **changes}, "version": 2}
         assert not FlowRun.objects.exists()
         assert run_until_idle() == 0
@@ -791,7 +789,7 @@ def test_the_inventory_says_which_corpus_flows_run_and_why_the_others_do_not(cor
     assert {name for name, row in rows.items() if row.runs} == set(RUNS)
     for name, refusal in REFUSALS.items():
         assert [(b["code"], b["element"]) for b in rows[name].blockers] == refusal.diagnostics, name
-    for name, row in rows.items():
+    for row in rows.values():
         assert row.runs == (not row.blockers)
         assert not row.rejected or row.blockers == row.reasons  # a compile refusal is its own blocker
 

@@ -14,7 +14,6 @@ import sys
 import pytest
 
 from connectors.contracts.pack_document import PackError, validate_pack_document
-
 from nexusflow.flows import transitions as t
 from nexusflow.flows.models import FlowRun
 from nexusflow.flows.services import flow_deploy, flow_try_run_step_one
@@ -155,9 +154,8 @@ def test_a_custom_notification_is_one_notification_at_the_relay(org, message_rel
 
 
 def test_a_pack_delivers_block_is_validated_at_publish():
-    from pathlib import Path
-
     import json
+    from pathlib import Path
 
     doc = json.loads((Path(ROOT) / "packs" / "message_relay" / "pack.json").read_text(encoding="utf-8"))
     assert [c["delivers"]["family"] for c in doc["push_contracts"]] == ["email", "notification"]

@@ -19,10 +19,10 @@ from nexusflow.flows import transitions as t
 from nexusflow.flows.models import FlowAuditEvent, FlowDependency, FlowRun, FlowStepExecution
 from nexusflow.flows.services import flow_try_run_step_one, flow_try_wake_one
 from nexusflow.kernel.errors import NexusError
+from nexusflow.kernel.scope import OrgScope
 from runtime_outbox import handoff, messages
 from runtime_outbox.models import InboxAcceptance, OutboundCommand, OutboxMessage
 from runtime_outbox.services import intent_result_record, outbox_try_deliver_one
-from nexusflow.kernel.scope import OrgScope
 from tests.conftest import ORG, make_serving_org, run_manage, subprocess_env
 
 from .conftest import run_until_idle, save_record
@@ -261,9 +261,8 @@ def test_no_owner_command_exists_and_no_remote_call_happens_before_the_submit_co
     """Seed 004 22.5-04 and 22.5-23: while the EffectSubmit transaction is held open right before its commit,
     the relay sees no message, the owner holds no command (RemoteEffect) and the provider got no request; the
     remote call happens only after the owner accepted the committed message."""
-    from tests.concurrency import Worker
-
     from connectors.outbound.egress import effect_try_dispatch_one
+    from tests.concurrency import Worker
 
     org = make_serving_org(billing_sandbox.base_url)
     save_record(org, {"email": "ann@example.com", "firstname": "Ann", "lastname": "Lee", "lifecyclestage": "customer"})
@@ -419,10 +418,10 @@ def test_an_operator_reconciles_a_pending_handoff_by_hand(submitted, owner_down)
     """``outbox reconcile``: the operator stops waiting on a delivery the owner keeps refusing, long before its
     budget is spent; the fence writes the tombstone and the run takes its no-effect route, with the operator in
     the Flow's audit. A second call is refused (already settled); ``outbox list`` shows it."""
-    from django.core.management import CommandError, call_command
+    import json
     from io import StringIO
 
-    import json
+    from django.core.management import CommandError, call_command
 
     assert outbox_try_deliver_one() is True  # one refused try: nowhere near the budget
     message = _message(submitted)

@@ -383,7 +383,7 @@ def test_generic_crud_bulk_upsert_and_physical_delete_reject_every_flow_run_writ
         "raw_delete": lambda: FlowRun.objects.filter(pk=run.pk)._raw_delete("default"),
         "save_base": lambda: FlowRun.save_base(run),
     }
-    for name, attempt in attempts.items():
+    for _name, attempt in attempts.items():
         with pytest.raises(ImmutableRow), transaction.atomic():
             attempt()
     # The typed store itself refuses the immutable identity and the projection fields.

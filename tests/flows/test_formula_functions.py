@@ -24,7 +24,7 @@ from nexusflow.flows.formula import (
     parse_formula,
 )
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 #: A trigger record as the interpreter resolves it: every field is text (or null).
 RECORD = {
     "$Record.Amount": "250.00", "$Record.Stage": "Closed Won", "$Record.Colors": "Red;Blue;Green",

@@ -18,8 +18,8 @@ from nexusflow.flows.services import flow_deploy
 from nexusflow.records.models import Record
 from packs.salesforce_cdc import change_event
 from runtime_outbox.models import ApplicationResult
-from tests.conftest import billing_sandbox, drain  # noqa: F401 (fixture)
-from tests.stream_support import cdc_sandbox, stream_org, stream_target  # noqa: F401 (fixtures)
+from tests.conftest import drain
+from tests.stream_support import stream_target
 
 from .conftest import save_record
 from .test_delete_triggers import count_flow

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from nexusflow.flows.services import execute
 from nexusflow.flows import transitions as t
 from nexusflow.flows.models import FlowStepAttempt, FlowStepExecution
-from nexusflow.flows.services import flow_deploy, flow_step_claim_one
+from nexusflow.flows.services import execute, flow_deploy, flow_step_claim_one
 from tests.kernel.test_schedules import _run, _run_scheduled
 
 from .conftest import decision_flow_xml, save_record

@@ -42,7 +42,6 @@ from nexusflow.flows.services import (
 from nexusflow.flows.services.record_waits import record_wake_verdict
 from nexusflow.flows.services.waits import _wake
 from nexusflow.records.models import Record
-
 from tests.concurrency import Worker, race_behind_hold, run_at_once
 from tests.conftest import ROOT, run_manage, subprocess_env
 

@@ -17,7 +17,8 @@ import subprocess
 import pytest
 from django.db import transaction
 
-from nexusflow.flows import policy, transitions as t
+from nexusflow.flows import policy
+from nexusflow.flows import transitions as t
 from nexusflow.flows.models import FlowCheckpoint, FlowRun, FlowStepExecution
 from nexusflow.flows.services import flow_deploy, flow_run_drive
 from nexusflow.records.metadata import current_view

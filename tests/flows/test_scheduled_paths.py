@@ -23,7 +23,6 @@ from nexusflow.flows.services import flow_deploy, flow_try_resume_due_one
 from nexusflow.kernel.clock import db_now
 from nexusflow.records.metadata import current_view
 from nexusflow.records.models import Record
-
 from tests.concurrency import race_behind_hold
 
 from .conftest import CORPUS, WAITS, run_until_idle, save_record, update_record
@@ -50,7 +49,7 @@ def _day(offset: int) -> str:
 
 
 def _midnight(date_text: str) -> dt.datetime:
-    return dt.datetime.fromisoformat(date_text).replace(tzinfo=dt.timezone.utc)
+    return dt.datetime.fromisoformat(date_text).replace(tzinfo=dt.UTC)
 
 
 def _fields(org, record) -> dict:

@@ -28,7 +28,7 @@ from .conftest import run_until_idle, save_record
 pytestmark = pytest.mark.django_db(transaction=True)
 
 FLOW = "Weekly_Nurture"
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 
 def _source(*, frequency: str = "Weekly", start: dt.datetime, filters: str | None = None) -> bytes:

@@ -20,8 +20,8 @@ import pytest
 
 from nexusflow.flows import reasons
 from nexusflow.flows import transitions as t
-from nexusflow.flows.catalog import catalog_current
 from nexusflow.flows.binding import flow_runtime_binding
+from nexusflow.flows.catalog import catalog_current
 from nexusflow.flows.handlers import engine_support_diagnostics
 from nexusflow.flows.models import (
     FlowCheckpoint,

@@ -17,8 +17,8 @@ import pytest
 
 from nexusflow.flows import transitions as t
 from nexusflow.flows.errors import ActivationRejected, FlowExecutionError
-from nexusflow.flows.step_values import to_instant, wait_schedule
 from nexusflow.flows.models import FlowAuditEvent, FlowCheckpoint, FlowDependency, FlowRun, FlowStepExecution
+from nexusflow.flows.producers import PRODUCER_CLOCK
 from nexusflow.flows.services import (
     flow_deploy,
     flow_run_delete,
@@ -26,8 +26,8 @@ from nexusflow.flows.services import (
     flow_try_resume_due_one,
     flow_waits_list,
 )
-from nexusflow.flows.producers import PRODUCER_CLOCK
 from nexusflow.flows.services.time_waits import EXPIRY_FIRES
+from nexusflow.flows.step_values import to_instant, wait_schedule
 from tests.concurrency import race_behind_hold, run_at_once
 from tests.conftest import run_manage, subprocess_env
 
@@ -282,13 +282,13 @@ def test_a_wait_the_engine_can_time_activates(org):
 
 
 # --- the time arithmetic, no database ------------------------------------------------------------------------
-NOW = dt.datetime(2026, 12, 4, 9, 30, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2026, 12, 4, 9, 30, tzinfo=dt.UTC)
 
 
 @pytest.mark.parametrize("value,expected", [
     ("2026-12-04T09:30:00Z", NOW), ("2026-12-04T10:30:00+01:00", NOW), ("2026-12-04T09:30:00.000+0000", NOW),
-    ("2026-12-04", dt.datetime(2026, 12, 4, tzinfo=dt.timezone.utc)), (NOW.replace(tzinfo=None), NOW),
-    (dt.date(2026, 12, 4), dt.datetime(2026, 12, 4, tzinfo=dt.timezone.utc)),
+    ("2026-12-04", dt.datetime(2026, 12, 4, tzinfo=dt.UTC)), (NOW.replace(tzinfo=None), NOW),
+    (dt.date(2026, 12, 4), dt.datetime(2026, 12, 4, tzinfo=dt.UTC)),
 ])
 def test_alarm_times_are_read_as_utc_instants(value, expected):
     assert to_instant(value, what="t") == expected
@@ -330,7 +330,7 @@ def test_the_schedule_orders_events_by_time_then_declaration_and_reads_record_da
     ), record={"Id": "1", "closedate": "2026-12-10"})
     assert [(e.name, e.resume_at) for e in events] == [
         ("Half_Hour", NOW - dt.timedelta(hours=4, minutes=30)), ("Tied", NOW), ("Now", NOW),
-        ("Before_Close", dt.datetime(2026, 12, 8, tzinfo=dt.timezone.utc))]
+        ("Before_Close", dt.datetime(2026, 12, 8, tzinfo=dt.UTC))]
 
 
 def test_an_empty_record_date_or_a_bad_unit_fails_the_step_definitely():

@@ -147,7 +147,7 @@ def _contend(first, second, *, mode: str) -> list[BaseException]:
                 else:
                     for resource in resources:
                         resource.locker()
-        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+        except BaseException as exc:  # collected for the assertion
             errors.append(exc)
         finally:
             connections.close_all()

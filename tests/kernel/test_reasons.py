@@ -108,7 +108,7 @@ def scan_source(source: str, module: str, constants: dict[str, dict[str, str]]) 
         if isinstance(node, ast.keyword) and node.arg == "reason_code":
             literals.update(_strings(node.value))
         elif isinstance(node, ast.Dict):
-            for key, value in zip(node.keys, node.values):
+            for key, value in zip(node.keys, node.values, strict=True):
                 if isinstance(key, ast.Constant) and key.value == "reason_code":
                     literals.update(_strings(value))
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):

@@ -21,7 +21,7 @@ from connectors.outbound import egress
 from nexusflow.kernel import schedules
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.workers import units_for
-from tests.conftest import ORG, drain, make_serving_org
+from tests.conftest import drain, make_serving_org
 from tests.kits.outbound import zero_backoff
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])

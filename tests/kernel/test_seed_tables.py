@@ -9,6 +9,7 @@ below with the seed text that requires it, so a new edge cannot slip in.
 from __future__ import annotations
 
 import re
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -53,7 +54,7 @@ def parse_003(text: str) -> dict[str, set[tuple[str, str]]]:
             continue
         segments = [[s.strip() for s in seg.split("|")] for seg in line.split("->")]
         last_source = segments[0][0]
-        for sources, targets in zip(segments, segments[1:]):
+        for sources, targets in pairwise(segments):
             machines[current] |= {(s, t) for s in sources for t in targets}
     return machines
 

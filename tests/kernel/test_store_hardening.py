@@ -98,7 +98,7 @@ def test_django_private_and_base_manager_writers_are_refused():
         "_raw_delete": lambda: model.objects.filter(pk=gate.pk)._raw_delete("default"),
         "save_base": lambda: model.objects.get(org_id=ORG, pk=gate.pk).save_base(),
     }
-    for name, attempt in attempts.items():
+    for _name, attempt in attempts.items():
         with pytest.raises(ImmutableRow):
             attempt()
     dumped = serializers.serialize("json", [model.objects.get(org_id=ORG, pk=gate.pk)]).replace('"enabled"',

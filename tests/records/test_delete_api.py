@@ -11,9 +11,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import transaction
 
-from connectors.outbound.egress import effect_try_finalize_one
-from connectors.models import RemoteLink, RemoteLinkEvidence
 from connectors.links.source_deletion import links_before_source_delete
+from connectors.models import RemoteLink, RemoteLinkEvidence
+from connectors.outbound.egress import effect_try_finalize_one
 from connectors.store import RemoteLinkStore
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.models import Record

@@ -9,8 +9,6 @@ team queue on the business row and never hold the history sequence while waiting
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import pytest
 from django.db import transaction
@@ -20,7 +18,6 @@ from nexusflow.flows.models import FlowStepAttempt
 from nexusflow.flows.services import flow_deploy, flow_run_drive, flow_run_start
 from nexusflow.kernel.errors import LockOrderViolation
 from nexusflow.kernel.scope import OrgScope
-from nexusflow.records.metadata import current_view
 from nexusflow.records.models import RecordFieldHistory
 from nexusflow.records.services import record_create, record_delete, record_lock, record_update
 from nexusflow.records.store import HistoryStore
@@ -29,26 +26,6 @@ from tests.conftest import ORG, run_manage, subprocess_env
 from tests.flows import flowxml as fx
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
-
-TEAM = {"object": "Team__c", "label": "Team", "key_prefix": "a1T", "track_history": ["Name", "Region__c"],
-        "fields": [{"name": "Name", "type": "text", "max_length": 80},
-                   {"name": "Region__c", "type": "text", "max_length": 40},
-                   {"name": "Notes__c", "type": "text", "max_length": 200}]}
-
-
-@pytest.fixture
-def history_view(settings, tmp_path):
-    objects = tmp_path / "metadata" / "objects"
-    objects.mkdir(parents=True)
-    for path in (Path(settings.BASE_DIR) / "metadata" / "objects").glob("*.object.json"):
-        shutil.copy(path, objects / path.name)
-    (objects / "Team__c.object.json").write_text(json.dumps(TEAM), encoding="utf-8")
-    current_view.cache_clear()
-    settings.NEXUS_METADATA_DIR = tmp_path / "metadata"
-    current_view.cache_clear()
-    yield tmp_path / "metadata"
-    current_view.cache_clear()
-
 
 ORG_SCOPE = OrgScope(ORG)
 

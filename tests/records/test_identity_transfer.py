@@ -11,9 +11,9 @@ import threading
 import pytest
 from django.db import transaction
 
+from connectors.links.link_decisions import link_retire
 from connectors.links.link_keys import INBOUND_ACTION_TYPE, PUSH_ACTION_TYPE, inbound_link_create, link_key_for
 from connectors.models import RemoteEffect, RemoteLinkEvidence
-from connectors.links.link_decisions import link_retire
 from connectors.store import RemoteLinkStore
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.models import IdentityTransfer, Record

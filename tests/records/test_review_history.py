@@ -7,15 +7,14 @@ tracked field changed by a before-save flow during the step's write must have be
 from __future__ import annotations
 
 import pytest
+from django.db import transaction
 
 from nexusflow.flows import transitions as t
 from nexusflow.flows.models import FlowRun
 from nexusflow.flows.services import flow_deploy, flow_run_drive, flow_run_start
-from django.db import transaction
-
 from nexusflow.records.services import record_create
 from tests.flows import flowxml as fx
-from tests.records.test_field_history import ORG_SCOPE, _history, history_view  # noqa: F401 (fixture)
+from tests.records.test_field_history import ORG_SCOPE, _history
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 

@@ -15,8 +15,8 @@ import pytest
 from django.db import transaction
 
 from connectors import reasons
-from connectors.outbound.effect_decisions import effect_reconcile
 from connectors.models import RemoteEffectAttempt, RemoteLink
+from connectors.outbound.effect_decisions import effect_reconcile
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.models import Record
 from nexusflow.records.services import record_lock

@@ -18,8 +18,8 @@ import itertools
 import pytest
 from django.db import transaction
 
-from connectors.outbound.egress import effect_try_finalize_one
 from connectors.models import RemoteLink
+from connectors.outbound.egress import effect_try_finalize_one
 from nexusflow.kernel import failpoints
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.models import Record

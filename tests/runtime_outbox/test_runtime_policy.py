@@ -15,9 +15,9 @@ from django.core.management import CommandError, call_command
 
 from connectors.models import Receipt
 from nexusflow.flows import transitions as t
+from nexusflow.flows.compiler import KIND_PURE_COMPUTE
 from nexusflow.flows.models import FlowRun, FlowStepAttempt
 from nexusflow.flows.services import execute, flow_deploy
-from nexusflow.flows.compiler import KIND_PURE_COMPUTE
 from nexusflow.kernel.errors import ImmutableRow
 from runtime_outbox.models import RuntimePolicyGeneration
 from runtime_outbox.policy import BUILTIN_VERSION, RuntimePolicyInvalid, runtime_policy, runtime_policy_publish

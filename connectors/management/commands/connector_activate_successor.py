@@ -1,11 +1,10 @@
 """``manage.py connector_activate_successor --org ORG --successor EPOCH``: atomic successor activation."""
 from django.core.management.base import BaseCommand
 
+from connectors.management.commands._handoff_common import add_successor_arguments, command_error, read_evidence
 from connectors.serving.handoff import HandoffRefused, successor_activate
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.scope import OrgScope
-
-from connectors.management.commands._handoff_common import add_successor_arguments, command_error, read_evidence
 
 
 class Command(BaseCommand):

@@ -1,11 +1,10 @@
 """``manage.py connector_halt --org ORG [--force]``: halt the org's gate set for a successor switch."""
 from django.core.management.base import BaseCommand, CommandError
 
+from connectors.management.commands._handoff_common import EXIT_PENDING, command_error
 from connectors.serving.handoff import HandoffRefused, halt_begin, halt_try_complete
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.scope import OrgScope
-
-from connectors.management.commands._handoff_common import EXIT_PENDING, command_error
 
 
 class Command(BaseCommand):

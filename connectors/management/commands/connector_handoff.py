@@ -1,11 +1,10 @@
 """``manage.py connector_handoff --org ORG --successor EPOCH``: freeze predecessor lanes into OrderingHandoffs."""
 from django.core.management.base import BaseCommand
 
+from connectors.management.commands._handoff_common import add_successor_arguments, command_error, read_evidence
 from connectors.serving.handoff import HandoffRefused, handoff_stage
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.scope import OrgScope
-
-from connectors.management.commands._handoff_common import add_successor_arguments, command_error, read_evidence
 
 
 class Command(BaseCommand):

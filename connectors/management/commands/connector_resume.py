@@ -1,11 +1,10 @@
 """``manage.py connector_resume --org ORG``: return halted gates to the predecessor (before any handoff)."""
 from django.core.management.base import BaseCommand
 
+from connectors.management.commands._handoff_common import command_error
 from connectors.serving.handoff import HandoffRefused, predecessor_resume
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.scope import OrgScope
-
-from connectors.management.commands._handoff_common import command_error
 
 
 class Command(BaseCommand):

@@ -22,7 +22,6 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections
 
-from connectors.serving.gates import NotServing
 from connectors.inbound.stream_poll import (
     POLL_ERRORS,
     UnknownStream,
@@ -31,6 +30,7 @@ from connectors.inbound.stream_poll import (
     stream_cursor_set_state,
     stream_poll_once,
 )
+from connectors.serving.gates import NotServing
 from nexusflow.kernel.errors import InvalidIdentity
 
 

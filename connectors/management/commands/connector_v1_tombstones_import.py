@@ -2,7 +2,12 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from connectors.inbound.admission import MalformedBody, parse_body
-from connectors.inbound.v1_tombstones import TombstoneConflict, TombstoneGateState, TombstoneImportError, v1_tombstones_import
+from connectors.inbound.v1_tombstones import (
+    TombstoneConflict,
+    TombstoneGateState,
+    TombstoneImportError,
+    v1_tombstones_import,
+)
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.scope import OrgScope
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-
 COMPILER_VERSION = "flows.compiler.v2"
 POLICY_VERSION = "flows.policy.v2"
 PAYLOAD_SCHEMA = "flows.plan-payload.v2"

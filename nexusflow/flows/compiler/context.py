@@ -6,8 +6,9 @@ The passes (:mod:`.document`, :mod:`.elements`, :mod:`.references`,
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from nexusflow.kernel.digests import PROFILE_V2
 from nexusflow.records.metadata import MetadataView
@@ -41,7 +42,7 @@ class CompiledPlan:
     subflow_plan_digests: dict[str, str] = field(default_factory=dict)
     #: The compiled plans of the subflows it calls, by plan digest (not part of any digest: each child's own
     #: plan digest is, through ``subflow_plan_digests``).
-    subflow_plans: dict[str, "CompiledPlan"] = field(default_factory=dict, compare=False, repr=False)
+    subflow_plans: dict[str, CompiledPlan] = field(default_factory=dict, compare=False, repr=False)
     digest_profile: str = PROFILE_V2
 
     @property

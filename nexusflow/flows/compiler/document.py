@@ -46,7 +46,7 @@ def check_packaging_tokens(ctx: CompileContext, data: dict[str, Any]) -> None:
                 walk(v, element)
 
     walk(data.get("start"), "start")
-    for kind, named in data["elements"].items():
+    for _kind, named in data["elements"].items():
         for name, body in named.items():
             walk(body, name)
 

@@ -54,7 +54,7 @@ def resolve_elements(ctx: CompileContext) -> None:
             node = _Node(name, kind, body)
             node.edges = [("success", _target(body.get("connector")))] if isinstance(body, dict) else []
             ctx.nodes[name] = node
-    for name, node in ctx.nodes.items():
+    for node in ctx.nodes.values():
         if node.unknown:
             ctx.analysis.unknown_capabilities.append(node.unknown)
         if isinstance(node.body, dict) and "faultConnector" in node.body:
@@ -141,7 +141,7 @@ def _el_loops(ctx: CompileContext, node: _Node) -> None:
                   ("loop_done", _target(node.body.get("noMoreValuesConnector")))]
 
 
-def _el_collectionProcessors(ctx: CompileContext, node: _Node) -> None:  # noqa: N802 - named after the element
+def _el_collectionProcessors(ctx: CompileContext, node: _Node) -> None:  # named after the element
     conds, logic = conditions_of(ctx, node.body, node.name, node.name)
     sort = [{"field": o.get("sortField"), "order": o.get("sortOrder") or "Asc",
              "nulls_first": _bool_text(o.get("doesPutEmptyStringAndNullFirst"))}
@@ -184,7 +184,7 @@ def _record_element(ctx: CompileContext, node: _Node) -> None:
     node.edges = [("success", _target(body.get("connector")))]
 
 
-def _el_actionCalls(ctx: CompileContext, node: _Node) -> None:  # noqa: N802
+def _el_actionCalls(ctx: CompileContext, node: _Node) -> None:
     action_type, action_name = node.body.get("actionType"), node.body.get("actionName")
     if not isinstance(action_type, str) or not isinstance(action_name, str):
         ctx.diag("unknown_action:none", node.name, "an action call names actionType and actionName")

@@ -21,7 +21,7 @@ def build_graph(ctx: CompileContext) -> list[str]:
         for kind, target in node.edges:
             if target is not None and target not in ctx.nodes:
                 ctx.diag(f"unresolved_reference:{target}", node.name, f"{kind} connector targets no element")
-    for kind, target in ctx.entry_edges:
+    for _kind, target in ctx.entry_edges:
         if target is not None and target not in ctx.nodes:
             ctx.diag(f"unresolved_reference:{target}", "start", "start connector targets no element")
     if ctx.failed():

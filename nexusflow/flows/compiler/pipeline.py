@@ -6,7 +6,7 @@ pipeline at the next checkpoint. The compile contract: findings, never a crash.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from nexusflow.records.metadata import MetadataView
 
@@ -14,7 +14,7 @@ from ..catalog import CatalogSnapshot
 from ..errors import CompileError, Diagnostic
 from ..frontend import FrontEndError, parse_flow_document
 from .constants import COHORT_METADATA_ONLY, DEFAULT_PLAN_BOUNDS, MAX_STEPS, NAME_RE, REJECTED_ELEMENTS, PlanBounds
-from .context import Analysis, CompiledPlan, CompileContext, _Abort
+from .context import Analysis, CompileContext, CompiledPlan, _Abort
 from .document import check_packaging_tokens, check_process_type, collect_resources, read_start
 from .elements import resolve_elements
 from .graph import annotate_loops, build_graph

@@ -32,7 +32,7 @@ from .constants import (
     STEP_PREFIX,
     TERMINAL_STEP_KEY,
 )
-from .context import CompiledPlan, CompileContext, _Node
+from .context import CompileContext, CompiledPlan, _Node
 from .document import formula_ast
 from .values import _bool_text
 
@@ -109,7 +109,7 @@ def group_steps(ctx: CompileContext, order: list[str],
         step = {"key": key, "kind": _durable_kind(ctx, node), "element": name, **step}
         if node.kind == "decisions":
             rules = []
-            for rule, (_k, nxt) in zip(node.data["rules"], out_edges):
+            for rule, (_k, nxt) in zip(node.data["rules"], out_edges, strict=False):
                 rules.append({**rule, "next": nxt})
             step["rules"] = rules
             step["default_next"] = out_edges[-1][1]

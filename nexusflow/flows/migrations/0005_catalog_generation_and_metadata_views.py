@@ -8,9 +8,10 @@ were compiled against was not stored), marked ``{"backfilled": true}``.
 """
 
 import django.db.models.deletion
+from django.db import migrations, models
+
 import nexusflow.kernel.identity
 import nexusflow.kernel.models
-from django.db import migrations, models
 
 FORWARD_FK = (
     "ALTER TABLE `flows_flowexecutionplan` ADD CONSTRAINT `flow_plan_metadata_view_fk` "

@@ -6,9 +6,10 @@ attempt's lock plan and metrics, and the append-only Flow audit table.
 """
 
 import django.db.models.deletion
+from django.db import migrations, models
+
 import nexusflow.kernel.identity
 import nexusflow.kernel.models
-from django.db import migrations, models
 
 
 class Migration(migrations.Migration):

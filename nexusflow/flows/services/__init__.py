@@ -60,9 +60,9 @@ from .deploy import (
     metadata_view_seal,
 )
 from .effects import effect_root_id_for
+from .execute import flow_run_drive, flow_step_execute, flow_try_run_step_one, flow_try_run_step_or_wait_one
 from .expiry import flow_try_expire_one, flow_try_repair_one
 from .handoff import effect_handoff_finalize
-from .execute import flow_run_drive, flow_step_execute, flow_try_run_step_one, flow_try_run_step_or_wait_one
 from .lifecycle import CancelResult, flow_run_delete, flow_step_heartbeat, flow_try_cancel_cleanup_one
 from .recovery import flow_try_recover_expired_one
 from .schedules import flow_schedules_list, flow_try_schedule_one

@@ -27,8 +27,8 @@ from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.metadata import current_view
 
-from ..authorization import run_identity
 from .. import transitions as t
+from ..authorization import run_identity
 from ..binding import flow_runtime_binding
 from ..compiler import PROFILE_EMBEDDED, TERMINAL_STEP_KEY, trigger_binding_digest_of
 from ..conditions import filters_hold_unchanged, trigger_matches

@@ -18,7 +18,6 @@ from django_mysql.exceptions import TimeoutError as LockTimeout
 from django_mysql.locks import Lock
 
 from nexusflow.kernel.clock import db_now, db_now_sql
-
 from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.pressure import PressureBounds, cached_judgement
@@ -28,8 +27,15 @@ from .. import policy
 from .. import transitions as t
 from ..compiler import KIND_MUTATION
 from ..models import FlowExecutionPlan, FlowRun, FlowStepAttempt, FlowStepExecution
-from ..selectors import (flow_due_run_candidates, flow_expired_leases, flow_plan_of, flow_plans_described,
-                         flow_plans_with_due_runs, flow_retries_started_since, flow_running_by_plan)
+from ..selectors import (
+    flow_due_run_candidates,
+    flow_expired_leases,
+    flow_plan_of,
+    flow_plans_described,
+    flow_plans_with_due_runs,
+    flow_retries_started_since,
+    flow_running_by_plan,
+)
 from ..store import FlowAttemptStore, FlowRunStore, FlowStepStore
 from .admission import START_OBJECT
 

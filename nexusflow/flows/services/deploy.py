@@ -12,17 +12,17 @@ from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
 
-from nexusflow.kernel.clock import db_now
 from nexusflow.kernel import canonical_json
+from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import PROFILE_V2, digest_v2
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.metadata import current_view
 
 from .. import transitions as t
+from ..authorization import system_identity_refusal
 from ..binding import RuntimeWorkBinding, flow_runtime_binding
 from ..catalog import CatalogMismatch, catalog_current, catalog_seal, catalog_snapshot_from_row
 from ..compiler import CompiledPlan, PlanBounds, compile_flow
-from ..authorization import system_identity_refusal
 from ..errors import ActivationRejected, Diagnostic, PlanMismatch
 from ..handlers import engine_support_diagnostics
 from ..models import FlowActivation, FlowDeploymentSource, FlowExecutionPlan, FlowRuntimeMetadataView

@@ -26,12 +26,12 @@ from .. import reasons
 from .. import transitions as t
 from ..binding import scope_of
 from ..handlers import binary_supports
-from ..producers import PRODUCER_RUNTIME_INTENT
 from ..models import FlowEffectLink, FlowExecutionPlan, FlowRun, FlowWakeSignal
+from ..producers import PRODUCER_RUNTIME_INTENT
+from ..step_values import action_call_inputs
 from ..store import FlowDependencyStore, FlowWakeSignalStore, effect_link_insert
 from .claim import StepClaim
 from .deploy import _persisted_snapshot
-from ..step_values import action_call_inputs
 from .step_txn import FP_BEFORE_COMMIT, _commit_step, _input_state, _lock_fenced, _step_inputs, _step_txn
 from .waits import _wait, completion_dependency_create, flow_wake_reconcile
 

@@ -15,24 +15,25 @@ import dataclasses
 import datetime as dt
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from django.db import connection, transaction
 
 from nexusflow.kernel import canonical_json, failpoints
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.errors import FenceRejected, NexusError, StaleVersion
-from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.identity import validate_key
+from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.logs import log_context
 from nexusflow.kernel.pressure import mutation_admission
-from runtime_outbox.policy import runtime_policy
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.kernel.tuning import setting_number
+from runtime_outbox.policy import runtime_policy
 
 from .. import policy, reasons, wakeups
-from ..authorization import FlowAccessDenied, reauthorize_step, system_identity
 from .. import transitions as t
+from ..authorization import FlowAccessDenied, reauthorize_step, system_identity
 from ..compiler import (
     ATOMIC_MAX_WRITES,
     KIND_CURRENT_READ,
@@ -51,8 +52,6 @@ from ..store import FlowAttemptStore, FlowRunStore, FlowStepStore
 from .admission import _SAVE_ORIGIN, _SaveOrigin, _step_def
 from .claim import StepClaim, _claim, flow_lease_admission, flow_step_claim_batch
 from .effects import _exec_effect_completion, _exec_effect_submit
-from .time_waits import _exec_dependency_wait
-from .waits import flow_try_wake_one
 from .step_txn import (
     FP_BEFORE_COMMIT,
     _attempt_fences,
@@ -67,6 +66,8 @@ from .step_txn import (
     _verify_root,
     claims_with_inputs,
 )
+from .time_waits import _exec_dependency_wait
+from .waits import flow_try_wake_one
 
 log = logging.getLogger("nexusflow.flows")
 

@@ -38,8 +38,8 @@ from nexusflow.kernel.scope import OrgScope
 from .. import policy
 from .. import transitions as t
 from ..conditions import filters_hold_unchanged
-from ..schedule import SCHEDULED, ScheduleInvalid, entry_path_of, schedule_latest_due, schedule_next, schedule_start
 from ..models import FlowActivation, FlowScheduleOccurrence
+from ..schedule import SCHEDULED, ScheduleInvalid, entry_path_of, schedule_latest_due, schedule_next, schedule_start
 from ..store import FlowScheduleOccurrenceStore
 from .admission import _run_admit
 

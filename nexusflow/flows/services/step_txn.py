@@ -264,7 +264,7 @@ def _session_id() -> int | None:
     raw = connection.connection
     try:
         return raw.thread_id() if raw is not None else None
-    except Exception:  # noqa: BLE001 - a dead handle has no session
+    except Exception:  # a dead handle has no session
         return None
 
 
@@ -274,7 +274,7 @@ def _same_session(session: int | None) -> bool:
         return False
     try:
         return connection.is_usable() and connection.connection.thread_id() == session
-    except Exception:  # noqa: BLE001
+    except Exception:
         return False
 
 

@@ -42,9 +42,9 @@ from nexusflow.kernel.scope import OrgScope
 from .. import policy, reasons
 from .. import transitions as t
 from ..errors import FlowExecutionError, PlanMismatch
-from ..step_values import subflow_call_inputs, subflow_call_outputs
 from ..models import FlowCheckpoint, FlowExecutionPlan, FlowRun
 from ..producers import PRODUCER_SUBFLOW
+from ..step_values import subflow_call_inputs, subflow_call_outputs
 from ..store import PARENT_UNREAD, FlowRunStore, wake_signal_insert
 from .admission import EXECUTION_OWNER, START_OBJECT, START_RECORD_VERSION, _admit_first_step, _step_def
 from .claim import StepClaim

@@ -6,10 +6,10 @@ from typing import Any
 from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.scope import OrgScope
 
-from ..errors import FlowRunNotFound
 from .. import transitions as t
-from ..producers import PRODUCERS
+from ..errors import FlowRunNotFound
 from ..models import FlowDependency, FlowEffectLink, FlowRun, FlowStepAttempt, FlowStepExecution, FlowWakeSignal
+from ..producers import PRODUCERS
 
 #: The most rows :func:`flow_waits_list` returns in one call.
 WAITS_PAGE_MAX = 500

@@ -41,17 +41,17 @@ from nexusflow.kernel.scope import OrgScope
 
 from .. import policy
 from .. import transitions as t
-from ..errors import FlowExecutionError, FlowRunNotFound, PlanMismatch, WaitSignalRefused
 from ..compiler import TERMINAL_STEP_KEY
 from ..conditions import conditions_hold
+from ..errors import FlowExecutionError, FlowRunNotFound, PlanMismatch, WaitSignalRefused
 from ..handlers import PATH_OFFSET_UNITS
-from ..step_values import RecordEvent, WaitEvent, to_instant, wait_record_event, wait_schedule
-from ..producers import PRODUCER_CLOCK, PRODUCER_RECORD, PRODUCERS, change_event_object
 from ..models import FlowCheckpoint, FlowDependency, FlowExecutionPlan, FlowRun
+from ..producers import PRODUCER_CLOCK, PRODUCER_RECORD, PRODUCERS, change_event_object
+from ..step_values import RecordEvent, WaitEvent, to_instant, wait_record_event, wait_schedule
 from .admission import TRIGGER_CHECKPOINT_SEQUENCE
 from .claim import StepClaim
-from .step_txn import FP_BEFORE_COMMIT, _commit_step, _input_state, _lock_fenced, _step_txn
 from .record_waits import CONDITION_RECORD, record_condition_met, record_dependency_key
+from .step_txn import FP_BEFORE_COMMIT, _commit_step, _input_state, _lock_fenced, _step_txn
 from .subflows import _exec_subflow
 from .wait_resolution import CONDITION_SCHEDULED_PATH, EXPIRY_FIRES, clock_wait_resolve
 from .waits import _enter_waiting, _step_dependency, _wait_create, flow_wake_reconcile

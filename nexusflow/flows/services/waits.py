@@ -17,16 +17,16 @@ from nexusflow.kernel import canonical_json, failpoints
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.errors import InvalidIdentity
-from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.identity import validate_key
+from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.scope import TrustedRuntimeWorkScope
 
 from .. import policy, reasons
 from .. import transitions as t
 from ..binding import scope_of
 from ..errors import WakeSignalConflict, WakeSignalRejected
-from ..producers import PRODUCER_RECORD, PRODUCER_RUNTIME_INTENT, producer_contract
 from ..models import FlowDependency, FlowRun, FlowStepExecution, FlowWakeSignal
+from ..producers import PRODUCER_RECORD, PRODUCER_RUNTIME_INTENT, producer_contract
 from ..store import (
     FlowAttemptStore,
     FlowDependencyStore,
@@ -36,11 +36,11 @@ from ..store import (
     audit_insert,
     wake_signal_insert,
 )
-from .claim import StepClaim
 from .admission import _SAVE_ORIGIN
+from .claim import StepClaim
 from .record_waits import record_wait_signals_write, record_wake_verdict
-from .wait_resolution import root_waits_on, resume_waiting, satisfy_and_resume
 from .step_txn import _attempt_fences, _step_fences
+from .wait_resolution import resume_waiting, root_waits_on, satisfy_and_resume
 
 FP_WAKE_BEFORE_COMMIT = failpoints.declare("flow.wake.before_commit")
 FP_RECORD_PRODUCER_MATCH = failpoints.declare("flow.wake.record_producer_match")

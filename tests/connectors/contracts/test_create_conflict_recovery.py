@@ -19,9 +19,9 @@ import pytest
 from django.db import connection, transaction
 
 from connectors import reasons
-from connectors.outbound.egress import effect_try_finalize_one, effect_try_reconcile_one, permit_try_grant_one
-from connectors.models import RemoteEffectEvidence, RemoteLink
 from connectors.contracts.pack_document import PackError, validate_pack_document
+from connectors.models import RemoteEffectEvidence, RemoteLink
+from connectors.outbound.egress import effect_try_finalize_one, effect_try_reconcile_one, permit_try_grant_one
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.services import record_lock, record_update

@@ -13,6 +13,7 @@ import pytest
 from django.db import transaction
 
 from connectors import reasons
+from connectors.inbound.admission import receipt_materialize, receipt_try_reconcile_one
 from connectors.inbound.executions import (
     _claim_in_lane,
     _claim_unlaned,
@@ -22,7 +23,7 @@ from connectors.inbound.executions import (
     execution_try_claim_one,
     execution_try_run_one,
 )
-from connectors.inbound.admission import receipt_materialize, receipt_try_reconcile_one
+from connectors.inbound.windows import window_try_close_one
 from connectors.models import (
     AccountServingGate,
     Event,
@@ -39,7 +40,6 @@ from connectors.models import (
 )
 from connectors.serving.gates import NotServing, gate_transition
 from connectors.store import AccountServingGateStore, ExecutionDependencyStore, ServingEpochStore
-from connectors.inbound.windows import window_try_close_one
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.models import Record
 from runtime_outbox.models import ApplicationResult
@@ -163,7 +163,7 @@ def test_v1_tombstone_answers_already_accepted_and_materializes_nothing(client, 
 def test_even_a_corrupt_gate_that_names_a_verified_epoch_produces_no_production_fact(client, org):
     assert post_signed(client, BATCH[:1]).status_code == 202
     receipt = Receipt.objects.get()
-    counts = lambda: (Receipt.objects.count(), ReceiptComponent.objects.count(), Event.objects.count(),  # noqa: E731
+    counts = lambda: (Receipt.objects.count(), ReceiptComponent.objects.count(), Event.objects.count(),
                       Execution.objects.count(), ExecutionAttempt.objects.count(), ApplicationResult.objects.count())
     before = counts()
     gate = AccountServingGate.objects.get(account_key="crm-webhooks")
@@ -356,8 +356,8 @@ def test_a_latest_window_applies_only_its_greatest_position(client, billing_sand
 def test_concurrent_claim_and_result_recording_advance_the_high_water_in_one_fenced_transaction(client, org):
     post_signed(client, [hubspot_event(1, 808, 1000, "email", "one@x.io")])
     claim = execution_try_claim_one(worker_id="w1")
-    from runtime_outbox.services import application_command_submit
     from connectors.inbound.executions import build_runtime_command
+    from runtime_outbox.services import application_command_submit
 
     execution = Execution.objects.get(pk=claim.execution_id)
     result = application_command_submit(org_id=ORG, command_id=execution.command_id,
@@ -389,8 +389,8 @@ def test_runtime_commit_followed_by_response_loss_returns_the_original_result_an
     post_signed(client, [hubspot_event(1, 809, 1000, "email", "once@x.io")])
     monkeypatch.setenv("NEXUS_EXECUTION_LEASE_SECONDS", "1")
     claim = execution_try_claim_one(worker_id="w1")
-    from runtime_outbox.services import application_command_submit
     from connectors.inbound.executions import build_runtime_command
+    from runtime_outbox.services import application_command_submit
 
     execution = Execution.objects.get(pk=claim.execution_id)
     first = application_command_submit(org_id=ORG, command_id=execution.command_id,

@@ -24,6 +24,14 @@ from django.forms.models import model_to_dict
 
 from connectors.inbound import replay as replay_module
 from connectors.inbound.executions import build_runtime_command, execution_try_claim_one
+from connectors.inbound.replay import (
+    ReplayMismatch,
+    ReplayPredecessorNotTerminal,
+    ReplayTargetNotServing,
+    replay_lookup,
+    replay_materialize,
+    replay_submit,
+)
 from connectors.models import (
     AccountServingGate,
     Event,
@@ -36,14 +44,6 @@ from connectors.models import (
     ServingEpoch,
 )
 from connectors.reasons import ITEM_SCHEMA_INVALID, SUPERSEDED_BY_NEWER_POSITION
-from connectors.inbound.replay import (
-    ReplayMismatch,
-    ReplayPredecessorNotTerminal,
-    ReplayTargetNotServing,
-    replay_lookup,
-    replay_materialize,
-    replay_submit,
-)
 from connectors.serving.gates import NotServing, gate_transition
 from connectors.store import AccountServingGateStore, ExecutionStore
 from cutover.reasons import CUTOVER_IN_PROGRESS
@@ -131,7 +131,7 @@ def _in_thread(fn, results: list) -> threading.Thread:
     def run():
         try:
             results.append(fn())
-        except Exception as exc:  # noqa: BLE001 - the test inspects what happened
+        except Exception as exc:  # the test inspects what happened
             results.append(exc)
         finally:
             connections.close_all()

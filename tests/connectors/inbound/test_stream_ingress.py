@@ -15,6 +15,9 @@ import threading
 import pytest
 from django.db import connection
 
+from connectors.contracts.stream_routes import encode_cursor
+from connectors.inbound.stream_poll import stream_cursor_set_state, stream_poll_once
+from connectors.inbound.stream_transport import StreamFetchFailed
 from connectors.models import (
     AccountServingGate,
     Event,
@@ -24,12 +27,9 @@ from connectors.models import (
     ReceiptComponent,
     StreamCursor,
 )
-from connectors.inbound.stream_poll import stream_cursor_set_state, stream_poll_once
-from connectors.contracts.stream_routes import encode_cursor
-from connectors.inbound.stream_transport import StreamFetchFailed
 from packs.salesforce_cdc import change_event
-from tests.conftest import billing_sandbox, run_manage, subprocess_env  # noqa: F401 (fixture)
-from tests.stream_support import STREAM_ACCOUNT, cdc_sandbox, stream_org, stream_target  # noqa: F401 (fixtures)
+from tests.conftest import run_manage, subprocess_env
+from tests.stream_support import STREAM_ACCOUNT, stream_target
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 
@@ -226,9 +226,10 @@ def test_the_poll_command_reports_bad_input_with_a_code_and_moves_nothing(stream
 
 
 def test_a_poll_of_an_account_that_does_not_serve_v2_is_refused_with_not_serving(stream_org):
+    from django.db import transaction
+
     from connectors.serving.gates import gate_transition
     from connectors.store import AccountServingGateStore
-    from django.db import transaction
 
     with transaction.atomic(durable=True):
         gate = AccountServingGateStore.lock_by_account(stream_org.org.org_id, STREAM_ACCOUNT)

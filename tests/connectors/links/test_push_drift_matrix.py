@@ -22,14 +22,14 @@ import pytest
 from django.db import IntegrityError, transaction
 
 from connectors import reasons
+from connectors.contracts.pack_document import PackError
+from connectors.models import RemoteEffect, RemoteEffectAttempt, RemoteLink
 from connectors.outbound.effect_decisions import EffectOperationRefused, effect_reconcile
 from connectors.outbound.egress import effect_try_reconcile_one, permit_send, permit_settle, permit_try_grant_one
+from connectors.outbound.intents import PushContractError
+from connectors.serving.gates import NotServing
 from connectors.serving.generations import pack_publish
 from connectors.serving.handoff import HaltRefused, halt_begin
-from connectors.models import RemoteEffect, RemoteEffectAttempt, RemoteLink
-from connectors.outbound.intents import PushContractError
-from connectors.contracts.pack_document import PackError
-from connectors.serving.gates import NotServing
 from nexusflow.records import authority
 from nexusflow.records.models import Record
 from packs.hubspot.crm_sandbox import CONTACTS_PATH

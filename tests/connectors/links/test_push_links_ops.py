@@ -15,9 +15,9 @@ from django.core.management import call_command
 from django.db import transaction
 
 from connectors import reasons
-from connectors.outbound import egress
-from connectors.models import RemoteEffect, RemoteLink, RemoteLinkEvidence
 from connectors.links.link_decisions import LinkOperationRefused, link_retire, link_revalidate
+from connectors.models import RemoteEffect, RemoteLink, RemoteLinkEvidence
+from connectors.outbound import egress
 from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
 from nexusflow.records.services import record_create, record_lock, record_update
 from runtime_outbox.services import outbound_command_author, outbox_try_deliver_one

@@ -18,13 +18,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from connectors.outbound import egress
 from connectors.links import mapping_revalidation as revalidation
-from connectors.serving.generations import pack_publish
-from connectors.serving.handoff import halt_begin, halt_try_complete, handoff_stage, successor_activate
-from connectors.models import PackGeneration, PushLinkRevalidationReceipt, RemoteEffect, RemoteLink, ServingEpoch
-from connectors.links.push_rules import body_fingerprint, link_row_digest, mapping_fingerprint
-from connectors.reasons import LINK_DRIFT, MAPPING_DRIFT
 from connectors.links.mapping_revalidation import (
     AlreadyApplied,
     Applied,
@@ -36,7 +30,13 @@ from connectors.links.mapping_revalidation import (
     revalidation_draft,
     revalidation_validate,
 )
+from connectors.links.push_rules import body_fingerprint, link_row_digest, mapping_fingerprint
+from connectors.models import PackGeneration, PushLinkRevalidationReceipt, RemoteEffect, RemoteLink, ServingEpoch
+from connectors.outbound import egress
+from connectors.reasons import LINK_DRIFT, MAPPING_DRIFT
 from connectors.serving.gates import epoch_prepare, epoch_verify, service_configuration_apply
+from connectors.serving.generations import pack_publish
+from connectors.serving.handoff import halt_begin, halt_try_complete, handoff_stage, successor_activate
 from connectors.store import RemoteLinkStore
 from nexusflow.kernel import canonical_json
 from nexusflow.kernel.digests import digest_v2

@@ -22,10 +22,10 @@ from django.core.management import CommandError, call_command
 from django.db import IntegrityError, connection, transaction
 
 from connectors import reasons
+from connectors.contracts.pack_document import PackError, validate_pack_document
+from connectors.models import PackGeneration, RemoteEffectEvidence, RemoteLink
 from connectors.outbound import egress
 from connectors.serving.generations import pack_publish
-from connectors.models import PackGeneration, RemoteEffectEvidence, RemoteLink
-from connectors.contracts.pack_document import PackError, validate_pack_document
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.models import Record
 from nexusflow.records.services import record_lock

@@ -22,8 +22,8 @@ import pytest
 from django.db import connection, transaction
 
 from connectors import reasons
-from connectors.outbound import egress
 from connectors.models import DispatchPermit, RemoteEffect, RemoteEffectAttempt, RemoteEffectEvidence, RemoteLink
+from connectors.outbound import egress
 from connectors.outbound.intents import PushContractError, proven_no_effect
 from connectors.store import RemoteLinkStore
 from nexusflow.kernel.models import insert
@@ -263,9 +263,9 @@ def _association_pack(change) -> dict:
         "non_canonical_source", "extra_key", "duplicate", "no_associations_key", "key_is_body_wrap",
         "form_body", "not_a_list", "key_without_associations", "cycle"])
 def test_pack_publication_refuses_an_invalid_association_block(change):
-    from connectors.serving.generations import pack_publish
-    from connectors.models import PackGeneration
     from connectors.contracts.pack_document import PackError
+    from connectors.models import PackGeneration
+    from connectors.serving.generations import pack_publish
 
     with pytest.raises(PackError):
         pack_publish(document=_association_pack(change))

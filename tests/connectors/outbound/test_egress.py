@@ -4,12 +4,12 @@ import threading
 import pytest
 from django.db import connection
 
+from connectors.models import DispatchPermit, RemoteEffect, RemoteEffectAttempt, RemoteLink
 from connectors.outbound.egress import (
     effect_try_dispatch_one,
     permit_send,
     permit_try_grant_one,
 )
-from connectors.models import DispatchPermit, RemoteEffect, RemoteEffectAttempt, RemoteLink
 from connectors.outbound.intents import remote_effect_accept
 from runtime_outbox.models import IntentResultReceipt, OutboundCommand
 from runtime_outbox.services import outbox_try_deliver_one

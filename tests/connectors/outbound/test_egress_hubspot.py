@@ -12,22 +12,22 @@ from __future__ import annotations
 import io
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import httpx
 import pytest
 from django.core.management import CommandError, call_command
 
 from connectors import reasons
+from connectors.contracts.pack_document import load_pack
+from connectors.models import DispatchPermit, RemoteEffect, RemoteEffectAttempt, RemoteEffectEvidence, RemoteLink
 from connectors.outbound.egress import (
     effect_try_dispatch_one,
     effect_try_finalize_one,
     effect_try_reconcile_one,
     permit_try_grant_one,
 )
-from connectors.models import DispatchPermit, RemoteEffect, RemoteEffectAttempt, RemoteEffectEvidence, RemoteLink
-from connectors.contracts.pack_document import load_pack
 from packs.hubspot.crm_sandbox import CONTACTS_PATH
 from runtime_outbox.models import IntentResultReceipt
 from runtime_outbox.services import outbox_try_deliver_one

@@ -15,10 +15,6 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection, transaction
 
-from connectors.outbound import egress
-from connectors.serving.credential_gates import credential_reenable, credential_revoke
-from connectors.serving.generations import credential_generation_read, credential_publish
-from connectors.serving.handoff import HandoffRefused, halt_begin, halt_try_complete, handoff_stage, successor_activate
 from connectors.models import (
     AccountServingGate,
     CredentialGenerationDispatchGate,
@@ -29,8 +25,12 @@ from connectors.models import (
     RemoteLink,
     ServingEpoch,
 )
+from connectors.outbound import egress
 from connectors.reasons import CREDENTIAL_REVOKED, HALT_WAITING_OPEN_PERMITS
+from connectors.serving.credential_gates import credential_reenable, credential_revoke
 from connectors.serving.gates import epoch_prepare, epoch_verify, resolve_frozen_secret, service_configuration_apply
+from connectors.serving.generations import credential_generation_read, credential_publish
+from connectors.serving.handoff import HandoffRefused, halt_begin, halt_try_complete, handoff_stage, successor_activate
 from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
 from nexusflow.records.services import record_create, record_lock
 from runtime_outbox.models import IntentResultReceipt, OutboundCommand

@@ -19,8 +19,11 @@ from django.core.management import call_command
 from django.db import IntegrityError, connection, transaction
 
 from connectors import reasons
+from connectors.contracts.pack_document import PackError
+from connectors.models import DispatchPermit, RemoteEffect, RemoteLink, ServingEpoch
 from connectors.outbound import egress, permit_grant
 from connectors.outbound.effect_decisions import effect_reconcile
+from connectors.serving.gates import NotServing
 from connectors.serving.generations import pack_publish
 from connectors.serving.handoff import (
     HaltRefused,
@@ -30,9 +33,6 @@ from connectors.serving.handoff import (
     handoff_stage,
     successor_activate,
 )
-from connectors.models import DispatchPermit, RemoteEffect, RemoteLink, ServingEpoch
-from connectors.contracts.pack_document import PackError
-from connectors.serving.gates import NotServing
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.models import Record
 from nexusflow.records.services import record_lock, record_write_mirror

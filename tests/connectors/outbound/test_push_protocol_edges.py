@@ -10,21 +10,21 @@ import httpx
 import pytest
 
 from connectors import reasons
+from connectors.models import RemoteEffect, RemoteEffectAttempt, RemoteLink, RemoteLinkEvidence
 from connectors.outbound import egress
 from connectors.outbound.effect_decisions import effect_reconcile
-from connectors.models import RemoteEffect, RemoteEffectAttempt, RemoteLink, RemoteLinkEvidence
+from tests.conftest import ORG, drain
 from tests.connectors.push_helpers import (
     BILLING,
+    PushEnv,
     contact,
     delete,
     effect_of,
-    PushEnv,
     push_env,
     push_link,
     save,
     zero_backoff,
 )
-from tests.conftest import ORG, drain
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 

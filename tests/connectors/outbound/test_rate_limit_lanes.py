@@ -23,9 +23,8 @@ from connectors.outbound.permit_settle import daily_reset
 from nexusflow.kernel.clock import db_now
 from tests.concurrency import race_behind_hold
 from tests.conftest import ORG, drain, make_serving_org
-from tests.kits.outbound import zero_backoff
-
 from tests.connectors.outbound.test_outbound_effects import GATE_TABLE, _push
+from tests.kits.outbound import zero_backoff
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 

@@ -13,8 +13,8 @@ import threading
 import pytest
 from django.db import connections, transaction
 
-from connectors.outbound import egress, recovery
 from connectors.models import RemoteEffect, RemoteEffectAttempt
+from connectors.outbound import egress, recovery
 from connectors.reasons import OPERATOR_ONLY_UNCERTAIN, RESPONSE_AMBIGUOUS
 from connectors.store import RemoteEffectStore
 from tests.kernel import rows

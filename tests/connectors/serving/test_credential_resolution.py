@@ -4,9 +4,9 @@ missing material blocks dispatch while the Permit is provably pre-I/O)."""
 import pytest
 from django.db import transaction
 
+from connectors.models import DispatchPermit, RemoteEffect
 from connectors.outbound.egress import permit_send, permit_settle, permit_try_grant_one
 from connectors.serving.generations import credential_publish
-from connectors.models import DispatchPermit, RemoteEffect
 from connectors.serving.secret_store import secret_path
 from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
 from nexusflow.records.services import record_create, record_lock

@@ -7,7 +7,12 @@ import stat
 
 import pytest
 
-from connectors.models import CatalogBinding, ConnectorServiceConfigurationGeneration, CredentialGeneration, PackGeneration
+from connectors.models import (
+    CatalogBinding,
+    ConnectorServiceConfigurationGeneration,
+    CredentialGeneration,
+    PackGeneration,
+)
 from tests.conftest import BILLING_KEY, ORG, ROOT, WEBHOOK_SECRET, run_manage, service_document, subprocess_env
 
 pytestmark = pytest.mark.django_db(transaction=True)

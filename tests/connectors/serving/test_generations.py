@@ -17,6 +17,15 @@ from dataclasses import replace
 import pytest
 from django.db import connections, transaction
 
+from connectors.models import (
+    AccountServingGate,
+    CatalogBinding,
+    ConnectorServiceConfigurationGeneration,
+    CredentialGeneration,
+    PackGeneration,
+    ServingEpoch,
+)
+from connectors.reasons import EPOCH_OWNER_MISMATCH
 from connectors.serving import secret_store
 from connectors.serving.epoch import (
     EpochVerificationFailed,
@@ -36,15 +45,6 @@ from connectors.serving.generations import (
     service_configuration_apply,
     service_configuration_read,
 )
-from connectors.models import (
-    AccountServingGate,
-    CatalogBinding,
-    ConnectorServiceConfigurationGeneration,
-    CredentialGeneration,
-    PackGeneration,
-    ServingEpoch,
-)
-from connectors.reasons import EPOCH_OWNER_MISMATCH
 from connectors.store import ServingEpochStore
 from nexusflow.kernel import canonical_json
 from nexusflow.kernel.digests import PROFILE_V1, PROFILE_V2, OwnerReceipt, digest_v2

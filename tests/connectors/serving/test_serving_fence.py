@@ -7,9 +7,9 @@ epoch reference does not byte-match the active epoch; nothing is written.
 import pytest
 from django.db import connection, transaction
 
-from connectors.outbound.egress import permit_try_grant_one
 from connectors.inbound.executions import execution_try_claim_one
 from connectors.models import DispatchPermit, Event, ExecutionAttempt, Receipt
+from connectors.outbound.egress import permit_try_grant_one
 from connectors.serving.gates import NotServing
 from runtime_outbox.models import OutboundCommand
 from runtime_outbox.services import outbox_try_deliver_one

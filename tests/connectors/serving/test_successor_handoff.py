@@ -14,20 +14,7 @@ import threading
 import pytest
 
 from connectors import reasons
-from connectors.serving import handoff
 from connectors.inbound.executions import execution_run, execution_try_claim_one, execution_try_run_one
-from connectors.serving.handoff import (
-    HaltRefused,
-    HandoffRefused,
-    OrderingContractChanged,
-    ResumeRefused,
-    TransitionClassUnsupported,
-    halt_begin,
-    halt_try_complete,
-    handoff_stage,
-    predecessor_resume,
-    successor_activate,
-)
 from connectors.models import (
     AccountServingGate,
     DispatchPermit,
@@ -41,11 +28,25 @@ from connectors.models import (
     ServingEpoch,
 )
 from connectors.reasons import HALT_WAITING_OPEN_PERMITS, HALTED_FOR_SUCCESSOR
+from connectors.serving import handoff
 from connectors.serving.gates import epoch_prepare, epoch_verify, service_configuration_apply
+from connectors.serving.handoff import (
+    HaltRefused,
+    HandoffRefused,
+    OrderingContractChanged,
+    ResumeRefused,
+    TransitionClassUnsupported,
+    halt_begin,
+    halt_try_complete,
+    handoff_stage,
+    predecessor_resume,
+    successor_activate,
+)
 from connectors.store import DispatchPermitStore, ExecutionStore, OrderingLaneStore, RemoteEffectStore
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.models import Record
 from runtime_outbox.models import ApplicationResult
+from tests.concurrency import Worker, wait_until_blocked_on
 from tests.conftest import (
     ORG,
     WEBHOOK_SECRET,
@@ -56,7 +57,6 @@ from tests.conftest import (
     service_document,
     subprocess_env,
 )
-from tests.concurrency import Worker, wait_until_blocked_on
 from tests.kernel import rows
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])

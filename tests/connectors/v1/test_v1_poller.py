@@ -5,21 +5,20 @@ keyed as V2 keys them; the cursor advances only after they commit.
 """
 from __future__ import annotations
 
-
 import pytest
 
 from connectors.models import AccountServingGate, V1Event, V1ProviderCall, V1StreamCursor, V1TransportKey
 from connectors.v1.events import v1_event_try_complete_one, v1_event_try_run_one
 from connectors.v1.poller import V1PollFailed, v1_stream_poll, v1_stream_try_poll_one
 from packs.salesforce_cdc import change_event
-from tests.conftest import ORG, billing_sandbox  # noqa: F401 (fixture)
-from tests.stream_support import STREAM_ACCOUNT, cdc_sandbox, stream_service_configure  # noqa: F401 (fixture)
+from tests.conftest import ORG
+from tests.stream_support import STREAM_ACCOUNT, stream_service_configure
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "control"])
 
 
 @pytest.fixture
-def v1_stream_org(billing_sandbox, cdc_sandbox, tmp_path):  # noqa: F811
+def v1_stream_org(billing_sandbox, cdc_sandbox, tmp_path):
     """The stream org configured as an operator would, installed as a fresh V1 service (no greenfield)."""
     stream_service_configure(billing_sandbox.base_url, cdc_sandbox.base_url, tmp_path, procedure="v1-install")
     return cdc_sandbox

@@ -12,10 +12,21 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from connectors.models import AccountServingGate, V1Account, V1Event, V1ProcessGeneration, V1ProviderCall, \
-    V1SchedulerLease, V1TransportKey
-from connectors.v1.events import v1_event_claim, v1_event_try_complete_one, v1_event_try_recover_one, \
-    v1_event_try_run_one
+from connectors.models import (
+    AccountServingGate,
+    V1Account,
+    V1Event,
+    V1ProcessGeneration,
+    V1ProviderCall,
+    V1SchedulerLease,
+    V1TransportKey,
+)
+from connectors.v1.events import (
+    v1_event_claim,
+    v1_event_try_complete_one,
+    v1_event_try_recover_one,
+    v1_event_try_run_one,
+)
 from connectors.v1.generations import v1_release
 from connectors.v1.push import V1PushRefused, v1_push_record
 from cutover.models import CutoverEvidence

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nexusflow.flows.inventory import FLOW_SUFFIX, flow_api_name_of  # noqa: F401  (one naming rule)
+from nexusflow.flows.inventory import FLOW_SUFFIX, flow_api_name_of  # one naming rule
 
 
 def expand(paths: list[str]) -> list[Path]:

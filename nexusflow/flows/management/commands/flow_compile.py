@@ -43,7 +43,7 @@ class Command(BaseCommand):
             self.stdout.write(f"catalog {row.generation_id} digest={row.digest}")
         files, failed = read_flow_files(paths, self.stderr)
         subflows = {name: source for _path, name, source in files}  # subflow elements resolve among these files
-        for path, name, source in files:
+        for _path, name, source in files:
             try:
                 plan = flow_compile_check(source=source, flow_api_name=name, org=scope, subflows=subflows)
             except CompileError as exc:

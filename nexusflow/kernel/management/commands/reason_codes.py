@@ -16,8 +16,8 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 from django.forms.models import model_to_dict
 
-from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.errors import InvalidIdentity
+from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.reasons import REMEDIATIONS, SEVERITY_CLASSES, load_all_reasons
 
 
