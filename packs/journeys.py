@@ -45,10 +45,11 @@ from packs.demo.run import (
     _progress_marker,
     _wait_http,
     db_url,
-    recreate_databases,
+    migrate_databases,
     use_database,
     web_server_argv,
 )
+from packs.demo.schema import create_migrated_databases
 
 ROOT = Path(settings.BASE_DIR)
 #: Pack modules that register journeys (imported by :func:`registry`).
@@ -459,9 +460,9 @@ def run_journey(name: str, *, as_json: bool = False, report_out: dict | None = N
     try:
         started = time.monotonic()
         say(f"journey {name}: recreating databases {', '.join(databases)}")
-        recreate_databases(cfg, list(databases))
-        harness.manage_all(["migrate", "--noinput", "-v0"], ["migrate", "--noinput", "-v0", "--database", "control"],
-                           ["collectstatic", "--noinput", "-v0"])
+        create_migrated_databases(cfg, *databases, migrate=lambda main, control: migrate_databases(
+            {**env, "NEXUS_DB_URL": db_url(cfg, main), "NEXUS_CONTROL_DB_URL": db_url(cfg, control)}))
+        harness.manage_all(["collectstatic", "--noinput", "-v0"])
         say(f"journey {name}: migrated in {time.monotonic() - started:.1f} s")
         journey.stage(harness)
         harness.start_web_and_workers()

@@ -46,12 +46,14 @@ django.setup()
 from django.conf import settings
 
 from packs.demo.run import demo_database_names
+from packs.demo.schema import template_names
 from packs.journeys import journey_database_names
 
 #: The one user ``ensure_mariadb.sh`` creates and grants.
 MANAGED_USER = "nexus"
 MAX_NAME = 64  # MariaDB's identifier limit
 NAME_RULE = re.compile(r"[A-Za-z0-9_]+")
+ANY = "0" * 64  # a migration digest
 TEST_PREFIX = "test_"  # Django's default test database name: "test_" + NAME
 #: pytest-django's suffix for a pytest-xdist worker's test databases (``make test`` TEST_WORKERS, at most ten).
 XDIST_WORKER_SUFFIX = "_gw9"
@@ -65,11 +67,12 @@ def configured_names() -> tuple[str, str]:
 
 def derived_names(main: str, control: str) -> list[str]:
     """Every database the project creates for these names, ``test_`` copies included (no duplicates)."""
-    own = [main, control, *demo_database_names(main), *journey_database_names(main)]
+    # The schema templates' names carry a digest of the migrations; any digest gives names of the same length.
+    own = [main, control, *demo_database_names(main), *journey_database_names(main), *template_names(main, ANY)]
     names = own + [TEST_PREFIX + name for name in own]
     worker = TEST_PREFIX + main + XDIST_WORKER_SUFFIX
     names += [worker, TEST_PREFIX + control + XDIST_WORKER_SUFFIX, *demo_database_names(worker),
-              *journey_database_names(worker)]
+              *journey_database_names(worker), *template_names(worker, ANY)]
     return list(dict.fromkeys(names))
 
 

@@ -33,6 +33,7 @@ from django.conf import settings
 from django.db import connections
 
 from packs.demo.common import DemoError, attention_effects, attention_flow_runs, web_server_argv
+from packs.demo.schema import create_migrated_databases
 
 ROOT = Path(settings.BASE_DIR)
 SERVICE_FILE = ROOT / "packs" / "demo" / "service.json"
@@ -107,6 +108,24 @@ def recreate_databases(cfg: dict, names: list[str]) -> None:
             cursor.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci")
     finally:
         conn.close()
+
+
+def migrate_databases(env: dict) -> None:
+    """``manage.py migrate`` for the ``default`` and the ``control`` database that ``env`` names, side by side.
+
+    Raises:
+        DemoError: either exited non-zero (its output in the message).
+    """
+    running = [(args, subprocess.Popen([sys.executable, "manage.py", *args], cwd=ROOT, env=env, text=True,
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+               for args in (["migrate", "--noinput", "-v0"], ["migrate", "--noinput", "-v0", "--database", "control"])]
+    failed = []
+    for args, proc in running:
+        output, _ = proc.communicate()
+        if proc.returncode != 0:
+            failed.append(f"manage.py {' '.join(args)} failed:\n{output}")
+    if failed:
+        raise DemoError("\n".join(failed))
 
 
 def _manage(args: list[str], env: dict) -> str:
@@ -639,9 +658,8 @@ def run_demo(*, events: str | None, as_json: bool, dump_path: str | None, keep_l
     previous_sigterm = signal.signal(signal.SIGTERM, _terminated) if main_thread else None  # children stop too
     try:
         say(f"demo: recreating databases {main_db}, {control_db}")
-        recreate_databases(cfg, [main_db, control_db])
-        _manage(["migrate", "--noinput", "-v0"], env)
-        _manage(["migrate", "--noinput", "-v0", "--database", "control"], env)
+        create_migrated_databases(cfg, main_db, control_db, migrate=lambda main, control: migrate_databases(
+            {**env, "NEXUS_DB_URL": db_url(cfg, main), "NEXUS_CONTROL_DB_URL": db_url(cfg, control)}))
         _manage(["collectstatic", "--noinput", "-v0"], env)  # the web process serves the admin's assets (WhiteNoise)
         billing_url = start_billing_sandbox(procs, env=env, run_dir=run_dir)
         service_activate(service, env=env, run_dir=run_dir, billing_url=billing_url, say=lambda m: say(f"demo: {m}"))
