@@ -50,7 +50,7 @@ def _is_template(name: str, main: str) -> bool:
 
 def _connect(cfg: dict):
     return MySQLdb.connect(host=cfg["HOST"] or "127.0.0.1", port=int(cfg["PORT"] or 3306), user=cfg["USER"],
-                           password=cfg["PASSWORD"], charset="utf8mb4")
+                           password=cfg["PASSWORD"], charset="utf8mb4", autocommit=True)
 
 
 def _complete(cursor, names: tuple[str, ...]) -> bool:

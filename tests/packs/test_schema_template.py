@@ -39,6 +39,7 @@ def _migrate_into(cursor, calls: list):
                        "CONSTRAINT child_parent FOREIGN KEY (parent_id) REFERENCES parent (id))")
         cursor.execute(f"INSERT INTO `{main}`.parent VALUES (1, 'a')")
         cursor.execute(f"CREATE TABLE `{control}`.journal (id INT PRIMARY KEY)")
+        cursor.execute(f"INSERT INTO `{control}`.journal VALUES (7)")
     return migrate
 
 
@@ -68,6 +69,8 @@ def test_the_first_run_migrates_a_template_and_every_run_copies_its_tables_keys_
     assert _shape(cursor, main) == {"tables": ["child", "parent"], "foreign": ((  "child_parent", "parent", main),),
                                     "checks": ["state_known"]}
     assert _shape(cursor, control)["tables"] == ["journal"]
+    cursor.execute(f"SELECT id FROM `{control}`.journal")  # the last database copied keeps its rows too
+    assert cursor.fetchall() == ((7,),)
     cursor.execute(f"SELECT id, state FROM `{main}`.parent")
     assert cursor.fetchall() == ((1, "a"),)
     cursor.execute(f"SELECT COUNT(*) FROM `{main}`.child")
