@@ -45,6 +45,7 @@ from packs.demo.run import (
     _progress_marker,
     _wait_http,
     db_url,
+    manage_failures,
     migrate_databases,
     use_database,
     web_server_argv,
@@ -152,16 +153,7 @@ class Harness:
         Raises:
             JourneyError: any of them exited non-zero.
         """
-        import subprocess
-
-        running = [(args, subprocess.Popen([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env,
-                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-                   for args in commands]
-        failed = []
-        for args, proc in running:
-            output, _ = proc.communicate()
-            if proc.returncode != 0:
-                failed.append(f"manage.py {' '.join(args)} failed:\n{output}")
+        failed = manage_failures(commands, self.env)
         if failed:
             raise JourneyError("\n".join(failed))
 

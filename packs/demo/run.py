@@ -110,20 +110,30 @@ def recreate_databases(cfg: dict, names: list[str]) -> None:
         conn.close()
 
 
+def manage_failures(commands: Sequence[list[str]], env: dict) -> list[str]:
+    """Run the ``manage.py`` ``commands`` side by side with ``env``; one message per command that exited non-zero.
+
+    Each message names the command and holds its output (stdout and stderr).
+    """
+    running = [(args, subprocess.Popen([sys.executable, "manage.py", *args], cwd=ROOT, env=env, text=True,
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+               for args in commands]
+    failed = []
+    for args, proc in running:
+        output, _ = proc.communicate()
+        if proc.returncode != 0:
+            failed.append(f"manage.py {' '.join(args)} failed:\n{output}")
+    return failed
+
+
 def migrate_databases(env: dict) -> None:
     """``manage.py migrate`` for the ``default`` and the ``control`` database that ``env`` names, side by side.
 
     Raises:
         DemoError: either exited non-zero (its output in the message).
     """
-    running = [(args, subprocess.Popen([sys.executable, "manage.py", *args], cwd=ROOT, env=env, text=True,
-                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-               for args in (["migrate", "--noinput", "-v0"], ["migrate", "--noinput", "-v0", "--database", "control"])]
-    failed = []
-    for args, proc in running:
-        output, _ = proc.communicate()
-        if proc.returncode != 0:
-            failed.append(f"manage.py {' '.join(args)} failed:\n{output}")
+    failed = manage_failures([["migrate", "--noinput", "-v0"], ["migrate", "--noinput", "-v0", "--database", "control"]],
+                             env)
     if failed:
         raise DemoError("\n".join(failed))
 

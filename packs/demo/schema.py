@@ -59,10 +59,9 @@ def _complete(cursor, names: tuple[str, ...]) -> bool:
     return cursor.fetchone()[0] == len(names)
 
 
-def _recreate(cursor, name: str, comment: str | None = None) -> None:
+def _recreate(cursor, name: str) -> None:
     cursor.execute(f"DROP DATABASE IF EXISTS `{name}`")
-    extra = f" COMMENT '{comment}'" if comment else ""
-    cursor.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci{extra}")
+    cursor.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci")
 
 
 def _copy(cursor, source: str, target: str) -> None:

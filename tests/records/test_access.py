@@ -426,15 +426,10 @@ def test_inbound_application_creates_records_owned_by_the_integration_user(clien
 @pytest.fixture
 def restricted_view(settings, tmp_path):
     """The project's metadata with ``Contact.lastname`` readable by ``integration_admin`` only, and a declared user."""
-    import shutil
-    from pathlib import Path
-
     from nexusflow.records.metadata import current_view
+    from tests.records.conftest import project_objects_copy
 
-    objects = tmp_path / "metadata" / "objects"
-    objects.mkdir(parents=True)
-    for path in (Path(settings.BASE_DIR) / "metadata" / "objects").glob("*.object.json"):
-        shutil.copy(path, objects / path.name)
+    objects = project_objects_copy(settings, tmp_path)
     contact = json.loads((objects / "Contact.object.json").read_text())
     for field in contact["fields"]:
         if field["name"] == "lastname":
