@@ -37,6 +37,7 @@ from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.ids import require_id
+from nexusflow.kernel.rows import first_row
 from nexusflow.kernel.scope import TrustedRuntimeWorkScope
 
 from .models import InboxAcceptance, OutboxMessage
@@ -370,7 +371,7 @@ def publish(scope: TrustedRuntimeWorkScope, family: str, key: str, payload: Mapp
     version, stored, digest = seal(family, key, payload)
     if command is not None and scope_of(command) != scope:
         raise OutboxConflict(f"{family}: the command is of another work scope", code="outbox_scope_conflict")
-    existing = OutboxMessage.objects.filter(family=family, message_key=key).first()
+    existing = first_row(OutboxMessage, family=family, message_key=key)
     if existing is None:
         try:
             with transaction.atomic():
@@ -381,7 +382,7 @@ def publish(scope: TrustedRuntimeWorkScope, family: str, key: str, payload: Mapp
                     payload_digest=digest, command=command, state="pending")
         except IntegrityError:
             # A concurrent producer committed the same key first: compare with its row.
-            existing = OutboxMessage.objects.filter(family=family, message_key=key).first()
+            existing = first_row(OutboxMessage, family=family, message_key=key)
             if existing is None:
                 raise
     if scope_of(existing) != scope:
@@ -406,7 +407,7 @@ def deliver(envelope: Envelope) -> None:
     """
     REGISTRY.consumer(envelope.family)(envelope)
     if REGISTRY.family(envelope.family).inbox:
-        row = InboxAcceptance.objects.filter(org_id=envelope.scope.org_id, message_key=envelope.message_key).first()
+        row = first_row(InboxAcceptance, org_id=envelope.scope.org_id, message_key=envelope.message_key)
         if row is None or row.state != "accepted" or _fence_mismatch(
                 _fence_of(row), envelope.scope, envelope.family, envelope.payload_digest, envelope.outbox_message_id):
             raise AcceptanceMissing(f"{envelope.family} message {envelope.outbox_message_id}: no matching "
@@ -563,7 +564,7 @@ def inbox_reject_if_unaccepted(*, scope: TrustedRuntimeWorkScope, family: str, m
                 if existing is not None:
                     _check_fence(existing, scope, family, payload_digest, outbox_message_id)
                     return existing
-                message = OutboxMessage.objects.filter(family=family, message_key=message_key).first()
+                message = first_row(OutboxMessage, family=family, message_key=message_key)
                 if message is None or _fence_mismatch(
                         (scope_of(message), message.family, message.pk, message.payload_digest), scope, family,
                         payload_digest, outbox_message_id):

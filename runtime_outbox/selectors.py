@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from nexusflow.kernel.ids import require_id
+from nexusflow.kernel.rows import first_row
 
 from .models import ApplicationResult, IntentResultReceipt, OutboundCommand, OutboxMessage
 from .transitions import OUTBOX_MESSAGE
@@ -14,11 +15,11 @@ def intent_result_receipt_for(*, org_id: str, command_id: OutboundCommand.Id | i
         InvalidIdentity: ``command_id`` is not an OutboundCommand id (or a positive int).
     """
     command_id = require_id(command_id, OutboundCommand, field="command_id")
-    return IntentResultReceipt.objects.filter(org_id=org_id, command_id=command_id).first()
+    return first_row(IntentResultReceipt, org_id=org_id, command_id=command_id)
 
 
 def application_result_for(*, org_id: str, command_id: str) -> ApplicationResult | None:
-    return ApplicationResult.objects.filter(org_id=org_id, command_id=command_id).first()
+    return first_row(ApplicationResult, org_id=org_id, command_id=command_id)
 
 
 def pending_intents_for_record(*, org_id: str, source_object: str, source_record_key: str):

@@ -17,6 +17,7 @@ from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import PROFILE_V2, digest_v2
 from nexusflow.kernel.errors import NexusError, StaleVersion
 from nexusflow.kernel.models import insert
+from nexusflow.kernel.rows import first_row
 from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
 
 from . import commands, handoff, messages, ports, replay_guard
@@ -54,7 +55,7 @@ def application_command_submit(*, org_id: str, command_id: str, execution_ref_di
         UnknownCommand: the route names an unknown application command.
     """
     for _ in range(5):
-        existing = ApplicationResult.objects.filter(org_id=org_id, command_id=command_id).first()
+        existing = first_row(ApplicationResult, org_id=org_id, command_id=command_id)
         if existing is not None:
             if existing.execution_ref_digest != execution_ref_digest:
                 raise ResultMismatch(f"command {command_id} has no result for this ExecutionRef")
@@ -91,7 +92,7 @@ def application_command_apply(*, org_id: str, command_id: str, execution_ref_dig
     """
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("an application command is applied inside the Runtime application transaction")
-    existing = ApplicationResult.objects.filter(org_id=org_id, command_id=command_id).first()
+    existing = first_row(ApplicationResult, org_id=org_id, command_id=command_id)
     if existing is not None:
         if existing.execution_ref_digest != execution_ref_digest:
             raise ResultMismatch(f"command {command_id} has no result for this ExecutionRef")
@@ -172,7 +173,7 @@ def outbound_command_author(*, scope: TrustedRuntimeWorkScope, effect_root_id: s
                                 f"transaction first (record_lock / record_lock_owner)")
     replay_guard.outbound_authoring_check(org_id=scope.org_id, origin_flow_run_id=origin_flow_run_id)
     key = intent_idempotency_key(scope, effect_root_id, effect_slot_id, effect_generation_id)
-    existing = OutboundCommand.objects.filter(idempotency_key=key).first()
+    existing = first_row(OutboundCommand, idempotency_key=key)
     if existing is not None:
         if (existing.org_id, existing.contract_key, existing.source_object, existing.source_record_key) != (
                 scope.org_id, contract_key, record.object_name, record.record_key):
@@ -258,7 +259,7 @@ def outbound_command_author_successor(*, org_id: str, predecessor_command_id: in
     if not actor.strip() or not reason.strip():
         raise SuccessorRefused("a successor needs the authorizing actor and a reason", code="successor_unauthorized")
     predecessor = OutboundCommand.objects.get(org_id=org_id, pk=predecessor_command_id)
-    existing = OutboundCommand.objects.filter(org_id=org_id, predecessor=predecessor).first()
+    existing = first_row(OutboundCommand, org_id=org_id, predecessor=predecessor)
     if existing is not None:
         return existing, False
     scope = TrustedRuntimeWorkScope(predecessor.org_id, predecessor.app_installation_id,
@@ -284,7 +285,7 @@ def _author_successor(org_id: str, scope: TrustedRuntimeWorkScope, predecessor: 
                                    f"{predecessor.source_object}/{predecessor.source_record_key} no longer exists",
                                    code="predecessor_source_deleted") from None
         # Under the record lock: a concurrent request that minted the successor first has committed.
-        existing = OutboundCommand.objects.filter(org_id=org_id, predecessor=predecessor).first()
+        existing = first_row(OutboundCommand, org_id=org_id, predecessor=predecessor)
         if existing is not None:
             return existing, False
         # ``no_effect`` is terminal: once read committed it cannot change, so the
@@ -378,7 +379,7 @@ def outbox_deliver_now(*, org_id: str, message_id: int) -> bool:
     if transaction.get_connection().in_atomic_block:
         raise RuntimeError("outbox delivery runs outside any transaction")
     message_id = require_id(message_id, OutboxMessage, field="message_id")
-    message = OutboxMessage.objects.filter(org_id=org_id, pk=message_id).first()
+    message = first_row(OutboxMessage, org_id=org_id, pk=message_id)
     if message is None or message.state != "pending":
         return message is not None and message.state == "delivered"
     now = db_now()
@@ -512,7 +513,7 @@ def intent_result_record(*, command: OutboundCommand, outcome: str, remote_id: s
     """
     if outcome not in INTENT_RESULT_OUTCOMES:
         raise ValueError(f"{outcome!r} is not an intent result outcome")
-    existing = IntentResultReceipt.objects.filter(command=command).first()
+    existing = first_row(IntentResultReceipt, command=command)
     if existing is not None:
         if (existing.outcome, existing.remote_id) != (outcome, remote_id):
             raise IntentMismatch(f"command {command.pk} already completed as {existing.outcome}")

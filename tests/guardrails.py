@@ -168,6 +168,8 @@ def _docstrings(tree: ast.AST) -> set[int]:
 # --- 2. no unscoped read by id ------------------------------------------------
 #: Queryset methods whose keyword arguments select rows.
 READ_METHODS = frozenset({"get", "filter", "exclude", "get_or_create", "update_or_create", "in_bulk"})
+#: The kernel's row readers (nexusflow/kernel/rows.py): ``first_row(Model, **filters)`` is a ``filter`` of ``Model``.
+ROW_READERS = frozenset({"first_row", "every_row"})
 #: Keyword arguments of those methods that are not lookups.
 NON_LOOKUP_KWARGS = frozenset({"defaults", "create_defaults", "field_name", "id_list", "batch_size"})
 #: Lookups that constrain the tenant.
@@ -278,10 +280,14 @@ def check_unscoped_reads(source: str, path: str, models: dict[str, ModelFacts]) 
         return scoped, None
 
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and node.func.attr in READ_METHODS):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ROW_READERS
+                and node.args and isinstance(node.args[0], ast.Name)):
+            # ``first_row(Model, **filters)`` (nexusflow/kernel/rows.py) reads as ``Model.objects.filter(...)``.
+            scoped, model_name = call_scoped(node), node.args[0].id
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in READ_METHODS:
+            scoped, model_name = chain_facts(node, frozenset()) or (False, None)
+        else:
             continue
-        scoped, model_name = chain_facts(node, frozenset()) or (False, None)
         facts = models.get(model_name) if model_name else None
         if model_name and facts is None:
             continue  # ``X.objects`` of something that is not a project model
@@ -295,17 +301,21 @@ def check_unscoped_reads(source: str, path: str, models: dict[str, ModelFacts]) 
             field = kw.arg.split("__", 1)[0]
             if field in {"pk", "id"} or field in fk_columns:
                 selectors.append(kw.arg)
-        if node.func.attr == "in_bulk":
+        method = node.func.id if isinstance(node.func, ast.Name) else node.func.attr
+        if method == "in_bulk":
             selectors.append("in_bulk")
         if selectors and not scoped:
             where = model_name or ast.unparse(node.func.value)[:40]
             found.append(Violation(path, node.lineno, "unscoped-read",
-                                   f"{where}.{node.func.attr}({', '.join(selectors)}) without org_id"))
+                                   f"{where}.{method}({', '.join(selectors)}) without org_id"))
     return found
 
 
 # --- 3. raw SQL only in stores and selectors ----------------------------------
 RAW_SQL_FILES = frozenset({"store.py", "selectors.py"})
+#: The kernel's row primitive, below every store: it builds each model's SELECT and INSERT once
+#: (docs/performance.md "Rows without a compiled queryset").
+RAW_SQL_PATHS = frozenset({"nexusflow/kernel/rows.py"})
 SQL_STATEMENT = re.compile(
     r"\bSELECT\b[\s\S]*\bFROM\b|\bUPDATE\s+\S+\s+SET\b|\bINSERT\s+(?:IGNORE\s+)?INTO\b|\bDELETE\s+FROM\b"
     r"|\bREPLACE\s+INTO\b"
@@ -344,7 +354,7 @@ def check_raw_sql(source: str, path: str) -> list[Violation]:
         SyntaxError: ``source`` does not parse.
     """
     parts = path.split("/")
-    if parts[-1] in RAW_SQL_FILES or "migrations" in parts:
+    if parts[-1] in RAW_SQL_FILES or path in RAW_SQL_PATHS or "migrations" in parts:
         return []
     tree = ast.parse(source)
     docstrings = _docstrings(tree)

@@ -79,6 +79,11 @@ def _unscoped(source: str) -> list[tuple[int, str]]:
     return [(v.line, v.detail) for v in check_unscoped_reads(source, "connectors/x.py", _facts())]
 
 
+def test_an_unscoped_row_reader_is_caught():
+    assert _unscoped("first_row(RemoteEffect, pk=e)") == [(1, "RemoteEffect.first_row(pk) without org_id")]
+    assert _unscoped("first_row(RemoteEffect, org_id=o, pk=e)") == []
+
+
 def test_an_unscoped_read_by_id_is_caught():
     broken = "def load(effect_id):\n    return RemoteEffect.objects.select_related('command').get(pk=effect_id)\n"
     assert _unscoped(broken) == [(2, "RemoteEffect.get(pk) without org_id")]

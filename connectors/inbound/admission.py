@@ -45,6 +45,7 @@ from nexusflow.kernel.errors import InvalidIdentity, NexusError
 from nexusflow.kernel.identity import canonical_locator
 from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.models import insert
+from nexusflow.kernel.rows import first_row
 
 log = logging.getLogger(__name__)
 
@@ -350,8 +351,8 @@ def _receipt_complete(org_id: str, receipt_id) -> bool:
 def _admit_locked(org_id, account_key, channel, route, body, items, transport_key, identity) -> AdmissionResult:
     with transaction.atomic(durable=True):
         ctx = serving_lock(org_id=org_id, account_key=account_key)
-        existing = ReceiptAdmissionKey.objects.filter(
-            org_id=org_id, account_key=account_key, channel=channel, transport_key=transport_key).first()
+        existing = first_row(ReceiptAdmissionKey, 
+            org_id=org_id, account_key=account_key, channel=channel, transport_key=transport_key)
         if existing is not None:
             if existing.identity_digest != identity:
                 raise AdmissionConflict("this transport key was admitted with different content")
@@ -453,8 +454,8 @@ def _materialize_items(org_id, account_key, ctx, route, receipt, items: list[_It
                    reason_code=item.reason, item=item.raw)
             quarantined += 1
             continue
-        event = Event.objects.filter(org_id=org_id, account_key=account_key,
-                                     source_event_key=item.source_event_key, event_generation="live").first()
+        event = first_row(Event, org_id=org_id, account_key=account_key,
+                                     source_event_key=item.source_event_key, event_generation="live")
         if event is not None:
             insert(ReceiptComponent, receipt=receipt, ordinal=item.ordinal, disposition="duplicate",
                    item=item.raw, event=event)
@@ -488,7 +489,7 @@ def _materialize(org_id, account_key, epoch, route, account, ordering, receipt, 
     input_digest = event.payload_digest
     lane = None
     if ordering["ordering"]["contract"] != "order_independent":
-        lane = OrderingLane.objects.filter(epoch=epoch, route_key=route["route_key"], partition_key=partition_key).first()
+        lane = first_row(OrderingLane, epoch=epoch, route_key=route["route_key"], partition_key=partition_key)
         if lane is None:
             lane = OrderingLaneStore.create(org_id=org_id, epoch=epoch, account_key=account_key,
                                             route_key=route["route_key"], partition_key=partition_key,

@@ -42,6 +42,7 @@ from nexusflow.kernel.logs import log_context
 from nexusflow.kernel.models import insert
 from nexusflow.kernel.pressure import mutation_admission
 from nexusflow.kernel.retry import retry_deadlock_victim
+from nexusflow.kernel.rows import first_row
 from runtime_outbox.policy import runtime_policy
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ def execution_try_claim_one(*, worker_id: str) -> Claim | None:
     """
     now = db_now()
     for org_id, lane_id in candidate_lanes(now):
-        lane = OrderingLane.objects.filter(org_id=org_id, pk=lane_id).first()
+        lane = first_row(OrderingLane, org_id=org_id, pk=lane_id)
         if lane is None:
             continue
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from connectors.models import RemoteLink
 from connectors.store import RemoteLinkStore
 from nexusflow.kernel.digests import digest_v2
+from nexusflow.kernel.rows import first_row
 
 INBOUND_ACTION_TYPE = "InboundUpsert"
 PUSH_ACTION_TYPE = "PushToConnector"
@@ -55,8 +56,8 @@ def serving_remote_scope(*, org_id: str, account_key: str) -> str:
 def inbound_link_find(*, org_id: str, owner_key: str, destination_slot_id: str, remote_scope: str,
                       remote_id: str) -> RemoteLink | None:
     """The non-retired link holding ``remote_id`` in that slot, if any (byte-exact)."""
-    return RemoteLink.objects.filter(org_id=org_id, owner_key=owner_key, destination_slot_id=destination_slot_id,
-                                     remote_scope=remote_scope, live_remote_id=remote_id).first()
+    return first_row(RemoteLink, org_id=org_id, owner_key=owner_key, destination_slot_id=destination_slot_id,
+                                     remote_scope=remote_scope, live_remote_id=remote_id)
 
 
 def inbound_link_create(*, org_id: str, owner_key: str, route_key: str, destination_slot_id: str, source_object: str,
@@ -78,7 +79,7 @@ def inbound_link_create(*, org_id: str, owner_key: str, route_key: str, destinat
 
 
 def link_for_key(*, org_id: str, link_key: str) -> RemoteLink | None:
-    return RemoteLink.objects.filter(org_id=org_id, link_key=link_key).first()
+    return first_row(RemoteLink, org_id=org_id, link_key=link_key)
 
 
 def record_links_describe(*, org_id: str, object_name: str, record_key: str) -> list[dict]:

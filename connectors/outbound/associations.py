@@ -33,6 +33,7 @@ from connectors.links.link_keys import PUSH_ACTION_TYPE, effect_remote_scope, li
 from connectors.models import RemoteEffect, RemoteLink
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.identity import validate_key
+from nexusflow.kernel.rows import first_row
 
 #: The lane of every push except a create waiting for a ``create_inline`` target (seed 002, schema default).
 CONFIGURED = "configured"
@@ -220,8 +221,8 @@ def association_resolve(*, effect, binding: dict, pack_document: dict, contract:
 def _live_vector(effect, entries: list[dict]) -> list[str]:
     from nexusflow.records.models import Record
 
-    record = Record.objects.filter(org_id=effect.org_id, object_name=effect.command.source_object,
-                                   record_key=effect.command.source_record_key, is_deleted=False).first()
+    record = first_row(Record, org_id=effect.org_id, object_name=effect.command.source_object,
+                                   record_key=effect.command.source_record_key, is_deleted=False)
     fields = record.fields if record is not None else {}
     return [fields.get(entry["source_field"]) or "" for entry in entries]
 
@@ -234,7 +235,7 @@ def _target(effect, pack_document: dict, owner_key: str, contract_key: str, sour
     if not _target_record_exists(effect.org_id, target["source_object"], source_id):
         return UNRESOLVED, {"why": "target_record_deleted"}
     key = target_link_key(owner_key=owner_key, target=target, source_record_key=source_id)
-    link = RemoteLink.objects.filter(org_id=effect.org_id, link_key=key).first()
+    link = first_row(RemoteLink, org_id=effect.org_id, link_key=key)
     if link is None:
         # The target's own create ended without a link and nobody superseded it: waiting cannot end.
         failed = RemoteEffect.objects.filter(org_id=effect.org_id, create_slot=key,

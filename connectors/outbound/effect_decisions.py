@@ -32,6 +32,7 @@ from connectors.contracts import outcomes
 from connectors.models import RemoteEffect, RemoteLink
 from connectors.store import RemoteEffectStore, RemoteLinkStore
 from nexusflow.kernel.errors import NexusError
+from nexusflow.kernel.rows import first_row
 
 
 class EffectOperationRefused(NexusError):
@@ -105,7 +106,7 @@ def effect_reconcile(*, org_id: str, effect_id: int, outcome: str, actor: str, n
                 except EgressRefused as exc:
                     raise EffectOperationRefused(str(exc), code="remote_id_conflict") from None
             else:
-                link = RemoteLink.objects.filter(org_id=org_id, link_key=effect.link_key).first()
+                link = first_row(RemoteLink, org_id=org_id, link_key=effect.link_key)
                 if link is None or link.remote_id != remote_id:
                     raise EffectOperationRefused(f"the link of this slot names {link.remote_id if link else None!r}, "
                                                  f"not {remote_id!r}", code="remote_id_conflict")

@@ -24,6 +24,7 @@ from connectors.store import (
     RemoteLinkStore,
 )
 from nexusflow.kernel import failpoints, locks
+from nexusflow.kernel.rows import first_row
 from nexusflow.kernel.scope import OrgScope
 
 log = logging.getLogger(__name__)
@@ -78,10 +79,10 @@ def effect_try_finalize_one(*, lanes: tuple[str, ...] = KNOWN_LANES) -> bool:
         effect = RemoteEffectStore.lock(effect.org_id, effect.pk)
         if effect.state != "remote_confirmed":
             return True
-        link = RemoteLink.objects.filter(org_id=effect.org_id, link_key=effect.link_key).first()
+        link = first_row(RemoteLink, org_id=effect.org_id, link_key=effect.link_key)
         if link is not None:
             link = RemoteLinkStore.lock(link.org_id, link.pk)
-        receipt = IntentResultReceipt.objects.filter(org_id=effect.org_id, command_id=command.pk).first()
+        receipt = first_row(IntentResultReceipt, org_id=effect.org_id, command_id=command.pk)
         if receipt is not None:
             # Runtime already completed this intent: finish Connector's own bookkeeping from that exact
             # receipt (seed 000 lost-response replay), whatever became of the link or the record since.

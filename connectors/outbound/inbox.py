@@ -14,6 +14,7 @@ from django.db import transaction
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.logs import log_context
+from nexusflow.kernel.rows import first_row
 from runtime_outbox import messages
 from runtime_outbox.models import OutboundCommand
 
@@ -65,7 +66,7 @@ def _envelope_command(envelope: messages.Envelope) -> OutboundCommand:
         command_id = require_id(envelope.payload.get("command_id"), OutboundCommand, field="command_id")
     except NexusError as exc:
         raise InboxEnvelopeMismatch(f"{envelope.family} message {envelope.outbox_message_id}: {exc}") from None
-    command = OutboundCommand.objects.filter(org_id=scope.org_id, pk=command_id).first()
+    command = first_row(OutboundCommand, org_id=scope.org_id, pk=command_id)
     if command is None:
         raise InboxEnvelopeMismatch(f"{envelope.family} message {envelope.outbox_message_id}: no such intent")
     family, key, payload = messages.command_message(command)

@@ -22,6 +22,7 @@ from connectors.store import RemoteEffectStore
 from nexusflow.kernel import canonical_json
 from nexusflow.kernel.digests import PROFILE_V2, digest_v2
 from nexusflow.kernel.errors import NexusError
+from nexusflow.kernel.rows import first_row
 
 
 class PushContractError(NexusError):
@@ -245,7 +246,7 @@ def remote_effect_find_or_create(*, command) -> RemoteEffect:
     """
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("the remote effect is created inside the accepting transaction")
-    existing = RemoteEffect.objects.filter(org_id=command.org_id, command=command).first()
+    existing = first_row(RemoteEffect, org_id=command.org_id, command=command)
     if existing is None:
         slot = command.frozen_binding.get("slot") or {}
         try:
@@ -292,7 +293,7 @@ def _supersede_predecessor_create(command) -> int:
     """
     if command.predecessor_id is None:
         return 1
-    predecessor = RemoteEffect.objects.filter(org_id=command.org_id, command_id=command.predecessor_id).first()
+    predecessor = first_row(RemoteEffect, org_id=command.org_id, command_id=command.predecessor_id)
     if predecessor is None:
         return 1
     predecessor = RemoteEffectStore.lock(command.org_id, predecessor.pk)
@@ -333,7 +334,7 @@ def predecessor_effect_read(*, org_id: str, command):
     """
     from runtime_outbox.ports import PredecessorEffect
 
-    effect = RemoteEffect.objects.filter(org_id=org_id, command=command).first()
+    effect = first_row(RemoteEffect, org_id=org_id, command=command)
     if effect is None:
         return None
     return PredecessorEffect(int(effect.pk), effect.state, proven_no_effect(effect))

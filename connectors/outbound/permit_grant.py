@@ -50,6 +50,7 @@ from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.errors import InvalidIdentity, StaleVersion
 from nexusflow.kernel.identity import canonical_locator
+from nexusflow.kernel.rows import first_row
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +185,7 @@ def _plan_request(effect: RemoteEffect, binding: dict, contract: dict):
     mapping revalidation) either commits first and is seen here, or waits for
     this grant and then sees the effect in flight.
     """
-    link = RemoteLink.objects.filter(org_id=effect.org_id, link_key=effect.link_key).first()
+    link = first_row(RemoteLink, org_id=effect.org_id, link_key=effect.link_key)
     if link is not None:
         link = RemoteLinkStore.lock(link.org_id, link.pk)
     body = encode_body(contract, effect.command.request_fields)
@@ -237,8 +238,8 @@ def _legacy_remote_id(effect: RemoteEffect, contract: dict) -> str | None:
                           *contract.get("legacy_mirror_fields", [])] if f]
     if not fields or not V1MaintenanceBarrier.objects.filter(org_id=effect.org_id).exists():
         return None
-    record = Record.objects.filter(org_id=effect.org_id, object_name=effect.command.source_object,
-                                   record_key=effect.command.source_record_key).first()
+    record = first_row(Record, org_id=effect.org_id, object_name=effect.command.source_object,
+                                   record_key=effect.command.source_record_key)
     mirrors = (record.mirrors or {}) if record is not None else {}
     return next((f for f in fields if mirrors.get(f)), None)
 

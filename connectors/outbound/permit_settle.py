@@ -44,6 +44,7 @@ from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.errors import InvalidIdentity, StaleVersion
 from nexusflow.kernel.identity import canonical_locator
+from nexusflow.kernel.rows import first_row
 
 log = logging.getLogger(__name__)
 
@@ -296,7 +297,7 @@ def link_create(effect: RemoteEffect, contract: dict, remote_id: str) -> None:
                 mapping_fingerprint=snapshot["mapping_fingerprint"], body_fingerprint=snapshot["body_fingerprint"],
                 last_pushed_version=effect.lane_sequence)
     except IntegrityError:
-        existing = RemoteLink.objects.filter(org_id=effect.org_id, link_key=effect.link_key).first()
+        existing = first_row(RemoteLink, org_id=effect.org_id, link_key=effect.link_key)
         if existing is not None and existing.remote_id == remote_id:
             return
         holder = RemoteLink.objects.filter(

@@ -44,6 +44,7 @@ from connectors.store import (
 from connectors.workers import holder_termination_proof, record_holder_termination
 from nexusflow.kernel import locks
 from nexusflow.kernel.clock import db_now
+from nexusflow.kernel.rows import first_row
 from nexusflow.kernel.tls import tls_context
 
 log = logging.getLogger(__name__)
@@ -181,8 +182,8 @@ def _verify_read(effect: RemoteEffect, binding: dict, contract: dict, profile: d
     frozen = binding.get("credential_generation")
     try:
         if frozen:
-            gate = CredentialGenerationDispatchGate.objects.filter(org_id=effect.org_id,
-                                                                   credential_generation_id=frozen["id"]).first()
+            gate = first_row(CredentialGenerationDispatchGate, org_id=effect.org_id,
+                                                                   credential_generation_id=frozen["id"])
             if gate is None or gate.state != "enabled":
                 return VerifyRead(None, b"", "credential generation not enabled")
         if profile.get("auth", {}).get("kind") == "bearer":

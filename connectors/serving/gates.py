@@ -20,6 +20,7 @@ from connectors.serving.generations import ConfigurationError, service_configura
 from connectors.store import AccountServingGateStore, ServingEpochStore
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.models import insert
+from nexusflow.kernel.rows import first_row
 
 #: Seconds a caller waits before retrying work the account does not admit now (HTTP ``Retry-After``).
 RETRY_AFTER_SECONDS = 5
@@ -65,7 +66,7 @@ def resolve_frozen_secret(*, org_id: str, frozen: dict) -> bytes:
         CredentialUnavailable: the generation is gone, its digest or version
             reference differs from the frozen one, or the exact version file is unreadable.
     """
-    credential = CredentialGeneration.objects.filter(org_id=org_id, pk=frozen["id"]).first()
+    credential = first_row(CredentialGeneration, org_id=org_id, pk=frozen["id"])
     if credential is None or credential.digest != frozen.get("digest") \
             or credential.secret_version != frozen.get("secret_version"):
         raise CredentialUnavailable(f"credential generation {frozen['id']} does not match its frozen reference")

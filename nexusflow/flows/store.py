@@ -9,10 +9,7 @@ links); taking a lower-ranked lifecycle row after a higher one raises
 """
 from __future__ import annotations
 
-import datetime as dt
-
 from nexusflow.kernel import canonical_json, locks
-from nexusflow.kernel.clock import db_now_sql
 from nexusflow.kernel.errors import FenceRejected, IllegalTransition
 from nexusflow.kernel.models import insert
 from nexusflow.kernel.store import CasStore
@@ -53,101 +50,10 @@ def note_lifecycle_rank(rank: int, label: str, using: str = "default") -> None:
 
 
 class _FlowCasStore(CasStore):
-    """A Flow lifecycle store. Its locking reads are :class:`CasStore`'s (same lock-order notes, same rows,
-    same errors) sent as one precompiled ``SELECT <every column> ... FOR UPDATE`` per row shape instead of a
-    queryset compiled for each call: they are on every claim, start and step transaction (docs/performance.md
-    "Flow runs: wake hints and fewer round trips")."""
+    """A Flow lifecycle store: :class:`CasStore`'s locking reads (one ``SELECT <every column> ... FOR UPDATE``
+    built once per model, :mod:`nexusflow.kernel.rows`) at its position in the lifecycle sub-order."""
 
     lock_class = locks.LockClass.FLOW_LIFECYCLE
-
-    @classmethod
-    def _select_sql(cls) -> str:
-        cached = cls.__dict__.get("_select_sql_cache")
-        if cached is None:
-            columns = ", ".join(f"`{f.column}`" for f in cls.model._meta.concrete_fields)
-            cached = f"SELECT {columns}{{extra}} FROM `{cls.model._meta.db_table}` WHERE {{where}} FOR UPDATE"
-            cls._select_sql_cache = cached
-        return cached
-
-    @classmethod
-    def _locked_rows(cls, where: str, params: list, *, extra: str = "", extra_params=(), mode: str = "") -> list:
-        sql = cls._select_sql().format(extra=extra, where=where) + mode
-        return list(cls.model.objects.db_manager(cls.db()).raw(sql, [*extra_params, *params]))
-
-    @classmethod
-    def lock(cls, org_id: str, pk: int, *, nowait: bool = False):
-        """Lock and return one row by ``(org_id, id)`` (see :meth:`CasStore.lock`).
-
-        Raises:
-            InvalidIdentity: ``pk`` is an id of another model, a bool or not a positive int (before SQL).
-            Model.DoesNotExist: no such row in that org.
-            django.db.OperationalError: ``nowait`` and the row is locked.
-        """
-        pk = cls._noted_id(org_id, pk, nowait=nowait)
-        rows = cls._locked_rows("`id` = %s AND `org_id` = %s", [int(pk), org_id], mode=" NOWAIT" if nowait else "")
-        if not rows:
-            raise cls.model.DoesNotExist(f"{cls.model.__name__} {int(pk)} does not exist in that org")
-        return rows[0]
-
-    @classmethod
-    def lock_at_clock(cls, org_id: str, pk: int):
-        """Lock one row like :meth:`lock` and read the database clock in the same statement
-        (see :meth:`CasStore.lock_at_clock`).
-
-        Returns:
-            ``(row, now)``: ``now`` is the clock of :func:`nexusflow.kernel.clock.db_now_sql` (aware UTC).
-
-        Raises:
-            as :meth:`lock`.
-        """
-        pk = cls._noted_id(org_id, pk)
-        clock = db_now_sql()
-        rows = cls._locked_rows("`id` = %s AND `org_id` = %s", [int(pk), org_id],
-                                extra=f", ({clock.sql}) AS `db_clock_at_lock`", extra_params=clock.params)
-        if not rows:
-            raise cls.model.DoesNotExist(f"{cls.model.__name__} {int(pk)} does not exist in that org")
-        now = rows[0].db_clock_at_lock
-        return rows[0], now if now.tzinfo is not None else now.replace(tzinfo=dt.UTC)
-
-    @classmethod
-    def lock_many(cls, org_id: str, pks, *, skip_locked: bool = False) -> list:
-        """Lock the rows ``pks`` of ``org_id`` in one statement, in ascending id order (see
-        :meth:`CasStore.lock_many`).
-
-        Raises:
-            InvalidIdentity: an id of another model or not a positive int (before SQL).
-            LockOrderViolation: taken after a higher position (mode ``raise``).
-        """
-        ids = cls._noted_ids(org_id, pks)
-        if not ids:
-            return []
-        marks = ", ".join(["%s"] * len(ids))
-        return cls._locked_rows(f"`org_id` = %s AND `id` IN ({marks}) ORDER BY `id`", [org_id, *ids],
-                                mode=" SKIP LOCKED" if skip_locked else "")
-
-    @classmethod
-    def lock_many_at_clock(cls, org_id: str, pks, *, skip_locked: bool = False):
-        """Lock the rows ``pks`` like :meth:`lock_many` and read the database clock in the same statement.
-
-        Returns:
-            ``(rows, now)``: ``now`` is the clock of :func:`nexusflow.kernel.clock.db_now_sql` (aware UTC),
-            ``None`` when no row was locked (nothing to stamp).
-
-        Raises:
-            as :meth:`lock_many`.
-        """
-        ids = cls._noted_ids(org_id, pks)
-        if not ids:
-            return [], None
-        marks = ", ".join(["%s"] * len(ids))
-        clock = db_now_sql()
-        rows = cls._locked_rows(f"`org_id` = %s AND `id` IN ({marks}) ORDER BY `id`", [org_id, *ids],
-                                extra=f", ({clock.sql}) AS `db_clock_at_lock`", extra_params=clock.params,
-                                mode=" SKIP LOCKED" if skip_locked else "")
-        if not rows:
-            return rows, None
-        now = rows[0].db_clock_at_lock
-        return rows, now if now.tzinfo is not None else now.replace(tzinfo=dt.UTC)
 
 
 class FlowScheduleOccurrenceStore(_FlowCasStore):

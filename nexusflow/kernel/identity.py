@@ -53,6 +53,9 @@ def validate_key(value: object, *, field: str = "key", max_length: int = DEFAULT
         raise InvalidIdentity(f"{field}: surrounding whitespace")
     if len(value) > max_length:
         raise InvalidIdentity(f"{field}: longer than {max_length} characters")
+    if value.isascii() and value.isprintable():
+        # U+0020..U+007E only: no control, format or blank character, no combining mark, already NFC.
+        return value
     for ch in value:
         category = unicodedata.category(ch)
         if category in _INVISIBLE_CATEGORIES or ch in _INVISIBLE_LETTERS or (category == "Zs" and ch != " "):

@@ -18,6 +18,7 @@ from django.db import models
 from .errors import ImmutableRow, InvalidIdentity
 from .ids import TypedId, id_class_for, require_id
 from .logs import current_trace_id
+from .rows import row_shape
 from .store_registry import load_all_stores
 
 
@@ -249,8 +250,15 @@ def insert(model_cls, *, allow_any_state: bool = False, **values):
             setattr(obj, field.attname, require_id(value, id_cls, field=f"{model_cls.__name__}.{field.attname}"))
     if "trace_id" not in values and _traced(model_cls):
         obj.trace_id = current_trace_id()  # the admitting request's or the durable work's trace (logs.py)
-    obj._nexus_store_insert = True
-    obj.save(using=model_cls.objects.db)
+    using = model_cls.objects.db
+    meta = model_cls._meta
+    if meta.parents or meta.proxy or obj.pk is not None:
+        obj._nexus_store_insert = True
+        obj.save(using=using)
+    else:
+        # One INSERT built once per model (nexusflow.kernel.rows): what save(force_insert=True) sends, no
+        # insert query compiled per row.
+        row_shape(model_cls, using).insert(obj)
     return obj
 
 

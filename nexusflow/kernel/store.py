@@ -17,8 +17,14 @@ from .errors import IllegalTransition, MultipleRowsUpdated, ReasonRequired, Stal
 from .identity import validate_key
 from .ids import require_id, sql_param
 from .models import insert, typed_id_fields
+from .rows import row_shape
 from .store_registry import STORES, load_all_stores, register_store  # noqa: F401 (read here by commands and tests)
 from .transitions import StateMachine
+
+
+def _aware(value: dt.datetime) -> dt.datetime:
+    """A clock value read as an extra column (the driver's naive UTC ``datetime``) as aware UTC."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
 
 
 class CasStore:
@@ -74,6 +80,40 @@ class CasStore:
         return ids
 
     @classmethod
+    def _fetch(cls, filters: dict[str, Any], *, suffix: str = "", order_by_id: bool = False,
+               extra: str = "", extra_params: tuple = (), limit: int | None = None) -> list | None:
+        """Rows of this model matching equality ``filters``, read by SQL built once per model
+        (:mod:`nexusflow.kernel.rows`) with ``suffix`` (``" FOR UPDATE"``, ``" LOCK IN SHARE MODE"``...).
+
+        With ``extra`` (``", (<sql>) AS `name`"``, its parameters ``extra_params``) each row is
+        ``(instance, (value,))``. ``None`` when a filter is not plain equality on an own column: the caller
+        then reads through the ORM.
+
+        Raises:
+            InvalidIdentity: a value the column's lookup refuses (before SQL).
+        """
+        shape = row_shape(cls.model, cls.db())
+        built = shape.where(filters)
+        if built is None:
+            return None
+        where, params = built
+        tail = (" ORDER BY `id`" if order_by_id else "") + (f" LIMIT {int(limit)}" if limit else "") + suffix
+        return shape.fetch(shape.select_sql(where, extra=extra, suffix=tail), [*extra_params, *params],
+                           extra_columns=1 if extra else 0)
+
+    @classmethod
+    def _one(cls, rows: list, filters: dict[str, Any]):
+        if not rows:
+            raise cls.model.DoesNotExist(f"{cls.model.__name__} matching {sorted(filters)} does not exist")
+        if len(rows) > 1:
+            raise cls.model.MultipleObjectsReturned(f"more than one {cls.model.__name__} matches {sorted(filters)}")
+        return rows[0]
+
+    @staticmethod
+    def _for_update(*, nowait: bool = False, skip_locked: bool = False) -> str:
+        return " FOR UPDATE" + (" NOWAIT" if nowait else "") + (" SKIP LOCKED" if skip_locked else "")
+
+    @classmethod
     def lock(cls, org_id: str, pk: int, *, nowait: bool = False):
         """Lock and return one row by ``(org_id, id)``.
 
@@ -87,8 +127,11 @@ class CasStore:
             django.db.OperationalError: ``nowait`` and the row is locked.
         """
         pk = cls._noted_id(org_id, pk, nowait=nowait)
-        qs = cls.model.objects.select_for_update(nowait=nowait)
-        return qs.get(org_id=org_id, pk=pk)
+        filters = {"id": pk, "org_id": org_id}
+        rows = cls._fetch(filters, suffix=cls._for_update(nowait=nowait))
+        if rows is None:
+            return cls.model.objects.select_for_update(nowait=nowait).get(org_id=org_id, pk=pk)
+        return cls._one(rows, filters)
 
     @classmethod
     def lock_shared(cls, org_id: str, pk: int):
@@ -105,7 +148,7 @@ class CasStore:
             Model.DoesNotExist: no such row in that org.
         """
         pk = cls._noted_id(org_id, pk)
-        return cls._share_locked_one(org_id=org_id, pk=pk)
+        return cls._share_locked_one(id=pk, org_id=org_id)
 
     @classmethod
     def lock_where_shared(cls, org_id: str, **filters):
@@ -123,13 +166,11 @@ class CasStore:
     @classmethod
     def _share_locked_one(cls, **filters):
         """The one row matching ``filters``, read ``LOCK IN SHARE MODE`` (Django has no share-mode queryset)."""
-        sql, params = cls.model.objects.using(cls.db()).filter(**filters)[:2].query.sql_with_params()
-        rows = list(cls.model.objects.db_manager(cls.db()).raw(f"{sql} LOCK IN SHARE MODE", params))
-        if not rows:
-            raise cls.model.DoesNotExist(f"{cls.model.__name__} matching {sorted(filters)} does not exist")
-        if len(rows) > 1:
-            raise cls.model.MultipleObjectsReturned(f"more than one {cls.model.__name__} matches {sorted(filters)}")
-        return rows[0]
+        rows = cls._fetch(filters, limit=2, suffix=" LOCK IN SHARE MODE")
+        if rows is None:
+            sql, params = cls.model.objects.using(cls.db()).filter(**filters)[:2].query.sql_with_params()
+            rows = list(cls.model.objects.db_manager(cls.db()).raw(f"{sql} LOCK IN SHARE MODE", params))
+        return cls._one(rows, filters)
 
     @classmethod
     def lock_at_clock(cls, org_id: str, pk: int) -> tuple[Any, dt.datetime]:
@@ -143,10 +184,15 @@ class CasStore:
             as :meth:`lock`.
         """
         pk = cls._noted_id(org_id, pk)
-        row = (cls.model.objects.select_for_update()
-               .annotate(db_clock_at_lock=db_now_sql())
-               .get(org_id=org_id, pk=pk))
-        return row, row.db_clock_at_lock
+        clock = db_now_sql()
+        filters = {"id": pk, "org_id": org_id}
+        rows = cls._fetch(filters, suffix=cls._for_update(), extra=f", ({clock.sql}) AS `db_clock_at_lock`",
+                          extra_params=tuple(clock.params))
+        if rows is None:
+            row = cls.model.objects.select_for_update().annotate(db_clock_at_lock=clock).get(org_id=org_id, pk=pk)
+            return row, row.db_clock_at_lock
+        row, (now,) = cls._one(rows, filters)
+        return row, _aware(now)
 
     @classmethod
     def lock_many(cls, org_id: str, pks, *, skip_locked: bool = False) -> list:
@@ -163,8 +209,41 @@ class CasStore:
         ids = cls._noted_ids(org_id, pks)
         if not ids:
             return []
-        return list(cls.model.objects.select_for_update(skip_locked=skip_locked)
-                    .filter(org_id=org_id, pk__in=ids).order_by("id"))
+        return [row for row, _ in cls._many(org_id, ids, suffix=cls._for_update(skip_locked=skip_locked))]
+
+    @classmethod
+    def lock_many_at_clock(cls, org_id: str, pks, *, skip_locked: bool = False):
+        """Lock the rows ``pks`` like :meth:`lock_many` and read the database clock in the same statement.
+
+        Returns:
+            ``(rows, now)``: ``now`` is the clock of :func:`nexusflow.kernel.clock.db_now_sql` (aware UTC),
+            ``None`` when no row was locked (nothing to stamp).
+
+        Raises:
+            as :meth:`lock_many`.
+        """
+        ids = cls._noted_ids(org_id, pks)
+        if not ids:
+            return [], None
+        clock = db_now_sql()
+        rows = cls._many(org_id, ids, suffix=cls._for_update(skip_locked=skip_locked),
+                         extra=f", ({clock.sql}) AS `db_clock_at_lock`", extra_params=tuple(clock.params))
+        if not rows:
+            return [], None
+        return [row for row, _ in rows], _aware(rows[0][1][0])
+
+    @classmethod
+    def _many(cls, org_id: str, ids: list[int], *, suffix: str, extra: str = "", extra_params: tuple = ()) -> list:
+        """``[(row, extras)]`` of ``org_id`` with id in ``ids`` (checked ints), ascending id, read with ``suffix``."""
+        shape = row_shape(cls.model, cls.db())
+        built = shape.where({"org_id": org_id})
+        if built is None:  # no org: no row
+            return []
+        org_sql, org_params = built
+        marks = ", ".join(["%s"] * len(ids))
+        sql = shape.select_sql(f"{org_sql} AND `id` IN ({marks})", extra=extra, suffix=f" ORDER BY `id`{suffix}")
+        rows = shape.fetch(sql, [*extra_params, *org_params, *ids], extra_columns=1 if extra else 0)
+        return rows if extra else [(row, ()) for row in rows]
 
     @classmethod
     def lock_where(cls, org_id: str, *, nowait: bool = False, **filters):
@@ -176,7 +255,12 @@ class CasStore:
             LockOrderViolation: taken after a higher position (mode ``raise``).
         """
         cls._note()
-        row = cls.model.objects.select_for_update(nowait=nowait).get(org_id=org_id, **filters)
+        where = {"org_id": org_id, **filters}
+        rows = cls._fetch(where, suffix=cls._for_update(nowait=nowait))
+        if rows is None:
+            row = cls.model.objects.select_for_update(nowait=nowait).get(org_id=org_id, **filters)
+        else:
+            row = cls._one(rows, where)
         # The key is known only now: check it against rows of this kind already held.
         cls._note(org_id, row.pk)
         return row
@@ -193,7 +277,9 @@ class CasStore:
             LockOrderViolation: taken after a higher position (mode ``raise``).
         """
         cls._note()
-        rows = list(cls.model.objects.select_for_update().filter(org_id=org_id, **filters).order_by("id"))
+        rows = cls._fetch({"org_id": org_id, **filters}, order_by_id=True, suffix=cls._for_update())
+        if rows is None:
+            rows = list(cls.model.objects.select_for_update().filter(org_id=org_id, **filters).order_by("id"))
         for row in rows[:1] + rows[-1:]:  # the lowest key against what is held, then the highest is held
             cls._note(org_id, row.pk)
         return rows

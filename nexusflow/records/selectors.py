@@ -3,13 +3,14 @@ from __future__ import annotations
 
 from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.permissions import operator_org_ids
+from nexusflow.kernel.rows import first_row
 from nexusflow.kernel.scope import OrgScope
 
 from .models import Record
 
 
 def record_get(*, org: OrgScope, object_name: str, record_key: str) -> Record | None:
-    return Record.objects.filter(org_id=org.org_id, object_name=object_name, record_key=record_key, is_deleted=False).first()
+    return first_row(Record, org_id=org.org_id, object_name=object_name, record_key=record_key, is_deleted=False)
 
 
 def records_of(*, org: OrgScope, object_name: str):

@@ -27,6 +27,7 @@ from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.ids import require_id
 from nexusflow.kernel.logs import log_context
 from nexusflow.kernel.pressure import mutation_admission
+from nexusflow.kernel.rows import first_row
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.kernel.tuning import setting_number
 from runtime_outbox.policy import runtime_policy
@@ -716,7 +717,7 @@ def flow_run_drive(*, org: OrgScope, run_id: FlowRun.Id | int, worker_id: str, m
     if max_steps < 1:
         raise ValueError("max_steps must be at least 1")
     for _ in range(max_steps):
-        run = FlowRun.objects.filter(org_id=org.org_id, pk=run_id, is_deleted=False).first()
+        run = first_row(FlowRun, org_id=org.org_id, pk=run_id, is_deleted=False)
         if run is None:
             raise FlowRunNotFound(f"no flow run {int(run_id)} in this org")
         if run.state != t.RUN_RUNNABLE or run.current_step_id is None:

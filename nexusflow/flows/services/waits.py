@@ -19,6 +19,7 @@ from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.ids import require_id
+from nexusflow.kernel.rows import first_row
 from nexusflow.kernel.scope import TrustedRuntimeWorkScope
 
 from .. import policy, reasons
@@ -162,7 +163,7 @@ def flow_wake_signal_accept(*, scope: TrustedRuntimeWorkScope, flow_run_id: Flow
     if not FlowRun.objects.filter(pk=flow_run_id, **scope_filter).exists():
         raise WakeSignalRejected("no flow run in this work scope")
     key = dict(flow_run_id=flow_run_id, dependency_key=dependency_key, wake_version=0, **scope_filter)
-    existing = FlowWakeSignal.objects.filter(**key).first()
+    existing = first_row(FlowWakeSignal, **key)
     if existing is None:
         try:
             with transaction.atomic():
