@@ -36,6 +36,7 @@ from connectors.models import (
     RemoteLink,
     ServingEpoch,
 )
+from nexusflow.kernel.rows import row_shape
 
 #: Worker scans list only work whose account gate serves the work's own epoch
 #: (``row`` names the SQL alias carrying ``org_id``, ``account_key``, ``epoch_id``):
@@ -46,14 +47,76 @@ _SERVING_GATE_JOIN = ("JOIN connectors_accountservinggate g ON g.org_id = {row}.
                       " AND g.epoch_id = {row}.epoch_id ")
 
 
+#: ``(model label, org id or None, id, digest)`` -> a row whose document never changes, read once per process by
+#: :func:`frozen_row`; at most :data:`FROZEN_ROWS_KEPT` entries.
+_FROZEN_ROWS: dict[tuple, object] = {}
+FROZEN_ROWS_KEPT = 256
+
+
+def frozen_row(model, *, pk: int, digest: str, org_id: str | None = None):
+    """The ``model`` row ``pk`` whose ``digest`` is ``digest`` (and of ``org_id`` when given), read once per process.
+
+    For rows whose digested document never changes after insert (a PackGeneration, a ServingEpoch): the key
+    holds the digest the caller froze, so a held row can only be that document, and a row id reused by a
+    recreated database never serves another. Only the digested columns may be used from it (a ServingEpoch's
+    state is not: read that from its row). Callers do not change the returned row.
+
+    Raises:
+        model.DoesNotExist: no such row with that digest.
+    """
+    key = (model._meta.label, org_id, int(pk), digest)
+    row = _FROZEN_ROWS.get(key)
+    if row is None:
+        filters = {"pk": pk, "digest": digest} if org_id is None else {"org_id": org_id, "pk": pk, "digest": digest}
+        row = model.objects.get(**filters)
+        if len(_FROZEN_ROWS) >= FROZEN_ROWS_KEPT:
+            _FROZEN_ROWS.clear()
+        _FROZEN_ROWS[key] = row
+    return row
+
+
+def push_rows_of_record(*, org_id: str, source_object: str, source_record_key: str, action_type: str,
+                        link_key: str) -> tuple[list[RemoteLink], list[RemoteEffect]]:
+    """The record's push rows under another link key, ascending id (read committed, no lock): its links of
+    ``action_type`` that are not ``retired``, and its effects holding a create slot that are not ``finalized``.
+
+    One statement per table built once per model (:mod:`nexusflow.kernel.rows`): what
+    ``RemoteLink.objects.filter(...).exclude(state="retired").exclude(link_key=link_key)`` and the effects'
+    ``filter(create_slot__isnull=False)`` read.
+
+    Raises:
+        InvalidIdentity: a key that is not canonical (before SQL).
+    """
+    link_shape, effect_shape = row_shape(RemoteLink), row_shape(RemoteEffect)
+    source = {"org_id": org_id, "source_object": source_object, "source_record_key": source_record_key}
+    key = RemoteLink._meta.get_field("link_key").get_db_prep_value(link_key, connection, prepared=False)
+    where, params = link_shape.where({**source, "action_type": action_type})
+    links = link_shape.fetch(link_shape.select_sql(f"{where} AND `state` <> %s AND `link_key` <> %s",
+                                                   suffix=" ORDER BY `id`"), [*params, "retired", key])
+    where, params = effect_shape.where(source)
+    effects = effect_shape.fetch(effect_shape.select_sql(
+        f"{where} AND `create_slot` IS NOT NULL AND `link_key` <> %s AND `state` <> %s", suffix=" ORDER BY `id`"),
+        [*params, key, "finalized"])
+    return links, effects
+
+
 def served_push_contracts(org_id: str):
     """Every push contract a ``v2_serving`` account of ``org_id`` offers, as ``(pack generation, account
-    document, contract document)``, in gate order (read committed, no lock)."""
-    for gate in AccountServingGate.objects.filter(org_id=org_id, state="v2_serving").select_related("epoch"):
-        account = next((a for a in gate.epoch.document["accounts"] if a["account_key"] == gate.account_key), None)
+    document, contract document)``, in gate order (read committed, no lock; each epoch's and pack
+    generation's document from :func:`frozen_row`, by the digest the gate and the epoch froze)."""
+    for account_key, epoch_id, epoch_digest in (AccountServingGate.objects.filter(org_id=org_id, state="v2_serving")
+                                                .order_by("id").values_list("account_key", "epoch_id", "epoch_digest")):
+        if epoch_id is None:
+            continue
+        try:
+            epoch = frozen_row(ServingEpoch, org_id=org_id, pk=epoch_id, digest=epoch_digest)
+        except ServingEpoch.DoesNotExist:
+            continue  # a gate whose epoch digest does not match serves nothing (serving_lock refuses it)
+        account = next((a for a in epoch.document["accounts"] if a["account_key"] == account_key), None)
         if not account or not account.get("push_contracts"):
             continue
-        pack = PackGeneration.objects.get(pk=account["pack_generation"]["id"])
+        frozen = account["pack_generation"]
+        pack = frozen_row(PackGeneration, pk=frozen["id"], digest=frozen["digest"])
         for contract in pack.document.get("push_contracts", []):
             if contract["contract_key"] in account["push_contracts"]:
                 yield pack, account, contract

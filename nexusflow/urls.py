@@ -5,6 +5,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from nexusflow.kernel.api import MetricsApi
+from nexusflow.records import token_schema  # noqa: F401  the OpenAPI security scheme of operator tokens
 
 urlpatterns = [
     path("admin/", admin.site.urls),

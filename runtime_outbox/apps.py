@@ -34,4 +34,4 @@ class RuntimeOutboxConfig(AppConfig):
         # The durable Runtime command inbox: V1's RuntimeCommandHandoff (runtime_outbox/command_inbox.py).
         register_consumer(RUNTIME_COMMAND_HANDOFF, command_handoff_accept)
         # Every declared message family has its one consumer once all apps are ready (``manage.py check``).
-        checks.register(check_every_family_consumed)
+        checks.register(check_every_family_consumed, "runtime_outbox")

@@ -210,18 +210,16 @@ def orphaned_lineage(*, org_id: str, source_object: str, source_record_key: str,
     whose ``(owner, action slot, destination slot)`` is still served belongs
     to another live slot and is not lineage. Retired links are resolved lineage.
     """
+    from connectors.selectors import push_rows_of_record
+
     served = active_slots(org_id)
-    links = tuple(
-        link for link in RemoteLink.objects.filter(
-            org_id=org_id, source_object=source_object, source_record_key=source_record_key,
-            action_type=PUSH_ACTION_TYPE).exclude(state="retired").exclude(link_key=link_key).order_by("id")
-        if (link.owner_key, link.action_slot_id, link.destination_slot_id) not in served)
-    effects = tuple(
-        effect for effect in RemoteEffect.objects.filter(
-            org_id=org_id, source_object=source_object, source_record_key=source_record_key,
-            create_slot__isnull=False).exclude(link_key=link_key).exclude(state="finalized").order_by("id")
-        if (effect.owner_key, effect.action_slot_id, effect.destination_slot_id) not in served)
-    return Lineage(links, effects)
+    links, effects = push_rows_of_record(org_id=org_id, source_object=source_object,
+                                         source_record_key=source_record_key, action_type=PUSH_ACTION_TYPE,
+                                         link_key=link_key)
+    return Lineage(
+        tuple(link for link in links if (link.owner_key, link.action_slot_id, link.destination_slot_id) not in served),
+        tuple(effect for effect in effects
+              if (effect.owner_key, effect.action_slot_id, effect.destination_slot_id) not in served))
 
 
 def link_row_digest(link: RemoteLink, *, revalidation_operation_id: str | None = None) -> str:

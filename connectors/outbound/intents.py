@@ -17,6 +17,7 @@ from django.db import IntegrityError, transaction
 from connectors.contracts import outcomes
 from connectors.links.link_keys import PUSH_ACTION_TYPE, link_key_for
 from connectors.models import AccountServingGate, PackGeneration, RemoteEffect
+from connectors.selectors import frozen_row
 from connectors.serving.gates import NotServing, serving_lock
 from connectors.store import RemoteEffectStore
 from nexusflow.kernel import canonical_json
@@ -157,7 +158,7 @@ def freeze_push_binding(*, org_id: str, contract_key: str, record, intent_key: s
     account = ctx.account
     if contract_key not in account["push_contracts"]:
         raise NotServing(f"account {account_key} no longer offers {contract_key}")
-    pack = PackGeneration.objects.get(pk=account["pack_generation"]["id"])
+    pack = frozen_row(PackGeneration, pk=account["pack_generation"]["id"], digest=account["pack_generation"]["digest"])
     contract = next((c for c in pack.document.get("push_contracts", []) if c["contract_key"] == contract_key), None)
     if contract is None:
         raise PushContractError(f"pack generation {pack.pk} has no contract {contract_key}")

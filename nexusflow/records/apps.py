@@ -5,6 +5,5 @@ class RecordsConfig(AppConfig):
     name = "nexusflow.records"
     label = "records"
     verbose_name = "CRM records"
-
-    def ready(self) -> None:
-        from . import token_schema  # noqa: F401  the OpenAPI security scheme of operator tokens
+    # The OpenAPI security scheme of operator tokens (token_schema) is imported by nexusflow/urls.py, with
+    # the schema views that use it: a worker process, which serves no URL, does not load drf-spectacular.
