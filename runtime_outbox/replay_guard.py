@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.models import insert
 from nexusflow.kernel.ports import Port
+from nexusflow.kernel.rows import first_row
 from nexusflow.kernel.scope import OrgScope
 
 from .models import ReplayRecordWrite
@@ -142,8 +143,8 @@ def outbound_authoring_check(*, org_id: str, origin_flow_run_id) -> None:
     trigger = _FLOW_TRIGGER.get()(org_id=org_id, flow_run_id=origin_flow_run_id)
     if trigger is None:
         return
-    write = ReplayRecordWrite.objects.filter(org_id=org_id, object_name=trigger[0], record_key=trigger[1],
-                                             record_version=trigger[2]).first()
+    write = first_row(ReplayRecordWrite, org_id=org_id, object_name=trigger[0], record_key=trigger[1],
+                      record_version=trigger[2])
     if write is not None:
         raise ReplayOutboundRefused(f"flow run {origin_flow_run_id} was triggered by replay command "
                                     f"{write.command_id[:16]}; it cannot author an outbound command")

@@ -16,7 +16,7 @@ from django.db import IntegrityError, transaction
 
 from connectors.contracts import outcomes
 from connectors.links.link_keys import PUSH_ACTION_TYPE, link_key_for
-from connectors.models import AccountServingGate, PackGeneration, RemoteEffect
+from connectors.models import AccountServingGate, PackGeneration, RemoteEffect, ServingEpoch
 from connectors.selectors import frozen_row
 from connectors.serving.gates import NotServing, serving_lock
 from connectors.store import RemoteEffectStore
@@ -42,10 +42,15 @@ class NothingToPush(PushContractError):
 
 def _serving_account_for_contract(org_id: str, contract_key: str) -> str:
     matches = []
-    for gate in AccountServingGate.objects.filter(org_id=org_id, state="v2_serving").select_related("epoch"):
-        account = next((a for a in gate.epoch.document["accounts"] if a["account_key"] == gate.account_key), None)
+    for account_key, epoch_id, epoch_digest in (AccountServingGate.objects.filter(org_id=org_id, state="v2_serving")
+                                                .order_by("id").values_list("account_key", "epoch_id", "epoch_digest")):
+        try:
+            epoch = frozen_row(ServingEpoch, org_id=org_id, pk=epoch_id, digest=epoch_digest)
+        except ServingEpoch.DoesNotExist:
+            continue  # a gate whose epoch digest does not match serves nothing (serving_lock refuses it)
+        account = next((a for a in epoch.document["accounts"] if a["account_key"] == account_key), None)
         if account and contract_key in account["push_contracts"]:
-            matches.append(gate.account_key)
+            matches.append(account_key)
     if not matches:
         raise NotServing(f"no serving account offers push contract {contract_key!r}")
     if len(matches) > 1:

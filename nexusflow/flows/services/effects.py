@@ -54,16 +54,31 @@ def effect_root_id_for(*, org_id: str, plan_id: str, run_id: FlowRun.Id | int) -
     return digest_v2("flows.effect-root", [("org_id", org_id), ("plan_id", plan_id), ("flow_run_id", run_id)]).hexdigest
 
 
+#: ``(org id, plan id, plan digest)`` -> the verified sealed read view of that plan's catalog generation
+#: (see :func:`_handler_binding_matches`); at most :data:`SNAPSHOTS_KEPT` entries.
+_SNAPSHOTS: dict[tuple[str, int, str], Any] = {}
+SNAPSHOTS_KEPT = 256
+
+
 def _handler_binding_matches(plan: FlowExecutionPlan, step_def: dict[str, Any]) -> bool:
     """Does the persisted generation and this binary's handler equal what the plan pinned? (section 8.4).
 
     Rebuilds the sealed read view from the plan's own ``FlowActionCatalogGeneration``
-    (scope and digest verified), never from the shipped catalog or another registry.
+    (scope and digest verified), never from the shipped catalog or another registry. A plan and the
+    catalog generation it pins by digest never change, so a view that verified is kept per process by the
+    plan's id and digest (not rebuilt for every effect); one that failed is never kept.
     """
-    try:
-        entry = _persisted_snapshot(plan).entries.get(step_def["action_key"])
-    except NexusError:
-        return False
+    key = (plan.org_id, int(plan.pk), plan.plan_digest)
+    snapshot = _SNAPSHOTS.get(key)
+    if snapshot is None:
+        try:
+            snapshot = _persisted_snapshot(plan)
+        except NexusError:
+            return False
+        if len(_SNAPSHOTS) >= SNAPSHOTS_KEPT:
+            _SNAPSHOTS.clear()
+        _SNAPSHOTS[key] = snapshot
+    entry = snapshot.entries.get(step_def["action_key"])
     return (entry is not None and entry.entry_digest == step_def["entry_digest"]
             and entry.binding_fingerprint == step_def["binding_fingerprint"] and binary_supports(entry))
 
