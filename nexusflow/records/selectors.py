@@ -1,9 +1,11 @@
 """Record reads (no locks)."""
 from __future__ import annotations
 
+from django.db import router
+
 from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.permissions import operator_org_ids
-from nexusflow.kernel.rows import first_row
+from nexusflow.kernel.rows import first_row, row_shape
 from nexusflow.kernel.scope import OrgScope
 
 from .models import Record
@@ -50,7 +52,14 @@ def access_policy_latest(*, org_id: str):
     """The org's latest ``AccessPolicyGeneration`` row, or ``None`` (the org is unrestricted)."""
     from .models import AccessPolicyGeneration
 
-    return AccessPolicyGeneration.objects.filter(org_id=org_id).order_by("-generation").first()
+    # Read on every save and push authorization: SQL built once per model (nexusflow/kernel/rows.py).
+    shape = row_shape(AccessPolicyGeneration, router.db_for_read(AccessPolicyGeneration))
+    built = shape.where({"org_id": org_id})
+    if built is None:
+        return AccessPolicyGeneration.objects.filter(org_id=org_id).order_by("-generation").first()
+    where, params = built
+    rows = shape.fetch(shape.select_sql(where, suffix=" ORDER BY `generation` DESC LIMIT 1"), params)
+    return rows[0] if rows else None
 
 
 def access_policy(*, org_id: str):

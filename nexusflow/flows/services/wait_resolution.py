@@ -29,6 +29,7 @@ from ..binding import scope_of
 from ..conditions import conditions_hold
 from ..models import FlowDependency, FlowRun, FlowStepExecution
 from ..producers import PRODUCER_CLOCK, PRODUCER_RECORD
+from ..selectors import flow_plan_of
 from ..store import FlowDependencyStore, FlowRunStore, FlowStepStore, audit_insert
 
 log = logging.getLogger("nexusflow.flows")
@@ -225,14 +226,15 @@ def _recheck_candidates(*, org: OrgScope, object_name: str, record_key: str, fie
     runs = list(FlowRun.objects.filter(org_id=org.org_id, trigger_object_name=object_name,
                                        record_key=record_key, state=t.RUN_WAITING,
                                        record_version__lt=admitted_before)
-                .exclude(entry_path=IMMEDIATE_PATH).select_related("plan").order_by("id"))
+                .exclude(entry_path=IMMEDIATE_PATH).order_by("id")
+                .values_list("id", "plan_id", "plan_digest", "entry_path", "current_step_id"))
     out = []
-    for run in runs:
-        trigger = run.plan.plan_payload.get("trigger") or {}
-        path = next((p for p in trigger.get("scheduled_paths") or [] if p["name"] == run.entry_path), None)
-        entry = next((p for p in run.plan.plan_payload.get("scheduled_paths") or [] if p["name"] == run.entry_path),
-                     None)
-        if path is None or entry is None or run.current_step_id is None:
+    for run_id, plan_id, plan_digest, entry_path, current_step_id in runs:
+        payload = flow_plan_of(org_id=org.org_id, plan_id=plan_id, plan_digest=plan_digest).plan_payload
+        trigger = payload.get("trigger") or {}
+        path = next((p for p in trigger.get("scheduled_paths") or [] if p["name"] == entry_path), None)
+        entry = next((p for p in payload.get("scheduled_paths") or [] if p["name"] == entry_path), None)
+        if path is None or entry is None or current_step_id is None:
             continue
         why, withdraw = None, True
         if deleting:
@@ -244,13 +246,13 @@ def _recheck_candidates(*, org: OrgScope, object_name: str, record_key: str, fie
         if why is None:
             continue
         # Only the wait of the path's own first step (its time): a Wait element inside the path is the path's own.
-        dependency = (FlowDependency.objects.filter(org_id=org.org_id, run_id=run.pk, step_id=run.current_step_id,
+        dependency = (FlowDependency.objects.filter(org_id=org.org_id, run_id=run_id, step_id=current_step_id,
                                                     step__plan_step_key=entry["step"], state=t.DEP_WAITING,
                                                     producer_kind=PRODUCER_CLOCK)
                       .values_list("pk", "condition").first())
         if dependency is None or (dependency[1] or {}).get("kind") != CONDITION_SCHEDULED_PATH:
             continue
-        out.append((int(run.pk), int(run.current_step_id), int(dependency[0]), why, withdraw))
+        out.append((int(run_id), int(current_step_id), int(dependency[0]), why, withdraw))
     return out
 
 
