@@ -351,8 +351,8 @@ def _receipt_complete(org_id: str, receipt_id) -> bool:
 def _admit_locked(org_id, account_key, channel, route, body, items, transport_key, identity) -> AdmissionResult:
     with transaction.atomic(durable=True):
         ctx = serving_lock(org_id=org_id, account_key=account_key)
-        existing = first_row(ReceiptAdmissionKey, 
-            org_id=org_id, account_key=account_key, channel=channel, transport_key=transport_key)
+        existing = first_row(ReceiptAdmissionKey, org_id=org_id, account_key=account_key, channel=channel,
+                             transport_key=transport_key)
         if existing is not None:
             if existing.identity_digest != identity:
                 raise AdmissionConflict("this transport key was admitted with different content")
@@ -455,7 +455,7 @@ def _materialize_items(org_id, account_key, ctx, route, receipt, items: list[_It
             quarantined += 1
             continue
         event = first_row(Event, org_id=org_id, account_key=account_key,
-                                     source_event_key=item.source_event_key, event_generation="live")
+                          source_event_key=item.source_event_key, event_generation="live")
         if event is not None:
             insert(ReceiptComponent, receipt=receipt, ordinal=item.ordinal, disposition="duplicate",
                    item=item.raw, event=event)

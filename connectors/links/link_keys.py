@@ -57,7 +57,7 @@ def inbound_link_find(*, org_id: str, owner_key: str, destination_slot_id: str, 
                       remote_id: str) -> RemoteLink | None:
     """The non-retired link holding ``remote_id`` in that slot, if any (byte-exact)."""
     return first_row(RemoteLink, org_id=org_id, owner_key=owner_key, destination_slot_id=destination_slot_id,
-                                     remote_scope=remote_scope, live_remote_id=remote_id)
+                     remote_scope=remote_scope, live_remote_id=remote_id)
 
 
 def inbound_link_create(*, org_id: str, owner_key: str, route_key: str, destination_slot_id: str, source_object: str,

@@ -222,7 +222,7 @@ def _live_vector(effect, entries: list[dict]) -> list[str]:
     from nexusflow.records.models import Record
 
     record = first_row(Record, org_id=effect.org_id, object_name=effect.command.source_object,
-                                   record_key=effect.command.source_record_key, is_deleted=False)
+                       record_key=effect.command.source_record_key, is_deleted=False)
     fields = record.fields if record is not None else {}
     return [fields.get(entry["source_field"]) or "" for entry in entries]
 

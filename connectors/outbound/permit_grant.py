@@ -239,7 +239,7 @@ def _legacy_remote_id(effect: RemoteEffect, contract: dict) -> str | None:
     if not fields or not V1MaintenanceBarrier.objects.filter(org_id=effect.org_id).exists():
         return None
     record = first_row(Record, org_id=effect.org_id, object_name=effect.command.source_object,
-                                   record_key=effect.command.source_record_key)
+                       record_key=effect.command.source_record_key)
     mirrors = (record.mirrors or {}) if record is not None else {}
     return next((f for f in fields if mirrors.get(f)), None)
 

@@ -183,7 +183,7 @@ def _verify_read(effect: RemoteEffect, binding: dict, contract: dict, profile: d
     try:
         if frozen:
             gate = first_row(CredentialGenerationDispatchGate, org_id=effect.org_id,
-                                                                   credential_generation_id=frozen["id"])
+                             credential_generation_id=frozen["id"])
             if gate is None or gate.state != "enabled":
                 return VerifyRead(None, b"", "credential generation not enabled")
         if profile.get("auth", {}).get("kind") == "bearer":
