@@ -109,6 +109,18 @@ def _require_material(effect: RemoteEffect) -> None:
         bearer(resolve_frozen_secret(org_id=effect.org_id, frozen=binding["credential_generation"]))
 
 
+def _locked_with_command(effect: RemoteEffect) -> RemoteEffect:
+    """``effect`` locked (``FOR UPDATE``), carrying the OutboundCommand already read with it.
+
+    The grant reads only the command's immutable columns (its frozen binding, request fields, source and
+    keys), so the locked row takes the command object read a moment before instead of reading it again.
+    """
+    locked = RemoteEffectStore.lock(effect.org_id, effect.pk)
+    if locked.command_id == effect.command_id:
+        locked.command = effect.command
+    return locked
+
+
 def _grant(effect: RemoteEffect, worker_id: str) -> Grant | None:
     binding, contract, _profile = frozen_contract(effect)
     with transaction.atomic(durable=True):
@@ -126,14 +138,14 @@ def _grant(effect: RemoteEffect, worker_id: str) -> Grant | None:
                 and credential_gate.paused_until > db_now():
             # The provider's rate-limit window on this credential's lane (permit_settle.lane_pause): no Permit
             # inside it. The effect is due again at its end, so the claim scan stops offering it meanwhile.
-            effect = RemoteEffectStore.lock(effect.org_id, effect.pk)
+            effect = _locked_with_command(effect)
             if effect.state == "prepared" and (effect.next_attempt_at is None
                                                or effect.next_attempt_at < credential_gate.paused_until):
                 RemoteEffectStore.touch(org_id=effect.org_id, pk=effect.pk, state=effect.state,
                                         version=effect.version,
                                         set_fields={"next_attempt_at": credential_gate.paused_until})
             return None
-        effect = RemoteEffectStore.lock(effect.org_id, effect.pk)
+        effect = _locked_with_command(effect)
         if effect.state != "prepared" or effect.dispatch_lane not in KNOWN_LANES or not _is_head(effect):
             return None
         previous = effect.attempts.order_by("-attempt_number").first()
