@@ -84,7 +84,7 @@ SLOW_FIRST = (
     "tests/adversarial/test_push_attacks.py",  # 70
     "tests/e2e/test_cutover_journey_v1_to_v2.py",  # 65
     "tests/e2e/test_cutover_journey_abort.py",  # 65
-    "tests/e2e/test_demo_command.py",  # 60
+    "tests/e2e/test_after_the_demo.py",  # 60
     "tests/e2e/test_main_job.py",  # 55
     "tests/cutover/test_restore_point.py",  # 55
     "tests/connectors/inbound/test_stream_ingress.py",  # 55

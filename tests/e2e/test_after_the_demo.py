@@ -1,4 +1,13 @@
-"""After the demo, no table and no log holds a secret (issue 23 item 4; seed 004 section 17.3).
+"""One run of ``manage.py demo``, three checks of what it leaves: its summary and dump keep their contract,
+``GET /metrics`` equals what its databases hold (issue 22), and no table and no log holds a secret (issue 23
+item 4; seed 004 section 17.3). The demo runs once for the module (a real child process, about half a minute):
+each check reads what that run left and changes nothing of it.
+
+The metrics: the scrape reads the demo's databases, and every family is compared with an independent count
+of the authoritative tables (seed 004 section 19: metrics come from state, never from logs or in-process
+counters).
+
+The secrets:
 
 ``manage.py demo`` runs as a real child process (``NEXUS_LOG_FORMAT=json``)
 on this test's databases with its own run directory. Then every table of the
@@ -27,14 +36,26 @@ import re
 import secrets
 import subprocess
 import urllib.parse
+from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from django.db import connections
 
+from connectors.models import (
+    AccountServingGate,
+    CredentialGenerationDispatchGate,
+    DispatchPermit,
+    RemoteEffect,
+    RemoteEffectAttempt,
+)
+from nexusflow.flows.models import FlowCheckpoint, FlowRun, FlowStepAttempt, FlowWakeSignal
+from nexusflow.kernel.metrics import reason_machines
 from packs.demo.run import demo_database_names
 from tests.conftest import hubspot_event, run_manage, subprocess_env
+from tests.kernel.test_metrics import scrape_metrics
 
 #: The mark makes pytest-django create this worker's test databases even when no other file of the session needs
 #: them; the demo derives its own databases' names from theirs.
@@ -170,22 +191,34 @@ def _published_secrets(secrets_dir: Path) -> dict[str, bytes]:
     return found
 
 
+@dataclass(frozen=True)
+class DemoRun:
+    """What the module's one demo run left: its JSON summary, its ``--dump`` state, the secrets it used
+    (by name), the ``mariadb-dump`` text of its databases and its output and logs (by name)."""
+
+    summary: dict
+    state: dict
+    named: dict[str, bytes]
+    dump: str
+    logs: dict[str, str]
+
+
 @pytest.fixture(scope="module")
-def demo_run(django_db_setup, tmp_path_factory):
-    """Run the demo once for this file; return ``(named secrets, dump text, {log name: text})``.
+def demo_run(django_db_setup, tmp_path_factory) -> DemoRun:
+    """Run the demo once for this module (``NEXUS_LOG_FORMAT=json``, a run directory and a ``--dump`` of its own).
 
     The demo writes only its own databases (derived from this test database's
     name), so this process opens no connection.
     """
-    tmp_path = tmp_path_factory.mktemp("secret-scan")
-    events, run_dir = tmp_path / "events.jsonl", tmp_path / "run"
+    tmp_path = tmp_path_factory.mktemp("after-the-demo")
+    events, run_dir, dump_file = tmp_path / "events.jsonl", tmp_path / "run", tmp_path / "dump.json"
     _demo_events(events)
     django_key = "nf-django-" + secrets.token_hex(20)
     env = subprocess_env(NEXUS_LOG_FORMAT="json", NEXUS_LOG_LEVEL="INFO", NEXUS_SECRET_KEY=django_key)
-    result = run_manage(["demo", "--events", str(events), "--json", "--run-dir", str(run_dir)], env, timeout=150)
+    result = run_manage(["demo", "--events", str(events), "--json", "--run-dir", str(run_dir),
+                         "--dump", str(dump_file)], env, timeout=150)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])
-    assert summary["remote_creates"] == 1 and summary["rejected"] == 2 and summary["invariants_ok"] is True
 
     named = {**_published_secrets(run_dir / "secrets"), "django SECRET_KEY": django_key.encode()}
     logs = {"demo stdout": result.stdout, "demo stderr": result.stderr}
@@ -194,11 +227,129 @@ def demo_run(django_db_setup, tmp_path_factory):
     main = connections["default"].settings_dict["NAME"]
     assert main.startswith("test_"), main  # the demo ran beside the test databases, never the developer's
     dump = dump_databases(list(demo_database_names(main)))
-    return named, dump, logs
+    return DemoRun(summary, json.loads(dump_file.read_text()), named, dump, logs)
 
+
+# --- its contract: the JSON summary and the dump ---------------------------------------------------------------
+
+INT_KEYS = ["deliveries", "accepted", "redeliveries", "rejected", "events_admitted", "executions_completed",
+            "superseded", "quarantined", "remote_creates", "remote_updates", "duplicate_remote_creates",
+            "uncertain_effects", "quarantined_effects", "attention_effects", "benign_effects", "flow_runs_ended",
+            "attention_flow_runs", "attention", "benign", "nonterminal"]
+
+
+def test_the_demo_summary_and_dump_keep_their_contract(demo_run):
+    summary, state = demo_run.summary, demo_run.state
+    assert all(isinstance(summary[k], int) and not isinstance(summary[k], bool) for k in INT_KEYS)
+    assert summary["invariants_ok"] is True
+    assert (summary["deliveries"], summary["accepted"], summary["redeliveries"], summary["rejected"]) == (5, 2, 1, 2)
+    assert summary["events_admitted"] == 6 and summary["remote_creates"] == 1
+    assert summary["duplicate_remote_creates"] == 0 and summary["nonterminal"] == 0
+    assert summary["attention_effects"] == 0 and summary["attention"] == sum(summary["attention_codes"].values())
+    assert summary["attention_flow_runs"] == 0
+    assert summary["quarantined_effects"] <= summary["benign_effects"]  # every parked effect here is benign
+    assert state["local"]["7301"] == {"email": "kim@example.com", "firstname": "Kim", "lastname": "Park",
+                                      "lifecyclestage": "customer", "billing_id": state["remote"][0]["id"]}
+    assert state["local"]["7302"]["billing_id"] is None
+    # One remote customer, created once and updated by the later lastname event.
+    assert state["remote"] == [{"id": state["remote"][0]["id"], "email": "kim@example.com", "name": "Kim Park",
+                                "create_requests": 1}]
+
+
+# --- its metrics ---------------------------------------------------------------------------------------------------
+
+def _family(samples: dict, name: str, *label_names: str) -> dict:
+    """``{label values: value}`` of one sample name (every sample of it)."""
+    out = {}
+    for (sample, labels), value in samples.items():
+        if sample == name:
+            by_name = dict(labels)
+            out[tuple(by_name[n] for n in label_names)] = value
+    return out
+
+
+def _nonzero(family: dict) -> dict:
+    return {key: value for key, value in family.items() if value}
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "control"])
+def test_metrics_after_the_demo_match_the_database(demo_run):
+    assert demo_run.summary["remote_creates"] == 1 and demo_run.summary["nonterminal"] == 0
+    with demo_databases():
+        check_metrics_against_database()
+
+
+@contextmanager
+def demo_databases():
+    """Point this process's connections at the databases the demo ran in (``packs/demo/run.py``), then back."""
+    names = {alias: connections[alias].settings_dict["NAME"] for alias in ("default", "control")}
+    demo = dict(zip(("default", "control"), demo_database_names(names["default"]), strict=True))
+    for alias in names:
+        connections[alias].close()
+        connections[alias].settings_dict["NAME"] = demo[alias]
+    try:
+        yield
+    finally:
+        for alias, name in names.items():
+            connections[alias].close()
+            connections[alias].settings_dict["NAME"] = name
+
+
+def check_metrics_against_database():
+    samples = scrape_metrics()
+
+    runs = Counter(FlowRun.objects.values_list("state", flat=True))
+    assert _nonzero(_family(samples, "nexusflow_flow_runs", "state")) == {(s,): n for s, n in runs.items()}
+
+    effects = Counter(RemoteEffect.objects.values_list("state", "reason_code"))
+    assert sum(effects.values()) >= 1
+    assert _family(samples, "nexusflow_effects", "state", "reason_code") == dict(effects)
+
+    assert sum(runs.values()) >= 1
+    attempts = FlowStepAttempt.objects.count()
+    assert attempts >= 1
+    finished = Counter(FlowStepAttempt.objects.filter(finished_at__isnull=False)
+                       .values_list("step__step_kind", "step__plan_step_key"))
+    assert _family(samples, "nexusflow_flow_step_attempt_duration_seconds_count", "step_kind", "plan_step") == \
+        dict(finished)
+    wakes = FlowWakeSignal.objects.filter(state="consumed").count()
+    assert samples[("nexusflow_flow_wake_latency_seconds_count", ())] == wakes
+    assert samples[("nexusflow_flow_step_claims_total", ())] == attempts
+    by_outcome = Counter(FlowStepAttempt.objects.values_list("state", "failure_class"))
+    assert _family(samples, "nexusflow_flow_step_attempts_total", "state", "failure_class") == dict(by_outcome)
+    retries = {("flow",): FlowStepAttempt.objects.filter(attempt_number__gt=1).count(),
+               ("egress",): RemoteEffectAttempt.objects.filter(attempt_number__gt=1).count()}
+    assert _family(samples, "nexusflow_retries_total", "role") == retries
+
+    assert samples[("nexusflow_flow_checkpoint_bytes_count", ())] == FlowCheckpoint.objects.count() >= 1
+    submitted = RemoteEffectAttempt.objects.filter(attempt_number=1).count()
+    assert submitted >= 1
+    assert samples[("nexusflow_effect_submit_latency_seconds_count", ())] == submitted
+    finalized = RemoteEffect.objects.filter(state="finalized").count()
+    assert samples[("nexusflow_effect_completion_latency_seconds_count", (("state", "finalized"),))] == finalized
+
+    open_permits = Counter(DispatchPermit.objects.filter(state__in=("granted", "sending")).values_list("state", flat=True))
+    assert _family(samples, "nexusflow_dispatch_permits_open", "state") == {(s,): n for s, n in open_permits.items()}
+
+    gates = Counter(("account_serving", s) for s in AccountServingGate.objects.values_list("state", flat=True))
+    gates.update(("credential_dispatch", s) for s in CredentialGenerationDispatchGate.objects.values_list("state", flat=True))
+    assert sum(gates.values()) >= 1
+    assert _family(samples, "nexusflow_gates", "gate", "state") == dict(gates)
+
+    # Nothing is left due after the demo drained its work: every queue reads empty.
+    assert not _nonzero(_family(samples, "nexusflow_queue_depth", "role", "lane"))
+
+    reason_rows = {}
+    for name, model, states, _since in reason_machines():
+        carried = model.objects.filter(state__in=states).exclude(reason_code="").values_list("state", "reason_code")
+        reason_rows.update({(name, state, code): n for (state, code), n in Counter(carried).items()})
+    assert _family(samples, "nexusflow_reason_rows", "machine", "state", "reason_code") == reason_rows
+
+
+# --- no secret anywhere --------------------------------------------------------------------------------------------
 
 def test_no_secret_in_any_table_or_log_after_the_demo(demo_run):
-    named, dump, logs = demo_run
+    named, dump, logs = demo_run.named, demo_run.dump, demo_run.logs
     # (assertions name secrets, never show them: pytest would print the values of an asserted expression)
     sizes = {secret_name: len(value) for secret_name, value in named.items()}
     assert len(sizes) == 3 and min(sizes.values()) >= 16, sizes
@@ -217,7 +368,7 @@ def test_no_secret_in_any_table_or_log_after_the_demo(demo_run):
 
 def test_the_scan_finds_a_planted_secret_where_it_was_planted(demo_run):
     """Positive control: each form of a secret planted into a scratch copy of the dump is reported by table and column."""
-    named, dump, logs = demo_run
+    named, dump, logs = demo_run.named, demo_run.dump, demo_run.logs
     name, secret = next((n, s) for n, s in named.items() if n.startswith("billing-main/"))
     row = next(line for line in dump.splitlines() if line.startswith("INSERT INTO `connectors_remoteeffectattempt`"))
     table, spans = _columns_at(row)
