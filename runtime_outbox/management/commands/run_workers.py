@@ -84,10 +84,10 @@ class UnitStatements:
 
 class Command(BaseCommand):
     help = "Run NexusFlow workers of one or more roles."
-    #: Before it claims anything a worker checks the database substrate and that every message family has
-    #: its consumer; the model, URL and admin checks are the deployment's (``manage.py check``), not each
-    #: worker start's.
-    requires_system_checks = ["substrate", "runtime_outbox"]
+    #: Before it claims anything a worker checks that every message family has its consumer. A worker serves no
+    #: URL and no admin page: the model, URL, admin and substrate-exposure checks are the web deployment's
+    #: (``manage.py check``, ``check --deploy``), not each worker start's.
+    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("--role", action="append", choices=[*registered_roles(), "all"], required=True,
