@@ -44,6 +44,7 @@ from packs.demo.run import (
     _free_port,
     _progress_marker,
     _wait_http,
+    collect_static,
     db_url,
     manage_failures,
     migrate_databases,
@@ -454,7 +455,7 @@ def run_journey(name: str, *, as_json: bool = False, report_out: dict | None = N
         say(f"journey {name}: recreating databases {', '.join(databases)}")
         create_migrated_databases(cfg, *databases, migrate=lambda main, control: migrate_databases(
             {**env, "NEXUS_DB_URL": db_url(cfg, main), "NEXUS_CONTROL_DB_URL": db_url(cfg, control)}))
-        harness.manage_all(["collectstatic", "--noinput", "-v0"])
+        collect_static(harness.env)
         say(f"journey {name}: migrated in {time.monotonic() - started:.1f} s")
         journey.stage(harness)
         harness.start_web_and_workers()
