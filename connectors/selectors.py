@@ -12,6 +12,7 @@ optional ``reason_code`` filter and returns the rows an operator reads.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 
 from django.db import connection, connections
 from django.db.models import Exists, OuterRef, QuerySet
@@ -47,32 +48,20 @@ _SERVING_GATE_JOIN = ("JOIN connectors_accountservinggate g ON g.org_id = {row}.
                       " AND g.epoch_id = {row}.epoch_id ")
 
 
-#: ``(model label, org id or None, id, digest)`` -> a row whose document never changes, read once per process by
-#: :func:`frozen_row`; at most :data:`FROZEN_ROWS_KEPT` entries.
-_FROZEN_ROWS: dict[tuple, object] = {}
-FROZEN_ROWS_KEPT = 256
-
-
+@functools.lru_cache(maxsize=256)
 def frozen_row(model, *, pk: int, digest: str, org_id: str | None = None):
     """The ``model`` row ``pk`` whose ``digest`` is ``digest`` (and of ``org_id`` when given), read once per process.
 
     For rows whose digested document never changes after insert (a PackGeneration, a ServingEpoch): the key
     holds the digest the caller froze, so a held row can only be that document, and a row id reused by a
-    recreated database never serves another. Only the digested columns may be used from it (a ServingEpoch's
-    state is not: read that from its row). Callers do not change the returned row.
+    recreated database never serves another. A miss is not kept. Only the digested columns may be used from
+    it (a ServingEpoch's state is not: read that from its row). Callers do not change the returned row.
 
     Raises:
         model.DoesNotExist: no such row with that digest.
     """
-    key = (model._meta.label, org_id, int(pk), digest)
-    row = _FROZEN_ROWS.get(key)
-    if row is None:
-        filters = {"pk": pk, "digest": digest} if org_id is None else {"org_id": org_id, "pk": pk, "digest": digest}
-        row = model.objects.get(**filters)
-        if len(_FROZEN_ROWS) >= FROZEN_ROWS_KEPT:
-            _FROZEN_ROWS.clear()
-        _FROZEN_ROWS[key] = row
-    return row
+    filters = {"pk": pk, "digest": digest} if org_id is None else {"org_id": org_id, "pk": pk, "digest": digest}
+    return model.objects.get(**filters)
 
 
 def push_rows_of_record(*, org_id: str, source_object: str, source_record_key: str, action_type: str,

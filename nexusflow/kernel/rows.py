@@ -21,7 +21,7 @@ from typing import Any
 
 from django.db import connections, models, router
 
-__all__ = ["RowShape", "every_row", "first_row", "row_shape"]
+__all__ = ["RowShape", "every_row", "fetch_where", "first_row", "row_shape"]
 
 
 class RowShape:
@@ -138,6 +138,36 @@ def row_shape(model: type[models.Model], alias: str = "default") -> RowShape:
     return _shape(model, alias)
 
 
+def fetch_where(model: type[models.Model], filters: dict[str, Any], *, alias: str | None = None, order: str = "",
+                limit: int | None = None, suffix: str = "", extra: str = "", extra_params: Sequence[Any] = ()
+                ) -> list | None:
+    """Instances of ``model`` matching equality ``filters``, read by SQL built once per model.
+
+    Args:
+        alias: the database (default: the model's read database).
+        order: an ``ORDER BY`` list of the model's columns (e.g. ``"`id`"``, ``"`generation` DESC"``).
+        limit: at most that many rows.
+        suffix: appended last (``" FOR UPDATE"``, ``" LOCK IN SHARE MODE"``...).
+        extra: ``", (<sql>) AS `name`"`` read with each row (its parameters ``extra_params``): each row is then
+            ``(instance, (value,))``, the value as the driver returned it.
+
+    Returns:
+        The rows, or ``None`` when a filter is not plain equality on an own column (the caller then reads
+        through the ORM).
+
+    Raises:
+        InvalidIdentity: a value the column's lookup refuses (before SQL).
+    """
+    shape = row_shape(model, alias or router.db_for_read(model))
+    built = shape.where(filters)
+    if built is None:
+        return None
+    where, params = built
+    tail = (f" ORDER BY {order}" if order else "") + (f" LIMIT {int(limit)}" if limit else "") + suffix
+    return shape.fetch(shape.select_sql(where, extra=extra, suffix=tail), [*extra_params, *params],
+                       extra_columns=1 if extra else 0)
+
+
 def first_row(model: type[models.Model], **filters: Any):
     """``model.objects.filter(**filters).first()``: the matching row with the lowest key, or ``None``.
 
@@ -147,7 +177,7 @@ def first_row(model: type[models.Model], **filters: Any):
     Raises:
         InvalidIdentity: a value the column's lookup refuses (before SQL).
     """
-    rows = _plain(model, filters, " LIMIT 1")
+    rows = None if model._meta.ordering else fetch_where(model, filters, order=f"`{model._meta.pk.column}`", limit=1)
     if rows is None:
         return model.objects.filter(**filters).first()
     return rows[0] if rows else None
@@ -155,18 +185,7 @@ def first_row(model: type[models.Model], **filters: Any):
 
 def every_row(model: type[models.Model], **filters: Any) -> list:
     """``list(model.objects.filter(**filters).order_by("pk"))`` (see :func:`first_row` for what is built here)."""
-    rows = _plain(model, filters, "")
+    rows = fetch_where(model, filters, order=f"`{model._meta.pk.column}`")
     if rows is None:
         return list(model.objects.filter(**filters).order_by("pk"))
     return rows
-
-
-def _plain(model: type[models.Model], filters: dict[str, Any], limit: str) -> list | None:
-    if model._meta.ordering:
-        return None
-    shape = row_shape(model, router.db_for_read(model))
-    built = shape.where(filters)
-    if built is None:
-        return None
-    where, params = built
-    return shape.fetch(shape.select_sql(where, suffix=f" ORDER BY `{model._meta.pk.column}`{limit}"), params)

@@ -17,7 +17,7 @@ from .errors import IllegalTransition, MultipleRowsUpdated, ReasonRequired, Stal
 from .identity import validate_key
 from .ids import require_id, sql_param
 from .models import insert, typed_id_fields
-from .rows import row_shape
+from .rows import fetch_where, row_shape
 from .store_registry import STORES, load_all_stores, register_store  # noqa: F401 (read here by commands and tests)
 from .transitions import StateMachine
 
@@ -80,26 +80,11 @@ class CasStore:
         return ids
 
     @classmethod
-    def _fetch(cls, filters: dict[str, Any], *, suffix: str = "", order_by_id: bool = False,
-               extra: str = "", extra_params: tuple = (), limit: int | None = None) -> list | None:
-        """Rows of this model matching equality ``filters``, read by SQL built once per model
-        (:mod:`nexusflow.kernel.rows`) with ``suffix`` (``" FOR UPDATE"``, ``" LOCK IN SHARE MODE"``...).
-
-        With ``extra`` (``", (<sql>) AS `name`"``, its parameters ``extra_params``) each row is
-        ``(instance, (value,))``. ``None`` when a filter is not plain equality on an own column: the caller
-        then reads through the ORM.
-
-        Raises:
-            InvalidIdentity: a value the column's lookup refuses (before SQL).
-        """
-        shape = row_shape(cls.model, cls.db())
-        built = shape.where(filters)
-        if built is None:
-            return None
-        where, params = built
-        tail = (" ORDER BY `id`" if order_by_id else "") + (f" LIMIT {int(limit)}" if limit else "") + suffix
-        return shape.fetch(shape.select_sql(where, extra=extra, suffix=tail), [*extra_params, *params],
-                           extra_columns=1 if extra else 0)
+    def _fetch(cls, filters: dict[str, Any], **read) -> list | None:
+        """This model's rows matching equality ``filters`` on its write database (``read``: the ``order``,
+        ``limit``, ``suffix`` and ``extra`` of :func:`nexusflow.kernel.rows.fetch_where`); ``None`` means the
+        caller reads through the ORM."""
+        return fetch_where(cls.model, filters, alias=cls.db(), **read)
 
     @classmethod
     def _one(cls, rows: list, filters: dict[str, Any]):
@@ -277,7 +262,7 @@ class CasStore:
             LockOrderViolation: taken after a higher position (mode ``raise``).
         """
         cls._note()
-        rows = cls._fetch({"org_id": org_id, **filters}, order_by_id=True, suffix=cls._for_update())
+        rows = cls._fetch({"org_id": org_id, **filters}, order="`id`", suffix=cls._for_update())
         if rows is None:
             rows = list(cls.model.objects.select_for_update().filter(org_id=org_id, **filters).order_by("id"))
         for row in rows[:1] + rows[-1:]:  # the lowest key against what is held, then the highest is held

@@ -1,11 +1,9 @@
 """Record reads (no locks)."""
 from __future__ import annotations
 
-from django.db import router
-
 from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.permissions import operator_org_ids
-from nexusflow.kernel.rows import first_row, row_shape
+from nexusflow.kernel.rows import fetch_where, first_row
 from nexusflow.kernel.scope import OrgScope
 
 from .models import Record
@@ -53,12 +51,9 @@ def access_policy_latest(*, org_id: str):
     from .models import AccessPolicyGeneration
 
     # Read on every save and push authorization: SQL built once per model (nexusflow/kernel/rows.py).
-    shape = row_shape(AccessPolicyGeneration, router.db_for_read(AccessPolicyGeneration))
-    built = shape.where({"org_id": org_id})
-    if built is None:
+    rows = fetch_where(AccessPolicyGeneration, {"org_id": org_id}, order="`generation` DESC", limit=1)
+    if rows is None:
         return AccessPolicyGeneration.objects.filter(org_id=org_id).order_by("-generation").first()
-    where, params = built
-    rows = shape.fetch(shape.select_sql(where, suffix=" ORDER BY `generation` DESC LIMIT 1"), params)
     return rows[0] if rows else None
 
 

@@ -13,6 +13,7 @@ authors another intent.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from nexusflow.kernel import failpoints
@@ -28,6 +29,7 @@ from ..binding import scope_of
 from ..handlers import binary_supports
 from ..models import FlowEffectLink, FlowExecutionPlan, FlowRun, FlowWakeSignal
 from ..producers import PRODUCER_RUNTIME_INTENT
+from ..selectors import flow_plan_of
 from ..step_values import action_call_inputs
 from ..store import FlowDependencyStore, FlowWakeSignalStore, effect_link_insert
 from .claim import StepClaim
@@ -54,30 +56,24 @@ def effect_root_id_for(*, org_id: str, plan_id: str, run_id: FlowRun.Id | int) -
     return digest_v2("flows.effect-root", [("org_id", org_id), ("plan_id", plan_id), ("flow_run_id", run_id)]).hexdigest
 
 
-#: ``(org id, plan id, plan digest)`` -> the verified sealed read view of that plan's catalog generation
-#: (see :func:`_handler_binding_matches`); at most :data:`SNAPSHOTS_KEPT` entries.
-_SNAPSHOTS: dict[tuple[str, int, str], Any] = {}
-SNAPSHOTS_KEPT = 256
+@functools.lru_cache(maxsize=256)
+def _verified_snapshot(org_id: str, plan_id: int, plan_digest: str):
+    """The sealed read view of the plan's own catalog generation, verified once per process (a plan and the
+    generation it pins by digest never change; a view that fails verification raises and is not kept)."""
+    return _persisted_snapshot(flow_plan_of(org_id=org_id, plan_id=plan_id, plan_digest=plan_digest))
 
 
 def _handler_binding_matches(plan: FlowExecutionPlan, step_def: dict[str, Any]) -> bool:
     """Does the persisted generation and this binary's handler equal what the plan pinned? (section 8.4).
 
     Rebuilds the sealed read view from the plan's own ``FlowActionCatalogGeneration``
-    (scope and digest verified), never from the shipped catalog or another registry. A plan and the
-    catalog generation it pins by digest never change, so a view that verified is kept per process by the
-    plan's id and digest (not rebuilt for every effect); one that failed is never kept.
+    (scope and digest verified), never from the shipped catalog or another registry; once per plan and
+    process (:func:`_verified_snapshot`).
     """
-    key = (plan.org_id, int(plan.pk), plan.plan_digest)
-    snapshot = _SNAPSHOTS.get(key)
-    if snapshot is None:
-        try:
-            snapshot = _persisted_snapshot(plan)
-        except NexusError:
-            return False
-        if len(_SNAPSHOTS) >= SNAPSHOTS_KEPT:
-            _SNAPSHOTS.clear()
-        _SNAPSHOTS[key] = snapshot
+    try:
+        snapshot = _verified_snapshot(plan.org_id, int(plan.pk), plan.plan_digest)
+    except NexusError:
+        return False
     entry = snapshot.entries.get(step_def["action_key"])
     return (entry is not None and entry.entry_digest == step_def["entry_digest"]
             and entry.binding_fingerprint == step_def["binding_fingerprint"] and binary_supports(entry))
