@@ -366,8 +366,12 @@ def rehearsal_server():
     log = (workdir / "server.log").open("wb")
     try:
         started = time.monotonic()
+        # Its own tmpdir: a starting mariadbd deletes every ``#sql*`` file in its tmpdir as left over from an
+        # earlier run of itself, and the shared default (/tmp) holds the live server's temporary tables.
+        (workdir / "tmp").mkdir()
+        own_tmp = f"--tmpdir={workdir / 'tmp'}"
         install = subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={workdir / 'data'}",
-                                  "--auth-root-authentication-method=normal", "--skip-test-db", *as_root],
+                                  "--auth-root-authentication-method=normal", "--skip-test-db", own_tmp, *as_root],
                                  capture_output=True, timeout=300)
         if install.returncode != 0:
             raise OSError(f"mariadb-install-db exited {install.returncode}: "
@@ -376,7 +380,7 @@ def rehearsal_server():
         port = _free_port()
         process = subprocess.Popen(
             ["mariadbd", "--no-defaults", f"--datadir={workdir / 'data'}", f"--socket={workdir / 'sock'}",
-             f"--port={port}", "--bind-address=127.0.0.1", "--skip-grant-tables", "--skip-log-bin",
+             f"--port={port}", "--bind-address=127.0.0.1", "--skip-grant-tables", "--skip-log-bin", own_tmp,
              "--innodb-buffer-pool-size=64M", f"--pid-file={workdir / 'server.pid'}", *as_root],
             stdout=log, stderr=subprocess.STDOUT)
         server = {"host": "127.0.0.1", "port": port, "user": "root", "password": "", "name": "mysql"}

@@ -212,7 +212,16 @@ def test_the_rehearsal_rejects_a_dump_whose_content_differs_from_the_bound_facts
     at = data.index(b"'v1_drained'", start)
     _rewrite(capture, "default.sql", data[:at] + b"'v1_serving'" + data[at + len(b"'v1_drained'"):])
     before = _rehearsal_dirs()
+    # A starting mariadbd deletes the ``#sql*`` files of its tmpdir; the live server keeps its temporary
+    # tables in its own tmpdir, and the rehearsal must leave them alone.
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT @@tmpdir")
+        [live_tmpdir] = cursor.fetchone()
+    probe = Path(live_tmpdir.split(":")[0]) / f"#sql-temptable-rehearsal-probe-{tmp_path.name}.MAI"
+    probe.write_bytes(b"a temporary table of the live server")
     rejected = _assert_rejected(drained, tmp_path, reasons.RESTORE_POINT_REHEARSAL_FAILED)
+    assert probe.exists(), "the rehearsal server deleted the live server's temporary table files"
+    probe.unlink()
     assert {"default.connectors_accountservinggate", "v1_facts.account_serving_gates"} <= \
         {b["subject"] for b in rejected.blockers}
     assert _rehearsal_dirs() == before
