@@ -54,6 +54,7 @@ from nexusflow.kernel.tuning import setting_number
 
 from . import messages
 from .models import OutboxMessage
+from .selectors import outbox_message_due
 from .store import OutboxMessageStore
 
 log = logging.getLogger(__name__)
@@ -148,8 +149,7 @@ def outbox_try_reconcile_one() -> bool:
     if transaction.get_connection().in_atomic_block:
         raise RuntimeError("handoff reconciliation runs outside any transaction")
     now = db_now()
-    message = (OutboxMessage.objects.filter(state="reconciling").exclude(next_attempt_at__gt=now)
-               .order_by("next_attempt_at", "id").first())
+    message = outbox_message_due(state="reconciling", now=now)
     if message is None:
         return False
     _reconcile(message, now)

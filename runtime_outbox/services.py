@@ -23,6 +23,7 @@ from nexusflow.kernel.scope import OrgScope, TrustedRuntimeWorkScope
 from . import commands, handoff, messages, ports, replay_guard
 from .models import ApplicationResult, IntentResultReceipt, OutboundCommand, OutboxMessage
 from .owner import OwnerDeleted, OwnerFenceMissing
+from .selectors import outbox_message_due
 from .store import OutboxMessageStore
 from .transitions import INTENT_RESULT_OUTCOMES
 
@@ -341,8 +342,7 @@ def outbox_try_deliver_one() -> bool:
     if transaction.get_connection().in_atomic_block:
         raise RuntimeError("outbox draining runs outside any transaction")
     now = db_now()
-    message = (OutboxMessage.objects.filter(state="pending")
-               .exclude(next_attempt_at__gt=now).order_by("next_attempt_at", "id").first())
+    message = outbox_message_due(state="pending", now=now)
     if message is None:
         return False
     backoff = handoff.retry_backoff_seconds(message.delivery_attempts)

@@ -168,8 +168,9 @@ def _docstrings(tree: ast.AST) -> set[int]:
 # --- 2. no unscoped read by id ------------------------------------------------
 #: Queryset methods whose keyword arguments select rows.
 READ_METHODS = frozenset({"get", "filter", "exclude", "get_or_create", "update_or_create", "in_bulk"})
-#: The kernel's row readers (nexusflow/kernel/rows.py): ``first_row(Model, **filters)`` is a ``filter`` of ``Model``.
-ROW_READERS = frozenset({"first_row", "every_row"})
+#: The kernel's row readers (nexusflow/kernel/rows.py): ``first_row(Model, **filters)`` and
+#: ``first_joined(Model, related, **filters)`` are a ``filter`` of ``Model``.
+ROW_READERS = frozenset({"first_row", "every_row", "first_joined", "get_joined"})
 #: Keyword arguments of those methods that are not lookups.
 NON_LOOKUP_KWARGS = frozenset({"defaults", "create_defaults", "field_name", "id_list", "batch_size"})
 #: Lookups that constrain the tenant.
@@ -501,6 +502,26 @@ def _base_class(node: ast.AST) -> str | None:
     return name if name in {"QuerySet", "Model", "Manager", "BaseManager"} else None
 
 
+#: The kernel's row readers (nexusflow/kernel/rows.py) that can read with a lock.
+_ROW_LOCKERS = frozenset({"get_row", "fetch_where", "fetch_joined"})
+
+
+def _locking_row_read(node: ast.Call) -> bool:
+    """Whether ``node`` calls a row reader with a lock (``lock=``, or a ``suffix=`` that locks or is not literal)."""
+    name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+    if name not in _ROW_LOCKERS:
+        return False
+    for keyword in node.keywords:
+        value = keyword.value
+        literal = value.value if isinstance(value, ast.Constant) else None
+        if keyword.arg == "lock" and literal != "":
+            return True
+        if keyword.arg == "suffix" and (not isinstance(literal, str) or "FOR UPDATE" in literal.upper()
+                                        or "SHARE MODE" in literal.upper()):
+            return True
+    return False
+
+
 def check_store_discipline(source: str, path: str) -> list[Violation]:
     """Report lock and write shortcuts that bypass the stores (ARCHITECTURE.md section 6).
 
@@ -508,7 +529,10 @@ def check_store_discipline(source: str, path: str) -> list[Violation]:
 
     - ``select_for_update`` is refused: a lock taken there would skip the
       lock-order check (``CasStore.lock``, ``lock_where`` and ``lock_all`` note
-      their position first);
+      their position first); so is a locking read through the kernel's row
+      readers (``get_row(..., lock=...)``, ``fetch_where``/``fetch_joined`` with a
+      ``FOR UPDATE`` or ``LOCK IN SHARE MODE`` suffix). ``nexusflow/kernel/rows.py``
+      itself, the readers the stores call, is the one exception;
     - ``insert(..., allow_any_state=...)`` is refused: only test fixtures may
       insert a stateful row in a non-initial state;
     - ``@transaction.atomic`` as a decorator is refused: one ``Atomic`` object
@@ -536,7 +560,10 @@ def check_store_discipline(source: str, path: str) -> list[Violation]:
                 not path.endswith("nexusflow/kernel/models.py"):
             found.append(Violation(path, node.lineno, "store-discipline", "store-insert flag outside kernel.models"))
         elif isinstance(node, ast.Attribute) and node.attr == "select_for_update":
-            found.append(Violation(path, node.lineno, "store-discipline", "select_for_update outside a store"))
+            if not path.endswith("nexusflow/kernel/rows.py"):
+                found.append(Violation(path, node.lineno, "store-discipline", "select_for_update outside a store"))
+        elif isinstance(node, ast.Call) and _locking_row_read(node) and not path.endswith("nexusflow/kernel/rows.py"):
+            found.append(Violation(path, node.lineno, "store-discipline", "locking row read outside a store"))
         elif isinstance(node, ast.Call) and any(k.arg == "allow_any_state" for k in node.keywords):
             found.append(Violation(path, node.lineno, "store-discipline", "insert(allow_any_state=...) outside tests"))
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):

@@ -234,6 +234,11 @@ def test_locks_and_state_writes_go_through_stores(path):
 @pytest.mark.parametrize("source,detail", [
     ("def f(o):\n    return Execution.objects.select_for_update().filter(org_id=o)\n",
      "select_for_update outside a store"),
+    ("def f(o):\n    return get_row(Record, {'org_id': o}, lock='update')\n", "locking row read outside a store"),
+    ("def f(o):\n    return fetch_where(Execution, {'org_id': o}, suffix=' FOR UPDATE')\n",
+     "locking row read outside a store"),
+    ("def f(o, s):\n    return fetch_joined(Execution, ('lane',), {'org_id': o}, suffix=s)\n",
+     "locking row read outside a store"),
     ("def f():\n    return insert(RemoteEffect, allow_any_state=True, state='uncertain')\n",
      "insert(allow_any_state=...) outside tests"),
     ("from django.db import transaction\n@transaction.atomic\ndef f():\n    pass\n", "@atomic decorator on f()"),

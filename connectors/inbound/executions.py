@@ -42,7 +42,7 @@ from nexusflow.kernel.logs import log_context
 from nexusflow.kernel.models import insert
 from nexusflow.kernel.pressure import mutation_admission
 from nexusflow.kernel.retry import retry_deadlock_victim
-from nexusflow.kernel.rows import first_row
+from nexusflow.kernel.rows import first_row, get_joined
 from runtime_outbox.policy import runtime_policy
 
 log = logging.getLogger(__name__)
@@ -364,8 +364,7 @@ def execution_run(claim: Claim) -> bool:
 def _execution_run(claim: Claim) -> bool:
     from runtime_outbox.services import application_command_submit
 
-    execution = Execution.objects.select_related("projection__event__epoch").get(
-        org_id=claim.org_id, pk=claim.execution_id)
+    execution = get_joined(Execution, ("projection__event__epoch",), org_id=claim.org_id, pk=claim.execution_id)
     result = application_command_submit(
         org_id=claim.org_id, command_id=execution.command_id, execution_ref_digest=execution.execution_ref_digest,
         command=build_runtime_command(execution))

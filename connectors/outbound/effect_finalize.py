@@ -24,7 +24,7 @@ from connectors.store import (
     RemoteLinkStore,
 )
 from nexusflow.kernel import failpoints, locks
-from nexusflow.kernel.rows import first_row
+from nexusflow.kernel.rows import fetch_joined, first_row
 from nexusflow.kernel.scope import OrgScope
 
 log = logging.getLogger(__name__)
@@ -55,10 +55,11 @@ def effect_try_finalize_one(*, lanes: tuple[str, ...] = KNOWN_LANES) -> bool:
     from runtime_outbox.store import OutboundCommandStore
 
     lanes = tuple(lane for lane in lanes if lane in KNOWN_LANES)
-    effect = (RemoteEffect.objects.filter(state="remote_confirmed", dispatch_lane__in=lanes)
-              .select_related("command").order_by("id").first())
-    if effect is None:
+    found = fetch_joined(RemoteEffect, ("command",), {"state": "remote_confirmed", "dispatch_lane__in": lanes},
+                         order="T0.`id`", limit=1)
+    if not found:
         return False
+    effect = found[0]
     command = effect.command
     _binding, contract, _profile = frozen_contract(effect)
     writeback = command.frozen_binding.get("writeback") or {

@@ -50,7 +50,7 @@ from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.errors import InvalidIdentity, StaleVersion
 from nexusflow.kernel.identity import canonical_locator
-from nexusflow.kernel.rows import first_row
+from nexusflow.kernel.rows import first_row, get_joined
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def permit_try_grant_one(*, worker_id: str, lanes: tuple[str, ...] = KNOWN_LANES
     lanes = tuple(lane for lane in lanes if lane in KNOWN_LANES)
     now = db_now()
     for org_id, effect_id in head_of_lane_prepared(now, NONTERMINAL, lanes):
-        effect = RemoteEffect.objects.select_related("command").get(org_id=org_id, pk=effect_id)
+        effect = get_joined(RemoteEffect, ("command",), org_id=org_id, pk=effect_id)
         try:
             _require_material(effect)
             grant = _grant(effect, worker_id)

@@ -36,6 +36,7 @@ from nexusflow.kernel import failpoints, locks
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.logs import traceparent_for
+from nexusflow.kernel.rows import get_joined
 from nexusflow.kernel.tls import tls_context
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ def permit_send(grant: Grant, *, client: httpx.Client | None = None) -> Response
         The provider response, or ``None`` when this caller lost the one-shot
         transition (another caller sent, or the Permit was closed).
     """
-    effect = RemoteEffect.objects.select_related("command").get(org_id=grant.org_id, pk=grant.effect_id)
+    effect = get_joined(RemoteEffect, ("command",), org_id=grant.org_id, pk=grant.effect_id)
     binding, contract, profile = frozen_contract(effect)
     attempt = RemoteEffectAttempt.objects.get(org_id=grant.org_id, pk=grant.attempt_id)
     owned = client is None

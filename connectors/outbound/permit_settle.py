@@ -44,7 +44,7 @@ from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.errors import InvalidIdentity, StaleVersion
 from nexusflow.kernel.identity import canonical_locator
-from nexusflow.kernel.rows import first_row
+from nexusflow.kernel.rows import first_row, get_joined
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def permit_settle(grant: Grant, response: Response) -> str:
     """
     from runtime_outbox.services import intent_result_record
 
-    effect = RemoteEffect.objects.select_related("command").get(org_id=grant.org_id, pk=grant.effect_id)
+    effect = get_joined(RemoteEffect, ("command",), org_id=grant.org_id, pk=grant.effect_id)
     _binding, contract, profile = frozen_contract(effect)
     now = db_now()
     limits = outcomes.rate_limit(profile)

@@ -7,17 +7,20 @@ from django.db import connection
 from django.db.models import Count, QuerySet
 
 from nexusflow.kernel.ids import require_id
+from nexusflow.kernel.rows import row_shape
 from nexusflow.kernel.scope import OrgScope
 
 from . import transitions as t
 from .models import (
     FlowActivation,
     FlowCheckpoint,
+    FlowDependency,
     FlowEffectLink,
     FlowExecutionPlan,
     FlowRun,
     FlowStepAttempt,
     FlowStepExecution,
+    FlowWakeSignal,
 )
 
 
@@ -439,3 +442,44 @@ def flow_steps_by_reason(codes) -> dict[str, int]:
                 .annotate(n=Count("pk")).order_by()):
         out[row["reason_code"]] = int(row["n"])
     return out
+
+
+def flow_activations_on(*, org_id: str, object_name: str) -> list[FlowActivation]:
+    """The org's ``Active`` activations whose plan triggers on ``object_name``, in id order, each carrying its
+    immutable plan (:func:`flow_plan_of`, by the digest read with the activation).
+
+    One statement for a record save's before-save and after-save admission (seed 004 sections 7.4 and 9):
+    which activations are active is read every time; a plan is decoded once per process.
+
+    Raises:
+        InvalidIdentity: ``org_id`` or ``object_name`` is not canonical (before SQL).
+    """
+    activation, plan = row_shape(FlowActivation), row_shape(FlowExecutionPlan)
+    on_activation = activation.where({"org_id": org_id, "state": t.ACTIVATION_ACTIVE}, prefix="a.")
+    on_plan = plan.where({"trigger_object_name": object_name}, prefix="p.")
+    sql = (f"SELECT {activation.columns_as('a')}, p.`plan_digest` FROM `{activation.table}` a "
+           f"INNER JOIN `{plan.table}` p ON (a.`plan_id` = p.`id`) "
+           f"WHERE {on_activation[0]} AND {on_plan[0]} ORDER BY a.`id`")
+    out = []
+    for row, (plan_digest,) in activation.fetch(sql, [*on_activation[1], *on_plan[1]], extra_columns=1):
+        row.plan = flow_plan_of(org_id=org_id, plan_id=row.plan_id, plan_digest=plan_digest)
+        out.append(row)
+    return out
+
+
+def flow_wake_candidates(*, limit: int) -> list[FlowWakeSignal]:
+    """Unmatched wake signals (all orgs) whose run still waits on their dependency key, oldest first (non-locking).
+
+    A signal names a ``Waiting`` FlowDependency of its run with the same complete work scope (org,
+    installation, capability, binding) and key; the wake worker then locks root -> step -> dependency ->
+    signal and decides (section 14.2 step 6). Built once per process: it runs on every wake round.
+    """
+    signals, dependencies = row_shape(FlowWakeSignal), row_shape(FlowDependency)
+    where, params = signals.where({"state": t.SIGNAL_UNMATCHED})
+    waiting, waiting_params = dependencies.where({"state": t.DEP_WAITING}, prefix="d.")
+    same = " AND ".join(f"d.`{column}` = `{signals.table}`.`{column}`" for column in
+                        ("org_id", "app_installation_id", "runtime_capability_id", "binding_digest", "dependency_key"))
+    sql = signals.select_sql(
+        f"{where} AND EXISTS (SELECT 1 FROM `{dependencies.table}` d WHERE {same} "
+        f"AND d.`run_id` = `{signals.table}`.`flow_run_id` AND {waiting})", suffix=f" ORDER BY `id` LIMIT {int(limit)}")
+    return signals.fetch(sql, [*params, *waiting_params])

@@ -21,7 +21,8 @@ from typing import Any
 
 from django.db import connections, models, router
 
-__all__ = ["RowShape", "every_row", "fetch_where", "first_row", "row_shape"]
+__all__ = ["RowShape", "every_row", "fetch_joined", "fetch_where", "first_joined", "first_row", "get_joined",
+           "get_row", "row_shape"]
 
 
 class RowShape:
@@ -55,11 +56,15 @@ class RowShape:
         pk = meta.pk
         self.pk_converters = tuple(pk.get_db_converters(connection)) if meta.auto_field is pk else ()
 
+    def columns_as(self, alias: str) -> str:
+        """The ``SELECT`` list of every column qualified by the table alias ``alias`` (for a join)."""
+        return ", ".join(f"{alias}.`{f.column}`" for f in self.fields)
+
     def select_sql(self, where: str, *, extra: str = "", suffix: str = "") -> str:
         """``SELECT <every column>{extra} FROM <table> WHERE {where}{suffix}``."""
         return f"SELECT {self.columns_sql}{extra} FROM `{self.table}` WHERE {where}{suffix}"
 
-    def where(self, filters: dict[str, Any]) -> tuple[str, list[Any]] | None:
+    def where(self, filters: dict[str, Any], *, prefix: str = "") -> tuple[str, list[Any]] | None:
         """``(sql, params)`` for ``filters`` (``column = value`` joined by AND), or ``None`` when a filter is not
         plain equality on one of the model's own columns (the caller then uses the ORM).
 
@@ -73,15 +78,13 @@ class RowShape:
         parts, params = [], []
         for name, value in filters.items():
             field = self.by_name.get(name)
-            if field is None or value is None or hasattr(value, "resolve_expression"):
+            if field is None:
                 return None
-            if isinstance(value, models.Model):
-                # A related row stands for its key, as in a lookup; any other model object is the ORM's to refuse.
-                if not (field.is_relation and isinstance(value, field.related_model)) or value.pk is None:
-                    return None
-                value = value.pk
-            parts.append(f"`{field.column}` = %s")
-            params.append(field.get_db_prep_value(value, connection, prepared=False))
+            prepared = _prepared(field, value, connection)
+            if prepared is None:
+                return None
+            parts.append(f"{prefix}`{field.column}` = %s")
+            params.append(prepared[0])
         return " AND ".join(parts) or "1", params
 
     def fetch(self, sql: str, params: Sequence[Any], *, extra_columns: int = 0) -> list:
@@ -126,6 +129,18 @@ class RowShape:
         setattr(obj, self.model._meta.pk.attname, key)
         obj._state.adding = False
         obj._state.db = self.alias
+
+
+def _prepared(field, value: Any, connection) -> tuple[Any] | None:
+    """``(value prepared as an equality lookup on field prepares it,)``, or ``None`` when it is not plain."""
+    if value is None or hasattr(value, "resolve_expression"):
+        return None
+    if isinstance(value, models.Model):
+        # A related row stands for its key, as in a lookup; any other model object is the ORM's to refuse.
+        if not (field.is_relation and isinstance(value, field.related_model)) or value.pk is None:
+            return None
+        value = value.pk
+    return (field.get_db_prep_value(value, connection, prepared=False),)
 
 
 @functools.cache
@@ -183,9 +198,175 @@ def first_row(model: type[models.Model], **filters: Any):
     return rows[0] if rows else None
 
 
+#: ``get_row``'s ``lock`` values: the locking clause and the queryset call it stands for.
+_LOCKS = {"": ("", lambda qs: qs), "update": (" FOR UPDATE", lambda qs: qs.select_for_update()),
+          "update_nowait": (" FOR UPDATE NOWAIT", lambda qs: qs.select_for_update(nowait=True))}
+
+
+def get_row(model: type[models.Model], filters: dict[str, Any], *, lock: str = ""):
+    """``model.objects.get(**filters)``, or with ``lock="update"`` (``"update_nowait"``)
+    ``model.objects.select_for_update([nowait=True]).get(**filters)``, built as :func:`first_row` is.
+
+    Raises:
+        model.DoesNotExist: no row matches.
+        model.MultipleObjectsReturned: more than one row matches.
+        django.db.OperationalError: ``update_nowait`` and another transaction holds the row.
+        InvalidIdentity: a value the column's lookup refuses (before SQL).
+    """
+    suffix, queryset = _LOCKS[lock]
+    rows = fetch_where(model, filters, limit=21, suffix=suffix)  # 21: the ORM's own get() limit
+    if rows is None:
+        return queryset(model.objects.all()).get(**filters)
+    if not rows:
+        raise model.DoesNotExist(f"{model._meta.object_name} matching query does not exist.")
+    if len(rows) > 1:
+        raise model.MultipleObjectsReturned(f"get() returned more than one {model._meta.object_name} -- it "
+                                            f"returned {len(rows) if len(rows) < 21 else 'more than 20'}!")
+    return rows[0]
+
+
 def every_row(model: type[models.Model], **filters: Any) -> list:
     """``list(model.objects.filter(**filters).order_by("pk"))`` (see :func:`first_row` for what is built here)."""
     rows = fetch_where(model, filters, order=f"`{model._meta.pk.column}`")
     if rows is None:
         return list(model.objects.filter(**filters).order_by("pk"))
     return rows
+
+
+class _Joined:
+    """A model read with forward foreign keys followed (``select_related``'s rows), its SQL built once.
+
+    Table aliases are ``T0`` (the model) and ``T1``... (each related model, in the order the paths name them);
+    a key that may be null, or one reached through such a key, is a ``LEFT OUTER JOIN``, any other an inner
+    join, as Django joins them.
+    """
+
+    def __init__(self, model: type[models.Model], related: tuple[str, ...], alias: str):
+        self.base = row_shape(model, alias)
+        #: ``(path, parent index, field, shape, outer)``; index 0 is the model itself.
+        self.nodes: list[tuple[str, int, Any, RowShape, bool]] = [("", -1, None, self.base, False)]
+        index = {"": 0}
+        for path in related:
+            parts = path.split("__")
+            for depth in range(len(parts)):
+                sub, parent = "__".join(parts[:depth + 1]), "__".join(parts[:depth])
+                if sub in index:
+                    continue
+                parent_node = self.nodes[index[parent]]
+                field = parent_node[3].model._meta.get_field(parts[depth])
+                if not (field.concrete and (field.many_to_one or field.one_to_one)):
+                    raise ValueError(f"{path}: {field.name} is not a forward foreign key of {parent_node[3].model}")
+                outer = bool(field.null or parent_node[4])
+                index[sub] = len(self.nodes)
+                self.nodes.append((sub, index[parent], field, row_shape(field.related_model, alias), outer))
+        self.index = index
+        columns, joins = [], []
+        for i, (_path, parent, field, shape, outer) in enumerate(self.nodes):
+            columns.append(shape.columns_as(f"T{i}"))
+            if i:
+                joins.append(f" {'LEFT OUTER' if outer else 'INNER'} JOIN `{shape.table}` T{i} "
+                             f"ON (T{parent}.`{field.column}` = T{i}.`{field.target_field.column}`)")
+        self.head = f"SELECT {', '.join(columns)} FROM `{self.base.table}` T0{''.join(joins)}"
+
+    def where(self, filters: dict[str, Any]) -> tuple[str, list[Any]] | None:
+        connection = connections[self.base.alias]
+        parts, params = [], []
+        for name, value in filters.items():
+            name, many = (name[:-4], True) if name.endswith("__in") else (name, False)
+            path, _, column = name.rpartition("__")
+            node = self.index.get(path) if path else 0
+            field = None if node is None else self.nodes[node][3].by_name.get(column if path else name)
+            if field is None:
+                return None
+            values = list(value) if many and isinstance(value, (list, tuple, set, frozenset)) else [value]
+            if not values:
+                return "0", []  # ``__in`` an empty list matches nothing, as the ORM answers it
+            prepared = [_prepared(field, one, connection) for one in values]
+            if None in prepared or (many and not isinstance(value, (list, tuple, set, frozenset))):
+                return None
+            if many:
+                parts.append(f"T{node}.`{field.column}` IN ({', '.join(['%s'] * len(values))})")
+            else:
+                parts.append(f"T{node}.`{field.column}` = %s")
+            params.extend(one[0] for one in prepared)
+        return " AND ".join(parts) or "1", params
+
+    def build(self, row: Sequence[Any], connection):
+        objects, at = [], 0
+        for _path, parent, field, shape, _outer in self.nodes:
+            count = len(shape.fields)
+            values = row[at:at + count]
+            at += count
+            pk_at = shape.fields.index(shape.model._meta.pk)
+            obj = None if values[pk_at] is None else shape.build(values, connection)
+            objects.append(obj)
+            if field is not None and objects[parent] is not None:
+                field.set_cached_value(objects[parent], obj)
+                if obj is not None and field.one_to_one:
+                    field.remote_field.set_cached_value(obj, objects[parent])
+        return objects[0]
+
+
+@functools.cache
+def _joined(model: type[models.Model], related: tuple[str, ...], alias: str) -> _Joined:
+    return _Joined(model, related, alias)
+
+
+def fetch_joined(model: type[models.Model], related: Sequence[str], filters: dict[str, Any], *, order: str = "",
+                 limit: int | None = None, suffix: str = "") -> list | None:
+    """``model.objects.select_related(*related).filter(**filters)`` by SQL built once per model and paths.
+
+    Args:
+        related: forward foreign-key paths (``"projection__event__epoch"``); each related instance is cached
+            on its parent as ``select_related`` caches it (``None`` where a nullable key is null).
+        filters: plain equality on a column of the model (``"state"``) or of a related model on those paths
+            (``"plan__trigger_object_name"``), or ``__in`` a list, tuple or set of values (empty: no row).
+        order: an ``ORDER BY`` list naming columns by table alias (``"T0.`id`"``).
+
+    Returns:
+        The instances, or ``None`` when a filter is not plain equality on such a column (the caller then
+        reads through the ORM).
+
+    Raises:
+        ValueError: a path is not a chain of forward foreign keys (a programming error).
+        InvalidIdentity: a value the column's lookup refuses (before SQL).
+    """
+    alias = router.db_for_read(model)
+    joined = _joined(model, tuple(related), alias)
+    built = joined.where(filters)
+    if built is None:
+        return None
+    where, params = built
+    sql = (f"{joined.head} WHERE {where}" + (f" ORDER BY {order}" if order else "")
+           + (f" LIMIT {int(limit)}" if limit else "") + suffix)
+    connection = connections[alias]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        raw = cursor.fetchall()
+    return [joined.build(row, connection) for row in raw]
+
+
+def first_joined(model: type[models.Model], related: Sequence[str], **filters: Any):
+    """``model.objects.select_related(*related).filter(**filters).order_by("pk").first()`` (see
+    :func:`fetch_joined`); ``None`` when no row matches."""
+    rows = fetch_joined(model, related, filters, order=f"T0.`{model._meta.pk.column}`", limit=1)
+    if rows is None:
+        return model.objects.select_related(*related).filter(**filters).order_by("pk").first()
+    return rows[0] if rows else None
+
+
+def get_joined(model: type[models.Model], related: Sequence[str], **filters: Any):
+    """``model.objects.select_related(*related).get(**filters)`` (see :func:`fetch_joined`).
+
+    Raises:
+        model.DoesNotExist: no row matches.
+        model.MultipleObjectsReturned: more than one row matches.
+    """
+    rows = fetch_joined(model, related, filters, limit=2)
+    if rows is None:
+        return model.objects.select_related(*related).get(**filters)
+    if not rows:
+        raise model.DoesNotExist(f"{model._meta.object_name} matching query does not exist.")
+    if len(rows) > 1:
+        raise model.MultipleObjectsReturned(f"get() returned more than one {model._meta.object_name}")
+    return rows[0]

@@ -6,6 +6,7 @@ from django.db import connection
 from nexusflow.kernel import canonical_json, locks
 from nexusflow.kernel.errors import MultipleRowsUpdated, StaleVersion
 from nexusflow.kernel.models import insert
+from nexusflow.kernel.rows import get_row
 
 from .models import Record, RecordFieldHistory
 
@@ -98,9 +99,8 @@ class RecordStore:
             Record.DoesNotExist: no such live record.
         """
         locks.note(locks.LockClass.BUSINESS_RECORD)
-        record = Record.objects.select_for_update(nowait=nowait).get(
-            org_id=org_id, object_name=object_name, record_key=record_key, is_deleted=False
-        )
+        record = get_row(Record, {"org_id": org_id, "object_name": object_name, "record_key": record_key,
+                                  "is_deleted": False}, lock="update_nowait" if nowait else "update")
         locks.mark_held(FENCE, fence_key(org_id, object_name, record_key))
         return record
 
@@ -116,8 +116,8 @@ class RecordStore:
             Record.DoesNotExist: no row with this identity ever existed.
         """
         locks.note(locks.LockClass.BUSINESS_RECORD)
-        record = Record.objects.select_for_update().get(org_id=org_id, object_name=object_name,
-                                                        record_key=record_key)
+        record = get_row(Record, {"org_id": org_id, "object_name": object_name, "record_key": record_key},
+                         lock="update")
         locks.mark_held(FENCE, fence_key(org_id, object_name, record_key))
         return record
 

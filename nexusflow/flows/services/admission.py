@@ -19,7 +19,6 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import F
 
 from nexusflow.kernel import canonical_json
 from nexusflow.kernel.clock import db_now
@@ -36,7 +35,7 @@ from ..conditions import filters_hold_unchanged, trigger_matches
 from ..errors import FlowAdmissionRejected, FlowInputRejected, FlowNotStartable, FlowStartConflict, PlanMismatch
 from ..interpreter import to_field_text
 from ..models import FlowActivation, FlowCheckpoint, FlowExecutionPlan, FlowRun
-from ..selectors import flow_plan_of
+from ..selectors import flow_activations_on
 from ..store import FlowRunStore, FlowStepStore, checkpoint_insert
 from .wait_resolution import IMMEDIATE_PATH, scheduled_paths_recheck
 
@@ -116,17 +115,11 @@ def _active_for(org: OrgScope, object_name: str) -> list[FlowActivation]:
     Raises:
         FlowAdmissionRejected: an activation is bound to another binding or trigger set (fail closed).
     """
-    activations = list(
-        FlowActivation.objects.filter(org_id=org.org_id, state=t.ACTIVATION_ACTIVE,
-                                      plan__trigger_object_name=object_name)
-        .exclude(plan__execution_profile=PROFILE_EMBEDDED)  # before-save flows run in flow_before_save
-        .annotate(pinned_plan_digest=F("plan__plan_digest")).order_by("id")
-    )
+    # Before-save flows run in flow_before_save; each plan is the immutable one, read once per process.
+    activations = [activation for activation in flow_activations_on(org_id=org.org_id, object_name=object_name)
+                   if activation.plan.execution_profile != PROFILE_EMBEDDED]
     if not activations:
         return []
-    for activation in activations:  # the immutable plan, read once per process (flow_plan_of)
-        activation.plan = flow_plan_of(org_id=org.org_id, plan_id=activation.plan_id,
-                                       plan_digest=activation.pinned_plan_digest)
     view = current_view()  # the request-bound view: read once, at the start of this save
     expected = flow_runtime_binding(org_id=org.org_id, metadata_view_digest=view.digest).digest
     for activation in activations:

@@ -14,13 +14,12 @@ from nexusflow.kernel.tuning import setting_number
 from nexusflow.records.metadata import current_view
 from runtime_outbox.policy import runtime_policy
 
-from .. import transitions as t
 from ..binding import flow_runtime_binding
 from ..compiler import KIND_EMBEDDED, PROFILE_EMBEDDED
 from ..conditions import trigger_matches
 from ..errors import FlowAdmissionRejected, FlowExecutionError
 from ..interpreter import run_graph
-from ..models import FlowActivation
+from ..selectors import flow_activations_on
 from .admission import _step_def
 from .execute import _CurrentReader
 
@@ -46,12 +45,8 @@ def flow_before_save(*, org: OrgScope, object_name: str, record_key: str | None,
             mutation fails deterministically, as section 9.1 requires.
         FlowAdmissionRejected: an activation is bound to another metadata view.
     """
-    activations = list(
-        FlowActivation.objects.filter(org_id=org.org_id, state=t.ACTIVATION_ACTIVE,
-                                      plan__trigger_object_name=object_name,
-                                      plan__execution_profile=PROFILE_EMBEDDED)
-        .select_related("plan").order_by("id")
-    )
+    activations = [activation for activation in flow_activations_on(org_id=org.org_id, object_name=object_name)
+                   if activation.plan.execution_profile == PROFILE_EMBEDDED]
     if not activations:
         return fields
     view = current_view()

@@ -11,7 +11,6 @@ import datetime as dt
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, OuterRef
 
 from nexusflow.kernel import canonical_json, failpoints
 from nexusflow.kernel.clock import db_now
@@ -28,6 +27,7 @@ from ..binding import scope_of
 from ..errors import WakeSignalConflict, WakeSignalRejected
 from ..models import FlowDependency, FlowRun, FlowStepExecution, FlowWakeSignal
 from ..producers import PRODUCER_RECORD, PRODUCER_RUNTIME_INTENT, producer_contract
+from ..selectors import flow_wake_candidates
 from ..store import (
     FlowAttemptStore,
     FlowDependencyStore,
@@ -204,17 +204,9 @@ def flow_try_wake_one() -> bool:
     dependency -> signal, satisfies the dependency, consumes the signal and
     moves step Waiting -> Pending and root Waiting -> Runnable.
     """
-    waiting = FlowDependency.objects.filter(
-        org_id=OuterRef("org_id"), app_installation_id=OuterRef("app_installation_id"),
-        runtime_capability_id=OuterRef("runtime_capability_id"), binding_digest=OuterRef("binding_digest"),
-        run_id=OuterRef("flow_run_id"), dependency_key=OuterRef("dependency_key"), state=t.DEP_WAITING,
-    )
-    candidates = list(
-        FlowWakeSignal.objects.filter(state=t.SIGNAL_UNMATCHED).filter(Exists(waiting))
-        .order_by("id").values_list("id", "org_id", "flow_run_id", "dependency_key")[: policy.CLAIM_BATCH]
-    )
-    for signal_id, org_id, run_id, dependency_key in candidates:
-        if _wake(org_id=org_id, run_id=run_id, signal_id=signal_id, dependency_key=dependency_key):
+    for signal in flow_wake_candidates(limit=policy.CLAIM_BATCH):
+        if _wake(org_id=signal.org_id, run_id=signal.flow_run_id, signal_id=signal.pk,
+                 dependency_key=signal.dependency_key):
             return True
     return False
 
