@@ -15,7 +15,7 @@ import datetime as dt
 import functools
 
 from django.db import connection, connections
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models import QuerySet
 
 from connectors import reasons, transitions
 from connectors.models import (
@@ -37,7 +37,7 @@ from connectors.models import (
     RemoteLink,
     ServingEpoch,
 )
-from nexusflow.kernel.rows import row_shape
+from nexusflow.kernel.rows import fetch_where, row_shape
 
 #: Worker scans list only work whose account gate serves the work's own epoch
 #: (``row`` names the SQL alias carrying ``org_id``, ``account_key``, ``epoch_id``):
@@ -93,8 +93,8 @@ def served_push_contracts(org_id: str):
     """Every push contract a ``v2_serving`` account of ``org_id`` offers, as ``(pack generation, account
     document, contract document)``, in gate order (read committed, no lock; each epoch's and pack
     generation's document from :func:`frozen_row`, by the digest the gate and the epoch froze)."""
-    for account_key, epoch_id, epoch_digest in (AccountServingGate.objects.filter(org_id=org_id, state="v2_serving")
-                                                .order_by("id").values_list("account_key", "epoch_id", "epoch_digest")):
+    for gate in fetch_where(AccountServingGate, {"org_id": org_id, "state": "v2_serving"}, order="`id`"):
+        account_key, epoch_id, epoch_digest = gate.account_key, gate.epoch_id, gate.epoch_digest
         if epoch_id is None:
             continue
         try:
@@ -109,12 +109,6 @@ def served_push_contracts(org_id: str):
         for contract in pack.document.get("push_contracts", []):
             if contract["contract_key"] in account["push_contracts"]:
                 yield pack, account, contract
-
-
-def _serving_gates(account_key_ref: str, epoch_ref: str):
-    """The gate that serves the outer row's account and epoch (for ``Exists``)."""
-    return AccountServingGate.objects.filter(org_id=OuterRef("org_id"), account_key=OuterRef(account_key_ref),
-                                             epoch_id=OuterRef(epoch_ref), state="v2_serving")
 
 
 def _with_reason(qs: QuerySet, reason_code: str | None, field: str = "reason_code") -> QuerySet:
@@ -374,10 +368,13 @@ def windows_due(now: dt.datetime, limit: int = 20) -> list[tuple[str, Projection
 
     Only windows whose account gate serves the window's epoch are listed (only those can seal).
     """
-    rows = (ProjectionWindow.objects.filter(state="open", close_at__lte=now)
-            .filter(Exists(_serving_gates("account_key", "epoch_id")))
-            .order_by("close_at", "id").values_list("org_id", "id")[:limit])
-    return [(org_id, ProjectionWindow.Id(pk)) for org_id, pk in rows]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT w.org_id, w.id FROM connectors_projectionwindow w "
+            f"{_SERVING_GATE_JOIN.format(row='w')}"
+            "WHERE w.state = 'open' AND w.close_at <= %s ORDER BY w.close_at, w.id LIMIT %s",
+            [connection.ops.adapt_datetimefield_value(now), int(limit)])
+        return [(row[0], ProjectionWindow.Id(row[1])) for row in cursor.fetchall()]
 
 
 def dependencies_due(now: dt.datetime, limit: int = 20) -> list[tuple[str, ExecutionDependency.Id]]:
@@ -385,10 +382,14 @@ def dependencies_due(now: dt.datetime, limit: int = 20) -> list[tuple[str, Execu
 
     Only dependencies whose lane's account gate serves the lane's epoch are listed.
     """
-    rows = (ExecutionDependency.objects.filter(state="waiting", deadline_at__lte=now)
-            .filter(Exists(_serving_gates("lane__account_key", "lane__epoch_id")))
-            .order_by("deadline_at", "id").values_list("org_id", "id")[:limit])
-    return [(org_id, ExecutionDependency.Id(pk)) for org_id, pk in rows]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT d.org_id, d.id FROM connectors_executiondependency d"
+            " JOIN connectors_orderinglane l ON l.id = d.lane_id AND l.org_id = d.org_id "
+            f"{_SERVING_GATE_JOIN.format(row='l')}"
+            "WHERE d.state = 'waiting' AND d.deadline_at <= %s ORDER BY d.deadline_at, d.id LIMIT %s",
+            [connection.ops.adapt_datetimefield_value(now), int(limit)])
+        return [(row[0], ExecutionDependency.Id(row[1])) for row in cursor.fetchall()]
 
 
 def unlaned_executions_ready(now: dt.datetime, limit: int = 20) -> list[tuple[str, Execution.Id]]:

@@ -20,6 +20,7 @@ from django.db import transaction
 from connectors.models import WorkerProcess
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.models import insert
+from nexusflow.kernel.rows import first_row
 
 
 def _stat_fields(pid: int) -> list[bytes] | None:
@@ -54,7 +55,7 @@ def register_worker(role: str) -> str:
 
 def holder_termination_proof(worker_id: str) -> dict | None:
     """Return evidence that the holder process is terminated, or ``None`` if unproven."""
-    worker = WorkerProcess.objects.filter(worker_id=worker_id).first()
+    worker = first_row(WorkerProcess, worker_id=worker_id)
     if worker is None or worker.host != socket.gethostname():
         return None
     if worker.pid == os.getpid():

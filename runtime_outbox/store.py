@@ -2,6 +2,7 @@
 inserted in their final state and only locked."""
 from nexusflow.kernel import locks
 from nexusflow.kernel.locks import LockClass
+from nexusflow.kernel.rows import get_row
 from nexusflow.kernel.store import CasStore
 
 from . import models, transitions
@@ -48,7 +49,7 @@ class OutboundCommandStore:
             OutboundCommand.DoesNotExist: no such intent in ``org_id``.
         """
         locks.note(LockClass.RUNTIME, label="OutboundCommand")
-        return models.OutboundCommand.objects.select_for_update().get(org_id=org_id, pk=int(pk))
+        return get_row(models.OutboundCommand, {"org_id": org_id, "pk": int(pk)}, lock="update")
 
     @staticmethod
     def lock_owner_intents(org_id: str, object_name: str, record_key: str, *,

@@ -31,6 +31,7 @@ from connectors.models import (
     ReceiptComponent,
     ServingEpoch,
 )
+from connectors.selectors import frozen_row
 from connectors.serving.gates import (
     CredentialUnavailable,
     NotServing,
@@ -379,7 +380,8 @@ def frozen_route(epoch: ServingEpoch, account_key: str, route_key: str) -> tuple
     account = next((a for a in epoch.document["accounts"] if a["account_key"] == account_key), None)
     if account is None or route_key not in account["routes"]:
         raise NotServing(f"route {route_key} of account {account_key} is not part of epoch {epoch.pk}")
-    pack = PackGeneration.objects.get(pk=account["pack_generation"]["id"])
+    frozen = account["pack_generation"]
+    pack = frozen_row(PackGeneration, pk=frozen["id"], digest=frozen["digest"])  # immutable: once per process
     route = next(r for r in pack.document.get("inbound_routes", []) if r["route_key"] == route_key)
     return account, route
 

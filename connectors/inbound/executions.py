@@ -42,7 +42,7 @@ from nexusflow.kernel.logs import log_context
 from nexusflow.kernel.models import insert
 from nexusflow.kernel.pressure import mutation_admission
 from nexusflow.kernel.retry import retry_deadlock_victim
-from nexusflow.kernel.rows import first_row, get_joined
+from nexusflow.kernel.rows import fetch_joined, fetch_where, first_row, get_joined
 from runtime_outbox.policy import runtime_policy
 
 log = logging.getLogger(__name__)
@@ -72,8 +72,9 @@ def _lease_expired(org_id: str, execution_id: int, now: dt.datetime) -> Executio
     A claim can be taken over when its lease expired or its holder process is
     proven terminated (it can no longer commit anything).
     """
-    attempt = ExecutionAttempt.objects.filter(org_id=org_id, execution_id=execution_id, state="started") \
-        .order_by("-attempt_number").first()
+    started = fetch_where(ExecutionAttempt, {"org_id": org_id, "execution_id": execution_id, "state": "started"},
+                          order="`attempt_number` DESC", limit=1)
+    attempt = started[0] if started else None
     if attempt is None:
         return ExecutionAttempt(pk=None)
     if attempt.lease_expires_at <= now or holder_termination_proof(attempt.worker_id) is not None:
@@ -487,8 +488,8 @@ def claim_hand_back(claim: Claim) -> bool:
 def execution_try_recover_one(*, worker_id: str) -> bool:
     """Re-run one Execution whose claim expired or whose holder process is proven gone."""
     now = db_now()
-    started = (ExecutionAttempt.objects.filter(state="started", execution__state="ready")
-               .select_related("execution__lane").order_by("lease_expires_at")[:50])
+    started = fetch_joined(ExecutionAttempt, ("execution__lane",), {"state": "started", "execution__state": "ready"},
+                           order="T0.`lease_expires_at`", limit=50)
     for stale in started:
         if stale.lease_expires_at > now and holder_termination_proof(stale.worker_id) is None:
             continue

@@ -23,7 +23,7 @@ from connectors.store import RemoteEffectStore
 from nexusflow.kernel import canonical_json
 from nexusflow.kernel.digests import PROFILE_V2, digest_v2
 from nexusflow.kernel.errors import NexusError
-from nexusflow.kernel.rows import first_row
+from nexusflow.kernel.rows import fetch_where, first_row
 
 
 class PushContractError(NexusError):
@@ -42,8 +42,8 @@ class NothingToPush(PushContractError):
 
 def _serving_account_for_contract(org_id: str, contract_key: str) -> str:
     matches = []
-    for account_key, epoch_id, epoch_digest in (AccountServingGate.objects.filter(org_id=org_id, state="v2_serving")
-                                                .order_by("id").values_list("account_key", "epoch_id", "epoch_digest")):
+    for gate in fetch_where(AccountServingGate, {"org_id": org_id, "state": "v2_serving"}, order="`id`"):
+        account_key, epoch_id, epoch_digest = gate.account_key, gate.epoch_id, gate.epoch_digest
         try:
             epoch = frozen_row(ServingEpoch, org_id=org_id, pk=epoch_id, digest=epoch_digest)
         except ServingEpoch.DoesNotExist:

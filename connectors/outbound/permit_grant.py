@@ -18,6 +18,7 @@ from connectors.links.link_keys import effect_remote_scope
 from connectors.models import (
     PackGeneration,
     RemoteEffect,
+    RemoteEffectAttempt,
     RemoteLink,
 )
 from connectors.outbound.egress_common import (
@@ -50,7 +51,7 @@ from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.errors import InvalidIdentity, StaleVersion
 from nexusflow.kernel.identity import canonical_locator
-from nexusflow.kernel.rows import first_row, get_joined
+from nexusflow.kernel.rows import fetch_joined, fetch_where, first_row, get_joined, row_exists
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +63,11 @@ def _is_head(effect: RemoteEffect) -> bool:
     occupies the slot whatever its lane_sequence: outbox delivery order can differ
     from record version order, and seed 002 allows no second active attempt per link_key.
     """
-    others = RemoteEffect.objects.filter(org_id=effect.org_id, link_key=effect.link_key,
-                                         state__in=NONTERMINAL).exclude(pk=effect.pk)
-    for other in others.only("lane_sequence", "id", "state"):
+    others = fetch_joined(RemoteEffect, (), {"org_id": effect.org_id, "link_key": effect.link_key,
+                                             "state__in": NONTERMINAL})
+    for other in others:
+        if other.pk == effect.pk:
+            continue
         if other.state != "prepared" or (other.lane_sequence, other.pk) < (effect.lane_sequence, effect.pk):
             return False
     return True
@@ -100,6 +103,12 @@ def permit_try_grant_one(*, worker_id: str, lanes: tuple[str, ...] = KNOWN_LANES
             failpoints.hit(FP_AFTER_GRANT)
             return grant
     return None
+
+
+def _last_attempt(effect: RemoteEffect) -> RemoteEffectAttempt | None:
+    """``effect.attempts.order_by("-attempt_number").first()``, by SQL built once."""
+    rows = fetch_where(RemoteEffectAttempt, {"effect_id": effect.pk}, order="`attempt_number` DESC", limit=1)
+    return rows[0] if rows else None
 
 
 def _require_material(effect: RemoteEffect) -> None:
@@ -148,7 +157,7 @@ def _grant(effect: RemoteEffect, worker_id: str) -> Grant | None:
         effect = _locked_with_command(effect)
         if effect.state != "prepared" or effect.dispatch_lane not in KNOWN_LANES or not _is_head(effect):
             return None
-        previous = effect.attempts.order_by("-attempt_number").first()
+        previous = _last_attempt(effect)
         if previous is not None and previous.state == "uncertain":
             # Exact repeat under the frozen idempotency contract: same bytes, same key. A create is
             # never repeated for a source deleted meanwhile: if the first call did not land, the
@@ -218,8 +227,8 @@ def _plan_request(effect: RemoteEffect, binding: dict, contract: dict):
 def _source_exists(effect: RemoteEffect) -> bool:
     from nexusflow.records.models import Record
 
-    return Record.objects.filter(org_id=effect.org_id, object_name=effect.command.source_object,
-                                 record_key=effect.command.source_record_key, is_deleted=False).exists()
+    return row_exists(Record, org_id=effect.org_id, object_name=effect.command.source_object,
+                      record_key=effect.command.source_record_key, is_deleted=False)
 
 
 def _take_create_slot(effect: RemoteEffect) -> bool:
@@ -248,7 +257,7 @@ def _legacy_remote_id(effect: RemoteEffect, contract: dict) -> str | None:
 
     fields = [f for f in [contract.get("mirror_field"), contract.get("provenance_field"),
                           *contract.get("legacy_mirror_fields", [])] if f]
-    if not fields or not V1MaintenanceBarrier.objects.filter(org_id=effect.org_id).exists():
+    if not fields or not row_exists(V1MaintenanceBarrier, org_id=effect.org_id):
         return None
     record = first_row(Record, org_id=effect.org_id, object_name=effect.command.source_object,
                        record_key=effect.command.source_record_key)

@@ -36,7 +36,7 @@ from nexusflow.kernel import failpoints, locks
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.logs import traceparent_for
-from nexusflow.kernel.rows import get_joined
+from nexusflow.kernel.rows import get_joined, get_row
 from nexusflow.kernel.tls import tls_context
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ def permit_send(grant: Grant, *, client: httpx.Client | None = None) -> Response
     """
     effect = get_joined(RemoteEffect, ("command",), org_id=grant.org_id, pk=grant.effect_id)
     binding, contract, profile = frozen_contract(effect)
-    attempt = RemoteEffectAttempt.objects.get(org_id=grant.org_id, pk=grant.attempt_id)
+    attempt = get_row(RemoteEffectAttempt, {"org_id": grant.org_id, "pk": grant.attempt_id})
     owned = client is None
     # The whole request is built while the Permit is still provably pre-I/O: anything that cannot
     # be sent (missing or unusable material, an unbuildable request) closes the Permit before

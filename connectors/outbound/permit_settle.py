@@ -86,8 +86,8 @@ def permit_settle(grant: Grant, response: Response) -> str:
     """
     from runtime_outbox.services import intent_result_record
 
-    effect = get_joined(RemoteEffect, ("command",), org_id=grant.org_id, pk=grant.effect_id)
-    _binding, contract, profile = frozen_contract(effect)
+    read = get_joined(RemoteEffect, ("command",), org_id=grant.org_id, pk=grant.effect_id)
+    _binding, contract, profile = frozen_contract(read)
     now = db_now()
     limits = outcomes.rate_limit(profile)
     rate_limited = response.status in limits.statuses
@@ -100,6 +100,8 @@ def permit_settle(grant: Grant, response: Response) -> str:
         ])
         if permit.state != "sending" or permit.holder_fence != grant.holder_fence or effect.state != "dispatching":
             raise StaleVersion(f"permit {permit.pk} is {permit.state}; effect {effect.pk} is {effect.state}")
+        if effect.command_id == read.command_id:
+            effect.command = read.command  # the immutable intent read with the effect above, not read again
         evidence = {"response_status": response.status, "response_body": response.body, "error": response.error}
         status = response.status
         verdict = outcomes.classify(profile, status=status, connect_failed=response.connect_failed)

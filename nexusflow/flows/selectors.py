@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import connection
+from django.db import connection, connections
 from django.db.models import Count, QuerySet
 
 from nexusflow.kernel.ids import require_id
-from nexusflow.kernel.rows import row_shape
+from nexusflow.kernel.rows import fetch_where, row_shape
 from nexusflow.kernel.scope import OrgScope
 
 from . import transitions as t
@@ -146,8 +146,8 @@ def flow_run_trigger(*, org_id: str, flow_run_id: int) -> tuple[str, str, int] |
 
     The Runtime's replay guard asks it (``runtime_outbox.replay_guard.register_flow_trigger_lookup``).
     """
-    return (FlowRun.objects.filter(org_id=org_id, pk=flow_run_id)
-            .values_list("trigger_object_name", "record_key", "record_version").first())
+    rows = fetch_where(FlowRun, {"org_id": org_id, "pk": flow_run_id}, limit=1)
+    return (rows[0].trigger_object_name, rows[0].record_key, rows[0].record_version) if rows else None
 
 
 def flow_run_summary() -> dict[str, int]:
@@ -483,3 +483,47 @@ def flow_wake_candidates(*, limit: int) -> list[FlowWakeSignal]:
         f"{where} AND EXISTS (SELECT 1 FROM `{dependencies.table}` d WHERE {same} "
         f"AND d.`run_id` = `{signals.table}`.`flow_run_id` AND {waiting})", suffix=f" ORDER BY `id` LIMIT {int(limit)}")
     return signals.fetch(sql, [*params, *waiting_params])
+
+
+def flow_path_runs_waiting(*, org_id: str, object_name: str, record_key: str, version_below: int,
+                           immediate_path: str) -> list[FlowRun]:
+    """The record's ``Waiting`` scheduled-path runs admitted by a save older than ``version_below``, by id.
+
+    ``FlowRun.objects.filter(org_id, trigger_object_name, record_key, state=Waiting,
+    record_version__lt=version_below).exclude(entry_path=immediate_path).order_by("id")``, by SQL built once
+    (every record save asks it).
+
+    Raises:
+        InvalidIdentity: a key that is not canonical (before SQL).
+    """
+    shape = row_shape(FlowRun)
+    where, params = shape.where({"org_id": org_id, "trigger_object_name": object_name, "record_key": record_key,
+                                 "state": t.RUN_WAITING})
+    path = shape.by_name["entry_path"]
+    sql = shape.select_sql(f"{where} AND `record_version` < %s AND NOT (`entry_path` = %s)", suffix=" ORDER BY `id`")
+    return shape.fetch(sql, [*params, int(version_below),
+                             path.get_db_prep_value(immediate_path, connections[shape.alias], prepared=False)])
+
+
+def flow_checkpoints_with_top(*, org_id: str, runs: list[int], sequence: int | None = None,
+                              ids: list[int] | None = None) -> list[tuple[int, int, int, Any, int]]:
+    """The org's checkpoints of ``runs`` with sequence ``sequence`` or (given ``ids``) with those ids.
+
+    One statement built once, what ``FlowCheckpoint.objects.filter(org_id=..., run_id__in=runs)
+    .annotate(top=Subquery(<highest sequence of the run>)).filter(sequence=... | pk__in=...)`` reads.
+
+    Returns:
+        ``[(run id, id, sequence, context payload, the run's highest sequence), ...]``.
+    """
+    if ids is not None:
+        where, params = f"`id` IN ({', '.join(['%s'] * len(ids))})", [int(pk) for pk in ids]
+    else:
+        where, params = "`sequence` = %s", [int(sequence)]
+    shape = row_shape(FlowCheckpoint)
+    scope, scope_params = shape.where({"org_id": org_id})
+    table = f"`{shape.table}`"
+    top = (f", (SELECT t.`sequence` FROM {table} t WHERE t.`org_id` = {table}.`org_id` "
+           f"AND t.`run_id` = {table}.`run_id` ORDER BY t.`sequence` DESC LIMIT 1) AS `top`")
+    sql = shape.select_sql(f"{scope} AND `run_id` IN ({', '.join(['%s'] * len(runs))}) AND {where}", extra=top)
+    return [(int(row.run_id), int(row.pk), row.sequence, row.context_payload, highest)
+            for row, (highest,) in shape.fetch(sql, [*scope_params, *map(int, runs), *params], extra_columns=1)]

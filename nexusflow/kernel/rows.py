@@ -22,7 +22,7 @@ from typing import Any
 from django.db import connections, models, router
 
 __all__ = ["RowShape", "every_row", "fetch_joined", "fetch_where", "first_joined", "first_row", "get_joined",
-           "get_row", "row_shape"]
+           "get_row", "row_exists", "row_max", "row_shape"]
 
 
 class RowShape:
@@ -196,6 +196,47 @@ def first_row(model: type[models.Model], **filters: Any):
     if rows is None:
         return model.objects.filter(**filters).first()
     return rows[0] if rows else None
+
+
+def row_exists(model: type[models.Model], **filters: Any) -> bool:
+    """``model.objects.filter(**filters).exists()``, by SQL built once per model when the filters are plain
+    equality (see :func:`first_row`).
+
+    Raises:
+        InvalidIdentity: a value the column's lookup refuses (before SQL).
+    """
+    shape = row_shape(model, router.db_for_read(model))
+    built = shape.where(filters)
+    if built is None:
+        return model.objects.filter(**filters).exists()
+    with connections[shape.alias].cursor() as cursor:
+        cursor.execute(f"SELECT 1 FROM `{shape.table}` WHERE {built[0]} LIMIT 1", built[1])
+        return cursor.fetchone() is not None
+
+
+def row_max(model: type[models.Model], column: str, **filters: Any):
+    """``model.objects.filter(**filters).aggregate(m=Max(column))["m"]`` (``None`` when no row matches), by SQL
+    built once per model when the filters are plain equality (see :func:`first_row`).
+
+    Raises:
+        InvalidIdentity: a value the column's lookup refuses (before SQL).
+    """
+    shape = row_shape(model, router.db_for_read(model))
+    field = shape.by_name[column]
+    built = shape.where(filters)
+    if built is None:
+        from django.db.models import Max
+
+        return model.objects.filter(**filters).aggregate(m=Max(column))["m"]
+    connection = connections[shape.alias]
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT MAX(`{field.column}`) FROM `{shape.table}` WHERE {built[0]}", built[1])
+        value = cursor.fetchone()[0]
+    if value is not None:
+        col = field.get_col(shape.table)
+        for func in connection.ops.get_db_converters(col) + col.get_db_converters(connection):
+            value = func(value, col, connection)
+    return value
 
 
 #: ``get_row``'s ``lock`` values: the locking clause and the queryset call it stands for.

@@ -11,7 +11,17 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from nexusflow.kernel.errors import InvalidIdentity
-from nexusflow.kernel.rows import every_row, fetch_joined, first_joined, first_row, get_joined, get_row, row_shape
+from nexusflow.kernel.rows import (
+    every_row,
+    fetch_joined,
+    first_joined,
+    first_row,
+    get_joined,
+    get_row,
+    row_exists,
+    row_max,
+    row_shape,
+)
 from nexusflow.kernel.store import STORES, load_all_stores
 from tests.kernel import rows
 
@@ -50,6 +60,11 @@ def test_every_store_reads_and_inserts_the_rows_the_orm_would(store):
     with transaction.atomic(using=store.db()):
         assert _values(store.lock_shared(ORG, row.pk)) == _values(orm)
     assert _values(first_row(model, pk=row.pk, org_id=ORG)) == _values(orm)
+    assert row_exists(model, pk=row.pk, org_id=ORG) and not row_exists(model, pk=row.pk, org_id="another-org")
+    assert row_exists(model, pk__in=[row.pk])  # a lookup: the ORM's exists()
+    assert row_max(model, "version", org_id=ORG, pk=row.pk) == orm.version
+    assert row_max(model, "id", org_id=ORG, pk=row.pk) == orm.pk and type(row_max(model, "id", pk=row.pk)) is type(orm.pk)
+    assert row_max(model, "version", org_id="another-org") is None
     assert [_values(r) for r in every_row(model, org_id=ORG, state=orm.state, pk=row.pk)] == [_values(orm)]
 
 
@@ -259,3 +274,39 @@ def test_get_row_is_the_orms_get_locked_or_not():
             assert get_row(model, {"org_id": ORG, "pk": first.pk}, lock="update").pk == first.pk
     finally:
         other.close()
+
+
+def test_the_waiting_path_runs_of_a_record_are_the_ones_the_orm_query_names():
+    from nexusflow.flows import transitions as t
+    from nexusflow.flows.models import FlowRun
+    from nexusflow.flows.selectors import flow_path_runs_waiting
+    from nexusflow.flows.services.wait_resolution import IMMEDIATE_PATH
+    from nexusflow.kernel.clock import db_now
+    from nexusflow.kernel.models import insert
+    from nexusflow.kernel.scope import OrgScope
+    from tests.flows.conftest import OBJECT
+    from tests.flows.rows import Rows
+
+    plan = Rows(OrgScope(ORG)).plan
+
+    def run(state, version, path, key="rk-1"):
+        now = db_now()
+        return insert(
+            FlowRun, allow_any_state=True, org_id=ORG, app_installation_id=plan.app_installation_id,
+            runtime_capability_id=plan.runtime_capability_id, binding_digest=plan.runtime_work_binding_digest,
+            plan=plan, plan_digest=plan.plan_digest, execution_profile=plan.execution_profile,
+            execution_owner="flow_runtime_v2", state=state, version=1, trigger_object_name=OBJECT, record_key=key,
+            record_version=version, created_at=now, updated_at=now, entry_path=path,
+            legacy_status=t.legacy_status_of(state))
+
+    expected = [run(t.RUN_WAITING, 1, "Later"), run(t.RUN_WAITING, 2, "Soon")]
+    run(t.RUN_WAITING, 3, "Later")  # admitted by the save judged, not an older one
+    run(t.RUN_WAITING, 1, IMMEDIATE_PATH)
+    run(t.RUN_RUNNABLE, 1, "Other")
+    run(t.RUN_WAITING, 1, "Later", key="rk-2")
+    built = flow_path_runs_waiting(org_id=ORG, object_name=OBJECT, record_key="rk-1", version_below=3,
+                                   immediate_path=IMMEDIATE_PATH)
+    orm = (FlowRun.objects.filter(org_id=ORG, trigger_object_name=OBJECT, record_key="rk-1", state=t.RUN_WAITING,
+                                  record_version__lt=3).exclude(entry_path=IMMEDIATE_PATH).order_by("id"))
+    assert [_values(r) for r in built] == [_values(r) for r in orm] == \
+        [_values(FlowRun.objects.get(pk=r.pk)) for r in expected]

@@ -15,14 +15,16 @@ from contextlib import contextmanager
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Max, OuterRef, Q, Subquery
+from django.db.models import Q
 
 from nexusflow.kernel import failpoints
 from nexusflow.kernel.errors import FenceRejected
+from nexusflow.kernel.rows import row_max
 
 from .. import transitions as t
 from ..compiler import KIND_TERMINAL
 from ..models import FlowCheckpoint, FlowExecutionPlan, FlowRun, FlowStepAttempt, FlowStepExecution
+from ..selectors import flow_checkpoints_with_top
 from ..store import FlowAttemptStore, FlowRunStore, FlowStepStore, audit_insert, checkpoint_insert
 from .admission import TRIGGER_CHECKPOINT_SEQUENCE, _checkpoint_digest, _step_def
 from .claim import StepClaim
@@ -112,16 +114,12 @@ def claims_with_inputs(claims: list[StepClaim]) -> list[StepClaim]:
     for org_id, indexes in by_org.items():
         runs = sorted({int(out[i].run_id) for i in indexes})
         own = sorted({int(out[i].input_checkpoint_id) for i in indexes if out[i].input_checkpoint_id is not None})
-        top = (FlowCheckpoint.objects.filter(org_id=org_id, run_id=OuterRef("run_id")).order_by("-sequence")
-               .values("sequence")[:1])
         # Two reads per batch, each through its own key whatever the runs' lengths: the trigger snapshots by
         # (org, run, sequence), the input checkpoints by id (one statement with an OR of the two let the
         # optimizer pick an index merge for some batches and not for others).
-        fields = ("run_id", "pk", "sequence", "context_payload", "top")
-        scope = FlowCheckpoint.objects.filter(org_id=org_id, run_id__in=runs).annotate(top=Subquery(top))
-        rows = list(scope.filter(sequence=TRIGGER_CHECKPOINT_SEQUENCE).values_list(*fields))
+        rows = flow_checkpoints_with_top(org_id=org_id, runs=runs, sequence=TRIGGER_CHECKPOINT_SEQUENCE)
         if own:
-            rows += list(scope.filter(pk__in=own).values_list(*fields))
+            rows += flow_checkpoints_with_top(org_id=org_id, runs=runs, ids=own)
         triggers, payloads, tops = {}, {}, {}
         for run_id, pk, sequence, payload, highest in rows:
             payloads[int(pk)] = (int(run_id), payload)
@@ -190,8 +188,7 @@ def _commit_step(
     if finishes:
         root_dst, next_state = t.RUN_SUCCEEDED, t.STEP_SUCCEEDED
     sequence = (claim.checkpoint_sequence if claim.checkpoint_sequence is not None else (
-        FlowCheckpoint.objects.filter(org_id=claim.org_id, run_id=claim.run_id)
-        .aggregate(m=Max("sequence"))["m"] or 0)) + 1
+        row_max(FlowCheckpoint, "sequence", org_id=claim.org_id, run_id=claim.run_id) or 0)) + 1
     payload = {"step": claim.step_key, "output": output, "cursor": next_key}
     if context is not None:
         payload["context"] = context
@@ -217,9 +214,8 @@ def _commit_step(
     if nxt is not None:
         # A durable loop revisits its steps: each visit is the next invocation of that plan step (the Terminal
         # step is visited once).
-        ordinal = 1 if finishes else (FlowStepExecution.objects.filter(
-            org_id=claim.org_id, run_id=claim.run_id, plan_step_key=nxt["key"]).aggregate(
-            m=Max("invocation_ordinal"))["m"] or 0) + 1
+        ordinal = 1 if finishes else (row_max(FlowStepExecution, "invocation_ordinal", org_id=claim.org_id,
+                                              run_id=claim.run_id, plan_step_key=nxt["key"]) or 0) + 1
         current_step_id = FlowStepStore.create(
             org_id=claim.org_id, run=run, plan_step_key=nxt["key"], step_kind=nxt["kind"], state=next_state,
             input_checkpoint=checkpoint, run_after=None if finishes else now, created_at=now, updated_at=now,

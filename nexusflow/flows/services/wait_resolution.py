@@ -29,7 +29,7 @@ from ..binding import scope_of
 from ..conditions import conditions_hold
 from ..models import FlowDependency, FlowRun, FlowStepExecution
 from ..producers import PRODUCER_CLOCK, PRODUCER_RECORD
-from ..selectors import flow_plan_of
+from ..selectors import flow_path_runs_waiting, flow_plan_of
 from ..store import FlowDependencyStore, FlowRunStore, FlowStepStore, audit_insert
 
 log = logging.getLogger("nexusflow.flows")
@@ -223,11 +223,9 @@ def _recheck_candidates(*, org: OrgScope, object_name: str, record_key: str, fie
     Only runs admitted by a save older than the one judged (``record_version < admitted_before``): a run a
     later save admitted is that save's, and ``fields`` say nothing about it.
     """
-    runs = list(FlowRun.objects.filter(org_id=org.org_id, trigger_object_name=object_name,
-                                       record_key=record_key, state=t.RUN_WAITING,
-                                       record_version__lt=admitted_before)
-                .exclude(entry_path=IMMEDIATE_PATH).order_by("id")
-                .values_list("id", "plan_id", "plan_digest", "entry_path", "current_step_id"))
+    runs = [(run.pk, run.plan_id, run.plan_digest, run.entry_path, run.current_step_id)
+            for run in flow_path_runs_waiting(org_id=org.org_id, object_name=object_name, record_key=record_key,
+                                              version_below=admitted_before, immediate_path=IMMEDIATE_PATH)]
     out = []
     for run_id, plan_id, plan_digest, entry_path, current_step_id in runs:
         payload = flow_plan_of(org_id=org.org_id, plan_id=plan_id, plan_digest=plan_digest).plan_payload
@@ -294,3 +292,4 @@ def _recheck_after_commit(*, org: OrgScope, object_name: str, record_key: str, f
                                          changed_fields=changed_fields, admitted_before=admitted_before,
                                          deleting=deleting)
         return _resolve_rechecks(org_id=org.org_id, candidates=candidates, record_version=version) if candidates else 0
+

@@ -18,7 +18,7 @@ from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.ids import require_id
-from nexusflow.kernel.rows import first_row
+from nexusflow.kernel.rows import first_row, row_exists
 from nexusflow.kernel.scope import TrustedRuntimeWorkScope
 
 from .. import policy, reasons
@@ -160,7 +160,7 @@ def flow_wake_signal_accept(*, scope: TrustedRuntimeWorkScope, flow_run_id: Flow
         raise WakeSignalRejected(str(exc)) from exc
     scope_filter = dict(org_id=scope.org_id, app_installation_id=scope.app_installation_id,
                         runtime_capability_id=scope.runtime_capability_id, binding_digest=scope.binding_digest)
-    if not FlowRun.objects.filter(pk=flow_run_id, **scope_filter).exists():
+    if not row_exists(FlowRun, pk=flow_run_id, **scope_filter):
         raise WakeSignalRejected("no flow run in this work scope")
     key = dict(flow_run_id=flow_run_id, dependency_key=dependency_key, wake_version=0, **scope_filter)
     existing = first_row(FlowWakeSignal, **key)
