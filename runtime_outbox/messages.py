@@ -37,7 +37,7 @@ from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.ids import require_id
-from nexusflow.kernel.rows import first_row
+from nexusflow.kernel.rows import first_row, row_exists
 from nexusflow.kernel.scope import TrustedRuntimeWorkScope
 
 from .models import InboxAcceptance, OutboxMessage
@@ -506,7 +506,7 @@ def inbox_accept(envelope: Envelope, *, consumer: str, accepted_ref_fn: Callable
         raise MessageFamilyError(f"{envelope.family} does not record inbox acceptances",
                                  code="message_family_not_inbox")
     # Discover without a lock: the consumer's own rows come before Runtime rows in the lock order.
-    if InboxAcceptance.objects.filter(message_key=envelope.message_key).exists():
+    if row_exists(InboxAcceptance, message_key=envelope.message_key):
         existing = InboxAcceptanceStore.lock_key(envelope.message_key)
         _check_fence(existing, envelope.scope, envelope.family, envelope.payload_digest, envelope.outbox_message_id)
         if existing.state != "accepted":

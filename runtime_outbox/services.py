@@ -30,6 +30,7 @@ from .transitions import INTENT_RESULT_OUTCOMES
 log = logging.getLogger(__name__)
 
 FP_AFTER_EFFECT_ACCEPT = failpoints.declare("outbox.after_effect_accept")
+FP_CLAIM_BEFORE_COMMIT = failpoints.declare("outbox.claim_before_commit")
 
 
 class ResultMismatch(NexusError):
@@ -356,6 +357,84 @@ def outbox_try_deliver_one() -> bool:
     return True
 
 
+#: Most messages one relay round claims, delivers and acknowledges (:func:`outbox_try_deliver_batch`).
+DELIVER_BATCH = 16
+
+
+def outbox_try_deliver_batch(*, limit: int = DELIVER_BATCH) -> bool:
+    """Deliver up to ``limit`` due outbox messages: one claim transaction, each consumer, one acknowledgement.
+
+    The relay unit of the ``runtime`` role. Per message it is :func:`outbox_try_deliver_one`'s protocol
+    (count the attempt and move the due time, deliver the immutable envelope, mark it delivered only after
+    the consumer's acceptance committed); the claims of the batch commit together, as do the
+    acknowledgements, instead of two transactions per message. The claim locks the due rows
+    ``FOR UPDATE SKIP LOCKED`` (:meth:`OutboxMessageStore.lock_due`), so two relays claim disjoint
+    batches instead of queueing behind each other. A crash after some acceptances and before the
+    acknowledgement redelivers those envelopes, which their acceptances turn into no-ops (as for one
+    message); a consumer that refuses backs its message off alone. A message whose delivery budget is
+    spent moves to ``reconciling`` (seed 004 section 15.4).
+
+    Returns:
+        True when a message was claimed (delivered or backed off), False when none is due.
+
+    Raises:
+        RuntimeError: called inside a transaction.
+        django.db.Error: a database error of a consumer (the batch's claims are already committed; the
+            messages delivered before it stay pending and are redelivered as no-ops).
+    """
+    if transaction.get_connection().in_atomic_block:
+        raise RuntimeError("outbox draining runs outside any transaction")
+    claimed = []
+    with transaction.atomic(durable=True):
+        now = db_now()
+        due = OutboxMessageStore.lock_due(state="pending", now=now, limit=limit)
+        for message in due:
+            if handoff.delivery_budget_spent(message, now):
+                # Seed 004 section 15.4: never a silent dead letter; the owner's fence decides.
+                OutboxMessageStore.transition(org_id=message.org_id, pk=message.pk, src="pending",
+                                              dst="reconciling", version=message.version,
+                                              set_fields={"next_attempt_at": now})
+                log.warning("outbox %s message %s spent its delivery budget (%s tries); reconciling its "
+                            "acceptance", message.family, message.pk, message.delivery_attempts,
+                            extra={"org_id": message.org_id})
+                continue
+            backoff = handoff.retry_backoff_seconds(message.delivery_attempts)
+            version = OutboxMessageStore.touch(
+                org_id=message.org_id, pk=message.pk, state="pending", version=message.version,
+                set_fields={"delivery_attempts": message.delivery_attempts + 1,
+                            "next_attempt_at": now + dt.timedelta(seconds=backoff)})
+            claimed.append((message, version, backoff))
+        if claimed:
+            failpoints.hit(FP_CLAIM_BEFORE_COMMIT)
+    if not claimed:
+        return bool(due)
+    delivered = [(message, version) for message, version, backoff in claimed
+                 if _deliver_envelope(message, backoff)]
+    if delivered:
+        with transaction.atomic(durable=True):
+            for message, version in delivered:
+                try:
+                    OutboxMessageStore.transition(org_id=message.org_id, pk=message.pk, src="pending",
+                                                  dst="delivered", version=version,
+                                                  set_fields={"delivered_at": now})
+                except StaleVersion:
+                    pass  # another relay delivered it after our claim expired; the acceptance is the same row
+    return True
+
+
+def _deliver_envelope(message: OutboxMessage, backoff: int) -> bool:
+    """Hand ``message``'s envelope to its consumer (its acceptance commits there); True when accepted."""
+    try:
+        messages.deliver(messages.envelope_of(message))
+    except NexusError as exc:
+        log.warning("outbox delivery of %s message %s failed (attempt %s, next in %s s): %s", message.family,
+                    message.pk, message.delivery_attempts + 1, backoff, exc,
+                    extra={"org_id": message.org_id, "code": exc.code})
+        return False
+    failpoints.hit(FP_AFTER_EFFECT_ACCEPT)
+    return True
+
+
 def outbox_deliver_now(*, org_id: str, message_id: int) -> bool:
     """Deliver one pending outbox message now, exactly as the relay would (a same-process delivery).
 
@@ -396,14 +475,8 @@ def _deliver_claimed(message: OutboxMessage, now: dt.datetime, backoff: int) -> 
                             "next_attempt_at": now + dt.timedelta(seconds=backoff)})
         except StaleVersion:
             return False  # another relay claimed or delivered it first
-    try:
-        messages.deliver(messages.envelope_of(message))
-    except NexusError as exc:
-        log.warning("outbox delivery of %s message %s failed (attempt %s, next in %s s): %s", message.family,
-                    message.pk, message.delivery_attempts + 1, backoff, exc,
-                    extra={"org_id": message.org_id, "code": exc.code})
+    if not _deliver_envelope(message, backoff):
         return False
-    failpoints.hit(FP_AFTER_EFFECT_ACCEPT)
     with transaction.atomic(durable=True):
         try:
             OutboxMessageStore.transition(org_id=message.org_id, pk=message.pk, src="pending", dst="delivered",

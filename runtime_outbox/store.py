@@ -1,8 +1,10 @@
 """Runtime CAS stores: outbox message delivery is the only mutable Runtime row; inbox acceptances are
 inserted in their final state and only locked."""
+from django.db import connections
+
 from nexusflow.kernel import locks
 from nexusflow.kernel.locks import LockClass
-from nexusflow.kernel.rows import get_row
+from nexusflow.kernel.rows import get_row, row_shape
 from nexusflow.kernel.store import CasStore
 
 from . import models, transitions
@@ -12,6 +14,22 @@ class OutboxMessageStore(CasStore):
     model = models.OutboxMessage
     machine = transitions.OUTBOX_MESSAGE
     lock_class = LockClass.RUNTIME
+
+    @classmethod
+    def lock_due(cls, *, state: str, now, limit: int) -> list[models.OutboxMessage]:
+        """Lock up to ``limit`` messages in ``state`` due at ``now`` (all orgs), first due first, skipping rows
+        another transaction holds (``FOR UPDATE SKIP LOCKED``): two relays claim disjoint batches.
+
+        Due: ``next_attempt_at`` unset or not after ``now`` (the database clock), as
+        :func:`runtime_outbox.selectors.outbox_message_due` reads it.
+        """
+        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label)
+        shape = row_shape(cls.model, cls.db())
+        where, params = shape.where({"state": state})
+        due = cls.model._meta.get_field("next_attempt_at")
+        sql = shape.select_sql(f"{where} AND (`{due.column}` IS NULL OR `{due.column}` <= %s)",
+                               suffix=f" ORDER BY `{due.column}`, `id` LIMIT {int(limit)} FOR UPDATE SKIP LOCKED")
+        return shape.fetch(sql, [*params, due.get_db_prep_value(now, connections[shape.alias], prepared=False)])
 
 
 class InboxAcceptanceStore(CasStore):

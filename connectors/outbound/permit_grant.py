@@ -118,14 +118,19 @@ def _require_material(effect: RemoteEffect) -> None:
         bearer(resolve_frozen_secret(org_id=effect.org_id, frozen=binding["credential_generation"]))
 
 
-def _locked_with_command(effect: RemoteEffect) -> RemoteEffect:
-    """``effect`` locked (``FOR UPDATE``), carrying the OutboundCommand already read with it.
+def _locked_with_command(effect: RemoteEffect) -> RemoteEffect | None:
+    """``effect`` locked (``FOR UPDATE SKIP LOCKED``), carrying the OutboundCommand already read with it, or
+    ``None`` when another transaction holds the effect's row.
 
-    The grant reads only the command's immutable columns (its frozen binding, request fields, source and
-    keys), so the locked row takes the command object read a moment before instead of reading it again.
+    Two grant workers read the same head-of-lane candidates; the one that finds a candidate held (another
+    grant, a settlement, an operator decision) moves on to its next candidate instead of queueing behind it
+    and then finding it taken. A held effect that is still ``prepared`` when its holder ends is offered again
+    by the next round's scan. The grant reads only the command's immutable columns (its frozen binding,
+    request fields, source and keys), so the locked row takes the command object read a moment before
+    instead of reading it again.
     """
-    locked = RemoteEffectStore.lock(effect.org_id, effect.pk)
-    if locked.command_id == effect.command_id:
+    [locked] = RemoteEffectStore.lock_many(effect.org_id, [effect.pk], skip_locked=True) or [None]
+    if locked is not None and locked.command_id == effect.command_id:
         locked.command = effect.command
     return locked
 
@@ -148,14 +153,15 @@ def _grant(effect: RemoteEffect, worker_id: str) -> Grant | None:
             # The provider's rate-limit window on this credential's lane (permit_settle.lane_pause): no Permit
             # inside it. The effect is due again at its end, so the claim scan stops offering it meanwhile.
             effect = _locked_with_command(effect)
-            if effect.state == "prepared" and (effect.next_attempt_at is None
+            if effect is not None and effect.state == "prepared" and (effect.next_attempt_at is None
                                                or effect.next_attempt_at < credential_gate.paused_until):
                 RemoteEffectStore.touch(org_id=effect.org_id, pk=effect.pk, state=effect.state,
                                         version=effect.version,
                                         set_fields={"next_attempt_at": credential_gate.paused_until})
             return None
         effect = _locked_with_command(effect)
-        if effect.state != "prepared" or effect.dispatch_lane not in KNOWN_LANES or not _is_head(effect):
+        if effect is None or effect.state != "prepared" or effect.dispatch_lane not in KNOWN_LANES \
+                or not _is_head(effect):
             return None
         previous = _last_attempt(effect)
         if previous is not None and previous.state == "uncertain":

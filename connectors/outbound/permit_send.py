@@ -79,7 +79,7 @@ def permit_send(grant: Grant, *, client: httpx.Client | None = None) -> Response
     try:
         try:
             with transaction.atomic(durable=True):
-                permit = DispatchPermit.objects.get(pk=grant.permit_id, org_id=grant.org_id)
+                permit = get_row(DispatchPermit, {"pk": grant.permit_id, "org_id": grant.org_id})
                 credential_gate = CredentialDispatchGateStore.lock_shared(grant.org_id, permit.credential_gate_id)
                 if credential_gate.state != "enabled" or credential_gate.fence_token != permit.credential_fence_token:
                     return None

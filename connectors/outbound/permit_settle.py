@@ -44,7 +44,7 @@ from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.errors import InvalidIdentity, StaleVersion
 from nexusflow.kernel.identity import canonical_locator
-from nexusflow.kernel.rows import first_row, get_joined
+from nexusflow.kernel.rows import first_row, get_joined, get_row
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +225,7 @@ def lane_pause(grant: Grant, limits: outcomes.RateLimit, response: Response, now
         if window is None:
             return None
         until, kind = now + window, PAUSE_RATE_LIMITED
-    permit = DispatchPermit.objects.get(org_id=grant.org_id, pk=grant.permit_id)
+    permit = get_row(DispatchPermit, {"org_id": grant.org_id, "pk": grant.permit_id})
     with transaction.atomic(durable=True):
         gate = CredentialDispatchGateStore.lock(grant.org_id, permit.credential_gate_id)
         if gate.paused_until is not None and gate.paused_until >= until:

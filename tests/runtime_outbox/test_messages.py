@@ -42,8 +42,13 @@ from runtime_outbox.messages import (
     publish,
 )
 from runtime_outbox.models import InboxAcceptance, IntentResultReceipt, OutboundCommand, OutboxMessage
-from runtime_outbox.services import intent_result_record, outbound_command_author, outbox_try_deliver_one
-from tests.concurrency import race_behind_hold
+from runtime_outbox.services import (
+    intent_result_record,
+    outbound_command_author,
+    outbox_try_deliver_batch,
+    outbox_try_deliver_one,
+)
+from tests.concurrency import Worker, race_behind_hold
 from tests.conftest import ORG, make_serving_org
 from tests.flows.conftest import run_until_idle, save_record
 
@@ -519,3 +524,63 @@ def test_scope_named_in_a_payload_never_overrides_the_persisted_work_scope(org):
     assert fenced.value.code == "inbox_scope_conflict"
     assert not InboxAcceptance.objects.exclude(org_id=ORG).exists()
     assert not OutboxMessage.objects.exclude(app_installation_id=SCOPE.app_installation_id).exists()
+
+
+# --- the relay's batches ---------------------------------------------------------------------------------
+def _session_commits() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW SESSION STATUS LIKE 'Com_commit'")
+        return int(cursor.fetchone()[1])
+
+
+def test_a_relay_batch_claims_together_delivers_each_and_acknowledges_together(org):
+    commands = [_push(f"batch{i}@x.io", f"push-{i}") for i in range(3)]
+    before = _session_commits()
+    assert outbox_try_deliver_batch()
+    # One claim, one consumer transaction per message, one acknowledgement.
+    assert _session_commits() - before == 1 + len(commands) + 1
+    for command in commands:
+        message = _message(command)
+        assert (message.state, message.delivery_attempts) == ("delivered", 1)
+        assert RemoteEffect.objects.filter(org_id=ORG, command=command).count() == 1
+    assert outbox_try_deliver_batch() is False  # nothing due: no claim
+
+
+def test_a_poisoned_message_in_a_batch_backs_off_alone(org):
+    poisoned_command, healthy_command = _push("a@x.io", "push-a"), _push("b@x.io", "push-b")
+    poisoned = _message(poisoned_command)
+    family, key, payload = messages.command_message(healthy_command)
+    digest = messages.message_digest(family, 1, poisoned.message_key, payload)
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE runtime_outbox_outboxmessage SET payload = %s, payload_digest = %s WHERE id = %s",
+                       [json.dumps(payload), digest, poisoned.pk])
+    assert outbox_try_deliver_batch()
+    assert outbox_try_deliver_batch() is False  # the poisoned one is not due again yet
+    backed_off = OutboxMessage.objects.get(org_id=ORG, pk=poisoned.pk)
+    assert (backed_off.state, backed_off.delivery_attempts) == ("pending", 1)
+    assert backed_off.next_attempt_at > db_now()
+    assert not InboxAcceptance.objects.filter(message_key=poisoned.message_key).exists()
+    assert _message(healthy_command).state == "delivered"
+    assert RemoteEffect.objects.filter(org_id=ORG, command=healthy_command).count() == 1
+
+
+def test_two_relays_claim_disjoint_batches_without_waiting_for_each_other(org, holds):
+    first, second = _push("r1@x.io", "push-r1"), _push("r2@x.io", "push-r2")
+    holds.arm("outbox.claim_before_commit")
+    a = Worker(lambda: outbox_try_deliver_batch(limit=1), "a")
+    a.start()
+    marker = holds.wait_held("outbox.claim_before_commit")  # a holds its claim of the first message
+    b = Worker(lambda: outbox_try_deliver_batch(), "b")
+    b.start()
+    b.join(60)
+    assert not b.is_alive() and a.is_alive(), "b waited for a's claim"
+    assert b.error is None and b.result is True
+    assert _message(second).state == "delivered" and _message(first).state == "pending"
+    holds.release(marker)
+    a.join(60)
+    assert a.error is None and a.result is True
+    for command in (first, second):
+        message = _message(command)
+        assert (message.state, message.delivery_attempts) == ("delivered", 1)
+        assert InboxAcceptance.objects.filter(message_key=command.idempotency_key).count() == 1
+        assert RemoteEffect.objects.filter(org_id=ORG, command=command).count() == 1

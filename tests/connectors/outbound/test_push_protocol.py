@@ -38,7 +38,7 @@ from nexusflow.records.models import Record
 from nexusflow.records.services import record_lock, record_write_mirror
 from runtime_outbox.models import IntentResultReceipt, OutboundCommand
 from runtime_outbox.services import outbound_command_author_successor
-from tests.concurrency import race_behind_hold
+from tests.concurrency import Worker, race_behind_hold
 from tests.conftest import HUBSPOT_ACCOUNT, ORG, drain, run_manage, subprocess_env
 from tests.connectors.push_helpers import (
     BILLING,
@@ -317,13 +317,19 @@ def _two_saves(env):
 
 def test_two_workers_granting_one_link_key_make_exactly_one_create_permit(env, holds):
     first, second = _two_saves(env)
-    # The account gate is share-locked by both grants (it does not order them); b queues on the head
-    # effect's row, which a holds until it commits the create.
-    a, b = race_behind_hold(
-        holds, "permit.grant_before_commit",
-        lambda: egress.permit_try_grant_one(worker_id="wa"),
-        lambda: egress.permit_try_grant_one(worker_id="wb"),
-        EFFECT_TABLE, names=("a", "b"))
+    # The account gate is share-locked by both grants (it does not order them). a holds the head effect's
+    # row until it commits the create; b skips that held row (SKIP LOCKED) and finds the link key's next
+    # effect behind a head that is still prepared: b grants nothing, and returns while a still holds.
+    holds.arm("permit.grant_before_commit")
+    a = Worker(lambda: egress.permit_try_grant_one(worker_id="wa"), "a")
+    a.start()
+    marker = holds.wait_held("permit.grant_before_commit")
+    b = Worker(lambda: egress.permit_try_grant_one(worker_id="wb"), "b")
+    b.start()
+    b.join(60)
+    assert not b.is_alive() and a.is_alive(), "b waited for a's transaction"
+    holds.release(marker)
+    a.join(60)
 
     assert a.error is None and b.error is None and b.result is None
     [permit] = DispatchPermit.objects.filter(org_id=ORG)
