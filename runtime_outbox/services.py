@@ -65,7 +65,8 @@ def application_command_submit(*, org_id: str, command_id: str, execution_ref_di
         try:
             with transaction.atomic(durable=True):
                 return application_command_apply(org_id=org_id, command_id=command_id,
-                                                  execution_ref_digest=execution_ref_digest, command=command)
+                                                  execution_ref_digest=execution_ref_digest, command=command,
+                                                  result_absent=True)
         except IntegrityError:
             # Either the same command committed concurrently, or an inbound link
             # race lost: re-read, and re-apply on top of the winner if needed.
@@ -79,12 +80,17 @@ def application_command_submit(*, org_id: str, command_id: str, execution_ref_di
 
 
 def application_command_apply(*, org_id: str, command_id: str, execution_ref_digest: str,
-                              command: dict) -> ApplicationResult:
+                              command: dict, result_absent: bool = False) -> ApplicationResult:
     """Apply one application command inside the caller's transaction; return its (new or stored) result.
 
     The shared body of :func:`application_command_submit` and of the Runtime
     command inbox (:mod:`runtime_outbox.command_inbox`): an existing result of
     ``command_id`` with the same digest is returned unapplied.
+
+    Args:
+        result_absent: the caller read no result of ``command_id`` just before this transaction
+            (:func:`application_command_submit`): it is not read again; a result committed meanwhile still
+            makes the insert fail on its unique key (``IntegrityError``), and the caller reads it then.
 
     Raises:
         RuntimeError: called outside a transaction.
@@ -94,7 +100,7 @@ def application_command_apply(*, org_id: str, command_id: str, execution_ref_dig
     """
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("an application command is applied inside the Runtime application transaction")
-    existing = first_row(ApplicationResult, org_id=org_id, command_id=command_id)
+    existing = None if result_absent else first_row(ApplicationResult, org_id=org_id, command_id=command_id)
     if existing is not None:
         if existing.execution_ref_digest != execution_ref_digest:
             raise ResultMismatch(f"command {command_id} has no result for this ExecutionRef")

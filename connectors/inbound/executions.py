@@ -42,7 +42,7 @@ from nexusflow.kernel.logs import log_context
 from nexusflow.kernel.models import insert
 from nexusflow.kernel.pressure import mutation_admission
 from nexusflow.kernel.retry import retry_deadlock_victim
-from nexusflow.kernel.rows import fetch_joined, fetch_where, first_row, get_joined
+from nexusflow.kernel.rows import fetch_joined, fetch_where, first_row, get_joined, get_row
 from runtime_outbox.policy import runtime_policy
 
 log = logging.getLogger(__name__)
@@ -371,7 +371,7 @@ def _execution_run(claim: Claim) -> bool:
         command=build_runtime_command(execution))
     failpoints.hit(FP_AFTER_RESULT)
     try:
-        execution_complete(claim, result_id=result.pk)
+        execution_complete(claim, result_id=result.pk, result=result)
     except StaleVersion as exc:
         log.info("completion fenced for execution %s: %s", claim.execution_id, exc,
                  extra={"execution_id": int(claim.execution_id), "code": getattr(exc, "code", None)})
@@ -380,7 +380,7 @@ def _execution_run(claim: Claim) -> bool:
 
 
 @retry_deadlock_victim
-def execution_complete(claim: Claim, *, result_id: int) -> None:
+def execution_complete(claim: Claim, *, result_id: int, result=None) -> None:
     """Mark the Execution ``completed`` from the Runtime receipt and advance the lane.
 
     A completion the server rolled back whole (deadlock victim, lock wait timeout) runs again with the
@@ -388,6 +388,8 @@ def execution_complete(claim: Claim, *, result_id: int) -> None:
 
     Args:
         result_id: the Runtime ``ApplicationResult`` id (or a plain positive int).
+        result: that ApplicationResult as the submission returned it (immutable once committed), so it is
+            not read again; without it (or for another id or org) the row is read.
 
     Raises:
         InvalidIdentity: ``result_id`` is an id of another model (before SQL).
@@ -413,7 +415,8 @@ def execution_complete(claim: Claim, *, result_id: int) -> None:
         if lane is not None and lane.state != "open":
             # Seed 003 "Durable source ordering": no predecessor high-water advances after its OrderingHandoff.
             raise FenceRejected(f"lane {lane.pk} is {lane.state}; its high-water is frozen")
-        result = ApplicationResult.objects.get(pk=result_id, org_id=claim.org_id)
+        if result is None or result.pk != result_id or result.org_id != claim.org_id:
+            result = get_row(ApplicationResult, {"pk": result_id, "org_id": claim.org_id})
         if result.command_id != execution.command_id or result.execution_ref_digest != execution.execution_ref_digest:
             raise ValueError("Runtime result does not match this execution")
         ExecutionStore.transition(org_id=claim.org_id, pk=execution.pk, src="ready", dst="completed",

@@ -117,7 +117,7 @@ def test_a_unit_that_fails_after_its_claim_hands_the_claim_back_and_the_next_rou
     real = executions.execution_complete
     failures = []
 
-    def complete_then_lose(claim, *, result_id):
+    def complete_then_lose(claim, *, result_id, result=None):
         failures.append(claim.attempt_id)
         raise OperationalError(2013, "Lost connection to server during query")
 
