@@ -11,6 +11,9 @@ class Command(BaseCommand):
     help = ("In one transaction: byte-compare every OrderingHandoff with its lanes, predecessor active -> "
             "draining, successor verified -> active, every gate v2_halted -> v2_serving on the successor "
             "(seed 003 'Generation and replay'). Repeatable. Exit codes: 0 active; 1 bad input; 3 refused.")
+    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
+    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
+    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         add_successor_arguments(parser)

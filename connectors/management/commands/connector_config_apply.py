@@ -14,6 +14,9 @@ class Command(BaseCommand):
             "Packs must be published (connector_pack_publish) and credential versions published "
             "(connector_credential_publish) first. Applying the latest document again is a no-op. "
             "Exit 1 with 'CommandError: <code>: <message>' on bad input; nothing is written then.")
+    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
+    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
+    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("file", help="Path to the configuration JSON document.")

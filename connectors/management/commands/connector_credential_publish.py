@@ -11,6 +11,9 @@ class Command(BaseCommand):
             '{"account_key", "credential_ref", "version", "secret"?: {"from_env": NAME} | {"from_file": PATH}, '
             '"transport"?: {...}}. The secret is written once to NEXUS_SECRETS_DIR/<org>/<account>/<ref>/<version> '
             "(never to the database); without \"secret\" that file must exist. Exit 1 on bad input.")
+    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
+    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
+    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("file", help="Path to the credential JSON document.")

@@ -11,6 +11,9 @@ from nexusflow.kernel.errors import NexusError
 
 class Command(BaseCommand):
     help = __doc__.splitlines()[0]
+    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
+    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
+    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("--org", required=True)

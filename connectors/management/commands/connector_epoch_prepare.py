@@ -15,6 +15,9 @@ class Command(BaseCommand):
             "'State machines'. Prints the epoch id to pass to connector_handoff / connector_activate_successor. "
             "A verified candidate never serves until an activation. Exit codes: 0 verified; 1 bad input (no "
             "configuration); 3 rejected; 4 an owner is unavailable now (the candidate stays prepared; run again).")
+    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
+    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
+    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("--org", required=True, help="Org id.")

@@ -12,6 +12,9 @@ class Command(BaseCommand):
             "halting_v2 gate to v2_halted. Run it again until it exits 0. Exit codes: 0 every gate v2_halted; "
             "1 bad input; 3 refused (serving-only work pending, gates on several epochs, V1 states); "
             "4 some gate still halting (open DispatchPermits or predecessor work; the reason code says which).")
+    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
+    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
+    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("--org", required=True, help="Org id whose exhaustive gate set to halt.")

@@ -12,6 +12,9 @@ class Command(BaseCommand):
             "successor lane from it, one OrderingHandoff per lane (seed 003 'Durable source ordering'). Needs every "
             "gate v2_halted and the successor verified. After the first handoff the predecessor cannot resume. "
             "Exit codes: 0 done (repeatable); 1 bad input; 3 refused.")
+    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
+    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
+    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         add_successor_arguments(parser)

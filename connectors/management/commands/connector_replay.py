@@ -22,6 +22,9 @@ class Command(BaseCommand):
             "(--event, --reason and --principal), or read an existing one with --lookup (works while halted, "
             "writes nothing). Only --mode suppress_external_effects is accepted. Prints the request and its "
             "descendants as JSON. Exit codes: 2 bad input, 3 not serving, 4 refused, 5 not found.")
+    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
+    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
+    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("--org", required=True, help="Org id of the account.")

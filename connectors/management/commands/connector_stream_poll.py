@@ -40,6 +40,9 @@ def _cursor_text(cursor) -> str | None:
 
 class Command(BaseCommand):
     help = "Poll the pulled routes of one account into Receipts, advancing each durable cursor after commit."
+    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
+    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
+    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("--account", required=True, help="The account key of a v2_serving account.")

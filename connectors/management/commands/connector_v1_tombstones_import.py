@@ -17,6 +17,9 @@ class Command(BaseCommand):
             '{"tombstones": [{"account_key", "channel", "body": [...], "predecessor": {...}}]}. '
             "Allowed only while the account gate is v1_drained or v2_validating; importing again is a no-op. "
             "Exit codes: 0 done; 1 bad input; 3 refused (tombstone_gate_state, tombstone_conflict).")
+    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
+    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
+    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("file", help="Path to the tombstone JSON document.")

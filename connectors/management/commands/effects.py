@@ -58,6 +58,9 @@ def _effect_row(effect: RemoteEffect, pauses: dict | None = None) -> dict:
 
 class Command(BaseCommand):
     help = "RemoteEffect operator commands: list, show, reconcile, quarantine, successor."
+    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
+    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
+    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="subcommand", required=True,

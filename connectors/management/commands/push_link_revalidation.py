@@ -52,6 +52,9 @@ def _no_duplicate_keys(pairs):
 class Command(BaseCommand):
     help = ("Finalized push-link mapping revalidation (seed 002 CARVE_DOWN): draft a manifest, validate it "
             "with zero writes, apply it atomically. Exit 0 done, 1 bad input, 3 refused.")
+    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
+    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
+    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="subcommand", required=True, metavar="{draft,validate,apply}")

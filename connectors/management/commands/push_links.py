@@ -46,6 +46,9 @@ def _link_key(value: str) -> str:
 
 class Command(BaseCommand):
     help = "Push RemoteLink operator commands: list, show, revalidate, retire, rebind."
+    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
+    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
+    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="subcommand", required=True,

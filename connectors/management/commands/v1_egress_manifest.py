@@ -11,6 +11,9 @@ from connectors.v1.egress_manifest import MANIFEST_PATH, generate, manifest_prob
 
 class Command(BaseCommand):
     help = "Print (default), --write or --check the V1 egress manifest generated from connectors/v1."
+    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
+    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
+    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         group = parser.add_mutually_exclusive_group()

@@ -14,6 +14,9 @@ from nexusflow.kernel.scope import OrgScope
 
 class Command(BaseCommand):
     help = "Push one record to its existing remote object through the V1 runtime (PATCH only, never create)."
+    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
+    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
+    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("--org", required=True)

@@ -76,6 +76,9 @@ class Command(BaseCommand):
             "'activate' (the atomic V2 activation), 'restore' (the full V1 restore from the restore point), "
             "'cold-abort' (back to V1 after certify, before any V2 mutation) or "
             "'status' (where the cutover stands).")
+    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
+    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
+    requires_system_checks = ["runtime_outbox"]
     SHUTDOWN = ("drain", "stop", "reconcile", "certify", "restore-point", "validate", "activate", "restore",
                 "cold-abort")
 

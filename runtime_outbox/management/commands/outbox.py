@@ -33,6 +33,9 @@ LIST_MAX = 500
 
 class Command(BaseCommand):
     help = "Runtime outbox: list messages; reconcile a flow.effect.submit handoff by hand."
+    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
+    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
+    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="subcommand", required=True, metavar="{list,reconcile}")

@@ -23,6 +23,9 @@ from nexusflow.kernel.command_input import json_document_argument
 
 class Command(BaseCommand):
     help = "The versioned runtime policy: publish a generation; show the policy in force."
+    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
+    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
+    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="subcommand", required=True, metavar="{publish,show}")

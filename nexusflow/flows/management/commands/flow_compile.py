@@ -26,6 +26,9 @@ CHECK_ORG = "compile-check"
 
 class Command(BaseCommand):
     help = "Compile Flow metadata files and print plans or stable diagnostics (no plan is written)."
+    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
+    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
+    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("--org", default=None, help="Bind the check to this org and seal its catalog.")

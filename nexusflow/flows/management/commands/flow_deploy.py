@@ -16,6 +16,9 @@ from ._flowfiles import read_flow_files
 
 class Command(BaseCommand):
     help = "Compile Flow metadata files, persist their plans and activate them for one org."
+    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
+    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
+    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("--org", required=True, help="Trusted org id the plans are bound to.")

@@ -74,6 +74,9 @@ class Command(BaseCommand):
             "start an autolaunched flow; run, cancel and show one run of an org; list an org's waits and "
             "schedules; read the "
             "database pressure that pauses new durable mutation work.")
+    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
+    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
+    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="subcommand", required=True,

@@ -22,6 +22,9 @@ DEFAULT_OUTPUT = Path(settings.BASE_DIR) / "ops" / "prometheus" / "alerts.yml"
 
 class Command(BaseCommand):
     help = "Write ops/prometheus/alerts.yml from the reason codes' alert deadlines (or --check it)."
+    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
+    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
+    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="the rule file to write")

@@ -45,6 +45,9 @@ def _positive_int(text: str) -> int:
 
 class Command(BaseCommand):
     help = "List the closed reason codes, or show the evidence rows of one code for one org."
+    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
+    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
+    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("code", nargs="?", help="a reason code: print its evidence rows for --org")

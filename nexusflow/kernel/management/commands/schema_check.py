@@ -14,6 +14,9 @@ from nexusflow.kernel.schema import schema_drift
 
 class Command(BaseCommand):
     help = "Compare declared model indexes and unique constraints with information_schema.STATISTICS."
+    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
+    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
+    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("--database", default=None,

@@ -14,6 +14,9 @@ from nexusflow.kernel.transitions import load_all_machines
 
 class Command(BaseCommand):
     help = "Print a registered state machine (states and transitions) as text or Graphviz dot."
+    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
+    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
+    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("name", help='Machine name, e.g. "flows.FlowRun"; "list" prints every name.')

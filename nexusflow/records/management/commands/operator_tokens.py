@@ -15,6 +15,9 @@ from nexusflow.records.tokens import TokenRefused, operator_token_issue, operato
 
 class Command(BaseCommand):
     help = "Issue, list or revoke operator API tokens (Authorization: Bearer <token>)."
+    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
+    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
+    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="action", required=True)

@@ -83,6 +83,9 @@ def record_report(*, org_id: str, object_name: str, record_key: str) -> dict:
 
 class Command(BaseCommand):
     help = "CRM record operator commands: show, delete."
+    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
+    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
+    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="subcommand", required=True, metavar="{show,delete,access}")

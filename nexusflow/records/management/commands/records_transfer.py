@@ -37,6 +37,9 @@ EXIT_REFUSED, EXIT_USAGE, EXIT_RETRY = 1, 2, 75
 
 class Command(BaseCommand):
     help = "Identity transfer: merge, convert, show."
+    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
+    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
+    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="subcommand", required=True, metavar="{merge,convert,show}")
