@@ -29,7 +29,7 @@ ORG = "test-org"
 DEMO_FLOW = ROOT / "metadata" / "flows" / "Contact_Push_Customer_To_Billing.flow-meta.xml"
 
 #: Modules of shared fixtures every test module may ask for by name.
-pytest_plugins = ["tests.stream_support"]
+pytest_plugins = ["tests.stream_support", "tests.api_fuzz_support"]
 
 
 def pytest_configure(config):
