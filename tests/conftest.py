@@ -69,28 +69,33 @@ def pytest_addoption(parser):
     parser.addoption("--run-bench", action="store_true", help="run benchmarks")
 
 
-#: The longest test files, longest first (seconds each takes on two cores; ``make test`` prints the ten slowest
-#: tests): they start first, longest first, so that the suite does not end with one worker running one of them
-#: alone while the others wait. Every other file follows in collection order.
+#: The longest test files, longest first (seconds each took in a run of three workers on two cores; ``make test``
+#: prints the ten slowest tests): they start first, longest first, so that the suite does not end with one worker
+#: running one of them alone while the others wait. Every other file follows in collection order.
 SLOW_FIRST = (
-    "tests/e2e/test_journeys.py",  # 280
-    "tests/adversarial/test_crash_workers.py",  # 200
-    "tests/adversarial/test_inbound_chain_attacks.py",  # 200
-    "tests/test_api_schema_fuzz.py",  # 190
-    "tests/cutover/test_restore.py",  # 175
-    "tests/cutover/test_activate.py",  # 140
-    "tests/cutover/test_v1_shutdown.py",  # 90
-    "tests/e2e/test_cutover_journey_restore.py",  # 70
-    "tests/adversarial/test_push_attacks.py",  # 70
-    "tests/e2e/test_cutover_journey_v1_to_v2.py",  # 65
-    "tests/e2e/test_cutover_journey_abort.py",  # 65
-    "tests/e2e/test_after_the_demo.py",  # 60
-    "tests/e2e/test_main_job.py",  # 55
+    "tests/adversarial/test_inbound_chain_attacks.py",  # 155
+    "tests/adversarial/test_crash_workers.py",  # 150
+    "tests/cutover/test_restore.py",  # 105
+    "tests/e2e/test_cutover_journey_v1_to_v2.py",  # 85
+    "tests/e2e/test_conversion_journeys.py",  # 80
+    "tests/cutover/test_activate.py",  # 75
+    "tests/e2e/test_wait_journeys.py",  # 70
+    "tests/kernel/test_machine_walks.py",  # 70
+    "tests/test_api_schema_fuzz_cross_org.py",  # 65
+    "tests/e2e/test_journeys.py",  # 60
+    "tests/adversarial/test_push_attacks.py",  # 60
+    "tests/cutover/test_v1_shutdown.py",  # 55
     "tests/cutover/test_restore_point.py",  # 55
-    "tests/connectors/inbound/test_stream_ingress.py",  # 55
-    "tests/kernel/test_reasons.py",  # 55
-    "tests/cutover/test_activate_revocation_race.py",  # 50
-    "tests/cutover/test_halt_proofs.py",  # 50
+    "tests/e2e/test_cutover_journey_restore.py",  # 50
+    "tests/adversarial/test_outbound_attacks.py",  # 50
+    "tests/e2e/test_main_job.py",  # 45
+    "tests/test_api_schema_fuzz.py",  # 45
+    "tests/test_reason_code_migrations.py",  # 45
+    "tests/connectors/serving/test_generation_commands.py",  # 45
+    "tests/connectors/inbound/test_stream_ingress.py",  # 40
+    "tests/connectors/outbound/test_deferred_association.py",  # 30
+    "tests/e2e/test_after_the_demo.py",  # 25
+    "tests/e2e/test_cutover_journey_abort.py",  # 25
 )
 
 
