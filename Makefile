@@ -42,9 +42,11 @@ lint: venv
 
 # The suite waits on real processes and the database far more than it computes: TEST_WORKERS pytest-xdist
 # workers (each with its own test databases) run whole files side by side. TEST_WORKERS=0 runs serially.
+# --no-loadscope-reorder keeps the files in the order tests/conftest.py gives them (the longest first): by default
+# pytest-xdist hands out the files with the most tests first, which left the one-test journeys for the end.
 TEST_WORKERS ?= 3
 test: lint db static promtool bytecode
-	@$(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); rc=$$?; \
+	@$(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # promtool (Debian's prometheus package) checks ops/prometheus/alerts.yml and runs its rule unit tests in the suite.
