@@ -72,9 +72,11 @@ from packs.hubspot.fixtures.make_demo_webhooks import (
 )
 from packs.hubspot.sender import Delivery
 
-#: Contacts per point at scale 1: ``events_applied`` posts two events for each, ``effects_confirmed`` one
-#: for each of the first ``EFFECT_CONTACTS`` of them.
-CONTACTS, EFFECT_CONTACTS = 100, 60
+#: Contacts per point at scale 1: ``events_applied`` posts two events for each (600 events, the django-q2
+#: series' 600 tasks), ``effects_confirmed`` one for each of the first ``EFFECT_CONTACTS`` of them (the DBOS
+#: push series pushes as many). A point is long enough that starting its worker processes (about 0.7 s of
+#: CPU each, four roles times the worker count, on two cores) is not most of it.
+CONTACTS, EFFECT_CONTACTS = 300, 200
 #: Events per POST in the throughput series (the provider batches up to 100).
 BATCH = 20
 #: Single-event deliveries of the latency measurement at scale 1.
