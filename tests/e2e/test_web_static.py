@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from html.parser import HTMLParser
 from urllib.parse import urlsplit
 
@@ -17,6 +16,7 @@ import httpx
 import pytest
 
 from packs.demo.run import Processes, _free_port, web_server_argv
+from tests.api_fuzz_support import wait_healthy
 from tests.conftest import run_manage, subprocess_env
 
 READY_TIMEOUT_SECONDS = 60.0
@@ -44,22 +44,6 @@ def _assets(html: str) -> list[str]:
     return parser.urls
 
 
-def _wait_healthy(proc, base: str, log) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_SECONDS
-    while True:
-        if proc.poll() is not None:
-            raise AssertionError(f"gunicorn exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(base + "/api/v2/health/", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gunicorn did not answer 200 within {READY_TIMEOUT_SECONDS:.0f} s:\n"
-                                 f"{log.read_text()[-3000:]}")
-        time.sleep(0.1)
-
-
 @pytest.fixture(scope="module")
 def web(django_db_setup, tmp_path_factory):
     """Base URL of a running gunicorn serving the test databases and a freshly collected STATIC_ROOT."""
@@ -72,7 +56,7 @@ def web(django_db_setup, tmp_path_factory):
     proc = procs.start("web", web_server_argv(port, workers=1), env, run_dir)
     base = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(proc, base, run_dir / "web.log")
+        wait_healthy(proc, base, run_dir / "web.log")
         with httpx.Client(base_url=base, timeout=REQUEST_TIMEOUT_SECONDS) as client:
             yield client
     finally:

@@ -103,6 +103,18 @@ def _drain_relay() -> None:
         pass
 
 
+def _poison(poisoned_command: OutboundCommand, healthy_command: OutboundCommand) -> OutboxMessage:
+    """Give ``poisoned_command``'s message a self-consistent payload naming ``healthy_command``: the consumer
+    refuses it (another intent than its own)."""
+    poisoned = _message(poisoned_command)
+    family, key, payload = messages.command_message(healthy_command)
+    digest = messages.message_digest(family, 1, poisoned.message_key, payload)
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE runtime_outbox_outboxmessage SET payload = %s, payload_digest = %s WHERE id = %s",
+                       [json.dumps(payload), digest, poisoned.pk])
+    return poisoned
+
+
 def _rows() -> tuple:
     """Everything a delivery may create, to prove that a refusal created nothing."""
     return (sorted(RemoteEffect.objects.values_list("id", "command_id", "state")),
@@ -354,13 +366,7 @@ def test_reject_if_unaccepted_first_then_the_acceptance_rolls_back_whole(org, ho
 # --- the relay ------------------------------------------------------------------------------------------------
 def test_a_poisoned_message_backs_off_alone_while_the_rest_of_its_org_delivers(org):
     poisoned_command, healthy_command = _push("a@x.io", "push-a"), _push("b@x.io", "push-b")
-    poisoned = _message(poisoned_command)
-    # A message whose (self-consistent) payload names another intent than its own: the consumer refuses it.
-    family, key, payload = messages.command_message(healthy_command)
-    digest = messages.message_digest(family, 1, poisoned.message_key, payload)
-    with connection.cursor() as cursor:
-        cursor.execute("UPDATE runtime_outbox_outboxmessage SET payload = %s, payload_digest = %s WHERE id = %s",
-                       [json.dumps(payload), digest, poisoned.pk])
+    poisoned = _poison(poisoned_command, healthy_command)
     assert outbox_try_deliver_one()  # claims the poisoned message first (lowest id): refused, backs off
     assert outbox_try_deliver_one()  # the next message of the same org is delivered
     assert outbox_try_deliver_one() is False  # the poisoned one is not due again yet
@@ -548,12 +554,7 @@ def test_a_relay_batch_claims_together_delivers_each_and_acknowledges_together(o
 
 def test_a_poisoned_message_in_a_batch_backs_off_alone(org):
     poisoned_command, healthy_command = _push("a@x.io", "push-a"), _push("b@x.io", "push-b")
-    poisoned = _message(poisoned_command)
-    family, key, payload = messages.command_message(healthy_command)
-    digest = messages.message_digest(family, 1, poisoned.message_key, payload)
-    with connection.cursor() as cursor:
-        cursor.execute("UPDATE runtime_outbox_outboxmessage SET payload = %s, payload_digest = %s WHERE id = %s",
-                       [json.dumps(payload), digest, poisoned.pk])
+    poisoned = _poison(poisoned_command, healthy_command)
     assert outbox_try_deliver_batch()
     assert outbox_try_deliver_batch() is False  # the poisoned one is not due again yet
     backed_off = OutboxMessage.objects.get(org_id=ORG, pk=poisoned.pk)
