@@ -8,6 +8,7 @@ class RuntimeOutboxConfig(AppConfig):
     def ready(self):
         from django.core import checks
 
+        from nexusflow.kernel.commands import MESSAGE_FAMILY_CHECK
         from nexusflow.kernel.metrics import register_families
         from nexusflow.kernel.workers import register_open_work, register_reconciler, register_role
         from nexusflow.records.owner import register_owner_work
@@ -34,4 +35,4 @@ class RuntimeOutboxConfig(AppConfig):
         # The durable Runtime command inbox: V1's RuntimeCommandHandoff (runtime_outbox/command_inbox.py).
         register_consumer(RUNTIME_COMMAND_HANDOFF, command_handoff_accept)
         # Every declared message family has its one consumer once all apps are ready (``manage.py check``).
-        checks.register(check_every_family_consumed, "runtime_outbox")
+        checks.register(check_every_family_consumed, MESSAGE_FAMILY_CHECK)

@@ -1,19 +1,16 @@
 """``manage.py connector_activate_successor --org ORG --successor EPOCH``: atomic successor activation."""
-from django.core.management.base import BaseCommand
 
 from connectors.management.commands._handoff_common import add_successor_arguments, command_error, read_evidence
 from connectors.serving.handoff import HandoffRefused, successor_activate
+from nexusflow.kernel.commands import OperatorCommand
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.scope import OrgScope
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = ("In one transaction: byte-compare every OrderingHandoff with its lanes, predecessor active -> "
             "draining, successor verified -> active, every gate v2_halted -> v2_serving on the successor "
             "(seed 003 'Generation and replay'). Repeatable. Exit codes: 0 active; 1 bad input; 3 refused.")
-    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
-    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
-    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         add_successor_arguments(parser)

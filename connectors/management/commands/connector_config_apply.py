@@ -1,12 +1,13 @@
 """``manage.py connector_config_apply --org ORG FILE``: author an L2 configuration generation."""
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from connectors.serving.generations import load_json_document, service_configuration_apply, service_configuration_read
+from nexusflow.kernel.commands import OperatorCommand
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.scope import OrgScope
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = ("Author the next immutable ConnectorServiceConfigurationGeneration from a JSON file: "
             '{"org_id"?, "accounts": [{"account_key", "pack", "pack_version"?, "routes": [...], '
             '"push_contracts": [...], "mappings"?: [...], "base_url"?, '
@@ -14,9 +15,6 @@ class Command(BaseCommand):
             "Packs must be published (connector_pack_publish) and credential versions published "
             "(connector_credential_publish) first. Applying the latest document again is a no-op. "
             "Exit 1 with 'CommandError: <code>: <message>' on bad input; nothing is written then.")
-    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
-    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
-    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("file", help="Path to the configuration JSON document.")

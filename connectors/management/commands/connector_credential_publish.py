@@ -1,19 +1,17 @@
 """``manage.py connector_credential_publish --org ORG FILE``: publish an immutable credential generation."""
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from connectors.serving.generations import credential_generation_read, credential_publish, load_json_document
+from nexusflow.kernel.commands import OperatorCommand
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.scope import OrgScope
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = ("Publish immutable CredentialGenerations from a JSON file: one object or a list of "
             '{"account_key", "credential_ref", "version", "secret"?: {"from_env": NAME} | {"from_file": PATH}, '
             '"transport"?: {...}}. The secret is written once to NEXUS_SECRETS_DIR/<org>/<account>/<ref>/<version> '
             "(never to the database); without \"secret\" that file must exist. Exit 1 on bad input.")
-    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
-    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
-    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("file", help="Path to the credential JSON document.")

@@ -3,17 +3,15 @@
 Seed 003 "State machines" (CredentialGenerationDispatchGate); see :mod:`connectors.serving.credential_gates`.
 Exit 0 done (also when already enabled), 1 refused.
 """
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from connectors.serving.credential_gates import credential_reenable
+from nexusflow.kernel.commands import OperatorCommand
 from nexusflow.kernel.errors import NexusError
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = __doc__.splitlines()[0]
-    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
-    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
-    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("--org", required=True)

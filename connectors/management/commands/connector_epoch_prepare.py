@@ -1,23 +1,21 @@
 """``manage.py connector_epoch_prepare --org ORG``: prepare and verify the next ServingEpoch candidate."""
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from connectors.serving.epoch import EpochVerificationDeferred, EpochVerificationFailed, epoch_prepare, epoch_verify
 from connectors.serving.generations import ConfigurationError, OwnerUnavailable
+from nexusflow.kernel.commands import OperatorCommand
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.scope import OrgScope
 
 EXIT_BAD_INPUT, EXIT_REJECTED, EXIT_DEFERRED = 1, 3, 4
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = ("Build the ServingEpoch candidate of the org's latest configuration generation from fresh owner reads "
             "(prepared) and verify it by re-reading and byte-comparing every owner (verified | rejected), seed 003 "
             "'State machines'. Prints the epoch id to pass to connector_handoff / connector_activate_successor. "
             "A verified candidate never serves until an activation. Exit codes: 0 verified; 1 bad input (no "
             "configuration); 3 rejected; 4 an owner is unavailable now (the candidate stays prepared; run again).")
-    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
-    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
-    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("--org", required=True, help="Org id.")

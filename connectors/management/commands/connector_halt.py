@@ -1,20 +1,18 @@
 """``manage.py connector_halt --org ORG [--force]``: halt the org's gate set for a successor switch."""
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from connectors.management.commands._handoff_common import EXIT_PENDING, command_error
 from connectors.serving.handoff import HandoffRefused, halt_begin, halt_try_complete
+from nexusflow.kernel.commands import OperatorCommand
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.scope import OrgScope
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = ("Move every v2_serving gate of the org to halting_v2 (seed 003 'State machines'), then every drained "
             "halting_v2 gate to v2_halted. Run it again until it exits 0. Exit codes: 0 every gate v2_halted; "
             "1 bad input; 3 refused (serving-only work pending, gates on several epochs, V1 states); "
             "4 some gate still halting (open DispatchPermits or predecessor work; the reason code says which).")
-    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
-    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
-    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("--org", required=True, help="Org id whose exhaustive gate set to halt.")

@@ -1,20 +1,17 @@
 """``manage.py connector_handoff --org ORG --successor EPOCH``: freeze predecessor lanes into OrderingHandoffs."""
-from django.core.management.base import BaseCommand
 
 from connectors.management.commands._handoff_common import add_successor_arguments, command_error, read_evidence
 from connectors.serving.handoff import HandoffRefused, handoff_stage
+from nexusflow.kernel.commands import OperatorCommand
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.scope import OrgScope
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = ("Freeze every predecessor OrderingLane (high-water, comparator, partition contract) and stage the "
             "successor lane from it, one OrderingHandoff per lane (seed 003 'Durable source ordering'). Needs every "
             "gate v2_halted and the successor verified. After the first handoff the predecessor cannot resume. "
             "Exit codes: 0 done (repeatable); 1 bad input; 3 refused.")
-    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
-    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
-    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         add_successor_arguments(parser)

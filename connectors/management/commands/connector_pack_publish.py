@@ -1,18 +1,16 @@
 """``manage.py connector_pack_publish PATH...``: publish immutable pack generations."""
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from connectors.serving.generations import pack_generation_read, pack_publish, pack_read_file
+from nexusflow.kernel.commands import OperatorCommand
 from nexusflow.kernel.errors import NexusError
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = ("Publish each pack.json as an immutable PackGeneration with its Catalog bindings (inbound routes, "
             "callout profiles, field mappings, push contracts). The same bytes again are a no-op; other content "
             "under a published pack key and version is refused (exit 1, 'CommandError: pack_version_conflict: ...'). "
             "Every file is read and validated before any is published: one bad file publishes nothing.")
-    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
-    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
-    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("paths", nargs="+", help="pack.json files.")

@@ -4,10 +4,11 @@ Seed 003 "Replay identity and predecessor" and "Replay and external effects".
 """
 import json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from connectors.inbound.replay import ReplayError, replay_lookup, replay_submit
 from connectors.serving.gates import NotServing
+from nexusflow.kernel.commands import OperatorCommand
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.scope import OrgScope
 from runtime_outbox.replay_guard import SUPPRESS_EXTERNAL_EFFECTS, ReplayModeUnsupported
@@ -17,14 +18,11 @@ from runtime_outbox.replay_guard import SUPPRESS_EXTERNAL_EFFECTS, ReplayModeUns
 EXIT_BAD_INPUT, EXIT_NOT_SERVING, EXIT_REFUSED, EXIT_NOT_FOUND = 2, 3, 4, 5
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = ("Authorize a replay of one terminal Event under the account's active ServingEpoch "
             "(--event, --reason and --principal), or read an existing one with --lookup (works while halted, "
             "writes nothing). Only --mode suppress_external_effects is accepted. Prints the request and its "
             "descendants as JSON. Exit codes: 2 bad input, 3 not serving, 4 refused, 5 not found.")
-    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
-    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
-    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("--org", required=True, help="Org id of the account.")

@@ -19,7 +19,7 @@ import random
 import signal
 import time
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import close_old_connections
 
 from connectors.inbound.stream_poll import (
@@ -31,6 +31,7 @@ from connectors.inbound.stream_poll import (
     stream_poll_once,
 )
 from connectors.serving.gates import NotServing
+from nexusflow.kernel.commands import OperatorCommand
 from nexusflow.kernel.errors import InvalidIdentity
 
 
@@ -38,11 +39,8 @@ def _cursor_text(cursor) -> str | None:
     return None if cursor is None else bytes(cursor).decode("utf-8", "replace")
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "Poll the pulled routes of one account into Receipts, advancing each durable cursor after commit."
-    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
-    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
-    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("--account", required=True, help="The account key of a v2_serving account.")

@@ -1,5 +1,5 @@
 """``manage.py connector_v1_tombstones_import --org ORG FILE``: import V1 acceptance tombstones."""
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from connectors.inbound.admission import MalformedBody, parse_body
 from connectors.inbound.v1_tombstones import (
@@ -8,18 +8,16 @@ from connectors.inbound.v1_tombstones import (
     TombstoneImportError,
     v1_tombstones_import,
 )
+from nexusflow.kernel.commands import OperatorCommand
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.scope import OrgScope
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = ("Import V1 acceptance tombstones (seed 003 'Inbound facts') from a JSON file "
             '{"tombstones": [{"account_key", "channel", "body": [...], "predecessor": {...}}]}. '
             "Allowed only while the account gate is v1_drained or v2_validating; importing again is a no-op. "
             "Exit codes: 0 done; 1 bad input; 3 refused (tombstone_gate_state, tombstone_conflict).")
-    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
-    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
-    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("file", help="Path to the tombstone JSON document.")

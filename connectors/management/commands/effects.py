@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from connectors.models import DispatchPermit, RemoteEffect
 from connectors.selectors import credential_lane_pauses
 from nexusflow.kernel.clock import db_now
+from nexusflow.kernel.commands import OperatorCommand
 from nexusflow.kernel.errors import InvalidIdentity, NexusError
 from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.reasons import SEVERITY_CLASSES, codes_of_class, load_all_reasons, severity_class_of
@@ -56,11 +57,8 @@ def _effect_row(effect: RemoteEffect, pauses: dict | None = None) -> dict:
             "created_at": effect.created_at.isoformat(), "updated_at": effect.updated_at.isoformat()}
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "RemoteEffect operator commands: list, show, reconcile, quarantine, successor."
-    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
-    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
-    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="subcommand", required=True,

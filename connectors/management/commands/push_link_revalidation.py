@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import sys
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from connectors.links.mapping_revalidation import (
     MAX_MANIFEST_BYTES,
@@ -33,6 +33,7 @@ from connectors.links.mapping_revalidation import (
     revalidation_draft,
     revalidation_validate,
 )
+from nexusflow.kernel.commands import OperatorCommand
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.scope import OrgScope
@@ -49,12 +50,9 @@ def _no_duplicate_keys(pairs):
     return seen
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = ("Finalized push-link mapping revalidation (seed 002 CARVE_DOWN): draft a manifest, validate it "
             "with zero writes, apply it atomically. Exit 0 done, 1 bad input, 3 refused.")
-    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
-    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
-    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="subcommand", required=True, metavar="{draft,validate,apply}")

@@ -4,16 +4,14 @@ Generated from the code (:mod:`connectors.v1.egress_manifest`). ``--check``
 exits 1 with one line per problem (an untracked provider call site, a call
 without its pre-I/O marker, a stale committed file).
 """
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from connectors.v1.egress_manifest import MANIFEST_PATH, generate, manifest_problems, render
+from nexusflow.kernel.commands import OperatorCommand
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "Print (default), --write or --check the V1 egress manifest generated from connectors/v1."
-    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
-    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
-    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         group = parser.add_mutually_exclusive_group()

@@ -5,18 +5,16 @@ the settled V1ProviderCall; exits 1 with ``<code>: <detail>`` when refused
 before I/O (``v1_no_linked_remote``, ``v1_contract_unknown``, ``credential_unavailable``)
 and 3 when the provider refused or the outcome is ambiguous.
 """
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from connectors.v1.push import v1_push_record
+from nexusflow.kernel.commands import OperatorCommand
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.scope import OrgScope
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "Push one record to its existing remote object through the V1 runtime (PATCH only, never create)."
-    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
-    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
-    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("--org", required=True)

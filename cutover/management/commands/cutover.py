@@ -41,7 +41,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from connectors.serving.gates import EpochVerificationDeferred
 from cutover.activate import cutover_activate
@@ -58,13 +58,14 @@ from cutover.stop import DEFAULT_WAIT_SECONDS, cutover_stop
 from cutover.v1_install import cutover_v1_install
 from cutover.v1_shutdown import ShutdownBlocked
 from cutover.validate import cutover_validate
+from nexusflow.kernel.commands import OperatorCommand
 from nexusflow.kernel.errors import InvalidIdentity, NexusError
 from nexusflow.kernel.scope import OrgScope
 
 EXIT_BAD_INPUT, EXIT_REFUSED, EXIT_DEFERRED = 2, 3, 4
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = ("Run a cutover procedure: 'greenfield' (a fresh install with no V1 activates V2), 'v1-install' "
             "(a fresh V1 install: every gate v1_serving, served by run_workers --role v1), 'preflight' (certify a "
             "V1 -> V2 attempt against an L2 plan before maintenance), 'halt-v1' (close the V1 maintenance barriers "
@@ -76,9 +77,6 @@ class Command(BaseCommand):
             "'activate' (the atomic V2 activation), 'restore' (the full V1 restore from the restore point), "
             "'cold-abort' (back to V1 after certify, before any V2 mutation) or "
             "'status' (where the cutover stands).")
-    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
-    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
-    requires_system_checks = ["runtime_outbox"]
     SHUTDOWN = ("drain", "stop", "reconcile", "certify", "restore-point", "validate", "activate", "restore",
                 "cold-abort")
 

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from nexusflow.kernel.commands import OperatorCommand
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.ids import id_from_text
@@ -31,11 +32,8 @@ from nexusflow.kernel.ids import id_from_text
 LIST_MAX = 500
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "Runtime outbox: list messages; reconcile a flow.effect.submit handoff by hand."
-    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
-    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
-    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="subcommand", required=True, metavar="{list,reconcile}")

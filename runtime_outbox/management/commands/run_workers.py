@@ -21,9 +21,10 @@ import sys
 import time
 from pathlib import Path
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import DatabaseError, close_old_connections, connections
 
+from nexusflow.kernel.commands import OperatorCommand
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.workers import roles as registered_roles
 from nexusflow.kernel.workers import units_for, worker_process_register
@@ -82,12 +83,8 @@ class UnitStatements:
                 for name, (w, i, n) in sorted(self.by_unit.items())}
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "Run NexusFlow workers of one or more roles."
-    #: Before it claims anything a worker checks that every message family has its consumer. A worker serves no
-    #: URL and no admin page: the model, URL, admin and substrate-exposure checks are the web deployment's
-    #: (``manage.py check``, ``check --deploy``), not each worker start's.
-    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("--role", action="append", choices=[*registered_roles(), "all"], required=True,

@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from nexusflow.kernel.command_input import json_document_argument
+from nexusflow.kernel.commands import OperatorCommand
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "The versioned runtime policy: publish a generation; show the policy in force."
-    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
-    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
-    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="subcommand", required=True, metavar="{publish,show}")

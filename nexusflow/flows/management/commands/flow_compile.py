@@ -6,13 +6,14 @@ fails.
 """
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import transaction
 
 from nexusflow.flows.binding import flow_runtime_binding
 from nexusflow.flows.catalog import catalog_current, catalog_seal
 from nexusflow.flows.compiler import CompileError
 from nexusflow.flows.services import flow_compile_check
+from nexusflow.kernel.commands import OperatorCommand
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.scope import OrgScope
 from nexusflow.records.metadata import current_view
@@ -24,11 +25,8 @@ from ._flowfiles import read_flow_files
 CHECK_ORG = "compile-check"
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "Compile Flow metadata files and print plans or stable diagnostics (no plan is written)."
-    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
-    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
-    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("--org", default=None, help="Bind the check to this org and seal its catalog.")

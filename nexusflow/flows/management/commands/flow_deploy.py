@@ -4,21 +4,19 @@ Deploying the same file twice is a no-op. Exits 1 if any file fails to compile.
 """
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from nexusflow.flows.compiler import CompileError
 from nexusflow.flows.services import flow_deploy
+from nexusflow.kernel.commands import OperatorCommand
 from nexusflow.kernel.errors import NexusError
 from nexusflow.kernel.scope import OrgScope
 
 from ._flowfiles import read_flow_files
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "Compile Flow metadata files, persist their plans and activate them for one org."
-    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
-    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
-    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("--org", required=True, help="Trusted org id the plans are bound to.")

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from nexusflow.flows.errors import (
     FlowInputRejected,
@@ -63,20 +63,18 @@ from nexusflow.flows.models import FlowRun
 from nexusflow.flows.producers import PRODUCERS
 from nexusflow.flows.services.support import WAITS_PAGE_MAX
 from nexusflow.flows.transitions import FLOW_DEPENDENCY
+from nexusflow.kernel.commands import OperatorCommand
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.ids import id_from_text
 from nexusflow.kernel.scope import OrgScope
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = ("Flow operator commands: inventory (compile-only report of a folder of Flow metadata files); "
             "start an autolaunched flow; run, cancel and show one run of an org; list an org's waits and "
             "schedules; read the "
             "database pressure that pauses new durable mutation work.")
-    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
-    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
-    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="subcommand", required=True,

@@ -12,19 +12,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from nexusflow.kernel.commands import OperatorCommand
 from nexusflow.kernel.metrics import alert_rules_text
 
 #: The checked-in rule file.
 DEFAULT_OUTPUT = Path(settings.BASE_DIR) / "ops" / "prometheus" / "alerts.yml"
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "Write ops/prometheus/alerts.yml from the reason codes' alert deadlines (or --check it)."
-    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
-    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
-    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="the rule file to write")

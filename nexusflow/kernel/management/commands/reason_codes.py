@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.forms.models import model_to_dict
 
+from nexusflow.kernel.commands import OperatorCommand
 from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.reasons import REMEDIATIONS, SEVERITY_CLASSES, load_all_reasons
@@ -43,11 +44,8 @@ def _positive_int(text: str) -> int:
     return value
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "List the closed reason codes, or show the evidence rows of one code for one org."
-    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
-    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
-    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("code", nargs="?", help="a reason code: print its evidence rows for --org")

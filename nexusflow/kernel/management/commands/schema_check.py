@@ -6,17 +6,15 @@ finding (``kind<TAB>table<TAB>index<TAB>detail``) otherwise.
 """
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import connections
 
+from nexusflow.kernel.commands import OperatorCommand
 from nexusflow.kernel.schema import schema_drift
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "Compare declared model indexes and unique constraints with information_schema.STATISTICS."
-    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
-    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
-    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("--database", default=None,

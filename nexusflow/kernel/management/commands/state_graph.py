@@ -6,17 +6,15 @@ machine registered with ``nexusflow.kernel.transitions.machine`` is known.
 """
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from nexusflow.kernel.commands import OperatorCommand
 from nexusflow.kernel.store import load_all_stores
 from nexusflow.kernel.transitions import load_all_machines
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "Print a registered state machine (states and transitions) as text or Graphviz dot."
-    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
-    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
-    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         parser.add_argument("name", help='Machine name, e.g. "flows.FlowRun"; "list" prints every name.')

@@ -7,17 +7,15 @@
 Exit codes: 0 done; 1 refused (``operator_token_refused``: unknown or inactive operator, unknown or already
 revoked token, missing who/why); 2 bad usage.
 """
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from nexusflow.kernel.commands import OperatorCommand
 from nexusflow.records.models import OperatorToken
 from nexusflow.records.tokens import TokenRefused, operator_token_issue, operator_token_revoke
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "Issue, list or revoke operator API tokens (Authorization: Bearer <token>)."
-    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
-    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
-    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="action", required=True)

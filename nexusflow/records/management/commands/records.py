@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from nexusflow.kernel.commands import OperatorCommand
 from nexusflow.kernel.errors import InvalidIdentity, NexusError
 from nexusflow.kernel.identity import validate_key
 from nexusflow.kernel.scope import OrgScope
@@ -81,11 +82,8 @@ def record_report(*, org_id: str, object_name: str, record_key: str) -> dict:
     }
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "CRM record operator commands: show, delete."
-    #: An operator command serves no URL and no admin page: like ``run_workers`` it runs only the
-    #: message-family check; the model, URL and admin checks are ``manage.py check``'s.
-    requires_system_checks = ["runtime_outbox"]
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="subcommand", required=True, metavar="{show,delete,access}")
