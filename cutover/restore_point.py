@@ -31,7 +31,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -52,6 +51,7 @@ from nexusflow.kernel import canonical_json, failpoints
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.models import insert
+from nexusflow.kernel.net import free_local_port
 from nexusflow.kernel.scope import OrgScope
 
 from . import reasons, selectors
@@ -346,12 +346,6 @@ def _file_blockers(capture: Capture) -> list[dict]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def rehearsal_server():
     """Run a separate ``mariadbd`` on a fresh data directory; yield ``{"host", "port", "user", "password",
@@ -377,7 +371,7 @@ def rehearsal_server():
             raise OSError(f"mariadb-install-db exited {install.returncode}: "
                           f"{install.stderr.decode('utf-8', 'replace')[-500:]}")
         installed = time.monotonic()
-        port = _free_port()
+        port = free_local_port()
         process = subprocess.Popen(
             ["mariadbd", "--no-defaults", f"--datadir={workdir / 'data'}", f"--socket={workdir / 'sock'}",
              f"--port={port}", "--bind-address=127.0.0.1", "--skip-grant-tables", "--skip-log-bin", own_tmp,

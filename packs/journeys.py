@@ -38,10 +38,10 @@ from typing import Any
 import httpx
 from django.conf import settings
 
+from nexusflow.kernel.net import free_local_port
 from packs.demo.run import (
     DemoError,
     Processes,
-    _free_port,
     _progress_marker,
     _wait_http,
     collect_static,
@@ -184,7 +184,7 @@ class Harness:
     def start_web_and_workers(self) -> None:
         """Start gunicorn and one ``run_workers`` process per role of :data:`WORKER_ROLES` (plus the roles a stage
         put in ``values["extra_roles"]``, e.g. ``v1``); wait for health."""
-        port = _free_port()
+        port = free_local_port()
         self.web_base = f"http://127.0.0.1:{port}"
         self.procs.start("web", web_server_argv(port, workers=1), self.env, self.run_dir)
         for index, role in enumerate((*WORKER_ROLES, *self.values.get("extra_roles", ()))):

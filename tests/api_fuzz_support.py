@@ -23,9 +23,10 @@ from django.test import Client
 
 from connectors.models import Event
 from nexusflow.flows.models import FlowRun
+from nexusflow.kernel.net import free_local_port
 from nexusflow.records.metadata import current_view
 from nexusflow.records.models import Record
-from packs.demo.run import Processes, _free_port, web_server_argv
+from packs.demo.run import Processes, web_server_argv
 from packs.hubspot import webhook_route
 from runtime_outbox.replay_guard import SUPPRESS_EXTERNAL_EFFECTS
 from tests.conftest import ORG, drain, hubspot_event, make_serving_org, post_signed, subprocess_env
@@ -105,7 +106,7 @@ def org_data(billing_sandbox, client) -> dict:
 @pytest.fixture
 def web(org_data, tmp_path):
     """Base URL of gunicorn serving the test databases (started after the org's data committed)."""
-    port = _free_port()
+    port = free_local_port()
     procs = Processes()
     proc = procs.start("web", web_server_argv(port, workers=1), subprocess_env(), tmp_path)
     base = f"http://127.0.0.1:{port}"

@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from nexusflow.kernel.net import free_local_port
 from packs.bench.measure import (
     RUN_DIR,
     WORKER_COUNTS,
@@ -57,7 +58,6 @@ from packs.demo.run import (
     SERVICE_FILE,
     Processes,
     TimedPoster,
-    _free_port,
     _wait_http,
     ingress_url,
     service_activate,
@@ -169,7 +169,7 @@ def inbound_start(env: dict, say) -> Inbound:
     try:
         billing_url = start_billing_sandbox(procs, env=env, run_dir=RUN_DIR)
         service_activate(service, env=env, run_dir=RUN_DIR, billing_url=billing_url, say=lambda m: say(f"bench: {m}"))
-        port = _free_port()
+        port = free_local_port()
         procs.start("web", web_server_argv(port, workers=2), env, RUN_DIR)
         base = f"http://127.0.0.1:{port}"
         _wait_http(base + "/api/v2/health/")

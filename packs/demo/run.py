@@ -16,7 +16,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -32,6 +31,7 @@ import MySQLdb
 from django.conf import settings
 from django.db import connections
 
+from nexusflow.kernel.net import free_local_port
 from packs.demo.common import DemoError, attention_effects, attention_flow_runs, web_server_argv
 from packs.demo.schema import create_migrated_databases
 
@@ -71,12 +71,6 @@ class Processes:
                 except ProcessLookupError:
                     pass
                 proc.wait()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def demo_database_names(main: str) -> tuple[str, str]:
@@ -710,7 +704,7 @@ def run_demo(*, events: str | None, as_json: bool, dump_path: str | None, keep_l
         collect_static(env)  # the web process serves the admin's assets (WhiteNoise)
         billing_url = start_billing_sandbox(procs, env=env, run_dir=run_dir)
         service_activate(service, env=env, run_dir=run_dir, billing_url=billing_url, say=lambda m: say(f"demo: {m}"))
-        web_port = _free_port()
+        web_port = free_local_port()
         base = f"http://127.0.0.1:{web_port}"
         url = ingress_url(service, base)
         if chaos is None:

@@ -15,7 +15,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from packs.demo.run import Processes, _free_port, web_server_argv
+from nexusflow.kernel.net import free_local_port
+from packs.demo.run import Processes, web_server_argv
 from tests.api_fuzz_support import wait_healthy
 from tests.conftest import run_manage, subprocess_env
 
@@ -51,7 +52,7 @@ def web(django_db_setup, tmp_path_factory):
     env = subprocess_env(NEXUS_STATIC_ROOT=str(run_dir / "static"))
     collected = run_manage(["collectstatic", "--noinput", "-v0"], env, timeout=180)
     assert collected.returncode == 0, collected.stdout + collected.stderr
-    port = _free_port()
+    port = free_local_port()
     procs = Processes()
     proc = procs.start("web", web_server_argv(port, workers=1), env, run_dir)
     base = f"http://127.0.0.1:{port}"
