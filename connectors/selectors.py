@@ -89,20 +89,29 @@ def push_rows_of_record(*, org_id: str, source_object: str, source_record_key: s
     return links, effects
 
 
-def served_push_contracts(org_id: str):
-    """Every push contract a ``v2_serving`` account of ``org_id`` offers, as ``(pack generation, account
-    document, contract document)``, in gate order (read committed, no lock; each epoch's and pack
-    generation's document from :func:`frozen_row`, by the digest the gate and the epoch froze)."""
+def serving_accounts(org_id: str):
+    """Each ``v2_serving`` account of ``org_id`` with its document in the epoch its gate serves, as
+    ``(account key, account document)``, in gate order (read committed, no lock; the epoch's document from
+    :func:`frozen_row`, by the digest the gate froze). A gate without an epoch, or whose epoch digest does
+    not match it, serves nothing (``serving_lock`` refuses it) and is left out."""
     for gate in fetch_where(AccountServingGate, {"org_id": org_id, "state": "v2_serving"}, order="`id`"):
-        account_key, epoch_id, epoch_digest = gate.account_key, gate.epoch_id, gate.epoch_digest
-        if epoch_id is None:
+        if gate.epoch_id is None:
             continue
         try:
-            epoch = frozen_row(ServingEpoch, org_id=org_id, pk=epoch_id, digest=epoch_digest)
+            epoch = frozen_row(ServingEpoch, org_id=org_id, pk=gate.epoch_id, digest=gate.epoch_digest)
         except ServingEpoch.DoesNotExist:
-            continue  # a gate whose epoch digest does not match serves nothing (serving_lock refuses it)
-        account = next((a for a in epoch.document["accounts"] if a["account_key"] == account_key), None)
-        if not account or not account.get("push_contracts"):
+            continue
+        account = next((a for a in epoch.document["accounts"] if a["account_key"] == gate.account_key), None)
+        if account is not None:
+            yield gate.account_key, account
+
+
+def served_push_contracts(org_id: str):
+    """Every push contract a ``v2_serving`` account of ``org_id`` offers, as ``(pack generation, account
+    document, contract document)``, in gate order (:func:`serving_accounts`; each pack generation's document
+    from :func:`frozen_row`, by the digest the epoch froze)."""
+    for _account_key, account in serving_accounts(org_id):
+        if not account.get("push_contracts"):
             continue
         frozen = account["pack_generation"]
         pack = frozen_row(PackGeneration, pk=frozen["id"], digest=frozen["digest"])

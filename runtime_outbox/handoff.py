@@ -126,15 +126,24 @@ def retry_backoff_seconds(attempts: int) -> int:
     return min(60, 2 ** min(attempts, 6))
 
 
-def start_reconciling(message: OutboxMessage, now: dt.datetime) -> None:
-    """Move a ``pending`` message to ``reconciling``, due at once (its own transaction).
+def to_reconciling(message: OutboxMessage, now: dt.datetime) -> None:
+    """Move a ``pending`` message whose delivery budget is spent to ``reconciling``, due at once, in the
+    caller's transaction (seed 004 section 15.4: never a silent dead letter; the owner's fence decides).
 
-    A message another relay claimed or delivered meanwhile (version moved) is left as it is.
+    Raises:
+        StaleVersion: another relay claimed or delivered the message meanwhile (its version moved).
     """
+    OutboxMessageStore.transition(org_id=message.org_id, pk=message.pk, src="pending", dst="reconciling",
+                                  version=message.version, set_fields={"next_attempt_at": now})
+    log.warning("outbox %s message %s spent its delivery budget (%s tries); reconciling its acceptance",
+                message.family, message.pk, message.delivery_attempts, extra={"org_id": message.org_id})
+
+
+def start_reconciling(message: OutboxMessage, now: dt.datetime) -> None:
+    """:func:`to_reconciling` in a transaction of its own; a message whose version moved is left as it is."""
     with transaction.atomic(durable=True):
         try:
-            OutboxMessageStore.transition(org_id=message.org_id, pk=message.pk, src="pending", dst="reconciling",
-                                          version=message.version, set_fields={"next_attempt_at": now})
+            to_reconciling(message, now)
         except StaleVersion:
             pass
 

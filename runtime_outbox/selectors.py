@@ -1,12 +1,11 @@
 """Runtime reads: results, intents and receipts by owner (seed 000)."""
 from __future__ import annotations
 
-from django.db import connections
-
 from nexusflow.kernel.ids import require_id
-from nexusflow.kernel.rows import first_row, row_shape
+from nexusflow.kernel.rows import first_row
 
 from .models import ApplicationResult, IntentResultReceipt, OutboundCommand, OutboxMessage
+from .store import OutboxMessageStore
 from .transitions import OUTBOX_MESSAGE
 
 
@@ -63,19 +62,12 @@ def outbox_due_by_family(now) -> list[tuple[str, int, object]]:
 
 
 def outbox_message_due(*, state: str, now) -> OutboxMessage | None:
-    """The ``state`` message due first at ``now`` (``next_attempt_at`` unset or not after it), all orgs.
-
-    ``OutboxMessage.objects.filter(state=state).exclude(next_attempt_at__gt=now).order_by("next_attempt_at",
-    "id").first()``, by SQL built once (the relay and the handoff reconciler ask it every round).
+    """The ``state`` message due first at ``now`` (``next_attempt_at`` unset or not after it), all orgs
+    (:meth:`runtime_outbox.store.OutboxMessageStore.due`; the relay and the handoff reconciler ask it).
 
     Args:
         state: ``pending`` (the relay) or ``reconciling`` (runtime_outbox/handoff.py).
         now: the database clock (an aware datetime).
     """
-    shape = row_shape(OutboxMessage)
-    where, params = shape.where({"state": state})
-    due = OutboxMessage._meta.get_field("next_attempt_at")
-    sql = shape.select_sql(f"{where} AND (`{due.column}` IS NULL OR `{due.column}` <= %s)",
-                           suffix=f" ORDER BY `{due.column}`, `id` LIMIT 1")
-    rows = shape.fetch(sql, [*params, due.get_db_prep_value(now, connections[shape.alias], prepared=False)])
+    rows = OutboxMessageStore.due(state=state, now=now, limit=1)
     return rows[0] if rows else None

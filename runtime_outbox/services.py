@@ -354,10 +354,7 @@ def outbox_try_deliver_one() -> bool:
         return False
     backoff = handoff.retry_backoff_seconds(message.delivery_attempts)
     if handoff.delivery_budget_spent(message, now):
-        # Seed 004 section 15.4: never a silent dead letter; the owner's fence decides (runtime_outbox/handoff.py).
         handoff.start_reconciling(message, now)
-        log.warning("outbox %s message %s spent its delivery budget (%s tries); reconciling its acceptance",
-                    message.family, message.pk, message.delivery_attempts, extra={"org_id": message.org_id})
         return True
     _deliver_claimed(message, now, backoff)
     return True
@@ -396,20 +393,10 @@ def outbox_try_deliver_batch(*, limit: int = DELIVER_BATCH) -> bool:
         due = OutboxMessageStore.lock_due(state="pending", now=now, limit=limit)
         for message in due:
             if handoff.delivery_budget_spent(message, now):
-                # Seed 004 section 15.4: never a silent dead letter; the owner's fence decides.
-                OutboxMessageStore.transition(org_id=message.org_id, pk=message.pk, src="pending",
-                                              dst="reconciling", version=message.version,
-                                              set_fields={"next_attempt_at": now})
-                log.warning("outbox %s message %s spent its delivery budget (%s tries); reconciling its "
-                            "acceptance", message.family, message.pk, message.delivery_attempts,
-                            extra={"org_id": message.org_id})
+                handoff.to_reconciling(message, now)  # locked above: its version cannot move
                 continue
             backoff = handoff.retry_backoff_seconds(message.delivery_attempts)
-            version = OutboxMessageStore.touch(
-                org_id=message.org_id, pk=message.pk, state="pending", version=message.version,
-                set_fields={"delivery_attempts": message.delivery_attempts + 1,
-                            "next_attempt_at": now + dt.timedelta(seconds=backoff)})
-            claimed.append((message, version, backoff))
+            claimed.append((message, _claim(message, now, backoff), backoff))
         if claimed:
             failpoints.hit(FP_CLAIM_BEFORE_COMMIT)
     if not claimed:
@@ -419,13 +406,30 @@ def outbox_try_deliver_batch(*, limit: int = DELIVER_BATCH) -> bool:
     if delivered:
         with transaction.atomic(durable=True):
             for message, version in delivered:
-                try:
-                    OutboxMessageStore.transition(org_id=message.org_id, pk=message.pk, src="pending",
-                                                  dst="delivered", version=version,
-                                                  set_fields={"delivered_at": now})
-                except StaleVersion:
-                    pass  # another relay delivered it after our claim expired; the acceptance is the same row
+                _acknowledge(message, version, now)
     return True
+
+
+def _claim(message: OutboxMessage, now: dt.datetime, backoff: int) -> int:
+    """Count a delivery attempt of ``message`` and move its due time ``backoff`` seconds on (in the caller's
+    transaction); the message's new version.
+
+    Raises:
+        StaleVersion: another relay claimed or delivered it first.
+    """
+    return OutboxMessageStore.touch(
+        org_id=message.org_id, pk=message.pk, state="pending", version=message.version,
+        set_fields={"delivery_attempts": message.delivery_attempts + 1,
+                    "next_attempt_at": now + dt.timedelta(seconds=backoff)})
+
+
+def _acknowledge(message: OutboxMessage, version: int, now: dt.datetime) -> None:
+    """Mark ``message`` (claimed at ``version``) delivered, in the caller's transaction."""
+    try:
+        OutboxMessageStore.transition(org_id=message.org_id, pk=message.pk, src="pending", dst="delivered",
+                                      version=version, set_fields={"delivered_at": now})
+    except StaleVersion:
+        pass  # another relay delivered it after our claim expired; the acceptance is the same row
 
 
 def _deliver_envelope(message: OutboxMessage, backoff: int) -> bool:
@@ -475,20 +479,13 @@ def _deliver_claimed(message: OutboxMessage, now: dt.datetime, backoff: int) -> 
     """Claim ``message`` (count the attempt, move its due time), deliver it, acknowledge it; True when delivered."""
     with transaction.atomic(durable=True):
         try:
-            version = OutboxMessageStore.touch(
-                org_id=message.org_id, pk=message.pk, state="pending", version=message.version,
-                set_fields={"delivery_attempts": message.delivery_attempts + 1,
-                            "next_attempt_at": now + dt.timedelta(seconds=backoff)})
+            version = _claim(message, now, backoff)
         except StaleVersion:
             return False  # another relay claimed or delivered it first
     if not _deliver_envelope(message, backoff):
         return False
     with transaction.atomic(durable=True):
-        try:
-            OutboxMessageStore.transition(org_id=message.org_id, pk=message.pk, src="pending", dst="delivered",
-                                          version=version, set_fields={"delivered_at": now})
-        except StaleVersion:
-            pass  # another relay delivered it after our claim expired; the acceptance is the same row
+        _acknowledge(message, version, now)
     return True
 
 

@@ -16,20 +16,24 @@ class OutboxMessageStore(CasStore):
     lock_class = LockClass.RUNTIME
 
     @classmethod
-    def lock_due(cls, *, state: str, now, limit: int) -> list[models.OutboxMessage]:
-        """Lock up to ``limit`` messages in ``state`` due at ``now`` (all orgs), first due first, skipping rows
-        another transaction holds (``FOR UPDATE SKIP LOCKED``): two relays claim disjoint batches.
-
-        Due: ``next_attempt_at`` unset or not after ``now`` (the database clock), as
-        :func:`runtime_outbox.selectors.outbox_message_due` reads it.
-        """
-        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label)
+    def due(cls, *, state: str, now, limit: int, suffix: str = "") -> list[models.OutboxMessage]:
+        """Up to ``limit`` messages in ``state`` due at ``now`` (all orgs), first due first (read committed, no
+        lock unless :meth:`lock_due` reads them). Due: ``next_attempt_at`` unset or not after ``now`` (the
+        database clock): ``filter(state=state).exclude(next_attempt_at__gt=now).order_by("next_attempt_at",
+        "id")``, by SQL built once."""
         shape = row_shape(cls.model, cls.db())
         where, params = shape.where({"state": state})
-        due = cls.model._meta.get_field("next_attempt_at")
+        due = shape.by_name["next_attempt_at"]
         sql = shape.select_sql(f"{where} AND (`{due.column}` IS NULL OR `{due.column}` <= %s)",
-                               suffix=f" ORDER BY `{due.column}`, `id` LIMIT {int(limit)} FOR UPDATE SKIP LOCKED")
+                               suffix=f" ORDER BY `{due.column}`, `id` LIMIT {int(limit)}{suffix}")
         return shape.fetch(sql, [*params, due.get_db_prep_value(now, connections[shape.alias], prepared=False)])
+
+    @classmethod
+    def lock_due(cls, *, state: str, now, limit: int) -> list[models.OutboxMessage]:
+        """:meth:`due`, the rows locked ``FOR UPDATE SKIP LOCKED`` (a row another transaction holds is left
+        out): two relays claim disjoint batches."""
+        locks.note(cls.lock_class, cls.db(), rank=cls.lock_rank, label=cls.lock_label)
+        return cls.due(state=state, now=now, limit=limit, suffix=" FOR UPDATE SKIP LOCKED")
 
 
 class InboxAcceptanceStore(CasStore):

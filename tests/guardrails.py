@@ -169,8 +169,8 @@ def _docstrings(tree: ast.AST) -> set[int]:
 #: Queryset methods whose keyword arguments select rows.
 READ_METHODS = frozenset({"get", "filter", "exclude", "get_or_create", "update_or_create", "in_bulk"})
 #: The kernel's row readers (nexusflow/kernel/rows.py): ``first_row(Model, **filters)`` and
-#: ``first_joined(Model, related, **filters)`` are a ``filter`` of ``Model``.
-ROW_READERS = frozenset({"first_row", "every_row", "first_joined", "get_joined", "row_exists", "row_max"})
+#: ``get_joined(Model, related, **filters)`` are a ``filter`` of ``Model``.
+ROW_READERS = frozenset({"first_row", "every_row", "get_joined", "row_exists", "row_max"})
 #: Keyword arguments of those methods that are not lookups.
 NON_LOOKUP_KWARGS = frozenset({"defaults", "create_defaults", "field_name", "id_list", "batch_size"})
 #: Lookups that constrain the tenant.

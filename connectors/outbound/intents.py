@@ -16,14 +16,14 @@ from django.db import IntegrityError, transaction
 
 from connectors.contracts import outcomes
 from connectors.links.link_keys import PUSH_ACTION_TYPE, link_key_for
-from connectors.models import AccountServingGate, PackGeneration, RemoteEffect, ServingEpoch
-from connectors.selectors import frozen_row
+from connectors.models import PackGeneration, RemoteEffect
+from connectors.selectors import frozen_row, serving_accounts
 from connectors.serving.gates import NotServing, serving_lock
 from connectors.store import RemoteEffectStore
 from nexusflow.kernel import canonical_json
 from nexusflow.kernel.digests import PROFILE_V2, digest_v2
 from nexusflow.kernel.errors import NexusError
-from nexusflow.kernel.rows import fetch_where, first_row
+from nexusflow.kernel.rows import first_row
 
 
 class PushContractError(NexusError):
@@ -41,16 +41,8 @@ class NothingToPush(PushContractError):
 
 
 def _serving_account_for_contract(org_id: str, contract_key: str) -> str:
-    matches = []
-    for gate in fetch_where(AccountServingGate, {"org_id": org_id, "state": "v2_serving"}, order="`id`"):
-        account_key, epoch_id, epoch_digest = gate.account_key, gate.epoch_id, gate.epoch_digest
-        try:
-            epoch = frozen_row(ServingEpoch, org_id=org_id, pk=epoch_id, digest=epoch_digest)
-        except ServingEpoch.DoesNotExist:
-            continue  # a gate whose epoch digest does not match serves nothing (serving_lock refuses it)
-        account = next((a for a in epoch.document["accounts"] if a["account_key"] == account_key), None)
-        if account and contract_key in account["push_contracts"]:
-            matches.append(account_key)
+    matches = [account_key for account_key, account in serving_accounts(org_id)
+               if contract_key in account["push_contracts"]]
     if not matches:
         raise NotServing(f"no serving account offers push contract {contract_key!r}")
     if len(matches) > 1:

@@ -51,7 +51,7 @@ from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import digest_v2
 from nexusflow.kernel.errors import InvalidIdentity, StaleVersion
 from nexusflow.kernel.identity import canonical_locator
-from nexusflow.kernel.rows import fetch_joined, fetch_where, first_row, get_joined, row_exists
+from nexusflow.kernel.rows import fetch_where, first_row, get_joined, row_exists
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +63,8 @@ def _is_head(effect: RemoteEffect) -> bool:
     occupies the slot whatever its lane_sequence: outbox delivery order can differ
     from record version order, and seed 002 allows no second active attempt per link_key.
     """
-    others = fetch_joined(RemoteEffect, (), {"org_id": effect.org_id, "link_key": effect.link_key,
-                                             "state__in": NONTERMINAL})
+    others = fetch_where(RemoteEffect, {"org_id": effect.org_id, "link_key": effect.link_key,
+                                        "state__in": NONTERMINAL})
     for other in others:
         if other.pk == effect.pk:
             continue

@@ -448,8 +448,8 @@ def flow_activations_on(*, org_id: str, object_name: str) -> list[FlowActivation
     """The org's ``Active`` activations whose plan triggers on ``object_name``, in id order, each carrying its
     immutable plan (:func:`flow_plan_of`, by the digest read with the activation).
 
-    One statement for a record save's before-save and after-save admission (seed 004 sections 7.4 and 9):
-    which activations are active is read every time; a plan is decoded once per process.
+    A record save's before-save hook and its after-save admission each ask it (seed 004 sections 7.4 and 9):
+    which activations are active is read every time, in one statement; a plan is decoded once per process.
 
     Raises:
         InvalidIdentity: ``org_id`` or ``object_name`` is not canonical (before SQL).
@@ -515,15 +515,10 @@ def flow_checkpoints_with_top(*, org_id: str, runs: list[int], sequence: int | N
     Returns:
         ``[(run id, id, sequence, context payload, the run's highest sequence), ...]``.
     """
-    if ids is not None:
-        where, params = f"`id` IN ({', '.join(['%s'] * len(ids))})", [int(pk) for pk in ids]
-    else:
-        where, params = "`sequence` = %s", [int(sequence)]
-    shape = row_shape(FlowCheckpoint)
-    scope, scope_params = shape.where({"org_id": org_id})
-    table = f"`{shape.table}`"
+    table = f"`{row_shape(FlowCheckpoint).table}`"
     top = (f", (SELECT t.`sequence` FROM {table} t WHERE t.`org_id` = {table}.`org_id` "
            f"AND t.`run_id` = {table}.`run_id` ORDER BY t.`sequence` DESC LIMIT 1) AS `top`")
-    sql = shape.select_sql(f"{scope} AND `run_id` IN ({', '.join(['%s'] * len(runs))}) AND {where}", extra=top)
+    which = {"pk__in": list(ids)} if ids is not None else {"sequence": sequence}
+    rows = fetch_where(FlowCheckpoint, {"org_id": org_id, "run_id__in": list(runs), **which}, extra=top)
     return [(int(row.run_id), int(row.pk), row.sequence, row.context_payload, highest)
-            for row, (highest,) in shape.fetch(sql, [*scope_params, *map(int, runs), *params], extra_columns=1)]
+            for row, (highest,) in rows]

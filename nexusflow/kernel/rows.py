@@ -21,7 +21,7 @@ from typing import Any
 
 from django.db import connections, models, router
 
-__all__ = ["RowShape", "every_row", "fetch_joined", "fetch_where", "first_joined", "first_row", "get_joined",
+__all__ = ["RowShape", "every_row", "fetch_joined", "fetch_where", "first_row", "get_joined",
            "get_row", "row_exists", "row_max", "row_shape"]
 
 
@@ -45,6 +45,7 @@ class RowShape:
             if funcs:
                 converters.append((index, col, tuple(funcs)))
         self.converters = tuple(converters)
+        self.converters_of = {self.fields[index]: (col, funcs) for index, col, funcs in self.converters}
         #: ``column name or attname or name -> field`` for the equality filters :meth:`where` accepts.
         self.by_name = {}
         for field in self.fields:
@@ -65,11 +66,13 @@ class RowShape:
         return f"SELECT {self.columns_sql}{extra} FROM `{self.table}` WHERE {where}{suffix}"
 
     def where(self, filters: dict[str, Any], *, prefix: str = "") -> tuple[str, list[Any]] | None:
-        """``(sql, params)`` for ``filters`` (``column = value`` joined by AND), or ``None`` when a filter is not
-        plain equality on one of the model's own columns (the caller then uses the ORM).
+        """``(sql, params)`` for ``filters`` joined by AND, each ``column = value`` or (``column__in``) ``column
+        IN (values)``, the columns qualified by ``prefix`` (``"T0."``); ``None`` when a filter is another lookup
+        or not on one of the model's own columns (the caller then uses the ORM).
 
         Each value is prepared as a lookup would prepare it (``get_db_prep_value``: an identity column's
-        canonical check, a typed id's class check, the backend's adaptation).
+        canonical check, a typed id's class check, the backend's adaptation). ``__in`` an empty list, tuple or
+        set matches nothing, as the ORM answers it.
 
         Raises:
             InvalidIdentity: a value the column's lookup refuses (before SQL).
@@ -77,15 +80,23 @@ class RowShape:
         connection = connections[self.alias]
         parts, params = [], []
         for name, value in filters.items():
-            field = self.by_name.get(name)
-            if field is None:
+            many = name.endswith("__in")
+            field = self.by_name.get(name[:-4] if many else name)
+            built = None if field is None else _condition(field, value, many, prefix, connection)
+            if built is None:
                 return None
-            prepared = _prepared(field, value, connection)
-            if prepared is None:
-                return None
-            parts.append(f"{prefix}`{field.column}` = %s")
-            params.append(prepared[0])
+            parts.append(built[0])
+            params.extend(built[1])
         return " AND ".join(parts) or "1", params
+
+    def convert(self, field, value: Any, connection) -> Any:
+        """``value`` of column ``field`` as the driver returned it, through Django's converters for it."""
+        funcs = self.converters_of.get(field)
+        if funcs is not None and value is not None:
+            col, funcs = funcs
+            for func in funcs:
+                value = func(value, col, connection)
+        return value
 
     def fetch(self, sql: str, params: Sequence[Any], *, extra_columns: int = 0) -> list:
         """Run ``sql`` (from :meth:`select_sql`) and return model instances, as a queryset would build them.
@@ -129,6 +140,20 @@ class RowShape:
         setattr(obj, self.model._meta.pk.attname, key)
         obj._state.adding = False
         obj._state.db = self.alias
+
+
+def _condition(field, value: Any, many: bool, prefix: str, connection) -> tuple[str, list[Any]] | None:
+    """``(sql, params)`` of one equality (or, ``many``, ``IN``) filter on ``field``; ``None`` when not plain."""
+    if many and not isinstance(value, (list, tuple, set, frozenset)):
+        return None
+    prepared = [_prepared(field, one, connection) for one in (value if many else [value])]
+    if None in prepared:
+        return None
+    if not many:
+        return f"{prefix}`{field.column}` = %s", [prepared[0][0]]
+    if not prepared:
+        return "0", []
+    return f"{prefix}`{field.column}` IN ({', '.join(['%s'] * len(prepared))})", [one[0] for one in prepared]
 
 
 def _prepared(field, value: Any, connection) -> tuple[Any] | None:
@@ -231,12 +256,7 @@ def row_max(model: type[models.Model], column: str, **filters: Any):
     connection = connections[shape.alias]
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT MAX(`{field.column}`) FROM `{shape.table}` WHERE {built[0]}", built[1])
-        value = cursor.fetchone()[0]
-    if value is not None:
-        col = field.get_col(shape.table)
-        for func in connection.ops.get_db_converters(col) + col.get_db_converters(connection):
-            value = func(value, col, connection)
-    return value
+        return shape.convert(field, cursor.fetchone()[0], connection)
 
 
 #: ``get_row``'s ``lock`` values: the locking clause and the queryset call it stands for.
@@ -255,14 +275,23 @@ def get_row(model: type[models.Model], filters: dict[str, Any], *, lock: str = "
         InvalidIdentity: a value the column's lookup refuses (before SQL).
     """
     suffix, queryset = _LOCKS[lock]
-    rows = fetch_where(model, filters, limit=21, suffix=suffix)  # 21: the ORM's own get() limit
+    rows = fetch_where(model, filters, limit=_GET_LIMIT, suffix=suffix)
     if rows is None:
         return queryset(model.objects.all()).get(**filters)
+    return _the_one(model, rows)
+
+
+#: Rows a ``get()`` reads at most, as Django's own (``MAX_GET_RESULTS``).
+_GET_LIMIT = 21
+
+
+def _the_one(model: type[models.Model], rows: list):
+    """The one row of ``rows``, or ``get()``'s errors (``rows`` read with at most :data:`_GET_LIMIT`)."""
     if not rows:
         raise model.DoesNotExist(f"{model._meta.object_name} matching query does not exist.")
     if len(rows) > 1:
         raise model.MultipleObjectsReturned(f"get() returned more than one {model._meta.object_name} -- it "
-                                            f"returned {len(rows) if len(rows) < 21 else 'more than 20'}!")
+                                            f"returned {len(rows) if len(rows) < _GET_LIMIT else 'more than 20'}!")
     return rows[0]
 
 
@@ -310,26 +339,17 @@ class _Joined:
         self.head = f"SELECT {', '.join(columns)} FROM `{self.base.table}` T0{''.join(joins)}"
 
     def where(self, filters: dict[str, Any]) -> tuple[str, list[Any]] | None:
-        connection = connections[self.base.alias]
+        """As :meth:`RowShape.where`, a filter naming its model by path (``"plan__trigger_object_name"``)."""
         parts, params = [], []
         for name, value in filters.items():
-            name, many = (name[:-4], True) if name.endswith("__in") else (name, False)
-            path, _, column = name.rpartition("__")
+            path, _, column = name.removesuffix("__in").rpartition("__")
             node = self.index.get(path) if path else 0
-            field = None if node is None else self.nodes[node][3].by_name.get(column if path else name)
-            if field is None:
+            built = None if node is None else self.nodes[node][3].where(
+                {name[len(path) + 2:] if path else name: value}, prefix=f"T{node}.")
+            if built is None:
                 return None
-            values = list(value) if many and isinstance(value, (list, tuple, set, frozenset)) else [value]
-            if not values:
-                return "0", []  # ``__in`` an empty list matches nothing, as the ORM answers it
-            prepared = [_prepared(field, one, connection) for one in values]
-            if None in prepared or (many and not isinstance(value, (list, tuple, set, frozenset))):
-                return None
-            if many:
-                parts.append(f"T{node}.`{field.column}` IN ({', '.join(['%s'] * len(values))})")
-            else:
-                parts.append(f"T{node}.`{field.column}` = %s")
-            params.extend(one[0] for one in prepared)
+            parts.append(built[0])
+            params.extend(built[1])
         return " AND ".join(parts) or "1", params
 
     def build(self, row: Sequence[Any], connection):
@@ -387,15 +407,6 @@ def fetch_joined(model: type[models.Model], related: Sequence[str], filters: dic
     return [joined.build(row, connection) for row in raw]
 
 
-def first_joined(model: type[models.Model], related: Sequence[str], **filters: Any):
-    """``model.objects.select_related(*related).filter(**filters).order_by("pk").first()`` (see
-    :func:`fetch_joined`); ``None`` when no row matches."""
-    rows = fetch_joined(model, related, filters, order=f"T0.`{model._meta.pk.column}`", limit=1)
-    if rows is None:
-        return model.objects.select_related(*related).filter(**filters).order_by("pk").first()
-    return rows[0] if rows else None
-
-
 def get_joined(model: type[models.Model], related: Sequence[str], **filters: Any):
     """``model.objects.select_related(*related).get(**filters)`` (see :func:`fetch_joined`).
 
@@ -403,11 +414,7 @@ def get_joined(model: type[models.Model], related: Sequence[str], **filters: Any
         model.DoesNotExist: no row matches.
         model.MultipleObjectsReturned: more than one row matches.
     """
-    rows = fetch_joined(model, related, filters, limit=2)
+    rows = fetch_joined(model, related, filters, limit=_GET_LIMIT)
     if rows is None:
         return model.objects.select_related(*related).get(**filters)
-    if not rows:
-        raise model.DoesNotExist(f"{model._meta.object_name} matching query does not exist.")
-    if len(rows) > 1:
-        raise model.MultipleObjectsReturned(f"get() returned more than one {model._meta.object_name}")
-    return rows[0]
+    return _the_one(model, rows)

@@ -14,7 +14,6 @@ from nexusflow.kernel.errors import InvalidIdentity
 from nexusflow.kernel.rows import (
     every_row,
     fetch_joined,
-    first_joined,
     first_row,
     get_joined,
     get_row,
@@ -61,7 +60,8 @@ def test_every_store_reads_and_inserts_the_rows_the_orm_would(store):
         assert _values(store.lock_shared(ORG, row.pk)) == _values(orm)
     assert _values(first_row(model, pk=row.pk, org_id=ORG)) == _values(orm)
     assert row_exists(model, pk=row.pk, org_id=ORG) and not row_exists(model, pk=row.pk, org_id="another-org")
-    assert row_exists(model, pk__in=[row.pk])  # a lookup: the ORM's exists()
+    assert row_exists(model, pk__gte=row.pk, org_id=ORG)  # a lookup: the ORM's exists()
+    assert [_values(r) for r in every_row(model, org_id=ORG, pk__in=[row.pk])] == [_values(orm)]  # built IN
     assert row_max(model, "version", org_id=ORG, pk=row.pk) == orm.version
     assert row_max(model, "id", org_id=ORG, pk=row.pk) == orm.pk and type(row_max(model, "id", pk=row.pk)) is type(orm.pk)
     assert row_max(model, "version", org_id="another-org") is None
@@ -95,12 +95,16 @@ def test_filters_the_built_sql_does_not_cover_go_through_the_orm():
     store = _stores()[0]
     shape = row_shape(store.model)
     row = rows.RowBuilder(ORG).row(store, sorted(store.machine.initial)[0])
-    assert shape.where({"pk__in": [row.pk]}) is None  # a lookup
+    assert shape.where({"pk__gte": row.pk}) is None  # a lookup
+    assert shape.where({"pk__in": row.pk}) is None  # ``__in`` one value, not a list: the ORM's to refuse
     assert shape.where({"org_id": None}) is None  # IS NULL, not "= NULL"
     assert shape.where({"no_such_column": 1}) is None
     # ...and the ORM answers them as it always did.
-    assert first_row(store.model, pk__in=[row.pk]).pk == row.pk
-    assert every_row(store.model, org_id=ORG, pk__in=[row.pk])[0].pk == row.pk
+    assert first_row(store.model, pk__gte=row.pk).pk == row.pk
+    assert every_row(store.model, org_id=ORG, pk__gte=row.pk)[0].pk == row.pk
+    # ``__in`` a list is built, and an empty one matches nothing.
+    assert shape.where({"pk__in": [row.pk, row.pk + 1]}) == ("`id` IN (%s, %s)", [row.pk, row.pk + 1])
+    assert every_row(store.model, org_id=ORG, pk__in=[]) == []
 
 
 def _forward_paths(model, depth: int = 3, prefix: str = "", seen: tuple = ()) -> list[str]:
@@ -138,7 +142,7 @@ def test_every_store_reads_its_related_rows_as_select_related_does(store):
         assert len(queries.captured_queries) == 1, (path, queries.captured_queries)
         assert _values(built) == _values(orm) and followed == _followed(orm, path), path
     assert _values(get_joined(model, paths, pk=row.pk)) == _values(row)
-    assert _values(first_joined(model, paths, org_id=ORG, pk=row.pk)) == _values(row)
+    assert [_values(r) for r in fetch_joined(model, paths, {"org_id": ORG, "pk": row.pk})] == [_values(row)]
 
 
 def test_joined_reads_filter_on_related_columns_and_refuse_as_the_orm():
@@ -147,15 +151,16 @@ def test_joined_reads_filter_on_related_columns_and_refuse_as_the_orm():
     command = effect.command
     assert get_joined(store.model, ["command"], org_id=ORG, command__idempotency_key=command.idempotency_key
                       ).pk == effect.pk
-    assert first_joined(store.model, ["command"], org_id=ORG, command__idempotency_key="no-such-key") is None
+    assert fetch_joined(store.model, ["command"], {"org_id": ORG, "command__idempotency_key": "no-such-key"}) == []
     with pytest.raises(store.model.DoesNotExist):
         get_joined(store.model, ["command"], org_id="another-org", pk=effect.pk)
     second = rows.RowBuilder(ORG).row(store, "prepared")
     with pytest.raises(store.model.MultipleObjectsReturned):
         get_joined(store.model, ["command"], org_id=ORG, state="prepared")
-    assert first_joined(store.model, ["command"], org_id=ORG, state="prepared").pk == min(effect.pk, second.pk)
+    [first] = fetch_joined(store.model, ["command"], {"org_id": ORG, "state": "prepared"}, order="T0.`id`", limit=1)
+    assert first.pk == min(effect.pk, second.pk)
     with pytest.raises(InvalidIdentity):
-        first_joined(store.model, ["command"], org_id=" padded")
+        fetch_joined(store.model, ["command"], {"org_id": " padded"})
     with pytest.raises(ValueError):
         fetch_joined(store.model, ["attempts"], {"pk": effect.pk})  # a reverse relation is not followed here
     # ``__in`` a list is built; an empty one matches nothing; any other lookup goes through the ORM.
@@ -163,7 +168,7 @@ def test_joined_reads_filter_on_related_columns_and_refuse_as_the_orm():
                                        order="T0.`id`")] == sorted([effect.pk, second.pk])
     assert fetch_joined(store.model, ["command"], {"org_id": ORG, "state__in": ()}) == []
     assert fetch_joined(store.model, ["command"], {"pk__gt": effect.pk}) is None
-    assert first_joined(store.model, ["command"], org_id=ORG, pk__gt=effect.pk).pk == second.pk
+    assert get_joined(store.model, ["command"], org_id=ORG, pk__gt=effect.pk).pk == second.pk  # the ORM's
     with pytest.raises(InvalidIdentity):
         fetch_joined(store.model, ["command"], {"org_id__in": [ORG, "nul\x00"]})
 
@@ -257,7 +262,8 @@ def test_get_row_is_the_orms_get_locked_or_not():
         get_row(model, {"org_id": "another-org", "pk": first.pk})
     with pytest.raises(model.MultipleObjectsReturned):
         get_row(model, {"org_id": ORG, "state": first.state})
-    assert get_row(model, {"org_id": ORG, "pk__in": [second.pk]}).pk == second.pk  # the ORM's lookup
+    assert get_row(model, {"org_id": ORG, "pk__in": [second.pk]}).pk == second.pk
+    assert get_row(model, {"org_id": ORG, "pk__gte": second.pk}).pk == second.pk  # the ORM's lookup
     settings = connection.settings_dict
     other = MySQLdb.connect(host=settings["HOST"], port=int(settings["PORT"] or 3306), user=settings["USER"],
                             password=settings["PASSWORD"], database=settings["NAME"])

@@ -34,7 +34,7 @@ from django.db import IntegrityError, transaction
 
 from nexusflow.kernel.clock import db_now
 from nexusflow.kernel.digests import digest_v2
-from nexusflow.kernel.rows import fetch_joined
+from nexusflow.kernel.rows import fetch_where
 from nexusflow.kernel.scope import OrgScope
 
 from .. import transitions as t
@@ -94,9 +94,9 @@ def record_wait_signals_write(*, org: OrgScope, record, deleting: bool = False,
     key = record_dependency_key(record.object_name, record.record_key)
     runs = [(run.pk, run.plan_id, run.plan_digest, run.app_installation_id, run.runtime_capability_id,
              run.binding_digest)
-            for run in fetch_joined(FlowRun, (), {"org_id": org.org_id, "record_key": record.record_key,
-                                                  "state__in": tuple(LIVE_RUN_STATES),
-                                                  "trigger_object_name": record.object_name, "is_deleted": False})]
+            for run in fetch_where(FlowRun, {"org_id": org.org_id, "record_key": record.record_key,
+                                             "state__in": tuple(LIVE_RUN_STATES),
+                                             "trigger_object_name": record.object_name, "is_deleted": False})]
     runs = [r for r in runs if r[0] != saving_run_id and record.object_name in _watched_by(org.org_id, r[1], r[2])]
     if not runs:
         return key, []
