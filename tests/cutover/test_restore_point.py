@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import signal
 import tempfile
 from pathlib import Path
@@ -41,7 +42,18 @@ def _codes(exc: RestorePointRejected) -> set[str]:
     return {b["reason_code"] for b in exc.blockers}
 
 
+@pytest.fixture(autouse=True)
+def own_tempdir(monkeypatch):
+    """This test's own temporary directory for the rehearsal's work directory (short: it holds the server's
+    socket), so that a rehearsal another test worker runs meanwhile never shows among this test's."""
+    own = Path(tempfile.mkdtemp(prefix="rp-"))
+    monkeypatch.setattr(tempfile, "tempdir", str(own))
+    yield own
+    shutil.rmtree(own, ignore_errors=True)
+
+
 def _rehearsal_dirs() -> set[Path]:
+    """The rehearsal work directories in this test's temporary directory (:func:`own_tempdir`)."""
     return set(Path(tempfile.gettempdir()).glob("nexusflow-rehearsal-*"))
 
 
