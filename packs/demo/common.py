@@ -13,6 +13,11 @@ class DemoError(Exception):
     """The demo could not run (exit code 2); invariant failures exit 1 instead."""
 
 
+#: Seconds the web server keeps an idle keep-alive connection open (gunicorn's ``--keep-alive``); a client that
+#: reuses connections drops an idle one sooner (:class:`packs.demo.run.TimedPoster`).
+KEEPALIVE_SECONDS = 2
+
+
 def web_server_argv(port: int, *, workers: int) -> list[str]:
     """The web server's command line: gunicorn on ``127.0.0.1:port`` with ``workers`` processes of 4 threads.
 
@@ -22,7 +27,8 @@ def web_server_argv(port: int, *, workers: int) -> list[str]:
     which servers started side by side would take from each other.
     """
     return [sys.executable, "-m", "gunicorn", "nexusflow.wsgi:application", "--bind", f"127.0.0.1:{port}",
-            "--workers", str(workers), "--threads", "4", "--timeout", "60", "--no-control-socket"]
+            "--workers", str(workers), "--threads", "4", "--timeout", "60", "--keep-alive", str(KEEPALIVE_SECONDS),
+            "--no-control-socket"]
 
 
 def _attention_rows(model) -> list[tuple[int, str, str]]:

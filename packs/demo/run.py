@@ -32,7 +32,7 @@ from django.conf import settings
 from django.db import connections
 
 from nexusflow.kernel.net import free_local_port
-from packs.demo.common import DemoError, attention_effects, attention_flow_runs, web_server_argv
+from packs.demo.common import KEEPALIVE_SECONDS, DemoError, attention_effects, attention_flow_runs, web_server_argv
 from packs.demo.schema import create_migrated_databases
 
 ROOT = Path(settings.BASE_DIR)
@@ -334,7 +334,10 @@ class TimedPoster:
         from packs.hubspot.sender import REQUEST_TIMEOUT_SECONDS
 
         self.url, self.secret = url, secret
-        self._http = httpx.Client(timeout=REQUEST_TIMEOUT_SECONDS)
+        # An idle connection is dropped here before the web server drops it (gunicorn closes one idle for
+        # KEEPALIVE_SECONDS): a request never goes out on a socket the server is closing (a reset, not an answer).
+        self._http = httpx.Client(timeout=REQUEST_TIMEOUT_SECONDS,
+                                  limits=httpx.Limits(keepalive_expiry=KEEPALIVE_SECONDS / 2))
 
     def __enter__(self) -> TimedPoster:
         return self
